@@ -1,0 +1,1 @@
+"""baton.backends: one subpackage per training system; heavy imports stay inside each."""

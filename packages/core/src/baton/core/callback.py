@@ -1,0 +1,91 @@
+"""The callback base class: every hook is a documented no-op.
+
+A callback overrides only the hooks it needs; the driver finds those once, at the
+start of a run, and never calls the others, so an unused hook costs nothing.
+
+Example::
+
+    from baton.core import Callback
+
+    class PrintLoss(Callback):
+        '''Print the loss on every log step.'''
+
+        def on_log(self, driver, metrics):
+            print(driver.step, metrics["loss"])
+
+Stateful callbacks set a unique ``state_key`` and implement ``state_dict`` /
+``load_state_dict``; their state travels in every checkpoint (it must be JSON
+serialisable) and comes back on resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from baton.core.driver import Driver
+    from baton.core.metrics import StepOutput
+
+
+class Callback:
+    """Base class of every baton callback (and every patch)."""
+
+    #: Lower runs first on entry hooks and last on exit hooks.
+    priority: ClassVar[int] = 0
+    #: Set to a unique string to have ``state_dict`` saved in checkpoints.
+    state_key: str | None = None
+
+    # -- state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Return JSON-serialisable state to save in each checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (called on resume)."""
+
+    # -- hooks -----------------------------------------------------------------
+    def on_configure(self, driver: Driver) -> None:
+        """Before anything is built: edit ``driver.backend.config`` (the native config)."""
+
+    def on_setup(self, driver: Driver) -> None:
+        """The backend built its model, optimizer, data and step function."""
+
+    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint was restored; ``checkpoint`` is its ``baton.json`` content."""
+
+    def on_train_start(self, driver: Driver) -> None:
+        """The loop is about to run its first step (after any resume)."""
+
+    def on_step_start(self, driver: Driver) -> None:
+        """Step ``driver.step + 1`` is about to run."""
+
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+        """A step finished. ``output`` holds lazy backend values: reading them syncs."""
+
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        """Host-side metrics of a log step. Callbacks may add keys for later callbacks."""
+
+    def on_eval_start(self, driver: Driver) -> None:
+        """Evaluation is about to run."""
+
+    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+        """Evaluation finished with these host-side metrics."""
+
+    def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint is being written; entries added to ``checkpoint`` go to ``baton.json``."""
+
+    def on_checkpoint_saved(self, driver: Driver, path: Path) -> None:
+        """The checkpoint at ``path`` is complete on disk (and is now ``latest``)."""
+
+    def on_train_end(self, driver: Driver) -> None:
+        """The loop ended normally (stop condition or stop request)."""
+
+    def on_exception(self, driver: Driver, error: BaseException) -> None:
+        """Something raised during the run; teardown follows."""
+
+    def on_teardown(self, driver: Driver) -> None:
+        """Always runs last, in reverse order: release what ``on_configure``/``on_setup`` took."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

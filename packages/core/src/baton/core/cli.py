@@ -1,0 +1,132 @@
+"""The ``baton`` command: run recipes and list what is registered.
+
+baton run recipes/quickstart.py --max-steps 50 --resume auto
+baton callbacks
+baton backends
+baton patches --backend torchtitan
+baton plot runs/quickstart
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from baton.core.registry import BACKENDS, CALLBACKS
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+
+def _doc_line(obj: object) -> str:
+    doc = (getattr(obj, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def _setup_logging() -> None:
+    handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
+    logging.getLogger("baton").handlers[:] = [handler]
+    logging.getLogger("baton").setLevel(logging.INFO)
+    logging.getLogger("baton").propagate = False
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    from baton.core.recipe import RecipeError, build_driver
+
+    if not argv or argv[0].startswith("-"):
+        print(
+            "usage: baton run RECIPE.py [--param value ...] [--resume auto] [--help]",
+            file=sys.stderr,
+        )
+        return 2
+    _setup_logging()
+    try:
+        driver = build_driver(argv[0], argv[1:])
+    except RecipeError as error:
+        print(f"baton: {error}", file=sys.stderr)
+        return 2
+    if driver is None:
+        return 0
+    result = driver.fit()
+    Console(stderr=True).print(
+        f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
+        f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
+    )
+    return 0
+
+
+def cmd_callbacks(argv: Sequence[str]) -> int:
+    table = Table("callback", "class", "what it does")
+    for name, cls in CALLBACKS.items():
+        table.add_row(name, f"{cls.__module__}.{cls.__qualname__}", _doc_line(cls))
+    Console().print(table)
+    return 0
+
+
+def cmd_backends(argv: Sequence[str]) -> int:
+    table = Table("backend", "class", "what it does")
+    for name, cls in BACKENDS.items():
+        table.add_row(name, f"{cls.__module__}.{cls.__qualname__}", _doc_line(cls))
+    Console().print(table)
+    return 0
+
+
+def cmd_patches(argv: Sequence[str]) -> int:
+    from baton.core.patches import PATCHES
+
+    parser = argparse.ArgumentParser(prog="baton patches", description="List registered patches.")
+    parser.add_argument("--backend", help="only this backend's patches")
+    args = parser.parse_args(argv)
+    rows = [cls for _, cls in PATCHES.items() if args.backend in (None, cls.backend)]
+    if args.backend and args.backend not in {cls.backend for _, cls in PATCHES.items()} | set(
+        BACKENDS.names()
+    ):
+        print(
+            f"baton: unknown backend {args.backend!r}; backends: {', '.join(BACKENDS.names())}",
+            file=sys.stderr,
+        )
+        return 2
+    table = Table("patch", "backend", "versions", "phase", "what it fixes")
+    for cls in rows:
+        table.add_row(cls.name, cls.backend, cls.versions or "any", cls.phase, cls.summary())
+    Console().print(table)
+    return 0
+
+
+def cmd_plot(argv: Sequence[str]) -> int:
+    try:
+        from baton.callbacks.plot import main as plot_main
+    except ImportError:
+        print("baton: plotting needs baton-callbacks (uv sync installs it)", file=sys.stderr)
+        return 2
+    return plot_main(list(argv))
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "callbacks": cmd_callbacks,
+    "backends": cmd_backends,
+    "patches": cmd_patches,
+    "plot": cmd_plot,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        print("commands: " + ", ".join(COMMANDS))
+        return 0 if args else 2
+    command = COMMANDS.get(args[0])
+    if command is None:
+        print(
+            f"baton: unknown command {args[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr
+        )
+        return 2
+    return command(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

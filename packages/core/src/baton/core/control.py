@@ -1,0 +1,70 @@
+"""Requests from callbacks to the loop: stop, save, evaluate, log.
+
+A callback calls ``driver.control.request_stop("loss is NaN")``; the loop reads the
+flags after the step's end, log and eval events, acts on them and resets them. Under
+several processes, flags are OR-reduced across ranks at the log cadence only (never a
+collective on every step). A request that every rank makes at the same step for the
+same reason (a fixed schedule) passes ``all_ranks=True`` and is acted on at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FLAGS = ("stop", "save", "eval", "log")
+
+
+@dataclass
+class Control:
+    stop: bool = False
+    save: bool = False
+    eval: bool = False
+    log: bool = False
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    #: flags every rank agrees on without a collective
+    agreed: set[str] = field(default_factory=set)
+
+    def _request(self, flag: str, reason: str, all_ranks: bool) -> None:
+        setattr(self, flag, True)
+        self.reasons.setdefault(flag, []).append(reason)
+        if all_ranks:
+            self.agreed.add(flag)
+
+    def request_stop(self, reason: str, *, all_ranks: bool = False) -> None:
+        """Stop after this step (a checkpoint is written if a save was also asked)."""
+        self._request("stop", reason, all_ranks)
+
+    def request_save(self, reason: str, *, all_ranks: bool = False) -> None:
+        """Write a checkpoint after this step."""
+        self._request("save", reason, all_ranks)
+
+    def request_eval(self, reason: str, *, all_ranks: bool = False) -> None:
+        """Run evaluation after this step."""
+        self._request("eval", reason, all_ranks)
+
+    def request_log(self, reason: str, *, all_ranks: bool = False) -> None:
+        """Materialise and log metrics for this step even off the log cadence."""
+        self._request("log", reason, all_ranks)
+
+    def reason(self, flag: str) -> str:
+        """The reasons given for ``flag``, joined; empty when none."""
+        return "; ".join(self.reasons.get(flag, []))
+
+    def pending(self) -> bool:
+        return any(getattr(self, f) for f in FLAGS)
+
+    def as_list(self) -> list[bool]:
+        return [getattr(self, f) for f in FLAGS]
+
+    def merge(self, reduced: list[bool]) -> None:
+        """Adopt flags OR-reduced across ranks; a flag set elsewhere gets a reason here."""
+        for flag, value in zip(FLAGS, reduced, strict=True):
+            if value and not getattr(self, flag):
+                setattr(self, flag, True)
+                self.reasons.setdefault(flag, []).append("requested on another rank")
+
+    def reset(self) -> None:
+        for f in FLAGS:
+            setattr(self, f, False)
+        self.reasons.clear()
+        self.agreed.clear()

@@ -1,0 +1,39 @@
+"""Hook dispatch: decided once per run, free for hooks nobody overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from baton.core.callback import Callback
+from baton.core.hooks import EXIT_HOOKS, HOOKS
+
+
+def overrides(callback: Callback, hook: str) -> bool:
+    """True when ``callback``'s class replaces the base no-op for ``hook``."""
+    return getattr(type(callback), hook) is not getattr(Callback, hook)
+
+
+def ordered(callbacks: Iterable[Callback]) -> list[Callback]:
+    """Sort by ``priority`` (lower first), keeping list order among equals."""
+    return sorted(callbacks, key=lambda cb: cb.priority)
+
+
+class Dispatcher:
+    """Per hook, the bound methods of the callbacks that override it, in call order."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.callbacks = ordered(callbacks)
+        self._table: dict[str, tuple[Callable[..., Any], ...]] = {}
+        for hook in HOOKS:
+            handlers = [getattr(cb, hook) for cb in self.callbacks if overrides(cb, hook)]
+            if hook in EXIT_HOOKS:
+                handlers.reverse()
+            self._table[hook] = tuple(handlers)
+
+    def handlers(self, hook: str) -> tuple[Callable[..., Any], ...]:
+        return self._table[hook]
+
+    def __call__(self, hook: str, *args: Any) -> None:
+        for handler in self._table[hook]:
+            handler(*args)

@@ -1,0 +1,127 @@
+"""Name -> component registries for callbacks, backends and patches.
+
+Packages register their components by decorating them; the CLI and config files
+refer to components by name. Installed baton packages announce themselves through the
+``baton.plugins`` entry-point group and are imported on the first lookup, so a name
+is found without the caller importing anything first.
+
+Example::
+
+    from baton.core import Callback, CALLBACKS
+
+    @CALLBACKS.register("print_loss")
+    class PrintLoss(Callback):
+        '''Print the loss on every log step.'''
+
+    CALLBACKS.get("print_loss")  # -> PrintLoss
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any
+
+log = logging.getLogger("baton")
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import every module announced under the ``baton.plugins`` entry-point group, once.
+
+    Plugin modules register components at import; they keep heavy imports (torch,
+    jax, a backend's own package) inside functions, so this stays cheap.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in sorted(entry_points(group="baton.plugins"), key=lambda e: e.name):
+        try:
+            import_module(ep.value)
+        except ImportError as error:  # an extra not installed: its names stay unknown
+            log.debug("baton plugin %s not importable: %s", ep.value, error)
+
+
+class UnknownNameError(KeyError):
+    """A name that no component was registered under; the message lists the known ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry[T]:
+    """A name -> component table with a helpful error for unknown names."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str | None = None) -> Callable[[T], T]:
+        """Decorator: ``@REGISTRY.register("name")`` (defaults to the object's ``name``)."""
+
+        def decorate(obj: T) -> T:
+            key = name or getattr(obj, "name", None) or obj.__name__
+            existing = self._items.get(key)
+            if existing is not None and existing is not obj and not isinstance(existing, str):
+                raise ValueError(f"{self.kind} name {key!r} is already registered by {existing!r}")
+            self._items[key] = obj
+            return obj
+
+        return decorate
+
+    def add(self, name: str, obj: T) -> T:
+        return self.register(name)(obj)
+
+    def add_lazy(self, name: str, target: str) -> None:
+        """Register ``"package.module:Attr"``, imported on first ``get`` (keeps imports cheap)."""
+        if name not in self._items:
+            self._items[name] = target  # type: ignore[assignment]
+
+    def _resolve(self, name: str) -> T:
+        item = self._items[name]
+        if isinstance(item, str):
+            module, _, attr = item.partition(":")
+            item = getattr(import_module(module), attr)
+            self._items[name] = item
+        return item
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            load_plugins()
+        try:
+            return self._resolve(name)
+        except KeyError:
+            known = ", ".join(sorted(self._items)) or "(none)"
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; registered {self.kind}s: {known}"
+            ) from None
+
+    def names(self) -> list[str]:
+        load_plugins()
+        return sorted(self._items)
+
+    def items(self) -> Iterator[tuple[str, T]]:
+        """Every entry, importing lazy ones; entries whose imports fail are left out."""
+        load_plugins()
+        for name in sorted(self._items):
+            try:
+                yield name, self._resolve(name)
+            except ImportError as error:
+                log.debug("%s %s not importable: %s", self.kind, name, error)
+
+    def __contains__(self, name: object) -> bool:
+        load_plugins()
+        return name in self._items
+
+    def build(self, name: str, **kwargs: Any) -> Any:
+        """Look up ``name`` and call it with ``kwargs`` (for classes and factories)."""
+        factory = self.get(name)
+        return factory(**kwargs)  # type: ignore[operator]
+
+
+CALLBACKS: Registry[type] = Registry("callback")
+BACKENDS: Registry[type] = Registry("backend")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.scalar_backend import ScalarBackend
-
 from baton.core import Callback, CheckpointError, Driver
+from support.scalar_backend import ScalarBackend
 
 
 class Losses(Callback):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.scalar_backend import ScalarBackend
-
 from baton.core import Callback, Driver
+from support.scalar_backend import ScalarBackend
 
 
 class StopAt(Callback):
@@ -61,7 +60,7 @@ def test_step_and_token_limits(tmp_path, limit, expected_step):
         run_dir=tmp_path,
     ).fit()
     assert result.step == expected_step
-    assert list(limit)[0] in result.stop_reason
+    assert next(iter(limit)) in result.stop_reason
 
 
 def test_time_limit(tmp_path):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from support.scalar_backend import ScalarBackend
-
 from baton.core import HOOKS, Callback, Driver
 from baton.core.dispatch import Dispatcher
+from support.scalar_backend import ScalarBackend
 
 
 class Recorder(Callback):

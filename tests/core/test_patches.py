@@ -6,10 +6,9 @@ import os
 import types
 
 import pytest
-from support.scalar_backend import ScalarBackend
-
 from baton.core import Driver, Patch, PatchRecorder
 from baton.core.patches import PATCHES, parse_selection, select_patches, version_matches
+from support.scalar_backend import ScalarBackend
 
 TARGET = types.SimpleNamespace(flag="original", table={"k": 1})
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from baton.core import BACKENDS, CALLBACKS, Registry, UnknownNameError
 
 

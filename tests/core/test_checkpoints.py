@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from baton.core import Callback, CheckpointError, Driver
 from support.scalar_backend import ScalarBackend
 

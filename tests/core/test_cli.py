@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from baton.core.cli import main
 from baton.core.recipe import RecipeError, build_driver
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from baton.core import HOOKS, Callback, Driver
 from baton.core.dispatch import Dispatcher
 from support.scalar_backend import ScalarBackend

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import types
 
 import pytest
+
 from baton.core import Driver, Patch, PatchRecorder
 from baton.core.patches import PATCHES, parse_selection, select_patches, version_matches
 from support.scalar_backend import ScalarBackend
@@ -95,6 +97,8 @@ def test_patch_applies_in_phase_and_undoes_after_a_run_that_raised(
     assert seen == {"flag": "patched", "k": 2, "env": "on"}
     assert TARGET.flag == "original" and not hasattr(TARGET, "added")
     assert TARGET.table == {"k": 1} and "BATON_TEST_PATCH" not in os.environ
+    on_disk = json.loads((tmp_path / "patches.json").read_text())
+    assert {p["name"]: p["applied"] for p in on_disk["patches"]}["test_set_flag"] is True
     report = {d.name: d for d in driver.patch_report}
     assert report["test_set_flag"].applied
     assert not report["test_old_only"].applied and "outside <1.0" in report["test_old_only"].reason

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from baton.core import BACKENDS, CALLBACKS, Registry, UnknownNameError
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
 from baton.core import Callback, CheckpointError, Driver
 from baton.core.recipe import build_driver

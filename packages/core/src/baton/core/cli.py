@@ -14,10 +14,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from baton.core.registry import BACKENDS, CALLBACKS
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+
+from baton.core.registry import BACKENDS, CALLBACKS
 
 
 def _doc_line(obj: object) -> str:

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import shutil
@@ -283,6 +284,7 @@ class Driver:
             },
             "callbacks": states,
             "settings": self.settings,
+            "patches": [d.name for d in self.patch_report if d.applied],
             "versions": _versions(self.backend),
         }
 
@@ -403,6 +405,11 @@ class Driver:
         self._dispatch = Dispatcher(self.callbacks)
         if self.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            report = [dataclasses.asdict(d) for d in self.patch_report]
+            ckpt.write_json_atomic(
+                self.run_dir / "patches.json",
+                {"backend": self.backend.name, "version": self.backend.version, "patches": report},
+            )
         for decision in self.patch_report:
             log.info(
                 "patch %-32s %s (%s)",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from baton.backends.fabric.data import ByteCorpus, WindowSampler, eval_batches
 from baton.backends.fabric.model import GPT, GPTConfig
 from baton.core.backend import BackendBase

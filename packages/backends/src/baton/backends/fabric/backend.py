@@ -232,10 +232,15 @@ class FabricBackend(BackendBase):
     @property
     def supports_async_save(self) -> bool:  # type: ignore[override]
         """Single-device and DDP states are whole on rank 0: a host copy is written by a
-        thread. Sharded strategies (FSDP) save synchronously."""
+        thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
+        Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
         from lightning.fabric.strategies import DDPStrategy, SingleDeviceStrategy
 
-        return isinstance(self.fabric.strategy, SingleDeviceStrategy | DDPStrategy)
+        strategy = self.fabric.strategy
+        return isinstance(strategy, SingleDeviceStrategy | DDPStrategy) and (
+            type(strategy.checkpoint_io) is TorchCheckpointIO
+        )
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
         assert self.sampler is not None
@@ -257,7 +262,8 @@ class FabricBackend(BackendBase):
         snapshot = _host_copy(state)
         if not strategy.is_global_zero:
             return ThreadedSave(lambda: None)  # every rank hands back a handle alike
-        return ThreadedSave(lambda: strategy.checkpoint_io.save_checkpoint(snapshot, path))
+        # the file fabric.save writes through TorchCheckpointIO is this torch.save
+        return ThreadedSave(lambda: torch.save(snapshot, path))
 
     def load(self, directory: Path) -> None:
         assert self.sampler is not None

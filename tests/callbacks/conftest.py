@@ -102,3 +102,35 @@ def tiny_driver(run_dir: Path, callbacks: list, **driver_kwargs):  # -> Driver
     driver_kwargs.setdefault("max_steps", 20)
     driver_kwargs.setdefault("log_every", 5)
     return Driver(FabricBackend(config), callbacks, run_dir=run_dir, **driver_kwargs)
+
+
+def wandb_history(run_file: Path) -> list[dict[str, str]]:
+    """History rows of a W&B ``run-*.wandb`` file (a LevelDB-style log of protobuf
+    ``Record``s in 32 KiB blocks after a 7-byte ``:W&B`` header)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is not a W&B datastore file"
+    block, header = 32768, 7
+    pos, chunks, rows = header, b"", []
+    while pos + header <= len(data):
+        if block - pos % block < header:  # block tail too short for a header: padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + header])
+        pos += header
+        chunks += data[pos : pos + length]
+        pos += length
+        if kind in (1, 4):  # FULL or LAST: a record is complete
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
+                )
+        elif kind == 0:
+            break
+    return rows

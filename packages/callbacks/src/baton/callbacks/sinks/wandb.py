@@ -12,6 +12,7 @@ The recipe settings become the W&B config.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ class WandbSink:
         log_dir = Path(driver.log_dir)
         (log_dir / "wandb").mkdir(parents=True, exist_ok=True)
         id_file = log_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
         id_file.write_text(run_id)
         self.run = wandb.init(
             project=self.project,

@@ -45,6 +45,7 @@ def run_cli(run_dir: Path, *args: str, timeout: float = 240) -> subprocess.Compl
 def fit_in_process(run_dir: Path, *args: str):  # -> Driver
     """Build the test recipe as ``baton run`` would and train in this process."""
     import torch
+
     from baton.core.recipe import build_driver
 
     torch.set_num_threads(1)  # as the OMP_NUM_THREADS=1 subprocesses
@@ -87,6 +88,7 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 def tiny_driver(run_dir: Path, callbacks: list, **driver_kwargs):  # -> Driver
     """A Driver over a tiny Fabric GPT on CPU (a step takes a few ms)."""
     import torch
+
     from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
     from baton.core import Driver
 

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from baton.callbacks import Checkpoint
 from baton.core import Callback, CheckpointError
 from baton.core import checkpointing as ckpt

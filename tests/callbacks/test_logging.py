@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from baton.callbacks import CompositeLogger, OptimizerMonitor, ThroughputMonitor
 from baton.callbacks.plot import main as plot_main
 from baton.callbacks.sinks.console import ConsoleSink

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from baton.callbacks import (
     Checkpoint,
     EarlyStopping,

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from baton.callbacks.sinks.jsonl import read_jsonl
 from baton.core import checkpointing as ckpt
 

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 import psutil
+
 from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
 

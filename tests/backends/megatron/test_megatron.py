@@ -22,8 +22,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 STEPS = 12
 SAVE_AT = 6
@@ -275,8 +275,10 @@ def test_resume_in_fresh_process_continues_identically(runs: Runs, tmp_path: Pat
     assert (ckpt / "baton.json").is_file(), "the async save did not complete"
     out = tmp_path / "resumed.json"
     subprocess.run(
-        [sys.executable, str(WORKER), "--steps", str(STEPS), "--resume", "auto"]
-        + ["--data-dir", str(runs.data_dir), "--run-dir", str(runs.run_dir), "--out", str(out)],
+        [
+            *(sys.executable, str(WORKER), "--steps", str(STEPS), "--resume", "auto"),
+            *("--data-dir", str(runs.data_dir), "--run-dir", str(runs.run_dir), "--out", str(out)),
+        ],
         check=True,
         env=ENV,
         timeout=600,
@@ -294,10 +296,12 @@ def test_torchrun_two_cpu_ranks_data_and_tensor_parallel(runs: Runs, tmp_path: P
     out = tmp_path / "dist.json"
     run_dir = tmp_path / "runs"
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        + ["--master-port", str(29500 + os.getpid() % 1000), str(WORKER)]
-        + ["--steps", "6", "--save-at", "6", "--tp", "1,2"]
-        + ["--data-dir", str(runs.data_dir), "--run-dir", str(run_dir), "--out", str(out)],
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"),
+            *("--master-port", str(29500 + os.getpid() % 1000), str(WORKER)),
+            *("--steps", "6", "--save-at", "6", "--tp", "1,2"),
+            *("--data-dir", str(runs.data_dir), "--run-dir", str(run_dir), "--out", str(out)),
+        ],
         check=True,
         env=ENV,
         timeout=400,

@@ -89,6 +89,9 @@ class MegatronConfig:
     #: the model's embedding rows: the tokenizer's vocabulary rounded up to a multiple of
     #: this times the tensor-parallel size
     make_vocab_size_divisible_by: int = 64
+    #: model vocabulary before padding (``None``: the byte tokenizer's 257); set it to a
+    #: real model's size (Llama 3: 128256) to build that shape
+    vocab_size: int | None = None
     #: ``local`` (plain PyTorch layers), ``transformer_engine``, or ``auto`` (TE when it
     #: is installed and a GPU is present)
     layer_spec: Literal["auto", "local", "transformer_engine"] = "auto"
@@ -130,6 +133,7 @@ class MegatronConfig:
         return self.global_batch_size // per_step
 
     def padded_vocab_size(self, vocab_size: int) -> int:
+        vocab_size = self.vocab_size or vocab_size
         multiple = self.make_vocab_size_divisible_by * self.model.tensor_model_parallel_size
         return -(-vocab_size // multiple) * multiple
 

@@ -104,13 +104,6 @@ def baton_run(data_dir: Path, run_dir: Path, *, save_at: int = 0, runs: Runs | N
 
 def plain_loop(data_dir: Path) -> list[float]:
     """The same training written directly against Megatron-Core (no baton in the loop)."""
-    from baton.backends.megatron import cpu
-    from baton.backends.megatron.data import (
-        ByteTokenizer,
-        build_gpt_datasets,
-        build_indexed_dataset,
-    )
-    from baton.core.patches import PatchRecorder
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -123,6 +116,14 @@ def plain_loop(data_dir: Path) -> list[float]:
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer import TransformerConfig
+
+    from baton.backends.megatron import cpu
+    from baton.backends.megatron.data import (
+        ByteTokenizer,
+        build_gpt_datasets,
+        build_indexed_dataset,
+    )
+    from baton.core.patches import PatchRecorder
 
     recorder = PatchRecorder()
     cpu.install_all(recorder)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
     ByteTokenizer,

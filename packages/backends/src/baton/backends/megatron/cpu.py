@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from baton.core.patches import PatchRecorder
 from torch.overrides import TorchFunctionMode
+
+from baton.core.patches import PatchRecorder
 
 # -- RNG tracker ------------------------------------------------------------------------
 

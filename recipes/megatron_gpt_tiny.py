@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
-from baton.callbacks import Progress
+from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.core import Callback, Driver
 
 
@@ -34,26 +34,6 @@ class PrintLoss(Callback):
     def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
         if driver.is_global_zero:
             print(f"step {driver.step:5d}  eval loss {metrics['eval/loss']:.4f}", flush=True)
-
-
-class SaveEvery(Callback):
-    """Ask for a checkpoint every ``every`` steps and when the run stops.
-
-    A stand-in until the standard ``baton.callbacks.Checkpoint`` lands: replace this
-    with ``Checkpoint(every=..., keep=..., asynchronous=True)`` then.
-    """
-
-    def __init__(self, every: int, asynchronous: bool = True) -> None:
-        self.every = every
-        self.asynchronous = asynchronous
-
-    def on_train_start(self, driver: Driver) -> None:
-        driver.save_on_stop = True
-        driver.async_save = self.asynchronous
-
-    def on_step_end(self, driver: Driver, output: object) -> None:
-        if self.every and driver.step % self.every == 0:
-            driver.control.request_save(f"every {self.every} steps", all_ranks=True)
 
 
 def recipe(
@@ -97,8 +77,13 @@ def recipe(
     config.optimizer.min_lr = min_lr
     config.data.text_path = text_path
     config.data.cache_dir = f"{run_dir}/data"
-    callbacks: list[Callback] = [PrintLoss(), SaveEvery(save_every, asynchronous=async_save)]
-    # Logging: add baton.callbacks.CompositeLogger(...) here once it lands.
+    callbacks: list[Callback] = [
+        PrintLoss(),
+        Checkpoint(every_n_steps=save_every, keep_last=2, async_save=async_save),
+        Preemption(),
+        ThroughputMonitor(),
+        CompositeLogger(["jsonl", "tensorboard"]),
+    ]
     if progress:
         callbacks.append(Progress())
     return Driver(

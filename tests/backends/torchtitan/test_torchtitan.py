@@ -223,3 +223,16 @@ def test_two_cpu_ranks_agree_on_loss_and_stop(tmp_path):
     assert ranks[1]["stop_reason"] == "requested on another rank"
     assert set(ranks[0]["losses"]) == {"2", "4"}
     assert ranks[0]["tokens"] == 4 * 2 * worker.BATCH * worker.SEQ_LEN
+
+
+def test_8b_dry_run_plan_validates_without_gpus():
+    from baton.backends.torchtitan.plan import parallelism_plan
+    from torchtitan.models.llama3.config_registry import llama3_8b
+
+    plan = parallelism_plan(llama3_8b(), world_size=8)
+    assert "8.03 B parameters" in plan
+    assert "dp_shard (FSDP) 8" in plan
+    bad = llama3_8b()
+    bad.parallelism.tensor_parallel_degree = 3
+    with pytest.raises(ValueError, match="does not fit 8 ranks"):
+        parallelism_plan(bad, world_size=8)

@@ -31,8 +31,9 @@ def recipe(
     dry_run: bool = False,
 ) -> Driver | None:
     """Llama 3 8B pre-training with FSDP over ``gpus`` ranks (``dp_shard=-1``: all of them)."""
-    from baton.backends.torchtitan.plan import parallelism_plan
     from torchtitan.models.llama3.config_registry import llama3_8b
+
+    from baton.backends.torchtitan.plan import parallelism_plan
 
     config = llama3_8b()
     config.hf_assets_path = hf_assets_path

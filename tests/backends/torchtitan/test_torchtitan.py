@@ -80,9 +80,10 @@ def _reference_losses(dump_folder: Path) -> dict[int, float]:
     ``global_avg_loss`` that ``train_step`` hands to ``metrics_processor.log``. The
     CPU patches are applied by hand, as the driver would, and undone afterwards.
     """
+    from torchtitan.components.metrics import MetricsProcessor
+
     from baton.backends.torchtitan import patches
     from baton.core.patches import PatchRecorder
-    from torchtitan.components.metrics import MetricsProcessor
 
     seen: dict[int, float] = {}
 
@@ -226,8 +227,9 @@ def test_two_cpu_ranks_agree_on_loss_and_stop(tmp_path):
 
 
 def test_8b_dry_run_plan_validates_without_gpus():
-    from baton.backends.torchtitan.plan import parallelism_plan
     from torchtitan.models.llama3.config_registry import llama3_8b
+
+    from baton.backends.torchtitan.plan import parallelism_plan
 
     plan = parallelism_plan(llama3_8b(), world_size=8)
     assert "8.03 B parameters" in plan

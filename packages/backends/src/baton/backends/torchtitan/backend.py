@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from baton.backends.torchtitan.capture import StepCapture
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput

@@ -32,8 +32,9 @@ def llama3_debug(
     instead of 1 (TorchTitan's own metric logging syncs with the host when it logs),
     ``debug.seed`` for reproducible runs.
     """
-    from baton.backends.torchtitan.data import ByteTokenizer, LocalTextDataLoader
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    from baton.backends.torchtitan.data import ByteTokenizer, LocalTextDataLoader
 
     config = llama3_debugmodel()
     config.dump_folder = dump_folder

@@ -10,11 +10,9 @@ downloads). Checkpoints: TorchTitan's DCP CheckpointManager under
 
 from __future__ import annotations
 
-from typing import Any
-
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug
-from baton.callbacks import Progress
+from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.core import Callback, Driver
 
 
@@ -31,17 +29,6 @@ class PrintLoss(Callback):
                 f"lr {metrics.get('lr', float('nan')):.2e}",
                 flush=True,
             )
-
-
-class SaveEvery(Callback):
-    """Ask for a checkpoint every ``every`` steps (every rank asks at the same step)."""
-
-    def __init__(self, every: int) -> None:
-        self.every = every
-
-    def on_step_end(self, driver: Driver, output: Any) -> None:
-        if self.every > 0 and driver.step % self.every == 0:
-            driver.control.request_save(f"every {self.every} steps", all_ranks=True)
 
 
 def recipe(
@@ -70,19 +57,21 @@ def recipe(
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = async_checkpoint  # "disabled", "async", "async_with_pinned_mem"
-    callbacks: list[Callback] = [PrintLoss(), SaveEvery(save_every)]
-    # The standard Checkpoint and CompositeLogger callbacks (baton.callbacks) take over
-    # from SaveEvery and PrintLoss here once they ship:
-    #   callbacks += [Checkpoint(every=save_every), CompositeLogger(tensorboard=True)]
+    callbacks: list[Callback] = [
+        PrintLoss(),
+        Checkpoint(
+            every_n_steps=save_every, keep_last=2, async_save=async_checkpoint != "disabled"
+        ),
+        Preemption(),
+        ThroughputMonitor(),
+        CompositeLogger(["jsonl", "tensorboard"]),
+    ]
     if progress:
         callbacks.append(Progress())
-    driver = Driver(
+    return Driver(
         TorchTitanBackend(config),
         callbacks,
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
     )
-    driver.save_on_stop = True
-    driver.async_save = async_checkpoint != "disabled"
-    return driver

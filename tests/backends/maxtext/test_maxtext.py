@@ -1,0 +1,240 @@
+"""MaxText through baton, against MaxText's own loop (CPU, one process, one subprocess).
+
+One baton run of ``recipes/maxtext_tiny.py`` (12 steps, an asynchronous orbax save at
+step 6) is shared by the tests here, because importing MaxText and compiling its step
+costs most of a minute on this machine:
+
+* parity: MaxText's own ``train.train_loop`` on the same config and the same batches
+  gives the same per-step losses. The batches reach ``train_loop`` through its data
+  hook: ``setup_train_loop`` calls ``input_pipeline_interface.create_data_iterator``,
+  which the test points at baton's byte stream for the duration of the call. The
+  losses come out through MaxText's own ``metrics_file`` (one JSON line per step,
+  written by its ``MetricLogger``).
+* step numbering: MaxText names a checkpoint by the 0-based index of the step that
+  wrote it, one less than the optimizer's update count; baton's step is the update
+  count. A checkpoint ``train_loop`` saved is loaded into a fresh baton backend and
+  training continues with MaxText's own losses.
+* resume: a fresh process (the recipe, with torch made unimportable) resumes from the
+  step-6 checkpoint and reproduces steps 7-12 exactly, without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[3]
+RECIPE = ROOT / "recipes" / "maxtext_tiny.py"
+STEPS = 12
+SAVE_AT = 6
+
+
+class _Losses:
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+        self.metrics: dict[int, dict[str, float]] = {}
+
+
+@pytest.fixture(scope="module")
+def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the tiny recipe for 12 steps through baton; return its losses and objects."""
+    import jax
+    from baton.core import Callback
+    from baton.core.recipe import build_driver
+
+    run_dir = tmp_path_factory.mktemp("baton_run")
+    before = {
+        "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "JAX_PLATFORMS", "LIBTPU_INIT_ARGS")},
+        "prng": jax.config.jax_default_prng_impl,
+        "cache": jax.config.jax_compilation_cache_dir,
+        "handlers": list(logging.getLogger().handlers),
+    }
+    record = _Losses()
+
+    class Record(Callback):
+        def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+            if "loss" in metrics:
+                record.losses[driver.step] = metrics["loss"]
+                record.metrics[driver.step] = dict(metrics)
+
+    argv = [
+        f"--max-steps={STEPS}",
+        "--log-every=1",
+        f"--save-every={SAVE_AT}",
+        f"--eval-every={SAVE_AT}",
+        "--no-progress",
+        "--no-print-loss",
+        f"--run-dir={run_dir}",
+    ]
+    driver = build_driver(RECIPE, argv)
+    driver.callbacks.append(Record())
+    result = driver.fit()
+    return {
+        "driver": driver,
+        "result": result,
+        "losses": record.losses,
+        "metrics": record.metrics,
+        "run_dir": run_dir,
+        "before": before,
+    }
+
+
+def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:
+    result, losses = baton_run["result"], baton_run["losses"]
+    assert result.step == STEPS
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses[STEPS] < losses[1] - 1.0, losses  # real text: the loss falls
+    assert {"grad_norm", "lr", "param_norm"} <= set(baton_run["metrics"][1])
+    names = [p.name for p in result.checkpoints]
+    assert names == [f"step_{SAVE_AT:06d}", f"step_{STEPS:06d}"]
+    meta = json.loads((result.checkpoints[0] / "backend" / "baton_maxtext.json").read_text())
+    # off by one: 6 updates, which MaxText would have named checkpoint 5
+    assert meta["optimizer_step"] == SAVE_AT
+    assert meta["maxtext_checkpoint_name"] == SAVE_AT - 1
+    assert meta["data"]["consumed"] == SAVE_AT
+    baton_meta = json.loads((result.checkpoints[0] / "baton.json").read_text())
+    assert baton_meta["step"] == SAVE_AT
+    assert any(f.startswith("checkpoint/items") for f in baton_meta["files"])
+
+
+def test_patches_restore_the_process(baton_run: dict[str, Any]) -> None:
+    import jax
+
+    before = baton_run["before"]
+    names = {d.name: d.applied for d in baton_run["driver"].patch_report}
+    assert names["maxtext_no_hlo_dump"] == (not before["env"]["XLA_FLAGS"])
+    assert names["maxtext_jax_settings"] and names["maxtext_root_logger"]
+    assert {k: os.environ.get(k) for k in before["env"]} == before["env"]
+    assert jax.config.jax_default_prng_impl == before["prng"]  # MaxText sets unsafe_rbg
+    assert jax.config.jax_compilation_cache_dir == before["cache"]
+    assert logging.getLogger().handlers == before["handlers"]
+    assert (baton_run["run_dir"] / "jax_cache").is_dir()  # the cache stayed in the run
+
+
+def _maxtext_train_loop(config: Any, workdir: Path) -> tuple[dict[int, float], Path]:
+    """MaxText's own loop on ``config`` and baton's batches; losses by 0-based index."""
+    import jax
+    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
+    from maxtext.input_pipeline import input_pipeline_interface
+    from maxtext.trainers.pre_train import train
+
+    metrics_file = workdir / "metrics.jsonl"
+    argv = config.argv(
+        {
+            "run_name": "reference",
+            "base_output_directory": str(workdir),
+            "jax_cache_dir": "",
+            "metrics_file": str(metrics_file),
+            "enable_checkpointing": True,
+            "async_checkpointing": False,
+            "checkpoint_period": 5,
+        }
+    )
+    prng = jax.config.jax_default_prng_impl
+    saved_env = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = saved_env or NO_DUMP_XLA_FLAGS
+    real_factory = input_pipeline_interface.create_data_iterator
+
+    def baton_batches(cfg: Any, mesh: Any) -> tuple[TextBatches, None]:
+        corpus = TextCorpus.load(config.data_path)
+        stream = TextBatches(
+            corpus.train,
+            batch_size=int(cfg.global_batch_size_to_load),
+            seq_len=int(cfg.max_target_length),
+            seed=config.data_seed,
+        )
+        return stream, None
+
+    try:
+        input_pipeline_interface.create_data_iterator = baton_batches
+        hparams, recorder = train.initialize(argv)
+        train.train_loop(hparams, recorder)
+    finally:
+        input_pipeline_interface.create_data_iterator = real_factory
+        jax.config.update("jax_default_prng_impl", prng)
+        if saved_env is None:
+            os.environ.pop("XLA_FLAGS", None)
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    losses = {int(row["step"]): row["learning/loss"] for row in rows}
+    return losses, workdir / "reference" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def maxtext_reference(
+    baton_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    config = baton_run["driver"].backend.config
+    losses, checkpoints = _maxtext_train_loop(config, tmp_path_factory.mktemp("maxtext_ref"))
+    return {"losses": losses, "checkpoints": checkpoints, "config": config}
+
+
+def test_losses_equal_maxtext_train_loop(
+    baton_run: dict[str, Any], maxtext_reference: dict[str, Any]
+) -> None:
+    reference = maxtext_reference["losses"]
+    assert sorted(reference) == list(range(STEPS))  # MaxText counts steps from 0
+    baton = baton_run["losses"]
+    mine = [baton[index + 1] for index in range(STEPS)]
+    theirs = [reference[index] for index in range(STEPS)]
+    assert mine == theirs
+
+
+def test_continue_from_maxtext_checkpoint(
+    baton_run: dict[str, Any], maxtext_reference: dict[str, Any]
+) -> None:
+    """MaxText's checkpoint '5' holds 6 updates: baton continues at step 7 on MaxText's losses."""
+    from baton.backends.maxtext.backend import MaxTextBackend, baton_step_of_maxtext_checkpoint
+
+    checkpoints = maxtext_reference["checkpoints"]
+    names = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    assert 5 in names, names
+    backend = MaxTextBackend(maxtext_reference["config"])
+    backend.setup()
+    try:
+        start = backend.restore_maxtext_checkpoint(checkpoints / "5")
+        assert start == baton_step_of_maxtext_checkpoint(5) == 6
+        assert backend.optimizer_step() == 6
+        outputs = [backend.train_step(step).loss for step in range(start + 1, STEPS + 1)]
+        losses = list(backend.fetch({str(i): v for i, v in enumerate(outputs)}).values())
+    finally:
+        backend.teardown()
+    reference = maxtext_reference["losses"]
+    assert losses == [reference[index] for index in range(start, STEPS)]
+
+
+def test_resume_in_fresh_process_without_torch(baton_run: dict[str, Any], tmp_path: Path) -> None:
+    checkpoint = baton_run["result"].checkpoints[0]
+    out = tmp_path / "resumed.json"
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("run_recipe.py")),
+        str(out),
+        str(RECIPE),
+        f"--max-steps={STEPS}",
+        "--log-every=1",
+        "--save-every=0",
+        "--no-progress",
+        "--no-print-loss",
+        f"--run-dir={tmp_path / 'resumed'}",
+        f"--resume={checkpoint}",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["resumed_from"] == str(checkpoint)
+    assert report["torch_modules"] == []  # a MaxText run never needed torch
+    assert report["jax_loaded"]
+    resumed = {int(k): v for k, v in report["losses"].items()}
+    assert sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1))
+    assert resumed == {s: baton_run["losses"][s] for s in resumed}

@@ -34,8 +34,10 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,31 @@ def maxtext_checkpoint_name(baton_step: int) -> int:
 def baton_step_of_maxtext_checkpoint(name: int) -> int:
     """The number of optimizer updates in MaxText's checkpoint ``<checkpoint_dir>/<name>``."""
     return name + 1
+
+
+@dataclass
+class Plan:
+    """What a MaxText config would build, found without allocating the model (a dry run)."""
+
+    mesh_shape: dict[str, int]
+    devices: str
+    params: int
+    tflops_per_device_step: float
+    global_batch: int
+    seq_len: int
+
+    def summary(self) -> str:
+        axes = {k: v for k, v in self.mesh_shape.items() if v > 1} or {"(all axes)": 1}
+        return "\n".join(
+            [
+                f"devices      {self.devices}",
+                "mesh         " + "  ".join(f"{k}={v}" for k, v in axes.items()),
+                f"mesh (full)  {self.mesh_shape}",
+                f"parameters   {self.params:,} ({self.params / 1e9:.2f} B)",
+                f"batch        {self.global_batch} x {self.seq_len} tokens per step",
+                f"TFLOPs       {self.tflops_per_device_step:,.1f} per device per step",
+            ]
+        )
 
 
 class Deferred:
@@ -178,6 +205,41 @@ class MaxTextBackend(BackendBase):
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
 
     # -- build ------------------------------------------------------------------------
+    def plan(self, simulate_devices: int | None = None) -> Plan:
+        """Validate the config with MaxText and build its mesh, without allocating the model.
+
+        ``simulate_devices`` runs the plan on that many host (CPU) devices, so a GPU or
+        TPU configuration can be checked on a laptop; it must be called before JAX starts.
+        """
+        if simulate_devices:
+            flag = f"--xla_force_host_platform_device_count={simulate_devices}"
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax
+        from flax import nnx
+        from maxtext.trainers.pre_train import train
+        from maxtext.utils import max_utils, maxtext_utils, model_creation_utils
+
+        if simulate_devices and jax.device_count() != simulate_devices:
+            raise RuntimeError(
+                f"JAX already started with {jax.device_count()} devices; run the dry run in a "
+                f"fresh process to simulate {simulate_devices}"
+            )
+        cfg, _recorder = train.initialize(self.config.argv())
+        mesh = maxtext_utils.get_mesh_from_config(cfg)
+        _create, abstract_model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
+        params = max_utils.calculate_num_params_from_pytree(nnx.state(abstract_model, nnx.Param))
+        tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
+        first = jax.devices()[0]
+        return Plan(
+            mesh_shape=dict(mesh.shape),
+            devices=f"{jax.device_count()} x {first.platform} ({cfg.hardware} config)",
+            params=int(params),
+            tflops_per_device_step=float(tflops),
+            global_batch=int(cfg.global_batch_size_to_train_on),
+            seq_len=int(cfg.max_target_length),
+        )
+
     def setup(self) -> None:
         import jax
         from flax import nnx

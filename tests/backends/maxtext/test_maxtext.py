@@ -16,10 +16,13 @@ costs most of a minute on this machine:
   training continues with MaxText's own losses.
 * resume: a fresh process (the recipe, with torch made unimportable) resumes from the
   step-6 checkpoint and reproduces steps 7-12 exactly, without importing torch.
+* the Llama 2 7B recipe's ``--dry-run`` in its own process (8 simulated devices),
+  started first so that it overlaps with the rest.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -34,14 +37,42 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "maxtext_tiny.py"
+LLAMA_RECIPE = ROOT / "recipes" / "maxtext_llama2_7b.py"
 STEPS = 12
 SAVE_AT = 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Start ``maxtext_llama2_7b.py --dry-run`` in the background; its test collects it."""
+    run_dir = tmp_path_factory.mktemp("llama_dry_run")
+    command = [
+        sys.executable,
+        "-m",
+        "baton.core.cli",
+        "run",
+        str(LLAMA_RECIPE),
+        "--dry-run",
+        "--devices=8",
+        f"--run-dir={run_dir}",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["OMP_NUM_THREADS"] = "1"
+    process = subprocess.Popen(
+        command, env=env, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    yield process
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
 
 
 class _Losses:
     def __init__(self) -> None:
         self.losses: dict[int, float] = {}
         self.metrics: dict[int, dict[str, float]] = {}
+        self.evals: dict[int, float] = {}
+        self.lazy_types: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +96,15 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             if "loss" in metrics:
                 record.losses[driver.step] = metrics["loss"]
                 record.metrics[driver.step] = dict(metrics)
+            if "eval/loss" in metrics:
+                record.evals[driver.step] = metrics["eval/loss"]
+
+        def on_step_end(self, driver: Any, output: Any) -> None:
+            if driver.step == 1:  # values stay on the device until a log step
+                record.lazy_types = {
+                    type(output.loss).__name__,
+                    type(output.metrics["grad_norm"]).__name__,
+                }
 
     argv = [
         f"--max-steps={STEPS}",
@@ -83,6 +123,8 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "result": result,
         "losses": record.losses,
         "metrics": record.metrics,
+        "evals": record.evals,
+        "lazy_types": record.lazy_types,
         "run_dir": run_dir,
         "before": before,
     }
@@ -94,6 +136,11 @@ def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1] - 1.0, losses  # real text: the loss falls
     assert {"grad_norm", "lr", "param_norm"} <= set(baton_run["metrics"][1])
+    assert baton_run["lazy_types"] == {"ArrayImpl"}  # jax arrays, not host floats
+    evals = baton_run["evals"]
+    assert sorted(evals) == [SAVE_AT, STEPS] and evals[STEPS] < evals[SAVE_AT]
+    backend = baton_run["driver"].backend
+    assert backend.flops_per_token is not None and backend.flops_per_token > 0
     names = [p.name for p in result.checkpoints]
     assert names == [f"step_{SAVE_AT:06d}", f"step_{STEPS:06d}"]
     meta = json.loads((result.checkpoints[0] / "backend" / "baton_maxtext.json").read_text())
@@ -120,8 +167,11 @@ def test_patches_restore_the_process(baton_run: dict[str, Any]) -> None:
     assert (baton_run["run_dir"] / "jax_cache").is_dir()  # the cache stayed in the run
 
 
-def _maxtext_train_loop(config: Any, workdir: Path) -> tuple[dict[int, float], Path]:
-    """MaxText's own loop on ``config`` and baton's batches; losses by 0-based index."""
+def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[int, float], Path]:
+    """MaxText's own loop on ``config`` and baton's batches; losses by 0-based index.
+
+    ``cache`` is the baton run's compilation cache (a compile-time saving only).
+    """
     import jax
     from baton.backends.maxtext.data import TextBatches, TextCorpus
     from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
@@ -133,7 +183,7 @@ def _maxtext_train_loop(config: Any, workdir: Path) -> tuple[dict[int, float], P
         {
             "run_name": "reference",
             "base_output_directory": str(workdir),
-            "jax_cache_dir": "",
+            "jax_cache_dir": str(cache),
             "metrics_file": str(metrics_file),
             "enable_checkpointing": True,
             "async_checkpointing": False,
@@ -174,7 +224,9 @@ def maxtext_reference(
     baton_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     config = baton_run["driver"].backend.config
-    losses, checkpoints = _maxtext_train_loop(config, tmp_path_factory.mktemp("maxtext_ref"))
+    losses, checkpoints = _maxtext_train_loop(
+        config, tmp_path_factory.mktemp("maxtext_ref"), baton_run["run_dir"] / "jax_cache"
+    )
     return {"losses": losses, "checkpoints": checkpoints, "config": config}
 
 
@@ -190,7 +242,7 @@ def test_losses_equal_maxtext_train_loop(
 
 
 def test_continue_from_maxtext_checkpoint(
-    baton_run: dict[str, Any], maxtext_reference: dict[str, Any]
+    baton_run: dict[str, Any], maxtext_reference: dict[str, Any], tmp_path: Path
 ) -> None:
     """MaxText's checkpoint '5' holds 6 updates: baton continues at step 7 on MaxText's losses."""
     from baton.backends.maxtext.backend import MaxTextBackend, baton_step_of_maxtext_checkpoint
@@ -198,7 +250,11 @@ def test_continue_from_maxtext_checkpoint(
     checkpoints = maxtext_reference["checkpoints"]
     names = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
     assert 5 in names, names
-    backend = MaxTextBackend(maxtext_reference["config"])
+    # outside a Driver no patch runs: keep MaxText's outputs and cache out of $HOME
+    config = copy.deepcopy(maxtext_reference["config"])
+    config["jax_cache_dir"] = str(baton_run["run_dir"] / "jax_cache")
+    config["base_output_directory"] = str(tmp_path)
+    backend = MaxTextBackend(config)
     backend.setup()
     try:
         start = backend.restore_maxtext_checkpoint(checkpoints / "5")
@@ -227,6 +283,8 @@ def test_resume_in_fresh_process_without_torch(baton_run: dict[str, Any], tmp_pa
         "--no-print-loss",
         f"--run-dir={tmp_path / 'resumed'}",
         f"--resume={checkpoint}",
+        # the first run's compilation cache: saves the compile, changes no number
+        f"--overrides=jax_cache_dir={baton_run['run_dir'] / 'jax_cache'}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -238,3 +296,12 @@ def test_resume_in_fresh_process_without_torch(baton_run: dict[str, Any], tmp_pa
     resumed = {int(k): v for k, v in report["losses"].items()}
     assert sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1))
     assert resumed == {s: baton_run["losses"][s] for s in resumed}
+
+
+def test_llama2_7b_dry_run_prints_the_mesh(llama_dry_run: subprocess.Popen[str]) -> None:
+    stdout, stderr = llama_dry_run.communicate(timeout=600)
+    assert llama_dry_run.returncode == 0, stderr[-4000:]
+    assert "mesh         fsdp=8" in stdout, stdout
+    assert "parameters   6,738,415,616" in stdout  # MaxText's Llama 2 7B
+    assert "32 x 4096 tokens per step" in stdout
+    assert "8 x cpu (gpu config)" in stdout

@@ -142,6 +142,7 @@ class MaxTextBackend(BackendBase):
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
         self.batches: TextBatches | None = None
         self.learning_rate_schedule: Callable[[int], Any] | None = None
+        self._lr_at: Callable[[int], Any] | None = None
         self._graphdef: Any = None
         self._p_train: Any = None
         self._p_eval: Any = None
@@ -269,6 +270,7 @@ class MaxTextBackend(BackendBase):
             _maxtext_eval_iterator,
             train_state,
         ) = train_utils.setup_train_loop(cfg, recorder)
+        self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
         self._graphdef, state = nnx.split(train_state)
         params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
             cfg, state_shardings
@@ -318,7 +320,7 @@ class MaxTextBackend(BackendBase):
             for key, value in scalars.items()
             if key != "learning/loss"
         }
-        schedule, index = self.learning_rate_schedule, step - 1  # MaxText's 0-based step
+        schedule, index = self._lr_at, step - 1  # MaxText's 0-based step
         values["lr"] = Deferred(lambda: schedule(index))
         samples = int(cfg.global_batch_size_to_train_on)
         return StepOutput(

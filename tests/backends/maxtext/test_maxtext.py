@@ -305,3 +305,30 @@ def test_llama2_7b_dry_run_prints_the_mesh(llama_dry_run: subprocess.Popen[str])
     assert "parameters   6,738,415,616" in stdout  # MaxText's Llama 2 7B
     assert "32 x 4096 tokens per step" in stdout
     assert "8 x cpu (gpu config)" in stdout
+
+
+def test_pending_save_reports_orbax_completion_and_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PendingSave over orbax's async response: done when committed, errors on wait."""
+    import time
+
+    import jax.numpy as jnp
+    from baton.backends.maxtext.backend import OrbaxPendingSave
+    from orbax.checkpoint import v1 as ocp
+
+    tree = {"w": jnp.arange(1024.0), "b": jnp.ones(8)}
+    pending = OrbaxPendingSave(ocp.save_pytree_async(tmp_path / "ok", tree))
+    pending.wait()
+    assert pending.done() and (tmp_path / "ok").is_dir()
+    assert not any(p.name.endswith("tmp") for p in tmp_path.rglob("*"))  # committed
+    assert float(ocp.load_pytree(tmp_path / "ok")["w"].sum()) == float(tree["w"].sum())
+
+    monkeypatch.chdir(tmp_path)  # orbax makes the folder before refusing the relative path
+    failing = OrbaxPendingSave(ocp.save_pytree_async("relative/path", tree))
+    deadline = time.monotonic() + 60
+    while not failing.done():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(ValueError, match="absolute"):
+        failing.wait()

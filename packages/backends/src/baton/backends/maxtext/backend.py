@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,19 +97,30 @@ class Deferred:
 
 
 class OrbaxPendingSave:
-    """An orbax asynchronous save in flight (the driver renames the directory after ``wait``)."""
+    """An orbax asynchronous save in flight (the driver renames the directory after ``wait``).
+
+    ``done`` turns true once orbax has finished writing and committed its directory, or
+    once the background write failed; ``wait`` then returns or raises that error.
+    """
 
     def __init__(self, response: Any) -> None:
         self._response = response
-        self._finished = threading.Event()
-        response.on_complete(lambda _result: self._finished.set())
+        self._finished = False
 
     def done(self) -> bool:
-        return self._finished.is_set()
+        if not self._finished:
+            try:
+                self._response.result(timeout=0)
+            except TimeoutError:  # still writing
+                return False
+            except Exception:  # failed: ``wait`` raises it
+                pass
+            self._finished = True
+        return True
 
     def wait(self) -> None:
         self._response.result()  # raises if the background write failed
-        self._finished.set()
+        self._finished = True
 
 
 class MaxTextBackend(BackendBase):

@@ -159,6 +159,7 @@ class MaxTextBackend(BackendBase):
         self._loader: Any = None
         self._rampup: Any = None
         self._eval: list[dict[str, np.ndarray]] = []
+        self._corpus_fingerprint = ""
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -290,6 +291,7 @@ class MaxTextBackend(BackendBase):
         self.state = state
 
         corpus = TextCorpus.load(self.config.data_path)
+        self._corpus_fingerprint = corpus.fingerprint()
         self.batches = TextBatches(
             corpus.train,
             batch_size=int(cfg.global_batch_size_to_load),
@@ -402,6 +404,7 @@ class MaxTextBackend(BackendBase):
             "optimizer_step": updates,
             "maxtext_checkpoint_name": maxtext_checkpoint_name(updates),
             "data": self.batches.state_dict(),
+            "corpus": self._corpus_fingerprint,
         }
         if jax.process_index() == 0:
             (directory / META_FILE).write_text(json.dumps(meta, indent=2))
@@ -424,6 +427,11 @@ class MaxTextBackend(BackendBase):
                 "MaxText's own loop use restore_maxtext_checkpoint)"
             )
         meta = json.loads(meta_path.read_text())
+        if meta.get("corpus", self._corpus_fingerprint) != self._corpus_fingerprint:
+            raise ValueError(
+                f"{directory} was trained on other text (corpus {meta['corpus']}, this run "
+                f"{self._corpus_fingerprint}); resume with the same data_path"
+            )
         updates = self._restore_items(directory / STATE_DIR / ITEMS)
         if updates != meta["optimizer_step"]:
             raise ValueError(

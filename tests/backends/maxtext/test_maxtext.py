@@ -22,12 +22,14 @@ costs most of a minute on this machine:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "maxtext_tiny.py"
 LLAMA_RECIPE = ROOT / "recipes" / "maxtext_llama2_7b.py"
 STEPS = 12
+MAXTEXT_DUMP_DIR = Path("/tmp/xla_dump")  # base.yml's dump_hlo_local_dir
 SAVE_AT = 6
 
 
@@ -88,6 +91,7 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "prng": jax.config.jax_default_prng_impl,
         "cache": jax.config.jax_compilation_cache_dir,
         "handlers": list(logging.getLogger().handlers),
+        "dumped": set(MAXTEXT_DUMP_DIR.glob("*")) if MAXTEXT_DUMP_DIR.is_dir() else set(),
     }
     record = _Losses()
 
@@ -172,9 +176,7 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
 
     ``cache`` is the baton run's compilation cache (a compile-time saving only).
     """
-    import jax
     from baton.backends.maxtext.data import TextBatches, TextCorpus
-    from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
     from maxtext.input_pipeline import input_pipeline_interface
     from maxtext.trainers.pre_train import train
 
@@ -190,9 +192,6 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
             "checkpoint_period": 5,
         }
     )
-    prng = jax.config.jax_default_prng_impl
-    saved_env = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = saved_env or NO_DUMP_XLA_FLAGS
     real_factory = input_pipeline_interface.create_data_iterator
 
     def baton_batches(cfg: Any, mesh: Any) -> tuple[TextBatches, None]:
@@ -211,12 +210,28 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
         train.train_loop(hparams, recorder)
     finally:
         input_pipeline_interface.create_data_iterator = real_factory
-        jax.config.update("jax_default_prng_impl", prng)
-        if saved_env is None:
-            os.environ.pop("XLA_FLAGS", None)
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     losses = {int(row["step"]): row["learning/loss"] for row in rows}
     return losses, workdir / "reference" / "checkpoints"
+
+
+@contextlib.contextmanager
+def _outside_driver() -> Iterator[None]:
+    """What baton's patches do for a Driver run, for MaxText code the tests call directly:
+    no HLO dump (MaxText fills an empty XLA_FLAGS with dump flags) and JAX's PRNG restored."""
+    import jax
+    from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
+
+    prng, flags = jax.config.jax_default_prng_impl, os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = flags or NO_DUMP_XLA_FLAGS
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_prng_impl", prng)
+        if flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = flags
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +239,10 @@ def maxtext_reference(
     baton_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     config = baton_run["driver"].backend.config
-    losses, checkpoints = _maxtext_train_loop(
-        config, tmp_path_factory.mktemp("maxtext_ref"), baton_run["run_dir"] / "jax_cache"
-    )
+    with _outside_driver():
+        losses, checkpoints = _maxtext_train_loop(
+            config, tmp_path_factory.mktemp("maxtext_ref"), baton_run["run_dir"] / "jax_cache"
+        )
     return {"losses": losses, "checkpoints": checkpoints, "config": config}
 
 
@@ -255,15 +271,16 @@ def test_continue_from_maxtext_checkpoint(
     config["jax_cache_dir"] = str(baton_run["run_dir"] / "jax_cache")
     config["base_output_directory"] = str(tmp_path)
     backend = MaxTextBackend(config)
-    backend.setup()
-    try:
-        start = backend.restore_maxtext_checkpoint(checkpoints / "5")
-        assert start == baton_step_of_maxtext_checkpoint(5) == 6
-        assert backend.optimizer_step() == 6
-        outputs = [backend.train_step(step).loss for step in range(start + 1, STEPS + 1)]
-        losses = list(backend.fetch({str(i): v for i, v in enumerate(outputs)}).values())
-    finally:
-        backend.teardown()
+    with _outside_driver():
+        backend.setup()
+        try:
+            start = backend.restore_maxtext_checkpoint(checkpoints / "5")
+            assert start == baton_step_of_maxtext_checkpoint(5) == 6
+            assert backend.optimizer_step() == 6
+            outputs = [backend.train_step(step).loss for step in range(start + 1, STEPS + 1)]
+            losses = list(backend.fetch({str(i): v for i, v in enumerate(outputs)}).values())
+        finally:
+            backend.teardown()
     reference = maxtext_reference["losses"]
     assert losses == [reference[index] for index in range(start, STEPS)]
 
@@ -332,3 +349,13 @@ def test_pending_save_reports_orbax_completion_and_failure(
         time.sleep(0.05)
     with pytest.raises(ValueError, match="absolute"):
         failing.wait()
+
+
+def test_no_hlo_dump_was_written(
+    baton_run: dict[str, Any], maxtext_reference: dict[str, Any]
+) -> None:
+    """Nothing was added to MaxText's default dump folder by the runs in this module."""
+    before = baton_run["before"]
+    assert os.environ.get("XLA_FLAGS") == before["env"]["XLA_FLAGS"]
+    now = set(MAXTEXT_DUMP_DIR.glob("*")) if MAXTEXT_DUMP_DIR.is_dir() else set()
+    assert now <= before["dumped"], sorted(now - before["dumped"])[:5]

@@ -82,6 +82,7 @@ class _Losses:
 def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the tiny recipe for 12 steps through baton; return its losses and objects."""
     import jax
+
     from baton.core import Callback
     from baton.core.recipe import build_driver
 
@@ -176,9 +177,10 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
 
     ``cache`` is the baton run's compilation cache (a compile-time saving only).
     """
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
     from maxtext.input_pipeline import input_pipeline_interface
     from maxtext.trainers.pre_train import train
+
+    from baton.backends.maxtext.data import TextBatches, TextCorpus
 
     metrics_file = workdir / "metrics.jsonl"
     argv = config.argv(
@@ -220,6 +222,7 @@ def _outside_driver() -> Iterator[None]:
     """What baton's patches do for a Driver run, for MaxText code the tests call directly:
     no HLO dump (MaxText fills an empty XLA_FLAGS with dump flags) and JAX's PRNG restored."""
     import jax
+
     from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
 
     prng, flags = jax.config.jax_default_prng_impl, os.environ.get("XLA_FLAGS")
@@ -331,8 +334,9 @@ def test_pending_save_reports_orbax_completion_and_failure(
     import time
 
     import jax.numpy as jnp
-    from baton.backends.maxtext.backend import OrbaxPendingSave
     from orbax.checkpoint import v1 as ocp
+
+    from baton.backends.maxtext.backend import OrbaxPendingSave
 
     tree = {"w": jnp.arange(1024.0), "b": jnp.ones(8)}
     pending = OrbaxPendingSave(ocp.save_pytree_async(tmp_path / "ok", tree))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from baton.backends.maxtext.config import FORCED, TINY_CPU, MaxTextConfig, format_value
 from baton.backends.maxtext.data import BATCH_KEYS, TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
 from baton.core.backend import BackendBase

@@ -11,7 +11,7 @@ uv run baton run recipes/maxtext_tiny.py --overrides base_num_decoder_layers=4 l
 from __future__ import annotations
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
-from baton.callbacks import Progress
+from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.core import Callback, Driver
 
 
@@ -27,22 +27,6 @@ class PrintLoss(Callback):
     def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
         if driver.is_global_zero:
             print(f"step {driver.step:5d}  eval loss {metrics['eval/loss']:.4f}", flush=True)
-
-
-class SaveEvery(Callback):
-    """Ask the driver for a checkpoint every ``every`` steps.
-
-    Stand-in until baton.callbacks.Checkpoint lands: then replace this and the
-    ``save_on_stop`` / ``async_save`` lines in ``recipe`` with
-    ``Checkpoint(every=save_every, asynchronous=async_save)``.
-    """
-
-    def __init__(self, every: int) -> None:
-        self.every = every
-
-    def on_step_end(self, driver: Driver, output: object) -> None:
-        if self.every and driver.step % self.every == 0:
-            driver.control.request_save(f"every {self.every} steps")
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -94,13 +78,22 @@ def recipe(
     config = MaxTextConfig(
         overrides=settings | parse_overrides(overrides), data_path=data_path, data_seed=data_seed
     )
-    callbacks: list[Callback] = [SaveEvery(save_every)]
+    callbacks: list[Callback] = [
+        Checkpoint(
+            every_n_steps=save_every or None,
+            save_on_stop=save_every > 0,
+            keep_last=2,
+            async_save=async_save,
+        ),
+        Preemption(),
+        ThroughputMonitor(),
+        CompositeLogger(["jsonl", "tensorboard"]),
+    ]
     if print_loss:
         callbacks.append(PrintLoss())
     if progress:
         callbacks.append(Progress())
-    # Logging: add baton.callbacks.CompositeLogger (TensorBoard / W&B / jsonl) here once it lands.
-    driver = Driver(
+    return Driver(
         MaxTextBackend(config),
         callbacks,
         max_steps=max_steps,
@@ -108,6 +101,3 @@ def recipe(
         eval_every=eval_every or None,
         run_dir=run_dir,
     )
-    driver.save_on_stop = save_every > 0
-    driver.async_save = async_save
-    return driver

@@ -175,8 +175,10 @@ class FabricBackend(BackendBase):
             total += loss.detach()
         metrics: dict[str, Any] = {"lr": lr}
         if cfg.grad_clip is not None:
+            # error_if_nonfinite=False: checking would sync with the device every step;
+            # a non-finite loss or norm is the LossGuard callback's job, on log steps.
             metrics["grad_norm"] = fabric.clip_gradients(
-                self.model, self.optimizer, max_norm=cfg.grad_clip
+                self.model, self.optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
             )
         self.optimizer.step()
         self.scheduler.step()

@@ -154,6 +154,8 @@ def test_patches_undone_after_teardown(first_run):
     assert report == {
         "torchtitan_cpu_attention": True,
         "torchtitan_cpu_device": True,
+        "torchtitan_fsdp_partial_dtensor": False,  # one rank: spmd_types works
+        "torchtitan_gloo_fsdp_sum_reduction": True,  # no FSDP group on gloo: nothing to do
         "torchtitan_pg_set_timeout": True,
         "torchtitan_restore_process_state": True,
     }
@@ -194,6 +196,8 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
         "torchtitan_cpu_attention",
         "torchtitan_restore_process_state",
         "torchtitan_pg_set_timeout",
+        "torchtitan_fsdp_partial_dtensor",
+        "torchtitan_gloo_fsdp_sum_reduction",
     ):
         assert name in out
 
@@ -217,8 +221,14 @@ def test_two_cpu_ranks_agree_on_loss_and_stop(tmp_path):
         timeout=600,
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for key in ("losses", "step", "tokens"):
+    for key in ("losses", "step", "tokens", "patches"):
         assert ranks[0][key] == ranks[1][key], key
+    # FSDP really shards: each rank holds about half of every parameter
+    assert all(0.45 < r["local_fraction"] < 0.55 for r in ranks), ranks
+    assert ranks[0]["patches"]["torchtitan_fsdp_partial_dtensor"] is True
+    assert ranks[0]["patches"]["torchtitan_gloo_fsdp_sum_reduction"] is True
+    assert ranks[0]["spmd_backend"] == "spmd_types"  # the patch was undone at teardown
+    assert ranks[0]["losses"]["4"] < ranks[0]["losses"]["2"]  # the reduced gradients train
     assert ranks[0]["step"] == 4  # rank 0 asked at step 3; both stopped at the log step
     assert ranks[0]["stop_reason"] == "rank 0 says stop"
     assert ranks[1]["stop_reason"] == "requested on another rank"

@@ -1,7 +1,7 @@
 """Runs of the TorchTitan backend shared by the tests, in-process or as a script.
 
 python titan_worker.py resume RUN_DIR OUT.json       # resume RUN_DIR, record losses
-torchrun --nproc-per-node 2 titan_worker.py ranks OUT_DIR   # 2 CPU ranks, FSDP
+torchrun --nproc-per-node 2 titan_worker.py ranks OUT_DIR   # FSDP over 2 CPU ranks
 """
 
 from __future__ import annotations
@@ -65,20 +65,38 @@ class StopOnRankZero(Callback):
             driver.control.request_stop("rank 0 says stop")
 
 
+class RecordSharding(Callback):
+    """Records which fraction of the model's parameters this rank holds (FSDP shards)."""
+
+    def on_train_start(self, driver: Driver) -> None:
+        local = total = 0
+        for part in driver.backend.trainer.model_parts:
+            for param in part.parameters():
+                local += param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+                total += param.numel()
+        self.fraction = local / total
+
+
 def ranks_run(out_dir: Path) -> None:
     record = RecordLosses()
+    sharding = RecordSharding()
     config = small_config(str(out_dir / "torchtitan"), steps=8)
-    config.parallelism.data_parallel_replicate_degree = 2  # DDP over the 2 CPU ranks
-    config.parallelism.data_parallel_shard_degree = 1
-    # the default "spmd_types" path rejects the plain-tensor parameters FSDP sees here
-    config.parallelism.spmd_backend = "partial_dtensor"
+    config.parallelism.data_parallel_replicate_degree = 1
+    config.parallelism.data_parallel_shard_degree = 2  # FSDP over the 2 CPU ranks (gloo)
     backend = TorchTitanBackend(config)
     driver = Driver(
-        backend, [record, StopOnRankZero()], max_steps=8, log_every=2, run_dir=out_dir / "run"
+        backend,
+        [record, sharding, StopOnRankZero()],
+        max_steps=8,
+        log_every=2,
+        run_dir=out_dir / "run",
     )
     result = driver.fit()
     rank = int(os.environ["RANK"])  # the process group is gone after teardown
     facts = {
+        "patches": {d.name: d.applied for d in driver.patch_report},
+        "spmd_backend": backend.config.parallelism.spmd_backend,  # restored by the undo
+        "local_fraction": sharding.fraction,
         "losses": record.losses,
         "step": result.step,
         "stop_reason": result.stop_reason,

@@ -161,21 +161,43 @@ def test_patches_undone_after_teardown(first_run):
     }
 
 
-def test_resume_in_fresh_process_continues_the_same_losses(first_run, tmp_path):
-    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
-    assert (checkpoint / "baton.json").is_file()
-    out = tmp_path / "resumed.json"
+@pytest.fixture(scope="module")
+def resumed_run(first_run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A fresh process resumes the step-5 checkpoint (``titan_worker.async_resume_run``)."""
+    out = tmp_path_factory.mktemp("resumed") / "resumed.json"
     subprocess.run(
         [sys.executable, str(HERE / "titan_worker.py"), "resume", str(first_run["run_dir"]), out],
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         timeout=600,
     )
-    resumed = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_resume_in_fresh_process_continues_the_same_losses(first_run, resumed_run):
+    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
+    assert (checkpoint / "baton.json").is_file()
+    resumed = resumed_run
     assert resumed["resumed_from"] == str(checkpoint)
     losses = {int(k): v for k, v in resumed["losses"].items()}
     expected = {k: v for k, v in first_run["losses"].items() if k > worker.SAVE_AT}
     assert losses == expected
+    # the resumed run saved step 8 asynchronously (checkpoint.async_mode="async"): the
+    # backend handed the driver a pending save, and resuming that checkpoint continues
+    # with the same losses
+    assert resumed["save_handles"] == ["DcpSave"]
+    assert resumed["again_resumed_from"].endswith("step_000008")
+    again = {int(k): v for k, v in resumed["again_losses"].items()}
+    assert again == {k: v for k, v in first_run["losses"].items() if k > 8}
+
+
+def test_torchtitan_validator_runs_in_baton_eval_hooks(resumed_run, first_run):
+    """TorchTitan's validator (config.validator, local data) runs at eval_every=8."""
+    evals = resumed_run["evals"]
+    assert list(evals) == ["8"]
+    assert set(evals["8"]) == {"eval/loss"}
+    eval_loss = evals["8"]["eval/loss"]
+    assert 0.0 < eval_loss < first_run["losses"][1] - 1.0  # a trained model's loss
 
 
 def test_two_trainings_in_one_process_do_not_interfere(first_run, tmp_path):

@@ -1,9 +1,11 @@
 """The TorchTitan backend on CPU: parity with Trainer.train(), resume, patches, ranks.
 
 One module-scoped baton run (10 steps of TorchTitan's llama3 debug model, a save at
-step 5) is shared by the parity, resume and isolation tests; the resume test and the
-two-rank test start fresh processes. About 3-4 minutes on 2 busy cores, most of it
-importing torchtitan (~15-35 s per process).
+step 5) is shared by the parity, resume and isolation tests. One fresh process
+(``resumed_run``) resumes it with async DCP saves and the validator on, which the
+resume, async-save and validator tests share; the two-rank test runs FSDP under
+torchrun. About 4-5 minutes on 2 busy cores, most of it importing torchtitan
+(~15-35 s per process).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The TorchTitan backend on CPU: parity with Trainer.train(), resume, patches, ranks.
 
 One module-scoped baton run (10 steps of TorchTitan's llama3 debug model, a save at
-step 5) is shared by the parity, resume and isolation tests; the resume test and the
-two-rank test start fresh processes. About 3-4 minutes on 2 busy cores, most of it
-importing torchtitan (~15-35 s per process).
+step 5) is shared by the parity, resume and isolation tests. One fresh process
+(``resumed_run``) resumes it with async DCP saves and the validator on, which the
+resume, async-save and validator tests share; the two-rank test runs FSDP under
+torchrun. About 4-5 minutes on 2 busy cores, most of it importing torchtitan
+(~15-35 s per process).
 """
 
 from __future__ import annotations
@@ -154,26 +156,50 @@ def test_patches_undone_after_teardown(first_run):
     assert report == {
         "torchtitan_cpu_attention": True,
         "torchtitan_cpu_device": True,
+        "torchtitan_fsdp_partial_dtensor": False,  # one rank: spmd_types works
+        "torchtitan_gloo_fsdp_sum_reduction": True,  # no FSDP group on gloo: nothing to do
         "torchtitan_pg_set_timeout": True,
         "torchtitan_restore_process_state": True,
     }
 
 
-def test_resume_in_fresh_process_continues_the_same_losses(first_run, tmp_path):
-    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
-    assert (checkpoint / "baton.json").is_file()
-    out = tmp_path / "resumed.json"
+@pytest.fixture(scope="module")
+def resumed_run(first_run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A fresh process resumes the step-5 checkpoint (``titan_worker.async_resume_run``)."""
+    out = tmp_path_factory.mktemp("resumed") / "resumed.json"
     subprocess.run(
         [sys.executable, str(HERE / "titan_worker.py"), "resume", str(first_run["run_dir"]), out],
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         timeout=600,
     )
-    resumed = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_resume_in_fresh_process_continues_the_same_losses(first_run, resumed_run):
+    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
+    assert (checkpoint / "baton.json").is_file()
+    resumed = resumed_run
     assert resumed["resumed_from"] == str(checkpoint)
     losses = {int(k): v for k, v in resumed["losses"].items()}
     expected = {k: v for k, v in first_run["losses"].items() if k > worker.SAVE_AT}
     assert losses == expected
+    # the resumed run saved step 8 asynchronously (checkpoint.async_mode="async"): the
+    # backend handed the driver a pending save, and resuming that checkpoint continues
+    # with the same losses
+    assert resumed["save_handles"] == ["DcpSave"]
+    assert resumed["again_resumed_from"].endswith("step_000008")
+    again = {int(k): v for k, v in resumed["again_losses"].items()}
+    assert again == {k: v for k, v in first_run["losses"].items() if k > 8}
+
+
+def test_torchtitan_validator_runs_in_baton_eval_hooks(resumed_run, first_run):
+    """TorchTitan's validator (config.validator, local data) runs at eval_every=8."""
+    evals = resumed_run["evals"]
+    assert list(evals) == ["8"]
+    assert set(evals["8"]) == {"eval/loss"}
+    eval_loss = evals["8"]["eval/loss"]
+    assert 0.0 < eval_loss < first_run["losses"][1] - 1.0  # a trained model's loss
 
 
 def test_two_trainings_in_one_process_do_not_interfere(first_run, tmp_path):
@@ -194,6 +220,8 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
         "torchtitan_cpu_attention",
         "torchtitan_restore_process_state",
         "torchtitan_pg_set_timeout",
+        "torchtitan_fsdp_partial_dtensor",
+        "torchtitan_gloo_fsdp_sum_reduction",
     ):
         assert name in out
 
@@ -217,8 +245,14 @@ def test_two_cpu_ranks_agree_on_loss_and_stop(tmp_path):
         timeout=600,
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for key in ("losses", "step", "tokens"):
+    for key in ("losses", "step", "tokens", "patches"):
         assert ranks[0][key] == ranks[1][key], key
+    # FSDP really shards: each rank holds about half of every parameter
+    assert all(0.45 < r["local_fraction"] < 0.55 for r in ranks), ranks
+    assert ranks[0]["patches"]["torchtitan_fsdp_partial_dtensor"] is True
+    assert ranks[0]["patches"]["torchtitan_gloo_fsdp_sum_reduction"] is True
+    assert ranks[0]["spmd_backend"] == "spmd_types"  # the patch was undone at teardown
+    assert ranks[0]["losses"]["4"] < ranks[0]["losses"]["2"]  # the reduced gradients train
     assert ranks[0]["step"] == 4  # rank 0 asked at step 3; both stopped at the log step
     assert ranks[0]["stop_reason"] == "rank 0 says stop"
     assert ranks[1]["stop_reason"] == "requested on another rank"

@@ -1,7 +1,7 @@
 """Runs of the TorchTitan backend shared by the tests, in-process or as a script.
 
-python titan_worker.py resume RUN_DIR OUT.json       # resume RUN_DIR, record losses
-torchrun --nproc-per-node 2 titan_worker.py ranks OUT_DIR   # 2 CPU ranks, FSDP
+python titan_worker.py resume RUN_DIR OUT.json   # resume RUN_DIR (async saves, eval), twice
+torchrun --nproc-per-node 2 titan_worker.py ranks OUT_DIR   # FSDP over 2 CPU ranks
 """
 
 from __future__ import annotations
@@ -46,15 +46,91 @@ class RecordLosses(Callback):
 
 
 def baton_run(
-    run_dir: Path, *, save_at: int | None = None, resume: str = "none", log_every: int = 1
+    run_dir: Path,
+    *,
+    save_at: int | None = None,
+    resume: str | Path = "none",
+    log_every: int = 1,
+    config: Any = None,
+    callbacks: list[Callback] | None = None,
+    eval_every: int | None = None,
 ) -> tuple[dict[int, float], Driver]:
     record = RecordLosses(save_at)
-    backend = TorchTitanBackend(small_config(str(run_dir / "torchtitan")))
+    backend = TorchTitanBackend(config or small_config(str(run_dir / "torchtitan")))
     driver = Driver(
-        backend, [record], max_steps=STEPS, log_every=log_every, run_dir=run_dir, resume=resume
+        backend,
+        [record, *(callbacks or [])],
+        max_steps=STEPS,
+        log_every=log_every,
+        run_dir=run_dir,
+        resume=resume,
+        eval_every=eval_every,
     )
     driver.fit()
     return record.losses, driver
+
+
+class RecordEval(Callback):
+    """Keeps the metrics every ``on_eval_end`` receives, by step."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, dict[str, float]] = {}
+
+    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self.seen[driver.step] = dict(metrics)
+
+
+def async_resume_run(run_dir: Path) -> dict[str, Any]:
+    """Resume RUN_DIR with async DCP saves and TorchTitan's validator, then resume again.
+
+    The first run resumes the step-5 checkpoint with ``checkpoint.async_mode="async"``;
+    the Checkpoint callback saves step 8 in the background (the driver's PendingSave
+    path) and the validator runs at step 8 through baton's eval hooks. A second run in
+    the same process resumes that asynchronous checkpoint and trains steps 9-10.
+    """
+    from torchtitan.components.validate import Validator
+
+    from baton.backends.torchtitan.data import LocalTextDataLoader
+    from baton.callbacks import Checkpoint
+
+    config = small_config(str(run_dir / "torchtitan"))
+    config.checkpoint.async_mode = "async"
+    config.validator = Validator.Config(
+        enable=True, steps=2, dataloader=LocalTextDataLoader.Config(infinite=False)
+    )
+    evals = RecordEval()
+    checkpoint = Checkpoint(every_n_steps=8, save_on_stop=False, keep_last=None, async_save=True)
+    backend = TorchTitanBackend(config)
+    handles: list[str] = []
+    save = backend.save
+
+    def observed_save(directory: Path, *, asynchronous: bool = False) -> Any:
+        handle = save(directory, asynchronous=asynchronous)
+        handles.append(type(handle).__name__)
+        return handle
+
+    backend.save = observed_save  # type: ignore[method-assign]
+    record = RecordLosses()
+    driver = Driver(
+        backend,
+        [record, checkpoint, evals],
+        max_steps=STEPS,
+        log_every=1,
+        run_dir=run_dir,
+        resume="auto",
+        eval_every=8,
+    )
+    driver.fit()
+    saved = driver.checkpoint_dir / "step_000008"
+    again, second = baton_run(run_dir, resume=saved)
+    return {
+        "losses": record.losses,
+        "resumed_from": str(driver.resumed_from),
+        "save_handles": handles,
+        "evals": evals.seen,
+        "again_resumed_from": str(second.resumed_from),
+        "again_losses": again,
+    }
 
 
 class StopOnRankZero(Callback):
@@ -65,20 +141,38 @@ class StopOnRankZero(Callback):
             driver.control.request_stop("rank 0 says stop")
 
 
+class RecordSharding(Callback):
+    """Records which fraction of the model's parameters this rank holds (FSDP shards)."""
+
+    def on_train_start(self, driver: Driver) -> None:
+        local = total = 0
+        for part in driver.backend.trainer.model_parts:
+            for param in part.parameters():
+                local += param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+                total += param.numel()
+        self.fraction = local / total
+
+
 def ranks_run(out_dir: Path) -> None:
     record = RecordLosses()
+    sharding = RecordSharding()
     config = small_config(str(out_dir / "torchtitan"), steps=8)
-    config.parallelism.data_parallel_replicate_degree = 2  # DDP over the 2 CPU ranks
-    config.parallelism.data_parallel_shard_degree = 1
-    # the default "spmd_types" path rejects the plain-tensor parameters FSDP sees here
-    config.parallelism.spmd_backend = "partial_dtensor"
+    config.parallelism.data_parallel_replicate_degree = 1
+    config.parallelism.data_parallel_shard_degree = 2  # FSDP over the 2 CPU ranks (gloo)
     backend = TorchTitanBackend(config)
     driver = Driver(
-        backend, [record, StopOnRankZero()], max_steps=8, log_every=2, run_dir=out_dir / "run"
+        backend,
+        [record, sharding, StopOnRankZero()],
+        max_steps=8,
+        log_every=2,
+        run_dir=out_dir / "run",
     )
     result = driver.fit()
     rank = int(os.environ["RANK"])  # the process group is gone after teardown
     facts = {
+        "patches": {d.name: d.applied for d in driver.patch_report},
+        "spmd_backend": backend.config.parallelism.spmd_backend,  # restored by the undo
+        "local_fraction": sharding.fraction,
         "losses": record.losses,
         "step": result.step,
         "stop_reason": result.stop_reason,
@@ -90,8 +184,7 @@ def ranks_run(out_dir: Path) -> None:
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "resume":
-        losses, driver = baton_run(Path(sys.argv[2]), resume="auto")
-        facts = {"losses": losses, "resumed_from": str(driver.resumed_from)}
+        facts = async_resume_run(Path(sys.argv[2]))
         Path(sys.argv[3]).write_text(json.dumps(facts))
     elif mode == "ranks":
         ranks_run(Path(sys.argv[2]))

@@ -106,11 +106,16 @@ class TorchTitanBackend(BackendBase):
 
     @property
     def rank(self) -> int:
-        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        """The global rank; before ``setup`` creates the process group, the launcher's."""
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        return int(os.environ.get("RANK", "0"))
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", "1"))
 
     @property
     def device_type(self) -> str:

@@ -44,3 +44,24 @@ def test_baton_core_imports_neither_torch_nor_jax():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_listings_import_no_framework():
+    code = (
+        "import sys; from baton.core.cli import main;"
+        "assert main(['backends']) == 0 and main(['patches']) == 0 and main(['callbacks']) == 0;"
+        "bad = [m for m in ('torch', 'jax', 'lightning', 'megatron', 'maxtext', 'torchtitan')"
+        " if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for name in (
+        "fabric",
+        "torchtitan",
+        "megatron",
+        "maxtext",
+        "checkpoint",
+        "megatron_cpu_device",
+    ):
+        assert name in out.stdout

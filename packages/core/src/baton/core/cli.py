@@ -82,8 +82,9 @@ def cmd_callbacks(argv: Sequence[str]) -> int:
 
 def cmd_backends(argv: Sequence[str]) -> int:
     table = _table("backend", "class", "what it does")
-    for name, cls in BACKENDS.items():
-        table.add_row(name, f"{cls.__module__}.{cls.__qualname__}", _doc_line(cls))
+    for name in BACKENDS.names():  # listed without importing torch, jax or the backends
+        where, doc = BACKENDS.summary(name)
+        table.add_row(name, where, doc)
     _print(table)
     return 0
 

@@ -59,6 +59,7 @@ class Registry[T]:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._summaries: dict[str, str] = {}
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
         """Decorator: ``@REGISTRY.register("name")`` (defaults to the object's ``name``)."""
@@ -76,10 +77,24 @@ class Registry[T]:
     def add(self, name: str, obj: T) -> T:
         return self.register(name)(obj)
 
-    def add_lazy(self, name: str, target: str) -> None:
-        """Register ``"package.module:Attr"``, imported on first ``get`` (keeps imports cheap)."""
+    def add_lazy(self, name: str, target: str, summary: str = "") -> None:
+        """Register ``"package.module:Attr"``, imported on first ``get`` (keeps imports cheap).
+
+        ``summary`` is the one-line description listings show without importing it.
+        """
         if name not in self._items:
             self._items[name] = target  # type: ignore[assignment]
+            self._summaries[name] = summary
+
+    def summary(self, name: str) -> tuple[str, str]:
+        """``(where, one-line doc)`` of an entry, without importing a lazy one."""
+        load_plugins()
+        item = self._items[name]
+        if isinstance(item, str):
+            return item, self._summaries.get(name, "")
+        doc = (getattr(item, "__doc__", None) or "").strip()
+        where = f"{getattr(item, '__module__', '')}:{getattr(item, '__qualname__', item)}"
+        return where, doc.splitlines()[0] if doc else ""
 
     def _resolve(self, name: str) -> T:
         item = self._items[name]

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["FabricBackend", "FabricConfig", "GPTConfig"]
 
-BACKENDS.add_lazy("fabric", "baton.backends.fabric.backend:FabricBackend")
+BACKENDS.add_lazy(
+    "fabric",
+    "baton.backends.fabric.backend:FabricBackend",
+    "Plain PyTorch models through lightning.fabric.Fabric (device, precision, DDP/FSDP).",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,11 @@ __all__ = ["TINY_CPU", "MaxTextBackend", "MaxTextConfig"]
 
 del _patches
 
-BACKENDS.add_lazy("maxtext", "baton.backends.maxtext.backend:MaxTextBackend")
+BACKENDS.add_lazy(
+    "maxtext",
+    "baton.backends.maxtext.backend:MaxTextBackend",
+    "MaxText's jitted JAX train step, one call per baton step.",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DataConfig", "MegatronBackend", "MegatronConfig"]
 
-BACKENDS.add_lazy("megatron", "baton.backends.megatron.backend:MegatronBackend")
+BACKENDS.add_lazy(
+    "megatron",
+    "baton.backends.megatron.backend:MegatronBackend",
+    "Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop.",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchTitanBackend"]
 
-BACKENDS.add_lazy("torchtitan", "baton.backends.torchtitan.backend:TorchTitanBackend")
+BACKENDS.add_lazy(
+    "torchtitan",
+    "baton.backends.torchtitan.backend:TorchTitanBackend",
+    "TorchTitan's Trainer, one Trainer.train_step per baton step.",
+)
 
 
 def __getattr__(name: str) -> Any:

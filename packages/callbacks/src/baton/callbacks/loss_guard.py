@@ -107,11 +107,15 @@ class LossGuard(Callback):
             bad = (loss - loss) != 0  # True for NaN and +-Inf; an array op, no sync
             self._bad = bad if self._bad is None else (self._bad | bad)
             driver.record("guard/nonfinite", self._bad)
-        if driver.control.save and not driver.control.log:
-            # check the state before it is saved
-            driver.control.request_log(
-                "loss guard checks before saving", all_ranks="save" in driver.control.agreed
-            )
+        ctl = driver.control
+        if ctl.save:
+            # check the state before it is saved. A save every rank makes now needs a
+            # log every rank makes now, even where this rank already holds a log request
+            # that waits for agreement (a signal): otherwise one rank logs (and reduces
+            # in on_log) while the other goes straight to the save's barrier
+            agreed = "save" in ctl.agreed
+            if (agreed and "log" not in ctl.agreed) or not ctl.log:
+                ctl.request_log("loss guard checks before saving", all_ranks=agreed)
 
     def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
         if "guard/nonfinite" not in metrics and "loss" not in metrics:

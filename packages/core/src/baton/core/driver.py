@@ -152,6 +152,7 @@ class Driver:
         try:
             self.dispatch("on_configure")
             self.backend.setup()
+            self._write_patch_report()
             self.dispatch("on_setup")
             self._resume()
             self._clock_start = time.monotonic()
@@ -454,6 +455,10 @@ class Driver:
                 "state_key so checkpoints can tell their states apart"
             )
         self._dispatch = Dispatcher(self.callbacks)
+
+    def _write_patch_report(self) -> None:
+        """``run_dir/patches.json`` and the log lines: after ``setup``, when the backend
+        knows its rank (before it, every process of a multi-rank run looks like rank 0)."""
         if self.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             report = [dataclasses.asdict(d) for d in self.patch_report]

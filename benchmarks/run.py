@@ -23,8 +23,11 @@ from pathlib import Path
 # One thread: steadier on a shared machine (set before torch is imported).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Import benchmarks as a package from the repository root, never this folder's modules
+# as top-level names (which could shadow installed packages).
+HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(HERE)]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import Row, Skip, format_table, skipped, write_json  # noqa: E402
 
@@ -32,7 +35,7 @@ from benchmarks.harness import Row, Skip, format_table, skipped, write_json  # n
 BENCHMARKS: dict[str, str] = {
     "dispatch": "benchmarks.dispatch",
     "host_syncs": "benchmarks.host_syncs",
-    "lightning": "benchmarks.lightning",
+    "lightning": "benchmarks.vs_lightning",
     "checkpoint": "benchmarks.checkpoint",
     "native": "benchmarks.native",
 }

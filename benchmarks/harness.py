@@ -93,6 +93,89 @@ def interleave(
     return samples
 
 
+class Lockstep:
+    """Run several training loops side by side, one block of steps at a time.
+
+    Finer interleaving than ``interleave``: each loop runs in its own thread and calls
+    ``mark()`` at the end of every block (say every 10 steps); the loops take turns,
+    one block each, while the others wait. Each block's time is measured inside its
+    thread, from resuming to the next ``mark``, so the loops never overlap and block
+    i of every loop was measured within a second of the others'. The order rotates
+    every round (A B C, B C A, C A B, ...) so that no loop always runs right after the
+    same neighbour.
+
+    Example::
+
+        def loop(mark):                   # a loop calls mark() after each block
+            for step in range(1, 101):
+                train_one_step()
+                if step % 10 == 0:
+                    mark()
+
+        blocks = Lockstep({"a": loop, "b": other_loop}).run()   # name -> block seconds
+        ratio = paired_ratio(blocks["b"][1:], blocks["a"][1:])  # drop the warm-up block
+    """
+
+    def __init__(self, loops: Mapping[str, Callable[[Callable[[], None]], Any]]) -> None:
+        self.loops = dict(loops)
+
+    def run(self) -> dict[str, list[float]]:
+        import threading
+
+        go = {name: threading.Semaphore(0) for name in self.loops}
+        done = {name: threading.Semaphore(0) for name in self.loops}
+        blocks: dict[str, list[float]] = {name: [] for name in self.loops}
+        finished: set[str] = set()
+        errors: dict[str, BaseException] = {}
+
+        def worker(name: str) -> None:
+            go[name].acquire()
+            start = time.perf_counter()
+
+            def mark() -> None:
+                nonlocal start
+                blocks[name].append(time.perf_counter() - start)
+                done[name].release()
+                go[name].acquire()
+                start = time.perf_counter()
+
+            try:
+                self.loops[name](mark)
+            except BaseException as error:
+                errors[name] = error
+            finally:
+                finished.add(name)
+                done[name].release()
+
+        threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in self.loops]
+        for thread in threads:
+            thread.start()
+        names = list(self.loops)
+        turn = 0
+        while len(finished) < len(names):
+            # rotate who goes first each round, so no loop always follows the same one
+            order = names[turn % len(names) :] + names[: turn % len(names)]
+            turn += 1
+            for name in order:
+                if name in finished:
+                    continue
+                gc.collect()
+                go[name].release()
+                done[name].acquire()
+            if errors:
+                break
+        for name in self.loops:  # let any loop still waiting run to its end
+            while name not in finished:
+                go[name].release()
+                done[name].acquire()
+        for thread in threads:
+            thread.join()
+        if errors:
+            name, error = next(iter(errors.items()))
+            raise RuntimeError(f"loop {name!r} failed: {error!r}") from error
+        return blocks
+
+
 class Stopwatch:
     """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
 

@@ -158,7 +158,7 @@ def fabric_tiny(steps: int) -> Any:
     from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
 
     model = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32)
-    return FabricBackend(FabricConfig(model=model, batch_size=8, accelerator="cpu"))
+    return FabricBackend(FabricConfig(model=model, batch_size=8, accelerator="auto"))
 
 
 def from_recipe(path: str) -> Callable[[int], Any]:

@@ -46,3 +46,33 @@ def test_table_and_json(tmp_path) -> None:
     data = json.loads((tmp_path / "r.json").read_text())
     assert [r["case"] for r in data["rows"]] == ["base", "other", "missing"]
     assert data["machine"]["cpus"] >= 1
+
+
+def test_lockstep_takes_turns_one_block_at_a_time() -> None:
+    from benchmarks.harness import Lockstep
+
+    order: list[str] = []
+
+    def loop(name: str, blocks: int):
+        def run(mark) -> None:
+            for _ in range(blocks):
+                order.append(name)
+                mark()
+
+        return run
+
+    times = Lockstep({"a": loop("a", 3), "b": loop("b", 2)}).run()
+    assert order == ["a", "b", "b", "a", "a"]  # each round one block each, rotating
+    assert [len(times["a"]), len(times["b"])] == [3, 2]
+    assert all(t >= 0 for t in times["a"] + times["b"])
+
+
+def test_lockstep_reports_a_failing_loop() -> None:
+    from benchmarks.harness import Lockstep
+
+    def bad(mark) -> None:
+        mark()
+        raise ValueError("boom")
+
+    with pytest.raises(RuntimeError, match=r"loop 'bad' failed.*boom"):
+        Lockstep({"ok": lambda mark: [mark() for _ in range(3)], "bad": bad}).run()

@@ -179,7 +179,7 @@ def from_recipe(path: str) -> Callable[[int], Any]:
 
 ENTRIES: tuple[Entry, ...] = (
     Entry("fabric", "baton.backends.fabric.backend", "bare loop over train_step", fabric_tiny,
-          bare_loop, steps=50),
+          bare_loop, steps=100),
     Entry("torchtitan", "baton.backends.torchtitan.backend", "TorchTitan Trainer.train()",
           from_recipe("torchtitan_llama3_debug.py"), torchtitan_train),
     Entry("megatron", "baton.backends.megatron.backend", "plain Megatron-Core loop",
@@ -193,7 +193,7 @@ def run_entry(entry: Entry, quick: bool) -> Row:
     case = f"{entry.backend}: {entry.native_name} vs baton"
     if importlib.util.find_spec(entry.module) is None:
         return skipped(NAME, case, f"{entry.module} is not installed/implemented")
-    steps, rounds = (entry.quick_steps, 1) if quick else (entry.steps, 4)
+    steps, rounds = (entry.quick_steps, 1) if quick else (entry.steps, 6)
     try:
         entry.compare(steps)  # warm-up: imports, compilation, caches
         pairs = [entry.compare(steps, baton_first=i % 2 == 1) for i in range(rounds)]

@@ -7,7 +7,7 @@ uv run baton run recipes/quickstart.py --max-steps 600 --lr 2e-3 --resume auto
 from __future__ import annotations
 
 from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
-from baton.callbacks import Progress
+from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.core import Callback, Driver
 
 
@@ -36,6 +36,7 @@ def recipe(
     seed: int = 0,
     log_every: int = 25,
     eval_every: int = 100,
+    save_every: int = 100,
     data_path: str | None = None,
     run_dir: str = "runs/quickstart",
     progress: bool = True,
@@ -51,7 +52,13 @@ def recipe(
         decay_steps=max_steps,
         accelerator="cpu",
     )
-    callbacks: list[Callback] = [PrintLoss()]
+    callbacks: list[Callback] = [
+        PrintLoss(),
+        Checkpoint(every_n_steps=save_every, keep_last=2),
+        Preemption(),
+        ThroughputMonitor(),
+        CompositeLogger(["jsonl", "tensorboard"]),
+    ]
     if progress:
         callbacks.append(Progress())
     return Driver(

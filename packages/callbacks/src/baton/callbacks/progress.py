@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from baton.core.callback import Callback
-from baton.core.registry import CALLBACKS
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
+
+from baton.core.callback import Callback
+from baton.core.registry import CALLBACKS
 
 
 @CALLBACKS.register("progress")

@@ -121,6 +121,11 @@ class BackendBase:
     def load(self, directory: Path) -> None:
         raise NotImplementedError
 
+    def skip_data(self, steps: int) -> None:
+        """Advance the training data by ``steps`` optimizer steps' worth of batches
+        without training on them (a guard skipping a bad window after a rollback)."""
+        raise NotImplementedError(f"backend {self.name!r} cannot skip training data")
+
     def barrier(self) -> None:
         """Wait for every rank (no-op with one process)."""
 

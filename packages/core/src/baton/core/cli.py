@@ -14,10 +14,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from baton.core.registry import BACKENDS, CALLBACKS
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+
+from baton.core.registry import BACKENDS, CALLBACKS
 
 
 def _doc_line(obj: object) -> str:
@@ -57,19 +58,33 @@ def cmd_run(argv: Sequence[str]) -> int:
     return 0
 
 
+def _table(*columns: str) -> Table:
+    """A listing whose first column (the name people type) never wraps or truncates."""
+    table = Table(*columns)
+    table.columns[0].no_wrap = True
+    return table
+
+
+def _print(table: Table) -> None:
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160
+    console.print(table)
+
+
 def cmd_callbacks(argv: Sequence[str]) -> int:
-    table = Table("callback", "class", "what it does")
+    table = _table("callback", "class", "what it does")
     for name, cls in CALLBACKS.items():
-        table.add_row(name, f"{cls.__module__}.{cls.__qualname__}", _doc_line(cls))
-    Console().print(table)
+        table.add_row(name, cls.__qualname__, _doc_line(cls))
+    _print(table)
     return 0
 
 
 def cmd_backends(argv: Sequence[str]) -> int:
-    table = Table("backend", "class", "what it does")
+    table = _table("backend", "class", "what it does")
     for name, cls in BACKENDS.items():
         table.add_row(name, f"{cls.__module__}.{cls.__qualname__}", _doc_line(cls))
-    Console().print(table)
+    _print(table)
     return 0
 
 
@@ -88,10 +103,10 @@ def cmd_patches(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    table = Table("patch", "backend", "versions", "phase", "what it fixes")
+    table = _table("patch", "backend", "versions", "phase", "what it fixes")
     for cls in rows:
         table.add_row(cls.name, cls.backend, cls.versions or "any", cls.phase, cls.summary())
-    Console().print(table)
+    _print(table)
     return 0
 
 

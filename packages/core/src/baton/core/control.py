@@ -46,6 +46,15 @@ class Control:
         """Materialise and log metrics for this step even off the log cadence."""
         self._request("log", reason, all_ranks)
 
+    def withdraw(self, flag: str) -> None:
+        """Cancel a request of this step (a guard vetoing the save of a broken state).
+        Under several ranks, withdraw only what every rank decides to withdraw alike."""
+        if flag not in FLAGS:
+            raise ValueError(f"unknown control flag {flag!r}; flags: {', '.join(FLAGS)}")
+        setattr(self, flag, False)
+        self.reasons.pop(flag, None)
+        self.agreed.discard(flag)
+
     def reason(self, flag: str) -> str:
         """The reasons given for ``flag``, joined; empty when none."""
         return "; ".join(self.reasons.get(flag, []))

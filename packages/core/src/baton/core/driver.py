@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import shutil
@@ -194,6 +195,7 @@ class Driver:
             self._log(output)
         if "eval" in acting or (self.eval_every and self.step % self.eval_every == 0):
             self._evaluate()
+        acting = self._after_log_and_eval(acting)
         stop = "stop" in acting
         if "save" in acting or (stop and self.save_on_stop):
             self._save(self.control.reason("save") or f"stop: {self.control.reason('stop')}")
@@ -235,6 +237,17 @@ class Driver:
             else:
                 return {f for f in ctl.agreed if getattr(ctl, f)}
         return {f for f in ("stop", "save", "eval", "log") if getattr(ctl, f)}
+
+    def _after_log_and_eval(self, acting: set[str]) -> set[str]:
+        """Stop and save requests made while logging or evaluating (a NaN guard, early
+        stopping) act at this step; a request withdrawn there (``control.withdraw``) does
+        not. With several ranks only requests every rank made (``all_ranks``) join now."""
+        ctl = self.control
+        acting = {f for f in acting if getattr(ctl, f)}
+        for flag in ("stop", "save"):
+            if getattr(ctl, flag) and (self.backend.world_size == 1 or flag in ctl.agreed):
+                acting.add(flag)
+        return acting
 
     def _clear(self, flags: set[str]) -> None:
         for flag in flags:
@@ -283,6 +296,7 @@ class Driver:
             },
             "callbacks": states,
             "settings": self.settings,
+            "patches": [d.name for d in self.patch_report if d.applied],
             "versions": _versions(self.backend),
         }
 
@@ -307,7 +321,13 @@ class Driver:
         meta = self._checkpoint_meta(reason)
         self.dispatch("on_save_checkpoint", meta)
         asynchronous = self.async_save and getattr(self.backend, "supports_async_save", False)
-        handle = self.backend.save(tmp / ckpt.BACKEND_DIR, asynchronous=asynchronous)
+        try:
+            handle = self.backend.save(tmp / ckpt.BACKEND_DIR, asynchronous=asynchronous)
+        except BaseException:
+            # a failed write leaves no half-checkpoint behind; the complete ones stay
+            if self.is_global_zero:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self._pending.append(_PendingCheckpoint(tmp, final, meta, handle))
         if handle is None:
             self._poll_pending(block=True)
@@ -315,11 +335,16 @@ class Driver:
     def _poll_pending(self, *, block: bool) -> None:
         while self._pending:
             item = self._pending[0]
-            if item.handle is not None:
-                if not block and not item.handle.done():
-                    return
-                item.handle.wait()
+            if item.handle is not None and not block and not item.handle.done():
+                return
             self._pending.pop(0)
+            if item.handle is not None:
+                try:
+                    item.handle.wait()
+                except BaseException:
+                    if self.is_global_zero:
+                        shutil.rmtree(item.tmp, ignore_errors=True)
+                    raise
             if item.handle is None:
                 self.backend.barrier()
             if self.is_global_zero:
@@ -356,6 +381,31 @@ class Driver:
             return
         raise ckpt.CheckpointError("no checkpoint could be loaded:\n  " + "\n  ".join(errors))
 
+    def load_checkpoint(self, path: str | Path | None = None, *, callbacks: bool = False) -> Path:
+        """Restore a complete checkpoint in the middle of a run (a rollback).
+
+        ``path=None`` takes the newest complete one. The backend state (weights,
+        optimizer, data position, RNG) and the step, token and time counters come back;
+        callback states only with ``callbacks=True`` (a guard that rolls back keeps its
+        own memory of why). Call it from ``on_step_start``: the next step is then the
+        one after the checkpoint's. Raises ``CheckpointError`` when none can be loaded.
+        """
+        if path is None:
+            candidates = ckpt.resumable(self.checkpoint_dir)
+            if not candidates:
+                raise ckpt.CheckpointError(f"no complete checkpoint in {self.checkpoint_dir}")
+            path, meta = candidates[0]
+        else:
+            path = Path(path)
+            meta = ckpt.read_meta(path)
+        self._poll_pending(block=True)
+        self._check_compatible(path, meta)
+        self.backend.load(path / ckpt.BACKEND_DIR)
+        self._restore(path, meta, callbacks=callbacks)
+        self._clock_start = time.monotonic()
+        self._time_before = self.train_time_s
+        return path
+
     def _check_compatible(self, path: Path, meta: dict[str, Any]) -> None:
         saved = meta.get("backend", {})
         current = {"name": self.backend.name, **self.backend.describe()}
@@ -371,21 +421,24 @@ class Driver:
                 + "\nresume with the settings it was saved with, or start a new run_dir"
             )
 
-    def _restore(self, path: Path, meta: dict[str, Any]) -> None:
+    def _restore(self, path: Path, meta: dict[str, Any], *, callbacks: bool = True) -> None:
         self.step = int(meta["step"])
         self.tokens = int(meta["tokens"])
         self.samples = int(meta.get("samples", 0))
         self.train_time_s = float(meta.get("train_time_s", 0.0))
         states = meta.get("callbacks", {})
         for cb in self.callbacks:
-            if cb.state_key is None:
+            if cb.state_key is None or not callbacks:
                 continue
             if cb.state_key in states:
                 cb.load_state_dict(states[cb.state_key])
             else:
                 log.warning("checkpoint %s has no state for callback %r", path, cb.state_key)
-        self.resumed_from = path
-        log.info("resumed from %s at step %d", path, self.step)
+        if callbacks:
+            self.resumed_from = path
+            log.info("resumed from %s at step %d", path, self.step)
+        else:
+            log.info("rolled back to %s (step %d)", path, self.step)
         self.dispatch("on_load_checkpoint", meta)
 
     # -- start and end ----------------------------------------------------------------
@@ -403,6 +456,11 @@ class Driver:
         self._dispatch = Dispatcher(self.callbacks)
         if self.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            report = [dataclasses.asdict(d) for d in self.patch_report]
+            ckpt.write_json_atomic(
+                self.run_dir / "patches.json",
+                {"backend": self.backend.name, "version": self.backend.version, "patches": report},
+            )
         for decision in self.patch_report:
             log.info(
                 "patch %-32s %s (%s)",

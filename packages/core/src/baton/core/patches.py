@@ -33,10 +33,11 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from baton.core.callback import Callback
-from baton.core.registry import Registry
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from baton.core.callback import Callback
+from baton.core.registry import Registry
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend

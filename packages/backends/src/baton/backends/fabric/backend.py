@@ -16,15 +16,17 @@ Example::
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
 from baton.backends.fabric.data import ByteCorpus, WindowSampler, eval_batches
 from baton.backends.fabric.model import GPT, GPTConfig
-from baton.core.backend import BackendBase
+from baton.core.backend import BackendBase, PendingSave
 from baton.core.metrics import StepOutput
 
 STATE_FILE = "state.pt"
@@ -218,18 +220,51 @@ class FabricBackend(BackendBase):
         if self.fabric is not None and self.world_size > 1:
             self.fabric.barrier()
 
+    def skip_data(self, steps: int) -> None:
+        """Draw and discard ``steps`` optimizer steps' worth of batches."""
+        assert self.sampler is not None
+        for _ in range(steps * self.config.grad_accum):
+            self.sampler.next_batch()
+
     # -- checkpoints ----------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
 
-    def save(self, directory: Path, *, asynchronous: bool = False) -> None:
+    @property
+    def supports_async_save(self) -> bool:  # type: ignore[override]
+        """Single-device and DDP states are whole on rank 0: a host copy is written by a
+        thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
+        Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+        from lightning.fabric.strategies import DDPStrategy, SingleDeviceStrategy
+
+        strategy = self.fabric.strategy
+        return isinstance(strategy, SingleDeviceStrategy | DDPStrategy) and (
+            type(strategy.checkpoint_io) is TorchCheckpointIO
+        )
+
+    def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
         assert self.sampler is not None
         state = self._state()
         state["data"] = self.sampler.state_dict()
         state["rng"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.fabric.device.type == "cuda":
             state["rng"]["cuda"] = torch.cuda.get_rng_state(self.fabric.device)
-        self.fabric.save(Path(directory) / STATE_FILE, state)
+        path = Path(directory) / STATE_FILE
+        if not (asynchronous and self.supports_async_save):
+            self.fabric.save(path, state)
+            return None
+        # the same content fabric.save writes, copied to host memory now (so training may
+        # change the live tensors), then written by a background thread
+        strategy = self.fabric.strategy
+        state["model"] = strategy.get_module_state_dict(self.model.module)
+        state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
+        state["scheduler"] = self.scheduler.state_dict()
+        snapshot = _host_copy(state)
+        if not strategy.is_global_zero:
+            return ThreadedSave(lambda: None)  # every rank hands back a handle alike
+        # the file fabric.save writes through TorchCheckpointIO is this torch.save
+        return ThreadedSave(lambda: torch.save(snapshot, path))
 
     def load(self, directory: Path) -> None:
         assert self.sampler is not None
@@ -239,3 +274,44 @@ class FabricBackend(BackendBase):
         torch.set_rng_state(remainder["rng"]["torch"])
         if "cuda" in remainder["rng"] and self.fabric.device.type == "cuda":
             torch.cuda.set_rng_state(remainder["rng"]["cuda"], self.fabric.device)
+
+
+def _host_copy(value: Any) -> Any:
+    """A deep copy with every tensor cloned into host memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _host_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_host_copy(v) for v in value)
+    return value
+
+
+class ThreadedSave:
+    """A write running on a background thread; ``wait`` re-raises what it raised.
+
+    Example::
+
+        pending = ThreadedSave(lambda: torch.save(state, path))
+        ...            # training continues
+        pending.wait()
+    """
+
+    def __init__(self, write: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(write,), daemon=True)
+        self._thread.start()
+
+    def _run(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except BaseException as error:
+            self._error = error
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error

@@ -1,1 +1,36 @@
-"""baton."""
+"""baton.backends.maxtext: MaxText's jitted JAX train step driven by baton's loop.
+
+Importing this package is cheap: it registers the backend and its patches without
+importing jax or maxtext (MaxText's import takes 20-40 s); they load in ``setup``.
+
+Example::
+
+    from baton.backends.maxtext import MaxTextBackend, MaxTextConfig, TINY_CPU
+
+    backend = MaxTextBackend(overrides=TINY_CPU | {"steps": 50})
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from baton.backends.maxtext import patches as _patches  # registers the patches (no jax)
+from baton.backends.maxtext.config import TINY_CPU, MaxTextConfig
+from baton.core.registry import BACKENDS
+
+if TYPE_CHECKING:
+    from baton.backends.maxtext.backend import MaxTextBackend
+
+__all__ = ["TINY_CPU", "MaxTextBackend", "MaxTextConfig"]
+
+del _patches
+
+BACKENDS.add_lazy("maxtext", "baton.backends.maxtext.backend:MaxTextBackend")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MaxTextBackend":
+        from baton.backends.maxtext.backend import MaxTextBackend
+
+        return MaxTextBackend
+    raise AttributeError(name)

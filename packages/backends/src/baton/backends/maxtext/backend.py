@@ -1,0 +1,508 @@
+"""MaxText (JAX) through baton's loop: MaxText's own setup and jitted ``train_step``.
+
+``setup`` runs what MaxText's ``train.py`` runs before its loop: ``train.initialize``
+(config from ``key=value`` overrides), ``train_utils.setup_train_loop`` (mesh, model,
+optimizer, sharded state), ``sharding.maybe_update_params_sharding_with_opt`` and
+``train_utils.jit_train_and_eval_step``. Each baton step then calls the jitted
+``train.train_step`` once on the next batch, which MaxText's ``DataLoader`` places on
+the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``).
+
+Metrics stay on the device; ``fetch`` brings everything a log step needs to the host
+with one ``jax.device_get``.
+
+Checkpoints are orbax, written in MaxText's on-disk layout, into the directory baton
+gives: ``<dir>/checkpoint/`` is a MaxText checkpoint step directory (checkpointable
+``items``), so MaxText itself can load it with ``load_full_state_path=<dir>/checkpoint/items``;
+``<dir>/baton_maxtext.json`` records the data position and the step numbers. Saves are
+asynchronous when the driver asks (``PendingSave`` over orbax's async response).
+
+Step numbers: after baton step ``n`` the optimizer has taken ``n`` updates
+(``state.optimizer.step == n``), while MaxText names the checkpoint written after that
+update by its 0-based loop index, ``n - 1``. ``maxtext_checkpoint_name(n)`` and
+``baton_step_of_maxtext_checkpoint(name)`` convert; ``restore_maxtext_checkpoint``
+loads a checkpoint written by MaxText's own loop.
+
+Example::
+
+    from baton.core import Driver
+    from baton.backends.maxtext import MaxTextBackend, TINY_CPU
+
+    backend = MaxTextBackend(overrides=TINY_CPU | {"steps": 200, "run_name": "tiny"})
+    Driver(backend, max_steps=200, run_dir="runs/maxtext_tiny").fit()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from baton.backends.maxtext.config import MaxTextConfig
+from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
+from baton.core.backend import BackendBase
+from baton.core.metrics import StepOutput
+
+STATE_DIR = "checkpoint"
+ITEMS = "items"
+META_FILE = "baton_maxtext.json"
+
+
+def maxtext_checkpoint_name(baton_step: int) -> int:
+    """The step MaxText names a checkpoint with after ``baton_step`` optimizer updates."""
+    return baton_step - 1
+
+
+def baton_step_of_maxtext_checkpoint(name: int) -> int:
+    """The number of optimizer updates in MaxText's checkpoint ``<checkpoint_dir>/<name>``."""
+    return name + 1
+
+
+@dataclass
+class Plan:
+    """What a MaxText config would build, found without allocating the model (a dry run)."""
+
+    mesh_shape: dict[str, int]
+    devices: str
+    params: int
+    tflops_per_device_step: float
+    global_batch: int
+    seq_len: int
+
+    def summary(self) -> str:
+        axes = {k: v for k, v in self.mesh_shape.items() if v > 1} or {"(all axes)": 1}
+        return "\n".join(
+            [
+                f"devices      {self.devices}",
+                "mesh         " + "  ".join(f"{k}={v}" for k, v in axes.items()),
+                f"mesh (full)  {self.mesh_shape}",
+                f"parameters   {self.params:,} ({self.params / 1e9:.2f} B)",
+                f"batch        {self.global_batch} x {self.seq_len} tokens per step",
+                f"TFLOPs       {self.tflops_per_device_step:,.1f} per device per step",
+            ]
+        )
+
+
+class Deferred:
+    """A host-side value computed only when a log step fetches it (e.g. the learning rate)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Any:
+        return self.fn()
+
+
+class OrbaxPendingSave:
+    """An orbax asynchronous save in flight (the driver renames the directory after ``wait``).
+
+    ``done`` turns true once orbax has finished writing and committed its directory, or
+    once the background write failed; ``wait`` then returns or raises that error.
+    """
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self._finished = False
+
+    def done(self) -> bool:
+        if not self._finished:
+            try:
+                self._response.result(timeout=0)
+            except TimeoutError:  # still writing
+                return False
+            except Exception:  # failed: ``wait`` raises it
+                pass
+            self._finished = True
+        return True
+
+    def wait(self) -> None:
+        self._response.result()  # raises if the background write failed
+        self._finished = True
+
+
+class MaxTextBackend(BackendBase):
+    """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
+
+    name = "maxtext"
+    distribution = "maxtext"
+    supports_async_save = True
+
+    def __init__(
+        self,
+        config: MaxTextConfig | None = None,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
+        self.config = config or MaxTextConfig()
+        if overrides:
+            self.config.update(overrides)
+        for key, value in fields.items():
+            if not hasattr(self.config, key):
+                raise TypeError(
+                    f"MaxTextConfig has no field {key!r}; MaxText settings go in overrides={{...}}"
+                )
+            setattr(self.config, key, value)
+        #: MaxText's resolved config (``pyconfig.HyperParameters``) after ``setup``
+        self.hparams: Any = None
+        self.mesh: Any = None
+        self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
+        self.batches: TextBatches | None = None
+        self.learning_rate_schedule: Callable[[int], Any] | None = None
+        self._lr_at: Callable[[int], Any] | None = None
+        self._graphdef: Any = None
+        self._p_train: Any = None
+        self._p_eval: Any = None
+        self._loader: Any = None
+        self._rampup: Any = None
+        self._eval: list[dict[str, np.ndarray]] = []
+        self._corpus_fingerprint = ""
+
+    # -- facts ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        if self.hparams is None:
+            return 0
+        import jax
+
+        return jax.process_index()
+
+    @property
+    def world_size(self) -> int:
+        if self.hparams is None:
+            return 1
+        import jax
+
+        return jax.process_count()
+
+    @property
+    def device_type(self) -> str:
+        if self.mesh is None:
+            return str(self.config.get("hardware", "cpu")).replace("_multiprocess", "")
+        return str(self.mesh.devices.flat[0].platform)
+
+    @property
+    def flops_per_token(self) -> float | None:
+        if self.hparams is None:
+            return None
+        from maxtext.utils import maxtext_utils
+
+        total_tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(
+            self.hparams, log=False
+        )
+        tokens_per_device = self.hparams.per_device_batch_size * self.hparams.max_target_length
+        return float(total_tflops) * 1e12 / tokens_per_device
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.hparams.global_batch_size_to_train_on) * int(self.hparams.max_target_length)
+
+    def describe(self) -> dict[str, Any]:
+        keys = (
+            "model_name",
+            "base_emb_dim",
+            "base_num_query_heads",
+            "base_num_kv_heads",
+            "base_mlp_dim",
+            "base_num_decoder_layers",
+            "head_dim",
+            "vocab_size",
+            "max_target_length",
+        )
+        if self.hparams is None:
+            return {"model": {k: self.config.get(k) for k in keys if k in self.config}}
+        return {"model": {k: getattr(self.hparams, k) for k in keys}}
+
+    # -- build ------------------------------------------------------------------------
+    def plan(self, simulate_devices: int | None = None) -> Plan:
+        """Validate the config with MaxText and build its mesh, without allocating the model.
+
+        ``simulate_devices`` runs the plan on that many host (CPU) devices, so a GPU or
+        TPU configuration can be checked on a laptop; it must be called before JAX starts.
+        """
+        if simulate_devices:
+            flag = f"--xla_force_host_platform_device_count={simulate_devices}"
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax
+        from flax import nnx
+        from maxtext.trainers.pre_train import train
+        from maxtext.utils import max_utils, maxtext_utils, model_creation_utils
+
+        if simulate_devices and jax.device_count() != simulate_devices:
+            raise RuntimeError(
+                f"JAX already started with {jax.device_count()} devices; run the dry run in a "
+                f"fresh process to simulate {simulate_devices}"
+            )
+        cfg, _recorder = train.initialize(self.config.argv())
+        mesh = maxtext_utils.get_mesh_from_config(cfg)
+        _create, abstract_model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
+        params = max_utils.calculate_num_params_from_pytree(nnx.state(abstract_model, nnx.Param))
+        tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
+        first = jax.devices()[0]
+        return Plan(
+            mesh_shape=dict(mesh.shape),
+            devices=f"{jax.device_count()} x {first.platform} ({cfg.hardware} config)",
+            params=int(params),
+            tflops_per_device_step=float(tflops),
+            global_batch=int(cfg.global_batch_size_to_train_on),
+            seq_len=int(cfg.max_target_length),
+        )
+
+    def setup(self) -> None:
+        import jax
+        from flax import nnx
+        from maxtext.common.data_loader import create_dataloader
+        from maxtext.trainers.pre_train import train
+        from maxtext.utils import sharding, train_utils
+
+        cfg, recorder = train.initialize(self.config.argv())
+        self.hparams = cfg
+        if cfg.enable_diloco:
+            raise ValueError("enable_diloco is not supported by the baton MaxText backend yet")
+        if cfg.moe_dropless_fallback == "step":
+            raise ValueError(
+                "moe_dropless_fallback=step replays steps inside MaxText's own loop; "
+                "use moe_dropless_fallback=none or layer with baton"
+            )
+        (
+            _init_rng,
+            _checkpoint_manager,
+            state_shardings,
+            _model,
+            self.mesh,
+            self.learning_rate_schedule,
+            _maxtext_iterator,
+            _maxtext_loader,
+            self._rampup,
+            _maxtext_eval_iterator,
+            train_state,
+        ) = train_utils.setup_train_loop(cfg, recorder)
+        self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
+        self._graphdef, state = nnx.split(train_state)
+        params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
+            cfg, state_shardings
+        )
+        if cfg.shard_optimizer_over_data:
+            state = jax.device_put(state, state_shardings)
+        self.state = state
+
+        corpus = TextCorpus.load(self.config.data_path)
+        self._corpus_fingerprint = corpus.fingerprint()
+        self.batches = TextBatches(
+            corpus.train,
+            batch_size=int(cfg.global_batch_size_to_load),
+            seq_len=int(cfg.max_target_length),
+            seed=self.config.data_seed,
+        )
+        self._eval = eval_batches(
+            corpus.val,
+            batch_size=int(cfg.global_batch_size_to_load_eval),
+            seq_len=int(cfg.max_target_length),
+            num_batches=self.config.eval_batches,
+        )
+        self._p_train, self._p_eval = train_utils.jit_train_and_eval_step(
+            cfg,
+            self._graphdef,
+            self.mesh,
+            state,
+            state_shardings,
+            train.train_step,
+            train.eval_step,
+            self._eval or None,
+            params_shardings,
+        )
+        self._loader = create_dataloader(cfg, self.mesh, self.batches, recorder, self._rampup)
+
+    # -- the step ---------------------------------------------------------------------
+    def train_step(self, step: int) -> StepOutput:
+        import jax
+        from flax.core.spmd import logical_axis_rules
+
+        cfg = self.hparams
+        batch = self._loader.load_next_batch(rampup_manager=self._rampup)
+        with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):
+            self.state, metrics = self._p_train(self.state, batch)
+        scalars = metrics["scalar"]
+        values: dict[str, Any] = {
+            key.removeprefix("learning/"): value
+            for key, value in scalars.items()
+            if key != "learning/loss"
+        }
+        schedule, index = self._lr_at, step - 1  # MaxText's 0-based step
+        values["lr"] = Deferred(lambda: schedule(index))
+        samples = int(cfg.global_batch_size_to_train_on)
+        return StepOutput(
+            loss=scalars["learning/loss"],
+            metrics=values,
+            tokens=samples * int(cfg.max_target_length),
+            samples=samples,
+        )
+
+    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Everything to the host in one ``jax.device_get``."""
+        import jax
+
+        ready = {k: v() if isinstance(v, Deferred) else v for k, v in values.items()}
+        host = jax.device_get(ready)
+        return {k: float(np.asarray(v)) for k, v in host.items()}
+
+    def evaluate(self) -> Mapping[str, Any]:
+        """Token-weighted loss over the fixed validation batches (lazy device values)."""
+        import jax
+        from flax.core.spmd import logical_axis_rules
+        from maxtext.utils import sharding
+
+        if not self._eval or self._p_eval is None:
+            raise RuntimeError(
+                "no validation batches: the validation split is shorter than one eval batch"
+            )
+        cfg = self.hparams
+        data_sharding = sharding.get_input_data_sharding(
+            cfg, self.mesh, rules=cfg.logical_axis_rules_for_eval
+        )
+        total, weights = 0.0, 0.0
+        for batch in self._eval:
+            placed = jax.device_put(batch, data_sharding)
+            with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules_for_eval):
+                scalars = self._p_eval(self.state, placed)["scalar"]
+            total = total + scalars["evaluation/total_loss"]
+            weights = weights + scalars["evaluation/total_weights"]
+        return {"loss": total / weights}
+
+    # -- checkpoints ----------------------------------------------------------------
+    def optimizer_step(self) -> int:
+        """The optimizer's update count (a host sync; used at save and load only)."""
+        import jax
+
+        return int(jax.device_get(self.state["optimizer"]["step"].get_value()))
+
+    def _context(self) -> Any:
+        from maxtext.common import checkpoint_context
+
+        cfg = self.hparams
+        return checkpoint_context.build_context(
+            use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
+            use_zarr3=cfg.checkpoint_storage_use_zarr3,
+            checkpoint_storage_concurrent_gb=cfg.checkpoint_storage_concurrent_gb,
+        )
+
+    def save(self, directory: Path, *, asynchronous: bool = False) -> OrbaxPendingSave | None:
+        """Orbax save of the full train state into ``directory/checkpoint`` (MaxText's layout)."""
+        import jax
+        from maxtext.common import train_state_nnx
+        from orbax.checkpoint import v1 as ocp
+
+        assert self.batches is not None
+        directory = Path(directory).resolve()  # orbax wants absolute paths
+        updates = self.optimizer_step()
+        meta = {
+            "layout": "maxtext-orbax-v1",
+            "optimizer_step": updates,
+            "maxtext_checkpoint_name": maxtext_checkpoint_name(updates),
+            "data": self.batches.state_dict(),
+            "corpus": self._corpus_fingerprint,
+        }
+        if jax.process_index() == 0:
+            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
+        checkpointables = {ITEMS: train_state_nnx.to_checkpoint_dict(self.state)}
+        with self._context():
+            if not asynchronous:
+                ocp.save_checkpointables(directory / STATE_DIR, checkpointables)
+                return None
+            response = ocp.save_checkpointables_async(directory / STATE_DIR, checkpointables)
+        return OrbaxPendingSave(response)
+
+    def load(self, directory: Path) -> None:
+        """Restore a checkpoint written by ``save`` (state, then the data position)."""
+        assert self.batches is not None
+        directory = Path(directory).resolve()
+        meta_path = directory / META_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(
+                f"{meta_path} is missing: not a baton MaxText checkpoint (for one written by "
+                "MaxText's own loop use restore_maxtext_checkpoint)"
+            )
+        meta = json.loads(meta_path.read_text())
+        if meta.get("corpus", self._corpus_fingerprint) != self._corpus_fingerprint:
+            raise ValueError(
+                f"{directory} was trained on other text (corpus {meta['corpus']}, this run "
+                f"{self._corpus_fingerprint}); resume with the same data_path"
+            )
+        updates = self._restore_items(directory / STATE_DIR / ITEMS)
+        if updates != meta["optimizer_step"]:
+            raise ValueError(
+                f"{directory}: restored optimizer step {updates} differs from the recorded "
+                f"{meta['optimizer_step']}; the checkpoint is inconsistent"
+            )
+        self.batches.load_state_dict(meta["data"])
+
+    def restore_maxtext_checkpoint(self, step_dir: str | Path) -> int:
+        """Load a checkpoint MaxText's own loop wrote (``<checkpoint_dir>/<name>``).
+
+        Returns the baton step to continue from (``name + 1`` optimizer updates); the
+        data stream moves to the same point (one global batch per step).
+        """
+        assert self.batches is not None
+        step_dir = Path(step_dir).resolve()
+        updates = self._restore_items(step_dir / ITEMS)
+        if step_dir.name.isdigit() and updates != baton_step_of_maxtext_checkpoint(
+            int(step_dir.name)
+        ):
+            raise ValueError(
+                f"{step_dir}: MaxText checkpoint {step_dir.name} holds optimizer step {updates}, "
+                f"expected {baton_step_of_maxtext_checkpoint(int(step_dir.name))}"
+            )
+        self.batches.consumed = updates
+        return updates
+
+    def _restore_items(self, items: Path) -> int:
+        """Overlay a MaxText-layout orbax tree onto the live state; returns the optimizer step."""
+        import jax
+        from flax import nnx
+        from maxtext.common import checkpointing
+
+        if not items.exists():
+            raise FileNotFoundError(f"{items} does not exist: no orbax state in this checkpoint")
+        cfg = self.hparams
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
+        )
+        restored, _ = checkpointing.load_state_if_possible(
+            None,
+            None,
+            "",
+            str(items),
+            cfg.checkpoint_storage_concurrent_gb,
+            abstract,
+            use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
+            use_zarr3=cfg.checkpoint_storage_use_zarr3,
+            maxtext_config=cfg,
+        )
+        overlay = restored[ITEMS]
+        pure = overlay.to_pure_dict() if hasattr(overlay, "to_pure_dict") else overlay
+        nnx.replace_by_pure_dict(self.state, pure)
+        return self.optimizer_step()
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        if self.world_size == 1:
+            return list(flags)
+        from jax.experimental import multihost_utils
+
+        reduced = multihost_utils.process_allgather(np.array(flags, dtype=np.int32))
+        return [bool(v) for v in np.asarray(reduced).reshape(-1, len(flags)).max(axis=0)]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("baton_barrier")
+
+    def teardown(self) -> None:
+        """Drop the device state and compiled steps (patches restore process settings)."""
+        self.state = None
+        self._p_train = self._p_eval = self._loader = None

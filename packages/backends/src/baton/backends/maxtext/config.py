@@ -1,0 +1,152 @@
+"""The MaxText backend's native config: ``key=value`` overrides on a MaxText YAML.
+
+``MaxTextConfig`` is what ``backend.config`` holds before ``setup``: callbacks edit it
+in ``on_configure`` like a dict (``backend.config["learning_rate"] = 1e-3``), and
+``setup`` hands it to MaxText's own ``pyconfig`` as the command line MaxText's
+``train.py`` would get (``base.yml key=value ...``). No jax import here.
+
+Example::
+
+    config = MaxTextConfig(TINY_CPU | {"learning_rate": 3e-3, "steps": 200})
+    config["per_device_batch_size"] = 4
+    config.argv()   # ['baton', '.../maxtext/configs/base.yml', 'hardware=cpu', ...]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
+TINY_CPU: dict[str, Any] = {
+    "hardware": "cpu",
+    "skip_jax_distributed_system": True,
+    "base_emb_dim": 64,
+    "base_num_query_heads": 4,
+    "base_num_kv_heads": 4,
+    "base_mlp_dim": 128,
+    "base_num_decoder_layers": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "max_target_length": 64,
+    "per_device_batch_size": 4,
+    "attention": "dot_product",
+    "scan_layers": True,
+    "learning_rate": 3e-3,
+    "warmup_steps_fraction": 0.1,
+    "log_config": False,
+}
+
+#: Keys baton owns: MaxText's own pipeline, checkpointing and monitors stay off because
+#: baton supplies batches, checkpoints (orbax, through its Checkpoint callback) and logs.
+FORCED: dict[str, Any] = {
+    "dataset_type": "synthetic",
+    "enable_checkpointing": False,
+    "save_checkpoint_on_start": False,
+    "save_checkpoint_on_completion": False,
+    "async_checkpointing": False,
+    "enable_goodput_recording": False,
+    "monitor_goodput": False,
+    "enable_tensorboard": False,
+}
+
+_WHY_FORCED = {
+    "dataset_type": "baton feeds batches from its text pipeline (set data_path instead)",
+    "enable_checkpointing": "baton writes orbax checkpoints itself (use the Checkpoint "
+    "callback or driver.control.request_save)",
+    "enable_goodput_recording": "baton's callbacks do the monitoring",
+    "monitor_goodput": "baton's callbacks do the monitoring",
+    "enable_tensorboard": "baton's loggers write TensorBoard",
+}
+
+
+def packaged_base_yml() -> str:
+    """Path of ``maxtext/configs/base.yml`` in the installed maxtext (found without importing it)."""
+    spec = importlib.util.find_spec("maxtext")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "maxtext is not installed: uv sync --extra maxtext (baton-backends[maxtext])"
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))) / "configs" / "base.yml")
+
+
+def format_value(value: Any) -> str:
+    """One override value as MaxText's command line spells it (parsed by OmegaConf)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass
+class MaxTextConfig:
+    """MaxText overrides plus baton's data settings (the backend's native config).
+
+    Args:
+        overrides: MaxText config keys (``base.yml``, model YAMLs) and their values.
+        base_config: a MaxText YAML; ``None`` means the packaged ``base.yml``.
+        data_path: a UTF-8 text file; ``None`` means the Python language reference.
+        data_seed: the shuffling seed of the byte stream.
+        eval_batches: fixed validation batches per evaluation.
+    """
+
+    overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
+    base_config: str | None = None
+    data_path: str | None = None
+    data_seed: int = 0
+    eval_batches: int = 4
+
+    # dict-style access to the overrides, for on_configure callbacks
+    def __getitem__(self, key: str) -> Any:
+        return self.overrides[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.overrides[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.overrides
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.overrides)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.overrides.get(key, default)
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        self.overrides.update(values)
+
+    def check(self) -> None:
+        """Reject overrides that would fight baton's ownership of data and checkpoints."""
+        for key, forced in FORCED.items():
+            if key in self.overrides and self.overrides[key] != forced:
+                why = _WHY_FORCED.get(key, "baton sets it")
+                raise ValueError(
+                    f"MaxText override {key}={self.overrides[key]!r} is not supported by the baton "
+                    f"backend: {why}. Remove it from the overrides."
+                )
+        vocab = self.overrides.get("vocab_size")
+        if vocab is not None and int(vocab) < 256:
+            raise ValueError(
+                f"vocab_size={vocab} is too small for byte-level text (ids 0-255); use >= 256"
+            )
+
+    def merged(self) -> dict[str, Any]:
+        """The overrides MaxText gets: the user's, then baton's forced keys."""
+        self.check()
+        return {**self.overrides, **FORCED}
+
+    def argv(self, extra: Mapping[str, Any] | None = None) -> list[str]:
+        """MaxText's command line: ``[prog, base.yml, key=value, ...]``.
+
+        ``extra`` goes last, after baton's forced keys: for tools that run MaxText's own
+        loop on the same settings (the parity test turns MaxText's checkpointing on).
+        """
+        base = self.base_config or packaged_base_yml()
+        values = {**self.merged(), **(extra or {})}
+        return ["baton", base, *(f"{k}={format_value(v)}" for k, v in values.items())]

@@ -1,0 +1,163 @@
+"""Byte-level text batches in MaxText's batch format, resumable, with numpy only.
+
+The corpus is real text: by default the Python language reference that ships with
+every CPython (``pydoc_data.topics``, about 490 kB), so it works offline; ``path=``
+reads any UTF-8 file instead. The tokenizer is the identity on UTF-8 bytes (ids
+0-255), so the model's ``vocab_size`` must be at least 256.
+
+Each batch is what MaxText's ``train_step`` consumes: a dict of int32 ``[B, L]``
+arrays ``inputs``, ``inputs_position``, ``inputs_segmentation``, ``targets``,
+``targets_position``, ``targets_segmentation`` (one unpadded segment per row, so
+every target counts in the loss).
+
+Example::
+
+    corpus = TextCorpus.load()
+    batches = TextBatches(corpus.train, batch_size=8, seq_len=64, seed=0)
+    batch = next(batches)                 # dict of int32 [8, 64]
+    state = batches.state_dict()          # {"consumed": 1, ...}
+    batches.load_state_dict(state)        # a resumed run continues the same order
+
+No torch and no jax here: the MaxText backend runs on a JAX-only install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BYTE_VOCAB = 256
+
+BATCH_KEYS = (
+    "inputs",
+    "inputs_position",
+    "inputs_segmentation",
+    "targets",
+    "targets_position",
+    "targets_segmentation",
+)
+
+
+@dataclass
+class TextCorpus:
+    """UTF-8 bytes of a text, split into train and validation parts."""
+
+    train: np.ndarray
+    val: np.ndarray
+    source: str
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, val_fraction: float = 0.05) -> TextCorpus:
+        if path is None:
+            from pydoc_data.topics import topics
+
+            text = "\n\n".join(topics[key] for key in sorted(topics))
+            source = "pydoc_data.topics (Python language reference)"
+        else:
+            file = Path(path)
+            if not file.is_file():
+                raise FileNotFoundError(
+                    f"data_path {file} does not exist; pass a UTF-8 text file or None for the "
+                    "built-in Python language reference"
+                )
+            text = file.read_text(encoding="utf-8")
+            source = str(file)
+        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+        split = int(len(data) * (1 - val_fraction))
+        return cls(train=data[:split], val=data[split:], source=source)
+
+    def fingerprint(self) -> str:
+        """A short hash of the training bytes (a resume on different data fails clearly)."""
+        return hashlib.sha256(self.train.tobytes()).hexdigest()[:16]
+
+
+def make_batch(windows: np.ndarray) -> dict[str, np.ndarray]:
+    """MaxText's batch dict from ``[B, L + 1]`` token windows (inputs and shifted targets)."""
+    rows, length = windows.shape[0], windows.shape[1] - 1
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
+    ones = np.ones((rows, length), dtype=np.int32)
+    return {
+        "inputs": np.ascontiguousarray(windows[:, :-1], dtype=np.int32),
+        "inputs_position": positions.copy(),
+        "inputs_segmentation": ones,
+        "targets": np.ascontiguousarray(windows[:, 1:], dtype=np.int32),
+        "targets_position": positions.copy(),
+        "targets_segmentation": ones.copy(),
+    }
+
+
+class TextBatches:
+    """Shuffled non-overlapping windows of ``seq_len + 1`` tokens as MaxText batches.
+
+    Every epoch is a fresh permutation drawn from ``seed + epoch``; the state is the
+    number of batches consumed, so batch ``n`` is the same in every run and a resumed
+    run continues exactly where the saved one stopped. ``batch_size`` is the global
+    batch (every process builds it; ``jax.device_put`` keeps each device's part).
+    """
+
+    def __init__(self, data: np.ndarray, *, batch_size: int, seq_len: int, seed: int = 0) -> None:
+        self.data = data
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self.num_windows = (len(data) - 1) // seq_len
+        if self.num_windows < batch_size:
+            raise ValueError(
+                f"corpus of {len(data)} tokens has {self.num_windows} windows of {seq_len}, "
+                f"fewer than one global batch ({batch_size}); use a smaller max_target_length "
+                "or per_device_batch_size, or a larger text"
+            )
+        self.batches_per_epoch = self.num_windows // batch_size
+        self.consumed = 0
+        self._epoch = -1
+        self._order = np.empty(0, dtype=np.int64)
+
+    def __iter__(self) -> TextBatches:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = self.batch_at(self.consumed)
+        self.consumed += 1
+        return batch
+
+    def batch_at(self, index: int) -> dict[str, np.ndarray]:
+        """The ``index``-th batch of the stream (0-based), without moving the position."""
+        epoch, within = divmod(index, self.batches_per_epoch)
+        if epoch != self._epoch:
+            self._order = np.random.default_rng(self.seed + epoch).permutation(self.num_windows)
+            self._epoch = epoch
+        chosen = self._order[within * self.batch_size : (within + 1) * self.batch_size]
+        offsets = chosen[:, None] * self.seq_len + np.arange(self.seq_len + 1)
+        return make_batch(self.data[offsets])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("seed", "batch_size", "seq_len"):
+            if int(state[key]) != getattr(self, key):
+                raise ValueError(
+                    f"data stream {key}={state[key]} in the checkpoint differs from this run's "
+                    f"{getattr(self, key)}; resume with the same data settings"
+                )
+        self.consumed = int(state["consumed"])
+
+
+def eval_batches(data: np.ndarray, *, batch_size: int, seq_len: int, num_batches: int) -> list:
+    """A fixed set of evenly spaced validation windows (the same at every evaluation)."""
+    count = min(batch_size * num_batches, (len(data) - 1) // seq_len)
+    count -= count % batch_size
+    if count == 0:
+        return []
+    starts = np.linspace(0, len(data) - seq_len - 2, count).astype(np.int64)
+    windows = data[starts[:, None] + np.arange(seq_len + 1)]
+    return [make_batch(windows[i : i + batch_size]) for i in range(0, count, batch_size)]

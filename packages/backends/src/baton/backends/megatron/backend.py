@@ -1,0 +1,477 @@
+"""Megatron-Core driven one optimizer step at a time by baton's loop.
+
+``setup`` initialises model-parallel state, builds ``GPTModel`` from the
+``TransformerConfig``, wraps it in Megatron's ``DistributedDataParallel``, builds the
+optimizer with ``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the
+data through ``megatron.core.datasets``. ``train_step`` is Megatron's step:
+``get_forward_backward_func()`` over the micro-batches, ``finalize_model_grads``,
+``optimizer.step()``, scheduler step. Checkpoints are ``dist_checkpointing`` sharded
+state dicts (model, optimizer; scheduler, data position and RNG alongside), saved
+asynchronously on request. ``megatron.training`` (Megatron-LM's loop) is never imported.
+
+Example::
+
+    from baton.core import Driver
+    from baton.backends.megatron import MegatronBackend, MegatronConfig
+
+    backend = MegatronBackend(MegatronConfig(seq_len=64, global_batch_size=8))
+    Driver(backend, max_steps=50, run_dir="runs/megatron-tiny").fit()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from baton.backends.megatron.config import MegatronConfig
+from baton.backends.megatron.data import (
+    ByteTokenizer,
+    SampleStream,
+    build_gpt_datasets,
+    build_indexed_dataset,
+)
+from baton.core.backend import BackendBase
+from baton.core.metrics import StepOutput
+
+log = logging.getLogger("baton")
+
+
+def gpt_loss(
+    loss_mask: torch.Tensor, output: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Megatron's three-value loss: summed token losses, token count, and a (sum, count)
+    pair for reporting (a copy: the schedule divides the first value in place)."""
+    losses = output.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    total = torch.sum(losses * mask)
+    count = mask.sum().to(torch.int)
+    return total, count, {"lm loss": torch.stack([total.detach().clone(), count.float()])}
+
+
+def gpt_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: Any) -> Any:
+    """The ``forward_step_func`` Megatron's schedules call once per micro-batch."""
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(gpt_loss, batch["loss_mask"])
+
+
+class _AsyncSave:
+    """A ``dist_checkpointing`` async save in flight (``PendingSave``).
+
+    ``done`` asks every rank (one small all-reduce, as Megatron requires); the driver
+    polls it on every rank at the same steps, so the ranks agree.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def done(self) -> bool:
+        self.queue.maybe_finalize_async_calls(blocking=False)
+        return self.queue.get_num_unfinalized_calls() == 0
+
+    def wait(self) -> None:
+        self.queue.maybe_finalize_async_calls(blocking=True)
+
+
+class MegatronBackend(BackendBase):
+    """Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop."""
+
+    name = "megatron"
+    distribution = "megatron-core"
+    supports_async_save = True
+
+    def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
+        self.config = config or MegatronConfig()
+        for key, value in overrides.items():
+            if not hasattr(self.config, key):
+                raise TypeError(f"MegatronConfig has no field {key!r}")
+            setattr(self.config, key, value)
+        self.model: Any = None  # the DDP-wrapped GPTModel
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.train_stream: SampleStream | None = None
+        self.valid_dataset: Any = None
+        self.num_microbatches = 1
+        self._owns_process_group = False
+        self._store_file: str | None = None
+        self._async_queue: Any = None
+        self._device = torch.device("cpu")
+
+    # -- facts ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+    @property
+    def world_size(self) -> int:
+        if dist.is_initialized():
+            return dist.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", 1))
+
+    @property
+    def device_type(self) -> str:
+        return self._device.type
+
+    @property
+    def flops_per_token(self) -> float:
+        """6 x parameters + attention (the PaLM estimate), over the whole model."""
+        m = self.config.model
+        h, layers, seq = m.hidden_size, m.num_layers, self.config.seq_len
+        ffn = m.ffn_hidden_size or 4 * h
+        kv = (m.num_query_groups or m.num_attention_heads) / m.num_attention_heads
+        per_layer = 2 * h * h + 2 * h * h * kv + (3 if m.gated_linear_unit else 2) * h * ffn
+        vocab = self.config.padded_vocab_size(ByteTokenizer().vocab_size)
+        return 6.0 * (layers * per_layer + vocab * h) + 12.0 * layers * h * seq
+
+    def describe(self) -> dict[str, Any]:
+        return self.config.describe()
+
+    # -- build ------------------------------------------------------------------------
+    def setup(self) -> None:
+        from megatron.core import parallel_state, tensor_parallel
+
+        cfg = self.config
+        self._init_process_group()
+        tp, pp = cfg.parallel_sizes()
+        cfg.data_parallel_size(self.world_size)  # validates the layout
+        self.num_microbatches = cfg.num_microbatches(self.world_size)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
+        torch.manual_seed(cfg.seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+        self.model = self._build_model()
+        self.optimizer, self.scheduler = self._build_optimizer()
+        self._build_data()
+
+    def _init_process_group(self) -> None:
+        if dist.is_initialized():
+            return
+        cuda = torch.cuda.is_available()
+        backend = self.config.dist_backend
+        if backend == "auto":
+            backend = "nccl" if cuda else "gloo"
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            self._device = torch.device("cuda", torch.cuda.current_device())
+        if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend)  # launched by torchrun / SLURM
+        else:
+            fd, self._store_file = tempfile.mkstemp(prefix="baton-megatron-store-")
+            os.close(fd)
+            dist.init_process_group(
+                backend, init_method=f"file://{self._store_file}", rank=0, world_size=1
+            )
+        self._owns_process_group = True
+
+    def _layer_spec(self) -> Any:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        choice = self.config.layer_spec
+        if choice == "auto":
+            te = _transformer_engine_available() and torch.cuda.is_available()
+            choice = "transformer_engine" if te else "local"
+        if choice == "transformer_engine":
+            from megatron.core.models.gpt.gpt_layer_specs import (
+                get_gpt_layer_with_transformer_engine_spec,
+            )
+
+            return get_gpt_layer_with_transformer_engine_spec()
+        return get_gpt_layer_local_spec(normalization=self.config.model.normalization)
+
+    def _build_model(self) -> Any:
+        from megatron.core import parallel_state
+        from megatron.core.distributed import DistributedDataParallel
+        from megatron.core.models.gpt import GPTModel
+
+        cfg = self.config
+        model = GPTModel(
+            config=cfg.model,
+            transformer_layer_spec=self._layer_spec(),
+            vocab_size=cfg.padded_vocab_size(ByteTokenizer().vocab_size),
+            max_sequence_length=cfg.seq_len,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
+            position_embedding_type=cfg.position_embedding_type,
+        )
+        model.to(self._device)
+        return DistributedDataParallel(cfg.model, cfg.ddp, model)
+
+    def _build_optimizer(self) -> tuple[Any, Any]:
+        from megatron.core.optimizer import get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        cfg = self.config
+        opt = cfg.optimizer
+        if opt.lr is None or opt.min_lr is None:
+            raise ValueError(
+                "config.optimizer needs lr and min_lr (the schedule's peak and floor), "
+                f"got lr={opt.lr}, min_lr={opt.min_lr}"
+            )
+        if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
+            opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer
+        optimizer = get_megatron_optimizer(opt, [self.model])
+        decay = cfg.decay_steps
+        style = cfg.decay_style if decay is not None else "constant"
+        scheduler = OptimizerParamScheduler(
+            optimizer,
+            init_lr=0.0,
+            max_lr=opt.lr,
+            min_lr=opt.min_lr,
+            lr_warmup_steps=cfg.warmup_steps,
+            lr_decay_steps=max(decay or 0, cfg.warmup_steps + 1),
+            lr_decay_style=style,
+            start_wd=opt.weight_decay,
+            end_wd=opt.weight_decay,
+            wd_incr_steps=1,
+            wd_incr_style="constant",
+        )
+        return optimizer, scheduler
+
+    def _build_data(self) -> None:
+        from megatron.core import parallel_state
+
+        cfg = self.config
+        if cfg.data.kind == "mock":
+            datasets = build_gpt_datasets(None, seq_len=cfg.seq_len, seed=cfg.seed, mock=True)
+        else:
+            prefix = str(Path(cfg.data.cache_dir) / "text")
+            if self.rank == 0:
+                build_indexed_dataset(prefix, cfg.data.text_path)
+            self.barrier()
+            prefix = build_indexed_dataset(prefix, cfg.data.text_path)  # verifies the hash
+            datasets = build_gpt_datasets(
+                prefix, seq_len=cfg.seq_len, seed=cfg.seed, split=cfg.data.split
+            )
+        train, valid, _ = datasets
+        self.train_stream = SampleStream(
+            train,
+            micro_batch_size=cfg.micro_batch_size,
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            dp_size=parallel_state.get_data_parallel_world_size(),
+        )
+        self.valid_dataset = valid
+
+    # -- the step ---------------------------------------------------------------------
+    def _run_schedule(self, stream: Iterator[Any], forward_only: bool) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        cfg = self.config
+        return get_forward_backward_func()(
+            forward_step_func=gpt_forward_step,
+            data_iterator=stream,
+            model=[self.model],
+            num_microbatches=self.num_microbatches,
+            seq_length=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            decoder_seq_length=cfg.seq_len,
+            forward_only=forward_only,
+        )
+
+    def _mean_loss(self, reduced: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Token-mean loss over micro-batches and data-parallel ranks (stays on device)."""
+        from megatron.core import parallel_state
+
+        if reduced:
+            pair = torch.stack([r["lm loss"] for r in reduced]).sum(0)
+        else:  # not the last pipeline stage: contributes nothing
+            pair = torch.zeros(2, device=self._device)
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            dist.all_reduce(pair, group=parallel_state.get_pipeline_model_parallel_group())
+        if parallel_state.get_data_parallel_world_size() > 1:
+            dist.all_reduce(pair, group=parallel_state.get_data_parallel_group())
+        return pair[0] / pair[1].clamp(min=1)
+
+    def train_step(self, step: int) -> StepOutput:
+        from megatron.core.distributed import finalize_model_grads
+
+        assert self.train_stream is not None, "setup() must run before train_step()"
+        cfg = self.config
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        lr = self.optimizer.param_groups[0]["lr"]
+        reduced = self._run_schedule(self.train_stream, forward_only=False)
+        finalize_model_grads([self.model])
+        update_successful, grad_norm, _ = self.optimizer.step()
+        if update_successful:
+            self.scheduler.step(increment=1)
+        metrics: dict[str, Any] = {"lr": lr, "skipped_update": 0.0 if update_successful else 1.0}
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
+        return StepOutput(
+            loss=self._mean_loss(reduced),
+            metrics=metrics,
+            tokens=cfg.global_batch_size * cfg.seq_len,
+            samples=cfg.global_batch_size,
+        )
+
+    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Every tensor to the host in one transfer; plain numbers pass through."""
+        out: dict[str, float] = {}
+        keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+        if keys:
+            stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys])
+            out.update(zip(keys, stacked.cpu().tolist(), strict=True))
+        for k, v in values.items():
+            if k not in out:
+                out[k] = float(v)
+        return out
+
+    @torch.no_grad()
+    def evaluate(self) -> Mapping[str, Any]:
+        """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid split."""
+        from megatron.core import parallel_state
+
+        cfg = self.config
+        if self.valid_dataset is None or len(self.valid_dataset) == 0:
+            raise RuntimeError("no validation split: set config.data.split with a valid share")
+        stream = SampleStream(
+            self.valid_dataset,
+            micro_batch_size=cfg.micro_batch_size,
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            dp_size=parallel_state.get_data_parallel_world_size(),
+        )
+        saved, self.num_microbatches = self.num_microbatches, cfg.data.eval_micro_batches
+        self.model.eval()
+        try:
+            reduced = self._run_schedule(stream, forward_only=True)
+        finally:
+            self.num_microbatches = saved
+            self.model.train()
+        return {"loss": self._mean_loss(reduced)}
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        if self.world_size == 1:
+            return list(flags)
+        tensor = torch.tensor([float(f) for f in flags], device=self._device)
+        dist.all_reduce(tensor)
+        return [bool(v > 0) for v in tensor.tolist()]
+
+    def barrier(self) -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+    # -- checkpoints ----------------------------------------------------------------
+    def _sharded_state(self, *, loading: bool) -> dict[str, Any]:
+        from megatron.core import parallel_state
+        from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+        assert self.train_stream is not None
+        model_state = self.model.module.sharded_state_dict()
+        metadata = None
+        if self.config.ddp.use_distributed_optimizer:
+            metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
+        optimizer_state = self.optimizer.sharded_state_dict(
+            model_state, is_loading=loading, metadata=metadata
+        )
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        tp, pp = self.config.parallel_sizes()
+        rng = ShardedObject(
+            "rng_state",
+            _rng_state(),
+            (pp, tp),
+            (pp_rank, tp_rank),
+            replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
+        )
+        return {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.train_stream.state_dict(),
+            "rng": rng,
+        }
+
+    def save(self, directory: Path, *, asynchronous: bool = False) -> _AsyncSave | None:
+        from megatron.core import dist_checkpointing
+
+        state = self._sharded_state(loading=False)
+        if not asynchronous:
+            dist_checkpointing.save(state, str(directory))
+            return None
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        if self._async_queue is None:
+            self._async_queue = AsyncCallsQueue(persistent=False)
+        request = dist_checkpointing.save(
+            state, str(directory), async_sharded_save=True, async_strategy="mcore"
+        )
+        self._async_queue.schedule_async_request(request)
+        return _AsyncSave(self._async_queue)
+
+    def load(self, directory: Path) -> None:
+        from megatron.core import dist_checkpointing
+
+        assert self.train_stream is not None
+        state = dist_checkpointing.load(self._sharded_state(loading=True), str(directory))
+        self.model.module.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.train_stream.load_state_dict(state["data"])
+        _set_rng_state(state["rng"])
+
+    # -- end --------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Finish saves in flight, destroy model-parallel state and the process group
+        baton created, so another run in this process starts clean."""
+        from megatron.core import parallel_state
+
+        if self._async_queue is not None:
+            self._async_queue.close()
+            self._async_queue = None
+        parallel_state.destroy_model_parallel()
+        self.model = self.optimizer = self.scheduler = None
+        self.train_stream = self.valid_dataset = None
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False
+        if self._store_file is not None:
+            Path(self._store_file).unlink(missing_ok=True)
+            self._store_file = None
+
+
+def _transformer_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy
+    from megatron.core import tensor_parallel
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": numpy.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    numpy.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

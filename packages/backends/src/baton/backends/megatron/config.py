@@ -1,0 +1,154 @@
+"""The Megatron backend's configuration: Megatron-Core's own config objects plus a few
+settings of the run (batch sizes, schedule, data), all editable in ``on_configure``.
+
+``model`` is a ``megatron.core.transformer.TransformerConfig``: its parallel sizes
+(``tensor_model_parallel_size``, ``pipeline_model_parallel_size``), dtypes and
+shape are Megatron's fields; ``optimizer`` is an ``OptimizerConfig`` (its ``lr`` and
+``min_lr`` bound the schedule), ``ddp`` a ``DistributedDataParallelConfig``.
+
+Example::
+
+    from megatron.core.transformer import TransformerConfig
+    from baton.backends.megatron import MegatronConfig
+
+    config = MegatronConfig(
+        model=TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4),
+        seq_len=64, micro_batch_size=4, global_batch_size=8,
+    )
+    config.optimizer.lr = 3e-3          # native objects, edited in place
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+
+
+def tiny_transformer_config(**overrides: Any) -> TransformerConfig:
+    """A 2-layer, 64-wide GPT block config that trains on CPU in milliseconds per step."""
+    values: dict[str, Any] = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=256,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+def default_optimizer_config() -> OptimizerConfig:
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=1e-3,
+        min_lr=1e-4,
+        weight_decay=0.1,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        clip_grad=1.0,
+    )
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from.
+
+    ``kind="text"``: a local UTF-8 file (``text_path``; ``None`` is the Python language
+    reference shipped with CPython) tokenized to bytes, written as Megatron's indexed
+    dataset under ``cache_dir`` and read through ``GPTDataset``. ``kind="mock"``:
+    Megatron's ``MockGPTDataset`` (synthetic tokens, for benchmarks only).
+    """
+
+    kind: Literal["text", "mock"] = "text"
+    text_path: str | None = None
+    cache_dir: str = "runs/.megatron-data"
+    split: str = "969,30,1"
+    eval_micro_batches: int = 4
+
+
+@dataclass
+class MegatronConfig:
+    """Everything the Megatron backend builds from."""
+
+    model: TransformerConfig = field(default_factory=tiny_transformer_config)
+    optimizer: OptimizerConfig = field(default_factory=default_optimizer_config)
+    ddp: DistributedDataParallelConfig = field(default_factory=DistributedDataParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    seq_len: int = 64
+    micro_batch_size: int = 4
+    #: samples per optimizer step over all data-parallel ranks (micro-batches accumulate)
+    global_batch_size: int = 8
+    #: the model's embedding rows: the tokenizer's vocabulary rounded up to a multiple of
+    #: this times the tensor-parallel size
+    make_vocab_size_divisible_by: int = 64
+    #: model vocabulary before padding (``None``: the byte tokenizer's 257); set it to a
+    #: real model's size (Llama 3: 128256) to build that shape
+    vocab_size: int | None = None
+    #: ``local`` (plain PyTorch layers), ``transformer_engine``, or ``auto`` (TE when it
+    #: is installed and a GPU is present)
+    layer_spec: Literal["auto", "local", "transformer_engine"] = "auto"
+    position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
+    share_embeddings_and_output_weights: bool = True
+    warmup_steps: int = 10
+    #: steps over which the LR decays to ``optimizer.min_lr`` (``None``: constant after warmup)
+    decay_steps: int | None = None
+    decay_style: Literal["cosine", "linear", "constant", "inverse-square-root"] = "cosine"
+    seed: int = 1234
+    #: ``gloo``, ``nccl`` or ``auto`` (nccl with GPUs), used when baton creates the group
+    dist_backend: str = "auto"
+
+    def parallel_sizes(self) -> tuple[int, int]:
+        """(tensor parallel, pipeline parallel) sizes from the model config."""
+        return (
+            self.model.tensor_model_parallel_size,
+            self.model.pipeline_model_parallel_size,
+        )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        tp, pp = self.parallel_sizes()
+        if world_size % (tp * pp):
+            raise ValueError(
+                f"world size {world_size} is not divisible by tensor parallel {tp} x pipeline "
+                f"parallel {pp}; launch a multiple of {tp * pp} processes or change the sizes"
+            )
+        return world_size // (tp * pp)
+
+    def num_microbatches(self, world_size: int) -> int:
+        dp = self.data_parallel_size(world_size)
+        per_step = self.micro_batch_size * dp
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} is not a multiple of "
+                f"micro_batch_size {self.micro_batch_size} x data parallel {dp}; "
+                f"use a multiple of {per_step}"
+            )
+        return self.global_batch_size // per_step
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        vocab_size = self.vocab_size or vocab_size
+        multiple = self.make_vocab_size_divisible_by * self.model.tensor_model_parallel_size
+        return -(-vocab_size // multiple) * multiple
+
+    def describe(self) -> dict[str, Any]:
+        """Shape facts a resumed run must share (recorded in each checkpoint)."""
+        m = self.model
+        return {
+            "num_layers": m.num_layers,
+            "hidden_size": m.hidden_size,
+            "num_attention_heads": m.num_attention_heads,
+            "num_query_groups": m.num_query_groups,
+            "ffn_hidden_size": m.ffn_hidden_size,
+            "seq_len": self.seq_len,
+            "tensor_parallel": m.tensor_model_parallel_size,
+            "pipeline_parallel": m.pipeline_model_parallel_size,
+            "global_batch_size": self.global_batch_size,
+            "distributed_optimizer": self.ddp.use_distributed_optimizer,
+        }

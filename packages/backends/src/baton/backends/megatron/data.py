@@ -1,0 +1,210 @@
+"""Megatron's own data path on a local text: byte tokenizer -> .bin/.idx -> GPTDataset.
+
+``ByteTokenizer`` implements Megatron's tokenizer interface over UTF-8 bytes (no
+files, no download). ``build_indexed_dataset`` writes Megatron's indexed dataset
+(``<prefix>.bin`` + ``<prefix>.idx``) from a text, one document per paragraph group;
+``build_gpt_datasets`` builds the train/valid/test ``GPTDataset`` splits through
+``BlendedMegatronDatasetBuilder``; ``SampleStream`` hands out micro-batches in
+Megatron's pretraining order (consecutive global samples, each data-parallel rank
+taking its slice) and its only state is the number of samples consumed, so a resumed
+run continues exactly.
+
+Example::
+
+    prefix = build_indexed_dataset("/tmp/data/pyref")            # pydoc_data text
+    train, valid, _ = build_gpt_datasets(prefix, seq_len=64, seed=0)
+    stream = SampleStream(train, micro_batch_size=4, dp_rank=0, dp_size=1)
+    batch = stream.next_micro_batch()   # tokens, labels, loss_mask, position_ids
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy
+import torch
+from megatron.core.tokenizers import MegatronTokenizerBase
+
+#: the end-of-document token that follows every document
+EOD = 256
+
+
+class ByteTokenizer(MegatronTokenizerBase):
+    """UTF-8 bytes as token ids 0-255 plus an end-of-document id 256.
+
+    Satisfies what Megatron's datasets read from a tokenizer (``vocab_size``, ``eod``);
+    there is no pad token, so Megatron uses its own out-of-vocabulary pad id.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(path="", config={})
+        #: what Megatron's dataset cache keys record about the tokenizer
+        self.unique_identifiers = {"class": "baton.ByteTokenizer", "eod": EOD}
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return {chr(i) if i < 128 else f"<0x{i:02X}>": i for i in range(256)} | {"<eod>": EOD}
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        return EOD + 1
+
+    @property
+    def eod(self) -> int:
+        return EOD
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("ByteTokenizer has no chat template")
+
+
+def default_text() -> tuple[str, list[str]]:
+    """The Python language reference shipped with CPython: one document per topic."""
+    from pydoc_data.topics import topics
+
+    return "pydoc_data.topics", [topics[key] for key in sorted(topics)]
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """A UTF-8 text file split into documents at blank-line-separated paragraph groups
+    of about 4 kB (so documents are neither single lines nor the whole file)."""
+    text = Path(path).read_text(encoding="utf-8")
+    documents: list[str] = []
+    current: list[str] = []
+    size = 0
+    for paragraph in text.split("\n\n"):
+        current.append(paragraph)
+        size += len(paragraph)
+        if size >= 4096:
+            documents.append("\n\n".join(current))
+            current, size = [], 0
+    if current:
+        documents.append("\n\n".join(current))
+    return [d for d in documents if d.strip()]
+
+
+def build_indexed_dataset(
+    prefix: str | Path, text_path: str | Path | None = None, tokenizer: ByteTokenizer | None = None
+) -> str:
+    """Write ``<prefix>.bin`` / ``<prefix>.idx`` from a text (default: the Python reference).
+
+    Returns the prefix. Files already there for the same source text are reused
+    (a content hash is kept next to them), so every rank and every run may call this.
+    """
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tokenizer = tokenizer or ByteTokenizer()
+    if text_path is None:
+        _, documents = default_text()
+    else:
+        if not Path(text_path).is_file():
+            raise FileNotFoundError(
+                f"data text file {text_path} does not exist; pass a UTF-8 text file or None "
+                "for the built-in Python language reference"
+            )
+        documents = read_documents(text_path)
+    digest = hashlib.sha256("\0".join(documents).encode("utf-8")).hexdigest()[:16]
+    prefix = str(prefix)
+    stamp = Path(prefix + ".sha")
+    if stamp.is_file() and stamp.read_text() == digest and Path(prefix + ".idx").is_file():
+        return prefix
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=numpy.uint16)
+    for document in documents:
+        ids = [*tokenizer.tokenize(document), EOD]
+        builder.add_document(numpy.asarray(ids, dtype=numpy.uint16), [len(ids)])
+    builder.finalize(tmp + ".idx")
+    Path(tmp + ".bin").replace(prefix + ".bin")
+    Path(tmp + ".idx").replace(prefix + ".idx")
+    stamp.write_text(digest)
+    return prefix
+
+
+def build_gpt_datasets(
+    prefix: str | None,
+    *,
+    seq_len: int,
+    seed: int,
+    split: str = "969,30,1",
+    tokenizer: ByteTokenizer | None = None,
+    mock: bool = False,
+) -> list[Any]:
+    """Train / valid / test ``GPTDataset`` (one epoch each) through Megatron's builder.
+
+    ``mock=True`` builds Megatron's ``MockGPTDataset`` (synthetic tokens) instead.
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    if not mock and prefix is None:
+        raise ValueError("build_gpt_datasets needs an indexed dataset prefix (or mock=True)")
+    config = GPTDatasetConfig(
+        random_seed=seed,
+        sequence_length=seq_len,
+        blend=None if mock else ([prefix], None),
+        split=split,
+        tokenizer=tokenizer or ByteTokenizer(),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        path_to_cache=None,
+    )
+    # sizes None: one epoch of each split (mock data needs explicit sizes)
+    sizes = [10_000, 1_000, 100] if mock else [None, None, None]
+    cls = MockGPTDataset if mock else GPTDataset
+    return BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
+
+
+class SampleStream:
+    """Micro-batches of a dataset in Megatron's pretraining order, resumable.
+
+    Global sample ``consumed + dp_rank * micro_batch_size + i`` goes to rank
+    ``dp_rank``; after each micro-batch every rank advances by
+    ``micro_batch_size * dp_size``. Past the end it starts the epoch again.
+    """
+
+    def __init__(self, dataset: Any, *, micro_batch_size: int, dp_rank: int, dp_size: int) -> None:
+        if len(dataset) < micro_batch_size * dp_size:
+            raise ValueError(
+                f"dataset has {len(dataset)} samples, fewer than one micro-batch across "
+                f"data-parallel ranks ({micro_batch_size} x {dp_size}); use a longer text "
+                "or a smaller seq_len / micro_batch_size"
+            )
+        self.dataset = dataset
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.consumed = 0
+
+    def next_micro_batch(self) -> dict[str, torch.Tensor]:
+        start = self.consumed + self.dp_rank * self.micro_batch_size
+        samples = [
+            self.dataset[(start + i) % len(self.dataset)] for i in range(self.micro_batch_size)
+        ]
+        self.consumed += self.micro_batch_size * self.dp_size
+        return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+
+    def __iter__(self) -> SampleStream:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return self.next_micro_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed": self.consumed, "dp_size": self.dp_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.consumed = int(state["consumed"])

@@ -1,0 +1,342 @@
+"""TorchTitan driven one optimizer step at a time by baton's loop.
+
+The backend builds TorchTitan's ``Trainer`` from its native ``Trainer.Config``
+(``backend.config``, editable in ``on_configure``) and calls the real
+``trainer.train_step`` once per baton step, so users get TorchTitan's parallelisms
+(FSDP, TP, PP, CP), kernels and compile. The duties of TorchTitan's own loop
+(``Trainer.train``) move here: periodic GC, the profiler, process-group timeouts
+after the first step, checkpointing with TorchTitan's DCP ``CheckpointManager`` and
+validation with its validator.
+
+Example::
+
+    from baton.core import Driver
+    from baton.backends.torchtitan import TorchTitanBackend
+    from baton.backends.torchtitan.configs import llama3_debug
+
+    backend = TorchTitanBackend(llama3_debug(steps=20))
+    Driver(backend, max_steps=20, run_dir="runs/titan").fit()
+
+Metrics: ``loss`` (global average over valid tokens, as TorchTitan logs it),
+``grad_norm`` and ``lr`` (or ``lr/<optimizer>[/<group>]`` with several) come back
+as lazy values (``capture.StepCapture``); TorchTitan's own metric logging keeps its
+``metrics.log_freq`` cadence and its host sync on those steps only.
+
+Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
+``CheckpointManager`` with ``interval=1`` and ``keep_latest_k=0`` (baton keeps the
+history) and points it at baton's directory for each save. ``checkpoint.async_mode``
+(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from baton.backends.torchtitan.capture import StepCapture
+from baton.core.backend import BackendBase
+from baton.core.metrics import StepOutput
+
+#: the launcher variables TorchTitan reads; set for a single process when absent
+LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class RankLocal:
+    """A per-rank device value whose global value is a sum over the loss mesh.
+
+    The reduction runs in ``fetch`` (log steps only, on every rank at the same step),
+    the same collective TorchTitan's ``train_step`` runs when it logs.
+    """
+
+    value: torch.Tensor
+
+
+class DcpSave:
+    """An asynchronous DCP save in flight (``PendingSave``)."""
+
+    def __init__(self, future: Future[Any], checkpointer: Any) -> None:
+        self.future = future
+        self.checkpointer = checkpointer
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self) -> None:
+        self.checkpointer.maybe_wait_for_saving()
+        self.future.result()
+
+
+class TorchTitanBackend(BackendBase):
+    """TorchTitan's Trainer, its real train_step once per baton step."""
+
+    name = "torchtitan"
+    distribution = "torchtitan"
+
+    def __init__(self, config: Any) -> None:
+        if config is None or not hasattr(config, "model_spec"):
+            raise TypeError(
+                "TorchTitanBackend needs a torchtitan Trainer.Config, e.g. "
+                "baton.backends.torchtitan.configs.llama3_debug() or "
+                "torchtitan.models.llama3.config_registry.llama3_8b()"
+            )
+        self.config = config
+        self.trainer: Any = None
+        self._capture: StepCapture | None = None
+        self._batches: Iterator[Any] | None = None
+        self._profiler: Any = None
+        self._steps_run = 0
+        self._step_tokens = 0
+        self._step_samples = 0
+        self._launch_env: dict[str, str | None] = {}
+
+    # -- facts ------------------------------------------------------------------------
+    @property
+    def supports_async_save(self) -> bool:  # type: ignore[override]
+        return getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    @property
+    def device_type(self) -> str:
+        return self.trainer.device.type if self.trainer is not None else "cpu"
+
+    @property
+    def flops_per_token(self) -> float | None:
+        if self.trainer is None:
+            return None
+        return float(self.trainer.metrics_processor.num_flops_per_token)
+
+    @property
+    def batch_degree(self) -> int:
+        """How many data-parallel ranks read distinct batches."""
+        dims = self.trainer.parallel_dims
+        return dims.get_mesh("batch").size() if dims.dp_enabled else 1
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.config
+        facts: dict[str, Any] = {
+            "model": f"{cfg.model_spec.name}/{cfg.model_spec.flavor}",
+            "seq_len": cfg.training.seq_len,
+            "local_batch_size": cfg.training.local_batch_size,
+            "global_batch_size": cfg.training.global_batch_size,
+        }
+        if self.trainer is not None:
+            facts["parameters"] = sum(
+                p.numel() for m in self.trainer.model_parts for p in m.parameters()
+            )
+        return facts
+
+    # -- build ------------------------------------------------------------------------
+    def setup(self) -> None:
+        from torchtitan.components.checkpointer import CheckpointManager
+
+        cfg = self.config
+        if not isinstance(cfg.checkpoint, CheckpointManager.Config):
+            raise TypeError(
+                "baton saves with TorchTitan's DCP CheckpointManager; config.checkpoint is "
+                f"{type(cfg.checkpoint).__qualname__}: use CheckpointManager.Config()"
+            )
+        cfg.checkpoint.enable = True
+        cfg.checkpoint.interval = 1
+        cfg.checkpoint.keep_latest_k = 0
+        self._set_single_process_env()
+        self.trainer = cfg.build()
+        trainer = self.trainer
+        vocab = trainer.tokenizer.get_vocab_size()
+        model_vocab = getattr(trainer.model_config, "vocab_size", None)
+        if model_vocab is not None and vocab > model_vocab:
+            raise ValueError(
+                f"the tokenizer has {vocab} ids but the model's vocabulary has {model_vocab}; "
+                "pick a model flavor with a larger vocab_size or a smaller tokenizer"
+            )
+        self._capture = StepCapture(trainer)
+        if cfg.checkpoint.initial_load_path:  # e.g. a seed or Hugging Face checkpoint
+            trainer.checkpointer.load(step=cfg.checkpoint.load_step)
+
+    def _set_single_process_env(self) -> None:
+        """A process not started by torchrun gets the variables of a 1-rank launch."""
+        if "RANK" in os.environ or (dist.is_available() and dist.is_initialized()):
+            return
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        values = {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        for key, value in values.items():
+            self._launch_env[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    # -- the step ---------------------------------------------------------------------
+    def _counted_batches(self) -> Iterator[Any]:
+        trainer = self.trainer
+        for input_dict, labels in trainer.batch_generator(trainer.dataloader):
+            self._step_tokens += labels.numel()
+            self._step_samples += labels.shape[0]
+            yield input_dict, labels
+
+    def train_step(self, step: int) -> StepOutput:
+        trainer, capture = self.trainer, self._capture
+        assert trainer is not None and capture is not None, "call setup() first"
+        if self._batches is None:  # after any resume, like TorchTitan's train()
+            self._batches = self._counted_batches()
+            self._profiler = self.config.profiler.build(
+                global_step=step - 1, base_folder=self.config.dump_folder
+            )
+            self._profiler.__enter__()
+        trainer.step = step
+        trainer.gc_handler.run(step)
+        lrs = trainer.lr_schedulers.get_metrics()
+        self._step_tokens = self._step_samples = 0
+        with capture.step():
+            trainer.train_step(self._batches)
+        self._profiler.step()
+        self._steps_run += 1
+        if self._steps_run == 1 and self.world_size > 1:
+            from torchtitan.distributed import utils as dist_utils
+
+            dist_utils.set_pg_timeouts(
+                timeout=timedelta(seconds=self.config.comm.train_timeout_seconds),
+                parallel_dims=trainer.parallel_dims,
+            )
+        metrics: dict[str, Any] = {}
+        if capture.grad_norm is not None:
+            metrics["grad_norm"] = capture.grad_norm
+        if len(lrs) == 1:
+            metrics["lr"] = next(iter(lrs.values()))
+        else:
+            metrics.update(lrs)
+        loss = capture.loss
+        if loss is not None and trainer.parallel_dims.dp_cp_enabled:
+            loss = RankLocal(loss)
+        degree = self.batch_degree
+        return StepOutput(
+            loss=loss,
+            metrics=metrics,
+            tokens=self._step_tokens * degree,
+            samples=self._step_samples * degree,
+        )
+
+    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Reduce rank-local values over the loss mesh, then one host transfer."""
+        tensors: dict[str, torch.Tensor] = {}
+        out: dict[str, float] = {}
+        for key, value in values.items():
+            if isinstance(value, RankLocal):
+                from torchtitan.distributed import utils as dist_utils
+
+                mesh = self.trainer.parallel_dims.get_optional_mesh("loss")
+                value = dist_utils.dist_sum_tensor(value.value, mesh)
+            if isinstance(value, torch.Tensor):
+                if hasattr(value, "full_tensor"):  # a DTensor
+                    value = value.full_tensor()
+                tensors[key] = value.detach().float().reshape(())
+            else:
+                out[key] = float(value)
+        if tensors:
+            host = torch.stack(list(tensors.values())).cpu().tolist()
+            out.update(zip(tensors, host, strict=True))
+        return out
+
+    def evaluate(self) -> Mapping[str, Any]:
+        """Run TorchTitan's validator (``config.validator``) and return its loss."""
+        trainer = self.trainer
+        if not self.config.validator.enable:
+            raise RuntimeError(
+                "TorchTitan's validator is disabled: set config.validator.enable = True "
+                "(and its dataloader) to evaluate"
+            )
+        processor = trainer.metrics_processor
+        seen: dict[str, float] = {}
+        original = processor.log_validation
+
+        def log_validation(loss: float, step: int, extra_metrics: Any = None) -> None:
+            seen["loss"] = loss
+            original(loss=loss, step=step, extra_metrics=extra_metrics)
+
+        processor.log_validation = log_validation
+        try:
+            trainer.validator.validate(trainer.model_parts, trainer.step)
+        finally:
+            del processor.log_validation
+        return seen
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        if self.world_size == 1:
+            return list(flags)
+        tensor = torch.tensor([float(f) for f in flags], device=self.trainer.device)
+        dist.all_reduce(tensor)
+        return [bool(v > 0) for v in tensor.tolist()]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    # -- checkpoints ------------------------------------------------------------------
+    def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
+        """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
+        checkpointer = self.trainer.checkpointer
+        checkpointer.maybe_wait_for_saving()
+        checkpointer.folder = str(directory)
+        checkpointer.save(curr_step=self.trainer.step, last_step=False)
+        future = checkpointer.save_future
+        if future is None:
+            return None
+        if asynchronous:
+            return DcpSave(future, checkpointer)
+        checkpointer.maybe_wait_for_saving()
+        return None
+
+    def load(self, directory: Path) -> None:
+        """Restore model, optimizer, scheduler, data loader and step from ``save``'s output."""
+        checkpointer = self.trainer.checkpointer
+        checkpointer.folder = str(directory)
+        step = checkpointer._find_load_step()
+        if step < 0:
+            raise FileNotFoundError(f"no TorchTitan checkpoint (step-N folder) in {directory}")
+        checkpointer.load(step=step)
+        self._batches = None  # a fresh iterator over the restored loader state
+
+    # -- end --------------------------------------------------------------------------
+    def teardown(self) -> None:
+        trainer = self.trainer
+        try:
+            if self._profiler is not None:
+                self._profiler.__exit__(None, None, None)
+            if trainer is not None:
+                if trainer.checkpointer is not None:
+                    trainer.checkpointer.maybe_wait_for_saving()
+                trainer.close()
+        finally:
+            if self._capture is not None:
+                self._capture.remove()
+            self._capture = None
+            self._profiler = None
+            self._batches = None
+            self.trainer = None
+            for key, value in self._launch_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            self._launch_env = {}

@@ -1,0 +1,213 @@
+"""Offline data for TorchTitan: a byte tokenizer and a packed local-text data loader.
+
+Both plug into TorchTitan through its own protocols: ``ByteTokenizer`` is a
+``BaseTokenizer`` and ``LocalTextDataLoader`` a ``ParallelAwareDataloader`` (a
+``torchdata`` ``StatefulDataLoader``), so TorchTitan's ``CheckpointManager`` saves
+the loader's position and a resumed run continues with the same batches.
+
+The default corpus is the Python language reference that ships with CPython
+(``pydoc_data.topics``, ~490 kB, one document per topic); ``dataset_path`` reads a
+UTF-8 text file instead (documents separated by blank lines). Nothing is downloaded.
+
+Example::
+
+    cfg = llama3_debugmodel()
+    cfg.tokenizer = ByteTokenizer.Config()
+    cfg.dataloader = LocalTextDataLoader.Config(dataset_path="corpus.txt")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.tokenizer import BaseTokenizer
+
+
+class ByteTokenizer(BaseTokenizer):
+    """UTF-8 bytes as token ids 0-255, plus BOS (256) and EOS (257): 258 ids, no files."""
+
+    BOS = 256
+    EOS = 257
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseTokenizer.Config):
+        pass
+
+    def __init__(self, config: Config | None = None, *, tokenizer_path: str | None = None):
+        super().__init__()
+        self.config = config
+        self.bos_id = self.BOS
+        self.eos_id = self.EOS
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return ([self.BOS] if add_bos else []) + ids + ([self.EOS] if add_eos else [])
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def get_vocab_size(self) -> int:
+        return 258
+
+
+def read_documents(path: str | None) -> list[str]:
+    """The corpus as a list of documents (see the module docstring)."""
+    if path is None:
+        from pydoc_data.topics import topics
+
+        return [topics[key] for key in sorted(topics) if topics[key].strip()]
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"dataloader.dataset_path {path!r} is not a file; give a UTF-8 text file "
+            "or leave it unset for the built-in Python reference corpus"
+        )
+    text = file.read_text(encoding="utf-8")
+    return [doc for doc in text.split("\n\n") if doc.strip()]
+
+
+def window_positions(positions: torch.Tensor) -> torch.Tensor:
+    """Positions of one window: a document continued from the previous window restarts
+    at 0 (RoPE tables cover ``seq_len`` positions), as TorchTitan's text datasets do."""
+    positions = positions.clone()
+    if positions[0] > 0:
+        zeros = (positions == 0).nonzero()
+        end = int(zeros[0]) if len(zeros) else len(positions)
+        positions[:end] -= positions[0].clone()
+    return positions
+
+
+class PackedTextDataset(IterableDataset, Stateful):
+    """Documents tokenized with BOS/EOS and packed into ``seq_len`` windows.
+
+    Yields ``({"input": ids, "positions": pos}, labels)`` like TorchTitan's text
+    datasets: labels are inputs shifted by one inside each document, positions
+    restart at every document. Documents are dealt round-robin to data-parallel
+    ranks; each epoch shuffles them with ``seed + epoch``. The state is
+    ``(epoch, window)``.
+    """
+
+    def __init__(
+        self,
+        documents: list[str],
+        tokenizer: BaseTokenizer,
+        *,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        seed: int = 0,
+        infinite: bool = True,
+    ) -> None:
+        self.tokens = [tokenizer.encode(doc, add_bos=True, add_eos=True) for doc in documents]
+        self.seq_len = seq_len
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.seed = seed
+        self.infinite = infinite
+        self.epoch = 0
+        self.window = 0
+        self._stream = self._build_stream(0)
+        if self._num_windows() == 0:
+            raise ValueError(
+                f"the corpus gives rank {dp_rank} fewer than {seq_len} tokens; "
+                "use a larger corpus or a smaller training.seq_len"
+            )
+
+    def _build_stream(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        order = torch.arange(len(self.tokens))
+        if epoch > 0:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            order = order[torch.randperm(len(order), generator=generator)]
+        inputs: list[int] = []
+        labels: list[int] = []
+        positions: list[int] = []
+        for index in order[self.dp_rank :: self.dp_world_size].tolist():
+            ids = self.tokens[index]
+            inputs.extend(ids[:-1])
+            labels.extend(ids[1:])
+            positions.extend(range(len(ids) - 1))
+        return torch.tensor(inputs), torch.tensor(labels), torch.tensor(positions)
+
+    def _num_windows(self) -> int:
+        return len(self._stream[0]) // self.seq_len
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while True:
+            while self.window < self._num_windows():
+                start = self.window * self.seq_len
+                end = start + self.seq_len
+                self.window += 1
+                inputs, labels, positions = (t[start:end] for t in self._stream)
+                yield {"input": inputs, "positions": window_positions(positions)}, labels
+            if not self.infinite:
+                return
+            self.epoch += 1
+            self.window = 0
+            self._stream = self._build_stream(self.epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "window": self.window, "seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["seed"] != self.seed:
+            raise ValueError(
+                f"data seed {state_dict['seed']} in the checkpoint differs from {self.seed}"
+            )
+        if state_dict["epoch"] != self.epoch:
+            self._stream = self._build_stream(int(state_dict["epoch"]))
+        self.epoch = int(state_dict["epoch"])
+        self.window = int(state_dict["window"])
+
+
+class LocalTextDataLoader(ParallelAwareDataloader):
+    """TorchTitan data loader over a local text corpus (``PackedTextDataset``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = "local_text"
+        dataset_path: str | None = None
+        """UTF-8 text file; ``None`` uses the Python language reference."""
+        seed: int = 0
+        """Seed of the per-epoch document shuffle."""
+        infinite: bool = True
+        """Loop over the corpus forever (reshuffled each epoch)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs: Any,
+    ) -> None:
+        dataset = PackedTextDataset(
+            read_documents(config.dataset_path),
+            tokenizer,
+            seq_len=seq_len,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            seed=config.seed,
+            infinite=config.infinite,
+        )
+        super().__init__(
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            batch_size=local_batch_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+        )

@@ -1,0 +1,269 @@
+"""TorchTitan 0.3 fixes as patches: CPU device, CPU attention, process-wide state.
+
+Each patch is a callback with a version range and an undo (``baton.core.patches``).
+They register when ``baton.backends.torchtitan`` is imported; nothing here imports
+torch or torchtitan at module level, so listing them is cheap::
+
+    baton patches --backend torchtitan
+    BATON_PATCHES=all,-torchtitan_restore_process_state baton run recipes/torchtitan_llama3_debug.py
+
+``torchtitan_cpu_device`` and ``torchtitan_cpu_attention`` apply only when no
+accelerator is present; ``torchtitan_restore_process_state`` applies always.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from baton.core.patches import Patch, PatchRecorder, register_patch
+
+if TYPE_CHECKING:
+    from baton.core.backend import Backend
+    from baton.core.driver import Driver
+
+VERSIONS = ">=0.3,<0.4"
+
+#: torchtitan modules that copy ``device_type`` / ``device_module`` at import time
+DEVICE_COPIES = (
+    "torchtitan.tools.utils",
+    "torchtitan.components.metrics",
+    "torchtitan.distributed.utils",
+    "torchtitan.distributed.parallel_dims",
+    "torchtitan.tools.profiler",
+    "torchtitan.models.common.token_dispatcher",
+)
+
+#: environment variables TorchTitan sets process-wide while it builds and seeds
+TORCHTITAN_ENV = (
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_FR_DUMP_TEMP_FILE",
+    "PYTHONHASHSEED",
+    "CUBLAS_WORKSPACE_CONFIG",
+)
+
+
+def _no_accelerator() -> tuple[bool, str]:
+    from torch._utils import _get_available_device_type
+
+    found = _get_available_device_type()
+    if found is None:
+        return True, "no accelerator found"
+    return False, f"accelerator {found!r} present"
+
+
+def cpu_device_module() -> Any:
+    """A device module for ``cpu`` with the calls TorchTitan makes on ``torch.cuda``.
+
+    ``torch.cpu`` lacks the memory statistics API; these report host totals and
+    empty peak statistics, so TorchTitan's memory monitor prints zeros instead of failing.
+    """
+    import torch
+
+    def total_memory() -> int:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return 1 << 34
+
+    def noop(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return SimpleNamespace(
+        __name__="baton_cpu_device_module",
+        set_device=torch.cpu.set_device,
+        device_count=torch.cpu.device_count,
+        current_device=lambda: 0,  # an index, as barrier(device_ids=...) expects
+        synchronize=torch.cpu.synchronize,
+        is_available=lambda: True,
+        get_device_name=lambda device=None: "cpu",
+        get_device_properties=lambda device=None: SimpleNamespace(
+            total_memory=total_memory(), name="cpu"
+        ),
+        memory_stats=lambda device=None: {},
+        reset_peak_memory_stats=noop,
+        empty_cache=noop,
+        manual_seed=noop,
+        manual_seed_all=noop,
+    )
+
+
+@register_patch
+class TorchTitanCpuDevice(Patch):
+    """Run TorchTitan on CPU: it falls back to "cuda" when no accelerator exists.
+
+    ``torchtitan.tools.utils`` picks ``device_type = "cuda"`` when torch finds no
+    accelerator, and several modules copy that name (and ``torch.cuda``) at import
+    time. This patch imports those modules and rebinds every copy to ``"cpu"`` and a
+    CPU device module, fixes the memory monitor's default device, and disables CUDA
+    graphs in the config. Undo restores every rebinding, including copies made by
+    torchtitan modules imported while the patch was active.
+    """
+
+    name = "torchtitan_cpu_device"
+    backend = "torchtitan"
+    versions = VERSIONS
+    phase = "configure"
+
+    def condition(self, backend: Backend) -> tuple[bool, str]:
+        return _no_accelerator()
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        for name in DEVICE_COPIES:
+            importlib.import_module(name)
+        utils = sys.modules["torchtitan.tools.utils"]
+        old_type, old_module = utils.device_type, utils.device_module
+        new_module = cpu_device_module()
+
+        def rebind_all(target_type: str, target_module: Any, source: tuple[str, Any]) -> None:
+            for mod_name, mod in list(sys.modules.items()):
+                if not mod_name.startswith("torchtitan") or mod is None:
+                    continue
+                attrs = vars(mod)
+                if attrs.get("device_type") == source[0]:
+                    mod.device_type = target_type
+                if attrs.get("device_module") is source[1]:
+                    mod.device_module = target_module
+
+        for mod_name in list(sys.modules):
+            mod = sys.modules[mod_name]
+            if not mod_name.startswith("torchtitan") or mod is None:
+                continue
+            attrs = vars(mod)
+            if attrs.get("device_type") == old_type:
+                recorder.setattr(mod, "device_type", "cpu")
+            if attrs.get("device_module") is old_module:
+                recorder.setattr(mod, "device_module", new_module)
+        # modules imported later copied the CPU names: send them back too
+        recorder.on_undo(
+            "rebind torchtitan modules imported while patched",
+            lambda: rebind_all(old_type, old_module, ("cpu", new_module)),
+        )
+        monitor = sys.modules["torchtitan.components.metrics"].DeviceMemoryMonitor.__init__
+        defaults = monitor.__defaults__
+        monitor.__defaults__ = ("cpu",)
+
+        def restore_defaults() -> None:
+            monitor.__defaults__ = defaults
+
+        recorder.on_undo("DeviceMemoryMonitor default device", restore_defaults)
+        config = driver.backend.config
+        if config is not None and not config.training.disable_cuda_graphs:
+            recorder.setattr(config.training, "disable_cuda_graphs", True)
+
+
+@register_patch
+class TorchTitanCpuAttention(Patch):
+    """Swap FlexAttention for SDPA on CPU: FlexAttention has no CPU backward in torch 2.13.
+
+    Every ``FlexAttention.Config`` in the model config becomes a
+    ``ScaledDotProductAttention.Config`` (plain causal attention: document
+    boundaries inside a packed window are not masked, RoPE positions still are
+    per document). Undo puts the original configs back.
+    """
+
+    name = "torchtitan_cpu_attention"
+    backend = "torchtitan"
+    versions = VERSIONS
+    phase = "configure"
+
+    def condition(self, backend: Backend) -> tuple[bool, str]:
+        return _no_accelerator()
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        from torchtitan.models.common.attention import (
+            FlexAttention,
+            ScaledDotProductAttention,
+        )
+
+        spec = driver.backend.config.model_spec
+        if spec is None:
+            return
+        found = list(spec.model.traverse(FlexAttention.Config))
+        for _fqn, _cfg, parent, attr in found:
+            if parent is None:  # the model config itself cannot be an attention
+                continue
+            recorder.setattr(parent, attr, ScaledDotProductAttention.Config())
+
+
+@register_patch
+class TorchTitanRestoreProcessState(Patch):
+    """Undo TorchTitan's process-wide changes on teardown: gc, process group, env, autograd.
+
+    ``Trainer.__init__`` disables the garbage collector (baton runs TorchTitan's
+    periodic collection each step instead) and never re-enables it; when it creates
+    the process group it sets NCCL/flight-recorder environment variables and turns
+    off autograd multithreading; seeding sets ``PYTHONHASHSEED``; deterministic mode
+    flips torch's deterministic-algorithms switch. This records the state before the
+    run and restores it afterwards, destroying the process group if it was created
+    during the run.
+    """
+
+    name = "torchtitan_restore_process_state"
+    backend = "torchtitan"
+    versions = VERSIONS
+    phase = "configure"
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        import gc
+
+        import torch
+        import torch.distributed as dist
+
+        had_group = dist.is_available() and dist.is_initialized()
+        gc_enabled = gc.isenabled()
+        multithreading = torch._C._is_multithreading_enabled()
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        env = {key: os.environ.get(key) for key in TORCHTITAN_ENV}
+
+        def restore() -> None:
+            for key, value in env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            torch.autograd.set_multithreading_enabled(multithreading)
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+            if not had_group and dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+            if gc_enabled:
+                gc.enable()
+            else:
+                gc.disable()
+
+        recorder.on_undo("restore gc, process group, env vars and autograd settings", restore)
+
+
+@register_patch
+class TorchTitanPgSetTimeout(Patch):
+    """Provide ``torch.distributed.set_timeout``: TorchTitan 0.3 calls it, torch 2.13 lacks it.
+
+    ``set_pg_timeouts`` (run after the first step) calls
+    ``torch.distributed.set_timeout(timeout, group)``; torch 2.13 has the same
+    operation as ``distributed_c10d._set_pg_timeout``. This binds the name for the
+    run and removes it on teardown.
+    """
+
+    name = "torchtitan_pg_set_timeout"
+    backend = "torchtitan"
+    versions = VERSIONS
+    phase = "configure"
+
+    def condition(self, backend: Backend) -> tuple[bool, str]:
+        import torch.distributed as dist
+
+        if hasattr(dist, "set_timeout"):
+            return False, "torch.distributed.set_timeout exists"
+        return True, "torch.distributed.set_timeout is missing"
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        recorder.setattr(dist, "set_timeout", distributed_c10d._set_pg_timeout)

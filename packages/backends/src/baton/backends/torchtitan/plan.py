@@ -1,0 +1,68 @@
+"""Validate a ``Trainer.Config`` for a given number of GPUs without any GPU: the dry run.
+
+Builds TorchTitan's ``ParallelDims`` (its own degree checks), checks the batch and
+sequence divisibility that ``Trainer.__init__`` asserts, builds the model on the
+``meta`` device (no memory) for parameter and FLOP counts, and estimates the
+per-rank memory of the sharded training state.
+
+Example::
+
+    print(parallelism_plan(llama3_8b_config, world_size=8))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def parallelism_plan(config: Any, world_size: int) -> str:
+    """A readable plan; raises ``ValueError`` naming the setting that does not fit."""
+    import torch
+    from torchtitan.distributed import ParallelDims
+
+    par, training = config.parallelism, config.training
+    try:
+        dims = ParallelDims.from_config(par, world_size)
+    except AssertionError as error:
+        raise ValueError(f"parallelism does not fit {world_size} ranks: {error}") from error
+    batch_degree = dims.dp_replicate * dims.dp_shard
+    global_batch = training.global_batch_size
+    if global_batch < 0:
+        global_batch = training.local_batch_size * batch_degree
+    if global_batch % (training.local_batch_size * batch_degree):
+        raise ValueError(
+            f"training.global_batch_size {global_batch} is not a multiple of "
+            f"local_batch_size {training.local_batch_size} x data-parallel degree {batch_degree}"
+        )
+    divisor = (dims.tp if par.enable_sequence_parallel else 1) * (2 * dims.cp if dims.cp > 1 else 1)
+    if training.seq_len % divisor:
+        raise ValueError(f"training.seq_len {training.seq_len} is not divisible by {divisor}")
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    params, flops = model_config.get_nparams_and_flops(model, training.seq_len)
+    shards = dims.dp_shard * dims.cp * dims.tp * dims.pp
+    param_bytes = _BYTES[training.dtype]
+    # fp32 master weights + grads + two AdamW moments, sharded over FSDP/TP/PP/CP
+    state_gib = params * (param_bytes + 4 + 8) / shards / 2**30
+    tokens = global_batch * training.seq_len
+    lines = [
+        f"model        {config.model_spec.name} {config.model_spec.flavor}: "
+        f"{params / 1e9:.2f} B parameters, {flops / 1e9:.1f} GFLOP per token",
+        f"ranks        {world_size} = dp_replicate {dims.dp_replicate} x dp_shard (FSDP) "
+        f"{dims.dp_shard} x cp {dims.cp} x tp {dims.tp} x pp {dims.pp} (ep {dims.ep})",
+        f"precision    params {training.mixed_precision_param} in compute, "
+        f"{training.dtype} master, reduce {training.mixed_precision_reduce}",
+        f"batch        local {training.local_batch_size} x seq {training.seq_len}, "
+        f"global {global_batch} sequences = {tokens:,} tokens/step, "
+        f"grad accumulation {global_batch // (training.local_batch_size * batch_degree)}",
+        f"compile      {'on: ' + ', '.join(config.compile.components) if config.compile.enable else 'off'}",
+        f"act. ckpt    {type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint else 'off'}",
+        f"checkpoint   DCP, async_mode={config.checkpoint.async_mode}",
+        f"memory       ~{state_gib:.1f} GiB/rank of weights, grads and AdamW state",
+        f"train FLOPs  {6 * params * tokens / 1e15:.2f} PFLOP/step (6 x params x tokens)",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""Fan out every logged metric to TensorBoard, W&B, a JSONL file and the console.
+
+Example::
+
+    from baton.callbacks import CompositeLogger
+    from baton.callbacks.sinks.wandb import WandbSink
+
+    Driver(backend, callbacks=[
+        CompositeLogger(["jsonl", "tensorboard", WandbSink(project="lm"), "console"]),
+    ])
+
+Sinks are given by name (``jsonl``, ``tensorboard``, ``wandb``, ``console``) or as
+objects. Only rank 0 logs unless ``rank_zero_only=False``. A sink that fails (W&B
+unreachable, a full disk) is reported once with a warning and training goes on; a
+sink that fails to open is dropped for the run.
+
+Metric keys logged: whatever ``on_log`` carries (the backend's ``loss``, ``lr``,
+``grad_norm``; ``eval/*``; the monitors' keys), at ``driver.step``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from baton.callbacks.sinks import SINKS, Sink
+from baton.core.callback import Callback
+from baton.core.registry import CALLBACKS
+
+log = logging.getLogger("baton")
+
+DEFAULT_SINKS = ("jsonl", "tensorboard", "console")
+
+
+@CALLBACKS.register("logger")
+class CompositeLogger(Callback):
+    """Send log-step metrics to several sinks; a failing sink warns once, never stops."""
+
+    priority = 250  # after the monitors and guards that add keys
+
+    def __init__(
+        self, sinks: Sequence[str | Sink] = DEFAULT_SINKS, *, rank_zero_only: bool = True
+    ) -> None:
+        self.sinks: list[Sink] = [SINKS.build(s) if isinstance(s, str) else s for s in sinks]
+        self.rank_zero_only = rank_zero_only
+        self._active: list[Sink] = []
+        self._warned: set[str] = set()
+
+    def _warn_once(self, sink: Sink, what: str, error: BaseException) -> None:
+        if sink.name not in self._warned:
+            self._warned.add(sink.name)
+            log.warning(
+                "log sink %r failed to %s (%s: %s); training continues without it%s",
+                sink.name,
+                what,
+                type(error).__name__,
+                error,
+                "" if what == "open" else " where it keeps failing",
+            )
+
+    def on_train_start(self, driver: Any) -> None:
+        if self.rank_zero_only and not driver.is_global_zero:
+            return
+        for sink in self.sinks:
+            try:
+                sink.open(driver)
+            except Exception as error:
+                self._warn_once(sink, "open", error)
+                continue
+            self._active.append(sink)
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        for sink in self._active:
+            try:
+                sink.write(driver.step, dict(metrics))
+            except Exception as error:
+                self._warn_once(sink, "write", error)
+
+    def on_teardown(self, driver: Any) -> None:
+        for sink in self._active:
+            try:
+                sink.close()
+            except Exception as error:
+                self._warn_once(sink, "close", error)
+        self._active = []

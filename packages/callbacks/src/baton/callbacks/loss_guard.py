@@ -1,0 +1,207 @@
+"""NaN/Inf and loss-spike guard: stop with a clear message, or roll back and skip.
+
+Example::
+
+    from baton.callbacks import Checkpoint, LossGuard
+
+    Driver(backend, callbacks=[
+        Checkpoint(every_n_steps=100),
+        LossGuard(action="rollback", spike_factor=3.0, max_rollbacks=3),
+    ])
+
+Detection costs no device sync of its own: every step the guard folds "is this
+loss non-finite" into a device-side flag (plain array arithmetic, the same for
+torch and jax), which reaches the host with the other metrics on log steps. A
+checkpoint step is always checked first (the guard asks for a log there), so a
+broken state is never saved: its save is withdrawn. A spike is a logged loss above
+``spike_factor`` times the running mean of earlier logged losses. Ranks agree
+through ``backend.all_reduce_flags`` before acting.
+
+``action="stop"`` stops the run and names the last good checkpoint.
+``action="rollback"`` restores the newest checkpoint saved at or before the last
+step known to be good and skips the data of the steps in between (where the
+backend can, ``backend.skip_data``), up to ``max_rollbacks`` times, then stops.
+
+Metric keys logged: ``guard/nonfinite`` (1.0 when a non-finite loss occurred since
+the last log step), ``guard/loss_mean`` (the running mean used for spikes),
+``guard/rollbacks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Literal
+
+from baton.core import checkpointing as ckpt
+from baton.core.callback import Callback
+from baton.core.registry import CALLBACKS
+
+log = logging.getLogger("baton")
+
+
+@CALLBACKS.register("loss_guard")
+class LossGuard(Callback):
+    """Detect NaN/Inf or spiking loss on every rank; stop, or roll back and skip data.
+
+    Args:
+        action: ``"stop"`` or ``"rollback"``.
+        spike_factor: a logged loss above this multiple of the running mean is a
+            spike (``None``: only NaN/Inf).
+        warmup_logs: log steps before spikes are judged (the early loss falls fast).
+        ema: weight of the newest loss in the running mean.
+        max_rollbacks: roll back at most this many times, then stop.
+    """
+
+    state_key = "loss_guard"
+    priority = 150  # after Checkpoint's and Preemption's save requests, before loggers
+
+    def __init__(
+        self,
+        action: Literal["stop", "rollback"] = "stop",
+        *,
+        spike_factor: float | None = None,
+        warmup_logs: int = 5,
+        ema: float = 0.1,
+        max_rollbacks: int = 3,
+    ) -> None:
+        if action not in ("stop", "rollback"):
+            raise ValueError(f"action must be 'stop' or 'rollback', got {action!r}")
+        if spike_factor is not None and spike_factor <= 1:
+            raise ValueError(
+                f"spike_factor must be > 1 (a multiple of the mean), got {spike_factor}"
+            )
+        self.action = action
+        self.spike_factor = spike_factor
+        self.warmup_logs = warmup_logs
+        self.ema = ema
+        self.max_rollbacks = max_rollbacks
+        self.rollbacks = 0
+        self.loss_mean: float | None = None
+        self.logs_seen = 0
+        self.last_good_step = 0
+        self._bad: Any = None
+        self._rollback_from: int | None = None
+        self._save_on_stop_before = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rollbacks": self.rollbacks,
+            "loss_mean": self.loss_mean,
+            "logs_seen": self.logs_seen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.loss_mean = state.get("loss_mean")
+        self.logs_seen = int(state.get("logs_seen", 0))
+
+    def on_load_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:
+        self.last_good_step = driver.step
+        self._bad = None
+
+    # -- detection ------------------------------------------------------------------
+    def on_step_end(self, driver: Any, output: Any) -> None:
+        loss = output.loss
+        if loss is not None:
+            bad = (loss - loss) != 0  # True for NaN and +-Inf; an array op, no sync
+            self._bad = bad if self._bad is None else (self._bad | bad)
+            driver.record("guard/nonfinite", self._bad)
+        if driver.control.save and not driver.control.log:
+            # check the state before it is saved
+            driver.control.request_log(
+                "loss guard checks before saving", all_ranks="save" in driver.control.agreed
+            )
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        if "guard/nonfinite" not in metrics and "loss" not in metrics:
+            return  # evaluation results
+        self._bad = None
+        loss = metrics.get("loss", float("nan"))
+        nonfinite = metrics.get("guard/nonfinite", 0.0) > 0 or not math.isfinite(loss)
+        spike = (
+            self.spike_factor is not None
+            and not nonfinite
+            and self.loss_mean is not None
+            and self.logs_seen >= self.warmup_logs
+            and loss > self.spike_factor * self.loss_mean
+        )
+        nonfinite, spike = driver.backend.all_reduce_flags([nonfinite, spike])
+        metrics["guard/rollbacks"] = float(self.rollbacks)
+        if not (nonfinite or spike):
+            self.logs_seen += 1
+            self.loss_mean = (
+                loss
+                if self.loss_mean is None
+                else ((1 - self.ema) * self.loss_mean + self.ema * loss)
+            )
+            metrics["guard/loss_mean"] = self.loss_mean
+            self.last_good_step = driver.step
+            return
+        what = (
+            "a non-finite (NaN/Inf) loss"
+            if nonfinite
+            else f"a loss spike ({loss:.4g} > {self.spike_factor:g} x mean {self.loss_mean:.4g})"
+        )
+        self._act(driver, what)
+
+    # -- action ---------------------------------------------------------------------
+    def _good_checkpoint(self, driver: Any) -> tuple[Any, dict[str, Any]] | None:
+        for path, meta in ckpt.resumable(driver.checkpoint_dir):
+            if int(meta["step"]) <= self.last_good_step:
+                return path, meta
+        return None
+
+    def _act(self, driver: Any, what: str) -> None:
+        # never save the broken state, now or on the way out
+        driver.control.withdraw("save")
+        driver.save_on_stop = False
+        good = self._good_checkpoint(driver)
+        where = (
+            f"steps {self.last_good_step + 1}..{driver.step}"
+            if driver.step > self.last_good_step + 1
+            else f"step {driver.step}"
+        )
+        if self.action == "rollback" and good is not None and self.rollbacks < self.max_rollbacks:
+            log.error("%s in %s: rolling back to %s", what, where, good[0])
+            self._rollback_from = driver.step
+            return
+        if self.action == "rollback" and good is None:
+            hint = "no checkpoint at or before the last good step to roll back to"
+        elif self.action == "rollback":
+            hint = f"already rolled back {self.rollbacks} times (max_rollbacks)"
+        else:
+            hint = "stopping as configured (action='stop')"
+        resume = (
+            f"; the last good checkpoint is {good[0]} (resume from it with --resume {good[0]})"
+            if good is not None
+            else ""
+        )
+        message = f"{what} in {where}: {hint}{resume}. Lower the learning rate or check the data"
+        log.error(message)
+        driver.control.request_stop(message, all_ranks=True)
+
+    def on_step_start(self, driver: Any) -> None:
+        if self._rollback_from is None:
+            return
+        bad_step, self._rollback_from = self._rollback_from, None
+        good = self._good_checkpoint(driver)
+        assert good is not None
+        path = driver.load_checkpoint(good[0])
+        if driver.is_global_zero:  # later checkpoints belong to the abandoned timeline
+            for later in ckpt.list_checkpoints(driver.checkpoint_dir):
+                if (ckpt.checkpoint_step(later) or 0) > driver.step:
+                    ckpt.remove_checkpoint(later)
+            ckpt.update_latest(driver.checkpoint_dir, path)
+        driver.backend.barrier()
+        self.rollbacks += 1
+        skip = bad_step - driver.step
+        try:
+            driver.backend.skip_data(skip)
+            log.warning("rolled back to step %d, skipped the data of %d steps", driver.step, skip)
+        except NotImplementedError as error:
+            log.warning("rolled back to step %d; %s: the same data comes again", driver.step, error)
+        driver.save_on_stop = self._save_on_stop_before
+
+    def on_train_start(self, driver: Any) -> None:
+        self._save_on_stop_before = driver.save_on_stop

@@ -1,0 +1,63 @@
+"""Memory: peak device memory (torch or jax, whichever the backend runs on) and host RSS.
+
+Example::
+
+    Driver(backend, callbacks=[MemoryMonitor()])
+
+Device figures come from the array library already loaded by the backend (never
+imported here): ``torch.cuda`` memory statistics when ``backend.device_type`` is
+``cuda``, ``jax`` device ``memory_stats()`` on GPU/TPU. CPU runs report host RSS only.
+
+Metric keys logged: ``memory/host_rss_gib``; on accelerators
+``memory/device_peak_gib`` (peak since the last log step), and with torch
+``memory/device_reserved_gib``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import psutil
+
+from baton.core.callback import Callback
+from baton.core.registry import CALLBACKS
+
+GIB = float(1 << 30)
+
+
+def device_memory(device_type: str) -> dict[str, float]:
+    """Peak (and reserved) device memory in GiB, resetting the peak; ``{}`` on CPU."""
+    if device_type == "cuda" and "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available():
+            out = {
+                "memory/device_peak_gib": torch.cuda.max_memory_allocated() / GIB,
+                "memory/device_reserved_gib": torch.cuda.memory_reserved() / GIB,
+            }
+            torch.cuda.reset_peak_memory_stats()
+            return out
+    if device_type in ("gpu", "tpu", "cuda") and "jax" in sys.modules:
+        import jax
+
+        stats = jax.local_devices()[0].memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            return {"memory/device_peak_gib": stats["peak_bytes_in_use"] / GIB}
+    return {}
+
+
+@CALLBACKS.register("memory")
+class MemoryMonitor(Callback):
+    """Log peak device memory and host RSS on log steps."""
+
+    priority = 10
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        if "loss" not in metrics:
+            return
+        metrics["memory/host_rss_gib"] = self._process.memory_info().rss / GIB
+        metrics.update(device_memory(driver.backend.device_type))

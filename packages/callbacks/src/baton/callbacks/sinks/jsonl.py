@@ -1,0 +1,65 @@
+"""Metrics as JSON lines: ``{"step": 10, "time": 1731.2, "loss": 2.31, ...}`` per log step.
+
+Example::
+
+    CompositeLogger([JsonlSink()])  # writes <run_dir>/logs/metrics.jsonl
+
+The file is appended to, so a resumed run continues it; steps a killed run logged
+after its last checkpoint appear twice, and readers (``baton plot``) keep the last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import IO, Any
+
+FILE_NAME = "metrics.jsonl"
+
+
+class JsonlSink:
+    """Append one JSON object per log step to ``metrics.jsonl``."""
+
+    name = "jsonl"
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._fh: IO[str] | None = None
+
+    def open(self, driver: Any) -> None:
+        if self.path is None:
+            self.path = Path(driver.log_dir) / FILE_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        assert self._fh is not None, "JsonlSink.write before open"
+        record: dict[str, Any] = {"step": step, "time": time.time()}
+        for key, value in metrics.items():
+            # JSON has no NaN/Inf: write them as strings Python's float() reads back
+            record[key] = value if math.isfinite(value) else str(value)
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, float]]:
+    """Records of a metrics file merged by step, in step order. A step logged again
+    (by a resumed run) takes the later values; a torn last line (a killed run) is
+    ignored."""
+    by_step: dict[int, dict[str, float]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            raw = json.loads(line)
+            record = {k: float(v) for k, v in raw.items()}
+            step = int(raw["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        by_step[step] = {**by_step.get(step, {}), **record}
+    return [by_step[s] for s in sorted(by_step)]

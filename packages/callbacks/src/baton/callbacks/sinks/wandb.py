@@ -1,0 +1,68 @@
+"""Weights & Biases through the real ``wandb`` library (online, or offline with no network).
+
+Example::
+
+    CompositeLogger([WandbSink(project="baton", mode="offline")])
+    # WANDB_MODE=offline works too; later: wandb sync runs/x/logs/wandb/offline-run-*
+
+The run directory is ``<run_dir>/logs/wandb``; the W&B run id is kept in
+``<run_dir>/logs/wandb_run_id`` so a resumed baton run continues the same W&B run.
+The recipe settings become the W&B config.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+class WandbSink:
+    """Log metrics to a W&B run (``mode``: ``online``, ``offline``, ``disabled``, or env)."""
+
+    name = "wandb"
+
+    def __init__(
+        self,
+        project: str = "baton",
+        *,
+        name: str | None = None,
+        entity: str | None = None,
+        mode: str | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        self.project = project
+        self.run_name = name
+        self.entity = entity
+        self.mode = mode
+        self.tags = tags
+        self.run: Any = None
+
+    def open(self, driver: Any) -> None:
+        import wandb
+
+        log_dir = Path(driver.log_dir)
+        (log_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        id_file = log_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+        id_file.write_text(run_id)
+        self.run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            name=self.run_name or Path(driver.run_dir).name,
+            id=run_id,
+            resume="allow",
+            dir=str(log_dir),
+            mode=self.mode,  # type: ignore[arg-type]
+            tags=self.tags,
+            config=dict(driver.settings),
+            settings=wandb.Settings(console="off", silent=True),
+        )
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None

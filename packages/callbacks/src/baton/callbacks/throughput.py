@@ -1,0 +1,66 @@
+"""Throughput: tokens/s, samples/s, step time and MFU over each log window.
+
+Example::
+
+    Driver(backend, callbacks=[ThroughputMonitor()], log_every=10)
+    # on H100s: metrics["throughput/mfu"] == 0.41
+
+MFU = tokens/s x ``backend.flops_per_token`` / (peak FLOP/s x world size), with the
+peak from ``baton.callbacks.device_flops`` (H100, H200, A100, MI300X) or the
+``peak_flops`` argument; on a CPU (no known peak) MFU is not logged.
+
+Metric keys logged: ``throughput/tokens_per_s``, ``throughput/samples_per_s``,
+``throughput/step_time_s``, ``throughput/tflops_per_device`` (when the backend
+reports flops per token) and ``throughput/mfu`` (when the peak is known).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from baton.callbacks.device_flops import device_name, peak_flops
+from baton.core.callback import Callback
+from baton.core.registry import CALLBACKS
+
+
+@CALLBACKS.register("throughput")
+class ThroughputMonitor(Callback):
+    """Log tokens/s, samples/s, step time and MFU (from the backend's flops per token)."""
+
+    priority = 10  # before loggers and the progress bar, which show its keys
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        self.peak_flops = peak_flops
+        self._window: tuple[float, int, int, int] | None = None
+
+    def on_train_start(self, driver: Any) -> None:
+        if self.peak_flops is None:
+            self.peak_flops = peak_flops(device_name(driver.backend.device_type))
+        self._reset(driver)
+
+    def on_load_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:
+        self._reset(driver)  # a rollback moves the counters back
+
+    def _reset(self, driver: Any) -> None:
+        self._window = (time.perf_counter(), driver.step, driver.tokens, driver.samples)
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        if self._window is None or "loss" not in metrics:
+            return  # evaluation results come as their own on_log
+        then, step0, tokens0, samples0 = self._window
+        steps = driver.step - step0
+        if steps <= 0:
+            return
+        seconds = max(time.perf_counter() - then, 1e-9)
+        tokens_per_s = (driver.tokens - tokens0) / seconds
+        metrics["throughput/tokens_per_s"] = tokens_per_s
+        metrics["throughput/samples_per_s"] = (driver.samples - samples0) / seconds
+        metrics["throughput/step_time_s"] = seconds / steps
+        flops_per_token = driver.backend.flops_per_token
+        if flops_per_token:
+            per_device = tokens_per_s * flops_per_token / driver.backend.world_size
+            metrics["throughput/tflops_per_device"] = per_device / 1e12
+            if self.peak_flops:
+                metrics["throughput/mfu"] = per_device / self.peak_flops
+        self._reset(driver)

@@ -1,0 +1,98 @@
+"""Save, resume, corruption handling and mismatch errors with the driver's checkpoint layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baton.core import Callback, CheckpointError, Driver
+from support.scalar_backend import ScalarBackend
+
+
+class Losses(Callback):
+    state_key = "losses"
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self.restored: dict | None = None
+
+    def on_log(self, driver, metrics):
+        self.values.append(metrics["loss"])
+
+    def state_dict(self):
+        return {"count": len(self.values)}
+
+    def load_state_dict(self, state):
+        self.restored = state
+
+
+class SaveEvery(Callback):
+    def __init__(self, every: int) -> None:
+        self.every = every
+
+    def on_step_end(self, driver, output):
+        if driver.step % self.every == 0:
+            driver.control.request_save("schedule", all_ranks=True)
+
+
+def run(tmp_path, steps, resume="none", every=3, lr=0.1):
+    losses = Losses()
+    driver = Driver(
+        ScalarBackend(lr=lr),
+        [losses, SaveEvery(every)],
+        max_steps=steps,
+        log_every=1,
+        run_dir=tmp_path,
+        resume=resume,
+    )
+    result = driver.fit()
+    return losses, result
+
+
+def test_resume_continues_exactly(tmp_path):
+    full, _ = run(tmp_path / "a", 10)
+    first, _ = run(tmp_path / "b", 6)
+    second, result = run(tmp_path / "b", 10, resume="auto")
+    assert result.resumed_from == tmp_path / "b" / "checkpoints" / "step_000006"
+    assert second.restored == {"count": 6}
+    assert first.values + second.values == full.values
+
+
+def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, caplog):
+    run(tmp_path, 6)
+    newest = tmp_path / "checkpoints" / "step_000006" / "backend" / "state.json"
+    newest.write_text(newest.read_text()[:5])
+    with caplog.at_level("WARNING", logger="baton"):
+        _, result = run(tmp_path, 8, resume="auto")
+    assert result.resumed_from.name == "step_000003"
+    assert "truncated" in caplog.text
+
+
+def test_half_written_checkpoint_is_never_loaded(tmp_path):
+    run(tmp_path, 3)
+    (tmp_path / "checkpoints" / "step_000006" / "backend").mkdir(parents=True)  # no baton.json
+    _, result = run(tmp_path, 4, resume="auto")
+    assert result.resumed_from.name == "step_000003"
+
+
+def test_checkpoint_from_different_setup_fails_clearly(tmp_path):
+    run(tmp_path, 3)
+    with pytest.raises(CheckpointError, match="lr: checkpoint has 0.1, this run has 0.5"):
+        run(tmp_path, 6, resume="auto", lr=0.5)
+
+
+def test_explicit_path_to_a_broken_checkpoint_raises(tmp_path):
+    run(tmp_path, 3)
+    (tmp_path / "checkpoints" / "step_000003" / "baton.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        run(tmp_path, 6, resume=str(tmp_path / "checkpoints" / "step_000003"))
+
+
+def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
+    _, result = run(tmp_path, 3, resume="auto")
+    assert result.resumed_from is None and result.step == 3
+    meta = json.loads((tmp_path / "checkpoints" / "latest" / "baton.json").read_text())
+    assert meta["versions"]["scalar"] == "1.0"
+    assert meta["callbacks"]["losses"] == {"count": 3}
+    assert meta["backend"] == {"name": "scalar", "version": "1.0", "world_size": 1, "lr": 0.1}

@@ -1,0 +1,100 @@
+"""The baton command line: recipes' flags, help, bad arguments, listings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from baton.core.cli import main
+from baton.core.recipe import RecipeError, build_driver
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "recipes" / "quickstart.py"
+
+
+def baton(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "baton.core.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_help_lists_parameters_with_defaults():
+    out = baton("run", str(QUICKSTART), "--help")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for flag in ("--max-steps", "--lr", "--batch-size", "--resume", "--patches"):
+        assert flag in text
+    assert "300" in text and "0.002" in text
+
+
+def test_bad_argument_value_names_the_argument():
+    out = baton("run", str(QUICKSTART), "--max-steps", "many")
+    assert out.returncode != 0
+    assert "--max-steps" in out.stdout + out.stderr
+
+
+def test_unknown_argument_is_rejected():
+    out = baton("run", str(QUICKSTART), "--max-stepz", "5")
+    assert out.returncode != 0
+    assert "--max-stepz" in out.stdout + out.stderr
+
+
+def test_missing_recipe_file_and_function(tmp_path):
+    with pytest.raises(RecipeError, match="does not exist"):
+        build_driver(tmp_path / "nope.py")
+    bad = tmp_path / "bad.py"
+    bad.write_text("def train():\n    pass\n")
+    with pytest.raises(RecipeError, match="no function named 'recipe'"):
+        build_driver(bad)
+    assert main(["run", str(bad)]) == 2
+
+
+def test_recipe_parameters_reach_the_driver_and_its_settings(tmp_path):
+    recipe = tmp_path / "r.py"
+    recipe.write_text(
+        textwrap.dedent("""
+        from support.scalar_backend import ScalarBackend
+        from baton.core import Driver
+
+        def recipe(steps: int = 3, lr: float = 0.1, run_dir: str = "x") -> Driver:
+            return Driver(ScalarBackend(lr=lr), max_steps=steps, run_dir=run_dir)
+    """)
+    )
+    driver = build_driver(
+        recipe,
+        [
+            "--steps",
+            "7",
+            "--lr",
+            "0.25",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--resume",
+            "auto",
+            "--patches",
+            "none",
+        ],
+    )
+    assert driver.max_steps == 7 and driver.backend.config["lr"] == 0.25
+    assert driver.resume == "auto" and driver.patch_selection == "none"
+    assert driver.settings["steps"] == 7 and driver.settings["recipe"] == str(recipe)
+    assert driver.fit().step == 7
+
+
+def test_listings():
+    out = baton("callbacks")
+    assert out.returncode == 0 and "progress" in out.stdout
+    out = baton("backends")
+    assert out.returncode == 0 and "fabric" in out.stdout
+    out = baton("patches", "--backend", "nope")
+    assert out.returncode == 2 and "unknown backend" in out.stderr
+    out = baton("frobnicate")
+    assert out.returncode == 2 and "unknown command" in out.stderr

@@ -17,7 +17,6 @@ from typing import Any
 
 from baton.core import HOOKS, BackendBase, Callback, Driver, StepOutput
 from baton.core.dispatch import overrides
-
 from benchmarks.harness import Row, at_most, interleave, median, paired_ratio
 
 NAME = "dispatch"

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from baton.core import Callback, Driver
 from torch.overrides import TorchFunctionMode
 
+from baton.core import Callback, Driver
 from benchmarks.harness import Row
 
 NAME = "host_syncs"
@@ -208,9 +208,10 @@ def count_host_syncs(driver: Driver) -> SyncReport:
 
 
 def run(quick: bool = False) -> list[Row]:
+    from rich.console import Console
+
     from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
     from baton.callbacks import Progress
-    from rich.console import Console
 
     steps, log_every = (20, 10) if quick else (50, 10)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
+
 from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
 from baton.backends.fabric.data import ByteCorpus, WindowSampler
 from baton.backends.fabric.model import GPT
 from baton.callbacks import Progress
 from baton.core import Callback, Driver
-from rich.console import Console
-
 from benchmarks.harness import Lockstep, Row, at_most, median, paired_ratio
 
 NAME = "lightning"

@@ -3,11 +3,11 @@
 import io
 
 import pytest
+from rich.console import Console
+
 from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
 from baton.callbacks import Progress
 from baton.core import Callback, Driver
-from rich.console import Console
-
 from benchmarks.host_syncs import count_host_syncs
 
 

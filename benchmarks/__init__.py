@@ -1,0 +1,1 @@
+"""baton benchmarks: scripts that print ratio tables (run ``benchmarks/run.py``)."""

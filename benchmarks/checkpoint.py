@@ -1,0 +1,162 @@
+"""Checkpoint blocking: how long a save stops the step loop, synchronous vs async.
+
+For each backend, a model whose checkpoint (weights + optimizer state) is at least
+100 MB trains a few steps; at one step a callback requests a save. The loop is
+blocked for the gap between that step's ``on_step_end`` and the next step's
+``on_step_start``, less the gap of an ordinary step. Synchronous and asynchronous
+saves run interleaved; where the backend does not support async save
+(``supports_async_save``, read after setup, is False) the row says so. Target: async blocks for under
+20% of the synchronous time.
+
+Adding a backend is one entry in ``BACKENDS``: a function ``(quick) -> Backend``
+building a backend whose state is >= 100 MB. Entries whose module is missing are
+reported as skipped.
+
+Run alone: ``uv run python benchmarks/run.py --only checkpoint``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from baton.core import Callback, Driver
+from benchmarks.harness import Row, at_most, interleave, median, paired_ratio, skipped
+
+NAME = "checkpoint"
+MIN_STATE_MB = 100
+#: async save may block the loop for at most this fraction of the synchronous save
+TARGET = 0.2
+SAVE_AT = 3  # the optimizer state exists after the first step
+
+
+def fabric_backend(quick: bool) -> Any:
+    """A GPT whose weights + AdamW state are ~150 MB (quick: ~2 MB)."""
+    from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+
+    model = (
+        GPTConfig(n_layer=1, d_model=64, n_head=2, seq_len=16)
+        if quick
+        else GPTConfig(n_layer=4, d_model=512, n_head=8, seq_len=16)
+    )
+    return FabricBackend(FabricConfig(model=model, batch_size=2, warmup_steps=1))
+
+
+#: backend name -> (module that must exist, factory of a backend with a >= 100 MB state)
+BACKENDS: dict[str, tuple[str, Callable[[bool], Any]]] = {
+    "fabric": ("baton.backends.fabric.backend", fabric_backend),
+}
+
+
+class _SaveAndTime(Callback):
+    """Requests a save at ``SAVE_AT`` and records step boundaries and save completion."""
+
+    def __init__(self) -> None:
+        self.step_end: dict[int, float] = {}
+        self.step_start: dict[int, float] = {}
+        self.saved_at: float | None = None
+        self.async_supported = False
+
+    def on_step_start(self, driver: Any) -> None:
+        self.step_start[driver.step + 1] = time.perf_counter()
+
+    def on_step_end(self, driver: Any, output: Any) -> None:
+        if driver.step == SAVE_AT:
+            driver.control.request_save("benchmark", all_ranks=True)
+        self.step_end[driver.step] = time.perf_counter()
+
+    def on_checkpoint_saved(self, driver: Any, path: Path) -> None:
+        self.saved_at = time.perf_counter()
+        # read on the set-up backend: support can depend on what setup built
+        self.async_supported = bool(getattr(driver.backend, "supports_async_save", False))
+
+    def gap(self, step: int) -> float:
+        """Time from the end of ``step`` to the start of the next one."""
+        return self.step_start[step + 1] - self.step_end[step]
+
+
+def save_once(make: Callable[[], Any], run_dir: Path, asynchronous: bool) -> dict[str, float]:
+    """Train SAVE_AT + 2 steps with a save at SAVE_AT; return blocked and total save time."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    timer = _SaveAndTime()
+    driver = Driver(make(), [timer], max_steps=SAVE_AT + 2, log_every=1000, run_dir=run_dir)
+    driver.async_save = asynchronous
+    driver.fit()
+    if timer.saved_at is None:
+        raise RuntimeError("the checkpoint was never reported saved")
+    ordinary = median([timer.gap(s) for s in range(1, SAVE_AT + 2) if s != SAVE_AT])
+    (checkpoint,) = driver.saved
+    size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+    return {
+        "blocked": max(timer.gap(SAVE_AT) - ordinary, 1e-6),
+        "total": timer.saved_at - timer.step_end[SAVE_AT],
+        "mb": size / 1e6,
+        "async_supported": float(timer.async_supported),
+    }
+
+
+def measure(name: str, make: Callable[[], Any], quick: bool, scratch: Path) -> list[Row]:
+    probe = save_once(make, scratch / f"{name}-probe", asynchronous=True)
+    supports_async = bool(probe["async_supported"])
+    results: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
+
+    def case(kind: str) -> Callable[[], float]:
+        def run_case() -> float:
+            result = save_once(make, scratch / f"{name}-{kind}", asynchronous=kind == "async")
+            results[kind].append(result)
+            return result["blocked"]
+
+        return run_case
+
+    cases = {"sync": case("sync")}
+    if supports_async:
+        cases["async"] = case("async")
+    samples = interleave(cases, rounds=1 if quick else 3, warmup=0 if quick else 1)
+    mb = results["sync"][-1]["mb"]
+    small = f"; state below {MIN_STATE_MB} MB" if mb < MIN_STATE_MB and not quick else ""
+    rows = [
+        Row(
+            NAME,
+            f"{name}: synchronous save blocks",
+            median(samples["sync"]),
+            "s",
+            note=f"state {mb:.0f} MB{small}",
+        )
+    ]
+    if not supports_async:
+        rows.append(skipped(NAME, f"{name}: async save blocks", f"{name} has no async save"))
+        return rows
+    ratio = paired_ratio(samples["async"], samples["sync"])
+    total = median([r["total"] for r in results["async"]])
+    rows.append(
+        Row(
+            NAME,
+            f"{name}: async save blocks",
+            median(samples["async"]),
+            "s",
+            ratio=ratio,
+            baseline="sync",
+            target=f"< {TARGET}",
+            passed=at_most(ratio, TARGET),
+            note=f"save completes {total:.2f} s after the step",
+        )
+    )
+    return rows
+
+
+def run(quick: bool = False) -> list[Row]:
+    scratch_root = os.environ.get("BATON_BENCH_SCRATCH")  # a disk, not tmpfs, for real writes
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="baton-bench-ckpt-", dir=scratch_root) as tmp:
+        for name, (module, factory) in BACKENDS.items():
+            if importlib.util.find_spec(module) is None:
+                rows.append(skipped(NAME, name, f"{module} is not installed/implemented"))
+                continue
+            rows += measure(name, lambda factory=factory: factory(quick), quick, Path(tmp))
+    return rows

@@ -1,0 +1,108 @@
+"""Dispatch overhead: the driver's own per-step cost, with 0, 1, 10 and 50 callbacks.
+
+The backend's step does nothing (it returns one prepared ``StepOutput``), so the time
+per step is the driver's: its bookkeeping, stop checks, control flags, hook dispatch
+and the log-step fetch every ``log_every`` steps. Each callback count runs twice: with
+callbacks that override every hook with a no-op, and with callbacks that override
+none. Target: 50 callbacks that override nothing cost the same as 0.
+
+Run alone: ``uv run python benchmarks/run.py --only dispatch``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from baton.core import HOOKS, BackendBase, Callback, Driver, StepOutput
+from baton.core.dispatch import overrides
+from benchmarks.harness import Row, at_most, interleave, median, paired_ratio
+
+NAME = "dispatch"
+COUNTS = (1, 10, 50)
+#: 50 callbacks overriding nothing may cost at most this much more than none (noise margin)
+TARGET = 1.05
+LOG_EVERY = 10
+#: on_step_start and on_step_end every step, on_log every LOG_EVERY steps
+HOOK_CALLS_PER_STEP = 2 + 1 / LOG_EVERY
+
+
+class NullBackend(BackendBase):
+    """A real backend whose step does no work: what remains is the driver's cost."""
+
+    name = "null"
+
+    def __init__(self) -> None:
+        self._output = StepOutput(loss=0.0, tokens=1, samples=1)
+
+    def setup(self) -> None:
+        pass
+
+    def train_step(self, step: int) -> StepOutput:
+        return self._output
+
+
+class OverridesNothing(Callback):
+    """A callback that inherits every hook's no-op (the driver should never call it)."""
+
+
+def _noop(self: Callback, *args: Any) -> None:
+    return None
+
+
+#: A callback whose class overrides every hook with a no-op (the driver calls them all).
+OverridesEverything = type(
+    "OverridesEverything", (Callback,), {hook: _noop for hook in HOOKS} | {"__doc__": "no-ops"}
+)
+assert all(overrides(OverridesEverything(), hook) for hook in HOOKS)
+
+
+def seconds_per_step(callbacks: list[Callback], steps: int, run_dir: Path) -> float:
+    """Train ``steps`` no-op steps; the driver's own clock gives the loop time."""
+    driver = Driver(NullBackend(), callbacks, max_steps=steps, log_every=LOG_EVERY, run_dir=run_dir)
+    result = driver.fit()
+    assert result.step == steps, result
+    return result.train_time_s / steps
+
+
+def run(quick: bool = False) -> list[Row]:
+    steps, rounds = (300, 2) if quick else (5_000, 25)
+    with tempfile.TemporaryDirectory(prefix="baton-bench-dispatch-") as tmp:
+        run_dir = Path(tmp)
+        cases = {"0 callbacks": lambda: seconds_per_step([], steps, run_dir)}
+        for n in COUNTS:
+            cases[f"{n} overriding no hook"] = lambda n=n: seconds_per_step(
+                [OverridesNothing() for _ in range(n)], steps, run_dir
+            )
+            cases[f"{n} overriding every hook"] = lambda n=n: seconds_per_step(
+                [OverridesEverything() for _ in range(n)], steps, run_dir
+            )
+        samples = interleave(cases, rounds=rounds)
+
+    base = samples["0 callbacks"]
+    rows = [Row(NAME, "0 callbacks", median(base) * 1e6, "us/step", note=f"{steps} steps")]
+    for name, values in samples.items():
+        if name == "0 callbacks":
+            continue
+        ratio = paired_ratio(values, base)
+        gated = name == f"{max(COUNTS)} overriding no hook"
+        note = ""
+        if "every hook" in name:
+            n = int(name.split()[0])
+            calls = n * HOOK_CALLS_PER_STEP
+            note = f"{(median(values) - median(base)) / calls * 1e9:.0f} ns per hook call"
+        rows.append(
+            Row(
+                NAME,
+                name,
+                median(values) * 1e6,
+                "us/step",
+                ratio=ratio,
+                baseline="0",
+                target=f"<= {TARGET}" if gated else "",
+                passed=at_most(ratio, TARGET) if gated else None,
+                note=note,
+            )
+        )
+    return rows

@@ -163,7 +163,6 @@ class FabricBackend(BackendBase):
             self.sampler is not None and self.optimizer is not None and self.scheduler is not None
         )
         fabric, cfg = self.fabric, self.config
-        self.model.train()
         lr = self.scheduler.get_last_lr()[0]
         total = torch.zeros((), device=fabric.device)
         for micro in range(cfg.grad_accum):

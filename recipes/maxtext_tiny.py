@@ -12,21 +12,11 @@ from __future__ import annotations
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
+from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 
-
-class PrintLoss(Callback):
-    """Print train and eval loss on log steps (so the fall is visible in any terminal)."""
-
-    priority = 300
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if driver.is_global_zero and "loss" in metrics:
-            print(f"step {driver.step:5d}  loss {metrics['loss']:.4f}", flush=True)
-
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if driver.is_global_zero:
-            print(f"step {driver.step:5d}  eval loss {metrics['eval/loss']:.4f}", flush=True)
+#: printed on every log step (the loss visibly falls in any terminal)
+CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -87,10 +77,10 @@ def recipe(
         ),
         Preemption(),
         ThroughputMonitor(),
-        CompositeLogger(["jsonl", "tensorboard"]),
+        CompositeLogger(
+            ["jsonl", "tensorboard", *([ConsoleSink(CONSOLE_KEYS)] if print_loss else [])]
+        ),
     ]
-    if print_loss:
-        callbacks.append(PrintLoss())
     if progress:
         callbacks.append(Progress())
     return Driver(

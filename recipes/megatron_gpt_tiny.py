@@ -15,25 +15,11 @@ from __future__ import annotations
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
+from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 
-
-class PrintLoss(Callback):
-    """Print train and eval loss on log steps (rank 0)."""
-
-    priority = 300
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if driver.is_global_zero and "loss" in metrics:
-            print(
-                f"step {driver.step:5d}  loss {metrics['loss']:.4f}  "
-                f"grad_norm {metrics.get('grad_norm', float('nan')):.3f}  lr {metrics['lr']:.2e}",
-                flush=True,
-            )
-
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if driver.is_global_zero:
-            print(f"step {driver.step:5d}  eval loss {metrics['eval/loss']:.4f}", flush=True)
+#: printed on every log step (the loss visibly falls in any terminal)
+CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
 
 
 def recipe(
@@ -78,11 +64,10 @@ def recipe(
     config.data.text_path = text_path
     config.data.cache_dir = f"{run_dir}/data"
     callbacks: list[Callback] = [
-        PrintLoss(),
         Checkpoint(every_n_steps=save_every, keep_last=2, async_save=async_save),
         Preemption(),
         ThroughputMonitor(),
-        CompositeLogger(["jsonl", "tensorboard"]),
+        CompositeLogger(["jsonl", "tensorboard", ConsoleSink(CONSOLE_KEYS)]),
     ]
     if progress:
         callbacks.append(Progress())

@@ -13,22 +13,11 @@ from __future__ import annotations
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
+from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 
-
-class PrintLoss(Callback):
-    """Print the loss, grad norm and lr on log steps."""
-
-    priority = 300
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if driver.is_global_zero and "loss" in metrics:
-            print(
-                f"step {driver.step:5d}  loss {metrics['loss']:.4f}  "
-                f"grad_norm {metrics.get('grad_norm', float('nan')):.3f}  "
-                f"lr {metrics.get('lr', float('nan')):.2e}",
-                flush=True,
-            )
+#: printed on every log step (the loss visibly falls in any terminal)
+CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
 
 
 def recipe(
@@ -58,13 +47,12 @@ def recipe(
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = async_checkpoint  # "disabled", "async", "async_with_pinned_mem"
     callbacks: list[Callback] = [
-        PrintLoss(),
         Checkpoint(
             every_n_steps=save_every, keep_last=2, async_save=async_checkpoint != "disabled"
         ),
         Preemption(),
         ThroughputMonitor(),
-        CompositeLogger(["jsonl", "tensorboard"]),
+        CompositeLogger(["jsonl", "tensorboard", ConsoleSink(CONSOLE_KEYS)]),
     ]
     if progress:
         callbacks.append(Progress())

@@ -71,7 +71,7 @@ def test_quickstart_trains_and_loss_falls(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    losses = [float(x) for x in re.findall(r"step +\d+  loss ([0-9.]+)", out.stdout)]
+    losses = [float(x) for x in re.findall(r"step +\d+ \| loss ([0-9.]+)", out.stdout)]
     assert len(losses) == 6
     assert losses[-1] < losses[0] - 0.5, losses
     assert (tmp_path / "qs").is_dir()

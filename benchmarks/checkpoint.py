@@ -3,14 +3,17 @@
 For each backend, a model whose checkpoint (weights + optimizer state) is at least
 100 MB trains a few steps; at one step a callback requests a save. The loop is
 blocked for the gap between that step's ``on_step_end`` and the next step's
-``on_step_start``, less the gap of an ordinary step. Synchronous and asynchronous
-saves run interleaved; where the backend does not support async save
-(``supports_async_save``, read after setup, is False) the row says so. Target: async blocks for under
-20% of the synchronous time.
+``on_step_start``, less the gap of an ordinary step. Every step's device work is
+waited for before its end is stamped (one ``fetch`` of its metrics), so a save never
+absorbs a step still in flight (JAX and CUDA dispatch asynchronously). Synchronous
+and asynchronous saves run interleaved; where the backend does not support async
+save (``supports_async_save``, read after setup, is False) the row says so. Target:
+async blocks for under 20% of the synchronous time.
 
-Adding a backend is one entry in ``BACKENDS``: a function ``(quick) -> Backend``
-building a backend whose state is >= 100 MB. Entries whose module is missing are
-reported as skipped.
+Adding a backend is one ``Entry`` in ``BACKENDS``: a function ``(quick, scratch) ->
+Backend`` building a backend whose state is >= 100 MB (``scratch`` is a directory for
+its data caches), with its rounds and whether ``--quick`` runs it. Entries whose
+module is missing are reported as skipped; heavy backends are skipped under ``--quick``.
 
 Run alone: ``uv run python benchmarks/run.py --only checkpoint``.
 """

@@ -3,14 +3,17 @@
 For each backend, a model whose checkpoint (weights + optimizer state) is at least
 100 MB trains a few steps; at one step a callback requests a save. The loop is
 blocked for the gap between that step's ``on_step_end`` and the next step's
-``on_step_start``, less the gap of an ordinary step. Synchronous and asynchronous
-saves run interleaved; where the backend does not support async save
-(``supports_async_save``, read after setup, is False) the row says so. Target: async blocks for under
-20% of the synchronous time.
+``on_step_start``, less the gap of an ordinary step. Every step's device work is
+waited for before its end is stamped (one ``fetch`` of its metrics), so a save never
+absorbs a step still in flight (JAX and CUDA dispatch asynchronously). Synchronous
+and asynchronous saves run interleaved; where the backend does not support async
+save (``supports_async_save``, read after setup, is False) the row says so. Target:
+async blocks for under 20% of the synchronous time.
 
-Adding a backend is one entry in ``BACKENDS``: a function ``(quick) -> Backend``
-building a backend whose state is >= 100 MB. Entries whose module is missing are
-reported as skipped.
+Adding a backend is one ``Entry`` in ``BACKENDS``: a function ``(quick, scratch) ->
+Backend`` building a backend whose state is >= 100 MB (``scratch`` is a directory for
+its data caches), with its rounds and whether ``--quick`` runs it. Entries whose
+module is missing are reported as skipped; heavy backends are skipped under ``--quick``.
 
 Run alone: ``uv run python benchmarks/run.py --only checkpoint``.
 """
@@ -20,9 +23,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +42,7 @@ TARGET = 0.2
 SAVE_AT = 3  # the optimizer state exists after the first step
 
 
-def fabric_backend(quick: bool) -> Any:
+def fabric_backend(quick: bool, scratch: Path) -> Any:
     """A GPT whose weights + AdamW state are ~150 MB (quick: ~2 MB)."""
     from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
 
@@ -48,10 +54,104 @@ def fabric_backend(quick: bool) -> Any:
     return FabricBackend(FabricConfig(model=model, batch_size=2, warmup_steps=1))
 
 
-#: backend name -> (module that must exist, factory of a backend with a >= 100 MB state)
-BACKENDS: dict[str, tuple[str, Callable[[bool], Any]]] = {
-    "fabric": ("baton.backends.fabric.backend", fabric_backend),
+def torchtitan_backend(quick: bool, scratch: Path) -> Any:
+    """TorchTitan's llama3 debug model grown from 6 to 10 layers: ~115 MB with AdamW state.
+
+    The debug model alone saves ~72 MB; four more copies of its block (dim 256) pass
+    100 MB. DCP saves through TorchTitan's ``CheckpointManager``; ``async_mode="async"``
+    makes the backend's ``supports_async_save`` true (a synchronous save then waits).
+    """
+    import copy
+
+    from baton.backends.torchtitan import TorchTitanBackend
+    from baton.backends.torchtitan.configs import llama3_debug
+
+    config = llama3_debug(
+        steps=SAVE_AT + 2,
+        seq_len=32,
+        local_batch_size=2,
+        dump_folder=str(scratch / "torchtitan"),
+        log_freq=1000,
+    )
+    layers = config.model_spec.model.layers
+    layers.extend(copy.deepcopy(layers[-1]) for _ in range(4))
+    config.checkpoint.async_mode = "async"
+    return TorchTitanBackend(config)
+
+
+def megatron_backend(quick: bool, scratch: Path) -> Any:
+    """A Megatron-Core GPT, 3 layers of hidden 512: ~115 MB with Adam state.
+
+    ``dist_checkpointing`` saves; asynchronous ones go through its ``AsyncCallsQueue``
+    (a writer process), synchronous ones write in the loop.
+    """
+    from baton.backends.megatron import MegatronBackend, MegatronConfig
+    from baton.backends.megatron.config import tiny_transformer_config
+
+    config = MegatronConfig(
+        model=tiny_transformer_config(
+            num_layers=3, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048
+        ),
+        seq_len=32,
+        micro_batch_size=2,
+        global_batch_size=2,
+        warmup_steps=1,
+        decay_steps=SAVE_AT + 2,
+    )
+    config.data.cache_dir = str(scratch / "megatron-data")
+    return MegatronBackend(config)
+
+
+def maxtext_backend(quick: bool, scratch: Path) -> Any:
+    """A MaxText decoder, 4 layers of width 512: ~120 MB with AdamW state (orbax saves).
+
+    The JAX compilation cache is shared across the benchmark's runs (one compile).
+    """
+    from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
+
+    d_model, heads = 512, 8
+    settings = TINY_CPU | {
+        "run_name": "bench_checkpoint",
+        "steps": SAVE_AT + 2,
+        "per_device_batch_size": 2,
+        "max_target_length": 32,
+        "base_num_decoder_layers": 4,
+        "base_emb_dim": d_model,
+        "base_mlp_dim": 2 * d_model,
+        "base_num_query_heads": heads,
+        "base_num_kv_heads": heads,
+        "head_dim": d_model // heads,
+        "jax_cache_dir": str(scratch / "jax_cache"),
+    }
+    return MaxTextBackend(MaxTextConfig(overrides=settings))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One backend: the module that must exist and a factory of a >= 100 MB state."""
+
+    module: str
+    make: Callable[[bool, Path], Any]  # (quick, scratch dir) -> a fresh backend
+    rounds: int = 3  # timed rounds of (sync, async), after one warm-up round
+    warmup: int = 1
+    #: run under ``--quick``? (a heavy backend's import and build take minutes)
+    quick: bool = False
+
+
+BACKENDS: dict[str, Entry] = {
+    "fabric": Entry("baton.backends.fabric.backend", fabric_backend, quick=True),
+    "torchtitan": Entry(
+        "baton.backends.torchtitan.backend", torchtitan_backend, rounds=2, warmup=0
+    ),
+    "megatron": Entry("baton.backends.megatron.backend", megatron_backend, rounds=2, warmup=0),
+    "maxtext": Entry("baton.backends.maxtext.backend", maxtext_backend, rounds=2, warmup=0),
 }
+
+
+def _synchronize_cuda() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class _SaveAndTime(Callback):
@@ -67,6 +167,11 @@ class _SaveAndTime(Callback):
         self.step_start[driver.step + 1] = time.perf_counter()
 
     def on_step_end(self, driver: Any, output: Any) -> None:
+        # Wait for the step's device work: with asynchronous dispatch (JAX, CUDA) a save
+        # would otherwise wait for the step in flight, and the gap would count compute
+        # that an ordinary step overlaps with the next one.
+        driver.backend.fetch(output.lazy_values())
+        _synchronize_cuda()
         if driver.step == SAVE_AT:
             driver.control.request_save("benchmark", all_ranks=True)
         self.step_end[driver.step] = time.perf_counter()
@@ -101,7 +206,12 @@ def save_once(make: Callable[[], Any], run_dir: Path, asynchronous: bool) -> dic
     }
 
 
-def measure(name: str, make: Callable[[], Any], quick: bool, scratch: Path) -> list[Row]:
+def measure(name: str, entry: Entry, quick: bool, scratch: Path) -> list[Row]:
+    """Interleaved sync and async runs of one backend: its two rows."""
+
+    def make() -> Any:
+        return entry.make(quick, scratch)
+
     probe = save_once(make, scratch / f"{name}-probe", asynchronous=True)
     supports_async = bool(probe["async_supported"])
     results: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
@@ -117,7 +227,9 @@ def measure(name: str, make: Callable[[], Any], quick: bool, scratch: Path) -> l
     cases = {"sync": case("sync")}
     if supports_async:
         cases["async"] = case("async")
-    samples = interleave(cases, rounds=1 if quick else 3, warmup=0 if quick else 1)
+    samples = interleave(
+        cases, rounds=1 if quick else entry.rounds, warmup=0 if quick else entry.warmup
+    )
     mb = results["sync"][-1]["mb"]
     small = f"; state below {MIN_STATE_MB} MB" if mb < MIN_STATE_MB and not quick else ""
     rows = [
@@ -154,9 +266,17 @@ def run(quick: bool = False) -> list[Row]:
     scratch_root = os.environ.get("BATON_BENCH_SCRATCH")  # a disk, not tmpfs, for real writes
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="baton-bench-ckpt-", dir=scratch_root) as tmp:
-        for name, (module, factory) in BACKENDS.items():
-            if importlib.util.find_spec(module) is None:
-                rows.append(skipped(NAME, name, f"{module} is not installed/implemented"))
-                continue
-            rows += measure(name, lambda factory=factory: factory(quick), quick, Path(tmp))
+        for name, entry in BACKENDS.items():
+            case = f"{name}: synchronous save blocks"
+            if importlib.util.find_spec(entry.module) is None:
+                rows.append(skipped(NAME, case, f"{entry.module} is not installed/implemented"))
+            elif quick and not entry.quick:
+                rows.append(skipped(NAME, case, "not run with --quick (heavy backend)"))
+            else:
+                try:
+                    rows += measure(name, entry, quick, Path(tmp))
+                except Exception as error:  # one backend failing leaves the others' rows
+                    traceback.print_exc()
+                    note = f"error: {type(error).__name__}"
+                    rows.append(Row(NAME, case, None, "", passed=False, note=note))
     return rows

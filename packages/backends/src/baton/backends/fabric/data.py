@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from baton.backends.corpus import load_text
+
 
 @dataclass
 class ByteCorpus:
@@ -28,14 +30,7 @@ class ByteCorpus:
 
     @classmethod
     def load(cls, path: str | Path | None = None, val_fraction: float = 0.05) -> ByteCorpus:
-        if path is None:
-            from pydoc_data.topics import topics
-
-            text = "\n\n".join(topics[key] for key in sorted(topics))
-            source = "pydoc_data.topics (Python language reference)"
-        else:
-            text = Path(path).read_text(encoding="utf-8")
-            source = str(path)
+        source, text = load_text(path)
         data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
         split = int(len(data) * (1 - val_fraction))
         return cls(train=data[:split], val=data[split:], source=source)

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.corpus import load_text
+
 BYTE_VOCAB = 256
 
 BATCH_KEYS = (
@@ -52,20 +54,7 @@ class TextCorpus:
 
     @classmethod
     def load(cls, path: str | Path | None = None, val_fraction: float = 0.05) -> TextCorpus:
-        if path is None:
-            from pydoc_data.topics import topics
-
-            text = "\n\n".join(topics[key] for key in sorted(topics))
-            source = "pydoc_data.topics (Python language reference)"
-        else:
-            file = Path(path)
-            if not file.is_file():
-                raise FileNotFoundError(
-                    f"data_path {file} does not exist; pass a UTF-8 text file or None for the "
-                    "built-in Python language reference"
-                )
-            text = file.read_text(encoding="utf-8")
-            source = str(file)
+        source, text = load_text(path)
         data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
         split = int(len(data) * (1 - val_fraction))
         return cls(train=data[:split], val=data[split:], source=source)

@@ -29,6 +29,8 @@ import numpy
 import torch
 from megatron.core.tokenizers import MegatronTokenizerBase
 
+from baton.backends.corpus import reference_documents
+
 #: the end-of-document token that follows every document
 EOD = 256
 
@@ -69,9 +71,7 @@ class ByteTokenizer(MegatronTokenizerBase):
 
 def default_text() -> tuple[str, list[str]]:
     """The Python language reference shipped with CPython: one document per topic."""
-    from pydoc_data.topics import topics
-
-    return "pydoc_data.topics", [topics[key] for key in sorted(topics)]
+    return "pydoc_data.topics", reference_documents()
 
 
 def read_documents(path: str | Path) -> list[str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +27,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
+
+from baton.backends.corpus import read_text, reference_documents
 
 
 class ByteTokenizer(BaseTokenizer):
@@ -60,16 +61,8 @@ class ByteTokenizer(BaseTokenizer):
 def read_documents(path: str | None) -> list[str]:
     """The corpus as a list of documents (see the module docstring)."""
     if path is None:
-        from pydoc_data.topics import topics
-
-        return [topics[key] for key in sorted(topics) if topics[key].strip()]
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"dataloader.dataset_path {path!r} is not a file; give a UTF-8 text file "
-            "or leave it unset for the built-in Python reference corpus"
-        )
-    text = file.read_text(encoding="utf-8")
+        return [doc for doc in reference_documents() if doc.strip()]
+    text = read_text(path, "dataloader.dataset_path")
     return [doc for doc in text.split("\n\n") if doc.strip()]
 
 

@@ -1,0 +1,44 @@
+"""The text every CPU recipe trains on, available offline on any machine.
+
+By default it is the Python language reference that ships with every CPython
+(``pydoc_data.topics``: 79 topics, about 490 kB of English prose and grammar); a
+path reads any UTF-8 text file instead. Backends tokenize it their own way (bytes).
+
+Example::
+
+    from baton.backends.corpus import load_text, reference_documents
+
+    source, text = load_text(None)        # ("pydoc_data.topics (Python language reference)", "...")
+    docs = reference_documents()          # one string per topic, in a fixed order
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REFERENCE = "pydoc_data.topics (Python language reference)"
+
+
+def reference_documents() -> list[str]:
+    """The Python language reference, one document per topic, sorted by topic name."""
+    from pydoc_data.topics import topics
+
+    return [topics[key] for key in sorted(topics)]
+
+
+def read_text(path: str | Path, what: str = "data_path") -> str:
+    """A UTF-8 text file's content; a missing file names the setting to fix."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{what} {str(file)!r} is not a file; give a UTF-8 text file, or leave it unset "
+            "for the built-in Python language reference"
+        )
+    return file.read_text(encoding="utf-8")
+
+
+def load_text(path: str | Path | None, what: str = "data_path") -> tuple[str, str]:
+    """``(source, text)``: the reference's topics joined by blank lines, or the file's text."""
+    if path is None:
+        return REFERENCE, "\n\n".join(reference_documents())
+    return str(path), read_text(path, what)

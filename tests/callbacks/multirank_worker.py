@@ -177,9 +177,13 @@ def main() -> None:
     )
     common = {"max_steps": 12, "log_every": 4}
     seen["uninterrupted"] = run(
-        "uninterrupted", out, [Checkpoint(every_n_steps=3, keep_last=2), LossGuard()], **common
+        "uninterrupted",
+        out,
+        [Checkpoint(every_n_steps=3, keep_last=2, async_save=True), LossGuard()],
+        **common,
     )
-    preempt = [Checkpoint(every_n_steps=3, keep_last=2), LossGuard(), Preemption()]
+    # asynchronous saves: ranks agree a save is written at the log cadence, then finish it
+    preempt = [Checkpoint(every_n_steps=3, keep_last=2, async_save=True), LossGuard(), Preemption()]
     seen["preempted"] = run("preempt", out, [*preempt, SigtermOnRank(1, 5)], **common)
     seen["resumed"] = run("preempt", out, preempt, resume="auto", **common)
     seen["early_stop"] = run(

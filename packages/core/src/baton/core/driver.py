@@ -333,10 +333,18 @@ class Driver:
         if handle is None:
             self._poll_pending(block=True)
 
-    def _poll_pending(self, *, block: bool) -> None:
+    def _poll_pending(self, *, block: bool, collective: bool = True) -> None:
+        """Finish saves whose writes are done: rename, ``latest``, ``on_checkpoint_saved``.
+
+        With several ranks an asynchronous save is complete only when every rank's part
+        is written, so ranks ask each other (one small all-reduce) at the log cadence
+        and then finish it together, between two barriers. ``collective=False`` (the
+        error path, which may run on one rank alone) waits locally and uses no barrier.
+        """
+        multi = collective and self.backend.world_size > 1
         while self._pending:
             item = self._pending[0]
-            if item.handle is not None and not block and not item.handle.done():
+            if item.handle is not None and not block and not self._all_written(item, multi):
                 return
             self._pending.pop(0)
             if item.handle is not None:
@@ -346,15 +354,24 @@ class Driver:
                     if self.is_global_zero:
                         shutil.rmtree(item.tmp, ignore_errors=True)
                     raise
-            if item.handle is None:
+            if item.handle is None or multi:
                 self.backend.barrier()
             if self.is_global_zero:
                 ckpt.finalize(item.tmp, item.final, item.meta)
                 log.info("checkpoint %s saved (%s)", item.final, item.meta["reason"])
-            if item.handle is None:
+            if item.handle is None or multi:
                 self.backend.barrier()
             self.saved.append(item.final)
             self.dispatch("on_checkpoint_saved", item.final)
+
+    def _all_written(self, item: _PendingCheckpoint, multi: bool) -> bool:
+        assert item.handle is not None
+        if not multi:
+            return item.handle.done()
+        if self.step % self.log_every != 0:
+            return False  # ranks agree only at the log cadence: no collective per step
+        unfinished = self.backend.all_reduce_flags([not item.handle.done()])
+        return not unfinished[0]
 
     def _resume(self) -> None:
         if self.resume in (None, "", "none"):
@@ -476,7 +493,7 @@ class Driver:
 
     def _finish_after_error(self, error: BaseException) -> None:
         try:  # saves already in flight are complete work: keep them
-            self._poll_pending(block=True)
+            self._poll_pending(block=True, collective=False)
         except Exception as save_error:
             log.error("a pending checkpoint failed while handling an error: %r", save_error)
         for handler in self._dispatch.handlers("on_exception"):

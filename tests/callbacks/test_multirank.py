@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.torchrun import torchrun
 
 WORKER = Path(__file__).with_name("multirank_worker.py")
 
@@ -24,24 +23,7 @@ def _losses(run: dict[str, Any]) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("multirank")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(WORKER),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    torchrun(WORKER, str(out), timeout=300)
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from support.torchrun import torchrun
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 @pytest.mark.slow
 def test_two_ranks_agree_on_weights_and_stop(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(WORKER),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
+    torchrun(WORKER, str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world"] == 2 for r in ranks)
     assert ranks[0]["step"] == ranks[1]["step"] == 4

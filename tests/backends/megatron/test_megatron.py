@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from support.torchrun import torchrun
+
 pytest.importorskip("megatron.core")
 
 import torch
@@ -296,15 +298,10 @@ def test_torchrun_two_cpu_ranks_data_and_tensor_parallel(runs: Runs, tmp_path: P
     """DP=2 reproduces the single-process losses; TP=2 trains and saves (gloo)."""
     out = tmp_path / "dist.json"
     run_dir = tmp_path / "runs"
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"),
-            *("--master-port", str(29500 + os.getpid() % 1000), str(WORKER)),
-            *("--steps", "6", "--save-at", "6", "--tp", "1,2"),
-            *("--data-dir", str(runs.data_dir), "--run-dir", str(run_dir), "--out", str(out)),
-        ],
-        check=True,
-        env=ENV,
+    torchrun(
+        WORKER,
+        *("--steps", "6", "--save-at", "6", "--tp", "1,2"),
+        *("--data-dir", str(runs.data_dir), "--run-dir", str(run_dir), "--out", str(out)),
         timeout=400,
     )
     result = json.loads(out.read_text())

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from support.torchrun import torchrun
+
 pytest.importorskip("torchtitan")
 
 import torch
@@ -228,22 +230,7 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_two_cpu_ranks_agree_on_loss_and_stop(tmp_path):
-    torchrun = Path(sys.executable).with_name("torchrun")
-    subprocess.run(
-        [
-            str(torchrun),
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(_free_port()),
-            str(HERE / "titan_worker.py"),
-            "ranks",
-            str(tmp_path),
-        ],
-        check=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
+    torchrun(HERE / "titan_worker.py", "ranks", str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for key in ("losses", "step", "tokens", "patches"):
         assert ranks[0][key] == ranks[1][key], key

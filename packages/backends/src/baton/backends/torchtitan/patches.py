@@ -95,6 +95,20 @@ def cpu_device_module() -> Any:
     )
 
 
+def _device_copies(device_type: str, device_module: Any) -> list[tuple[Any, str]]:
+    """``(module, attribute)`` of every loaded torchtitan module holding these device names."""
+    found: list[tuple[Any, str]] = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("torchtitan") or mod is None:
+            continue
+        attrs = vars(mod)
+        if attrs.get("device_type") == device_type:
+            found.append((mod, "device_type"))
+        if attrs.get("device_module") is device_module:
+            found.append((mod, "device_module"))
+    return found
+
+
 @register_patch
 class TorchTitanCpuDevice(Patch):
     """Run TorchTitan on CPU: it falls back to "cuda" when no accelerator exists.
@@ -122,30 +136,17 @@ class TorchTitanCpuDevice(Patch):
         old_type, old_module = utils.device_type, utils.device_module
         new_module = cpu_device_module()
 
-        def rebind_all(target_type: str, target_module: Any, source: tuple[str, Any]) -> None:
-            for mod_name, mod in list(sys.modules.items()):
-                if not mod_name.startswith("torchtitan") or mod is None:
-                    continue
-                attrs = vars(mod)
-                if attrs.get("device_type") == source[0]:
-                    mod.device_type = target_type
-                if attrs.get("device_module") is source[1]:
-                    mod.device_module = target_module
+        cpu = {"device_type": "cpu", "device_module": new_module}
+        for mod, attr in _device_copies(old_type, old_module):
+            recorder.setattr(mod, attr, cpu[attr])
+        original = {"device_type": old_type, "device_module": old_module}
 
-        for mod_name in list(sys.modules):
-            mod = sys.modules[mod_name]
-            if not mod_name.startswith("torchtitan") or mod is None:
-                continue
-            attrs = vars(mod)
-            if attrs.get("device_type") == old_type:
-                recorder.setattr(mod, "device_type", "cpu")
-            if attrs.get("device_module") is old_module:
-                recorder.setattr(mod, "device_module", new_module)
-        # modules imported later copied the CPU names: send them back too
-        recorder.on_undo(
-            "rebind torchtitan modules imported while patched",
-            lambda: rebind_all(old_type, old_module, ("cpu", new_module)),
-        )
+        def rebind_late_imports() -> None:
+            # modules imported while patched copied the CPU names: send them back too
+            for mod, attr in _device_copies("cpu", new_module):
+                setattr(mod, attr, original[attr])
+
+        recorder.on_undo("rebind torchtitan modules imported while patched", rebind_late_imports)
         monitor = sys.modules["torchtitan.components.metrics"].DeviceMemoryMonitor.__init__
         defaults = monitor.__defaults__
         monitor.__defaults__ = ("cpu",)

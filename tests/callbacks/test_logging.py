@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks import CompositeLogger, OptimizerMonitor, ThroughputMonitor
-from baton.callbacks.plot import main as plot_main
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.callbacks.sinks.jsonl import read_jsonl
 from baton.callbacks.sinks.wandb import WandbSink
+from baton.tools.plot import main as plot_main
 
 from .conftest import tiny_driver, wandb_history
 

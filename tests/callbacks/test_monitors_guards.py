@@ -134,7 +134,7 @@ def test_time_limit_stops_with_a_checkpoint(tmp_path: Path, caplog) -> None:
 
 def test_no_torch_or_jax_at_import() -> None:
     code = (
-        "import sys, baton.callbacks, baton.callbacks.plot, baton.callbacks.sinks.jsonl;"
+        "import sys, baton.callbacks, baton.callbacks.sinks.jsonl;"
         "from baton.core.registry import CALLBACKS; CALLBACKS.names();"
         "assert 'torch' not in sys.modules and 'jax' not in sys.modules, 'heavy import'"
     )

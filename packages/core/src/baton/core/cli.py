@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -111,21 +111,39 @@ def cmd_patches(argv: Sequence[str]) -> int:
     return 0
 
 
-def cmd_plot(argv: Sequence[str]) -> int:
-    try:
-        from baton.callbacks.plot import main as plot_main
-    except ImportError:
-        print("baton: plotting needs baton-callbacks (uv sync installs it)", file=sys.stderr)
-        return 2
-    return plot_main(list(argv))
+#: commands that are tools, in other distributions: name -> (module, what installs it).
+#: Each module has ``main(argv) -> int`` and is imported only when its command runs.
+TOOL_COMMANDS: dict[str, tuple[str, str]] = {
+    "plot": ("baton.tools.plot", "baton-tools"),
+}
 
 
-COMMANDS = {
+def _tool_command(name: str) -> Callable[[Sequence[str]], int]:
+    module_name, distribution = TOOL_COMMANDS[name]
+
+    def run(argv: Sequence[str]) -> int:
+        import importlib
+
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            print(
+                f"baton: `baton {name}` needs {distribution} ({error}); "
+                f"install it (`uv sync` in the workspace, or `pip install {distribution}`)",
+                file=sys.stderr,
+            )
+            return 2
+        return int(module.main(list(argv)))
+
+    return run
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "run": cmd_run,
     "callbacks": cmd_callbacks,
     "backends": cmd_backends,
     "patches": cmd_patches,
-    "plot": cmd_plot,
+    **{name: _tool_command(name) for name in TOOL_COMMANDS},
 }
 
 

@@ -1,0 +1,69 @@
+"""Rank, world size and node read the same way from torchrun, SLURM and BATON_* settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.core.launch import Launch, LaunchError, first_host
+
+
+def test_single_process_without_launcher() -> None:
+    launch = Launch.from_env({})
+    assert (launch.rank, launch.world_size, launch.source) == (0, 1, "single")
+    assert not launch.distributed
+
+
+def test_torchrun_two_nodes() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}  # fmt: skip
+    launch = Launch.from_env(env)
+    assert (launch.rank, launch.local_rank, launch.node_rank, launch.num_nodes) == (5, 1, 1, 2)
+    assert launch.source == "torchrun" and launch.master_port == 29400
+
+
+def test_torchrun_inside_slurm_wins() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "SLURM_PROCID": "0",
+           "SLURM_NTASKS": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
+    assert Launch.from_env(env).source == "torchrun"
+
+
+def test_slurm_srun_tasks() -> None:
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[007-008]", "SLURM_JOB_ID": "1234"}  # fmt: skip
+    launch = Launch.from_env(env)
+    assert (launch.rank, launch.world_size, launch.local_rank, launch.node_rank) == (3, 4, 1, 1)
+    assert launch.master_addr == "gpu007" and launch.master_port == 29500 + 1234 % 1000
+    assert launch.torch_env()["RANK"] == "3" and launch.local_world_size == 2
+
+
+def test_explicit_settings() -> None:
+    env = {"BATON_RANK": "1", "BATON_WORLD_SIZE": "2", "BATON_MASTER_ADDR": "127.0.0.1",
+           "BATON_MASTER_PORT": "4000"}  # fmt: skip
+    launch = Launch.from_env(env)
+    assert (launch.rank, launch.source, launch.master_addr) == (1, "explicit", "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside world size 2"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ],
+)
+def test_inconsistent_launch_is_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        Launch.from_env(env)
+
+
+def test_explicit_launch_without_address_says_what_to_set() -> None:
+    launch = Launch.from_env({"BATON_RANK": "0", "BATON_WORLD_SIZE": "2"})
+    with pytest.raises(LaunchError, match="MASTER_ADDR"):
+        launch.torch_env()
+
+
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [("node[003-010,012],gpu7", "node003"), ("gpu7", "gpu7"), ("a-1,b", "a-1"), ("", "")],
+)
+def test_first_host_of_a_slurm_nodelist(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.core.launch import Launch, LaunchError, first_host
+from baton.core.launch import Launch, LaunchError, first_host, restart_count
 
 
 def test_single_process_without_launcher() -> None:
@@ -67,3 +67,33 @@ def test_explicit_launch_without_address_says_what_to_set() -> None:
 )
 def test_first_host_of_a_slurm_nodelist(nodelist: str, host: str) -> None:
     assert first_host(nodelist) == host
+
+
+def test_restart_count_reads_torchrun_and_slurm() -> None:
+    assert restart_count({}) == 0
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    assert restart_count({"SLURM_RESTART_COUNT": "1", "TORCHELASTIC_RESTART_COUNT": "0"}) == 1
+
+
+def test_a_restarted_job_resumes_without_being_asked(tmp_path, monkeypatch) -> None:
+    from baton.core import Driver
+    from support.scalar_backend import ScalarBackend
+
+    run_dir = tmp_path / "run"
+    first = Driver(ScalarBackend(), max_steps=4, run_dir=run_dir)
+    first.fit()
+    first.save_checkpoint("end")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    again = Driver(ScalarBackend(), max_steps=6, run_dir=run_dir)
+    result = again.fit()
+    assert result.resumed_from is not None and result.resumed_from.name == "step_000004"
+
+
+def test_a_restarted_job_whose_run_dir_is_gone_refuses(tmp_path, monkeypatch) -> None:
+    from baton.core import CheckpointError, Driver
+    from support.scalar_backend import ScalarBackend
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with pytest.raises(CheckpointError, match="restart 1 of the job.*is gone"):
+        Driver(ScalarBackend(), max_steps=2, run_dir=tmp_path / "gone").fit()
+    assert not (tmp_path / "gone").exists()

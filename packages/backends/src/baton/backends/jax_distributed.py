@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from baton.core.launch import Launch, LaunchError
+from baton.core.launch import Launch, LaunchError, rendezvous_timeout_s
 
 
 def coordinator_address(launch: Launch) -> str:
@@ -117,6 +117,7 @@ class JaxDistributed:
                     num_processes=launch.world_size,
                     process_id=launch.rank,
                     local_device_ids=None,
+                    initialization_timeout=int(rendezvous_timeout_s()),
                 )
             self._initialized_distributed = True
         return launch

@@ -9,8 +9,9 @@ A backend mixes it in before ``BackendBase`` and says which device its collectiv
             ...
 
 ``init_process_group`` reads the launch the same way for every backend
-(``baton.core.launch.Launch``); a process started by SLURM without torchrun gets the
-variables torchrun would have set. One that nobody launched gets a one-rank group on a
+(``baton.core.launch.Launch``); a process started by SLURM without torchrun (or with
+``BATON_*`` settings) joins rank 0's TCP store directly, within
+``BATON_RENDEZVOUS_TIMEOUT`` seconds, or fails naming the endpoint. One that nobody launched gets a one-rank group on a
 file store (no port to collide on). The group is destroyed in ``teardown_process_group``
 only if this backend created it.
 """
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from baton.core.launch import Launch
+from baton.core.launch import Launch, LaunchError, rendezvous_timeout_s
 
 
 def fetch(
@@ -115,19 +116,33 @@ class TorchDistributed:
             return launch
         if backend == "auto":
             backend = "nccl" if cuda else "gloo"
-        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if launch.distributed:
-            if launch.source != "torchrun":
-                for key, value in launch.torch_env().items():
-                    os.environ.setdefault(key, value)
-            dist.init_process_group(
-                backend, rank=launch.rank, world_size=launch.world_size, **kwargs
-            )
+            # torchrun's variables (env://) or, for SLURM and BATON_* launches, rank 0's
+            # address given explicitly: nothing is written into the environment
+            env = launch.torch_env() if launch.source != "torchrun" else dict(os.environ)
+            endpoint = f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+            init = "env://" if launch.source == "torchrun" else f"tcp://{endpoint}"
+            wait = timeout or timedelta(seconds=rendezvous_timeout_s())
+            try:
+                dist.init_process_group(
+                    backend,
+                    init_method=init,
+                    rank=launch.rank,
+                    world_size=launch.world_size,
+                    timeout=wait,
+                )
+            except (RuntimeError, ValueError) as error:  # DistStoreError, timeouts
+                raise LaunchError(
+                    f"rank {launch.rank} of {launch.world_size} ({launch.source} launch) could "
+                    f"not join the rendezvous at {endpoint} within {wait.total_seconds():g} s: "
+                    "check that rank 0 runs and that this host can reach that address and port "
+                    f"(BATON_RENDEZVOUS_TIMEOUT sets the wait) [{type(error).__name__}]"
+                ) from error
         else:
             fd, self._store_file = tempfile.mkstemp(prefix="baton-store-")
             os.close(fd)
             dist.init_process_group(
-                backend, init_method=f"file://{self._store_file}", rank=0, world_size=1, **kwargs
+                backend, init_method=f"file://{self._store_file}", rank=0, world_size=1
             )
         self._owns_process_group = True
         return launch

@@ -10,7 +10,10 @@ Example::
 A cluster scheduler (SLURM ``--signal=USR1@120``, Kubernetes, spot instances) sends
 the signal; the handler only sets a flag, and after the step in flight the callback
 asks the loop to save a checkpoint and stop, so ``baton run`` exits with status 0
-and ``--resume auto`` continues exactly where it stopped. Handlers are installed at
+and ``--resume auto`` continues exactly where it stopped. Inside a SLURM batch job
+(``baton submit``), a signal in ``requeue_on`` (SLURM's time-limit warning) also
+requeues the job once the checkpoint is complete (rank 0 runs ``scontrol requeue``);
+the requeued job resumes from it. Handlers are installed at
 train start (main thread only) and the previous ones restored at teardown. Under
 several processes, ranks that did not get the signal agree at the next log step.
 
@@ -20,7 +23,9 @@ Metric keys logged: none.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
 import threading
 from collections.abc import Sequence
 from types import FrameType
@@ -38,12 +43,20 @@ class Preemption(Callback):
 
     priority = 50
 
-    def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1")) -> None:
-        unknown = [s for s in signals if not hasattr(signal, s)]
+    def __init__(
+        self,
+        signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
+        *,
+        requeue_on: Sequence[str] = ("SIGUSR1",),
+    ) -> None:
+        unknown = [s for s in (*signals, *requeue_on) if not hasattr(signal, s)]
         if unknown:
             raise ValueError(f"unknown signal names {unknown}; use e.g. 'SIGTERM', 'SIGUSR1'")
         self.signals = [signal.Signals[s] for s in signals]
+        self.requeue_on = set(requeue_on)
         self.received: str | None = None
+        #: the signal that stopped this run, if one did
+        self.stopped_by: str | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -68,7 +81,23 @@ class Preemption(Callback):
         driver.control.request_save(reason)
         driver.control.request_stop(reason)
         driver.control.request_log(reason)
-        self.received = None
+        self.stopped_by, self.received = self.received, None
+
+    def on_train_end(self, driver: Any) -> None:
+        job = os.environ.get("SLURM_JOB_ID")
+        if self.stopped_by not in self.requeue_on or not job or not driver.is_global_zero:
+            return
+        done = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, check=False
+        )
+        if done.returncode == 0:
+            log.warning("requeued SLURM job %s; it resumes from the checkpoint just saved", job)
+        else:
+            log.error(
+                "could not requeue SLURM job %s (%s); resubmit it to continue with --resume auto",
+                job,
+                done.stderr.strip() or f"scontrol exit {done.returncode}",
+            )
 
     def on_teardown(self, driver: Any) -> None:
         for sig, previous in self._previous.items():

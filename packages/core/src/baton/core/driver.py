@@ -29,6 +29,7 @@ from baton.core.backend import Backend, PendingSave
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
+from baton.core.launch import restart_count
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchDecision, select_patches
 
@@ -374,9 +375,14 @@ class Driver:
         return not unfinished[0]
 
     def _resume(self) -> None:
-        if self.resume in (None, "", "none"):
+        resume = self.resume
+        restarts = restart_count()
+        if restarts and resume in (None, "", "none"):
+            log.warning("restart %d of this job: resuming from its newest checkpoint", restarts)
+            resume = "auto"
+        if resume in (None, "", "none"):
             return
-        if str(self.resume) == "auto":
+        if str(resume) == "auto":
             candidates = ckpt.resumable(self.checkpoint_dir)
             if not candidates:
                 log.info(
@@ -384,7 +390,7 @@ class Driver:
                 )
                 return
         else:
-            path = Path(self.resume)
+            path = Path(resume)
             candidates = [(path, ckpt.read_meta(path))]
         errors: list[str] = []
         for path, meta in candidates:
@@ -461,6 +467,7 @@ class Driver:
 
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
+        self._check_restart()
         patches, self.patch_report = select_patches(self.backend, self.patch_selection)
         user = [cb for cb in self.callbacks if not any(type(cb) is type(p) for p in patches)]
         self.callbacks = [*patches, *user]
@@ -472,6 +479,16 @@ class Driver:
                 "state_key so checkpoints can tell their states apart"
             )
         self._dispatch = Dispatcher(self.callbacks)
+
+    def _check_restart(self) -> None:
+        """A restarted job (torchrun elastic, SLURM requeue) whose run directory is gone
+        has nothing to resume from: say so instead of silently starting over."""
+        restarts = restart_count()
+        if restarts and not self.run_dir.exists():
+            raise ckpt.CheckpointError(
+                f"this is restart {restarts} of the job, but its run directory {self.run_dir} "
+                "is gone: nothing to resume. Restore it, or submit a new job to start fresh"
+            )
 
     def _write_patch_report(self) -> None:
         """``run_dir/patches.json`` and the log lines: after ``setup``, when the backend

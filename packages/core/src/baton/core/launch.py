@@ -169,6 +169,28 @@ def _from_explicit(env: Mapping[str, str]) -> Launch:
     )
 
 
+#: seconds a rank waits for the others at the rendezvous (``BATON_RENDEZVOUS_TIMEOUT``)
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 600
+
+
+def rendezvous_timeout_s() -> float:
+    """How long a rank waits for the others to join (``BATON_RENDEZVOUS_TIMEOUT``)."""
+    value = os.environ.get("BATON_RENDEZVOUS_TIMEOUT", "")
+    try:
+        return float(value) if value else DEFAULT_RENDEZVOUS_TIMEOUT_S
+    except ValueError:
+        raise LaunchError(
+            f"BATON_RENDEZVOUS_TIMEOUT={value!r} is not a number of seconds"
+        ) from None
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """How often the engine restarted this job: torchrun's elastic restarts
+    (``TORCHELASTIC_RESTART_COUNT``) or SLURM requeues (``SLURM_RESTART_COUNT``)."""
+    env = os.environ if env is None else env
+    return max(_int(env, "TORCHELASTIC_RESTART_COUNT", 0), _int(env, "SLURM_RESTART_COUNT", 0))
+
+
 _RANGE = re.compile(r"^([^\[,]+)(?:\[([^\]]+)\])?")
 
 

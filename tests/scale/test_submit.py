@@ -1,0 +1,95 @@
+"""``baton submit``: the batch script it writes, and clear errors before anything is queued."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from baton.tools.submit import JobSpec, SubmitError, batch_script, main, time_limit_seconds
+
+RECIPE = Path(__file__).with_name("recipe_ddp.py")
+
+
+def _spec(**overrides) -> JobSpec:
+    base = dict(recipe="/r/x.py", recipe_args=("--lr", "1e-3"), backend="torchtitan",
+                run_dir="runs/x", nodes=4, gpus_per_node=8, time="04:00:00",
+                partition="gpu", output_dir="/runs/x/slurm", workdir="/w", python="/py")  # fmt: skip
+    return JobSpec(**{**base, **overrides})
+
+
+def test_torch_backends_run_torchrun_once_per_node_with_c10d_on_the_first_node() -> None:
+    script = batch_script(_spec())
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --signal=USR1@120", "#SBATCH --requeue", "#SBATCH --partition=gpu"):  # fmt: skip
+        assert line in script.splitlines(), line
+    srun = script.splitlines()[-1]
+    assert srun.startswith("srun --kill-on-bad-exit=1 bash -c ")
+    for part in ('--nnodes "$SLURM_NNODES"', '--node-rank "$SLURM_NODEID"', "--nproc-per-node 8",
+                 '--rdzv-backend c10d --rdzv-endpoint "$BATON_HEAD_NODE:29400"',
+                 "run /r/x.py --lr 1e-3 --resume auto", 'trap "" USR1'):  # fmt: skip
+        assert part in srun, part
+
+
+def test_jax_backends_run_one_task_per_process_without_torchrun() -> None:
+    script = batch_script(_spec(backend="maxtext", gpus_per_node=0, procs_per_node=2))
+    assert "#SBATCH --ntasks-per-node=2" in script
+    assert "torch.distributed.run" not in script and "-m baton.core.cli run /r/x.py" in script
+
+
+def test_the_script_runs_in_a_shell(tmp_path: Path) -> None:
+    """The script is valid bash (syntax-checked by bash itself)."""
+    path = tmp_path / "job.sbatch"
+    path.write_text(batch_script(_spec()))
+    subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("04:00:00", 14400), ("1-00:00:30", 86430), ("00:01:00", 60)]
+)
+def test_time_limits(text: str, seconds: int) -> None:
+    assert time_limit_seconds(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (dict(time="4h"), "is not [D-]HH:MM:SS"),
+        (dict(time="00:01:00", signal_lead_s=120), "lower --signal-lead"),
+    ],
+)
+def test_bad_specs_are_named(spec: dict, message: str) -> None:
+    with pytest.raises(SubmitError, match=message.replace("[", r"\[")):
+        batch_script(_spec(**spec))
+
+
+def test_submit_errors_before_queueing(tmp_path: Path, monkeypatch, capsys) -> None:
+    def submit(*args: str) -> tuple[int, str, str]:
+        code = main([str(RECIPE), "--run-dir", str(tmp_path), *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no sbatch here
+    code, _, err = submit()
+    assert code == 2 and "sbatch is not on PATH" in err and "--dry-run" in err
+    code, _, err = submit("--resume", "auto", "--dry-run")
+    assert code == 2 and "always runs with --resume auto" in err
+    code, _, err = submit("--max-stepz", "3", "--dry-run")
+    assert code == 2 and "--max-stepz" in err
+    code, out, _ = submit("--nodes", "2", "--time", "00:30:00", "--dry-run")
+    assert code == 0 and "#SBATCH --nodes=2" in out and "--run-dir" in out
+    assert not (tmp_path / "slurm").exists()  # a dry run writes nothing
+
+
+def test_kubernetes_example_runs_a_recipe_baton_accepts() -> None:
+    import yaml
+
+    root = Path(__file__).parents[2]
+    job = yaml.safe_load((root / "examples/kubernetes/pytorchjob.yaml").read_text())
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:4] == ["torchrun", "-m", "baton.core.cli", "run"]
+    assert (root / command[4]).is_file() and command[-2:] == ["--resume", "auto"]
+    assert job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -148,7 +149,25 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
 }
 
 
+#: third-party warnings that say nothing to a baton user, each with the reason
+QUIET_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
+    # torch.cuda imports pynvml on every start; the package name is torch's business
+    ("The pynvml package is deprecated", FutureWarning),
+    # Lightning notices `srun` on a SLURM login node; baton reads the launch itself
+    ("The `srun` command is available on your system but is not used", UserWarning),
+)
+
+
+def quiet_third_party_warnings() -> None:
+    """Filter the third-party noise in ``QUIET_WARNINGS`` from baton's output."""
+    import warnings
+
+    for message, category in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_third_party_warnings()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)

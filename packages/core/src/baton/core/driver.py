@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import platform
 import shutil
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,11 +33,15 @@ from baton.core.backend import Backend, PendingSave
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
-from baton.core.launch import restart_count
+from baton.core.launch import Launch, restart_count
 from baton.core.metrics import StepOutput
+from baton.core.overrides import to_jsonable
 from baton.core.patches import PatchDecision, select_patches
 
 log = logging.getLogger("baton")
+
+#: the run record written at start, beside ``patches.json``
+RUN_RECORD = "run.json"
 
 
 @dataclass
@@ -154,6 +162,7 @@ class Driver:
             self.dispatch("on_configure")
             self.backend.setup()
             self._write_patch_report()
+            self._write_run_record()
             self.dispatch("on_setup")
             self._resume()
             self._clock_start = time.monotonic()
@@ -508,6 +517,41 @@ class Driver:
                 decision.reason,
             )
 
+    def _write_run_record(self) -> None:
+        """``run_dir/run.json`` at start (rank 0): resolved settings, the backend's native
+        config, command line, git commit, versions, hosts and world size. A run that
+        stops before its first checkpoint still leaves it."""
+        if not self.is_global_zero:
+            return
+        launch = Launch.from_env()
+        record = {
+            "settings": self.settings,
+            "limits": {
+                "max_steps": self.max_steps,
+                "max_tokens": self.max_tokens,
+                "max_time_s": self.max_time_s,
+                "log_every": self.log_every,
+                "eval_every": self.eval_every,
+            },
+            "backend": {
+                "name": self.backend.name,
+                "version": self.backend.version,
+                **self.backend.describe(),
+            },
+            "native_config": to_jsonable(self.backend.config),
+            "callbacks": [repr(cb) for cb in self.callbacks],
+            "command": list(sys.argv),
+            "cwd": os.getcwd(),
+            "git": _git_state(),
+            "versions": _versions(self.backend),
+            "host": socket.gethostname(),
+            "world_size": self.backend.world_size,
+            "launch": dataclasses.asdict(launch),
+            "started_at": time.time(),
+        }
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.write_json_atomic(self.run_dir / RUN_RECORD, record)
+
     def _finish_after_error(self, error: BaseException) -> None:
         try:  # saves already in flight are complete work: keep them
             self._poll_pending(block=True, collective=False)
@@ -529,6 +573,21 @@ class Driver:
                 handler(self)
             except Exception as error:
                 log.error("on_teardown handler %r raised %r", handler, error)
+
+
+def _git_state() -> dict[str, Any] | None:
+    """The commit (and whether the work tree had changes) when run inside a git repo."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(dirty)}
 
 
 def _versions(backend: Backend) -> dict[str, str]:

@@ -5,7 +5,8 @@ Example::
     CompositeLogger([TensorBoardSink()])   # <run_dir>/logs/tensorboard/events.out.tfevents.*
     # tensorboard --logdir runs/x/logs/tensorboard
 
-Every metric becomes a scalar whose tag is its key (``loss``, ``eval/loss``, ...).
+Every metric becomes a scalar whose tag is its key (``loss``, ``eval/loss``, ...). The
+recipe's settings are written once as hyperparameters (TensorBoard's HPARAMS tab).
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ class TensorBoardSink:
         self._writer: Any = None
 
     def open(self, driver: Any) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         if self.log_dir is None:
             self.log_dir = Path(driver.log_dir) / "tensorboard"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._writer = EventFileWriter(str(self.log_dir), flush_secs=self.flush_secs)
+        if driver.settings:
+            for summary in hparams_summaries(driver.settings):
+                self._writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -46,3 +51,42 @@ class TensorBoardSink:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def hparams_summaries(settings: dict[str, Any]) -> list[Any]:
+    """The experiment and session-start summaries of TensorBoard's hparams plugin for
+    ``settings`` (numbers, booleans and strings; anything else as its string)."""
+    from google.protobuf import struct_pb2
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    values: dict[str, struct_pb2.Value] = {}
+    for key, raw in settings.items():
+        value = struct_pb2.Value()
+        if isinstance(raw, bool):
+            value.bool_value = raw
+        elif isinstance(raw, int | float):
+            value.number_value = float(raw)
+        else:
+            value.string_value = "None" if raw is None else str(raw)
+        values[key] = value
+
+    def summary(tag: str, data: Any) -> Any:
+        metadata = SummaryMetadata(
+            plugin_data=SummaryMetadata.PluginData(
+                plugin_name="hparams", content=data.SerializeToString()
+            )
+        )
+        return Summary(value=[Summary.Value(tag=tag, metadata=metadata)])
+
+    experiment = plugin_data_pb2.HParamsPluginData(
+        version=0,
+        experiment=api_pb2.Experiment(hparam_infos=[api_pb2.HParamInfo(name=k) for k in values]),
+    )
+    start = plugin_data_pb2.HParamsPluginData(
+        version=0, session_start_info=plugin_data_pb2.SessionStartInfo(hparams=values)
+    )
+    return [
+        summary("_hparams_/experiment", experiment),
+        summary("_hparams_/session_start_info", start),
+    ]

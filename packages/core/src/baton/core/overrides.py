@@ -1,0 +1,128 @@
+"""Field-by-field overrides of a backend's native config: ``--set training.seq_len=4096``.
+
+Example::
+
+    apply_overrides(backend.config, ["training.seq_len=4096", "optimizer.lr=3e-4"])
+
+Each ``KEY.PATH=VALUE`` walks attributes of dataclasses and objects, and keys of
+mappings; the value is read as YAML (``4096``, ``3e-4``, ``true``, ``null``, ``[1, 2]``,
+plain strings) and must fit the type of the value it replaces (an ``int`` field takes
+``4096``, not ``"fast"``; a float field takes an int). An unknown name is an error that
+lists the names at that level. A config object with its own ``apply_override(key,
+value)`` (e.g. a ``key=value`` override list like MaxText's) takes the whole key
+itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+import yaml
+
+
+class OverrideError(ValueError):
+    """A ``--set`` that names no field or whose value does not fit; says which."""
+
+
+def parse_value(text: str) -> Any:
+    """YAML scalars and lists; anything unparsable stays the string it was."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _names(obj: Any) -> list[str]:
+    if isinstance(obj, MutableMapping):
+        return sorted(map(str, obj))
+    if dataclasses.is_dataclass(obj):
+        return [f.name for f in dataclasses.fields(obj)]
+    return sorted(k for k in vars(obj) if not k.startswith("_")) if hasattr(obj, "__dict__") else []
+
+
+def _has(obj: Any, name: str) -> bool:
+    if isinstance(obj, MutableMapping):
+        return name in obj
+    return name in _names(obj)
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj[name] if isinstance(obj, MutableMapping) else getattr(obj, name)
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    if isinstance(obj, MutableMapping):
+        obj[name] = value
+    else:
+        setattr(obj, name, value)
+
+
+def _coerce(key: str, old: Any, new: Any) -> Any:
+    if old is None or new is None:
+        return new
+    if isinstance(old, bool):
+        if not isinstance(new, bool):
+            raise OverrideError(f"--set {key}: expected true or false, got {new!r}")
+        return new
+    if isinstance(old, float) and isinstance(new, int) and not isinstance(new, bool):
+        return float(new)
+    if isinstance(old, int | float | str) and not isinstance(new, type(old)):
+        raise OverrideError(
+            f"--set {key}: expected a {type(old).__name__} like the current {old!r}, got {new!r}"
+        )
+    if isinstance(old, tuple) and isinstance(new, list):
+        return tuple(new)
+    return new
+
+
+def apply_override(config: Any, assignment: str) -> tuple[str, Any]:
+    """Apply one ``KEY.PATH=VALUE``; returns ``(key, value)`` as applied."""
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise OverrideError(
+            f"--set {assignment!r}: write KEY.PATH=VALUE, e.g. training.seq_len=4096"
+        )
+    value = parse_value(text)
+    hook = getattr(config, "apply_override", None)
+    if callable(hook):
+        hook(key, value)
+        return key, value
+    target, parts = config, key.split(".")
+    for depth, name in enumerate(parts):
+        if not _has(target, name):
+            where = ".".join(parts[:depth]) or "the config"
+            known = ", ".join(_names(target)) or "(nothing to set)"
+            raise OverrideError(f"--set {key}: {where} has no field {name!r}; fields: {known}")
+        if depth == len(parts) - 1:
+            value = _coerce(key, _get(target, name), value)
+            _set(target, name, value)
+        else:
+            target = _get(target, name)
+    return key, value
+
+
+def apply_overrides(config: Any, assignments: Iterable[str]) -> dict[str, Any]:
+    """Apply each assignment in order; returns what was set, for the run record."""
+    return dict(apply_override(config, a) for a in assignments)
+
+
+def to_jsonable(value: Any, depth: int = 0) -> Any:
+    """A native config as JSON-friendly data (dataclasses, mappings, sequences; other
+    objects by ``repr``), for the run record."""
+    if depth > 12:
+        return repr(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: to_jsonable(getattr(value, f.name), depth + 1)
+            for f in dataclasses.fields(value)
+        }
+    if isinstance(value, MutableMapping) or isinstance(value, dict):
+        return {str(k): to_jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v, depth + 1) for v in value]
+    return repr(value)

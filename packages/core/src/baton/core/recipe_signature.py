@@ -1,0 +1,129 @@
+"""A recipe's parameters read from its source, without running it.
+
+``baton run recipes/x.py --help`` (and flag parsing) must not wait for torch or jax
+to import: the recipe file is parsed with ``ast``, and each parameter's annotation and
+default are evaluated with only builtins, ``typing`` and ``pathlib.Path`` in scope.
+Help text per parameter comes from the recipe's docstring (``Args:`` section, Google,
+NumPy or reST style, as ``tyro.cli(fn)`` reads it).
+
+Example::
+
+    signature = read_signature(Path("recipes/quickstart.py"))
+    signature.params[0]     # Param(name='max_steps', annotation=int, default=300, help='...')
+    signature.summary       # the docstring's first paragraph
+
+Returns ``None`` when the source cannot be read this way (a default that is not a
+literal, an annotation naming the recipe's own classes): the caller then imports the
+recipe and inspects the function.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import pathlib
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import docstring_parser
+
+#: what an annotation may name when read from source
+_ANNOTATION_SCOPE: dict[str, Any] = {
+    **{name: getattr(typing, name) for name in typing.__all__},
+    "Path": pathlib.Path,
+    "pathlib": pathlib,
+    "typing": typing,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    annotation: Any
+    default: Any  # dataclasses.MISSING when required
+    help: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    params: tuple[Param, ...]
+    summary: str
+    description: str
+
+
+def _help_by_name(doc: str) -> dict[str, str]:
+    try:
+        parsed = docstring_parser.parse(doc)
+    except docstring_parser.ParseError:
+        return {}
+    return {p.arg_name: " ".join((p.description or "").split()) for p in parsed.params}
+
+
+def _summary(doc: str) -> str:
+    try:
+        parsed = docstring_parser.parse(doc)
+    except docstring_parser.ParseError:
+        return doc.strip()
+    parts = [parsed.short_description or "", parsed.long_description or ""]
+    return "\n\n".join(p for p in parts if p)
+
+
+def read_signature(path: Path, function: str = "recipe") -> Signature | None:
+    """Parameters of ``function`` in the file at ``path``, or ``None`` if not literal."""
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None  # importing reports it properly
+    node = next(
+        (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None
+    )
+    if node is None or node.args.vararg or node.args.posonlyargs:
+        return None
+    doc = ast.get_docstring(node) or ""
+    helps = _help_by_name(doc)
+    positional = node.args.args
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(node.args.defaults))
+    defaults += list(node.args.defaults)
+    pairs = list(zip(positional, defaults, strict=True))
+    pairs += list(zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True))
+    params: list[Param] = []
+    for arg, default_node in pairs:
+        if arg.annotation is None:
+            return None
+        try:
+            annotation = eval(
+                compile(ast.Expression(arg.annotation), str(path), "eval"),
+                {"__builtins__": __builtins__, **_ANNOTATION_SCOPE},
+            )
+            default = (
+                dataclasses.MISSING if default_node is None else ast.literal_eval(default_node)
+            )
+        except Exception:
+            return None
+        if isinstance(annotation, str):
+            return None
+        params.append(Param(arg.arg, annotation, default, helps.get(arg.arg, "")))
+    return Signature(tuple(params), _summary(doc), doc)
+
+
+def signature_of(fn: Callable[..., Any]) -> Signature:
+    """The same, from an imported function (any defaults and annotations)."""
+    from baton.core.recipe import RecipeError
+
+    hints = typing.get_type_hints(fn)
+    doc = inspect.getdoc(fn) or ""
+    helps = _help_by_name(doc)
+    params: list[Param] = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.name not in hints:
+            raise RecipeError(
+                f"recipe parameter {param.name!r} needs a type annotation for the command line"
+            )
+        default = dataclasses.MISSING if param.default is param.empty else param.default
+        params.append(Param(param.name, hints[param.name], default, helps.get(param.name, "")))
+    return Signature(tuple(params), _summary(doc), doc)

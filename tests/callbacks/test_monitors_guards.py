@@ -67,6 +67,12 @@ def test_monitor_keys(tmp_path: Path) -> None:
     assert last["optim/lr"] == last["lr"] and last["optim/grad_norm"] > 0
     assert last["gc/collect_s"] >= 0
     assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("cpu") is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", "fp8") == 1979e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", "32-true") == 67e12
+    assert peak_flops("TPU v5 lite", "bf16-mixed") == 197e12 and peak_flops("TPU v5p") == 459e12
+    assert peak_flops("TPU v6 lite") == 918e12 and peak_flops("TPU v4") == 275e12
+    with pytest.raises(ValueError, match="unknown precision 'bf17'"):
+        peak_flops("TPU v4", "bf17")
 
 
 def test_nan_stops_and_never_saves_the_broken_state(tmp_path: Path) -> None:

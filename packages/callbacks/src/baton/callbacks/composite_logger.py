@@ -10,7 +10,9 @@ Example::
     ])
 
 Sinks are given by name (``jsonl``, ``tensorboard``, ``wandb``, ``console``) or as
-objects. Only rank 0 logs unless ``rank_zero_only=False``. A sink that fails (W&B
+objects. ``tensorboard`` and ``wandb`` need the ``baton-callbacks[tensorboard]`` /
+``[wandb]`` extras: naming one that is not installed is an error that says so, and the
+default sinks leave TensorBoard out when it is missing. Only rank 0 logs unless ``rank_zero_only=False``. A sink that fails (W&B
 unreachable, a full disk) is reported once with a warning and training goes on; a
 sink that fails to open is dropped for the run.
 
@@ -24,13 +26,21 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from baton.callbacks.sinks import SINKS, Sink
+from baton.callbacks.sinks import MissingSinkPackage, Sink, build_sink, check_installed
 from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
 
 log = logging.getLogger("baton")
 
 DEFAULT_SINKS = ("jsonl", "tensorboard", "console")
+
+
+def _installed(name: str) -> bool:
+    try:
+        check_installed(name)
+    except MissingSinkPackage:
+        return False
+    return True
 
 
 @CALLBACKS.register("logger")
@@ -42,7 +52,9 @@ class CompositeLogger(Callback):
     def __init__(
         self, sinks: Sequence[str | Sink] = DEFAULT_SINKS, *, rank_zero_only: bool = True
     ) -> None:
-        self.sinks: list[Sink] = [SINKS.build(s) if isinstance(s, str) else s for s in sinks]
+        if sinks is DEFAULT_SINKS:  # the defaults leave out what is not installed
+            sinks = [s for s in sinks if _installed(s)]
+        self.sinks: list[Sink] = [build_sink(s) if isinstance(s, str) else s for s in sinks]
         self.rank_zero_only = rank_zero_only
         self._active: list[Sink] = []
         self._warned: set[str] = set()

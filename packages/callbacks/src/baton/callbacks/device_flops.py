@@ -1,35 +1,89 @@
-"""Peak dense bf16 FLOP/s per device, for MFU. CPUs report none (no meaningful peak).
+"""Peak dense FLOP/s of one device for the precision in use, for MFU.
 
 Example::
 
-    peak_flops("NVIDIA H100 80GB HBM3")   # 989e12
-    peak_flops("cpu")                     # None
+    peak_flops("NVIDIA H100 80GB HBM3")            # 989e12 (bf16)
+    peak_flops("NVIDIA H100 80GB HBM3", "fp8")     # 1979e12
+    peak_flops("TPU v5p")                          # 459e12
+    peak_flops("cpu")                              # None: no meaningful peak
 
-Numbers are the vendors' dense (no sparsity) bf16 tensor peaks.
+NVIDIA GPUs come from Lightning's maintained table (``get_available_flops``, which
+knows dozens of chips and their dtypes) when torch and Lightning are already loaded
+(never imported here); TPUs, where MaxText and the JAX backend run, and AMD
+accelerators from ``TABLE`` below. Numbers are dense (no sparsity) peaks per device as
+JAX and torch count devices.
 """
 
 from __future__ import annotations
 
 import sys
 
-#: substring of the device name (lower case) -> peak dense bf16 FLOP/s; first match wins
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("h200", 989e12),
-    ("gh200", 989e12),
-    ("h100 pcie", 756e12),
-    ("h100", 989e12),  # SXM / HBM3
-    ("a100", 312e12),
-    ("mi300x", 1307e12),
-    ("mi300", 1307e12),
+#: precision names -> the key used in ``TABLE``; Lightning-style strings are accepted
+_PRECISIONS = {
+    "bf16": "bf16", "bf16-mixed": "bf16", "bf16-true": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "16": "fp16", "16-mixed": "fp16", "16-true": "fp16", "float16": "fp16",
+    "fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
+    "tf32": "tf32", "fp8": "fp8", "int8": "int8",
+}  # fmt: skip
+
+#: substring of the device name (lower case) -> {precision: peak FLOP/s}; first match wins.
+#: TPUs compute matmuls in bf16 whatever the parameter dtype; sources are the vendors'
+#: datasheets (Cloud TPU system architecture pages, AMD Instinct and NVIDIA datasheets).
+TABLE: tuple[tuple[str, dict[str, float]], ...] = (
+    ("tpu v6", {"bf16": 918e12, "fp32": 918e12, "int8": 1836e12}),  # v6e (Trillium)
+    ("tpu v5p", {"bf16": 459e12, "fp32": 459e12, "int8": 918e12}),
+    ("tpu v5 lite", {"bf16": 197e12, "fp32": 197e12, "int8": 394e12}),  # v5e
+    ("tpu v5e", {"bf16": 197e12, "fp32": 197e12, "int8": 394e12}),
+    ("tpu v5", {"bf16": 459e12, "fp32": 459e12, "int8": 918e12}),  # v5p reports "TPU v5"
+    ("tpu v4", {"bf16": 275e12, "fp32": 275e12, "int8": 275e12}),
+    ("tpu v3", {"bf16": 61.5e12, "fp32": 61.5e12}),  # per core: a v3 chip is two devices
+    ("mi300x", {"bf16": 1307e12, "fp16": 1307e12, "fp8": 2615e12, "fp32": 163.4e12}),
+    ("mi300a", {"bf16": 980.6e12, "fp16": 980.6e12, "fp8": 1961e12, "fp32": 122.6e12}),
+    ("mi250x", {"bf16": 383e12, "fp16": 383e12, "fp32": 95.7e12}),
+    # used when Lightning is not loaded (a JAX run on GPUs)
+    ("h200", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("h100 pcie", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51e12}),
+    ("h100", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("a100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
 )
 
 
-def peak_flops(device_name: str) -> float | None:
-    """Peak FLOP/s of one device by name, or ``None`` when unknown (CPU included)."""
+def precision_key(precision: str) -> str:
+    """``bf16``, ``fp16``, ``fp32``, ``tf32``, ``fp8`` or ``int8`` for a precision name."""
+    key = _PRECISIONS.get(precision.lower())
+    if key is None:
+        known = ", ".join(sorted(set(_PRECISIONS)))
+        raise ValueError(f"unknown precision {precision!r}; known: {known}")
+    return key
+
+
+def _from_lightning(name: str, precision: str) -> float | None:
+    """Lightning's table for a CUDA device, when torch and Lightning are loaded."""
+    if "torch" not in sys.modules or "lightning" not in sys.modules:
+        return None
+    import torch
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_name() != name:
+        return None
+    dtype = {
+        "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+        "tf32": "tfloat32", "fp8": "float8", "int8": torch.int8,
+    }[precision]  # fmt: skip
+    flops = get_available_flops(torch.device("cuda"), dtype)
+    return float(flops) if flops else None
+
+
+def peak_flops(device_name: str, precision: str = "bf16") -> float | None:
+    """Peak FLOP/s of one device by name for ``precision``; ``None`` when unknown."""
+    key = precision_key(precision)
+    found = _from_lightning(device_name, key)
+    if found is not None:
+        return found
     name = device_name.lower()
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
+    for match, peaks in TABLE:
+        if match in name:
+            return peaks.get(key)
     return None
 
 

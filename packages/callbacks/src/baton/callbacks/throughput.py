@@ -6,8 +6,9 @@ Example::
     # on H100s: metrics["throughput/mfu"] == 0.41
 
 MFU = tokens/s x ``backend.flops_per_token`` / (peak FLOP/s x world size), with the
-peak from ``baton.callbacks.device_flops`` (H100, H200, A100, MI300X) or the
-``peak_flops`` argument; on a CPU (no known peak) MFU is not logged.
+peak from ``baton.callbacks.device_flops`` for the ``precision`` in use (NVIDIA GPUs
+through Lightning's table, TPU v4/v5e/v5p/v6e, AMD MI300) or the ``peak_flops``
+argument; on a CPU (no known peak) MFU is not logged.
 
 Metric keys logged: ``throughput/tokens_per_s``, ``throughput/samples_per_s``,
 ``throughput/step_time_s``, ``throughput/tflops_per_device`` (when the backend
@@ -19,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from baton.callbacks.device_flops import device_name, peak_flops
+from baton.callbacks.device_flops import device_name, peak_flops, precision_key
 from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
 
@@ -30,13 +31,20 @@ class ThroughputMonitor(Callback):
 
     priority = 10  # before loggers and the progress bar, which show its keys
 
-    def __init__(self, peak_flops: float | None = None) -> None:
+    def __init__(self, peak_flops: float | None = None, precision: str = "bf16") -> None:
+        """``peak_flops`` per device overrides the table; ``precision`` (``bf16``,
+        ``fp16``, ``fp32``, ``fp8``, or a Lightning precision such as ``bf16-mixed``)
+        picks the table's column."""
+        precision_key(precision)  # fails now on an unknown name
         self.peak_flops = peak_flops
+        self.precision = precision
         self._window: tuple[float, int, int, int] | None = None
 
     def on_train_start(self, driver: Any) -> None:
         if self.peak_flops is None:
-            self.peak_flops = peak_flops(device_name(driver.backend.device_type))
+            self.peak_flops = peak_flops(
+                device_name(driver.backend.device_type), self.precision
+            )
         self._reset(driver)
 
     def on_load_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:

@@ -37,4 +37,36 @@ SINKS.add_lazy("tensorboard", "baton.callbacks.sinks.tensorboard:TensorBoardSink
 SINKS.add_lazy("wandb", "baton.callbacks.sinks.wandb:WandbSink")
 SINKS.add_lazy("console", "baton.callbacks.sinks.console:ConsoleSink")
 
-__all__ = ["SINKS", "Sink"]
+#: sink name -> (the module it needs, the baton-callbacks extra that installs it)
+OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+}
+
+
+class MissingSinkPackage(ImportError):
+    """A sink whose package is not installed; the message names the extra to install."""
+
+
+def check_installed(name: str) -> None:
+    """Raise ``MissingSinkPackage`` when sink ``name`` needs a package that is missing."""
+    import importlib.util
+
+    if name not in OPTIONAL_PACKAGES:
+        return
+    module, extra = OPTIONAL_PACKAGES[name]
+    if importlib.util.find_spec(module) is None:
+        raise MissingSinkPackage(
+            f"the {name!r} log sink needs the {module} package: install it with "
+            f"`pip install 'baton-callbacks[{extra}]'` (or `pip install {module}`), or leave "
+            f"{name!r} out of CompositeLogger's sinks"
+        )
+
+
+def build_sink(name: str) -> Any:
+    """The registered sink ``name``, after checking that its package is installed."""
+    check_installed(name)
+    return SINKS.build(name)
+
+
+__all__ = ["SINKS", "MissingSinkPackage", "Sink", "build_sink", "check_installed"]

@@ -1,6 +1,7 @@
 """Where ``CompositeLogger`` sends metrics: one small module per destination.
 
-A sink has ``open(driver)``, ``write(step, metrics)`` and ``close()``; sinks are
+A sink has ``open(driver)``, ``write(step, metrics, phase)`` and ``close()``;
+``phase`` is ``"train"`` (a log step's metrics) or ``"eval"`` (an evaluation's). Sinks are
 registered by name in ``SINKS`` so recipes and config files can say
 ``CompositeLogger(["jsonl", "tensorboard", "wandb", "console"])``.
 
@@ -13,9 +14,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from baton.core.registry import Registry
+
+if TYPE_CHECKING:
+    from baton.core import Driver
+
+#: which phase a batch of metrics belongs to
+Phase = Literal["train", "eval"]
 
 
 @runtime_checkable
@@ -24,9 +31,9 @@ class Sink(Protocol):
 
     name: str
 
-    def open(self, driver: Any) -> None: ...
+    def open(self, driver: Driver) -> None: ...
 
-    def write(self, step: int, metrics: dict[str, float]) -> None: ...
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None: ...
 
     def close(self) -> None: ...
 
@@ -37,4 +44,4 @@ SINKS.add_lazy("tensorboard", "baton.callbacks.sinks.tensorboard:TensorBoardSink
 SINKS.add_lazy("wandb", "baton.callbacks.sinks.wandb:WandbSink")
 SINKS.add_lazy("console", "baton.callbacks.sinks.console:ConsoleSink")
 
-__all__ = ["SINKS", "Sink"]
+__all__ = ["SINKS", "Phase", "Sink"]

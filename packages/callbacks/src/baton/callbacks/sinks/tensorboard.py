@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from baton.callbacks.sinks import Phase
+    from baton.core import Driver
 
 
 class TensorBoardSink:
@@ -25,7 +29,7 @@ class TensorBoardSink:
         self.flush_secs = flush_secs
         self._writer: Any = None
 
-    def open(self, driver: Any) -> None:
+    def open(self, driver: Driver) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         if self.log_dir is None:
@@ -33,7 +37,7 @@ class TensorBoardSink:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._writer = EventFileWriter(str(self.log_dir), flush_secs=self.flush_secs)
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 

@@ -206,7 +206,7 @@ class Checkpoint(Callback):
     # -- rotation -------------------------------------------------------------------
     def protected(self) -> set[str]:
         """Names rotation must keep: the newest, the last ``keep_last``, the best."""
-        keep = {self.kept[-1]} if self.kept else set()
+        keep: set[str] = {self.kept[-1]} if self.kept else set()
         keep.update(self.kept if self.keep_last is None else self.kept[-self.keep_last :])
         if self.keep_best:
             ranked = sorted(

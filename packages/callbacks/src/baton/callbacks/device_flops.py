@@ -11,6 +11,7 @@ Numbers are the vendors' dense (no sparsity) bf16 tensor peaks.
 from __future__ import annotations
 
 import sys
+from typing import Any, cast
 
 #: substring of the device name (lower case) -> peak dense bf16 FLOP/s; first match wins
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
@@ -44,7 +45,7 @@ def device_name(device_type: str) -> str:
     if device_type in ("gpu", "tpu", "cuda") and "jax" in sys.modules:
         import jax
 
-        devices = jax.devices()
+        devices: list[Any] = cast(Any, jax).devices()
         if devices:
             return str(devices[0].device_kind)
     return device_type

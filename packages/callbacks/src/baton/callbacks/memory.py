@@ -16,7 +16,7 @@ Metric keys logged: ``memory/host_rss_gib``; on accelerators
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 
@@ -44,7 +44,8 @@ def device_memory(device_type: str) -> dict[str, float]:
     if device_type in ("gpu", "tpu", "cuda") and "jax" in sys.modules:
         import jax
 
-        stats = jax.local_devices()[0].memory_stats() or {}
+        device: Any = cast(Any, jax).local_devices()[0]
+        stats: dict[str, Any] = device.memory_stats() or {}
         if "peak_bytes_in_use" in stats:
             return {"memory/device_peak_gib": stats["peak_bytes_in_use"] / GIB}
     return {}

@@ -45,7 +45,7 @@ class OptimizerMonitor(Callback):
         self._reported = False
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        missing = []
+        missing: list[str] = []
         for target, keys in self.aliases.items():
             found = next((k for k in keys if k in metrics), None)
             if found is None:

@@ -79,7 +79,7 @@ class Profiler(Callback):
         else:
             import jax
 
-            jax.profiler.start_trace(str(out))
+            jax.profiler.start_trace(str(out))  # pyright: ignore[reportUnknownMemberType]
             self._active = "jax"
             self.trace_path = out
         log.info("profiling steps %d..%d", self.start_step, self.end_step)
@@ -95,7 +95,7 @@ class Profiler(Callback):
         if active == "jax":
             import jax
 
-            jax.profiler.stop_trace()
+            jax.profiler.stop_trace()  # pyright: ignore[reportUnknownMemberType]
         else:
             active.__exit__(None, None, None)
             active.export_chrome_trace(str(self.trace_path))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
@@ -30,7 +30,9 @@ class TensorBoardSink:
         self._writer: Any = None
 
     def open(self, driver: Driver) -> None:
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.event_file_writer import (  # pyright: ignore[reportMissingTypeStubs]
+            EventFileWriter,
+        )
 
         if self.log_dir is None:
             self.log_dir = Path(driver.log_dir) / "tensorboard"
@@ -38,9 +40,14 @@ class TensorBoardSink:
         self._writer = EventFileWriter(str(self.log_dir), flush_secs=self.flush_secs)
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto import (  # pyright: ignore[reportMissingTypeStubs]
+            event_pb2,
+            summary_pb2,
+        )
 
+        # generated protobuf modules declare their classes only at run time
+        Event: Any = cast(Any, event_pb2).Event
+        Summary: Any = cast(Any, summary_pb2).Summary
         values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
         self._writer.add_event(
             Event(wall_time=time.time(), step=step, summary=Summary(value=values))

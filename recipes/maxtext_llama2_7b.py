@@ -15,8 +15,8 @@ Anywhere (CPU): check the config and print the mesh MaxText would build, no trai
 from __future__ import annotations
 
 from baton.backends.maxtext import MaxTextBackend, MaxTextConfig
-from baton.callbacks import Progress
-from baton.core import Callback, Driver
+from baton.callbacks import standard_callbacks
+from baton.core import Driver
 
 HARDWARE = {
     "gpu": {
@@ -28,17 +28,6 @@ HARDWARE = {
     },
     "tpu": {"hardware": "tpu", "attention": "flash", "remat_policy": "minimal"},
 }
-
-
-class SaveEvery(Callback):
-    """Ask for a checkpoint every ``every`` steps (until baton.callbacks.Checkpoint lands)."""
-
-    def __init__(self, every: int) -> None:
-        self.every = every
-
-    def on_step_end(self, driver: Driver, output: object) -> None:
-        if self.every and driver.step % self.every == 0:
-            driver.control.request_save(f"every {self.every} steps")
 
 
 def recipe(
@@ -81,14 +70,10 @@ def recipe(
         backend.config["jax_cache_dir"] = ""
         print(backend.plan(simulate_devices=devices).summary(), flush=True)
         return None
-    driver = Driver(
+    return Driver(
         backend,
-        [SaveEvery(save_every), Progress()],
+        standard_callbacks(save_every=save_every, async_save=True),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
     )
-    # Standard callbacks go here once they land: Checkpoint(every=save_every), CompositeLogger().
-    driver.save_on_stop = True
-    driver.async_save = True
-    return driver

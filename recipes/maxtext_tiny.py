@@ -11,12 +11,8 @@ uv run baton run recipes/maxtext_tiny.py --overrides base_num_decoder_layers=4 l
 from __future__ import annotations
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
-from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
-from baton.callbacks.sinks.console import ConsoleSink
-from baton.core import Callback, Driver
-
-#: printed on every log step (the loss visibly falls in any terminal)
-CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
+from baton.callbacks import CONSOLE_KEYS, standard_callbacks
+from baton.core import Driver
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -68,21 +64,13 @@ def recipe(
     config = MaxTextConfig(
         overrides=settings | parse_overrides(overrides), data_path=data_path, data_seed=data_seed
     )
-    callbacks: list[Callback] = [
-        Checkpoint(
-            every_n_steps=save_every or None,
-            save_on_stop=save_every > 0,
-            keep_last=2,
-            async_save=async_save,
-        ),
-        Preemption(),
-        ThroughputMonitor(),
-        CompositeLogger(
-            ["jsonl", "tensorboard", *([ConsoleSink(CONSOLE_KEYS)] if print_loss else [])]
-        ),
-    ]
-    if progress:
-        callbacks.append(Progress())
+    callbacks = standard_callbacks(
+        save_every=save_every,
+        save_on_stop=save_every > 0,
+        async_save=async_save,
+        console_keys=CONSOLE_KEYS if print_loss else None,
+        progress=progress,
+    )
     return Driver(
         MaxTextBackend(config),
         callbacks,

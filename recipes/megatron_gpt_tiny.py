@@ -14,12 +14,8 @@ from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
-from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
-from baton.callbacks.sinks.console import ConsoleSink
-from baton.core import Callback, Driver
-
-#: printed on every log step (the loss visibly falls in any terminal)
-CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
+from baton.callbacks import standard_callbacks
+from baton.core import Driver
 
 
 def recipe(
@@ -63,17 +59,9 @@ def recipe(
     config.optimizer.min_lr = min_lr
     config.data.text_path = text_path
     config.data.cache_dir = f"{run_dir}/data"
-    callbacks: list[Callback] = [
-        Checkpoint(every_n_steps=save_every, keep_last=2, async_save=async_save),
-        Preemption(),
-        ThroughputMonitor(),
-        CompositeLogger(["jsonl", "tensorboard", ConsoleSink(CONSOLE_KEYS)]),
-    ]
-    if progress:
-        callbacks.append(Progress())
     return Driver(
         MegatronBackend(config),
-        callbacks,
+        standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every,

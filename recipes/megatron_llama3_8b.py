@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
-from baton.callbacks import Progress
-from baton.core import Callback, Driver
+from baton.callbacks import standard_callbacks
+from baton.core import Driver
 
 
 def llama3_8b_config(
@@ -134,20 +134,9 @@ def recipe(
         print_layout(config, world)
         return None
     config.data.cache_dir = f"{run_dir}/data"
-
-    class SaveEvery(Callback):
-        """Until the standard Checkpoint callback lands: save every N steps and at stop."""
-
-        def on_train_start(self, driver: Driver) -> None:
-            driver.save_on_stop, driver.async_save = True, True
-
-        def on_step_end(self, driver: Driver, output: object) -> None:
-            if driver.step % save_every == 0:
-                driver.control.request_save(f"every {save_every} steps", all_ranks=True)
-
     return Driver(
         MegatronBackend(config),
-        [SaveEvery(), Progress()],
+        standard_callbacks(save_every=save_every, async_save=True),
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,

@@ -7,12 +7,8 @@ uv run baton run recipes/quickstart.py --max-steps 600 --lr 2e-3 --resume auto
 from __future__ import annotations
 
 from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
-from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
-from baton.callbacks.sinks.console import ConsoleSink
-from baton.core import Callback, Driver
-
-#: printed on every log step (the loss visibly falls in any terminal)
-CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
+from baton.callbacks import standard_callbacks
+from baton.core import Driver
 
 
 def recipe(
@@ -42,17 +38,9 @@ def recipe(
         decay_steps=max_steps,
         accelerator="cpu",
     )
-    callbacks: list[Callback] = [
-        Checkpoint(every_n_steps=save_every, keep_last=2),
-        Preemption(),
-        ThroughputMonitor(),
-        CompositeLogger(["jsonl", "tensorboard", ConsoleSink(CONSOLE_KEYS)]),
-    ]
-    if progress:
-        callbacks.append(Progress())
     return Driver(
         FabricBackend(config),
-        callbacks,
+        standard_callbacks(save_every=save_every, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every,

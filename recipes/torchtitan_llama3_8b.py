@@ -12,6 +12,7 @@ prints the plan, then returns without training.
 from __future__ import annotations
 
 from baton.backends.torchtitan import TorchTitanBackend
+from baton.callbacks import standard_callbacks
 from baton.core import Driver
 
 
@@ -52,9 +53,10 @@ def recipe(
     if dry_run:
         print(parallelism_plan(config, world_size=gpus), flush=True)
         return None
-    driver = Driver(
-        TorchTitanBackend(config), max_steps=max_steps, log_every=log_every, run_dir=run_dir
+    return Driver(
+        TorchTitanBackend(config),
+        standard_callbacks(async_save=async_checkpoint != "disabled"),
+        max_steps=max_steps,
+        log_every=log_every,
+        run_dir=run_dir,
     )
-    driver.save_on_stop = True
-    driver.async_save = async_checkpoint != "disabled"
-    return driver

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug
-from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
-from baton.callbacks.sinks.console import ConsoleSink
-from baton.core import Callback, Driver
-
-#: printed on every log step (the loss visibly falls in any terminal)
-CONSOLE_KEYS = ["loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s"]
+from baton.callbacks import standard_callbacks
+from baton.core import Driver
 
 
 def recipe(
@@ -46,16 +42,9 @@ def recipe(
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = async_checkpoint  # "disabled", "async", "async_with_pinned_mem"
-    callbacks: list[Callback] = [
-        Checkpoint(
-            every_n_steps=save_every, keep_last=2, async_save=async_checkpoint != "disabled"
-        ),
-        Preemption(),
-        ThroughputMonitor(),
-        CompositeLogger(["jsonl", "tensorboard", ConsoleSink(CONSOLE_KEYS)]),
-    ]
-    if progress:
-        callbacks.append(Progress())
+    callbacks = standard_callbacks(
+        save_every=save_every, async_save=async_checkpoint != "disabled", progress=progress
+    )
     return Driver(
         TorchTitanBackend(config),
         callbacks,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -27,7 +28,7 @@ class BrokenSink:
     def open(self, driver) -> None:
         pass
 
-    def write(self, step, metrics) -> None:
+    def write(self, step, metrics, phase="train") -> None:
         self.calls += 1
         raise ConnectionError("api.wandb.ai unreachable")
 
@@ -53,7 +54,16 @@ def test_all_sinks_hold_the_history(
     assert result.step == 20  # the broken sink did not stop training
     assert broken.calls > 1 and caplog.text.count("log sink 'broken' failed") == 1
 
-    # JSONL: one record per log step, eval merged in
+    # JSONL: one line per log step and per evaluation, each saying its phase;
+    # evaluation keys never arrive with the training metrics
+    lines = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in lines if r["phase"] == "eval"]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert all(
+        k.startswith("eval/") for r in evals for k in r if k not in ("step", "phase", "time")
+    )
+    assert not any(k.startswith("eval/") for r in lines if r["phase"] == "train" for k in r)
+    # read back merged by step
     records = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in records] == [5, 10, 15, 20]
     assert "eval/loss" in records[1] and records[-1]["optim/lr"] > 0

@@ -1,12 +1,15 @@
 """Reliability of checkpoint + resume through the real CLI, in fresh processes.
 
 A SIGKILLed run resumed with ``--resume auto`` and a SIGTERMed (preempted) run resumed
-both end with weights and optimizer state bitwise equal to an uninterrupted run.
+both end with weights and optimizer state bitwise equal to an uninterrupted run. The
+SIGKILL step is random; a failure prints its seed, and ``BATON_KILL_SEED=N pytest
+tests/callbacks/test_reliability.py`` replays it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -29,6 +32,8 @@ from .conftest import (
 pytestmark = pytest.mark.slow
 
 STEPS = 30
+#: the seed of the SIGKILL test's random kill step, to replay a failure
+KILL_SEED_ENV = "BATON_KILL_SEED"
 
 
 @pytest.fixture(scope="module")
@@ -64,28 +69,36 @@ def _run_until(run_dir: Path, stop_at: int, sig: signal.Signals, *args: str) -> 
     return proc.returncode, stdout + stderr
 
 
+def kill_seed() -> int:
+    """``BATON_KILL_SEED=N pytest ...`` replays a run; otherwise a fresh random seed."""
+    given = os.environ.get(KILL_SEED_ENV)
+    return int(given) if given else random.randrange(1 << 30)
+
+
 def test_sigkill_then_resume_auto_is_bitwise_equal(reference: Path, tmp_path: Path) -> None:
-    seed = random.randrange(1 << 30)
+    seed = kill_seed()
     kill_at = random.Random(seed).randint(11, STEPS - 2)
+    # on any failure: which step was killed and how to replay exactly this case
+    replay = f"killed at step {kill_at}; replay with {KILL_SEED_ENV}={seed}"
     run_dir = tmp_path / "killed"
     rc, stderr = _run_until(run_dir, kill_at, signal.SIGKILL, "--async-save")
-    assert rc == -signal.SIGKILL, f"seed {seed}: rc {rc}\n{stderr}"
+    assert rc == -signal.SIGKILL, f"{replay}: rc {rc}\n{stderr}"
     before = [p.name for p in ckpt.list_checkpoints(run_dir / "checkpoints")]
-    assert before, f"seed {seed}: no checkpoint before the kill at step {kill_at}"
+    assert before, f"{replay}: no checkpoint before the kill"
 
     done = run_cli(run_dir, "--max-steps", str(STEPS), "--async-save", "--resume", "auto")
-    assert done.returncode == 0, done.stderr
-    assert "resumed from" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert done.returncode == 0, f"{replay}\n{done.stderr}"
+    assert "resumed from" in done.stdout + done.stderr, f"{replay}\n{done.stdout}{done.stderr}"
     final = run_dir / "checkpoints" / ckpt.checkpoint_name(STEPS)
     assert_bitwise_equal(
         load_state(reference / "checkpoints" / ckpt.checkpoint_name(STEPS)),
         load_state(final),
-        f"killed at step {kill_at} (seed {seed})",
+        replay,
     )
     # rotation kept the last two, and `latest` is the final one
     names = [p.name for p in ckpt.list_checkpoints(run_dir / "checkpoints")]
-    assert names == [ckpt.checkpoint_name(25), ckpt.checkpoint_name(30)], names
-    assert ckpt.latest(run_dir / "checkpoints") == final.resolve()
+    assert names == [ckpt.checkpoint_name(25), ckpt.checkpoint_name(30)], f"{replay}: {names}"
+    assert ckpt.latest(run_dir / "checkpoints") == final.resolve(), replay
 
 
 def test_sigterm_saves_exits_zero_and_resumes_exactly(reference: Path, tmp_path: Path) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baton.core import BackendBase, StepOutput
+
+if TYPE_CHECKING:
+    from baton.core import Backend
 
 
 class ScalarBackend(BackendBase):
@@ -63,3 +66,8 @@ class ScalarBackend(BackendBase):
 
     def teardown(self) -> None:
         self.events.append("teardown")
+
+
+if TYPE_CHECKING:
+    # the type checker in CI reads this file: the support backend satisfies the protocol
+    _conforms: Backend = ScalarBackend()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def load_state(checkpoint: Path) -> dict:
@@ -12,7 +13,7 @@ def load_state(checkpoint: Path) -> dict:
     return torch.load(checkpoint / "backend" / "state.pt", map_location="cpu", weights_only=False)
 
 
-def assert_bitwise_equal(a: object, b: object, where: str = "state") -> None:
+def assert_bitwise_equal(a: Any, b: Any, where: str = "state") -> None:
     """Recursively compare two saved states; tensors must be bitwise identical."""
     import torch
 

@@ -5,10 +5,10 @@ every backend, talking to it only through the driver.
 
 Example::
 
-    from baton.callbacks import Checkpoint, CompositeLogger, Preemption, ThroughputMonitor
+    from baton.callbacks import LossGuard, standard_callbacks
 
-    callbacks = [Checkpoint(every_n_steps=500, keep_last=2), Preemption(),
-                 ThroughputMonitor(), CompositeLogger(["jsonl", "tensorboard"])]
+    # Checkpoint, Preemption, ThroughputMonitor, CompositeLogger (+ console), Progress
+    callbacks = standard_callbacks(save_every=500, keep_last=2, extra=[LossGuard()])
 """
 
 from baton.callbacks.checkpoint import Checkpoint
@@ -21,10 +21,12 @@ from baton.callbacks.optimizer_monitor import OptimizerMonitor
 from baton.callbacks.preemption import Preemption
 from baton.callbacks.profiler import Profiler
 from baton.callbacks.progress import Progress
+from baton.callbacks.standard import CONSOLE_KEYS, standard_callbacks
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.callbacks.time_limit import TimeLimit
 
 __all__ = [
+    "CONSOLE_KEYS",
     "Checkpoint",
     "CompositeLogger",
     "EarlyStopping",
@@ -37,4 +39,5 @@ __all__ = [
     "Progress",
     "ThroughputMonitor",
     "TimeLimit",
+    "standard_callbacks",
 ]

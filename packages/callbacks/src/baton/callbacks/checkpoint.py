@@ -16,8 +16,14 @@ It never deletes the newest complete checkpoint or a kept best one, and a save t
 fails part-way deletes nothing. The kept list and best scores travel in every
 checkpoint, so rotation carries on correctly after a resume.
 
-With ``async_save=True`` the backend writes in the background where it supports it
-(``backend.supports_async_save``); the step loop continues meanwhile.
+The save policy (``save_on_stop``, ``async_save``) is handed to the driver in
+``on_configure`` (``driver.configure_saving``). With ``async_save=True`` the backend
+writes in the background where it has the ``async_save`` ability; the step loop
+continues meanwhile.
+
+``monitor`` is read from training metrics (``on_log``), or from evaluation results
+(``on_eval_end``) when it starts with ``eval/``; a key missing from the first metrics of
+its phase stops the run with an error listing the keys that exist.
 
 Metric keys logged: none (``checkpoint_score`` is recorded in ``baton.json``).
 """
@@ -29,11 +35,15 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from baton.callbacks.monitor import Monitored
 from baton.core import checkpointing as ckpt
-from baton.core.callback import Callback
+from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Ability, Driver, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -48,13 +58,14 @@ class Checkpoint(Callback):
         save_on_stop: save when the run stops (end of training, preemption, limits).
         keep_last: how many of the newest checkpoints to keep (``None``: all).
         keep_best: additionally keep this many best checkpoints by ``monitor``.
-        monitor: metric whose latest logged value scores a checkpoint (``eval/loss``).
+        monitor: metric whose latest value scores a checkpoint (``eval/loss``: the
+            latest evaluation's; ``loss``: the latest log step's).
         mode: ``"min"`` or ``"max"``: which scores are better.
         async_save: let the backend write in the background where it can.
     """
 
     state_key = "checkpoint"
-    priority = 100
+    priority = CHECKPOINT_PRIORITY
 
     def __init__(
         self,
@@ -91,6 +102,7 @@ class Checkpoint(Callback):
         self.monitor = monitor
         self.mode = mode
         self.async_save = async_save
+        self._monitored = Monitored(monitor, "Checkpoint") if monitor else None
         #: complete checkpoints this run knows of, oldest first (directory names)
         self.kept: list[str] = []
         #: monitored score of each kept checkpoint that had one
@@ -123,15 +135,23 @@ class Checkpoint(Callback):
             scores = {}
         self.scores = scores
 
+    def requires(self) -> frozenset[Ability]:
+        monitored = self._monitored
+        return frozenset({"evaluate"}) if monitored and monitored.phase == "eval" else frozenset()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(every_n_steps={self.every_n_steps}, monitor={self.monitor!r})"
+
     # -- hooks ----------------------------------------------------------------------
-    def on_train_start(self, driver: Any) -> None:
-        driver.save_on_stop = self.save_on_stop
-        driver.async_save = self.async_save
+    def on_configure(self, driver: Driver) -> None:
+        driver.configure_saving(on_stop=self.save_on_stop, asynchronous=self.async_save)
+
+    def on_train_start(self, driver: Driver) -> None:
         self._last_save = time.monotonic()
         if driver.is_global_zero:
             _remove_stale_temporaries(driver.checkpoint_dir)
 
-    def on_load_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         # on resume and on rollback: the restored checkpoint is complete; what is newer
         # belongs to an abandoned timeline and what is gone from disk is forgotten
         restored = ckpt.checkpoint_name(int(checkpoint["step"]))
@@ -145,18 +165,24 @@ class Checkpoint(Callback):
         self.kept.sort(key=_step)
         self.scores = {n: s for n, s in self.scores.items() if n in self.kept}
 
-    def on_step_end(self, driver: Any, output: Any) -> None:
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         if self.every_n_steps and driver.step % self.every_n_steps == 0:
             driver.control.request_save(f"every {self.every_n_steps} steps", all_ranks=True)
         if self.every_minutes and time.monotonic() - self._last_save >= self.every_minutes * 60:
             # wall clocks differ across ranks: agreed at the next log step
             driver.control.request_save(f"every {self.every_minutes:g} minutes")
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if self.monitor and self.monitor in metrics:
-            self._value = float(metrics[self.monitor])
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        if self._monitored is not None:
+            value = self._monitored.read("train", driver.step, metrics)
+            self._value = value if value is not None else self._value
 
-    def on_save_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:
+    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+        if self._monitored is not None:
+            value = self._monitored.read("eval", driver.step, metrics)
+            self._value = value if value is not None else self._value
+
+    def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         self._last_save = time.monotonic()
         name = ckpt.checkpoint_name(driver.step)
         score = self._value if self._value is not None and math.isfinite(self._value) else None
@@ -170,7 +196,7 @@ class Checkpoint(Callback):
             state["scores"][name] = score
             self._pending_scores[name] = score
 
-    def on_checkpoint_saved(self, driver: Any, path: Path) -> None:
+    def on_checkpoint_saved(self, driver: Driver, path: Path) -> None:
         name = path.name
         self.kept = [n for n in self.kept if n != name] + [name]
         if name in self._pending_scores:
@@ -180,7 +206,7 @@ class Checkpoint(Callback):
     # -- rotation -------------------------------------------------------------------
     def protected(self) -> set[str]:
         """Names rotation must keep: the newest, the last ``keep_last``, the best."""
-        keep = {self.kept[-1]} if self.kept else set()
+        keep: set[str] = {self.kept[-1]} if self.kept else set()
         keep.update(self.kept if self.keep_last is None else self.kept[-self.keep_last :])
         if self.keep_best:
             ranked = sorted(
@@ -191,7 +217,7 @@ class Checkpoint(Callback):
             keep.update(ranked[: self.keep_best])
         return keep
 
-    def _rotate(self, driver: Any) -> None:
+    def _rotate(self, driver: Driver) -> None:
         keep = self.protected()
         latest = ckpt.latest(driver.checkpoint_dir)
         if latest is not None:

@@ -17,18 +17,22 @@ unreachable, a full disk) is reported once with a warning and training goes on; 
 sink that fails to open is dropped for the run.
 
 Metric keys logged: whatever ``on_log`` carries (the backend's ``loss``, ``lr``,
-``grad_norm``; ``eval/*``; the monitors' keys), at ``driver.step``.
+``grad_norm``; the monitors' keys) with phase ``"train"``, and what ``on_eval_end``
+carries (``eval/*``) with phase ``"eval"``, at ``driver.step``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from baton.callbacks.sinks import MissingSinkPackage, Sink, build_sink, check_installed
-from baton.core.callback import Callback
+from baton.callbacks.sinks import MissingSinkPackage, Phase, Sink, build_sink, check_installed
+from baton.core.callback import LOGGER_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver
 
 log = logging.getLogger("baton")
 
@@ -45,15 +49,16 @@ def _installed(name: str) -> bool:
 
 @CALLBACKS.register("logger")
 class CompositeLogger(Callback):
-    """Send log-step metrics to several sinks; a failing sink warns once, never stops."""
+    """Send training and evaluation metrics to several sinks, each tagged with its
+    phase; a failing sink warns once, never stops."""
 
-    priority = 250  # after the monitors and guards that add keys
+    priority = LOGGER_PRIORITY
 
     def __init__(
         self, sinks: Sequence[str | Sink] = DEFAULT_SINKS, *, rank_zero_only: bool = True
     ) -> None:
         if sinks is DEFAULT_SINKS:  # the defaults leave out what is not installed
-            sinks = [s for s in sinks if _installed(s)]
+            sinks = [name for name in DEFAULT_SINKS if _installed(name)]
         self.sinks: list[Sink] = [build_sink(s) if isinstance(s, str) else s for s in sinks]
         self.rank_zero_only = rank_zero_only
         self._active: list[Sink] = []
@@ -71,7 +76,7 @@ class CompositeLogger(Callback):
                 "" if what == "open" else " where it keeps failing",
             )
 
-    def on_train_start(self, driver: Any) -> None:
+    def on_train_start(self, driver: Driver) -> None:
         if self.rank_zero_only and not driver.is_global_zero:
             return
         for sink in self.sinks:
@@ -82,14 +87,20 @@ class CompositeLogger(Callback):
                 continue
             self._active.append(sink)
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self._write(driver.step, metrics, "train")
+
+    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self._write(driver.step, metrics, "eval")
+
+    def _write(self, step: int, metrics: dict[str, float], phase: Phase) -> None:
         for sink in self._active:
             try:
-                sink.write(driver.step, dict(metrics))
+                sink.write(step, dict(metrics), phase)
             except Exception as error:
                 self._warn_once(sink, "write", error)
 
-    def on_teardown(self, driver: Any) -> None:
+    def on_teardown(self, driver: Driver) -> None:
         for sink in self._active:
             try:
                 sink.close()

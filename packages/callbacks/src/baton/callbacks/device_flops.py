@@ -7,16 +7,17 @@ Example::
     peak_flops("TPU v5p")                          # 459e12
     peak_flops("cpu")                              # None: no meaningful peak
 
-NVIDIA GPUs come from Lightning's maintained table (``get_available_flops``, which
-knows dozens of chips and their dtypes) when torch and Lightning are already loaded
-(never imported here); TPUs, where MaxText and the JAX backend run, and AMD
-accelerators from ``TABLE`` below. Numbers are dense (no sparsity) peaks per device as
-JAX and torch count devices.
+One table for every backend (callbacks never import a framework, so Lightning's
+``get_available_flops`` cannot be used here): NVIDIA's data-center GPUs with the same
+vendor numbers Lightning's table carries, TPUs where MaxText and the JAX backend run,
+and AMD Instinct. Numbers are dense (no sparsity) peaks per device as JAX and torch
+count devices.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any, cast
 
 #: precision names -> the key used in ``TABLE``; Lightning-style strings are accepted
 _PRECISIONS = {
@@ -40,11 +41,18 @@ TABLE: tuple[tuple[str, dict[str, float]], ...] = (
     ("mi300x", {"bf16": 1307e12, "fp16": 1307e12, "fp8": 2615e12, "fp32": 163.4e12}),
     ("mi300a", {"bf16": 980.6e12, "fp16": 980.6e12, "fp8": 1961e12, "fp32": 122.6e12}),
     ("mi250x", {"bf16": 383e12, "fp16": 383e12, "fp32": 95.7e12}),
-    # used when Lightning is not loaded (a JAX run on GPUs)
+    ("b200", {"bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "tf32": 1100e12, "fp32": 80e12}),
     ("h200", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
     ("h100 pcie", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51e12}),
     ("h100", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
+    ("h800", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
     ("a100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    ("a800", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    ("l40s", {"bf16": 362e12, "fp16": 362e12, "fp8": 733e12, "tf32": 183e12, "fp32": 91.6e12}),
+    ("l40", {"bf16": 181e12, "fp16": 181e12, "fp8": 362e12, "tf32": 90.5e12, "fp32": 90.5e12}),
+    ("l4", {"bf16": 121e12, "fp16": 121e12, "fp8": 242e12, "tf32": 60e12, "fp32": 30.3e12}),
+    ("a10g", {"bf16": 70e12, "fp16": 70e12, "tf32": 35e12, "fp32": 31.2e12}),
+    ("v100", {"fp16": 125e12, "fp32": 15.7e12}),
 )
 
 
@@ -57,29 +65,9 @@ def precision_key(precision: str) -> str:
     return key
 
 
-def _from_lightning(name: str, precision: str) -> float | None:
-    """Lightning's table for a CUDA device, when torch and Lightning are loaded."""
-    if "torch" not in sys.modules or "lightning" not in sys.modules:
-        return None
-    import torch
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    if not torch.cuda.is_available() or torch.cuda.get_device_name() != name:
-        return None
-    dtype = {
-        "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-        "tf32": "tfloat32", "fp8": "float8", "int8": torch.int8,
-    }[precision]  # fmt: skip
-    flops = get_available_flops(torch.device("cuda"), dtype)
-    return float(flops) if flops else None
-
-
 def peak_flops(device_name: str, precision: str = "bf16") -> float | None:
     """Peak FLOP/s of one device by name for ``precision``; ``None`` when unknown."""
     key = precision_key(precision)
-    found = _from_lightning(device_name, key)
-    if found is not None:
-        return found
     name = device_name.lower()
     for match, peaks in TABLE:
         if match in name:
@@ -98,7 +86,7 @@ def device_name(device_type: str) -> str:
     if device_type in ("gpu", "tpu", "cuda") and "jax" in sys.modules:
         import jax
 
-        devices = jax.devices()
+        devices: list[Any] = cast(Any, jax).devices()
         if devices:
             return str(devices[0].device_kind)
     return device_type

@@ -5,7 +5,9 @@ Example::
     Driver(backend, callbacks=[EarlyStopping("eval/loss", patience=3, min_delta=1e-3)],
            eval_every=200)
 
-Each log step that carries ``monitor`` is one check. The best value and the count
+Each evaluation (for ``eval/...`` keys) or each log step (for training keys) is one
+check; a ``monitor`` key missing from the first metrics of its phase stops the run with
+an error listing the keys that exist. The best value and the count
 of checks without improvement are saved in checkpoints, so a resumed run keeps its
 patience. The stop saves a checkpoint when a ``Checkpoint`` callback asks for saves
 on stop.
@@ -17,10 +19,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from baton.core.callback import Callback
+from baton.callbacks.monitor import Monitored
+from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.callbacks.sinks import Phase
+    from baton.core import Ability, Driver
 
 log = logging.getLogger("baton")
 
@@ -30,7 +37,7 @@ class EarlyStopping(Callback):
     """Stop after ``patience`` checks of ``monitor`` without an improvement of ``min_delta``."""
 
     state_key = "early_stopping"
-    priority = 150
+    priority = GUARD_PRIORITY
 
     def __init__(
         self,
@@ -45,6 +52,7 @@ class EarlyStopping(Callback):
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.monitor = monitor
+        self._monitored = Monitored(monitor, "EarlyStopping")
         self.patience = patience
         self.mode = mode
         self.min_delta = abs(min_delta)
@@ -72,10 +80,22 @@ class EarlyStopping(Callback):
             return value < self.best - self.min_delta
         return value > self.best + self.min_delta
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if self.monitor not in metrics:
+    def requires(self) -> frozenset[Ability]:
+        return frozenset({"evaluate"}) if self._monitored.phase == "eval" else frozenset()
+
+    def __repr__(self) -> str:
+        return f"EarlyStopping(monitor={self.monitor!r})"
+
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self._check(driver, "train", metrics)
+
+    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self._check(driver, "eval", metrics)
+
+    def _check(self, driver: Driver, phase: Phase, metrics: dict[str, float]) -> None:
+        value = self._monitored.read(phase, driver.step, metrics)
+        if value is None:
             return
-        value = float(metrics[self.monitor])
         if self.improved(value):
             self.best, self.wait = value, 0
         else:

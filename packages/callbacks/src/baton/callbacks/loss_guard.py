@@ -13,14 +13,17 @@ Detection costs no device sync of its own: every step the guard folds "is this
 loss non-finite" into a device-side flag (plain array arithmetic, the same for
 torch and jax), which reaches the host with the other metrics on log steps. A
 checkpoint step is always checked first (the guard asks for a log there), so a
-broken state is never saved: its save is withdrawn. A spike is a logged loss above
+broken state is never saved: the guard vetoes the step's save (``control.veto_save``,
+which also covers the save on stop). A spike is a logged loss above
 ``spike_factor`` times the running mean of earlier logged losses. Ranks agree
 through ``backend.all_reduce_flags`` before acting.
 
 ``action="stop"`` stops the run and names the last good checkpoint.
-``action="rollback"`` restores the newest checkpoint saved at or before the last
-step known to be good and skips the data of the steps in between (where the
-backend can, ``backend.skip_data``), up to ``max_rollbacks`` times, then stops.
+``action="rollback"`` goes back (``driver.rollback``: newer checkpoints are deleted and
+``latest`` points at it) to the newest checkpoint saved at or before the last step known
+to be good and skips the data of the steps in between (``backend.skip_data``), up to
+``max_rollbacks`` times, then stops. It needs the backend's ``skip_data`` ability: on a
+backend without it the run fails before its first step.
 
 Metric keys logged: ``guard/nonfinite`` (1.0 when a non-finite loss occurred since
 the last log step), ``guard/loss_mean`` (the running mean used for spikes),
@@ -31,11 +34,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from baton.core import checkpointing as ckpt
-from baton.core.callback import Callback
+from baton.core.backend import SkipsData
+from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Ability, Driver, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -54,7 +62,7 @@ class LossGuard(Callback):
     """
 
     state_key = "loss_guard"
-    priority = 150  # after Checkpoint's and Preemption's save requests, before loggers
+    priority = GUARD_PRIORITY
 
     def __init__(
         self,
@@ -82,7 +90,6 @@ class LossGuard(Callback):
         self.last_good_step = 0
         self._bad: Any = None
         self._rollback_from: int | None = None
-        self._save_on_stop_before = True
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -96,12 +103,18 @@ class LossGuard(Callback):
         self.loss_mean = state.get("loss_mean")
         self.logs_seen = int(state.get("logs_seen", 0))
 
-    def on_load_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:
+    def requires(self) -> frozenset[Ability]:
+        return frozenset({"skip_data"}) if self.action == "rollback" else frozenset()
+
+    def __repr__(self) -> str:
+        return f"LossGuard(action={self.action!r})"
+
+    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         self.last_good_step = driver.step
         self._bad = None
 
     # -- detection ------------------------------------------------------------------
-    def on_step_end(self, driver: Any, output: Any) -> None:
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         loss = output.loss
         if loss is not None:
             bad = (loss - loss) != 0  # True for NaN and +-Inf; an array op, no sync
@@ -117,11 +130,14 @@ class LossGuard(Callback):
             if (agreed and "log" not in ctl.agreed) or not ctl.log:
                 ctl.request_log("loss guard checks before saving", all_ranks=agreed)
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if "guard/nonfinite" not in metrics and "loss" not in metrics:
-            return  # evaluation results
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         self._bad = None
-        loss = metrics.get("loss", float("nan"))
+        if "loss" not in metrics:
+            raise ValueError(
+                f"LossGuard: backend {driver.backend.name!r} returned no loss (StepOutput.loss "
+                f"is None); the metrics of step {driver.step} are {sorted(metrics)}"
+            )
+        loss = metrics["loss"]
         nonfinite = metrics.get("guard/nonfinite", 0.0) > 0 or not math.isfinite(loss)
         spike = (
             self.spike_factor is not None
@@ -150,16 +166,15 @@ class LossGuard(Callback):
         self._act(driver, what)
 
     # -- action ---------------------------------------------------------------------
-    def _good_checkpoint(self, driver: Any) -> tuple[Any, dict[str, Any]] | None:
+    def _good_checkpoint(self, driver: Driver) -> tuple[Path, dict[str, Any]] | None:
         for path, meta in ckpt.resumable(driver.checkpoint_dir):
             if int(meta["step"]) <= self.last_good_step:
                 return path, meta
         return None
 
-    def _act(self, driver: Any, what: str) -> None:
+    def _act(self, driver: Driver, what: str) -> None:
         # never save the broken state, now or on the way out
-        driver.control.withdraw("save")
-        driver.save_on_stop = False
+        driver.control.veto_save(what)
         good = self._good_checkpoint(driver)
         where = (
             f"steps {self.last_good_step + 1}..{driver.step}"
@@ -185,27 +200,16 @@ class LossGuard(Callback):
         log.error(message)
         driver.control.request_stop(message, all_ranks=True)
 
-    def on_step_start(self, driver: Any) -> None:
+    def on_step_start(self, driver: Driver) -> None:
         if self._rollback_from is None:
             return
         bad_step, self._rollback_from = self._rollback_from, None
         good = self._good_checkpoint(driver)
         assert good is not None
-        path = driver.load_checkpoint(good[0])
-        if driver.is_global_zero:  # later checkpoints belong to the abandoned timeline
-            for later in ckpt.list_checkpoints(driver.checkpoint_dir):
-                if (ckpt.checkpoint_step(later) or 0) > driver.step:
-                    ckpt.remove_checkpoint(later)
-            ckpt.update_latest(driver.checkpoint_dir, path)
-        driver.backend.barrier()
+        driver.rollback(good[0])
         self.rollbacks += 1
         skip = bad_step - driver.step
-        try:
-            driver.backend.skip_data(skip)
-            log.warning("rolled back to step %d, skipped the data of %d steps", driver.step, skip)
-        except NotImplementedError as error:
-            log.warning("rolled back to step %d; %s: the same data comes again", driver.step, error)
-        driver.save_on_stop = self._save_on_stop_before
-
-    def on_train_start(self, driver: Any) -> None:
-        self._save_on_stop_before = driver.save_on_stop
+        backend = driver.backend
+        assert isinstance(backend, SkipsData)  # requires() made the driver check it
+        backend.skip_data(skip)
+        log.warning("rolled back to step %d, skipped the data of %d steps", driver.step, skip)

@@ -16,12 +16,15 @@ Metric keys logged: ``memory/host_rss_gib``; on accelerators
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 
-from baton.core.callback import Callback
+from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver
 
 GIB = float(1 << 30)
 
@@ -41,7 +44,8 @@ def device_memory(device_type: str) -> dict[str, float]:
     if device_type in ("gpu", "tpu", "cuda") and "jax" in sys.modules:
         import jax
 
-        stats = jax.local_devices()[0].memory_stats() or {}
+        device: Any = cast(Any, jax).local_devices()[0]
+        stats: dict[str, Any] = device.memory_stats() or {}
         if "peak_bytes_in_use" in stats:
             return {"memory/device_peak_gib": stats["peak_bytes_in_use"] / GIB}
     return {}
@@ -51,13 +55,11 @@ def device_memory(device_type: str) -> dict[str, float]:
 class MemoryMonitor(Callback):
     """Log peak device memory and host RSS on log steps."""
 
-    priority = 10
+    priority = METRIC_PRIORITY
 
     def __init__(self) -> None:
         self._process = psutil.Process()
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if "loss" not in metrics:
-            return
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         metrics["memory/host_rss_gib"] = self._process.memory_info().rss / GIB
         metrics.update(device_memory(driver.backend.device_type))

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from baton.core.callback import Callback
+from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver
 
 log = logging.getLogger("baton")
 
@@ -33,7 +36,7 @@ GRAD_NORM_KEYS = ("grad_norm", "grad-norm", "gradient_norm", "total_norm", "grad
 class OptimizerMonitor(Callback):
     """Copy the backend's learning rate and grad norm to ``optim/lr`` / ``optim/grad_norm``."""
 
-    priority = 10
+    priority = METRIC_PRIORITY
 
     def __init__(
         self, lr_keys: Sequence[str] = LR_KEYS, grad_norm_keys: Sequence[str] = GRAD_NORM_KEYS
@@ -41,10 +44,8 @@ class OptimizerMonitor(Callback):
         self.aliases = {"optim/lr": tuple(lr_keys), "optim/grad_norm": tuple(grad_norm_keys)}
         self._reported = False
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if "loss" not in metrics:
-            return
-        missing = []
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        missing: list[str] = []
         for target, keys in self.aliases.items():
             found = next((k for k in keys if k in metrics), None)
             if found is None:

@@ -29,10 +29,13 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from baton.core.callback import Callback
+from baton.core.callback import STOP_REQUEST_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -41,7 +44,7 @@ log = logging.getLogger("baton")
 class Preemption(Callback):
     """On SIGTERM/SIGUSR1: finish the step, save a checkpoint, stop cleanly (exit 0)."""
 
-    priority = 50
+    priority = STOP_REQUEST_PRIORITY
 
     def __init__(
         self,
@@ -62,14 +65,14 @@ class Preemption(Callback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum).name
 
-    def on_train_start(self, driver: Any) -> None:
+    def on_train_start(self, driver: Driver) -> None:
         if threading.current_thread() is not threading.main_thread():
             log.warning("Preemption: not on the main thread, signal handlers not installed")
             return
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
 
-    def on_step_end(self, driver: Any, output: Any) -> None:
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         if self.received is None:
             return
         reason = f"received {self.received} (preemption)"
@@ -99,7 +102,7 @@ class Preemption(Callback):
                 done.stderr.strip() or f"scontrol exit {done.returncode}",
             )
 
-    def on_teardown(self, driver: Any) -> None:
+    def on_teardown(self, driver: Driver) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -58,7 +61,7 @@ class Profiler(Callback):
     def end_step(self) -> int:
         return self.start_step + self.num_steps - 1
 
-    def on_step_start(self, driver: Any) -> None:
+    def on_step_start(self, driver: Driver) -> None:
         if driver.step + 1 != self.start_step or self.library is None:
             return
         out = self.output_dir or Path(driver.log_dir) / "profiler"
@@ -76,28 +79,28 @@ class Profiler(Callback):
         else:
             import jax
 
-            jax.profiler.start_trace(str(out))
+            jax.profiler.start_trace(str(out))  # pyright: ignore[reportUnknownMemberType]
             self._active = "jax"
             self.trace_path = out
         log.info("profiling steps %d..%d", self.start_step, self.end_step)
 
-    def on_step_end(self, driver: Any, output: Any) -> None:
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         if self.library is None:
             self.library = array_library(output.loss)
         if self._active is not None and driver.step >= self.end_step:
             self._stop(driver)
 
-    def _stop(self, driver: Any) -> None:
+    def _stop(self, driver: Driver) -> None:
         active, self._active = self._active, None
         if active == "jax":
             import jax
 
-            jax.profiler.stop_trace()
+            jax.profiler.stop_trace()  # pyright: ignore[reportUnknownMemberType]
         else:
             active.__exit__(None, None, None)
             active.export_chrome_trace(str(self.trace_path))
         log.info("profile written to %s", self.trace_path)
 
-    def on_teardown(self, driver: Any) -> None:
+    def on_teardown(self, driver: Driver) -> None:
         if self._active is not None:  # the run ended inside the window
             self._stop(driver)

@@ -4,27 +4,30 @@ Example::
 
     Driver(backend, callbacks=[Progress()], max_steps=300)
 
-Reads ``loss`` and, when present, ``eval/loss`` from log-step metrics; logs nothing.
+Reads ``loss`` from log steps and ``eval/loss`` from evaluations; logs nothing.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from baton.core.callback import Callback
+from baton.core.callback import DISPLAY_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver
 
 
 @CALLBACKS.register("progress")
 class Progress(Callback):
     """Live progress bar with step, loss, tokens/s and ETA (rank 0 only)."""
 
-    priority = 200  # after monitors, so their metrics are there
+    priority = DISPLAY_PRIORITY
 
     def __init__(self, console: Console | None = None, refresh_per_second: float = 4.0) -> None:
         self.console = console or Console(stderr=True)
@@ -34,8 +37,9 @@ class Progress(Callback):
         self._last = (0.0, 0)
         self._loss = float("nan")
         self._rate = 0.0
+        self._eval_loss: float | None = None
 
-    def on_train_start(self, driver: Any) -> None:
+    def on_train_start(self, driver: Driver) -> None:
         if not driver.is_global_zero:
             return
         self._bar = RichProgress(
@@ -54,25 +58,32 @@ class Progress(Callback):
         )
         self._last = (time.monotonic(), driver.tokens)
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if self._bar is None:
-            return
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         now = time.monotonic()
         then, tokens_then = self._last
-        if driver.tokens > tokens_then:  # an eval-only log keeps the last rate
+        if driver.tokens > tokens_then:
             self._rate = (driver.tokens - tokens_then) / max(now - then, 1e-9)
             self._last = (now, driver.tokens)
         self._loss = metrics.get("loss", self._loss)
+        self._show(driver)
+
+    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self._eval_loss = metrics.get("eval/loss", self._eval_loss)
+        self._show(driver)
+
+    def _show(self, driver: Driver) -> None:
+        if self._bar is None:
+            return
         info = f"loss {self._loss:.4f}  {self._rate:,.0f} tok/s"
-        if "eval/loss" in metrics:
-            info += f"  eval {metrics['eval/loss']:.4f}"
+        if self._eval_loss is not None:
+            info += f"  eval {self._eval_loss:.4f}"
         self._bar.update(self._task, completed=driver.step, info=info)
 
-    def on_train_end(self, driver: Any) -> None:
+    def on_train_end(self, driver: Driver) -> None:
         if self._bar is not None:
             self._bar.update(self._task, completed=driver.step)
 
-    def on_teardown(self, driver: Any) -> None:
+    def on_teardown(self, driver: Driver) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

@@ -18,18 +18,21 @@ reports flops per token) and ``throughput/mfu`` (when the peak is known).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baton.callbacks.device_flops import device_name, peak_flops, precision_key
-from baton.core.callback import Callback
+from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver
 
 
 @CALLBACKS.register("throughput")
 class ThroughputMonitor(Callback):
     """Log tokens/s, samples/s, step time and MFU (from the backend's flops per token)."""
 
-    priority = 10  # before loggers and the progress bar, which show its keys
+    priority = METRIC_PRIORITY
 
     def __init__(self, peak_flops: float | None = None, precision: str = "bf16") -> None:
         """``peak_flops`` per device overrides the table; ``precision`` (``bf16``,
@@ -40,22 +43,22 @@ class ThroughputMonitor(Callback):
         self.precision = precision
         self._window: tuple[float, int, int, int] | None = None
 
-    def on_train_start(self, driver: Any) -> None:
+    def on_train_start(self, driver: Driver) -> None:
         if self.peak_flops is None:
             self.peak_flops = peak_flops(
                 device_name(driver.backend.device_type), self.precision
             )
         self._reset(driver)
 
-    def on_load_checkpoint(self, driver: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         self._reset(driver)  # a rollback moves the counters back
 
-    def _reset(self, driver: Any) -> None:
+    def _reset(self, driver: Driver) -> None:
         self._window = (time.perf_counter(), driver.step, driver.tokens, driver.samples)
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if self._window is None or "loss" not in metrics:
-            return  # evaluation results come as their own on_log
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        if self._window is None:
+            return
         then, step0, tokens0, samples0 = self._window
         steps = driver.step - step0
         if steps <= 0:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-from baton.core.callback import Callback
+from baton.core.callback import STOP_REQUEST_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from baton.core import Driver, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -31,7 +34,7 @@ log = logging.getLogger("baton")
 class TimeLimit(Callback):
     """Stop with a checkpoint once this process has run ``minutes`` of wall time."""
 
-    priority = 50
+    priority = STOP_REQUEST_PRIORITY
 
     def __init__(self, minutes: float, *, save: bool = True) -> None:
         if minutes <= 0:
@@ -44,7 +47,7 @@ class TimeLimit(Callback):
     def elapsed_min(self) -> float:
         return (time.monotonic() - self._start) / 60
 
-    def on_step_end(self, driver: Any, output: Any) -> None:
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         if self._fired or self.elapsed_min() < self.minutes:
             return
         self._fired = True
@@ -54,6 +57,5 @@ class TimeLimit(Callback):
         if self.save:
             driver.control.request_save(reason)
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            metrics["time/elapsed_min"] = self.elapsed_min()
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        metrics["time/elapsed_min"] = self.elapsed_min()

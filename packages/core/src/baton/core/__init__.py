@@ -10,13 +10,32 @@ Example::
         def __init__(self, threshold: float) -> None:
             self.threshold = threshold
 
-        def on_log(self, driver, metrics):
+        def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
             if metrics["loss"] < self.threshold:
                 driver.control.request_stop(f"loss {metrics['loss']:.3f} < {self.threshold}")
 """
 
-from baton.core.backend import Backend, BackendBase, PendingSave
-from baton.core.callback import Callback
+from baton.core.backend import (
+    Ability,
+    Backend,
+    BackendBase,
+    Evaluates,
+    MissingAbilityError,
+    PendingSave,
+    SavesAsync,
+    SkipsData,
+    abilities,
+)
+from baton.core.callback import (
+    CHECKPOINT_PRIORITY,
+    DISPLAY_PRIORITY,
+    GUARD_PRIORITY,
+    LOGGER_PRIORITY,
+    METRIC_PRIORITY,
+    PATCH_PRIORITY,
+    STOP_REQUEST_PRIORITY,
+    Callback,
+)
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
@@ -28,21 +47,34 @@ from baton.core.registry import BACKENDS, CALLBACKS, Registry, UnknownNameError
 __all__ = [
     "BACKENDS",
     "CALLBACKS",
+    "CHECKPOINT_PRIORITY",
+    "DISPLAY_PRIORITY",
     "EXIT_HOOKS",
+    "GUARD_PRIORITY",
     "HOOKS",
+    "LOGGER_PRIORITY",
+    "METRIC_PRIORITY",
     "PATCHES",
+    "PATCH_PRIORITY",
+    "STOP_REQUEST_PRIORITY",
+    "Ability",
     "Backend",
     "BackendBase",
     "Callback",
     "CheckpointError",
     "Control",
     "Driver",
+    "Evaluates",
+    "MissingAbilityError",
     "Patch",
     "PatchRecorder",
     "PendingSave",
     "Registry",
     "RunResult",
+    "SavesAsync",
+    "SkipsData",
     "StepOutput",
     "UnknownNameError",
+    "abilities",
     "register_patch",
 ]

@@ -4,16 +4,44 @@ A backend wraps a training system (Lightning Fabric, TorchTitan, Megatron-Core,
 MaxText) and exposes just what the loop needs. It calls the system's real step
 function; baton never re-implements it.
 
+``Backend`` lists everything the driver and the standard callbacks call. Abilities a
+backend may lack are small protocols of their own, found in one place
+(``abilities``): ``evaluate`` (``Evaluates``), ``skip_data`` (``SkipsData``),
+``async_save`` (``SavesAsync`` with ``supports_async_save`` true) and ``multi_rank``
+(flags and barriers that really span ranks). A callback that needs one says so in
+``Callback.requires``; the driver checks after ``backend.setup`` and before the first
+step, and names the callback and the missing ability.
+
 ``BackendBase`` supplies single-process defaults; a backend overrides what differs.
+A minimal backend (``tests/support/scalar_backend.py`` type-checks against ``Backend``)::
+
+    class ScalarBackend(BackendBase):
+        name = "scalar"
+
+        def setup(self) -> None: ...
+        def train_step(self, step: int) -> StepOutput: ...
+        def save(self, directory: Path, *, asynchronous: bool = False) -> None: ...
+        def load(self, directory: Path) -> None: ...
+        def evaluate(self) -> dict[str, float]: ...      # optional: the evaluate ability
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from baton.core.metrics import StepOutput, to_float
+
+#: what a backend may or may not be able to do; see ``abilities``
+Ability = Literal["evaluate", "skip_data", "async_save", "multi_rank"]
+
+ABILITY_HINTS: dict[str, str] = {
+    "evaluate": "an evaluate() method returning host or lazy metrics",
+    "skip_data": "a skip_data(steps) method that advances the training data",
+    "async_save": "supports_async_save = True and save(asynchronous=True) returning a handle",
+    "multi_rank": "barrier() and all_reduce_flags() that span every rank",
+}
 
 
 @runtime_checkable
@@ -27,11 +55,17 @@ class PendingSave(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
+    """Everything the driver and the standard callbacks call on a backend."""
+
+    #: the registry name (``fabric``, ``torchtitan``, ...); patches select on it
     name: str
+    #: the native config, editable by callbacks in ``on_configure``
     config: Any
 
     @property
-    def version(self) -> str: ...
+    def version(self) -> str:
+        """The installed version of the training system (patches' version ranges)."""
+        ...
 
     @property
     def rank(self) -> int: ...
@@ -40,29 +74,132 @@ class Backend(Protocol):
     def world_size(self) -> int: ...
 
     @property
-    def flops_per_token(self) -> float | None: ...
+    def device_type(self) -> str:
+        """``cpu``, ``cuda``, ``tpu``, ... (what the device-peak FLOPs table is keyed on)."""
+        ...
 
-    def setup(self) -> None: ...
+    @property
+    def flops_per_token(self) -> float | None:
+        """Model FLOPs per token of one training step (for MFU), or ``None``."""
+        ...
 
-    def train_step(self, step: int) -> StepOutput: ...
+    def setup(self) -> None:
+        """Build model, optimizer, data and step function (after ``on_configure``)."""
+        ...
+
+    def train_step(self, step: int) -> StepOutput:
+        """Run optimizer step ``step`` through the system's real step function."""
+        ...
+
+    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Bring lazy values (device arrays) to the host, in one transfer."""
+        ...
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        """OR of each flag over every rank."""
+        ...
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        ...
+
+    def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
+        """Write the native checkpoint under ``directory``; a handle when asynchronous."""
+        ...
+
+    def load(self, directory: Path) -> None:
+        """Restore what ``save`` wrote (weights, optimizer, data position, RNG)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Facts recorded in each checkpoint so a mismatched resume fails clearly."""
+        ...
+
+    def teardown(self) -> None:
+        """Release what ``setup`` built."""
+        ...
+
+
+@runtime_checkable
+class Evaluates(Protocol):
+    """Ability ``evaluate``: metrics of a held-out set (lazy values are fine)."""
 
     def evaluate(self) -> Mapping[str, Any]: ...
 
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]: ...
 
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]: ...
+@runtime_checkable
+class SkipsData(Protocol):
+    """Ability ``skip_data``: advance the training data by ``steps`` optimizer steps'
+    worth of batches without training on them (a guard skipping a bad window)."""
 
-    def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None: ...
+    def skip_data(self, steps: int) -> None: ...
 
-    def load(self, directory: Path) -> None: ...
 
-    def barrier(self) -> None: ...
+@runtime_checkable
+class SavesAsync(Protocol):
+    """Ability ``async_save``: ``save(asynchronous=True)`` overlaps with training."""
 
-    def teardown(self) -> None: ...
+    @property
+    def supports_async_save(self) -> bool: ...
+
+
+def abilities(backend: Backend) -> frozenset[Ability]:
+    """The optional abilities of ``backend`` (the one place they are decided).
+
+    Read after ``backend.setup``: some depend on the built run (a Fabric strategy that
+    cannot save asynchronously, the number of ranks).
+    """
+    found: set[Ability] = set()
+    if isinstance(backend, Evaluates):
+        found.add("evaluate")
+    if isinstance(backend, SkipsData):
+        found.add("skip_data")
+    if isinstance(backend, SavesAsync) and backend.supports_async_save:
+        found.add("async_save")
+    single = isinstance(backend, BackendBase) and (
+        type(backend).all_reduce_flags is BackendBase.all_reduce_flags
+        or type(backend).barrier is BackendBase.barrier
+    )
+    if not single:
+        found.add("multi_rank")
+    return frozenset(found)
+
+
+class MissingAbilityError(ValueError):
+    """A callback (or a driver setting) needs an ability the backend does not have."""
+
+
+def check_abilities(
+    backend: Backend, needs: Mapping[str, frozenset[Ability] | set[Ability]]
+) -> frozenset[Ability]:
+    """Raise ``MissingAbilityError`` naming each requester and what it lacks.
+
+    ``needs`` maps who asks (``"LossGuard(action='rollback')"``, ``"eval_every=100"``)
+    to the abilities it needs. Returns the backend's abilities.
+    """
+    have = abilities(backend)
+    problems = [
+        f"{who} needs {ability!r} ({ABILITY_HINTS[ability]})"
+        for who, wanted in needs.items()
+        for ability in sorted(wanted)
+        if ability not in have
+    ]
+    if problems:
+        raise MissingAbilityError(
+            f"backend {backend.name!r} lacks what this run needs:\n  "
+            + "\n  ".join(problems)
+            + f"\nit has: {', '.join(sorted(have)) or 'none of the optional abilities'}; "
+            "remove or reconfigure those callbacks or settings, or use a backend that can"
+        )
+    return have
 
 
 class BackendBase:
-    """Defaults for a single-process backend. Subclasses set ``name`` and the rest."""
+    """Defaults for a single-process backend. Subclasses set ``name`` and the rest.
+
+    Optional abilities are not defaulted here: a subclass that defines ``evaluate``
+    or ``skip_data`` has them; ``supports_async_save`` says whether saves overlap.
+    """
 
     name: str = "base"
     #: distribution whose installed version is this backend's ``version``
@@ -105,9 +242,6 @@ class BackendBase:
     def train_step(self, step: int) -> StepOutput:
         raise NotImplementedError
 
-    def evaluate(self) -> Mapping[str, Any]:
-        raise NotImplementedError(f"backend {self.name!r} has no evaluation configured")
-
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Bring lazy values to the host; subclasses batch this into one transfer."""
         return {k: to_float(v) for k, v in values.items()}
@@ -120,11 +254,6 @@ class BackendBase:
 
     def load(self, directory: Path) -> None:
         raise NotImplementedError
-
-    def skip_data(self, steps: int) -> None:
-        """Advance the training data by ``steps`` optimizer steps' worth of batches
-        without training on them (a guard skipping a bad window after a rollback)."""
-        raise NotImplementedError(f"backend {self.name!r} cannot skip training data")
 
     def barrier(self) -> None:
         """Wait for every rank (no-op with one process)."""

@@ -10,8 +10,13 @@ Example::
     class PrintLoss(Callback):
         '''Print the loss on every log step.'''
 
-        def on_log(self, driver, metrics):
+        def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
             print(driver.step, metrics["loss"])
+
+``on_log`` carries training metrics only; evaluation results arrive in
+``on_eval_end``. A callback that needs an optional backend ability (``skip_data``,
+``evaluate``, ...) returns it from ``requires``; the run then fails before its first
+step on a backend without it.
 
 Stateful callbacks set a unique ``state_key`` and implement ``state_dict`` /
 ``load_state_dict``; their state travels in every checkpoint (it must be JSON
@@ -24,8 +29,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from baton.core.backend import Ability
     from baton.core.driver import Driver
     from baton.core.metrics import StepOutput
+
+# Priorities where the order of callbacks matters (lower runs first on entry hooks and
+# last on exit hooks; the default is 0). Each says why it sits where it does.
+
+#: patches change the backend before any callback sees it, and unwind last
+PATCH_PRIORITY = -1000
+#: monitors add metric keys in ``on_log`` that guards, checkpoint scoring and loggers read
+METRIC_PRIORITY = 10
+#: signals and time limits request save + stop in ``on_step_end``, before a guard checks
+#: the step that saves
+STOP_REQUEST_PRIORITY = 50
+#: periodic save requests in ``on_step_end`` (before guards); scores read after monitors
+CHECKPOINT_PRIORITY = 100
+#: guards and early stopping see every save request of the step (so a saving step is
+#: checked first and a broken state's save is vetoed) and every monitor's keys
+GUARD_PRIORITY = 150
+#: displays show every key the callbacks before them added
+DISPLAY_PRIORITY = 200
+#: loggers write last, when every key is in
+LOGGER_PRIORITY = 250
 
 
 class Callback:
@@ -43,6 +69,11 @@ class Callback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned (called on resume)."""
+
+    def requires(self) -> frozenset[Ability]:
+        """Optional backend abilities this callback needs (``"skip_data"``, ``"evaluate"``,
+        ``"async_save"``, ``"multi_rank"``); checked once before the first step."""
+        return frozenset()
 
     # -- hooks -----------------------------------------------------------------
     def on_configure(self, driver: Driver) -> None:
@@ -64,13 +95,15 @@ class Callback:
         """A step finished. ``output`` holds lazy backend values: reading them syncs."""
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        """Host-side metrics of a log step. Callbacks may add keys for later callbacks."""
+        """Host-side training metrics of a log step (never evaluation results).
+        Callbacks may add keys for later callbacks."""
 
     def on_eval_start(self, driver: Driver) -> None:
         """Evaluation is about to run."""
 
     def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
-        """Evaluation finished with these host-side metrics."""
+        """Evaluation finished with these host-side metrics (keys ``eval/...``).
+        Callbacks may add keys for later callbacks."""
 
     def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         """A checkpoint is being written; entries added to ``checkpoint`` go to ``baton.json``."""

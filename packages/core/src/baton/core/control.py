@@ -23,6 +23,8 @@ class Control:
     reasons: dict[str, list[str]] = field(default_factory=dict)
     #: flags every rank agrees on without a collective
     agreed: set[str] = field(default_factory=set)
+    #: why this step's state must not be saved at all (``veto_save``), or ``None``
+    save_vetoed: str | None = None
 
     def _request(self, flag: str, reason: str, all_ranks: bool) -> None:
         setattr(self, flag, True)
@@ -55,12 +57,16 @@ class Control:
         self.reasons.pop(flag, None)
         self.agreed.discard(flag)
 
+    def veto_save(self, reason: str) -> None:
+        """This step's state must not be saved: withdraw a save request and skip the
+        save-on-stop too (a guard that found a broken state). Cleared after the step.
+        Under several ranks, veto only what every rank decides alike."""
+        self.withdraw("save")
+        self.save_vetoed = reason
+
     def reason(self, flag: str) -> str:
         """The reasons given for ``flag``, joined; empty when none."""
         return "; ".join(self.reasons.get(flag, []))
-
-    def pending(self) -> bool:
-        return any(getattr(self, f) for f in FLAGS)
 
     def as_list(self) -> list[bool]:
         return [getattr(self, f) for f in FLAGS]
@@ -71,9 +77,3 @@ class Control:
             if value and not getattr(self, flag):
                 setattr(self, flag, True)
                 self.reasons.setdefault(flag, []).append("requested on another rank")
-
-    def reset(self) -> None:
-        for f in FLAGS:
-            setattr(self, f, False)
-        self.reasons.clear()
-        self.agreed.clear()

@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from baton.core import checkpointing as ckpt
-from baton.core.backend import Backend, PendingSave
+from baton.core.backend import (
+    Ability,
+    Backend,
+    Evaluates,
+    PendingSave,
+    check_abilities,
+)
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
@@ -73,12 +79,19 @@ class Driver:
         callbacks: callbacks and patches; registered patches of the backend are added.
         max_steps / max_tokens / max_time_s: stop conditions (any that is set).
         log_every: the log cadence; metrics reach the host only on log steps.
-        eval_every: evaluate every N steps (``None``: only when a callback asks).
+        eval_every: evaluate every N steps (``None``: only when a callback asks);
+            evaluation is its own phase: its metrics reach ``on_eval_end``, not ``on_log``.
         run_dir: where checkpoints and logs go (``runs/<name>``).
         resume: ``"none"``, ``"auto"`` (newest complete checkpoint, if any) or a path.
         patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``);
             ``None`` reads ``BATON_PATCHES``.
         settings: the recipe's parameters, recorded in each checkpoint.
+        save_on_stop: write a checkpoint whenever the run stops (end, limits, signals).
+        async_save: save asynchronously where the backend can (``async_save`` ability).
+
+    Callbacks that own the save policy (``Checkpoint``) set it through
+    ``configure_saving`` in ``on_configure``; a guard that must not let a broken state
+    be saved calls ``control.veto_save``; a rollback is ``rollback(path)``.
     """
 
     def __init__(
@@ -95,6 +108,8 @@ class Driver:
         resume: str | Path = "none",
         patches: str | None = None,
         settings: dict[str, Any] | None = None,
+        save_on_stop: bool = False,
+        async_save: bool = False,
     ) -> None:
         if max_steps is None and max_tokens is None and max_time_s is None:
             raise ValueError("set at least one of max_steps, max_tokens, max_time_s")
@@ -113,17 +128,15 @@ class Driver:
         self.settings: dict[str, Any] = dict(settings or {})
 
         self.control = Control()
-        #: write a checkpoint whenever the run stops (the Checkpoint callback sets it)
-        self.save_on_stop = False
-        #: save asynchronously where the backend supports it
-        self.async_save = False
+        #: write a checkpoint whenever the run stops (see ``configure_saving``)
+        self.save_on_stop = save_on_stop
+        #: save asynchronously where the backend supports it (see ``configure_saving``)
+        self.async_save = async_save
 
         self.step = 0
         self.tokens = 0
         self.samples = 0
         self.train_time_s = 0.0
-        self.last_output: StepOutput | None = None
-        self.last_metrics: dict[str, float] = {}
         self.stop_reason = ""
         self.resumed_from: Path | None = None
         self.patch_report: list[PatchDecision] = []
@@ -133,6 +146,8 @@ class Driver:
         self._clock_start = 0.0
         self._time_before = 0.0
         self._dispatch = Dispatcher([])
+        self._abilities: frozenset[Ability] = frozenset()
+        self._training = False
 
     # -- properties ----------------------------------------------------------------
     @property
@@ -154,6 +169,26 @@ class Driver:
     def dispatch(self, hook: str, *args: Any) -> None:
         self._dispatch(hook, self, *args)
 
+    @property
+    def abilities(self) -> frozenset[Ability]:
+        """The backend's optional abilities (known after ``backend.setup``)."""
+        return self._abilities
+
+    def configure_saving(
+        self, *, on_stop: bool | None = None, asynchronous: bool | None = None
+    ) -> None:
+        """Set the save policy (from a callback's ``on_configure`` or ``on_setup``):
+        ``on_stop`` writes a checkpoint whenever the run stops, ``asynchronous`` saves
+        in the background where the backend can. ``None`` leaves a setting as it is."""
+        if self._training:
+            raise RuntimeError(
+                "configure_saving after training started: call it in on_configure or on_setup"
+            )
+        if on_stop is not None:
+            self.save_on_stop = on_stop
+        if asynchronous is not None:
+            self.async_save = asynchronous
+
     # -- the loop ---------------------------------------------------------------------
     def fit(self) -> RunResult:
         """Run training to a stop condition; always tears down, even when it raises."""
@@ -161,12 +196,14 @@ class Driver:
         try:
             self.dispatch("on_configure")
             self.backend.setup()
+            self._abilities = self._check_abilities()
             self._write_patch_report()
             self._write_run_record()
             self.dispatch("on_setup")
             self._resume()
             self._clock_start = time.monotonic()
             self._time_before = self.train_time_s
+            self._training = True
             self.dispatch("on_train_start")
             while not self._limit_reached_before_step():
                 self.dispatch("on_step_start")
@@ -175,7 +212,6 @@ class Driver:
                 self.tokens += output.tokens
                 self.samples += output.samples
                 self.train_time_s = self._time_before + time.monotonic() - self._clock_start
-                self.last_output = output
                 self._check_limits()
                 self.dispatch("on_step_end", output)
                 if self._handle_events(output):
@@ -208,7 +244,8 @@ class Driver:
             self._evaluate()
         acting = self._after_log_and_eval(acting)
         stop = "stop" in acting
-        if "save" in acting or (stop and self.save_on_stop):
+        vetoed = self.control.save_vetoed is not None
+        if not vetoed and ("save" in acting or (stop and self.save_on_stop)):
             self._save(self.control.reason("save") or f"stop: {self.control.reason('stop')}")
         if stop:
             self.stop_reason = self.control.reason("stop")
@@ -265,6 +302,7 @@ class Driver:
             setattr(self.control, flag, False)
             self.control.reasons.pop(flag, None)
             self.control.agreed.discard(flag)
+        self.control.save_vetoed = None
 
     # -- log and eval -----------------------------------------------------------------
     def _log(self, output: StepOutput) -> None:
@@ -275,15 +313,17 @@ class Driver:
         metrics.update(
             tokens=float(self.tokens), samples=float(self.samples), train_time_s=self.train_time_s
         )
-        self.last_metrics = metrics
         self.dispatch("on_log", metrics)
 
     def _evaluate(self) -> None:
+        """The evaluation phase: its metrics (keys ``eval/...``) go to ``on_eval_end``."""
+        backend = self.backend
+        if not isinstance(backend, Evaluates):
+            raise RuntimeError(f"backend {backend.name!r} cannot evaluate (no evaluate())")
         self.dispatch("on_eval_start")
-        values = self.backend.fetch(dict(self.backend.evaluate()))
+        values = backend.fetch(dict(backend.evaluate()))
         metrics = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in values.items()}
         self.dispatch("on_eval_end", metrics)
-        self.dispatch("on_log", dict(metrics))
 
     # -- checkpoints ------------------------------------------------------------------
     def _checkpoint_meta(self, reason: str) -> dict[str, Any]:
@@ -331,7 +371,7 @@ class Driver:
         self.backend.barrier()
         meta = self._checkpoint_meta(reason)
         self.dispatch("on_save_checkpoint", meta)
-        asynchronous = self.async_save and getattr(self.backend, "supports_async_save", False)
+        asynchronous = self.async_save and "async_save" in self._abilities
         try:
             handle = self.backend.save(tmp / ckpt.BACKEND_DIR, asynchronous=asynchronous)
         except BaseException:
@@ -439,6 +479,27 @@ class Driver:
         self._time_before = self.train_time_s
         return path
 
+    def rollback(self, path: str | Path) -> Path:
+        """Go back to the complete checkpoint ``path``, abandoning what came after it.
+
+        Checkpoints newer than ``path`` belong to the abandoned timeline: they are
+        deleted and ``latest`` points at ``path`` again (on rank 0, between barriers);
+        then the backend state and the counters come back as in ``load_checkpoint``
+        (callback states stay). Call it from ``on_step_start``.
+        """
+        path = Path(path)
+        meta = ckpt.read_meta(path)
+        self._poll_pending(block=True)
+        target = int(meta["step"])
+        if self.is_global_zero:
+            for later in ckpt.list_checkpoints(self.checkpoint_dir):
+                if (ckpt.checkpoint_step(later) or 0) > target:
+                    ckpt.remove_checkpoint(later)
+            ckpt.update_latest(self.checkpoint_dir, path)
+        self.backend.barrier()
+        self.saved = [p for p in self.saved if (ckpt.checkpoint_step(p) or 0) <= target]
+        return self.load_checkpoint(path)
+
     def _check_compatible(self, path: Path, meta: dict[str, Any]) -> None:
         saved = meta.get("backend", {})
         current = {"name": self.backend.name, **self.backend.describe()}
@@ -498,6 +559,23 @@ class Driver:
                 f"this is restart {restarts} of the job, but its run directory {self.run_dir} "
                 "is gone: nothing to resume. Restore it, or submit a new job to start fresh"
             )
+
+    def _check_abilities(self) -> frozenset[Ability]:
+        """The one place optional backend abilities are checked: what the settings and
+        each callback's ``requires`` need must be there before the first step."""
+        needs: dict[str, set[Ability]] = {}
+        if self.eval_every:
+            needs[f"eval_every={self.eval_every}"] = {"evaluate"}
+        if self.backend.world_size > 1:
+            needs[f"a run on {self.backend.world_size} ranks"] = {"multi_rank"}
+        for cb in self.callbacks:
+            wanted = cb.requires()
+            if wanted:
+                needs.setdefault(repr(cb), set()).update(wanted)
+        have = check_abilities(self.backend, needs)
+        if self.async_save and "async_save" not in have:
+            log.info("backend %s saves synchronously (no async_save ability)", self.backend.name)
+        return have
 
     def _write_patch_report(self) -> None:
         """``run_dir/patches.json`` and the log lines: after ``setup``, when the backend

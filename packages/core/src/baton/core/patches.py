@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from baton.core.callback import Callback
+from baton.core.callback import PATCH_PRIORITY, Callback
 from baton.core.registry import Registry
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Patch(Callback):
     #: PEP 440 specifiers over the backend's installed version, e.g. ``">=0.3,<0.4"``
     versions: ClassVar[str] = ""
     phase: ClassVar[str] = "configure"
-    priority: ClassVar[int] = -1000
+    priority: ClassVar[int] = PATCH_PRIORITY
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterator
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger("baton")
 
@@ -58,14 +58,15 @@ class Registry[T]:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._items: dict[str, T] = {}
+        #: a component, or a lazy ``"package.module:Attr"`` not imported yet
+        self._items: dict[str, T | str] = {}
         self._summaries: dict[str, str] = {}
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
         """Decorator: ``@REGISTRY.register("name")`` (defaults to the object's ``name``)."""
 
         def decorate(obj: T) -> T:
-            key = name or getattr(obj, "name", None) or obj.__name__
+            key: str = name or getattr(obj, "name", None) or cast(Any, obj).__name__
             existing = self._items.get(key)
             if existing is not None and existing is not obj and not isinstance(existing, str):
                 raise ValueError(f"{self.kind} name {key!r} is already registered by {existing!r}")
@@ -83,7 +84,7 @@ class Registry[T]:
         ``summary`` is the one-line description listings show without importing it.
         """
         if name not in self._items:
-            self._items[name] = target  # type: ignore[assignment]
+            self._items[name] = target
             self._summaries[name] = summary
 
     def summary(self, name: str) -> tuple[str, str]:
@@ -100,8 +101,9 @@ class Registry[T]:
         item = self._items[name]
         if isinstance(item, str):
             module, _, attr = item.partition(":")
-            item = getattr(import_module(module), attr)
-            self._items[name] = item
+            resolved: T = getattr(import_module(module), attr)
+            self._items[name] = resolved
+            return resolved
         return item
 
     def get(self, name: str) -> T:

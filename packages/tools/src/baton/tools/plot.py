@@ -60,7 +60,7 @@ def plot_run(run_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="baton plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="baton plot", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run directory (runs/<name>)")
     parser.add_argument("--out", type=Path, help="where the PNGs go (default RUN_DIR/plots)")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

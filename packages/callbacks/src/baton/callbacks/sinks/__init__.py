@@ -1,6 +1,7 @@
 """Where ``CompositeLogger`` sends metrics: one small module per destination.
 
-A sink has ``open(driver)``, ``write(step, metrics)`` and ``close()``; sinks are
+A sink has ``open(driver)``, ``write(step, metrics, phase)`` and ``close()``;
+``phase`` is ``"train"`` (a log step's metrics) or ``"eval"`` (an evaluation's). Sinks are
 registered by name in ``SINKS`` so recipes and config files can say
 ``CompositeLogger(["jsonl", "tensorboard", "wandb", "console"])``.
 
@@ -13,9 +14,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from baton.core.registry import Registry
+
+if TYPE_CHECKING:
+    from baton.core import Driver
+
+#: which phase a batch of metrics belongs to
+Phase = Literal["train", "eval"]
 
 
 @runtime_checkable
@@ -24,9 +31,9 @@ class Sink(Protocol):
 
     name: str
 
-    def open(self, driver: Any) -> None: ...
+    def open(self, driver: Driver) -> None: ...
 
-    def write(self, step: int, metrics: dict[str, float]) -> None: ...
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None: ...
 
     def close(self) -> None: ...
 
@@ -63,10 +70,10 @@ def check_installed(name: str) -> None:
         )
 
 
-def build_sink(name: str) -> Any:
+def build_sink(name: str) -> Sink:
     """The registered sink ``name``, after checking that its package is installed."""
     check_installed(name)
     return SINKS.build(name)
 
 
-__all__ = ["SINKS", "MissingSinkPackage", "Sink", "build_sink", "check_installed"]
+__all__ = ["SINKS", "MissingSinkPackage", "Phase", "Sink", "build_sink", "check_installed"]

@@ -4,17 +4,23 @@ Example::
 
     CompositeLogger(["console"])
     # step    100 | loss 2.3125 | lr 0.001 | throughput/tokens_per_s 51,200
+    # eval    100 | eval/loss 2.2017
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from baton.callbacks.sinks import Phase
+    from baton.core import Driver
 
 
 class ConsoleSink:
-    """Print ``step N | key value | ...`` lines (optionally only some keys)."""
+    """Print ``step N | key value | ...`` lines (``eval N | ...`` for evaluation),
+    optionally only some keys."""
 
     name = "console"
 
@@ -22,13 +28,20 @@ class ConsoleSink:
         self.keys = list(keys) if keys is not None else None
         self.stream = stream
 
-    def open(self, driver: Any) -> None:
+    def open(self, driver: Driver) -> None:
         pass
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         keys = self.keys if self.keys is not None else sorted(metrics)
         parts = [f"{k} {_format(metrics[k])}" for k in keys if k in metrics]
-        print(f"step {step:6d} | " + " | ".join(parts), file=self.stream or sys.stdout, flush=True)
+        if not parts:
+            return
+        label = "step" if phase == "train" else phase
+        print(
+            f"{label:4} {step:6d} | " + " | ".join(parts),
+            file=self.stream or sys.stdout,
+            flush=True,
+        )
 
     def close(self) -> None:
         pass

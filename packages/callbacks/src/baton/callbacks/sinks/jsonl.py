@@ -1,4 +1,4 @@
-"""Metrics as JSON lines: ``{"step": 10, "time": 1731.2, "loss": 2.31, ...}`` per log step.
+"""Metrics as JSON lines: ``{"step": 10, "phase": "train", "time": 1731.2, "loss": 2.31, ...}``.
 
 Example::
 
@@ -14,13 +14,17 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from baton.callbacks.sinks import Phase
+    from baton.core import Driver
 
 FILE_NAME = "metrics.jsonl"
 
 
 class JsonlSink:
-    """Append one JSON object per log step to ``metrics.jsonl``."""
+    """Append one JSON object per log step or evaluation to ``metrics.jsonl``."""
 
     name = "jsonl"
 
@@ -28,15 +32,15 @@ class JsonlSink:
         self.path = Path(path) if path is not None else None
         self._fh: IO[str] | None = None
 
-    def open(self, driver: Any) -> None:
+    def open(self, driver: Driver) -> None:
         if self.path is None:
             self.path = Path(driver.log_dir) / FILE_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8")
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         assert self._fh is not None, "JsonlSink.write before open"
-        record: dict[str, Any] = {"step": step, "time": time.time()}
+        record: dict[str, Any] = {"step": step, "phase": phase, "time": time.time()}
         for key, value in metrics.items():
             # JSON has no NaN/Inf: write them as strings Python's float() reads back
             record[key] = value if math.isfinite(value) else str(value)
@@ -57,7 +61,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, float]]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
             raw = json.loads(line)
-            record = {k: float(v) for k, v in raw.items()}
+            record = {k: float(v) for k, v in raw.items() if k != "phase"}
             step = int(raw["step"])
         except (ValueError, KeyError, TypeError):
             continue

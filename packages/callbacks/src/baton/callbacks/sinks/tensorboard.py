@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from baton.callbacks.sinks import Phase
+    from baton.core import Driver
 
 
 class TensorBoardSink:
@@ -26,22 +30,30 @@ class TensorBoardSink:
         self.flush_secs = flush_secs
         self._writer: Any = None
 
-    def open(self, driver: Any) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    def open(self, driver: Driver) -> None:
+        from tensorboard.compat.proto import event_pb2  # pyright: ignore[reportMissingTypeStubs]
+        from tensorboard.summary.writer.event_file_writer import (  # pyright: ignore[reportMissingTypeStubs]
+            EventFileWriter,
+        )
 
         if self.log_dir is None:
             self.log_dir = Path(driver.log_dir) / "tensorboard"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._writer = EventFileWriter(str(self.log_dir), flush_secs=self.flush_secs)
         if driver.settings:
+            event: Any = cast(Any, event_pb2).Event
             for summary in hparams_summaries(driver.settings):
-                self._writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
+                self._writer.add_event(event(wall_time=time.time(), step=0, summary=summary))
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
+        from tensorboard.compat.proto import (  # pyright: ignore[reportMissingTypeStubs]
+            event_pb2,
+            summary_pb2,
+        )
 
+        # generated protobuf modules declare their classes only at run time
+        Event: Any = cast(Any, event_pb2).Event
+        Summary: Any = cast(Any, summary_pb2).Summary
         values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
         self._writer.add_event(
             Event(wall_time=time.time(), step=step, summary=Summary(value=values))
@@ -56,11 +68,16 @@ class TensorBoardSink:
 def hparams_summaries(settings: dict[str, Any]) -> list[Any]:
     """The experiment and session-start summaries of TensorBoard's hparams plugin for
     ``settings`` (numbers, booleans and strings; anything else as its string)."""
-    from google.protobuf import struct_pb2
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+    import importlib
 
-    values: dict[str, struct_pb2.Value] = {}
+    # generated protobuf modules: no stubs, so they are typed as Any here
+    struct_pb2: Any = importlib.import_module("google.protobuf.struct_pb2")
+    summary_pb2: Any = importlib.import_module("tensorboard.compat.proto.summary_pb2")
+    api_pb2: Any = importlib.import_module("tensorboard.plugins.hparams.api_pb2")
+    plugin_data_pb2: Any = importlib.import_module("tensorboard.plugins.hparams.plugin_data_pb2")
+    Summary, SummaryMetadata = summary_pb2.Summary, summary_pb2.SummaryMetadata
+
+    values: dict[str, Any] = {}
     for key, raw in settings.items():
         value = struct_pb2.Value()
         if isinstance(raw, bool):

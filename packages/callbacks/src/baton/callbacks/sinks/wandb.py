@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from baton.callbacks.sinks import Phase
+    from baton.core import Driver
 
 
 class WandbSink:
@@ -38,7 +42,7 @@ class WandbSink:
         self.tags = tags
         self.run: Any = None
 
-    def open(self, driver: Any) -> None:
+    def open(self, driver: Driver) -> None:
         import wandb
 
         log_dir = Path(driver.log_dir)
@@ -59,7 +63,7 @@ class WandbSink:
             settings=wandb.Settings(console="off", silent=True),
         )
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         self.run.log(dict(metrics), step=step)
 
     def close(self) -> None:

@@ -1,0 +1,84 @@
+"""The callback stack most runs want, in one call, so a recipe states only what differs.
+
+Example::
+
+    from baton.callbacks import LossGuard, standard_callbacks
+
+    callbacks = standard_callbacks(save_every=100, async_save=True)
+    callbacks = standard_callbacks(save_every=500, keep_last=3, progress=False,
+                                   extra=[LossGuard(action="rollback")])
+
+Gives, in this order: ``Checkpoint`` (every ``save_every`` steps and/or
+``save_every_minutes``, on stop, rotation keeping ``keep_last``), ``Preemption``
+(SIGTERM/SIGUSR1 save and exit 0), ``ThroughputMonitor``, ``CompositeLogger`` (JSONL,
+TensorBoard and a console line of ``console_keys``), ``Progress`` (a live bar), then
+``extra``. Each part can be switched off; priorities order them, not the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from baton.callbacks.checkpoint import Checkpoint
+from baton.callbacks.composite_logger import CompositeLogger
+from baton.callbacks.preemption import Preemption
+from baton.callbacks.progress import Progress
+from baton.callbacks.sinks import Sink
+from baton.callbacks.sinks.console import ConsoleSink
+from baton.callbacks.throughput import ThroughputMonitor
+from baton.core.callback import Callback
+
+#: printed on every log step and evaluation (the loss visibly falls in any terminal)
+CONSOLE_KEYS: tuple[str, ...] = ("loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s")
+
+
+def standard_callbacks(
+    *,
+    save_every: int | None = None,
+    save_every_minutes: float | None = None,
+    keep_last: int | None = 2,
+    save_on_stop: bool = True,
+    async_save: bool = False,
+    checkpoint: bool = True,
+    preemption: bool = True,
+    throughput: bool = True,
+    sinks: Sequence[str | Sink] = ("jsonl", "tensorboard"),
+    console_keys: Sequence[str] | None = CONSOLE_KEYS,
+    progress: bool = True,
+    extra: Sequence[Callback] = (),
+) -> list[Callback]:
+    """Checkpoint, Preemption, ThroughputMonitor, CompositeLogger, Progress, then ``extra``.
+
+    Args:
+        save_every / save_every_minutes: the checkpoint cadence (``None``/0: not by
+            steps / minutes; checkpoints are still written on stop).
+        keep_last: checkpoints kept by rotation (``None``: all).
+        save_on_stop: write a checkpoint whenever the run stops.
+        async_save: save in the background where the backend can.
+        checkpoint / preemption / throughput / progress: include that part.
+        sinks: the logger's sinks besides the console line.
+        console_keys: keys of the console line (``None``: no console line).
+        extra: further callbacks, appended.
+    """
+    callbacks: list[Callback] = []
+    if checkpoint:
+        callbacks.append(
+            Checkpoint(
+                every_n_steps=save_every or None,
+                every_minutes=save_every_minutes or None,
+                save_on_stop=save_on_stop,
+                keep_last=keep_last,
+                async_save=async_save,
+            )
+        )
+    if preemption:
+        callbacks.append(Preemption())
+    if throughput:
+        callbacks.append(ThroughputMonitor())
+    console = [ConsoleSink(console_keys)] if console_keys is not None else []
+    if sinks or console:
+        callbacks.append(CompositeLogger([*sinks, *console]))
+    if progress:
+        callbacks.append(Progress())
+    callbacks.extend(extra)
+    return callbacks

@@ -1,0 +1,125 @@
+"""The backend contract (abilities checked before the first step) and the driver API
+callbacks use instead of flipping attributes: save policy, save veto, rollback."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.core import Ability, Callback, Driver, MissingAbilityError, abilities
+from baton.core import checkpointing as ckpt
+from support.scalar_backend import ScalarBackend
+
+
+class Needs(Callback):
+    def __init__(self, *wanted: Ability) -> None:
+        self.wanted = frozenset(wanted)
+        self.steps = 0
+
+    def requires(self) -> frozenset[Ability]:
+        return self.wanted
+
+    def on_step_end(self, driver, output):
+        self.steps += 1
+
+    def __repr__(self) -> str:
+        return f"Needs{tuple(sorted(self.wanted))}"
+
+
+class ScalarWithoutEval(ScalarBackend):
+    evaluate = None  # type: ignore[assignment]
+
+
+def test_abilities_of_the_support_backend() -> None:
+    # evaluate() is defined; skip_data, async saves and several ranks are not
+    assert abilities(ScalarBackend()) == {"evaluate"}
+    assert abilities(ScalarWithoutEval()) == frozenset()
+
+
+def test_missing_ability_fails_before_the_first_step_naming_who_needs_what(tmp_path) -> None:
+    needy = Needs("skip_data", "async_save")
+    backend = ScalarBackend()
+    with pytest.raises(MissingAbilityError) as error:
+        Driver(backend, [needy], max_steps=5, run_dir=tmp_path).fit()
+    message = str(error.value)
+    assert "Needs('async_save', 'skip_data') needs 'skip_data'" in message
+    assert "needs 'async_save'" in message and "backend 'scalar'" in message
+    assert needy.steps == 0 and backend.events == ["setup", "teardown"]
+
+
+def test_eval_every_needs_the_evaluate_ability(tmp_path) -> None:
+    with pytest.raises(MissingAbilityError, match="eval_every=2 needs 'evaluate'"):
+        Driver(ScalarWithoutEval(), max_steps=5, eval_every=2, run_dir=tmp_path).fit()
+
+
+class Policy(Callback):
+    def on_configure(self, driver):
+        driver.configure_saving(on_stop=True)
+
+
+class LatePolicy(Callback):
+    def on_train_start(self, driver):
+        driver.configure_saving(asynchronous=True)
+
+
+def test_save_policy_is_configured_before_training(tmp_path) -> None:
+    result = Driver(ScalarBackend(), [Policy()], max_steps=3, run_dir=tmp_path).fit()
+    assert [p.name for p in result.checkpoints] == ["step_000003"]  # saved on stop
+    with pytest.raises(RuntimeError, match="configure_saving after training started"):
+        Driver(ScalarBackend(), [LatePolicy()], max_steps=3, run_dir=tmp_path / "late").fit()
+
+
+class VetoAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, driver, output):
+        driver.control.request_save("every step", all_ranks=True)
+        if driver.step == self.step:
+            driver.control.request_stop("broken", all_ranks=True)
+            driver.control.veto_save("state is broken")
+
+
+def test_a_vetoed_step_saves_neither_on_request_nor_on_stop(tmp_path) -> None:
+    driver = Driver(ScalarBackend(), [VetoAt(3)], max_steps=9, run_dir=tmp_path)
+    driver.configure_saving(on_stop=True)
+    result = driver.fit()
+    assert result.step == 3 and [p.name for p in result.checkpoints] == [
+        "step_000001",
+        "step_000002",
+    ]
+
+
+class RollbackAt(Callback):
+    """Save every step; at step ``at`` go back to ``target``."""
+
+    def __init__(self, at: int, target: int) -> None:
+        self.at, self.target, self.done = at, target, False
+        self.weights: dict[int, float] = {}
+
+    def on_step_end(self, driver, output):
+        driver.control.request_save("every step", all_ranks=True)
+        self.weights.setdefault(driver.step, driver.backend.w)
+
+    def on_step_start(self, driver):
+        if driver.step == self.at and not self.done:
+            self.done = True
+            driver.rollback(driver.checkpoint_dir / ckpt.checkpoint_name(self.target))
+            assert driver.backend.w == self.weights[self.target] and driver.step == self.target
+            root = driver.checkpoint_dir
+            assert [p.name for p in ckpt.list_checkpoints(root)] == ["step_000001", "step_000002"]
+            assert ckpt.latest(root) == (root / "step_000002").resolve()
+
+
+def test_rollback_discards_newer_checkpoints_and_rewrites_latest(tmp_path) -> None:
+    back = RollbackAt(at=5, target=2)
+    driver = Driver(ScalarBackend(), [back], max_steps=4, run_dir=tmp_path)
+    result = driver.fit()
+    assert result.step == 4 and back.done is False  # never reached step 5
+    driver = Driver(ScalarBackend(), [back], max_steps=6, run_dir=tmp_path, resume="auto")
+    result = driver.fit()
+    root = tmp_path / "checkpoints"
+    # 3, 4 and 5 were discarded at the rollback; steps 3..6 were trained and saved again
+    names = [p.name for p in ckpt.list_checkpoints(root)]
+    assert back.done and names == [ckpt.checkpoint_name(s) for s in range(1, 7)]
+    assert [p.name for p in result.checkpoints] == [ckpt.checkpoint_name(s) for s in (3, 4, 5, 6)]
+    assert ckpt.latest(root) == (root / "step_000006").resolve()

@@ -18,7 +18,8 @@ import logging
 import platform
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,8 +30,17 @@ from baton.core.backend import Backend, PendingSave
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
+from baton.core.errors import UsageError
+from baton.core.launch import Launch, LaunchError
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchDecision, select_patches
+from baton.core.resume_settings import (
+    TRAINING_SETTINGS,
+    changed_settings,
+    check_changes,
+    parse_allowed,
+)
+from baton.core.rundir import RunDirLock, set_aside
 
 log = logging.getLogger("baton")
 
@@ -54,6 +64,8 @@ class _PendingCheckpoint:
     final: Path
     meta: dict[str, Any]
     handle: PendingSave | None
+    #: the backend files' manifest, hashed off the training thread (async saves)
+    files: Future[dict[str, Any]] | None = None
 
 
 class Driver:
@@ -66,10 +78,24 @@ class Driver:
         log_every: the log cadence; metrics reach the host only on log steps.
         eval_every: evaluate every N steps (``None``: only when a callback asks).
         run_dir: where checkpoints and logs go (``runs/<name>``).
-        resume: ``"none"``, ``"auto"`` (newest complete checkpoint, if any) or a path.
+        resume: ``"none"``, ``"auto"`` (``latest`` if valid, else the newest complete
+            checkpoint) or a checkpoint path. With ``"none"`` a run directory that holds
+            checkpoints is refused unless ``overwrite`` moves them aside.
         patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``);
             ``None`` reads ``BATON_PATCHES``.
-        settings: the recipe's parameters, recorded in each checkpoint.
+        settings: the recipe's parameters, recorded in each checkpoint and compared
+            with the checkpoint's on resume.
+        verify: how resume checks a checkpoint: ``"full"`` (sizes and checksums) or
+            ``"size"`` (sizes only, for huge checkpoints).
+        overwrite: start fresh where checkpoints exist, renaming the old ``checkpoints``
+            and ``logs`` aside (never deleting them).
+        allow_changed: training settings (``"lr,max_steps"``, ``"all"``) that may differ
+            from the checkpoint's on resume; others are refused.
+        training_settings: more setting names whose change on resume is refused
+            (added to ``baton.core.resume_settings.TRAINING_SETTINGS``).
+
+    The run directory is locked for the run (``baton.core.rundir``): a second run on it
+    fails at once naming the holder.
     """
 
     def __init__(
@@ -86,11 +112,12 @@ class Driver:
         resume: str | Path = "none",
         patches: str | None = None,
         settings: dict[str, Any] | None = None,
+        verify: str = "full",
+        overwrite: bool = False,
+        allow_changed: str | Iterable[str] = (),
+        training_settings: Iterable[str] = (),
     ) -> None:
-        if max_steps is None and max_tokens is None and max_time_s is None:
-            raise ValueError("set at least one of max_steps, max_tokens, max_time_s")
-        if log_every < 1:
-            raise ValueError(f"log_every must be >= 1, got {log_every}")
+        _check_limits(max_steps, max_tokens, max_time_s, log_every, eval_every)
         self.backend = backend
         self.callbacks: list[Callback] = list(callbacks)
         self.max_steps = max_steps
@@ -102,6 +129,11 @@ class Driver:
         self.resume = resume
         self.patch_selection = patches
         self.settings: dict[str, Any] = dict(settings or {})
+        self.verify = verify
+        self.overwrite = overwrite
+        self.allow_changed: set[str] = parse_allowed(allow_changed)
+        self.training_settings: set[str] = set(TRAINING_SETTINGS) | set(training_settings)
+        ckpt.check_verify(verify)
 
         self.control = Control()
         #: write a checkpoint whenever the run stops (the Checkpoint callback sets it)
@@ -124,6 +156,12 @@ class Driver:
         self._clock_start = 0.0
         self._time_before = 0.0
         self._dispatch = Dispatcher([])
+        self._lock: RunDirLock | None = None
+        self._candidates: list[tuple[Path, dict[str, Any]]] = []
+        self._resume_failures: list[str] = []
+        #: changes of training settings allowed on resume, recorded in each checkpoint
+        self.resume_changes: list[dict[str, Any]] = []
+        self._hasher: ThreadPoolExecutor | None = None
 
     # -- properties ----------------------------------------------------------------
     @property
@@ -176,9 +214,9 @@ class Driver:
         except BaseException as error:
             self.stop_reason = self.stop_reason or f"error: {type(error).__name__}: {error}"
             self._finish_after_error(error)
+            self._teardown(failed=True)
             raise
-        finally:
-            self._teardown()
+        self._teardown()
         return RunResult(
             step=self.step,
             tokens=self.tokens,
@@ -282,7 +320,7 @@ class Driver:
             if cb.state_key is not None:
                 states[cb.state_key] = cb.state_dict()
         return {
-            "format": 1,
+            "format": 2,
             "step": self.step,
             "tokens": self.tokens,
             "samples": self.samples,
@@ -297,6 +335,8 @@ class Driver:
             },
             "callbacks": states,
             "settings": self.settings,
+            "driver": self._limits(),
+            "resume_changes": self.resume_changes,
             "patches": [d.name for d in self.patch_report if d.applied],
             "versions": _versions(self.backend),
         }
@@ -344,8 +384,11 @@ class Driver:
         multi = collective and self.backend.world_size > 1
         while self._pending:
             item = self._pending[0]
-            if item.handle is not None and not block and not self._all_written(item, multi):
-                return
+            if item.handle is not None and not block:
+                if item.files is None and not self._all_written(item, multi):
+                    return
+                if not multi and self.is_global_zero and not self._hashed(item):
+                    return  # written; its checksums are computed in the background
             self._pending.pop(0)
             if item.handle is not None:
                 try:
@@ -354,15 +397,27 @@ class Driver:
                     if self.is_global_zero:
                         shutil.rmtree(item.tmp, ignore_errors=True)
                     raise
+                if not multi and self.is_global_zero:
+                    self._hashed(item)  # an asynchronous save is always hashed off-thread
             if item.handle is None or multi:
                 self.backend.barrier()
             if self.is_global_zero:
-                ckpt.finalize(item.tmp, item.final, item.meta)
+                files = item.files.result() if item.files is not None else None
+                ckpt.finalize(item.tmp, item.final, item.meta, files)
                 log.info("checkpoint %s saved (%s)", item.final, item.meta["reason"])
             if item.handle is None or multi:
                 self.backend.barrier()
             self.saved.append(item.final)
             self.dispatch("on_checkpoint_saved", item.final)
+
+    def _hashed(self, item: _PendingCheckpoint) -> bool:
+        """Start hashing a written asynchronous save off the training thread; whether
+        its manifest is ready."""
+        if item.files is None:
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="baton-checksum")
+            item.files = self._hasher.submit(ckpt.manifest, item.tmp / ckpt.BACKEND_DIR)
+        return item.files.done()
 
     def _all_written(self, item: _PendingCheckpoint, multi: bool) -> bool:
         assert item.handle is not None
@@ -373,22 +428,39 @@ class Driver:
         unfinished = self.backend.all_reduce_flags([not item.handle.done()])
         return not unfinished[0]
 
-    def _resume(self) -> None:
+    def _resume_path(self) -> Path:
+        """The checkpoint ``resume`` names: a path, or a name under ``checkpoints/``."""
+        path = Path(self.resume)
+        if not path.exists() and (self.checkpoint_dir / path).exists():
+            path = self.checkpoint_dir / path
+        return path
+
+    def _find_resume_candidates(self) -> None:
+        """Before anything is built: the verified checkpoints to try, best first."""
         if self.resume in (None, "", "none"):
             return
         if str(self.resume) == "auto":
-            candidates = ckpt.resumable(self.checkpoint_dir)
-            if not candidates:
+            self._candidates, self._resume_failures = ckpt.scan(self.checkpoint_dir, self.verify)
+            if not self._candidates and self._resume_failures:
+                raise ckpt.CheckpointError(
+                    f"resume=auto: {self.checkpoint_dir} holds checkpoints but none can be "
+                    "loaded:\n  " + "\n  ".join(self._resume_failures) + "\nrestore them, "
+                    "resume from a copy with --resume PATH, or start over with --overwrite "
+                    "(moves them aside)"
+                )
+            if not self._candidates:
                 log.info(
                     "resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoint_dir
                 )
-                return
-        else:
-            path = Path(self.resume)
-            candidates = [(path, ckpt.read_meta(path))]
-        errors: list[str] = []
-        for path, meta in candidates:
+            return
+        path = self._resume_path()
+        self._candidates = [(path, ckpt.read_meta(path, self.verify))]
+
+    def _resume(self) -> None:
+        errors = list(self._resume_failures)
+        for path, meta in self._candidates:
             self._check_compatible(path, meta)
+            self._check_settings(path, meta)
             try:
                 self.backend.load(path / ckpt.BACKEND_DIR)
             except Exception as error:  # a corrupt checkpoint: try the previous one
@@ -397,7 +469,50 @@ class Driver:
                 continue
             self._restore(path, meta)
             return
-        raise ckpt.CheckpointError("no checkpoint could be loaded:\n  " + "\n  ".join(errors))
+        if self._candidates:
+            raise ckpt.CheckpointError(
+                "no checkpoint could be loaded:\n  " + "\n  ".join(errors) + "\nresume from "
+                "another checkpoint with --resume PATH, or start over with --overwrite"
+            )
+
+    def _limits(self) -> dict[str, Any]:
+        return {
+            "max_steps": self.max_steps,
+            "max_tokens": self.max_tokens,
+            "max_time_s": self.max_time_s,
+        }
+
+    def _check_settings(self, path: Path, meta: dict[str, Any]) -> None:
+        """Refuse a resume whose training settings differ from the checkpoint's unless
+        ``allow_changed`` names them; allowed changes are logged and recorded.
+
+        Only recipe settings are compared: the driver's own limits (``max_steps`` given
+        to ``Driver``) are applied by the loop as they are and logged when they differ.
+        """
+        names = self.training_settings | set(getattr(self.backend, "training_settings", ()))
+        changes = changed_settings(meta.get("settings", {}), self.settings, names)
+        allowed = check_changes(changes, self.allow_changed, path)
+        self.resume_changes = list(meta.get("resume_changes", []))
+        if allowed:
+            for name, (old, new) in allowed.items():
+                log.warning(
+                    "resuming with %s changed from %r to %r (allowed by allow_changed)",
+                    name,
+                    old,
+                    new,
+                )
+            self.resume_changes.append(
+                {
+                    "step": int(meta.get("step", 0)),
+                    "changes": {k: {"checkpoint": o, "now": n} for k, (o, n) in allowed.items()},
+                }
+            )
+        for name, old in meta.get("driver", {}).items():
+            new = self._limits().get(name)
+            if old != new:
+                log.info(
+                    "resuming with the driver's %s %r (the checkpoint's run had %r)", name, new, old
+                )
 
     def load_checkpoint(self, path: str | Path | None = None, *, callbacks: bool = False) -> Path:
         """Restore a complete checkpoint in the middle of a run (a rollback).
@@ -409,13 +524,13 @@ class Driver:
         one after the checkpoint's. Raises ``CheckpointError`` when none can be loaded.
         """
         if path is None:
-            candidates = ckpt.resumable(self.checkpoint_dir)
+            candidates = ckpt.resumable(self.checkpoint_dir, self.verify)
             if not candidates:
                 raise ckpt.CheckpointError(f"no complete checkpoint in {self.checkpoint_dir}")
             path, meta = candidates[0]
         else:
             path = Path(path)
-            meta = ckpt.read_meta(path)
+            meta = ckpt.read_meta(path, self.verify)
         self._poll_pending(block=True)
         self._check_compatible(path, meta)
         self.backend.load(path / ckpt.BACKEND_DIR)
@@ -461,7 +576,48 @@ class Driver:
 
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
-        patches, self.patch_report = select_patches(self.backend, self.patch_selection)
+        """Check every option, lock the run directory, decide what to resume from:
+        all before the backend builds anything. A failure leaves the run directory as
+        it was (one this run created is removed again)."""
+        _check_limits(
+            self.max_steps, self.max_tokens, self.max_time_s, self.log_every, self.eval_every
+        )
+        ckpt.check_verify(self.verify)
+        self.allow_changed = parse_allowed(self.allow_changed)
+        if self.resume not in (None, "", "none", "auto") and not self._resume_path().is_dir():
+            raise UsageError(
+                f"resume={str(self.resume)!r}: no checkpoint directory there; pass --resume auto "
+                f"(the newest in {self.checkpoint_dir}) or a path like "
+                f"{self.checkpoint_dir / ckpt.checkpoint_name(100)}"
+            )
+        try:
+            launch = Launch.from_env()
+        except LaunchError as error:
+            raise UsageError(f"{error}; fix the launch environment variables") from None
+        try:
+            patches, self.patch_report = select_patches(self.backend, self.patch_selection)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        if launch.rank == 0:
+            self._lock = RunDirLock(self.run_dir)
+            try:
+                self._lock.acquire()
+            except FileExistsError:
+                raise UsageError(
+                    f"run_dir {self.run_dir} exists and is not a directory; choose another "
+                    "--run-dir"
+                ) from None
+            except PermissionError as error:
+                raise UsageError(
+                    f"cannot write the run directory {self.run_dir} ({error.strerror}); "
+                    "choose a writable --run-dir"
+                ) from None
+        try:
+            self._claim_checkpoints(launch)
+            self._find_resume_candidates()
+        except BaseException:
+            self._release_lock(failed=True)
+            raise
         user = [cb for cb in self.callbacks if not any(type(cb) is type(p) for p in patches)]
         self.callbacks = [*patches, *user]
         keys = [cb.state_key for cb in self.callbacks if cb.state_key is not None]
@@ -472,6 +628,28 @@ class Driver:
                 "state_key so checkpoints can tell their states apart"
             )
         self._dispatch = Dispatcher(self.callbacks)
+
+    def _claim_checkpoints(self, launch: Launch) -> None:
+        """Refuse to start over where checkpoints exist, unless ``overwrite``."""
+        if self.resume not in (None, "", "none"):
+            return
+        existing = ckpt.list_checkpoints(self.checkpoint_dir)
+        if not existing:
+            return
+        if not self.overwrite:
+            raise UsageError(
+                f"{self.checkpoint_dir} already holds checkpoints (newest {existing[-1].name}); "
+                "continue them with --resume auto, start a new run with a fresh --run-dir, or "
+                "pass --overwrite to move them aside"
+            )
+        if launch.rank == 0:
+            for moved in set_aside(self.run_dir):
+                log.warning("overwrite: moved %s aside to %s", moved.name.split(".")[0], moved)
+
+    def _release_lock(self, *, failed: bool) -> None:
+        if self._lock is not None:
+            self._lock.release(remove_if_unused=failed)
+            self._lock = None
 
     def _write_patch_report(self) -> None:
         """``run_dir/patches.json`` and the log lines: after ``setup``, when the backend
@@ -502,7 +680,7 @@ class Driver:
             except Exception as hook_error:
                 log.error("on_exception handler %r raised %r", handler, hook_error)
 
-    def _teardown(self) -> None:
+    def _teardown(self, failed: bool = False) -> None:
         try:
             self.backend.teardown()
         except Exception as error:
@@ -512,6 +690,10 @@ class Driver:
                 handler(self)
             except Exception as error:
                 log.error("on_teardown handler %r raised %r", handler, error)
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
+        self._release_lock(failed=failed)
 
 
 def _versions(backend: Backend) -> dict[str, str]:
@@ -522,3 +704,27 @@ def _versions(backend: Backend) -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return found
+
+
+def _check_limits(
+    max_steps: int | None,
+    max_tokens: int | None,
+    max_time_s: float | None,
+    log_every: int,
+    eval_every: int | None,
+) -> None:
+    """Reject impossible loop settings before anything is created."""
+    if max_steps is None and max_tokens is None and max_time_s is None:
+        raise UsageError("set at least one of max_steps, max_tokens, max_time_s")
+    for name, value, least in (
+        ("max_steps", max_steps, 0),
+        ("max_tokens", max_tokens, 0),
+        ("log_every", log_every, 1),
+        ("eval_every", eval_every, 1),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UsageError(f"{name} must be a whole number, got {value!r}")
+        if value is not None and value < least:
+            raise UsageError(f"{name} must be >= {least}, got {value}")
+    if max_time_s is not None and not max_time_s > 0:
+        raise UsageError(f"max_time_s must be > 0 seconds, got {max_time_s}")

@@ -4,6 +4,11 @@ The function's typed parameters are the experiment's settings; ``baton run`` tur
 them into a command line (``--max-steps 50 --lr 3e-4``) with tyro, so ``--help``
 lists them with defaults and a bad value is rejected with the parameter's name.
 
+Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
+``seq_len``, ``*_every``, ``n_*``, ``d_model``) and learning rates must be positive,
+step limits (``max_*``, ``*_steps``) not negative; ``Annotated[int, AtLeast(2)]`` sets
+another bound for one parameter.
+
 Example ``recipes/tiny.py``::
 
     from baton.core import Driver
@@ -19,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import math
+import re
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -27,11 +34,27 @@ from typing import Any
 
 import tyro
 
+from baton.core.errors import UsageError
+
 RECIPE_FUNCTION = "recipe"
 
+#: numeric recipe parameters that must be > 0 (counts, sizes, cadences, learning rates)
+POSITIVE = re.compile(
+    r"^(n_.+|.+_(size|len|length|every|every_n_steps|layers|heads|dim)|d_model|lr|learning_rate)$"
+)
+#: numeric recipe parameters that must be >= 0 (limits and step counts)
+NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|seed|.+_ms)$")
 
-class RecipeError(RuntimeError):
+
+class RecipeError(UsageError):
     """The recipe file cannot be used; the message says why and what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """``Annotated[int, AtLeast(1)]``: the parameter's lowest accepted value."""
+
+    minimum: float
 
 
 @dataclasses.dataclass
@@ -39,9 +62,15 @@ class RunOptions:
     """Options every recipe gets from ``baton run``."""
 
     resume: str = "none"
-    """'auto' (newest complete checkpoint), 'none', or a checkpoint directory."""
+    """'auto' (latest valid checkpoint), 'none', or a checkpoint directory."""
     patches: str | None = None
     """Patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)."""
+    overwrite: bool = False
+    """Start fresh where checkpoints exist: move the old checkpoints and logs aside."""
+    allow_changed: str = ""
+    """Training settings that may differ from the checkpoint's on resume: 'lr,max_steps'."""
+    verify: str = "full"
+    """Checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)."""
 
 
 def load_recipe(path: str | Path) -> Callable[..., Any]:
@@ -55,7 +84,21 @@ def load_recipe(path: str | Path) -> Callable[..., Any]:
         raise RecipeError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise RecipeError(
+            f"{path}:{error.lineno}: syntax error ({error.msg}); fix the recipe file"
+        ) from None
+    except ImportError as error:
+        raise RecipeError(
+            f"{path} cannot be imported: {error}; install what it needs (`uv sync`) or fix "
+            "the import"
+        ) from None
+    except Exception as error:
+        raise RecipeError(
+            f"{path} raised {type(error).__name__} while loading: {error}; fix the recipe file"
+        ) from None
     fn = getattr(module, RECIPE_FUNCTION, None)
     if not callable(fn):
         raise RecipeError(
@@ -98,20 +141,54 @@ def parse_recipe_args(
     own = set(inspect.signature(fn).parameters)
     options = RunOptions(**{f.name: values[f.name] for f in dataclasses.fields(RunOptions)})
     kwargs = {k: v for k, v in values.items() if k in own}
+    check_recipe_values(fn, kwargs)
     return kwargs, options
+
+
+def check_recipe_values(fn: Callable[..., Any], values: dict[str, Any]) -> None:
+    """Reject out-of-range numbers (by ``AtLeast`` or the naming rules above) before the
+    recipe builds anything."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+        bounds = [m for m in getattr(hints.get(name), "__metadata__", ()) if isinstance(m, AtLeast)]
+        if bounds:
+            if value < bounds[0].minimum:
+                raise UsageError(f"{flag} must be >= {bounds[0].minimum:g}, got {value}")
+        elif POSITIVE.match(name) and value <= 0:
+            raise UsageError(f"{flag} must be > 0, got {value}")
+        elif NON_NEGATIVE.match(name) and value < 0:
+            raise UsageError(f"{flag} must be >= 0, got {value}")
 
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
     """Load, parse and call a recipe; returns its ``Driver`` configured by the options."""
     fn = load_recipe(path)
     kwargs, options = parse_recipe_args(fn, argv, prog=f"baton run {path}")
-    driver = fn(**kwargs)
+    try:
+        driver = fn(**kwargs)
+    except (ValueError, TypeError) as error:
+        if isinstance(error, UsageError):
+            raise
+        raise UsageError(f"recipe {path}: {error}") from None
     if driver is None:
         return None
+    if not all(hasattr(driver, a) for a in ("fit", "settings", "resume")):
+        raise RecipeError(
+            f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
+            "end it with `return Driver(...)`"
+        )
     if "resume" not in kwargs:
         driver.resume = options.resume
     if "patches" not in kwargs:
         driver.patch_selection = options.patches
+    for option in ("overwrite", "allow_changed", "verify"):
+        if option not in kwargs:
+            setattr(driver, option, getattr(options, option))
     driver.settings.update({k: _jsonable(v) for k, v in kwargs.items()})
     driver.settings.setdefault("recipe", str(path))
     return driver

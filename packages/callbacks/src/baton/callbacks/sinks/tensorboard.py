@@ -6,6 +6,8 @@ Example::
     # tensorboard --logdir runs/x/logs/tensorboard
 
 Every metric becomes a scalar whose tag is its key (``loss``, ``eval/loss``, ...).
+A resumed run writes a purge marker at its first step (TensorBoard's ``purge_step``),
+so events an earlier run logged after the resumed checkpoint are hidden, not doubled.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ class TensorBoardSink:
             self.log_dir = Path(driver.log_dir) / "tensorboard"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._writer = EventFileWriter(str(self.log_dir), flush_secs=self.flush_secs)
+        if getattr(driver, "resumed_from", None) is not None:
+            self._purge_from(int(driver.step) + 1)
+
+    def _purge_from(self, step: int) -> None:
+        """TensorBoard drops earlier events at ``step`` and later when it reads this."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self._writer.add_event(
+            Event(wall_time=time.time(), step=step, session_log=SessionLog(status=SessionLog.START))
+        )
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         from tensorboard.compat.proto.event_pb2 import Event

@@ -456,6 +456,11 @@ class Driver:
         path = self._resume_path()
         self._candidates = [(path, ckpt.read_meta(path, self.verify))]
 
+    def _check_first_candidate(self) -> None:
+        """Refuse changed training settings before the backend builds anything."""
+        if self._candidates:
+            self._check_settings(*self._candidates[0])
+
     def _resume(self) -> None:
         errors = list(self._resume_failures)
         for path, meta in self._candidates:
@@ -615,6 +620,7 @@ class Driver:
         try:
             self._claim_checkpoints(launch)
             self._find_resume_candidates()
+            self._check_first_candidate()
         except BaseException:
             self._release_lock(failed=True)
             raise

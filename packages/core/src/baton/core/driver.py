@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import platform
+import re
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -468,9 +469,13 @@ class Driver:
             self._check_settings(path, meta)
             try:
                 self.backend.load(path / ckpt.BACKEND_DIR)
-            except Exception as error:  # a corrupt checkpoint: try the previous one
-                errors.append(f"{path}: {type(error).__name__}: {error}")
-                log.warning("could not load checkpoint %s (%s); trying an older one", path, error)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:  # a corrupt checkpoint: try the previous one
+                # (torch's CheckpointException derives from BaseException)
+                reason = _error_summary(error)
+                errors.append(f"{path}: {reason}")
+                log.warning("could not load checkpoint %s (%s); trying an older one", path, reason)
                 continue
             self._restore(path, meta)
             return
@@ -734,3 +739,12 @@ def _check_limits(
             raise UsageError(f"{name} must be >= {least}, got {value}")
     if max_time_s is not None and not max_time_s > 0:
         raise UsageError(f"max_time_s must be > 0 seconds, got {max_time_s}")
+
+
+def _error_summary(error: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of a load error, its innermost line when the message is a
+    multi-line report (a traceback text gathered from several ranks)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", line)]
+    text = named[-1] if named else f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -612,15 +612,10 @@ class Driver:
             self._lock = RunDirLock(self.run_dir)
             try:
                 self._lock.acquire()
-            except FileExistsError:
+            except OSError as error:
                 raise UsageError(
-                    f"run_dir {self.run_dir} exists and is not a directory; choose another "
-                    "--run-dir"
-                ) from None
-            except PermissionError as error:
-                raise UsageError(
-                    f"cannot write the run directory {self.run_dir} ({error.strerror}); "
-                    "choose a writable --run-dir"
+                    f"cannot create or lock the run directory {self.run_dir} "
+                    f"({error.strerror or error}); choose a writable --run-dir"
                 ) from None
         try:
             self._claim_checkpoints(launch)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from baton.core.errors import BatonError
-from baton.core.launch import LaunchError
+from baton.core.launch import Launch, LaunchError
 from baton.core.logs import setup_logging
 from baton.core.registry import BACKENDS, CALLBACKS
 
@@ -41,15 +41,17 @@ def cmd_run(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    setup_logging()
+    launch = Launch.from_env()
+    setup_logging(launch)
     driver = build_driver(argv[0], argv[1:])
     if driver is None:
         return 0
     result = driver.fit()
-    Console(stderr=True).print(
-        f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
-        f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
-    )
+    if launch.rank == 0:
+        Console(stderr=True).print(
+            f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
+            f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
+        )
     return 0
 
 

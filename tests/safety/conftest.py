@@ -27,10 +27,11 @@ def snapshot(directory: Path) -> dict[str, str] | None:
 
 
 def baton(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    """``baton ARGS`` in this process: (exit status, stderr)."""
+    """``baton ARGS`` in this process: (exit status, its output: log lines and stderr)."""
     capsys.readouterr()
     status = main(list(args))
-    return status, capsys.readouterr().err
+    captured = capsys.readouterr()
+    return status, captured.out + captured.err
 
 
 def run_recipe(capsys: pytest.CaptureFixture[str], run_dir: Path, *args: str) -> tuple[int, str]:
@@ -38,12 +39,13 @@ def run_recipe(capsys: pytest.CaptureFixture[str], run_dir: Path, *args: str) ->
 
 
 @pytest.fixture(autouse=True)
-def plain_baton_logger():
+def plain_baton_logger(monkeypatch):
     """Each test starts and ends with the ``baton`` logger as Python leaves it (the
     command line points it at the console, which would hide records from ``caplog``)."""
     import logging
 
     logger = logging.getLogger("baton")
+    monkeypatch.setenv("COLUMNS", "400")  # log lines unwrapped, so tests can read them
 
     def reset() -> None:
         logger.handlers[:] = []

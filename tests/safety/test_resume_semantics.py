@@ -40,8 +40,32 @@ def test_an_allowed_change_is_logged_and_recorded(tmp_path, capsys):
     meta = ckpt.read_meta(tmp_path / "checkpoints" / "step_000006")
     assert meta["settings"]["max_steps"] == 6
     assert meta["resume_changes"] == [
-        {"step": 3, "changes": {"max_steps": {"checkpoint": 3, "now": 6}}}
+        {
+            "step": 3,
+            "changes": {"max_steps": {"checkpoint": 3, "now": 6, "applied_by": "driver"}},
+        }
     ]
+
+
+def test_a_change_no_one_applies_is_said_and_recorded(tmp_path, capsys):
+    interrupted_run(capsys, tmp_path)
+    status, err = run_recipe(
+        capsys,
+        tmp_path,
+        "--max-steps",
+        "5",
+        "--resume",
+        "auto",
+        "--batch-size",
+        "4",
+        "--allow-changed",
+        "batch_size",
+    )
+    assert status == 0, err
+    assert "batch_size=4 is recorded as requested, but backend 'scalar' does not" in err
+    meta = ckpt.read_meta(tmp_path / "checkpoints" / "step_000005")
+    (change,) = meta["resume_changes"]
+    assert change["changes"] == {"batch_size": {"checkpoint": 2, "now": 4, "applied_by": None}}
 
 
 def test_jsonl_rows_past_the_resumed_step_are_dropped(tmp_path, capsys):
@@ -65,3 +89,23 @@ def test_tensorboard_purges_steps_past_the_resumed_one(tmp_path, capsys):
     events = EventAccumulator(str(tmp_path / "logs" / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
+
+
+def test_wandb_run_is_resumed_not_restarted(tmp_path, capsys):
+    from baton.callbacks.sinks.wandb import WandbSink
+
+    interrupted_run(capsys, tmp_path, sinks="wandb")
+    run_id = (tmp_path / "logs" / "wandb_run_id").read_text()
+    status, err = run_recipe(
+        capsys, tmp_path, "--max-steps", "5", "--resume", "auto", "--sinks", "wandb"
+    )
+    assert status == 0, err
+    runs = sorted((tmp_path / "logs" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+
+    class Resumed:  # online, a resumed run rewinds the W&B run to the resumed step
+        resumed_from = tmp_path / "checkpoints" / "step_000003"
+        step = 3
+
+    online = WandbSink(mode="online").resume_arguments(run_id, True, Resumed())
+    assert online == {"resume_from": f"{run_id}?_step=3"}

@@ -160,6 +160,7 @@ class Driver:
         self._lock: RunDirLock | None = None
         self._candidates: list[tuple[Path, dict[str, Any]]] = []
         self._resume_failures: list[str] = []
+        self._allowed_now: dict[str, tuple[Any, Any]] = {}
         #: changes of training settings allowed on resume, recorded in each checkpoint
         self.resume_changes: list[dict[str, Any]] = []
         self._hasher: ThreadPoolExecutor | None = None
@@ -477,6 +478,7 @@ class Driver:
                 errors.append(f"{path}: {reason}")
                 log.warning("could not load checkpoint %s (%s); trying an older one", path, reason)
                 continue
+            self._apply_allowed_changes()
             self._restore(path, meta)
             return
         if self._candidates:
@@ -503,6 +505,7 @@ class Driver:
         changes = changed_settings(meta.get("settings", {}), self.settings, names)
         allowed = check_changes(changes, self.allow_changed, path)
         self.resume_changes = list(meta.get("resume_changes", []))
+        self._allowed_now = allowed
         if allowed:
             for name, (old, new) in allowed.items():
                 log.warning(
@@ -522,6 +525,32 @@ class Driver:
             if old != new:
                 log.info(
                     "resuming with the driver's %s %r (the checkpoint's run had %r)", name, new, old
+                )
+
+    def _apply_allowed_changes(self) -> None:
+        """After loading: a backend whose restored state would override an allowed change
+        (an optimizer's learning rate) re-applies it in ``apply_changed_settings(changes)``
+        and returns the names it applied; the driver applies its own limits; what nobody
+        applied is said and recorded (``"applied_by": null``)."""
+        if not self._allowed_now:
+            return
+        hook = getattr(self.backend, "apply_changed_settings", None)
+        applied = set(hook(dict(self._allowed_now))) if hook is not None else set()
+        record = self.resume_changes[-1]["changes"]
+        for name, (old, new) in self._allowed_now.items():
+            by_driver = name in self._limits() and self._limits()[name] == new
+            record[name]["applied_by"] = (
+                "backend" if name in applied else "driver" if by_driver else None
+            )
+            if record[name]["applied_by"] is None:
+                log.warning(
+                    "%s=%r is recorded as requested, but backend %r does not report "
+                    "re-applying it after loading: state restored from the checkpoint (an "
+                    "optimizer, a scheduler) may keep %r",
+                    name,
+                    new,
+                    self.backend.name,
+                    old,
                 )
 
     def load_checkpoint(self, path: str | Path | None = None, *, callbacks: bool = False) -> Path:

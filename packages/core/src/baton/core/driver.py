@@ -637,6 +637,16 @@ class Driver:
             patches, self.patch_report = select_patches(self.backend, self.patch_selection)
         except ValueError as error:
             raise UsageError(str(error)) from None
+        user = [cb for cb in self.callbacks if not any(type(cb) is type(p) for p in patches)]
+        self.callbacks = [*patches, *user]
+        keys = [cb.state_key for cb in self.callbacks if cb.state_key is not None]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise UsageError(
+                f"callbacks share state_key {duplicates}: give each stateful callback a unique "
+                "state_key so checkpoints can tell their states apart"
+            )
+        self._dispatch = Dispatcher(self.callbacks)
         if launch.rank == 0:
             self._lock = RunDirLock(self.run_dir)
             try:
@@ -653,16 +663,6 @@ class Driver:
         except BaseException:
             self._release_lock(failed=True)
             raise
-        user = [cb for cb in self.callbacks if not any(type(cb) is type(p) for p in patches)]
-        self.callbacks = [*patches, *user]
-        keys = [cb.state_key for cb in self.callbacks if cb.state_key is not None]
-        duplicates = sorted({k for k in keys if keys.count(k) > 1})
-        if duplicates:
-            raise ValueError(
-                f"callbacks share state_key {duplicates}: give each stateful callback a unique "
-                "state_key so checkpoints can tell their states apart"
-            )
-        self._dispatch = Dispatcher(self.callbacks)
 
     def _claim_checkpoints(self, launch: Launch) -> None:
         """Refuse to start over where checkpoints exist, unless ``overwrite``."""

@@ -87,7 +87,8 @@ CASES: dict[str, Case] = {
     "zero batch size": Case(scalar("--batch-size", "0"), 2, "--batch-size must be > 0, got 0"),
     "negative learning rate": Case(scalar("--lr", "-0.1"), 2, "--lr must be > 0"),
     "nan learning rate": Case(scalar("--lr", "nan"), 2, "--lr must be a finite number"),
-    "zero log cadence": Case(scalar("--log-every", "0"), 2, "--log-every must be > 0"),
+    "zero log cadence": Case(scalar("--log-every", "0"), 2, "log_every must be >= 1, got 0"),
+    "negative save cadence": Case(scalar("--save-every", "-1"), 2, "--save-every must be >= 0"),
     "unknown verify mode": Case(scalar("--verify", "fast"), 2, "verify='fast' is not one of"),
     "missing resume path": Case(
         lambda t, r: scalar("--resume", str(t / "gone"))(t, r), 2, "no checkpoint directory there"

@@ -5,9 +5,9 @@ them into a command line (``--max-steps 50 --lr 3e-4``) with tyro, so ``--help``
 lists them with defaults and a bad value is rejected with the parameter's name.
 
 Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
-``seq_len``, ``*_every``, ``n_*``, ``d_model``) and learning rates must be positive,
-step limits (``max_*``, ``*_steps``) not negative; ``Annotated[int, AtLeast(2)]`` sets
-another bound for one parameter.
+``seq_len``, ``n_*``, ``d_model``) and learning rates must be positive, step limits
+and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
+``Annotated[int, AtLeast(2)]`` sets another bound for one parameter.
 
 Example ``recipes/tiny.py``::
 
@@ -38,12 +38,10 @@ from baton.core.errors import UsageError
 
 RECIPE_FUNCTION = "recipe"
 
-#: numeric recipe parameters that must be > 0 (counts, sizes, cadences, learning rates)
-POSITIVE = re.compile(
-    r"^(n_.+|.+_(size|len|length|every|every_n_steps|layers|heads|dim)|d_model|lr|learning_rate)$"
-)
-#: numeric recipe parameters that must be >= 0 (limits and step counts)
-NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|seed|.+_ms)$")
+#: numeric recipe parameters that must be > 0 (counts, sizes, learning rates)
+POSITIVE = re.compile(r"^(n_.+|.+_(size|len|length|layers|heads|dim)|d_model|lr|learning_rate)$")
+#: numeric recipe parameters that must be >= 0 (limits, step counts, cadences: 0 is "off")
+NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
 
 
 class RecipeError(UsageError):

@@ -1,7 +1,7 @@
 """Quickstart: a small byte-level GPT on the Python language reference, on CPU in about a minute.
 
 uv run baton run recipes/quickstart.py
-uv run baton run recipes/quickstart.py --max-steps 600 --lr 2e-3 --resume auto
+uv run baton run recipes/quickstart.py --max-steps 600 --resume auto --allow-changed max_steps
 """
 
 from __future__ import annotations

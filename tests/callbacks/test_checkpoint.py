@@ -55,7 +55,9 @@ def test_truncated_checkpoint_is_skipped_with_warning(
     newest = tmp_path / "checkpoints" / "step_000010" / "backend" / "state.pt"
     newest.write_bytes(newest.read_bytes()[:1000])
     caplog.set_level(logging.INFO, logger="baton")
-    driver = fit_in_process(tmp_path, "--max-steps", "12", "--resume", "auto")
+    driver = fit_in_process(
+        tmp_path, "--max-steps", "12", "--resume", "auto", "--allow-changed", "max_steps"
+    )
     assert "truncated" in caplog.text and "skipping checkpoint" in caplog.text
     assert driver.resumed_from == tmp_path / "checkpoints" / "step_000005"
     # the truncated step 10 was written anew; rotation (keep 2) then dropped step 5
@@ -73,7 +75,17 @@ def test_failed_save_never_leaves_fewer_than_one_complete(tmp_path: Path) -> Non
     ckpt.read_meta(root / "step_000010")  # complete: manifest matches
     assert not any(p.name.startswith(ckpt.TMP_PREFIX) for p in root.iterdir())
     # and the run resumes from it
-    driver = fit_in_process(tmp_path, "--max-steps", "20", "--keep-last", "1", "--resume", "auto")
+    driver = fit_in_process(
+        tmp_path,
+        "--max-steps",
+        "20",
+        "--keep-last",
+        "1",
+        "--resume",
+        "auto",
+        "--allow-changed",
+        "max_steps",
+    )
     assert driver.resumed_from == root / "step_000010" and names(tmp_path) == [20]
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from baton.core import Callback, Driver
+from baton.core import checkpointing as ckpt
 from support.scalar_backend import ScalarBackend
 
 
@@ -47,7 +48,10 @@ def test_force_save_writes_complete_checkpoint_with_reason(tmp_path):
     meta = json.loads((path / "baton.json").read_text())
     assert meta["reason"] == "forced save" and meta["step"] == 3 and meta["tokens"] == 24
     assert (tmp_path / "checkpoints" / "latest").resolve() == path
-    assert meta["files"] == {"state.json": (path / "backend" / "state.json").stat().st_size}
+    state = path / "backend" / "state.json"
+    assert meta["files"] == {
+        "state.json": {"size": state.stat().st_size, "xxh3_128": ckpt.file_digest(state)}
+    }
 
 
 @pytest.mark.parametrize(

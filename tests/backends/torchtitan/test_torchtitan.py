@@ -158,6 +158,7 @@ def test_patches_undone_after_teardown(first_run):
     assert report == {
         "torchtitan_cpu_attention": True,
         "torchtitan_cpu_device": True,
+        "torchtitan_dcp_safe_loading": True,
         "torchtitan_fsdp_partial_dtensor": False,  # one rank: spmd_types works
         "torchtitan_gloo_fsdp_sum_reduction": True,  # no FSDP group on gloo: nothing to do
         "torchtitan_pg_set_timeout": True,

@@ -34,7 +34,16 @@ def read_text(path: str | Path, what: str = "data_path") -> str:
             f"{what} {str(file)!r} is not a file; give a UTF-8 text file, or leave it unset "
             "for the built-in Python language reference"
         )
-    return file.read_text(encoding="utf-8")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{what} {str(file)!r} is not UTF-8 text ({error.reason} at byte {error.start}); "
+            "give a UTF-8 text file"
+        ) from None
+    if not text.strip():
+        raise ValueError(f"{what} {str(file)!r} is empty; give a UTF-8 text file with content")
+    return text
 
 
 def load_text(path: str | Path | None, what: str = "data_path") -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Checkpoints on disk: atomic directories, a size manifest, the ``latest`` pointer.
+"""Checkpoints on disk: durable atomic directories, a checksummed manifest, ``latest``.
 
 Layout::
 
@@ -7,9 +7,14 @@ Layout::
         .tmp-step_000200/     a save in progress (never loaded)
         latest -> step_000100 the newest complete checkpoint
 
-A checkpoint is written under a temporary name and renamed when complete; its
-``baton.json`` lists every backend file with its size, so a truncated or partly
-deleted checkpoint is detected and skipped instead of loaded.
+A checkpoint is written under a temporary name, every file and directory in it is
+fsynced, then it is renamed and its parent fsynced; ``latest`` is swapped the same way.
+Its ``baton.json`` lists every backend file with its size and an xxh3-128 checksum
+(``"files": {"model.pt": {"size": 1234, "xxh3_128": "..."}}``), so a truncated,
+zero-filled or bit-flipped checkpoint is detected and skipped instead of loaded::
+
+    meta = read_meta(path, verify="full")   # sizes and checksums ("size": sizes only)
+    good, failures = scan(root)              # loadable ones newest first (latest first)
 """
 
 from __future__ import annotations
@@ -22,16 +27,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
+from baton.core.errors import RunError, UsageError
+
 log = logging.getLogger("baton")
 
 META_FILE = "baton.json"
 BACKEND_DIR = "backend"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+HASH = "xxh3_128"
+#: how much of each checkpoint ``read_meta`` checks: every byte, or only the sizes
+VERIFY_MODES = ("full", "size")
 _NAME = re.compile(r"^step_(\d+)$")
+_CHUNK = 1 << 22
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunError):
     """A checkpoint that cannot be used, with the reason and what to do."""
 
 
@@ -56,70 +69,146 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0)
 
 
-def manifest(directory: Path) -> dict[str, int]:
-    """Relative path -> size of every file below ``directory``."""
-    return {
-        str(p.relative_to(directory)): p.stat().st_size
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
+def check_verify(verify: str) -> str:
+    if verify not in VERIFY_MODES:
+        raise UsageError(
+            f"verify={verify!r} is not one of {', '.join(VERIFY_MODES)} "
+            "('full' checks every byte against its checksum, 'size' only file sizes)"
+        )
+    return verify
+
+
+def file_digest(path: Path) -> str:
+    """The xxh3-128 checksum of a file's bytes, as hex."""
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest(directory: Path, *, checksums: bool = True) -> dict[str, dict[str, Any]]:
+    """Relative path -> ``{"size": bytes, "xxh3_128": hex}`` of every file below ``directory``."""
+    found: dict[str, dict[str, Any]] = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file():
+            entry: dict[str, Any] = {"size": p.stat().st_size}
+            if checksums:
+                entry[HASH] = file_digest(p)
+            found[str(p.relative_to(directory))] = entry
+    return found
+
+
+def fsync_path(path: Path) -> None:
+    """Flush one file or directory to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    """fsync every file below ``directory``, then every directory bottom-up, itself last."""
+    dirs: list[Path] = []
+    for root, subdirs, files in os.walk(directory):
+        for name in files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                fsync_path(path)
+        dirs.append(Path(root))
+        subdirs.sort()
+    for d in reversed(dirs):
+        fsync_path(d)
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON durably: a fsynced temporary file renamed over ``path``, parent fsynced."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(payload, fh, indent=2, sort_keys=True, default=str)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    fsync_path(path.parent)
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path, verify: str = "full") -> dict[str, Any]:
     """Validate a checkpoint directory and return its ``baton.json``.
 
     Raises ``CheckpointError`` naming what is wrong: no metadata (half-written),
-    unreadable metadata, or backend files missing or of the wrong size (truncated).
+    unreadable metadata, backend files missing, of the wrong size (truncated) or, with
+    ``verify="full"``, whose bytes differ from their checksum (corrupted).
     """
+    check_verify(verify)
     meta_path = path / META_FILE
+    if not path.is_dir():
+        raise CheckpointError(f"{path} does not exist or is not a checkpoint directory")
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: no {META_FILE}; the save did not finish")
     try:
         meta = json.loads(meta_path.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: {META_FILE} is unreadable ({error})") from error
-    expected: dict[str, int] = meta.get("files", {})
     backend_dir = path / BACKEND_DIR
-    for rel, size in expected.items():
+    for rel, entry in dict(meta.get("files", {})).items():
+        expected = entry if isinstance(entry, dict) else {"size": entry}  # format 1: sizes
         file = backend_dir / rel
         if not file.is_file():
             raise CheckpointError(f"{path}: backend file {rel} is missing")
         actual = file.stat().st_size
-        if actual != size:
+        if actual != expected.get("size"):
             raise CheckpointError(
-                f"{path}: backend file {rel} has {actual} bytes, expected {size} (truncated)"
+                f"{path}: backend file {rel} has {actual} bytes, expected "
+                f"{expected.get('size')} (truncated)"
+            )
+        if verify == "full" and HASH in expected and file_digest(file) != expected[HASH]:
+            raise CheckpointError(
+                f"{path}: backend file {rel} does not match its {HASH} checksum (corrupted)"
             )
     return meta
 
 
-def resumable(root: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Complete checkpoints under ``root``, newest first; broken ones are reported and skipped."""
+def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+    """Loadable checkpoints under ``root`` and why the others are not.
+
+    The one ``latest`` points at comes first when it is valid, then the others newest
+    first; each broken one is logged as a warning and described in the second list.
+    """
     good: list[tuple[Path, dict[str, Any]]] = []
-    for path in reversed(list_checkpoints(root)):
+    failures: list[str] = []
+    pointed = latest(root)
+    ordered = list(reversed(list_checkpoints(root)))
+    if pointed is not None and pointed in ordered:
+        ordered.remove(pointed)
+        ordered.insert(0, pointed)
+    for path in ordered:
         try:
-            good.append((path, read_meta(path)))
+            good.append((path, read_meta(path, verify)))
         except CheckpointError as error:
             log.warning("skipping checkpoint: %s", error)
-    return good
+            failures.append(str(error))
+    return good, failures
+
+
+def resumable(root: Path, verify: str = "full") -> list[tuple[Path, dict[str, Any]]]:
+    """Complete checkpoints under ``root`` (``latest`` first, then newest first); broken
+    ones are reported and skipped."""
+    return scan(root, verify)[0]
 
 
 def update_latest(root: Path, target: Path) -> None:
-    """Point ``root/latest`` at ``target`` atomically (a symlink swapped by rename)."""
+    """Point ``root/latest`` at ``target`` atomically and durably (a symlink swapped by
+    rename, then the directory fsynced)."""
     link = root / LATEST
     tmp = root / f"{TMP_PREFIX}{LATEST}"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     tmp.symlink_to(target.name)
     os.replace(tmp, link)
+    fsync_path(root)
 
 
 def latest(root: Path) -> Path | None:
@@ -134,28 +223,31 @@ def remove_checkpoint(path: Path) -> None:
     if trash.exists():
         shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
+    fsync_path(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def finalize(tmp: Path, final: Path, meta: dict[str, Any]) -> Path:
-    """Complete a save: write the manifest and ``baton.json``, rename, update ``latest``."""
+def finalize(
+    tmp: Path,
+    final: Path,
+    meta: dict[str, Any],
+    files: dict[str, dict[str, Any]] | None = None,
+) -> Path:
+    """Complete a save: manifest and ``baton.json``, fsync everything, rename, ``latest``.
+
+    ``files`` is the backend directory's manifest when it was computed already (off the
+    training thread); otherwise it is computed here.
+    """
     meta = dict(meta)
-    meta["files"] = manifest(tmp / BACKEND_DIR) if (tmp / BACKEND_DIR).exists() else {}
+    if files is None:
+        files = manifest(tmp / BACKEND_DIR) if (tmp / BACKEND_DIR).exists() else {}
+    meta["files"] = files
+    meta["format"] = max(2, int(meta.get("format", 2)))
     write_json_atomic(tmp / META_FILE, meta)
+    fsync_tree(tmp)
     if final.exists():
         remove_checkpoint(final)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     update_latest(final.parent, final)
     return final
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

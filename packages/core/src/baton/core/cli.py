@@ -5,20 +5,26 @@ baton callbacks
 baton backends
 baton patches --backend torchtitan
 baton plot runs/quickstart
+
+A user error prints one line naming the problem and the fix and exits 2 (bad command,
+recipe or settings) or 1 (the run failed); ``BATON_DEBUG=1`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
+from baton.core.errors import BatonError
+from baton.core.launch import Launch, LaunchError
+from baton.core.logs import setup_logging
 from baton.core.registry import BACKENDS, CALLBACKS
 
 
@@ -27,15 +33,8 @@ def _doc_line(obj: object) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-def _setup_logging() -> None:
-    handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
-    logging.getLogger("baton").handlers[:] = [handler]
-    logging.getLogger("baton").setLevel(logging.INFO)
-    logging.getLogger("baton").propagate = False
-
-
 def cmd_run(argv: Sequence[str]) -> int:
-    from baton.core.recipe import RecipeError, build_driver
+    from baton.core.recipe import build_driver
 
     if not argv or argv[0].startswith("-"):
         print(
@@ -43,19 +42,17 @@ def cmd_run(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    _setup_logging()
-    try:
-        driver = build_driver(argv[0], argv[1:])
-    except RecipeError as error:
-        print(f"baton: {error}", file=sys.stderr)
-        return 2
+    launch = Launch.from_env()
+    setup_logging(launch)
+    driver = build_driver(argv[0], argv[1:])
     if driver is None:
         return 0
     result = driver.fit()
-    Console(stderr=True).print(
-        f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
-        f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
-    )
+    if launch.rank == 0:
+        Console(stderr=True).print(
+            f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
+            f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
+        )
     return 0
 
 
@@ -179,7 +176,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"baton: unknown command {args[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr
         )
         return 2
-    return command(args[1:])
+    try:
+        return command(args[1:])
+    except SystemExit as exit_:  # argument parsers exit after printing their message
+        return exit_.code if isinstance(exit_.code, int) else 2
+    except KeyboardInterrupt:
+        print("baton: interrupted", file=sys.stderr)
+        return 130
+    except BatonError as error:
+        return _report(str(error), error.exit_status)
+    except LaunchError as error:
+        return _report(f"{error}; fix the launch environment variables", 2)
+    except Exception as error:
+        return _report(f"run failed: {type(error).__name__}: {error}", 1, hint=True)
+
+
+def _report(message: str, status: int, *, hint: bool = False) -> int:
+    """Print a user error as one message (the traceback only with ``BATON_DEBUG=1``)."""
+    debug = os.environ.get("BATON_DEBUG", "") not in ("", "0")
+    if debug:
+        traceback.print_exc()
+    suffix = " (BATON_DEBUG=1 shows the traceback)" if hint and not debug else ""
+    print(f"baton: {message}{suffix}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

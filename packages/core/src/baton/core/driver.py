@@ -17,12 +17,14 @@ import dataclasses
 import logging
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -39,10 +41,18 @@ from baton.core.backend import (
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
-from baton.core.launch import Launch, restart_count
+from baton.core.errors import UsageError
+from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.metrics import StepOutput
 from baton.core.overrides import to_jsonable
 from baton.core.patches import PatchDecision, select_patches
+from baton.core.resume_settings import (
+    TRAINING_SETTINGS,
+    changed_settings,
+    check_changes,
+    parse_allowed,
+)
+from baton.core.rundir import RunDirLock, set_aside
 
 log = logging.getLogger("baton")
 
@@ -69,6 +79,8 @@ class _PendingCheckpoint:
     final: Path
     meta: dict[str, Any]
     handle: PendingSave | None
+    #: the backend files' manifest, hashed off the training thread (async saves)
+    files: Future[dict[str, Any]] | None = None
 
 
 class Driver:
@@ -82,12 +94,26 @@ class Driver:
         eval_every: evaluate every N steps (``None``: only when a callback asks);
             evaluation is its own phase: its metrics reach ``on_eval_end``, not ``on_log``.
         run_dir: where checkpoints and logs go (``runs/<name>``).
-        resume: ``"none"``, ``"auto"`` (newest complete checkpoint, if any) or a path.
+        resume: ``"none"``, ``"auto"`` (``latest`` if valid, else the newest complete
+            checkpoint) or a checkpoint path. With ``"none"`` a run directory that holds
+            checkpoints is refused unless ``overwrite`` moves them aside.
         patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``);
             ``None`` reads ``BATON_PATCHES``.
-        settings: the recipe's parameters, recorded in each checkpoint.
+        settings: the recipe's parameters, recorded in each checkpoint and compared
+            with the checkpoint's on resume.
         save_on_stop: write a checkpoint whenever the run stops (end, limits, signals).
         async_save: save asynchronously where the backend can (``async_save`` ability).
+        verify: how resume checks a checkpoint: ``"full"`` (sizes and checksums) or
+            ``"size"`` (sizes only, for huge checkpoints).
+        overwrite: start fresh where checkpoints exist, renaming the old ``checkpoints``
+            and ``logs`` aside (never deleting them).
+        allow_changed: training settings (``"lr,max_steps"``, ``"all"``) that may differ
+            from the checkpoint's on resume; others are refused.
+        training_settings: more setting names whose change on resume is refused
+            (added to ``baton.core.resume_settings.TRAINING_SETTINGS``).
+
+    The run directory is locked for the run (``baton.core.rundir``): a second run on it
+    fails at once naming the holder.
 
     Callbacks that own the save policy (``Checkpoint``) set it through
     ``configure_saving`` in ``on_configure``; a guard that must not let a broken state
@@ -110,11 +136,12 @@ class Driver:
         settings: dict[str, Any] | None = None,
         save_on_stop: bool = False,
         async_save: bool = False,
+        verify: str = "full",
+        overwrite: bool = False,
+        allow_changed: str | Iterable[str] = (),
+        training_settings: Iterable[str] = (),
     ) -> None:
-        if max_steps is None and max_tokens is None and max_time_s is None:
-            raise ValueError("set at least one of max_steps, max_tokens, max_time_s")
-        if log_every < 1:
-            raise ValueError(f"log_every must be >= 1, got {log_every}")
+        _check_limits(max_steps, max_tokens, max_time_s, log_every, eval_every)
         self.backend = backend
         self.callbacks: list[Callback] = list(callbacks)
         self.max_steps = max_steps
@@ -126,6 +153,11 @@ class Driver:
         self.resume = resume
         self.patch_selection = patches
         self.settings: dict[str, Any] = dict(settings or {})
+        self.verify = verify
+        self.overwrite = overwrite
+        self.allow_changed: set[str] = parse_allowed(allow_changed)
+        self.training_settings: set[str] = set(TRAINING_SETTINGS) | set(training_settings)
+        ckpt.check_verify(verify)
 
         self.control = Control()
         #: write a checkpoint whenever the run stops (see ``configure_saving``)
@@ -148,6 +180,13 @@ class Driver:
         self._dispatch = Dispatcher([])
         self._abilities: frozenset[Ability] = frozenset()
         self._training = False
+        self._lock: RunDirLock | None = None
+        self._candidates: list[tuple[Path, dict[str, Any]]] = []
+        self._resume_failures: list[str] = []
+        self._allowed_now: dict[str, tuple[Any, Any]] = {}
+        #: changes of training settings allowed on resume, recorded in each checkpoint
+        self.resume_changes: list[dict[str, Any]] = []
+        self._hasher: ThreadPoolExecutor | None = None
 
     # -- properties ----------------------------------------------------------------
     @property
@@ -198,9 +237,9 @@ class Driver:
             self.backend.setup()
             self._abilities = self._check_abilities()
             self._write_patch_report()
-            self._write_run_record()
             self.dispatch("on_setup")
             self._resume()
+            self._write_run_record()
             self._clock_start = time.monotonic()
             self._time_before = self.train_time_s
             self._training = True
@@ -222,9 +261,9 @@ class Driver:
         except BaseException as error:
             self.stop_reason = self.stop_reason or f"error: {type(error).__name__}: {error}"
             self._finish_after_error(error)
+            self._teardown(failed=True)
             raise
-        finally:
-            self._teardown()
+        self._teardown()
         return RunResult(
             step=self.step,
             tokens=self.tokens,
@@ -332,7 +371,7 @@ class Driver:
             if cb.state_key is not None:
                 states[cb.state_key] = cb.state_dict()
         return {
-            "format": 1,
+            "format": 2,
             "step": self.step,
             "tokens": self.tokens,
             "samples": self.samples,
@@ -347,6 +386,8 @@ class Driver:
             },
             "callbacks": states,
             "settings": self.settings,
+            "driver": self._limits(),
+            "resume_changes": self.resume_changes,
             "patches": [d.name for d in self.patch_report if d.applied],
             "versions": _versions(self.backend),
         }
@@ -394,8 +435,11 @@ class Driver:
         multi = collective and self.backend.world_size > 1
         while self._pending:
             item = self._pending[0]
-            if item.handle is not None and not block and not self._all_written(item, multi):
-                return
+            if item.handle is not None and not block:
+                if item.files is None and not self._all_written(item, multi):
+                    return
+                if not multi and self.is_global_zero and not self._hashed(item):
+                    return  # written; its checksums are computed in the background
             self._pending.pop(0)
             if item.handle is not None:
                 try:
@@ -404,15 +448,27 @@ class Driver:
                     if self.is_global_zero:
                         shutil.rmtree(item.tmp, ignore_errors=True)
                     raise
+                if not multi and self.is_global_zero:
+                    self._hashed(item)  # an asynchronous save is always hashed off-thread
             if item.handle is None or multi:
                 self.backend.barrier()
             if self.is_global_zero:
-                ckpt.finalize(item.tmp, item.final, item.meta)
+                files = item.files.result() if item.files is not None else None
+                ckpt.finalize(item.tmp, item.final, item.meta, files)
                 log.info("checkpoint %s saved (%s)", item.final, item.meta["reason"])
             if item.handle is None or multi:
                 self.backend.barrier()
             self.saved.append(item.final)
             self.dispatch("on_checkpoint_saved", item.final)
+
+    def _hashed(self, item: _PendingCheckpoint) -> bool:
+        """Start hashing a written asynchronous save off the training thread; whether
+        its manifest is ready."""
+        if item.files is None:
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="baton-checksum")
+            item.files = self._hasher.submit(ckpt.manifest, item.tmp / ckpt.BACKEND_DIR)
+        return item.files.done()
 
     def _all_written(self, item: _PendingCheckpoint, multi: bool) -> bool:
         assert item.handle is not None
@@ -423,36 +479,128 @@ class Driver:
         unfinished = self.backend.all_reduce_flags([not item.handle.done()])
         return not unfinished[0]
 
-    def _resume(self) -> None:
-        resume = self.resume
-        restarts = restart_count()
-        if restarts and resume in (None, "", "none"):
-            log.warning("restart %d of this job: resuming from its newest checkpoint", restarts)
-            resume = "auto"
-        if resume in (None, "", "none"):
+    def _resume_path(self) -> Path:
+        """The checkpoint ``resume`` names: a path, or a name under ``checkpoints/``."""
+        path = Path(self.resume)
+        if not path.exists() and (self.checkpoint_dir / path).exists():
+            path = self.checkpoint_dir / path
+        return path
+
+    def _find_resume_candidates(self) -> None:
+        """Before anything is built: the verified checkpoints to try, best first."""
+        if self.resume in (None, "", "none"):
             return
-        if str(resume) == "auto":
-            candidates = ckpt.resumable(self.checkpoint_dir)
-            if not candidates:
+        if str(self.resume) == "auto":
+            self._candidates, self._resume_failures = ckpt.scan(self.checkpoint_dir, self.verify)
+            if not self._candidates and self._resume_failures:
+                raise ckpt.CheckpointError(
+                    f"resume=auto: {self.checkpoint_dir} holds checkpoints but none can be "
+                    "loaded:\n  " + "\n  ".join(self._resume_failures) + "\nrestore them, "
+                    "resume from a copy with --resume PATH, or start over with --overwrite "
+                    "(moves them aside)"
+                )
+            if not self._candidates:
                 log.info(
                     "resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoint_dir
                 )
-                return
-        else:
-            path = Path(resume)
-            candidates = [(path, ckpt.read_meta(path))]
-        errors: list[str] = []
-        for path, meta in candidates:
+            return
+        path = self._resume_path()
+        self._candidates = [(path, ckpt.read_meta(path, self.verify))]
+
+    def _check_first_candidate(self) -> None:
+        """Refuse changed training settings before the backend builds anything."""
+        if self._candidates:
+            self._check_settings(*self._candidates[0])
+
+    def _resume(self) -> None:
+        errors = list(self._resume_failures)
+        for path, meta in self._candidates:
             self._check_compatible(path, meta)
+            self._check_settings(path, meta)
             try:
                 self.backend.load(path / ckpt.BACKEND_DIR)
-            except Exception as error:  # a corrupt checkpoint: try the previous one
-                errors.append(f"{path}: {type(error).__name__}: {error}")
-                log.warning("could not load checkpoint %s (%s); trying an older one", path, error)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:  # a corrupt checkpoint: try the previous one
+                # (torch's CheckpointException derives from BaseException)
+                reason = _error_summary(error)
+                errors.append(f"{path}: {reason}")
+                log.warning("could not load checkpoint %s (%s); trying an older one", path, reason)
                 continue
+            self._apply_allowed_changes()
             self._restore(path, meta)
             return
-        raise ckpt.CheckpointError("no checkpoint could be loaded:\n  " + "\n  ".join(errors))
+        if self._candidates:
+            raise ckpt.CheckpointError(
+                "no checkpoint could be loaded:\n  " + "\n  ".join(errors) + "\nresume from "
+                "another checkpoint with --resume PATH, or start over with --overwrite"
+            )
+
+    def _limits(self) -> dict[str, Any]:
+        return {
+            "max_steps": self.max_steps,
+            "max_tokens": self.max_tokens,
+            "max_time_s": self.max_time_s,
+        }
+
+    def _check_settings(self, path: Path, meta: dict[str, Any]) -> None:
+        """Refuse a resume whose training settings differ from the checkpoint's unless
+        ``allow_changed`` names them; allowed changes are logged and recorded.
+
+        Only recipe settings are compared: the driver's own limits (``max_steps`` given
+        to ``Driver``) are applied by the loop as they are and logged when they differ.
+        """
+        names = self.training_settings | set(getattr(self.backend, "training_settings", ()))
+        changes = changed_settings(meta.get("settings", {}), self.settings, names)
+        allowed = check_changes(changes, self.allow_changed, path)
+        self.resume_changes = list(meta.get("resume_changes", []))
+        self._allowed_now = allowed
+        if allowed:
+            for name, (old, new) in allowed.items():
+                log.warning(
+                    "resuming with %s changed from %r to %r (allowed by allow_changed)",
+                    name,
+                    old,
+                    new,
+                )
+            self.resume_changes.append(
+                {
+                    "step": int(meta.get("step", 0)),
+                    "changes": {k: {"checkpoint": o, "now": n} for k, (o, n) in allowed.items()},
+                }
+            )
+        for name, old in meta.get("driver", {}).items():
+            new = self._limits().get(name)
+            if old != new:
+                log.info(
+                    "resuming with the driver's %s %r (the checkpoint's run had %r)", name, new, old
+                )
+
+    def _apply_allowed_changes(self) -> None:
+        """After loading: a backend whose restored state would override an allowed change
+        (an optimizer's learning rate) re-applies it in ``apply_changed_settings(changes)``
+        and returns the names it applied; the driver applies its own limits; what nobody
+        applied is said and recorded (``"applied_by": null``)."""
+        if not self._allowed_now:
+            return
+        hook = getattr(self.backend, "apply_changed_settings", None)
+        applied = set(hook(dict(self._allowed_now))) if hook is not None else set()
+        record = self.resume_changes[-1]["changes"]
+        for name, (old, new) in self._allowed_now.items():
+            by_driver = name in self._limits() and self._limits()[name] == new
+            record[name]["applied_by"] = (
+                "backend" if name in applied else "driver" if by_driver else None
+            )
+            if record[name]["applied_by"] is None:
+                log.warning(
+                    "%s=%r is recorded as requested, but backend %r does not report "
+                    "re-applying it after loading: state restored from the checkpoint (an "
+                    "optimizer, a scheduler) may keep %r",
+                    name,
+                    new,
+                    self.backend.name,
+                    old,
+                )
 
     def load_checkpoint(self, path: str | Path | None = None, *, callbacks: bool = False) -> Path:
         """Restore a complete checkpoint in the middle of a run (a rollback).
@@ -464,13 +612,13 @@ class Driver:
         one after the checkpoint's. Raises ``CheckpointError`` when none can be loaded.
         """
         if path is None:
-            candidates = ckpt.resumable(self.checkpoint_dir)
+            candidates = ckpt.resumable(self.checkpoint_dir, self.verify)
             if not candidates:
                 raise ckpt.CheckpointError(f"no complete checkpoint in {self.checkpoint_dir}")
             path, meta = candidates[0]
         else:
             path = Path(path)
-            meta = ckpt.read_meta(path)
+            meta = ckpt.read_meta(path, self.verify)
         self._poll_pending(block=True)
         self._check_compatible(path, meta)
         self.backend.load(path / ckpt.BACKEND_DIR)
@@ -537,18 +685,81 @@ class Driver:
 
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
+        """Check every option, lock the run directory, decide what to resume from:
+        all before the backend builds anything. A failure leaves the run directory as
+        it was (one this run created is removed again)."""
         self._check_restart()
-        patches, self.patch_report = select_patches(self.backend, self.patch_selection)
+        restarts = restart_count()
+        if restarts and self.resume in (None, "", "none"):
+            log.warning("restart %d of this job: resuming from its newest checkpoint", restarts)
+            self.resume = "auto"
+        _check_limits(
+            self.max_steps, self.max_tokens, self.max_time_s, self.log_every, self.eval_every
+        )
+        ckpt.check_verify(self.verify)
+        self.allow_changed = parse_allowed(self.allow_changed)
+        if self.resume not in (None, "", "none", "auto") and not self._resume_path().is_dir():
+            raise UsageError(
+                f"resume={str(self.resume)!r}: no checkpoint directory there; pass --resume auto "
+                f"(the newest in {self.checkpoint_dir}) or a path like "
+                f"{self.checkpoint_dir / ckpt.checkpoint_name(100)}"
+            )
+        try:
+            launch = Launch.from_env()
+        except LaunchError as error:
+            raise UsageError(f"{error}; fix the launch environment variables") from None
+        try:
+            patches, self.patch_report = select_patches(self.backend, self.patch_selection)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         user = [cb for cb in self.callbacks if not any(type(cb) is type(p) for p in patches)]
         self.callbacks = [*patches, *user]
         keys = [cb.state_key for cb in self.callbacks if cb.state_key is not None]
         duplicates = sorted({k for k in keys if keys.count(k) > 1})
         if duplicates:
-            raise ValueError(
+            raise UsageError(
                 f"callbacks share state_key {duplicates}: give each stateful callback a unique "
                 "state_key so checkpoints can tell their states apart"
             )
         self._dispatch = Dispatcher(self.callbacks)
+        if launch.rank == 0:
+            self._lock = RunDirLock(self.run_dir)
+            try:
+                self._lock.acquire()
+            except OSError as error:
+                raise UsageError(
+                    f"cannot create or lock the run directory {self.run_dir} "
+                    f"({error.strerror or error}); choose a writable --run-dir"
+                ) from None
+        try:
+            self._claim_checkpoints(launch)
+            self._find_resume_candidates()
+            self._check_first_candidate()
+        except BaseException:
+            self._release_lock(failed=True)
+            raise
+
+    def _claim_checkpoints(self, launch: Launch) -> None:
+        """Refuse to start over where checkpoints exist, unless ``overwrite``."""
+        if self.resume not in (None, "", "none"):
+            return
+        existing = ckpt.list_checkpoints(self.checkpoint_dir)
+        if not existing:
+            return
+        if not self.overwrite:
+            raise UsageError(
+                f"{self.checkpoint_dir} already holds checkpoints (newest {existing[-1].name}); "
+                "continue them with --resume auto, start a new run with a fresh --run-dir, or "
+                "pass --overwrite to move them aside"
+            )
+        if launch.rank == 0:
+            for moved in set_aside(self.run_dir):
+                log.warning("overwrite: moved %s aside to %s", moved.name.split(".")[0], moved)
+
+    def _release_lock(self, *, failed: bool) -> None:
+        if self._lock is not None:
+            self._lock.release(remove_if_unused=failed)
+            self._lock = None
 
     def _check_restart(self) -> None:
         """A restarted job (torchrun elastic, SLURM requeue) whose run directory is gone
@@ -596,9 +807,10 @@ class Driver:
             )
 
     def _write_run_record(self) -> None:
-        """``run_dir/run.json`` at start (rank 0): resolved settings, the backend's native
-        config, command line, git commit, versions, hosts and world size. A run that
-        stops before its first checkpoint still leaves it."""
+        """``run_dir/run.json`` once the run is about to train (rank 0): resolved settings,
+        the backend's native config, command line, git commit, versions, hosts, world
+        size and the checkpoint it resumed from. A run that stops before its first
+        checkpoint still leaves it; a run refused at start leaves the last one as it was."""
         if not self.is_global_zero:
             return
         launch = Launch.from_env()
@@ -626,6 +838,7 @@ class Driver:
             "world_size": self.backend.world_size,
             "launch": dataclasses.asdict(launch),
             "started_at": time.time(),
+            "resumed_from": None if self.resumed_from is None else str(self.resumed_from),
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.write_json_atomic(self.run_dir / RUN_RECORD, record)
@@ -641,7 +854,7 @@ class Driver:
             except Exception as hook_error:
                 log.error("on_exception handler %r raised %r", handler, hook_error)
 
-    def _teardown(self) -> None:
+    def _teardown(self, failed: bool = False) -> None:
         try:
             self.backend.teardown()
         except Exception as error:
@@ -651,6 +864,10 @@ class Driver:
                 handler(self)
             except Exception as error:
                 log.error("on_teardown handler %r raised %r", handler, error)
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
+        self._release_lock(failed=failed)
 
 
 def _git_state() -> dict[str, Any] | None:
@@ -676,3 +893,36 @@ def _versions(backend: Backend) -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return found
+
+
+def _check_limits(
+    max_steps: int | None,
+    max_tokens: int | None,
+    max_time_s: float | None,
+    log_every: int,
+    eval_every: int | None,
+) -> None:
+    """Reject impossible loop settings before anything is created."""
+    if max_steps is None and max_tokens is None and max_time_s is None:
+        raise UsageError("set at least one of max_steps, max_tokens, max_time_s")
+    for name, value, least in (
+        ("max_steps", max_steps, 0),
+        ("max_tokens", max_tokens, 0),
+        ("log_every", log_every, 1),
+        ("eval_every", eval_every, 1),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UsageError(f"{name} must be a whole number, got {value!r}")
+        if value is not None and value < least:
+            raise UsageError(f"{name} must be >= {least}, got {value}")
+    if max_time_s is not None and not max_time_s > 0:
+        raise UsageError(f"max_time_s must be > 0 seconds, got {max_time_s}")
+
+
+def _error_summary(error: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of a load error, its innermost line when the message is a
+    multi-line report (a traceback text gathered from several ranks)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", line)]
+    text = named[-1] if named else f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

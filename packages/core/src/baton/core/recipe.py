@@ -4,6 +4,11 @@ The function's typed parameters are the experiment's settings; ``baton run`` tur
 them into a command line (``--max-steps 50 --lr 3e-4``) with tyro, so ``--help``
 lists them with defaults and a bad value is rejected with the parameter's name.
 
+Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
+``seq_len``, ``n_*``, ``d_model``) and learning rates must be positive, step limits
+and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
+``Annotated[int, AtLeast(2)]`` sets another bound for one parameter.
+
 Example ``recipes/tiny.py``::
 
     from baton.core import Driver
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
+import re
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
@@ -27,13 +34,19 @@ from typing import Annotated, Any
 import tyro
 import yaml
 
+from baton.core.errors import UsageError
 from baton.core.overrides import OverrideError, apply_overrides
-from baton.core.recipe_signature import Signature, read_signature, signature_of
+from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
 
 RECIPE_FUNCTION = "recipe"
 
+#: numeric recipe parameters that must be > 0 (counts, sizes, learning rates)
+POSITIVE = re.compile(r"^(n_.+|.+_(size|len|length|layers|heads|dim)|d_model|lr|learning_rate)$")
+#: numeric recipe parameters that must be >= 0 (limits, step counts, cadences: 0 is "off")
+NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
 
-class RecipeError(RuntimeError):
+
+class RecipeError(UsageError):
     """The recipe file cannot be used; the message says why and what to change."""
 
 
@@ -42,9 +55,15 @@ class RunOptions:
     """Options every recipe gets from ``baton run``."""
 
     resume: str = "none"
-    """'auto' (newest complete checkpoint), 'none', or a checkpoint directory."""
+    """'auto' (latest valid checkpoint), 'none', or a checkpoint directory."""
     patches: str | None = None
     """Patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)."""
+    overwrite: bool = False
+    """Start fresh where checkpoints exist: move the old checkpoints and logs aside."""
+    allow_changed: str = ""
+    """Training settings that may differ from the checkpoint's on resume: 'lr,max_steps'."""
+    verify: str = "full"
+    """Checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)."""
     config: str | None = None
     """YAML or TOML file of parameter values; flags given here override it."""
     print_config: bool = False
@@ -54,8 +73,11 @@ class RunOptions:
 
 
 _RUN_OPTION_HELP = {
-    "resume": "'auto' (newest complete checkpoint), 'none', or a checkpoint directory",
+    "resume": "'auto' (latest valid checkpoint), 'none', or a checkpoint directory",
     "patches": "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)",
+    "overwrite": "start fresh where checkpoints exist: move the old checkpoints and logs aside",
+    "allow_changed": "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'",
+    "verify": "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)",
     "config": "YAML or TOML file of parameter values; flags given here override it",
     "print_config": "print the resolved parameters (YAML) and exit without training",
     "set": "override a field of the backend's native config: --set KEY.PATH=VALUE (repeatable)",
@@ -73,7 +95,21 @@ def load_recipe(path: str | Path) -> Callable[..., Any]:
         raise RecipeError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise RecipeError(
+            f"{path}:{error.lineno}: syntax error ({error.msg}); fix the recipe file"
+        ) from None
+    except ImportError as error:
+        raise RecipeError(
+            f"{path} cannot be imported: {error}; install what it needs (`uv sync`) or fix "
+            "the import"
+        ) from None
+    except Exception as error:
+        raise RecipeError(
+            f"{path} raised {type(error).__name__} while loading: {error}; fix the recipe file"
+        ) from None
     fn = getattr(module, RECIPE_FUNCTION, None)
     if not callable(fn):
         raise RecipeError(
@@ -160,7 +196,29 @@ def parse_recipe_args(
     values = dataclasses.asdict(parsed)
     options = RunOptions(**{f.name: values[f.name] for f in dataclasses.fields(RunOptions)})
     kwargs = {k: v for k, v in values.items() if k in own}
+    check_recipe_values(signature, kwargs)
     return kwargs, options
+
+
+def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
+    """Reject out-of-range numbers (by ``AtLeast`` or the naming rules above) before the
+    recipe builds anything."""
+    annotations = {p.name: p.annotation for p in signature.params}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+        metadata = getattr(annotations.get(name), "__metadata__", ())
+        bounds = [m for m in metadata if isinstance(m, AtLeast)]
+        if bounds:
+            if value < bounds[0].minimum:
+                raise UsageError(f"{flag} must be >= {bounds[0].minimum:g}, got {value}")
+        elif POSITIVE.match(name) and value <= 0:
+            raise UsageError(f"{flag} must be > 0, got {value}")
+        elif NON_NEGATIVE.match(name) and value < 0:
+            raise UsageError(f"{flag} must be >= 0, got {value}")
 
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
@@ -176,18 +234,34 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
         signature = signature_of(fn)
     kwargs, options = parse_recipe_args(signature, argv, prog=f"baton run {path}")
     if options.print_config:
-        resolved = {**kwargs, "resume": options.resume, "patches": options.patches}
+        resolved = {
+            **kwargs,
+            **{k: v for k, v in dataclasses.asdict(options).items() if k not in ("config", "print_config", "set")},
+        }
         if options.set:
             resolved["set"] = list(options.set)
         print(yaml.safe_dump(_jsonable(resolved), sort_keys=False), end="")
         return None
-    driver = (fn or load_recipe(path))(**kwargs)
+    try:
+        driver = (fn or load_recipe(path))(**kwargs)
+    except (ValueError, TypeError) as error:
+        if isinstance(error, UsageError):
+            raise
+        raise UsageError(f"recipe {path}: {error}") from None
     if driver is None:
         return None
+    if not all(hasattr(driver, a) for a in ("fit", "settings", "resume")):
+        raise RecipeError(
+            f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
+            "end it with `return Driver(...)`"
+        )
     if "resume" not in kwargs:
         driver.resume = options.resume
     if "patches" not in kwargs:
         driver.patch_selection = options.patches
+    for option in ("overwrite", "allow_changed", "verify"):
+        if option not in kwargs:
+            setattr(driver, option, getattr(options, option))
     if options.set:
         try:
             applied = apply_overrides(driver.backend.config, options.set)

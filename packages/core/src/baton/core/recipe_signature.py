@@ -40,6 +40,16 @@ _ANNOTATION_SCOPE: dict[str, Any] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """``Annotated[int, AtLeast(1)]``: the parameter's lowest accepted value."""
+
+    minimum: float
+
+
+_ANNOTATION_SCOPE["AtLeast"] = AtLeast
+
+
+@dataclasses.dataclass(frozen=True)
 class Param:
     name: str
     annotation: Any
@@ -113,7 +123,7 @@ def signature_of(fn: Callable[..., Any]) -> Signature:
     """The same, from an imported function (any defaults and annotations)."""
     from baton.core.recipe import RecipeError
 
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
     doc = inspect.getdoc(fn) or ""
     helps = _help_by_name(doc)
     params: list[Param] = []

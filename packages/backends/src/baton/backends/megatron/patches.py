@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from baton.backends.dcp_safety import dcp_safe_loading
 from baton.core.patches import Patch, PatchRecorder, register_patch
 
 if TYPE_CHECKING:
@@ -85,3 +86,6 @@ class CpuCausalMask(_CpuPatch):
     name = "megatron_cpu_causal_mask"
     installer = "install_causal_mask"
     priority = -1001
+
+
+register_patch(dcp_safe_loading("megatron"))

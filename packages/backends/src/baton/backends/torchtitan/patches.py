@@ -21,6 +21,7 @@ import sys
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from baton.backends.dcp_safety import dcp_safe_loading
 from baton.core.patches import Patch, PatchRecorder, register_patch
 
 if TYPE_CHECKING:
@@ -371,3 +372,6 @@ class TorchTitanGlooFsdpSumReduction(Patch):
                     group.force_sum_reduction_for_comms = value
 
             recorder.on_undo(f"FSDP sum reduction on {type(module).__name__}", restore)
+
+
+register_patch(dcp_safe_loading("torchtitan"))

@@ -4,14 +4,15 @@ Example::
 
     CompositeLogger([JsonlSink()])  # writes <run_dir>/logs/metrics.jsonl
 
-The file is appended to, so a resumed run continues it; steps a killed run logged
-after its last checkpoint appear twice, and readers (``baton plot``) keep the last.
+The file is appended to, so a resumed run continues it. Rows a killed run logged after
+the step it resumes from are dropped when the sink opens, so no step appears twice.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ class JsonlSink:
         if self.path is None:
             self.path = Path(driver.log_dir) / FILE_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_file():
+            drop_rows_after(self.path, int(driver.step))
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
@@ -51,6 +54,25 @@ class JsonlSink:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite ``path`` without rows past ``step`` (and without a torn last line);
+    returns how many rows were dropped. The file is replaced atomically."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept: list[str] = []
+    for line in lines:
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, float]]:

@@ -6,7 +6,9 @@ Example::
     # tensorboard --logdir runs/x/logs/tensorboard
 
 Every metric becomes a scalar whose tag is its key (``loss``, ``eval/loss``, ...). The
-recipe's settings are written once as hyperparameters (TensorBoard's HPARAMS tab).
+recipe's settings are written once as hyperparameters (TensorBoard's HPARAMS tab). A
+resumed run writes a purge marker at its first step (TensorBoard's ``purge_step``), so
+events an earlier run logged after the resumed checkpoint are hidden, not doubled.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ class TensorBoardSink:
             event: Any = cast(Any, event_pb2).Event
             for summary in hparams_summaries(driver.settings):
                 self._writer.add_event(event(wall_time=time.time(), step=0, summary=summary))
+        if getattr(driver, "resumed_from", None) is not None:
+            self._purge_from(int(driver.step) + 1)
+
+    def _purge_from(self, step: int) -> None:
+        """TensorBoard drops earlier events at ``step`` and later when it reads this."""
+        from tensorboard.compat.proto import event_pb2  # pyright: ignore[reportMissingTypeStubs]
+
+        protos: Any = event_pb2
+        log = protos.SessionLog(status=protos.SessionLog.START)
+        self._writer.add_event(protos.Event(wall_time=time.time(), step=step, session_log=log))
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         from tensorboard.compat.proto import (  # pyright: ignore[reportMissingTypeStubs]

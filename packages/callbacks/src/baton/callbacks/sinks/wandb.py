@@ -7,11 +7,15 @@ Example::
 
 The run directory is ``<run_dir>/logs/wandb``; the W&B run id is kept in
 ``<run_dir>/logs/wandb_run_id`` so a resumed baton run continues the same W&B run.
-The recipe settings become the W&B config.
+Online, a resumed run rewinds the W&B run to the resumed step (``resume_from``), so
+steps an interrupted run logged after its checkpoint are replaced, not doubled; offline
+runs (which cannot rewind) continue the same run id. The recipe settings become the
+W&B config.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,20 +52,28 @@ class WandbSink:
         log_dir = Path(driver.log_dir)
         (log_dir / "wandb").mkdir(parents=True, exist_ok=True)
         id_file = log_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+        known = id_file.is_file()
+        run_id = id_file.read_text().strip() if known else uuid.uuid4().hex[:8]
         id_file.write_text(run_id)
         self.run = wandb.init(
             project=self.project,
             entity=self.entity,
             name=self.run_name or Path(driver.run_dir).name,
-            id=run_id,
-            resume="allow",
+            **self.resume_arguments(run_id, known, driver),
             dir=str(log_dir),
             mode=self.mode,  # type: ignore[arg-type]
             tags=self.tags,
             config=dict(driver.settings),
             settings=wandb.Settings(console="off", silent=True),
         )
+
+    def resume_arguments(self, run_id: str, known: bool, driver: Any) -> dict[str, Any]:
+        """``wandb.init`` arguments that continue ``run_id`` at the driver's step."""
+        mode = self.mode or os.environ.get("WANDB_MODE", "online")
+        resumed = known and getattr(driver, "resumed_from", None) is not None
+        if resumed and mode == "online":
+            return {"resume_from": f"{run_id}?_step={int(driver.step)}"}
+        return {"id": run_id, "resume": "allow"}
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         self.run.log(dict(metrics), step=step)

@@ -1,0 +1,35 @@
+"""Errors baton reports to people as one short message, with the exit status ``baton``
+returns for them (no traceback unless ``BATON_DEBUG=1``).
+
+- ``UsageError`` (exit 2): the command, recipe or settings ask for something baton
+  will not do (a negative step count, a missing ``--resume`` path, checkpoints that
+  would be replaced); the message names the fix.
+- ``RunError`` (exit 1): the run could not go on (its run directory is in use, no
+  checkpoint can be loaded).
+
+Example::
+
+    from baton.core.errors import UsageError
+
+    raise UsageError("batch_size must be >= 1, got 0; pass --batch-size 8")
+"""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """A problem reported to the user as its message alone."""
+
+    exit_status = 1
+
+
+class UsageError(BatonError, ValueError):
+    """Bad input: the message names the setting and how to fix it (exit status 2)."""
+
+    exit_status = 2
+
+
+class RunError(BatonError, RuntimeError):
+    """The run cannot go on; the message says why and what to do (exit status 1)."""
+
+    exit_status = 1

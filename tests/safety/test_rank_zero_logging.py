@@ -1,0 +1,42 @@
+"""Rank-zero logging: under torchrun or SLURM only rank 0 logs at INFO; other ranks show
+warnings and errors, prefixed with their rank."""
+
+from __future__ import annotations
+
+from baton.core.cli import main
+from baton.core.launch import Launch
+from baton.core.logs import setup_logging
+
+from .conftest import RECIPE
+
+
+def test_other_ranks_show_only_warnings_with_their_rank(capsys):
+    logger = setup_logging(Launch(rank=3, world_size=4, source="torchrun"))
+    logger.info("checkpoint saved")
+    logger.warning("sink failed")
+    out = capsys.readouterr().out
+    assert "checkpoint saved" not in out
+    assert "[rank 3] sink failed" in out
+
+
+def test_rank_zero_logs_everything_unprefixed(capsys):
+    logger = setup_logging(Launch())
+    logger.info("checkpoint saved")
+    out = capsys.readouterr().out
+    assert "checkpoint saved" in out and "[rank" not in out
+
+
+def run(capsys, run_dir) -> str:
+    capsys.readouterr()
+    assert main(["run", str(RECIPE), "--run-dir", str(run_dir), "--max-steps", "3"]) == 0
+    captured = capsys.readouterr()
+    return captured.out + captured.err
+
+
+def test_under_torchrun_only_rank_zero_logs_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert "saved" in run(capsys, tmp_path / "r0")
+    monkeypatch.setenv("RANK", "1")
+    rank_one = run(capsys, tmp_path / "r1")
+    assert "saved" not in rank_one and "done" not in rank_one, rank_one

@@ -4,7 +4,9 @@ Example::
 
     Driver(backend, callbacks=[Progress()], max_steps=300)
 
-Reads ``loss`` from log steps and ``eval/loss`` from evaluations; logs nothing.
+The bar advances every step from host counters (no device value is read between log
+steps); the loss and tokens/s come from log steps and ``eval/loss`` from evaluations.
+Logs nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from baton.core.callback import DISPLAY_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import Driver, StepOutput
 
 
 @CALLBACKS.register("progress")
@@ -57,6 +59,11 @@ class Progress(Callback):
             "train", total=driver.max_steps, completed=driver.step, info=""
         )
         self._last = (time.monotonic(), driver.tokens)
+
+    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+        # host counters only (no device value is read): the bar moves every step
+        if self._bar is not None:
+            self._bar.update(self._task, completed=driver.step)
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         now = time.monotonic()

@@ -5,7 +5,9 @@ Example::
     Driver(backend, callbacks=[ThroughputMonitor()], log_every=10)
     # on H100s: metrics["throughput/mfu"] == 0.41
 
-MFU = tokens/s x ``backend.flops_per_token`` / (peak FLOP/s x world size), with the
+Rates count training time only: the time the driver spent evaluating and blocked in
+checkpoint saves in the window (``driver.eval_time_s``, ``driver.save_blocking_s``) is
+left out. MFU = tokens/s x ``backend.flops_per_token`` / (peak FLOP/s x world size), with the
 peak from ``baton.callbacks.device_flops`` for the ``precision`` in use (NVIDIA GPUs
 through Lightning's table, TPU v4/v5e/v5p/v6e, AMD MI300) or the ``peak_flops``
 argument; on a CPU (no known peak) MFU is not logged.
@@ -41,29 +43,39 @@ class ThroughputMonitor(Callback):
         precision_key(precision)  # fails now on an unknown name
         self.peak_flops = peak_flops
         self.precision = precision
-        self._window: tuple[float, int, int, int] | None = None
+        self._window: tuple[float, float, int, int, int] | None = None
 
     def on_train_start(self, driver: Driver) -> None:
         if self.peak_flops is None:
-            self.peak_flops = peak_flops(
-                device_name(driver.backend.device_type), self.precision
-            )
+            self.peak_flops = peak_flops(device_name(driver.backend.device_type), self.precision)
         self._reset(driver)
 
     def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         self._reset(driver)  # a rollback moves the counters back
 
+    @staticmethod
+    def _paused(driver: Driver) -> float:
+        return driver.eval_time_s + driver.save_blocking_s
+
     def _reset(self, driver: Driver) -> None:
-        self._window = (time.perf_counter(), driver.step, driver.tokens, driver.samples)
+        self._window = (
+            time.perf_counter(),
+            self._paused(driver),
+            driver.step,
+            driver.tokens,
+            driver.samples,
+        )
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         if self._window is None:
             return
-        then, step0, tokens0, samples0 = self._window
+        then, paused0, step0, tokens0, samples0 = self._window
         steps = driver.step - step0
         if steps <= 0:
             return
-        seconds = max(time.perf_counter() - then, 1e-9)
+        # training time only: evaluation and the blocking part of saves are left out
+        paused = self._paused(driver) - paused0
+        seconds = max(time.perf_counter() - then - paused, 1e-9)
         tokens_per_s = (driver.tokens - tokens0) / seconds
         metrics["throughput/tokens_per_s"] = tokens_per_s
         metrics["throughput/samples_per_s"] = (driver.samples - samples0) / seconds

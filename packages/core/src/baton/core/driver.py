@@ -167,6 +167,10 @@ class Driver:
 
         self.step = 0
         self.tokens = 0
+        #: wall time this process spent in evaluation, and blocked in checkpoint saves
+        #: (an async save's background write is not counted), for honest throughput
+        self.eval_time_s = 0.0
+        self.save_blocking_s = 0.0
         self.samples = 0
         self.train_time_s = 0.0
         self.stop_reason = ""
@@ -280,12 +284,16 @@ class Driver:
         if "log" in acting or self.step % self.log_every == 0:
             self._log(output)
         if "eval" in acting or (self.eval_every and self.step % self.eval_every == 0):
+            started = time.perf_counter()
             self._evaluate()
+            self.eval_time_s += time.perf_counter() - started
         acting = self._after_log_and_eval(acting)
         stop = "stop" in acting
         vetoed = self.control.save_vetoed is not None
         if not vetoed and ("save" in acting or (stop and self.save_on_stop)):
+            started = time.perf_counter()
             self._save(self.control.reason("save") or f"stop: {self.control.reason('stop')}")
+            self.save_blocking_s += time.perf_counter() - started
         if stop:
             self.stop_reason = self.control.reason("stop")
             log.info("stopping at step %d: %s", self.step, self.stop_reason)

@@ -11,12 +11,16 @@ other ranks through only at ``WARNING`` and above, prefixed with their rank::
     # rank 3: "[rank 3] log sink 'wandb' failed to open ..." (warnings only)
 
 ``BATON_LOG_ALL_RANKS=1`` shows every rank's lines at ``INFO`` (each prefixed).
+
+On a terminal lines are rich (time, level, wrapped to the window); written to a file or
+a pipe (a SLURM log, CI) each record is one plain line, never wrapped mid-message.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from rich.logging import RichHandler
 
@@ -28,14 +32,23 @@ LOGGER = "baton"
 def setup_logging(launch: Launch | None = None) -> logging.Logger:
     """Point the ``baton`` logger at the console for this process's rank."""
     launch = Launch.from_env() if launch is None else launch
-    handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
+        prefix = ""
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        prefix = "[%(asctime)s] %(levelname)-7s "
     logger = logging.getLogger(LOGGER)
     logger.handlers[:] = [handler]
     logger.propagate = False
     if launch.rank == 0:
+        handler.setFormatter(logging.Formatter(prefix + "%(message)s", "%H:%M:%S"))
         logger.setLevel(logging.INFO)
         return logger
-    handler.setFormatter(logging.Formatter(f"[rank {launch.rank}] %(message)s"))
+    handler.setFormatter(
+        logging.Formatter(prefix + f"[rank {launch.rank}] %(message)s", "%H:%M:%S")
+    )
     every_rank = os.environ.get("BATON_LOG_ALL_RANKS", "") not in ("", "0")
     logger.setLevel(logging.INFO if every_rank else logging.WARNING)
     return logger

@@ -1,0 +1,59 @@
+"""Readouts that tell the truth: the progress bar moves every step without reading device
+values, and throughput counts training time only (not evaluation or blocking saves)."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from baton.callbacks import Progress, ThroughputMonitor
+from baton.core import Callback, Driver
+from support.scalar_backend import ScalarBackend
+
+
+class Recorder(Callback):
+    """Runs after every other callback and keeps what it saw."""
+
+    priority = 10_000
+
+    def __init__(self, progress: Progress | None = None) -> None:
+        self.progress = progress
+        self.completed: list[float] = []
+        self.logs: list[dict[str, float]] = []
+
+    def on_step_end(self, driver: Driver, output: object) -> None:
+        if self.progress is not None and self.progress._bar is not None:
+            self.completed.append(self.progress._bar.tasks[0].completed)
+
+    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        self.logs.append(dict(metrics))
+
+
+class SlowEvaluation(Callback):
+    def on_eval_start(self, driver: Driver) -> None:
+        time.sleep(0.3)
+
+
+def test_progress_moves_every_step_between_log_steps(tmp_path: Path) -> None:
+    progress = Progress(console=Console(file=io.StringIO(), force_terminal=False))
+    seen = Recorder(progress)
+    Driver(ScalarBackend(), [progress, seen], max_steps=6, log_every=100, run_dir=tmp_path).fit()
+    assert seen.completed == [1, 2, 3, 4, 5, 6]
+
+
+def test_throughput_leaves_evaluation_time_out(tmp_path: Path) -> None:
+    seen = Recorder()
+    Driver(
+        ScalarBackend(),
+        [ThroughputMonitor(), SlowEvaluation(), seen],
+        max_steps=4,
+        log_every=4,
+        eval_every=2,
+        run_dir=tmp_path,
+    ).fit()
+    step_time = seen.logs[-1]["throughput/step_time_s"]
+    # two evaluations of 0.3 s fell into the window of four microsecond steps
+    assert step_time < 0.05, step_time

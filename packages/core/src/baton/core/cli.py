@@ -116,7 +116,7 @@ def cmd_patches(argv: Sequence[str]) -> int:
 #: Each module has ``main(argv) -> int`` and is imported only when its command runs.
 TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("baton.tools.plot", "baton-tools"),
-    "data": ("baton.tools.data", "baton-tools"),
+    "data": ("baton.tools.data", "baton-tools[data]"),
 }
 
 

@@ -192,3 +192,16 @@ def test_blends_parse_megatron_style(small) -> None:
             parse_blend(bad)
     with pytest.raises(DataError, match=r"no prepared dataset at missing"):
         parse_blend(f"1 {small} 1 missing").check_exists()
+
+
+def test_importing_textdata_pulls_in_no_framework() -> None:
+    script = (
+        "import sys, baton.backends.textdata\n"
+        "print(sorted(m for m in ('torch', 'jax', 'megatron', 'tokenizers', 'transformers') "
+        "if m in sys.modules))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

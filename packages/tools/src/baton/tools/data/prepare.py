@@ -94,12 +94,21 @@ def _encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(flat, dtype=_WORKER["dtype"]), lengths
 
 
+@dataclass(frozen=True)
+class _Done:
+    """A result already computed, with the interface of ``multiprocessing``'s async results."""
+
+    value: Any
+
+    def get(self) -> Any:
+        return self.value
+
+
 class _Inline:
     """The pool's interface, run in this process (``workers=1``)."""
 
-    def apply_async(self, func: Callable, args: tuple) -> Any:
-        result = func(*args)
-        return type("Done", (), {"get": staticmethod(lambda: result)})()
+    def apply_async(self, func: Callable, args: tuple) -> _Done:
+        return _Done(func(*args))
 
 
 # ---- reading, writing -----------------------------------------------------------------

@@ -4,7 +4,9 @@ The corpus is CPython's language reference, repeated to the sizes measured, writ
 JSON Lines (one topic per line). Both sides run on the same cores:
 
 * ``encode_batch``: the ``tokenizers`` library's batch call (its own thread pool over all
-  cores) on the documents already in memory; nothing is read or written.
+  cores) on the documents already in memory; nothing is read or written. Also
+  ``encode_batch_fast`` (the same without character offsets), the call ``prepare``'s
+  workers make: prepare against it is the cost of everything around the tokenizer.
 * ``prepare``: the whole command (``prepare()`` with one worker process per core): read and
   parse the JSON Lines, tokenize, append end-of-document tokens, write ``.bin``/``.idx``
   through megatron-core's builder and the manifest, rename.
@@ -65,11 +67,11 @@ def run(quick: bool = False) -> list[Row]:
         prepare([corpora[sizes[0]][0]], tokenizer, scratch / "warm", workers=1)
         counted: dict[float, int] = {}
 
-        def encode_case(size: float):
+        def encode_case(size: float, method: str = "encode_batch"):
             def case() -> float:
                 texts = corpora[size][1]
                 started = time.perf_counter()
-                encodings = tokenizer.tokenizer.encode_batch(texts)
+                encodings = getattr(tokenizer.tokenizer, method)(texts)
                 seconds = time.perf_counter() - started
                 counted[size] = sum(len(encoding) for encoding in encodings)
                 return counted[size] / seconds
@@ -89,6 +91,7 @@ def run(quick: bool = False) -> list[Row]:
         cases = {}
         for size in sizes:
             cases[f"encode_batch {size:g}"] = encode_case(size)
+            cases[f"encode_batch_fast {size:g}"] = encode_case(size, "encode_batch_fast")
             cases[f"prepare {size:g}"] = prepare_case(size)
         samples = interleave(cases, rounds=rounds, warmup=1)
     finally:
@@ -108,6 +111,18 @@ def run(quick: bool = False) -> list[Row]:
                 note=f"{tokens:,} tokens, {cores} cores (tokenizers' thread pool)",
             )
         )
+        fast = samples[f"encode_batch_fast {size:g}"]
+        rows.append(
+            Row(
+                NAME,
+                f"encode_batch_fast, {size:g} MB JSON Lines",
+                median(fast) / 1e6,
+                "M tokens/s",
+                ratio=paired_ratio(fast, encode),
+                baseline="encode_batch",
+                note="no offsets: the call prepare's workers make",
+            )
+        )
         big = size == sizes[-1]
         rows.append(
             Row(
@@ -121,6 +136,17 @@ def run(quick: bool = False) -> list[Row]:
                 passed=(ratio >= TARGET) if big else None,
                 note=f"{cores} worker processes; read, tokenize, write .bin/.idx/.json; "
                 f"{rounds} rounds",
+            )
+        )
+        rows.append(
+            Row(
+                NAME,
+                f"prepare vs encode_batch_fast, {size:g} MB",
+                None,
+                "",
+                ratio=paired_ratio(prep, fast),
+                baseline="encode_batch_fast",
+                note="what reading, JSON, workers and writing cost over the bare call",
             )
         )
     small, large = sizes

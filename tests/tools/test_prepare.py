@@ -144,3 +144,31 @@ def test_a_large_vocabulary_is_written_as_int32(tmp_path) -> None:
     manifest = prepare([tmp_path / "words.txt"], big, tmp_path / "big", workers=1)
     assert manifest.dtype == "int32"
     assert PreparedDataset(tmp_path / "big")[0].tolist() == [3, 70001, 1, 65602, 0]
+
+
+def test_inspect_prints_counts_manifest_and_decoded_documents(
+    prepared, tokenizer, documents, capsys
+):
+    from baton.tools.data.cli import main
+
+    assert main(["inspect", str(prepared["cli"]), "-n", "2", "--chars", "60"]) == 0
+    out = capsys.readouterr().out
+    data = PreparedDataset(prepared["cli"])
+    assert f"documents  {len(documents)}" in out
+    assert f"tokens     {data.num_tokens:,}" in out
+    assert "dtype      uint16" in out
+    assert f"fingerprint {tokenizer.fingerprint[:16]}" in out
+    assert f"--- document 1: {len(data.document(1)):,} tokens" in out
+    assert (
+        documents[0][:60] in out and documents[1][:60] in out
+    )  # decoded with the manifest's tokenizer
+    assert "document 2" not in out
+    # without a manifest and a tokenizer: the ids, and how to decode them
+    for suffix in (".bin", ".idx"):
+        (prepared["cli"].parent / f"bare{suffix}").write_bytes(
+            Path(f"{prepared['cli']}{suffix}").read_bytes()
+        )
+    assert main(["inspect", str(prepared["cli"].parent / "bare"), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "manifest   none" in out and "pass --tokenizer DIR to decode" in out
+    assert " ".join(map(str, data.document(0)[:10].tolist())) in out

@@ -49,6 +49,7 @@ def test_same_input_gives_the_same_bytes_whatever_the_workers(prepared) -> None:
     assert files_of(prepared["first"]) == ["first.bin", "first.idx", "first.json"]
 
 
+@pytest.mark.filterwarnings("ignore:Could not determine rank")
 def test_megatron_maxtext_and_baton_read_identical_tokens(prepared, tokenizer, documents):
     from maxtext.input_pipeline._mmap_datasource import MMapIndexedDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset

@@ -206,6 +206,11 @@ def prepare(
     token_dtype = choose_dtype(info, dtype)
     sources = open_sources(inputs, text_key=text_key, txt_split=txt_split)
     prefix = split_prefix(output)
+    if Path(prefix).is_dir() or str(output).endswith(("/", os.sep)):
+        raise DataError(
+            f"--output {output} is a directory; give a prefix inside it, e.g. "
+            f"{Path(prefix) / 'corpus'} (writes corpus.bin, corpus.idx, corpus.json)"
+        )
     finals = _outputs(prefix)
     existing = [str(path) for path in finals.values() if path.exists()]
     if existing and not force:

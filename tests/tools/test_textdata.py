@@ -64,6 +64,9 @@ def test_tokenizer_errors_name_the_directory_and_the_fix(tokenizer, tmp_path) ->
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"empty has no tokenizer.json"):
         load_tokenizer(tmp_path / "empty")
+    (tmp_path / "empty" / "tokenizer.model").write_bytes(b"\0")
+    with pytest.raises(DataError, match=r"has tokenizer.model but no tokenizer.json; convert it"):
+        load_tokenizer(tmp_path / "empty")
     (tmp_path / "file").write_text("x")
     with pytest.raises(DataError, match=r"is not a directory"):
         load_tokenizer(tmp_path / "file")
@@ -172,6 +175,8 @@ def test_blends_parse_megatron_style(small) -> None:
     assert blend.prefixes == ("data/web", "data/code") and blend.weights == (0.7, 0.3)
     assert blend.megatron() == (["data/web", "data/code"], [0.7, 0.3])
     assert str(blend) == "0.7 data/web 0.3 data/code"
+    assert blend.maxtext() == "data/web,0.7;data/code,0.3"
+    assert parse_blend("a b").maxtext() == "a,1;b,1" and parse_blend("a").maxtext() == "a"
     assert parse_blend(["2", "a", "6", "b"]).normalized_weights() == (0.25, 0.75)
     single = parse_blend(f"  {small}  ")
     assert single.prefixes == (str(small),) and single.weights is None

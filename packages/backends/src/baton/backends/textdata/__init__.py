@@ -28,6 +28,7 @@ Example::
         data.document(0)                           # tokens of document 0, eod last
         data.tokens                                # all tokens back to back (np.memmap)
     prefixes, weights = blend.megatron()           # Megatron-Core's GPTDatasetConfig.blend
+    blend.maxtext()                                # "data/corpus,0.7;data/code,0.3" (grain mmap)
 
 Every bad input raises :class:`DataError` (a ``ValueError``) whose message names the file
 and the fix.

@@ -11,6 +11,7 @@ Example::
     blend.prefixes, blend.weights        # ("data/web", "data/code"), (0.7, 0.3)
     blend.normalized_weights()           # (0.7, 0.3)
     blend.megatron()                     # (["data/web", "data/code"], [0.7, 0.3]): a GPTDataset blend
+    blend.maxtext()                      # "data/web,0.7;data/code,0.3": MaxText's grain_train_files
     parse_blend("data/web").weights      # None: one dataset, or equal weights
     blend.check_exists()                 # DataError naming a prefix without .bin/.idx
 """
@@ -41,6 +42,16 @@ class Blend:
     def megatron(self) -> tuple[list[str], list[float] | None]:
         """Megatron-Core's blend: ``(prefixes, weights or None)``, as ``GPTDatasetConfig.blend``."""
         return list(self.prefixes), None if self.weights is None else list(self.weights)
+
+    def maxtext(self) -> str:
+        """MaxText's ``grain_train_files`` for ``grain_file_type=mmap``: ``"A,0.7;B,0.3"``.
+
+        One dataset is its prefix alone; prefixes without weights get equal weights.
+        """
+        if len(self.prefixes) == 1:
+            return self.prefixes[0]
+        weights = self.weights or (1.0,) * len(self.prefixes)
+        return ";".join(f"{p},{w:g}" for p, w in zip(self.prefixes, weights, strict=True))
 
     def check_exists(self) -> None:
         """Open each prefix's index and data; :class:`DataError` names the first that fails."""

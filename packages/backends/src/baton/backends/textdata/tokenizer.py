@@ -129,6 +129,15 @@ def load_tokenizer(path: str | Path, eod_token: str | None = None) -> TokenizerI
         )
     file = directory / "tokenizer.json"
     if not file.is_file():
+        others = sorted(p.name for p in directory.glob("*.model")) + sorted(
+            p.name for p in directory.glob("*.tiktoken")
+        )
+        if others:
+            raise DataError(
+                f"tokenizer directory {directory} has {', '.join(others)} but no tokenizer.json; "
+                "convert it once with transformers: AutoTokenizer.from_pretrained(DIR)"
+                ".save_pretrained(DIR) writes tokenizer.json"
+            )
         raise DataError(
             f"tokenizer directory {directory} has no tokenizer.json; pass a Hugging Face "
             "tokenizer directory (a fast tokenizer's save_pretrained writes one), or make one "

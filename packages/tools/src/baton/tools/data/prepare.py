@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,11 @@ def _builder(path: Path, dtype: np.dtype) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    except ImportError as error:
+        raise DataError(
+            f"baton data prepare writes through megatron-core's builder, which does not import "
+            f"({error}); install baton-tools[data]"
+        ) from None
     finally:
         logging.disable(logging.NOTSET)
     return IndexedDatasetBuilder(str(path), dtype=dtype.type)
@@ -233,6 +238,77 @@ def prepare(
             path.unlink(missing_ok=True)
 
 
+def _start_pool(workers: int, init_args: tuple) -> Any:
+    """``workers`` tokenizer processes, or this process itself for one worker."""
+    if workers == 1:
+        _init_worker(*init_args)
+        return _Inline()
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # safe with torch/threads in this process
+    return context.Pool(workers, initializer=_init_worker, initargs=init_args)
+
+
+@dataclass
+class _Tally:
+    """Counts while writing: per source and in total."""
+
+    total: _Counts = field(default_factory=_Counts)
+    sources: list[SourceFile] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=lambda: [0])
+
+
+def _tokenize_into(
+    builder: Any, pool: Any, sources: list[Source], workers: int, progress: bool
+) -> _Tally:
+    """Read every source in order, tokenize its batches in the pool, write them in order."""
+    tally = _Tally()
+    total_bytes = sum(source.size for source in sources)
+    bar = _progress(progress, total_bytes)
+    task = bar.add_task("prepare", total=total_bytes, documents=0, tokens=0)
+    done_bytes = 0
+
+    def write(result: tuple[np.ndarray, np.ndarray], counts: _Counts) -> None:
+        tokens, lengths = result
+        start = 0
+        for length in lengths.tolist():  # one sequence per document, as preprocess_data.py
+            builder.add_document(tokens[start : start + length], [length])
+            start += length
+        for tally_counts in (counts, tally.total):
+            tally_counts.documents += len(lengths)
+            tally_counts.tokens += len(tokens)
+
+    with bar:
+        for source in sources:
+            counts = _Counts()
+            pending: deque = deque()  # batches in flight, written in the order they were read
+            read_chars = 0
+            for batch in _batches(source, tally.skipped):
+                pending.append(pool.apply_async(_encode, (batch,)))
+                read_chars += sum(len(text) for text in batch)
+                while len(pending) > 2 * workers:
+                    write(pending.popleft().get(), counts)
+                bar.update(
+                    task,
+                    completed=done_bytes + min(read_chars, source.size),
+                    documents=tally.total.documents,
+                    tokens=tally.total.tokens,
+                )
+            while pending:
+                write(pending.popleft().get(), counts)
+            done_bytes += source.size
+            bar.update(
+                task,
+                completed=done_bytes,
+                documents=tally.total.documents,
+                tokens=tally.total.tokens,
+            )
+            tally.sources.append(
+                SourceFile(str(source.path), source.size, counts.documents, counts.tokens)
+            )
+    return tally
+
+
 def _write(
     info: TokenizerInfo,
     token_dtype: np.dtype,
@@ -242,82 +318,25 @@ def _write(
     progress: bool,
     text_key: str,
 ) -> Manifest:
+    """Write the three temporaries; raise (leaving them to be removed) on bad input."""
     tokenizer_json = (info.path / "tokenizer.json").read_text(encoding="utf-8")
-    init_args = (tokenizer_json, info.eod_id, token_dtype.name, workers == 1)
-    pool: Any
-    if workers == 1:
-        _init_worker(*init_args)
-        pool = _Inline()
-    else:
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")  # safe with torch/threads in this process
-        pool = context.Pool(workers, initializer=_init_worker, initargs=init_args)
-    builder = _builder(temporaries["bin"], token_dtype)  # imports megatron while workers start
-    skipped = [0]
-    total = _Counts()
-    per_source: list[SourceFile] = []
-    bar = _progress(progress, sum(source.size for source in sources))
-    task = bar.add_task(
-        "prepare", total=sum(source.size for source in sources), documents=0, tokens=0
-    )
-    done_bytes = 0
-
-    def write(result: tuple[np.ndarray, np.ndarray], counts: _Counts) -> None:
-        tokens, lengths = result
-        start = 0
-        for length in lengths.tolist():
-            builder.add_document(tokens[start : start + length], [length])
-            start += length
-        counts.documents += len(lengths)
-        counts.tokens += len(tokens)
-        total.documents += len(lengths)
-        total.tokens += len(tokens)
-
-    read_all = False
+    pool = _start_pool(workers, (tokenizer_json, info.eod_id, token_dtype.name, workers == 1))
     try:
-        with bar:
-            for source in sources:
-                counts = _Counts()
-                pending: deque = deque()
-                read_chars = 0
-                for batch in _batches(source, skipped):
-                    pending.append(pool.apply_async(_encode, (batch,)))
-                    read_chars += sum(len(text) for text in batch)
-                    while len(pending) > 2 * workers:
-                        write(pending.popleft().get(), counts)
-                    bar.update(
-                        task,
-                        completed=done_bytes + min(read_chars, source.size),
-                        documents=total.documents,
-                        tokens=total.tokens,
-                    )
-                while pending:
-                    write(pending.popleft().get(), counts)
-                done_bytes += source.size
-                bar.update(
-                    task, completed=done_bytes, documents=total.documents, tokens=total.tokens
-                )
-                per_source.append(
-                    SourceFile(str(source.path), source.size, counts.documents, counts.tokens)
-                )
-        read_all = True
+        builder = _builder(temporaries["bin"], token_dtype)  # imports megatron as workers start
+        try:
+            tally = _tokenize_into(builder, pool, sources, workers, progress)
+        finally:
+            builder.data_file.close()
     finally:
         if workers > 1:
             pool.terminate()
             pool.join()
-        if not read_all:
-            builder.data_file.close()
-    if total.documents == 0:
-        builder.data_file.close()
+    uses_key = any(source.kind != "txt" for source in sources)
+    if tally.total.documents == 0:
         names = ", ".join(str(source.path) for source in sources)
+        key = f" and --text-key (now {text_key!r})" if uses_key else ""
         raise DataError(
-            f"no text in {names} ({skipped[0]} empty documents); check the files"
-            + (
-                f" and --text-key (now {text_key!r})"
-                if any(s.kind != "txt" for s in sources)
-                else ""
-            )
+            f"no text in {names} ({tally.skipped[0]} empty documents); check the files{key}"
         )
     builder.finalize(str(temporaries["idx"]))
     manifest = Manifest(
@@ -327,11 +346,11 @@ def _write(
         eod_token=info.eod_token,
         eod_id=info.eod_id,
         dtype=token_dtype.name,
-        documents=total.documents,
-        tokens=total.tokens,
-        sources=tuple(per_source),
-        skipped_empty=skipped[0],
-        text_key=text_key if any(source.kind != "txt" for source in sources) else None,
+        documents=tally.total.documents,
+        tokens=tally.total.tokens,
+        sources=tuple(tally.sources),
+        skipped_empty=tally.skipped[0],
+        text_key=text_key if uses_key else None,
     )
     temporaries["json"].write_text(manifest.dumps(), encoding="utf-8")
     for path in temporaries.values():  # on disk before the renames make them visible

@@ -5,6 +5,7 @@ baton callbacks
 baton backends
 baton patches --backend torchtitan
 baton plot runs/quickstart
+baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus
 
 A user error prints one line naming the problem and the fix and exits 2 (bad command,
 recipe or settings) or 1 (the run failed); ``BATON_DEBUG=1`` adds the traceback.
@@ -114,6 +115,7 @@ def cmd_patches(argv: Sequence[str]) -> int:
 TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("baton.tools.plot", "baton-tools"),
     "submit": ("baton.tools.submit", "baton-tools"),
+    "data": ("baton.tools.data", "baton-tools[data]"),
 }
 
 

@@ -33,11 +33,11 @@ def setup_logging(launch: Launch | None = None) -> logging.Logger:
     """Point the ``baton`` logger at the console for this process's rank."""
     launch = Launch.from_env() if launch is None else launch
     handler: logging.Handler
-    if sys.stderr.isatty():
+    if sys.stdout.isatty():
         handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
         prefix = ""
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(sys.stdout)
         prefix = "[%(asctime)s] %(levelname)-7s "
     logger = logging.getLogger(LOGGER)
     logger.handlers[:] = [handler]

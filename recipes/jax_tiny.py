@@ -108,7 +108,8 @@ def recipe(
     data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     cut = int(len(data) * 0.95)
     train, val = data[:cut], data[cut:]
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(20, max_steps), max_steps)
+    warmup = min(20, max_steps // 4)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(max_steps, warmup + 1))
 
     def train_batches() -> Iterator[dict[str, np.ndarray]]:
         import jax  # called by the backend after jax.distributed is up

@@ -81,9 +81,9 @@ def test_parity_with_handwritten_jit_optax_loop(tmp_path):
     ).fit()
     expected, expected_params = handwritten(data, 12)
     assert [m["loss"] for m in record.logs] == expected  # bit for bit, every step
-    assert jax.tree.all(
-        jax.tree.map(np.array_equal, record.params, expected_params)
-    ), "final parameters differ from the hand-written loop's"
+    assert jax.tree.all(jax.tree.map(np.array_equal, record.params, expected_params)), (
+        "final parameters differ from the hand-written loop's"
+    )
     assert expected[-1] < expected[0] - 0.5  # it really trains
     # tokens and samples are counted from the batch; the schedule is read out as lr
     assert result.tokens == 12 * 8 * 16 and result.samples == 12 * 8

@@ -287,9 +287,7 @@ class JaxBackend(JaxDistributed, BackendBase):
             return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
         state_sharding = jax.tree.map(lambda _: self._replicated, self.state)
         return (
-            jax.jit(
-                train_step, donate_argnums=0, out_shardings=(state_sharding, self._replicated)
-            ),
+            jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, self._replicated)),
             jax.jit(eval_step, out_shardings=self._replicated),
         )
 
@@ -329,8 +327,7 @@ class JaxBackend(JaxDistributed, BackendBase):
             raise
         except (TypeError, ValueError) as error:
             raise BatchRejected(
-                f"the model rejected training batch {describe_batch(batch)} at step {step}: "
-                f"{error}"
+                f"the model rejected training batch {describe_batch(batch)} at step {step}: {error}"
             ) from error
         self.steps_done += 1
         metrics: dict[str, Any] = dict(aux)
@@ -453,8 +450,10 @@ def _loss_and_metrics(out: Any) -> tuple[Any, dict[str, Any]]:
         loss, aux = out
     else:
         loss, aux = out, {}
-    if not hasattr(loss, "shape") or jnp.shape(loss) != () or not jnp.issubdtype(
-        jnp.result_type(loss), jnp.floating
+    if (
+        not hasattr(loss, "shape")
+        or jnp.shape(loss) != ()
+        or not jnp.issubdtype(jnp.result_type(loss), jnp.floating)
     ):
         shape = getattr(loss, "shape", None)
         raise LossFunctionError(

@@ -49,13 +49,12 @@ def split_model(model: Any, variables: Any = None) -> SplitModel:
             )
         params = variables["params"]
         rest = {k: v for k, v in variables.items() if k != "params"}
+
         def merge_linen(p: Any, r: Any) -> Any:
             return model.bind({"params": p, **r})
 
         def linen_value_and_grad(loss_of: Any, p: Any, r: Any) -> tuple[Any, Any, Any]:
-            out, grads = jax.value_and_grad(
-                lambda q: loss_of(merge_linen(q, r)), has_aux=True
-            )(p)
+            out, grads = jax.value_and_grad(lambda q: loss_of(merge_linen(q, r)), has_aux=True)(p)
             return out, grads, r
 
         return SplitModel("linen", params, rest, merge_linen, linen_value_and_grad)

@@ -5,6 +5,7 @@ clear errors on bad input."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,3 +190,25 @@ def test_bad_input_gives_clear_errors(tmp_path):
         JaxBackend(model=make_model, optimizer="adam", loss_fn=loss_fn, train_data=[]).setup()
     with pytest.raises(TypeError, match="JaxConfig has no field 'lr'"):
         JaxBackend(lr=1e-3)
+
+
+def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch):
+    import re
+
+    from baton.core.recipe import build_driver
+
+    root = Path(__file__).resolve().parents[3]
+    block = (root / "README.md").read_text().split("<!-- readme-example: jax-bring-your-own -->")
+    code = re.search(r"```python\n(.*?)```", block[1], re.S).group(1)
+    assert len([line for line in code.splitlines() if line.strip()]) < 25
+    recipe = tmp_path / "my_jax.py"
+    recipe.write_text(code)
+    monkeypatch.chdir(tmp_path)
+    record = Record()
+    driver = build_driver(recipe, ["--max-steps", "100"])
+    driver.callbacks.append(record)
+    driver.log_every = 5
+    result = driver.fit()
+    assert result.step == 100
+    assert record.logs[-1]["loss"] < 0.5 * record.logs[0]["loss"]
+    assert (tmp_path / "runs" / "my_jax" / "checkpoints" / "step_000100" / "baton.json").is_file()

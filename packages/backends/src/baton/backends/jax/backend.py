@@ -218,7 +218,7 @@ class JaxBackend(JaxDistributed, BackendBase):
         self.initialize_distributed()
         import jax
         import jax.numpy as jnp
-        from jax.sharding import NamedSharding
+        from jax.sharding import AxisType, NamedSharding
         from jax.sharding import PartitionSpec as P
 
         from baton.backends.jax.model import split_model
@@ -236,7 +236,10 @@ class JaxBackend(JaxDistributed, BackendBase):
             "step": jnp.zeros((), jnp.int32),
         }
         if jax.device_count() > 1:
-            self.mesh = jax.make_mesh((jax.device_count(),), (cfg.data_axis,))
+            # Auto axes: XLA propagates the shardings, the user's code needs no annotations
+            self.mesh = jax.make_mesh(
+                (jax.device_count(),), (cfg.data_axis,), axis_types=(AxisType.Auto,)
+            )
             self._replicated = NamedSharding(self.mesh, P())
             self._batch_sharding = NamedSharding(self.mesh, P(cfg.data_axis))
             state = jax.tree.map(self._replicate, state)

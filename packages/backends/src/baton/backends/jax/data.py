@@ -91,8 +91,8 @@ class BatchStream:
     # -- iteration ------------------------------------------------------------------
     @property
     def one_shot(self) -> bool:
-        """An iterator that is its own ``iter()``: it cannot be started again."""
-        return not callable(self.source) and iter(self.source) is self.source  # type: ignore[arg-type]
+        """An iterator (a generator object...): it cannot be started again."""
+        return isinstance(self.source, Iterator)
 
     def _fresh(self) -> Iterator[Any]:
         if callable(self.source) and not isinstance(self.source, Iterable):

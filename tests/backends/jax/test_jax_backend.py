@@ -148,6 +148,8 @@ def test_epochs_restart_or_stop_as_configured(tmp_path):
     backend = build("restart", data)
     assert Driver(backend, max_steps=7, run_dir=tmp_path / "a").fit().step == 7
     assert (backend.data.epoch, backend.data.consumed) == (2, 1)
+    backend.skip_data(3)  # what a guard does to step over a bad window: one batch per step
+    assert (backend.data.epoch, backend.data.consumed) == (3, 1)
 
     with pytest.raises(DataExhausted, match=r"ran out after 3 batches of epoch 0.*restart"):
         Driver(build("stop", data), max_steps=7, run_dir=tmp_path / "b").fit()
@@ -212,3 +214,47 @@ def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch):
     assert result.step == 100
     assert record.logs[-1]["loss"] < 0.5 * record.logs[0]["loss"]
     assert (tmp_path / "runs" / "my_jax" / "checkpoints" / "step_000100" / "baton.json").is_file()
+
+
+TWO_DEVICES = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import optax
+from baton.backends.jax import JaxBackend
+from baton.core import Driver
+from backends.jax.test_jax_backend import Record, handwritten
+from backends.jax.tiny import batches, loss_fn, make_model
+
+data = batches(6)
+record = Record()
+backend = JaxBackend(model=lambda: make_model(0), optimizer=optax.adam(1e-2), loss_fn=loss_fn,
+                     train_data=data)
+Driver(backend, [record], max_steps=6, log_every=1, run_dir={run_dir!r}).fit()
+print(json.dumps({{"mesh": dict(backend.mesh.shape), "losses": [m["loss"] for m in record.logs],
+                   "expected": handwritten(data, 6)[0]}}))
+"""
+
+
+@pytest.mark.slow
+def test_several_devices_split_the_batch_over_a_data_mesh(tmp_path):
+    """Two CPU devices in one process: a ``data`` mesh, each device half of every batch,
+    the same losses as one device (up to the order of the gradient sum)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tests = str(Path(__file__).resolve().parents[2])
+    script = TWO_DEVICES.format(tests=tests, run_dir=str(tmp_path / "run"))
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["mesh"] == {"data": 2}
+    assert report["losses"] == pytest.approx(report["expected"], rel=1e-5)

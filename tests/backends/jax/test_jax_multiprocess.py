@@ -1,6 +1,6 @@
 """Two JAX processes on this host (``jax.distributed`` with a localhost coordinator from
 ``BATON_*`` settings, CPU collectives over gloo): data parallel over both processes,
-an orbax checkpoint written by both, and a resume in two fresh processes that logs the
+a synchronous orbax checkpoint written by both, and a resume in two fresh processes that logs the
 uninterrupted run's losses bit for bit."""
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ def launch_two(out: Path, *args: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_processes_train_data_parallel_save_and_resume(tmp_path):
-    full = launch_two(tmp_path / "full_{rank}.json", f"--run-dir={tmp_path / 'full'}")
+    # synchronous saves here (the single-process resume test saves asynchronously)
+    full = launch_two(
+        tmp_path / "full_{rank}.json", f"--run-dir={tmp_path / 'full'}", "--no-async-save"
+    )
     for rank, report in enumerate(full):
         assert (report["rank"], report["world_size"]) == (rank, 2)
         assert report["torch_modules"] == []

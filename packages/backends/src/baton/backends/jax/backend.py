@@ -177,7 +177,6 @@ class JaxBackend(JaxDistributed, BackendBase):
         self.kind = ""
         self.num_params = 0
         self.steps_done = 0  # host copy of the optimizer step count
-        self._merge: Callable[[Any, Any], Any] | None = None
         self._step: Any = None
         self._eval: Any = None
         self._replicated: Any = None
@@ -227,7 +226,6 @@ class JaxBackend(JaxDistributed, BackendBase):
         cfg = self.config
         split = split_model(cfg.model, cfg.variables)
         self.kind = split.kind
-        self._merge = split.merge
         self.num_params = int(sum(np.size(x) for x in jax.tree.leaves(split.params)))
         state = {
             "params": split.params,
@@ -235,6 +233,8 @@ class JaxBackend(JaxDistributed, BackendBase):
             "opt_state": cfg.optimizer.init(split.params),
             "step": jnp.zeros((), jnp.int32),
         }
+        if jax.process_count() > 1:
+            _check_same_params(split.params)
         if jax.device_count() > 1:
             # Auto axes: XLA propagates the shardings, the user's code needs no annotations
             self.mesh = jax.make_mesh(
@@ -431,6 +431,20 @@ class JaxBackend(JaxDistributed, BackendBase):
         """Drop the device state and the compiled steps."""
         self.state = None
         self._step = self._eval = None
+
+
+def _check_same_params(params: Any) -> None:
+    """Every process must start from the same parameters (they are replicated)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    checksum = np.array([sum(float(np.sum(np.asarray(x))) for x in jax.tree.leaves(params))])
+    every = np.asarray(multihost_utils.process_allgather(checksum.astype(np.float32)))
+    if not np.all(every == every.reshape(-1)[0]):
+        raise ValueError(
+            f"the processes built different initial parameters (checksums {every.ravel()}); "
+            "build the model with the same seed on every process"
+        )
 
 
 def _is_key(value: Any) -> bool:

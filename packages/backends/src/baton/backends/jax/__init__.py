@@ -1,0 +1,52 @@
+"""baton.backends.jax: bring your own flax model (nnx or linen) and optax optimizer.
+
+Importing this package is cheap: it registers the backend without importing jax; jax,
+flax, optax and orbax load when the backend is built. No torch is imported on this path.
+
+Example::
+
+    from baton.backends.jax import JaxBackend
+
+    backend = JaxBackend(model=my_nnx_model, optimizer=optax.adam(1e-3),
+                         loss_fn=my_loss, train_data=my_batches)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from baton.backends.jax.data import BatchStream, DataExhausted
+from baton.core.registry import BACKENDS
+
+if TYPE_CHECKING:
+    from baton.backends.jax.backend import (
+        BatchRejected,
+        JaxBackend,
+        JaxConfig,
+        LossFunctionError,
+    )
+
+__all__ = [
+    "BatchRejected",
+    "BatchStream",
+    "DataExhausted",
+    "JaxBackend",
+    "JaxConfig",
+    "LossFunctionError",
+]
+
+BACKENDS.add_lazy(
+    "jax",
+    "baton.backends.jax.backend:JaxBackend",
+    "Your own flax model and optax optimizer, one jitted step per baton step.",
+)
+
+_LAZY = {"BatchRejected", "JaxBackend", "JaxConfig", "LossFunctionError"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from baton.backends.jax import backend
+
+        return getattr(backend, name)
+    raise AttributeError(name)

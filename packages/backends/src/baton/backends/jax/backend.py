@@ -1,0 +1,486 @@
+"""Bring your own JAX model: a flax model, an optax optimizer, a loss function and an
+iterable of batches, trained by baton's loop with one jitted step per baton step.
+
+What baton does with them:
+
+- ``setup``: ``jax.distributed`` from the launch (several processes), the model taken
+  apart into parameters and other state (``nnx.split``; see ``model.py``), the optimizer
+  state (``optimizer.init``), one jitted step with the state donated
+  (``donate_argnums``), and with several devices a ``Mesh`` over a ``data`` axis:
+  parameters and optimizer state replicated, each batch split along its leading axis.
+- ``train_step``: the next batch, ``jax.value_and_grad`` of ``loss_fn(model, batch)``,
+  ``optimizer.update``, ``optax.apply_updates``. The loss and the loss function's
+  metrics stay on the device; a log step fetches them with one ``jax.device_get``.
+- ``save``/``load``: orbax (synchronous or asynchronous) for the train state, and the
+  data position of each process (``data.py``) in a small JSON file.
+
+Example::
+
+    from baton.backends.jax import JaxBackend
+    from baton.core import Driver
+
+    def loss_fn(model, batch):
+        logits = model(batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    backend = JaxBackend(
+        model=lambda: MyModel(rngs=nnx.Rngs(0)),
+        optimizer=optax.adamw(1e-3),
+        loss_fn=loss_fn,
+        train_data=lambda: my_batches(seed=0),      # dicts of numpy arrays
+    )
+    Driver(backend, max_steps=100, run_dir="runs/mine").fit()
+
+The loss function returns a scalar loss, or ``(loss, metrics)`` with a dict of scalars
+(logged under their names). Tokens and samples per step are counted from each batch
+(leading axis = samples; tokens = samples x the second axis of the first integer array
+with two or more axes); pass ``count_batch(batch) -> (tokens, samples)`` where that is
+not right. No torch is imported on this path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from baton.backends.jax.data import BatchStream, DataEnd
+from baton.backends.jax_distributed import JaxDistributed
+from baton.core.backend import BackendBase
+from baton.core.metrics import StepOutput
+
+STATE_DIR = "state"
+META_FILE = "baton_jax.json"
+
+
+def data_file(rank: int) -> str:
+    """The file holding process ``rank``'s data position inside a checkpoint."""
+    return f"data_rank{rank:05d}.json"
+
+
+class LossFunctionError(TypeError):
+    """``loss_fn`` returned something other than a scalar loss or ``(loss, metrics)``."""
+
+
+class BatchRejected(ValueError):
+    """The model (or the loss function) could not run on a batch."""
+
+
+@dataclass
+class JaxConfig:
+    """The JAX backend's settings: the user's pieces and how to drive them."""
+
+    #: an ``nnx.Module``, a zero-argument factory returning one, or a ``flax.linen.Module``
+    model: Any = None
+    #: an ``optax.GradientTransformation``
+    optimizer: Any = None
+    #: ``loss_fn(model, batch) -> loss`` or ``-> (loss, {"name": scalar, ...})``
+    loss_fn: Callable[[Any, Any], Any] | None = None
+    #: an iterable of batches (dicts of numpy arrays), or a factory returning one
+    train_data: Any = None
+    #: batches to evaluate on (re-iterated by every evaluation), or a factory
+    eval_data: Any = None
+    #: at most this many evaluation batches per evaluation (``None``: all)
+    eval_batches: int | None = None
+    #: ``eval_fn(model, batch)`` like ``loss_fn``; default ``loss_fn`` with the model in
+    #: evaluation mode (``nnx.Module.eval()``)
+    eval_fn: Callable[[Any, Any], Any] | None = None
+    #: a ``flax.linen`` model's variables (``module.init(...)``)
+    variables: Any = None
+    #: the learning-rate schedule given to the optimizer, logged as ``lr``
+    lr_schedule: Callable[[Any], Any] | None = None
+    #: ``count_batch(batch) -> (tokens, samples)`` of one process's batch
+    count_batch: Callable[[Any], tuple[int, int]] | None = None
+    #: at the end of the training data: ``restart`` another epoch, or ``stop`` (raise)
+    on_data_end: DataEnd = "restart"
+    #: name of the mesh axis batches are split along
+    data_axis: str = "data"
+    #: FLOPs per trained token for MFU (default ``6 x parameters``)
+    flops_per_token: float | None = None
+    #: facts recorded in each checkpoint; a resume with different ones fails clearly
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def default_count(batch: Any) -> tuple[int, int]:
+    """``(tokens, samples)`` of a batch: the leading axis counts samples; the first
+    integer array with two or more axes gives tokens per sample (else one)."""
+    import jax
+
+    arrays = [x for x in jax.tree.leaves(batch) if np.ndim(x) >= 1]
+    if not arrays:
+        raise BatchRejected(
+            "the batch has no array with a batch axis; batches are dicts of numpy arrays "
+            "whose leading axis is the batch"
+        )
+    samples = int(np.shape(arrays[0])[0])
+    for x in arrays:
+        if np.ndim(x) >= 2 and np.issubdtype(np.asarray(x).dtype, np.integer):
+            return samples * int(np.shape(x)[1]), samples
+    return samples, samples
+
+
+def describe_batch(batch: Any) -> str:
+    """``{'x': int32[8, 64], ...}``: the shapes and dtypes of a batch, for error messages."""
+    import jax
+
+    def one(x: Any) -> str:
+        arr = np.asarray(x) if not hasattr(x, "dtype") else x
+        return f"{arr.dtype}{list(np.shape(arr))}"
+
+    return str(jax.tree.map(one, batch))
+
+
+class OrbaxPendingSave:
+    """An orbax asynchronous save in flight (``PendingSave``): ``done`` polls, ``wait``
+    returns once it is written or raises what the background write raised."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self._finished = False
+
+    def done(self) -> bool:
+        if not self._finished:
+            try:
+                self._response.result(timeout=0)
+            except TimeoutError:
+                return False
+            except Exception:  # failed: ``wait`` raises it
+                pass
+            self._finished = True
+        return True
+
+    def wait(self) -> None:
+        self._response.result()
+        self._finished = True
+
+
+class JaxBackend(JaxDistributed, BackendBase):
+    """The user's flax model and optax optimizer, one jitted step per baton step."""
+
+    name = "jax"
+    distribution = "jax"
+    supports_async_save = True
+
+    def __init__(self, config: JaxConfig | None = None, **fields: Any) -> None:
+        self.config = config or JaxConfig()
+        for key, value in fields.items():
+            if not hasattr(self.config, key):
+                raise TypeError(f"JaxConfig has no field {key!r}")
+            setattr(self.config, key, value)
+        self.state: dict[str, Any] | None = None
+        self.mesh: Any = None
+        self.data: BatchStream | None = None
+        self.kind = ""
+        self.num_params = 0
+        self.steps_done = 0  # host copy of the optimizer step count
+        self._step: Any = None
+        self._eval: Any = None
+        self._replicated: Any = None
+        self._batch_sharding: Any = None
+
+    # -- facts ----------------------------------------------------------------------
+    @property
+    def flops_per_token(self) -> float | None:
+        if self.config.flops_per_token is not None:
+            return float(self.config.flops_per_token)
+        return 6.0 * self.num_params if self.num_params else None
+
+    def describe(self) -> dict[str, Any]:
+        facts = dict(self.config.facts)
+        if self.kind:
+            facts |= {"kind": self.kind, "parameters": self.num_params}
+        return {"jax_model": facts}
+
+    # -- build ------------------------------------------------------------------------
+    def _check_config(self) -> None:
+        cfg = self.config
+        required = ("model", "optimizer", "loss_fn", "train_data")
+        missing = [k for k in required if getattr(cfg, k) is None]
+        if missing:
+            raise ValueError(
+                f"the JAX backend needs {', '.join(missing)}: "
+                "JaxBackend(model=..., optimizer=optax..., loss_fn=..., train_data=...)"
+            )
+        if not (hasattr(cfg.optimizer, "init") and hasattr(cfg.optimizer, "update")):
+            raise TypeError(
+                f"optimizer must be an optax.GradientTransformation (init/update), got "
+                f"{type(cfg.optimizer).__name__}"
+            )
+        if not callable(cfg.loss_fn):
+            raise TypeError("loss_fn must be a function loss_fn(model, batch) -> loss")
+
+    def setup(self) -> None:
+        self.initialize_distributed()
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import AxisType, NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        from baton.backends.jax.model import split_model
+
+        self._check_config()
+        cfg = self.config
+        split = split_model(cfg.model, cfg.variables)
+        self.kind = split.kind
+        self.num_params = int(sum(np.size(x) for x in jax.tree.leaves(split.params)))
+        state = {
+            "params": split.params,
+            "rest": split.rest,
+            "opt_state": cfg.optimizer.init(split.params),
+            "step": jnp.zeros((), jnp.int32),
+        }
+        if jax.process_count() > 1:
+            _check_same_params(split.params)
+        if jax.device_count() > 1:
+            # Auto axes: XLA propagates the shardings, the user's code needs no annotations
+            self.mesh = jax.make_mesh(
+                (jax.device_count(),), (cfg.data_axis,), axis_types=(AxisType.Auto,)
+            )
+            self._replicated = NamedSharding(self.mesh, P())
+            self._batch_sharding = NamedSharding(self.mesh, P(cfg.data_axis))
+            state = jax.tree.map(self._replicate, state)
+        self.state = state
+        self._step, self._eval = self._compile(split)
+        self.data = BatchStream(cfg.train_data, on_data_end=cfg.on_data_end)
+
+    def _replicate(self, value: Any) -> Any:
+        import jax
+
+        if _is_key(value):  # PRNG keys travel as their raw data
+            data = self._replicate(jax.random.key_data(value))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(value))
+        return jax.make_array_from_process_local_data(self._replicated, np.asarray(value))
+
+    def _compile(self, split: Any) -> tuple[Any, Any]:
+        """The jitted train step (state donated) and evaluation step."""
+        import jax
+        import optax
+
+        cfg = self.config
+        merge, tx, loss_fn = split.merge, cfg.optimizer, cfg.loss_fn
+        eval_fn = cfg.eval_fn or loss_fn
+
+        def loss_of(model: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
+            return _loss_and_metrics(loss_fn(model, batch))
+
+        def train_step(state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], Any]:
+            (loss, aux), grads, rest = split.value_and_grad(
+                lambda model: loss_of(model, batch), state["params"], state["rest"]
+            )
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            new_state = {
+                "params": optax.apply_updates(state["params"], updates),
+                "rest": rest,
+                "opt_state": opt_state,
+                "step": state["step"] + 1,
+            }
+            return new_state, (loss, aux)
+
+        def eval_step(state: dict[str, Any], batch: Any) -> Any:
+            model = merge(state["params"], state["rest"])
+            if cfg.eval_fn is None and hasattr(model, "eval") and split.kind == "nnx":
+                model.eval()
+            return _loss_and_metrics(eval_fn(model, batch))
+
+        if self.mesh is None:
+            return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+        state_sharding = jax.tree.map(lambda _: self._replicated, self.state)
+        return (
+            jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, self._replicated)),
+            jax.jit(eval_step, out_shardings=self._replicated),
+        )
+
+    # -- the step ---------------------------------------------------------------------
+    def _place(self, batch: Any) -> Any:
+        """The host batch on the devices: split along the data axis over the mesh."""
+        import jax
+
+        if self.mesh is None:
+            return batch
+        local = jax.local_device_count()
+        for x in jax.tree.leaves(batch):
+            if np.ndim(x) == 0 or np.shape(x)[0] % local:
+                raise BatchRejected(
+                    f"batch {describe_batch(batch)} cannot be split over {local} devices of "
+                    f"this process: every array's leading (batch) axis must be a multiple of "
+                    f"{local}"
+                )
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(self._batch_sharding, np.asarray(x)),
+            batch,
+        )
+
+    def _count(self, batch: Any) -> tuple[int, int]:
+        count = self.config.count_batch or default_count
+        tokens, samples = count(batch)
+        processes = self.world_size
+        return int(tokens) * processes, int(samples) * processes
+
+    def train_step(self, step: int) -> StepOutput:
+        assert self.data is not None and self.state is not None
+        batch = self.data.next()
+        tokens, samples = self._count(batch)
+        try:
+            self.state, (loss, aux) = self._step(self.state, self._place(batch))
+        except (LossFunctionError, BatchRejected):
+            raise
+        except (TypeError, ValueError) as error:
+            raise BatchRejected(
+                f"the model rejected training batch {describe_batch(batch)} at step {step}: {error}"
+            ) from error
+        self.steps_done += 1
+        metrics: dict[str, Any] = dict(aux)
+        schedule = self.config.lr_schedule
+        if schedule is not None:
+            index = self.steps_done - 1  # the update just made used schedule(count before it)
+            metrics["lr"] = lambda: schedule(index)
+        return StepOutput(loss=loss, metrics=metrics, tokens=tokens, samples=samples)
+
+    def evaluate(self) -> Mapping[str, Any]:
+        """Mean loss (and mean metrics) over the evaluation batches, as device values."""
+        cfg = self.config
+        if cfg.eval_data is None:
+            raise RuntimeError(
+                "no evaluation data: pass eval_data=... (an iterable of batches or a factory)"
+            )
+        source: Any = cfg.eval_data
+        if callable(source) and not isinstance(source, Iterable):
+            source = source()
+        totals: dict[str, Any] = {}
+        count = 0
+        for batch in source:
+            if cfg.eval_batches is not None and count >= cfg.eval_batches:
+                break
+            try:
+                loss, aux = self._eval(self.state, self._place(batch))
+            except (LossFunctionError, BatchRejected):
+                raise
+            except (TypeError, ValueError) as error:
+                raise BatchRejected(
+                    f"the model rejected evaluation batch {describe_batch(batch)}: {error}"
+                ) from error
+            for key, value in {"loss": loss, **aux}.items():
+                totals[key] = totals[key] + value if key in totals else value
+            count += 1
+        if count == 0:
+            raise RuntimeError("the evaluation data yields no batches")
+        return {key: value / count for key, value in totals.items()}
+
+    def skip_data(self, steps: int) -> None:
+        """Draw and discard ``steps`` batches (one batch per optimizer step)."""
+        assert self.data is not None
+        self.data.skip(steps)
+
+    # -- checkpoints ----------------------------------------------------------------
+    def save(self, directory: Path, *, asynchronous: bool = False) -> OrbaxPendingSave | None:
+        """Orbax save of the train state into ``directory/state``, plus each process's
+        data position (``data_rank00000.json`` ...) and, from process 0, a summary."""
+        from orbax.checkpoint import v1 as ocp
+
+        assert self.data is not None and self.state is not None
+        directory = Path(directory).resolve()  # orbax wants absolute paths
+        position = {"step": self.steps_done, "data": self.data.state_dict()}
+        (directory / data_file(self.rank)).write_text(json.dumps(position))
+        if self.rank == 0:
+            meta = {
+                "layout": "baton-jax-v1",
+                "step": self.steps_done,
+                "processes": self.world_size,
+                "model": self.kind,
+            }
+            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
+        if not asynchronous:
+            ocp.save(directory / STATE_DIR, self.state)
+            return None
+        return OrbaxPendingSave(ocp.save_async(directory / STATE_DIR, self.state))
+
+    def load(self, directory: Path) -> None:
+        """Restore a checkpoint written by ``save``: the train state, then the data position."""
+        import jax
+        from orbax.checkpoint import v1 as ocp
+
+        assert self.data is not None and self.state is not None
+        directory = Path(directory).resolve()
+        position_file = directory / data_file(self.rank)
+        if not (directory / STATE_DIR).is_dir() or not position_file.is_file():
+            found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+            raise FileNotFoundError(
+                f"{directory} is not a JAX-backend checkpoint for process {self.rank} "
+                f"(expected {STATE_DIR}/ and {data_file(self.rank)}; found {found}); a "
+                "checkpoint resumes with as many processes as wrote it"
+            )
+        position = json.loads(position_file.read_text())
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
+        )
+        self.state = ocp.load(directory / STATE_DIR, abstract)
+        restored_step = int(jax.device_get(self.state["step"]))
+        if restored_step != position["step"]:
+            raise ValueError(
+                f"{directory}: the train state is at step {restored_step} but the data position "
+                f"was recorded at step {position['step']}; the checkpoint is inconsistent"
+            )
+        self.steps_done = restored_step
+        self.data.load_state_dict(position["data"])
+
+    def teardown(self) -> None:
+        """Drop the device state and the compiled steps."""
+        self.state = None
+        self._step = self._eval = None
+
+
+def _check_same_params(params: Any) -> None:
+    """Every process must start from the same parameters (they are replicated)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    checksum = np.array([sum(float(np.sum(np.asarray(x))) for x in jax.tree.leaves(params))])
+    every = np.asarray(multihost_utils.process_allgather(checksum.astype(np.float32)))
+    if not np.all(every == every.reshape(-1)[0]):
+        raise ValueError(
+            f"the processes built different initial parameters (checksums {every.ravel()}); "
+            "build the model with the same seed on every process"
+        )
+
+
+def _is_key(value: Any) -> bool:
+    import jax
+
+    return hasattr(value, "dtype") and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
+def _loss_and_metrics(out: Any) -> tuple[Any, dict[str, Any]]:
+    """Split what a loss function returned into a scalar loss and a dict of scalars
+    (checked while tracing: no cost per step)."""
+    import jax.numpy as jnp
+
+    if isinstance(out, tuple):
+        if len(out) != 2 or not isinstance(out[1], Mapping):
+            raise LossFunctionError(
+                "loss_fn must return a scalar loss or (loss, {name: scalar}); it returned a "
+                f"tuple of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
+            )
+        loss, aux = out
+    else:
+        loss, aux = out, {}
+    if (
+        not hasattr(loss, "shape")
+        or jnp.shape(loss) != ()
+        or not jnp.issubdtype(jnp.result_type(loss), jnp.floating)
+    ):
+        shape = getattr(loss, "shape", None)
+        raise LossFunctionError(
+            f"loss_fn must return a scalar floating loss, got {type(loss).__name__} with shape "
+            f"{shape}; reduce it (e.g. .mean()) and return (loss, metrics) for more values"
+        )
+    for key, value in aux.items():
+        if jnp.shape(value) != ():
+            raise LossFunctionError(
+                f"loss_fn's metric {key!r} has shape {jnp.shape(value)}; metrics must be "
+                "scalars (reduce them in the loss function)"
+            )
+    return loss, dict(aux)

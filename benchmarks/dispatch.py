@@ -6,6 +6,11 @@ and the log-step fetch every ``log_every`` steps. Each callback count runs twice
 callbacks that override every hook with a no-op, and with callbacks that override
 none. Target: 50 callbacks that override nothing cost the same as 0.
 
+One more case runs the standard stack a recipe uses (``standard_callbacks``: Checkpoint
+without a cadence, Preemption, ThroughputMonitor, CompositeLogger to JSONL; plus
+LossGuard) on the same no-op backend: the per-step cost baton adds around a real step.
+Target: at most 15 us per step.
+
 Run alone: ``uv run python benchmarks/run.py --only dispatch``.
 """
 
@@ -15,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from baton.callbacks import LossGuard, standard_callbacks
 from baton.core import HOOKS, BackendBase, Callback, Driver, StepOutput
 from baton.core.dispatch import overrides
 from benchmarks.harness import Row, at_most, interleave, median, paired_ratio
@@ -26,6 +32,9 @@ TARGET = 1.05
 LOG_EVERY = 10
 #: on_step_start and on_step_end every step, on_log every LOG_EVERY steps
 HOOK_CALLS_PER_STEP = 2 + 1 / LOG_EVERY
+STACK = "standard stack + LossGuard"
+#: the standard stack's per-step cost on a no-op backend, microseconds
+STACK_TARGET_US = 15.0
 
 
 class NullBackend(BackendBase):
@@ -66,6 +75,13 @@ def seconds_per_step(callbacks: list[Callback], steps: int, run_dir: Path) -> fl
     return result.train_time_s / steps
 
 
+def standard_stack() -> list[Callback]:
+    """What a recipe runs, minus what needs a terminal or a real save."""
+    return standard_callbacks(
+        save_on_stop=False, sinks=("jsonl",), console_keys=None, progress=False, extra=[LossGuard()]
+    )
+
+
 def run(quick: bool = False) -> list[Row]:
     steps, rounds = (300, 2) if quick else (5_000, 25)
     with tempfile.TemporaryDirectory(prefix="baton-bench-dispatch-") as tmp:
@@ -78,12 +94,29 @@ def run(quick: bool = False) -> list[Row]:
             cases[f"{n} overriding every hook"] = lambda n=n: seconds_per_step(
                 [OverridesEverything() for _ in range(n)], steps, run_dir
             )
+        cases[STACK] = lambda: seconds_per_step(standard_stack(), steps, run_dir)
         samples = interleave(cases, rounds=rounds)
 
     base = samples["0 callbacks"]
     rows = [Row(NAME, "0 callbacks", median(base) * 1e6, "us/step", note=f"{steps} steps")]
     for name, values in samples.items():
         if name == "0 callbacks":
+            continue
+        if name == STACK:
+            us = median(values) * 1e6
+            rows.append(
+                Row(
+                    NAME,
+                    name,
+                    us,
+                    "us/step",
+                    ratio=paired_ratio(values, base),
+                    baseline="0",
+                    target=f"<= {STACK_TARGET_US:g} us",
+                    passed=at_most(us, STACK_TARGET_US),
+                    note="no-op backend: the driver and callbacks only",
+                )
+            )
             continue
         ratio = paired_ratio(values, base)
         gated = name == f"{max(COUNTS)} overriding no hook"

@@ -62,8 +62,7 @@ class LoggedLosses(Callback):
         self.logged: list[list[float]] = []
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            self.logged.append([driver.step, metrics["loss"]])
+        self.logged.append([driver.step, metrics["loss"]])
 
 
 class PoisonOnRank(Callback):
@@ -97,8 +96,7 @@ class RankScore(Callback):
     """A ``score`` that improves on rank 0 and stalls on rank 1 (ranks disagree)."""
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            metrics["score"] = 1.0 if driver.backend.rank == 1 else -float(driver.step)
+        metrics["score"] = 1.0 if driver.backend.rank == 1 else -float(driver.step)
 
 
 def backend() -> FabricBackend:

@@ -142,3 +142,48 @@ def test_readme_custom_callback_example_runs_with_evaluation_on(
     result = driver.fit()
     assert result.stop_reason.startswith("loss ") and "< 4.0" in result.stop_reason
     assert result.step < 60 and seen.evals  # evaluation ran and did not break the callback
+
+
+class CountedLoss(float):
+    """A host float that counts the arithmetic done on it (what would be device work)."""
+
+    ops = 0
+
+    def __sub__(self, other: float) -> CountedLoss:
+        CountedLoss.ops += 1
+        return CountedLoss(float(self) - float(other))
+
+    def __add__(self, other: float) -> CountedLoss:
+        CountedLoss.ops += 1
+        return CountedLoss(float(self) + float(other))
+
+
+class CountingBackend(ScalarBackend):
+    def train_step(self, step: int):
+        output = super().train_step(step)
+        output.loss = CountedLoss(output.loss)
+        return output
+
+
+class OpsPerStep(Callback):
+    priority = 400
+
+    def __init__(self) -> None:
+        self.steps_with_ops: list[int] = []
+        self._seen = 0
+
+    def on_step_end(self, driver: Driver, output) -> None:
+        if CountedLoss.ops != self._seen:
+            self.steps_with_ops.append(driver.step)
+            self._seen = CountedLoss.ops
+
+
+def test_loss_guard_works_on_the_loss_only_on_log_steps(tmp_path: Path) -> None:
+    CountedLoss.ops = 0
+    ops = OpsPerStep()
+    driver = Driver(
+        CountingBackend(), [LossGuard(), ops], max_steps=25, log_every=10, run_dir=tmp_path
+    )
+    driver.fit()
+    assert ops.steps_with_ops == [10, 20, 25]  # log steps (25: the last) only
+    assert CountedLoss.ops == 2 * 10 + 2 * 10 + 2 * 5 - 3  # x - x per loss, + per fold

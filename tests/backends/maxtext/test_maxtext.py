@@ -98,11 +98,11 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     class Record(Callback):
         def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-            if "loss" in metrics:
-                record.losses[driver.step] = metrics["loss"]
-                record.metrics[driver.step] = dict(metrics)
-            if "eval/loss" in metrics:
-                record.evals[driver.step] = metrics["eval/loss"]
+            record.losses[driver.step] = metrics["loss"]
+            record.metrics[driver.step] = dict(metrics)
+
+        def on_eval_end(self, driver: Any, metrics: dict[str, float]) -> None:
+            record.evals[driver.step] = metrics["eval/loss"]
 
         def on_step_end(self, driver: Any, output: Any) -> None:
             if driver.step == 1:  # values stay on the device until a log step

@@ -9,9 +9,10 @@ Example::
         LossGuard(action="rollback", spike_factor=3.0, max_rollbacks=3),
     ])
 
-Detection costs no device sync of its own: every step the guard folds "is this
-loss non-finite" into a device-side flag (plain array arithmetic, the same for
-torch and jax), which reaches the host with the other metrics on log steps. A
+Detection costs no device work on a step that does not log: the guard keeps a
+reference to each step's loss, and on a log step folds "was any of them non-finite"
+into one device-side flag (plain array arithmetic, the same for torch and jax) that
+reaches the host in the log step's single transfer with the other metrics. A
 checkpoint step is always checked first (the guard asks for a log there), so a
 broken state is never saved: the guard vetoes the step's save (``control.veto_save``,
 which also covers the save on stop). A spike is a logged loss above
@@ -88,7 +89,8 @@ class LossGuard(Callback):
         self.loss_mean: float | None = None
         self.logs_seen = 0
         self.last_good_step = 0
-        self._bad: Any = None
+        #: this log window's step losses, as the backend returned them (lazy)
+        self._losses: list[Any] = []
         self._rollback_from: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -111,15 +113,12 @@ class LossGuard(Callback):
 
     def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         self.last_good_step = driver.step
-        self._bad = None
+        self._losses = []
 
     # -- detection ------------------------------------------------------------------
     def on_step_end(self, driver: Driver, output: StepOutput) -> None:
-        loss = output.loss
-        if loss is not None:
-            bad = (loss - loss) != 0  # True for NaN and +-Inf; an array op, no sync
-            self._bad = bad if self._bad is None else (self._bad | bad)
-            driver.record("guard/nonfinite", self._bad)
+        if output.loss is not None:
+            self._losses.append(output.loss)  # a reference: no device work here
         ctl = driver.control
         if ctl.save:
             # check the state before it is saved. A save every rank makes now needs a
@@ -129,9 +128,13 @@ class LossGuard(Callback):
             agreed = "save" in ctl.agreed
             if (agreed and "log" not in ctl.agreed) or not ctl.log:
                 ctl.request_log("loss guard checks before saving", all_ranks=agreed)
+        if self._losses and (ctl.log or driver.step % driver.log_every == 0):
+            # a log step: one flag for the window rides the log's single transfer
+            # (recorded again, newer, if the log waits for the ranks to agree)
+            driver.record("guard/nonfinite", nonfinite(self._losses))
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        self._bad = None
+        self._losses = []
         if "loss" not in metrics:
             raise ValueError(
                 f"LossGuard: backend {driver.backend.name!r} returned no loss (StepOutput.loss "
@@ -213,3 +216,13 @@ class LossGuard(Callback):
         assert isinstance(backend, SkipsData)  # requires() made the driver check it
         backend.skip_data(skip)
         log.warning("rolled back to step %d, skipped the data of %d steps", driver.step, skip)
+
+
+def nonfinite(losses: list[Any]) -> Any:
+    """A lazy flag: true when any of ``losses`` is NaN or +-Inf (array arithmetic only,
+    no sync). ``x - x`` is 0 for a finite value and NaN otherwise; summing those never
+    overflows, and a NaN anywhere makes the sum NaN, which is ``!= 0``."""
+    probe = losses[0] - losses[0]
+    for loss in losses[1:]:
+        probe = probe + (loss - loss)
+    return probe != 0

@@ -20,6 +20,7 @@ from baton.core.callback import Callback
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
+from baton.core.errors import BatonError, RunError, UsageError
 from baton.core.hooks import EXIT_HOOKS, HOOKS
 from baton.core.metrics import StepOutput
 from baton.core.patches import PATCHES, Patch, PatchRecorder, register_patch
@@ -33,6 +34,7 @@ __all__ = [
     "PATCHES",
     "Backend",
     "BackendBase",
+    "BatonError",
     "Callback",
     "CheckpointError",
     "Control",
@@ -41,8 +43,10 @@ __all__ = [
     "PatchRecorder",
     "PendingSave",
     "Registry",
+    "RunError",
     "RunResult",
     "StepOutput",
     "UnknownNameError",
+    "UsageError",
     "register_patch",
 ]

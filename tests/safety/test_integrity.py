@@ -93,6 +93,14 @@ def test_resume_auto_prefers_a_valid_latest(tmp_path):
     assert run(tmp_path, 7, resume="auto").resumed_from.name == "step_000003"
 
 
+def test_only_the_checkpoint_resumed_from_is_read_in_full(tmp_path, caplog):
+    run(tmp_path, 6)
+    flip_one_bit(state_file(tmp_path, 3))  # an older one: not needed, so never read
+    with caplog.at_level("WARNING", logger="baton"):
+        assert run(tmp_path, 7, resume="auto").resumed_from.name == "step_000006"
+    assert "skipping" not in caplog.text
+
+
 def test_every_checkpoint_broken_stops_with_each_reason(tmp_path):
     run(tmp_path, 6)
     flip_one_bit(state_file(tmp_path, 6))

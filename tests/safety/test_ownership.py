@@ -3,18 +3,20 @@ checkpoints, ``--overwrite`` moving them aside, and a missing ``--resume`` path.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from baton.core import Driver
 from baton.core.rundir import RunDirLock
 from support.scalar_backend import ScalarBackend
 
-from .conftest import run_recipe, snapshot
+from .conftest import RECIPE, run_recipe, snapshot
 
 HOLD = """
 import sys, time
@@ -33,13 +35,45 @@ def hold_lock(run_dir) -> subprocess.Popen[str]:
     return proc
 
 
+def start_real_run(run_dir) -> subprocess.Popen[str]:
+    """``baton run`` of a run that would take hours; returns once it holds the lock and
+    trains."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "baton.core.cli",
+            "run",
+            str(RECIPE),
+            "--run-dir",
+            str(run_dir),
+            *("--max-steps", "100000000", "--save-every", "10000000", "--log-every", "10000000"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    lock, deadline = run_dir / ".baton.lock", time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            training = (run_dir / "logs" / "metrics.jsonl").exists()  # past its setup
+            if training and json.loads(lock.read_text())["pid"] == proc.pid:
+                return proc
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the first run never took the lock")
+
+
 def test_second_run_fails_at_once_naming_the_holder_then_runs_once_it_is_gone(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    holder = hold_lock(run_dir)
+    holder = start_real_run(run_dir)
     try:
         before = snapshot(run_dir)
         started = time.monotonic()
-        status, err = run_recipe(capsys, run_dir)
+        status, err = run_recipe(capsys, run_dir, "--resume", "auto")
         assert time.monotonic() - started < 10
         assert status == 1, err
         assert f"host {socket.gethostname()}, pid {holder.pid}" in err
@@ -49,7 +83,7 @@ def test_second_run_fails_at_once_naming_the_holder_then_runs_once_it_is_gone(tm
     finally:
         holder.send_signal(signal.SIGKILL)  # a crashed holder: the OS drops its lock
         holder.wait()
-    status, err = run_recipe(capsys, run_dir)
+    status, err = run_recipe(capsys, run_dir, "--resume", "auto")
     assert status == 0, err
     assert (run_dir / "checkpoints" / "step_000006").is_dir()
 

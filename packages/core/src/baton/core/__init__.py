@@ -39,6 +39,7 @@ from baton.core.callback import (
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
+from baton.core.errors import BatonError, RunError, UsageError
 from baton.core.hooks import EXIT_HOOKS, HOOKS
 from baton.core.metrics import StepOutput
 from baton.core.patches import PATCHES, Patch, PatchRecorder, register_patch
@@ -60,6 +61,7 @@ __all__ = [
     "Ability",
     "Backend",
     "BackendBase",
+    "BatonError",
     "Callback",
     "CheckpointError",
     "Control",
@@ -70,11 +72,13 @@ __all__ = [
     "PatchRecorder",
     "PendingSave",
     "Registry",
+    "RunError",
     "RunResult",
     "SavesAsync",
     "SkipsData",
     "StepOutput",
     "UnknownNameError",
+    "UsageError",
     "abilities",
     "register_patch",
 ]

@@ -179,18 +179,24 @@ def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, A
     """
     good: list[tuple[Path, dict[str, Any]]] = []
     failures: list[str] = []
-    pointed = latest(root)
-    ordered = list(reversed(list_checkpoints(root)))
-    if pointed is not None and pointed in ordered:
-        ordered.remove(pointed)
-        ordered.insert(0, pointed)
-    for path in ordered:
+    for path in ordered(root):
         try:
             good.append((path, read_meta(path, verify)))
         except CheckpointError as error:
             log.warning("skipping checkpoint: %s", error)
             failures.append(str(error))
     return good, failures
+
+
+def ordered(root: Path) -> list[Path]:
+    """Checkpoint directories in the order to resume from: the one ``latest`` points at,
+    then the others newest first (none of them verified)."""
+    found = list(reversed(list_checkpoints(root)))
+    pointed = latest(root)
+    if pointed is not None and pointed in found:
+        found.remove(pointed)
+        found.insert(0, pointed)
+    return found
 
 
 def resumable(root: Path, verify: str = "full") -> list[tuple[Path, dict[str, Any]]]:

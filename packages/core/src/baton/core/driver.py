@@ -185,7 +185,9 @@ class Driver:
         self._abilities: frozenset[Ability] = frozenset()
         self._training = False
         self._lock: RunDirLock | None = None
-        self._candidates: list[tuple[Path, dict[str, Any]]] = []
+        #: the verified checkpoint to load first, and the fallbacks, verified when needed
+        self._first: tuple[Path, dict[str, Any]] | None = None
+        self._fallbacks: list[Path] = []
         self._resume_failures: list[str] = []
         self._allowed_now: dict[str, tuple[Any, Any]] = {}
         #: changes of training settings allowed on resume, recorded in each checkpoint
@@ -495,34 +497,49 @@ class Driver:
         return path
 
     def _find_resume_candidates(self) -> None:
-        """Before anything is built: the verified checkpoints to try, best first."""
+        """Before anything is built: the checkpoint to resume from, verified. With
+        ``auto`` the others are fallbacks, verified only if the first fails to load."""
         if self.resume in (None, "", "none"):
             return
         if str(self.resume) == "auto":
-            self._candidates, self._resume_failures = ckpt.scan(self.checkpoint_dir, self.verify)
-            if not self._candidates and self._resume_failures:
+            self._fallbacks = ckpt.ordered(self.checkpoint_dir)
+            self._first = self._next_candidate()
+            if self._first is None and self._resume_failures:
                 raise ckpt.CheckpointError(
                     f"resume=auto: {self.checkpoint_dir} holds checkpoints but none can be "
                     "loaded:\n  " + "\n  ".join(self._resume_failures) + "\nrestore them, "
                     "resume from a copy with --resume PATH, or start over with --overwrite "
                     "(moves them aside)"
                 )
-            if not self._candidates:
+            if self._first is None:
                 log.info(
                     "resume=auto: no complete checkpoint in %s, starting fresh", self.checkpoint_dir
                 )
             return
         path = self._resume_path()
-        self._candidates = [(path, ckpt.read_meta(path, self.verify))]
+        self._first = (path, ckpt.read_meta(path, self.verify))
+
+    def _next_candidate(self) -> tuple[Path, dict[str, Any]] | None:
+        """The next fallback that passes verification; broken ones are warned about."""
+        while self._fallbacks:
+            path = self._fallbacks.pop(0)
+            try:
+                return path, ckpt.read_meta(path, self.verify)
+            except ckpt.CheckpointError as error:
+                log.warning("skipping checkpoint: %s", error)
+                self._resume_failures.append(str(error))
+        return None
 
     def _check_first_candidate(self) -> None:
         """Refuse changed training settings before the backend builds anything."""
-        if self._candidates:
-            self._check_settings(*self._candidates[0])
+        if self._first is not None:
+            self._check_settings(*self._first)
 
     def _resume(self) -> None:
-        errors = list(self._resume_failures)
-        for path, meta in self._candidates:
+        candidate, tried = self._first, False
+        while candidate is not None:
+            path, meta = candidate
+            tried = True
             self._check_compatible(path, meta)
             self._check_settings(path, meta)
             try:
@@ -532,16 +549,19 @@ class Driver:
             except BaseException as error:  # a corrupt checkpoint: try the previous one
                 # (torch's CheckpointException derives from BaseException)
                 reason = _error_summary(error)
-                errors.append(f"{path}: {reason}")
+                self._resume_failures.append(f"{path}: {reason}")
                 log.warning("could not load checkpoint %s (%s); trying an older one", path, reason)
+                candidate = self._next_candidate()
                 continue
             self._apply_allowed_changes()
             self._restore(path, meta)
             return
-        if self._candidates:
+        if tried:
             raise ckpt.CheckpointError(
-                "no checkpoint could be loaded:\n  " + "\n  ".join(errors) + "\nresume from "
-                "another checkpoint with --resume PATH, or start over with --overwrite"
+                "no checkpoint could be loaded:\n  "
+                + "\n  ".join(self._resume_failures)
+                + "\nresume from another checkpoint with --resume PATH, or start over with "
+                "--overwrite"
             )
 
     def _limits(self) -> dict[str, Any]:

@@ -258,3 +258,50 @@ def test_several_devices_split_the_batch_over_a_data_mesh(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["mesh"] == {"data": 2}
     assert report["losses"] == pytest.approx(report["expected"], rel=1e-5)
+
+
+def test_rollback_and_preemption_with_standard_callbacks(tmp_path):
+    """A rollback to an orbax checkpoint mid-run replays the same losses (state and data
+    position come back); SIGUSR1 through ``Preemption`` saves and stops cleanly.
+
+    Saves are synchronous here: ``Driver.load_checkpoint`` reads the checkpoint's
+    metadata before it waits for saves in flight (async resume is tested in a fresh
+    process in ``test_jax_resume.py``)."""
+    import os
+    import signal
+
+    import optax
+
+    from baton.callbacks import Checkpoint, Preemption
+
+    class RollbackThenSignal(Callback):
+        def __init__(self) -> None:
+            self.losses: list[tuple[int, float]] = []
+            self.rolled_back = False
+
+        def on_step_start(self, driver):
+            if driver.step == 8 and not self.rolled_back:
+                self.rolled_back = True
+                driver.load_checkpoint(driver.checkpoint_dir / "step_000004")
+
+        def on_log(self, driver, metrics):
+            if "loss" in metrics:
+                self.losses.append((driver.step, metrics["loss"]))
+            if driver.step == 10:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    probe = RollbackThenSignal()
+    backend = JaxBackend(
+        model=lambda: make_model(0),
+        optimizer=optax.adam(1e-2),
+        loss_fn=loss_fn,
+        train_data=lambda: iter(batches(30)),
+    )
+    callbacks = [Checkpoint(every_n_steps=4), Preemption(["SIGUSR1"]), probe]
+    result = Driver(backend, callbacks, max_steps=30, log_every=1, run_dir=tmp_path).fit()
+    steps = [s for s, _ in probe.losses]
+    assert steps == [*range(1, 9), *range(5, 12)]
+    first, replay = dict(probe.losses[:8]), dict(probe.losses[8:12])
+    assert replay == {s: first[s] for s in range(5, 9)}  # bit for bit after the rollback
+    assert result.step == 11 and "SIGUSR1" in result.stop_reason
+    assert (tmp_path / "checkpoints" / "step_000011" / "backend" / "state").is_dir()

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from backends.jax.test_jax_resume import ARGS, RECIPE, SAVE_AT, STEPS, WORKER
 
+#: no evaluation: each process compiles only the train step
+MP_ARGS = [a for a in ARGS if not a.startswith("--eval-every")] + ["--eval-every=0"]
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -36,7 +39,7 @@ def launch_two(out: Path, *args: str) -> list[dict]:
             "BATON_MASTER_ADDR": "127.0.0.1",
             "BATON_MASTER_PORT": str(port),
         }
-        cmd = [sys.executable, str(WORKER), str(out), str(RECIPE), *ARGS, *args]
+        cmd = [sys.executable, str(WORKER), str(out), str(RECIPE), *MP_ARGS, *args]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         )

@@ -15,6 +15,10 @@ and ``PREFIX.idx`` (one sequence per document, exactly as Megatron's
 ``preprocess_data.py``) in input order, so the same input gives the same bytes whatever the
 number of workers. ``PREFIX.json`` is the manifest (tokenizer fingerprint, counts, sources).
 
+Worker processes are started with ``spawn``: a script that calls :func:`prepare` with
+``workers > 1`` must do so under ``if __name__ == "__main__":`` (recipes run by ``baton run``
+and the ``baton data`` command already are).
+
 Everything is written under temporary names and renamed at the end (``.bin``, then
 ``.json``, then ``.idx``): an interrupted or failed run leaves no ``PREFIX.idx``, so nothing
 that looks complete. Existing outputs are replaced only with ``force=True``.

@@ -15,6 +15,10 @@ and ``PREFIX.idx`` (one sequence per document, exactly as Megatron's
 ``preprocess_data.py``) in input order, so the same input gives the same bytes whatever the
 number of workers. ``PREFIX.json`` is the manifest (tokenizer fingerprint, counts, sources).
 
+Worker processes are started with ``spawn``: a script that calls :func:`prepare` with
+``workers > 1`` must do so under ``if __name__ == "__main__":`` (recipes run by ``baton run``
+and the ``baton data`` command already are).
+
 Everything is written under temporary names and renamed at the end (``.bin``, then
 ``.json``, then ``.idx``): an interrupted or failed run leaves no ``PREFIX.idx``, so nothing
 that looks complete. Existing outputs are replaced only with ``force=True``.
@@ -96,19 +100,22 @@ def _encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class _Done:
-    """A result already computed, with the interface of ``multiprocessing``'s async results."""
+    """A result already computed, with the interface of a ``Future``."""
 
     value: Any
 
-    def get(self) -> Any:
+    def result(self) -> Any:
         return self.value
 
 
 class _Inline:
-    """The pool's interface, run in this process (``workers=1``)."""
+    """The process pool's interface, run in this process (``workers=1``)."""
 
-    def apply_async(self, func: Callable, args: tuple) -> _Done:
+    def submit(self, func: Callable, *args: Any) -> _Done:
         return _Done(func(*args))
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
 
 
 # ---- reading, writing -----------------------------------------------------------------
@@ -244,9 +251,16 @@ def _start_pool(workers: int, init_args: tuple) -> Any:
         _init_worker(*init_args)
         return _Inline()
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context("spawn")  # safe with torch/threads in this process
-    return context.Pool(workers, initializer=_init_worker, initargs=init_args)
+    # spawn: safe with torch's threads in this process; a worker that dies breaks the
+    # pool (BrokenProcessPool) instead of being replaced forever
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=init_args,
+    )
 
 
 @dataclass
@@ -284,10 +298,10 @@ def _tokenize_into(
             pending: deque = deque()  # batches in flight, written in the order they were read
             read_chars = 0
             for batch in _batches(source, tally.skipped):
-                pending.append(pool.apply_async(_encode, (batch,)))
+                pending.append(pool.submit(_encode, batch))
                 read_chars += sum(len(text) for text in batch)
                 while len(pending) > 2 * workers:
-                    write(pending.popleft().get(), counts)
+                    write(pending.popleft().result(), counts)
                 bar.update(
                     task,
                     completed=done_bytes + min(read_chars, source.size),
@@ -295,7 +309,7 @@ def _tokenize_into(
                     tokens=tally.total.tokens,
                 )
             while pending:
-                write(pending.popleft().get(), counts)
+                write(pending.popleft().result(), counts)
             done_bytes += source.size
             bar.update(
                 task,
@@ -328,9 +342,7 @@ def _write(
         finally:
             builder.data_file.close()
     finally:
-        if workers > 1:
-            pool.terminate()
-            pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)
     uses_key = any(source.kind != "txt" for source in sources)
     if tally.total.documents == 0:
         names = ", ".join(str(source.path) for source in sources)

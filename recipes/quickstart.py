@@ -2,11 +2,16 @@
 
 uv run baton run recipes/quickstart.py
 uv run baton run recipes/quickstart.py --max-steps 600 --lr 2e-3 --resume auto
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run recipes/quickstart.py
+
+The model, data and optimizer are ordinary PyTorch objects handed to ``FabricBackend``
+(``baton.backends.fabric.gpt`` holds them); bring your own the same way.
 """
 
 from __future__ import annotations
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.fabric.gpt import GPT, GPTConfig, adamw, byte_loaders, warmup_cosine
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
@@ -24,6 +29,11 @@ def recipe(
     d_model: int = 128,
     n_head: int = 4,
     seed: int = 0,
+    grad_accum: int = 1,
+    grad_clip: float = 1.0,
+    precision: str = "32-true",
+    accelerator: str = "cpu",
+    strategy: str = "auto",
     log_every: int = 25,
     eval_every: int = 100,
     save_every: int = 100,
@@ -32,15 +42,24 @@ def recipe(
     progress: bool = True,
 ) -> Driver:
     """Train a small GPT on bytes of real English text (the Python language reference)."""
-    config = FabricConfig(
-        model=GPTConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len),
-        data_path=data_path,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        warmup_steps=min(20, max_steps),
-        decay_steps=max_steps,
-        accelerator="cpu",
+    shape = GPTConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len)
+    train, val = byte_loaders(seq_len=seq_len, batch_size=batch_size, seed=seed, path=data_path)
+    backend = FabricBackend(
+        model=lambda: GPT(shape),  # built in setup, after seeding
+        optimizer=adamw(lr),
+        scheduler=warmup_cosine(warmup_steps=min(20, max_steps), decay_steps=max_steps),
+        data=train,
+        eval_data=val,
+        flops_per_token=shape.flops_per_token(),
+        describe={"model": shape.to_dict()},
+        config=FabricConfig(
+            accelerator=accelerator,
+            strategy=strategy,  # devices and nodes come from the launcher (torchrun, SLURM)
+            precision=precision,
+            grad_accum=grad_accum,
+            grad_clip=grad_clip,
+            seed=seed,
+        ),
     )
     callbacks: list[Callback] = [
         Checkpoint(every_n_steps=save_every, keep_last=2),
@@ -51,7 +70,7 @@ def recipe(
     if progress:
         callbacks.append(Progress())
     return Driver(
-        FabricBackend(config),
+        backend,
         callbacks,
         max_steps=max_steps,
         log_every=log_every,

@@ -15,7 +15,7 @@ Example::
                 driver.control.request_stop(f"loss {metrics['loss']:.3f} < {self.threshold}")
 """
 
-from baton.core.backend import Backend, BackendBase, PendingSave
+from baton.core.backend import Backend, BackendBase, DataExhausted, PendingSave
 from baton.core.callback import Callback
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
@@ -36,6 +36,7 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "Control",
+    "DataExhausted",
     "Driver",
     "Patch",
     "PatchRecorder",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.core import checkpointing as ckpt
-from baton.core.backend import Backend, PendingSave
+from baton.core.backend import Backend, DataExhausted, PendingSave
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
@@ -160,7 +160,11 @@ class Driver:
             self.dispatch("on_train_start")
             while not self._limit_reached_before_step():
                 self.dispatch("on_step_start")
-                output = self.backend.train_step(self.step + 1)
+                try:
+                    output = self.backend.train_step(self.step + 1)
+                except DataExhausted as end:
+                    self._stop_at_data_end(str(end))
+                    break
                 self.step += 1
                 self.tokens += output.tokens
                 self.samples += output.samples
@@ -205,6 +209,12 @@ class Driver:
             log.info("stopping at step %d: %s", self.step, self.stop_reason)
         self._clear(acting)
         return stop
+
+    def _stop_at_data_end(self, reason: str) -> None:
+        self.stop_reason = reason
+        log.info("stopping after step %d: %s", self.step, reason)
+        if self.save_on_stop and self.step > 0:
+            self._save(f"stop: {reason}")
 
     # -- stop conditions ----------------------------------------------------------
     def _limit_reached_before_step(self) -> bool:

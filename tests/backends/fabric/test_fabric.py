@@ -79,9 +79,7 @@ def test_quickstart_trains_and_loss_falls(tmp_path):
 
 def test_save_then_resume_gives_identical_losses(tmp_path):
     full = Losses()
-    Driver(
-        tiny().backend(), [full], max_steps=12, log_every=1, run_dir=tmp_path / "full"
-    ).fit()
+    Driver(tiny().backend(), [full], max_steps=12, log_every=1, run_dir=tmp_path / "full").fit()
 
     first = Losses()
     Driver(

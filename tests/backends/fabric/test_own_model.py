@@ -107,9 +107,7 @@ def test_epoch_end_stop_ends_the_run_and_saves(tmp_path):
     from baton.callbacks import Checkpoint
 
     backend = regression(regression_batches(5), on_epoch_end="stop", grad_accum=2)
-    result = Driver(
-        backend, [Checkpoint(every_n_steps=100)], max_steps=50, run_dir=tmp_path
-    ).fit()
+    result = Driver(backend, [Checkpoint(every_n_steps=100)], max_steps=50, run_dir=tmp_path).fit()
     # 5 batches, 2 per step: steps 1 and 2, then the 5th batch alone cannot make step 3
     assert result.step == 2 and "end of epoch 0" in result.stop_reason
     assert (tmp_path / "checkpoints" / "step_000002").is_dir()

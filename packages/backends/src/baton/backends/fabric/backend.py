@@ -81,11 +81,17 @@ class FabricConfig:
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 (or None for no clipping), got {self.grad_clip}")
+            raise ValueError(
+                f"grad_clip must be > 0 (or None for no clipping), got {self.grad_clip}"
+            )
         if self.on_epoch_end not in ("continue", "stop"):
-            raise ValueError(f"on_epoch_end must be 'continue' or 'stop', got {self.on_epoch_end!r}")
+            raise ValueError(
+                f"on_epoch_end must be 'continue' or 'stop', got {self.on_epoch_end!r}"
+            )
         if self.eval_batches is not None and self.eval_batches < 1:
-            raise ValueError(f"eval_batches must be >= 1 (or None for all), got {self.eval_batches}")
+            raise ValueError(
+                f"eval_batches must be >= 1 (or None for all), got {self.eval_batches}"
+            )
 
 
 class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
@@ -363,9 +369,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         """The mean loss (and other metrics a step function returns) over the evaluation
         data, averaged over ranks."""
         if self.eval_data is None:
-            raise ValueError(
-                "no evaluation data: pass eval_data=... to FabricBackend to evaluate"
-            )
+            raise ValueError("no evaluation data: pass eval_data=... to FabricBackend to evaluate")
         sums: dict[str, torch.Tensor] = {}
         count = 0
         self.model.eval()

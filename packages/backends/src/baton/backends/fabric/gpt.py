@@ -250,7 +250,9 @@ class GPTTraining:
         from baton.backends.fabric.backend import FabricBackend, FabricConfig
 
         if self.model.vocab_size < 256:
-            raise ValueError(f"byte-level data needs vocab_size >= 256, got {self.model.vocab_size}")
+            raise ValueError(
+                f"byte-level data needs vocab_size >= 256, got {self.model.vocab_size}"
+            )
         train, val = byte_loaders(
             seq_len=self.model.seq_len,
             batch_size=self.batch_size,

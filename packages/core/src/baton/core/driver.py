@@ -193,6 +193,34 @@ class Driver:
             checkpoints=list(self.saved),
         )
 
+    def evaluate_checkpoint(self, path: str | Path) -> dict[str, float]:
+        """Evaluation only: build the backend, load the checkpoint at ``path``, evaluate
+        once and hand the metrics to the callbacks (``on_eval_end``, ``on_log``: loggers
+        write them at the checkpoint's step). Nothing is trained or saved.
+
+        Example::
+
+            metrics = driver.evaluate_checkpoint("runs/quickstart/checkpoints/latest")
+            metrics["eval/loss"]
+        """
+        path = Path(path)
+        meta = ckpt.read_meta(path)
+        self._prepare()
+        try:
+            self.dispatch("on_configure")
+            self.backend.setup()
+            self._check_compatible(path, meta)
+            self.backend.load(path / ckpt.BACKEND_DIR)
+            self.step, self.tokens = int(meta["step"]), int(meta["tokens"])
+            self.samples = int(meta.get("samples", 0))
+            self.dispatch("on_train_start")
+            metrics = self._evaluate()
+            self.stop_reason = f"evaluated {path}"
+            self.dispatch("on_train_end")
+        finally:
+            self._teardown()
+        return metrics
+
     def _handle_events(self, output: StepOutput) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
         acting = self._actionable_flags()
@@ -278,12 +306,13 @@ class Driver:
         self.last_metrics = metrics
         self.dispatch("on_log", metrics)
 
-    def _evaluate(self) -> None:
+    def _evaluate(self) -> dict[str, float]:
         self.dispatch("on_eval_start")
         values = self.backend.fetch(dict(self.backend.evaluate()))
         metrics = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in values.items()}
         self.dispatch("on_eval_end", metrics)
         self.dispatch("on_log", dict(metrics))
+        return metrics
 
     # -- checkpoints ------------------------------------------------------------------
     def _checkpoint_meta(self, reason: str) -> dict[str, Any]:

@@ -206,16 +206,19 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         )
         self.stream = self._make_stream(self._training_data())
 
-    def _make_fabric(self) -> Any:
+    def _fabric_class(self) -> type:
         from lightning.fabric import Fabric
 
+        return Fabric
+
+    def _make_fabric(self) -> Any:
         cfg, launch = self.config, Launch.from_env()
         devices = cfg.devices if cfg.devices is not None else launch.local_world_size
         num_nodes = cfg.num_nodes if cfg.num_nodes is not None else launch.num_nodes
         strategy = cfg.strategy
         if strategy == "auto" and launch.distributed:
             strategy = "ddp"
-        return Fabric(
+        return self._fabric_class()(
             accelerator=cfg.accelerator,
             devices=devices,
             num_nodes=num_nodes,
@@ -373,8 +376,10 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         sums: dict[str, torch.Tensor] = {}
         count = 0
         self.model.eval()
+        # evaluation draws no training randomness: a loader's seed, dropout (RNG forked)
+        cuda = [self.fabric.device] if self.fabric.device.type == "cuda" else []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), torch.random.fork_rng(devices=cuda):
                 for index, batch in enumerate(self.eval_data):
                     if self.config.eval_batches is not None and index >= self.config.eval_batches:
                         break
@@ -446,8 +451,9 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         strategy = self.fabric.strategy
         state["model"] = strategy.get_module_state_dict(self.model.module)
         state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
+        for key, value in state.items():
+            if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
+                state[key] = value.state_dict()  # schedulers and other stateful objects
         snapshot = _host_copy(state)
         if not strategy.is_global_zero:
             return ThreadedSave(lambda: None)  # every rank hands back a handle alike

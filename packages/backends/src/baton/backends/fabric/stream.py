@@ -7,9 +7,11 @@ time. Its position is part of every checkpoint:
 - a loader with ``state_dict`` / ``load_state_dict`` (``StatefulDataLoader``) restores
   its own state: a resumed run sees exactly the batches an uninterrupted run would;
 - anything else is counted: on resume the stream calls ``set_epoch`` on the sampler
-  (if it has one) and skips the batches of the current epoch already consumed. That is
-  exact when iterating the data again yields the same batches (a seeded sampler, a
-  fixed list); it costs one pass over the skipped batches.
+  (if it has one), starts the epoch again from the torch RNG state it started with
+  (so a ``DataLoader(shuffle=True)`` draws the same order) and skips the batches
+  already consumed. That is exact when the data's order depends only on those (a
+  shuffled DataLoader, a seeded sampler, a fixed list); it costs one pass over the
+  skipped batches.
 
 At the end of the data (an epoch) the stream either starts the next epoch
 (``on_epoch_end="continue"``) or raises ``DataExhausted`` (``"stop"``: the driver
@@ -59,6 +61,8 @@ class BatchStream:
         self.batches = 0
         self._iterator: Iterator[Any] | None = None
         self._stateful = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        #: the torch RNG state when this epoch's iterator was made (a shuffle's seed)
+        self._epoch_rng: Any = None
 
     def next(self) -> Any:
         """The next batch; at the end of the data, the next epoch's first (or ``DataExhausted``)."""
@@ -85,15 +89,21 @@ class BatchStream:
         return batch
 
     def _start(self) -> None:
+        import torch
+
         sampler = getattr(self.data, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)  # a DistributedSampler reshuffles per epoch
+        if not self._stateful:
+            self._epoch_rng = torch.get_rng_state()
         self._iterator = iter(self.data)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "batches": self.batches}
         if self._stateful:
             state["loader"] = self.data.state_dict()  # type: ignore[attr-defined]
+        elif self._epoch_rng is not None:
+            state["epoch_rng"] = self._epoch_rng
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -107,17 +117,30 @@ class BatchStream:
             self.data.load_state_dict(state["loader"])  # type: ignore[attr-defined]
             self._iterator = iter(self.data)
             return
-        self._start()
-        assert self._iterator is not None
-        for skipped in range(self.batches):
-            try:
-                next(self._iterator)
-            except StopIteration:
-                raise ValueError(
-                    f"cannot resume the data position: epoch {self.epoch} of the training data "
-                    f"has only {skipped} batches, the checkpoint consumed {self.batches}; "
-                    "resume with the data the run was saved with"
-                ) from None
+        import torch
+
+        if self.batches == 0:
+            self._iterator = None  # the epoch starts at the next batch, as it would have
+            return
+        # a shuffling sampler draws its seed when its iterator is made and first advanced:
+        # both happen under the RNG state the epoch started with
+        now = torch.get_rng_state()
+        if state.get("epoch_rng") is not None:
+            torch.set_rng_state(state["epoch_rng"])
+        try:
+            self._start()
+            assert self._iterator is not None
+            for skipped in range(self.batches):
+                try:
+                    next(self._iterator)
+                except StopIteration:
+                    raise ValueError(
+                        f"cannot resume the data position: epoch {self.epoch} of the training "
+                        f"data has only {skipped} batches, the checkpoint consumed "
+                        f"{self.batches}; resume with the data the run was saved with"
+                    ) from None
+        finally:
+            torch.set_rng_state(now)
 
 
 def count_batch(batch: Any) -> tuple[int, int]:

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,11 +72,17 @@ def _model_of_state(state: dict) -> dict[str, torch.Tensor]:
     return model
 
 
+def _order_in(own: dict[str, torch.Tensor]) -> Any:
+    position = {name: i for i, name in enumerate(own)}
+    return lambda name: position.get(name, len(position))
+
+
 def load_weights(model: nn.Module, source: str | Path) -> None:
     """Copy the weights of ``source`` into ``model`` (shapes must match exactly)."""
     state = read_weights(source)
     own = model.state_dict()
-    for name, tensor in state.items():
+    for name in sorted(state, key=_order_in(own)):  # the model's order: "first" is its first
+        tensor = state[name]
         if name not in own:
             close = [k for k in own if k.endswith(name.split(".")[-1])][:3]
             raise WeightsError(

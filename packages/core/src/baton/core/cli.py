@@ -7,6 +7,7 @@ baton callbacks
 baton backends
 baton patches --backend torchtitan
 baton plot runs/quickstart
+baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def cmd_patches(argv: Sequence[str]) -> int:
 TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("baton.tools.plot", "baton-tools"),
     "export": ("baton.tools.export", "baton-tools"),
+    "data": ("baton.tools.data", "baton-tools[data]"),
 }
 
 

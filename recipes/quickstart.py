@@ -3,6 +3,11 @@
 uv run baton run recipes/quickstart.py
 uv run baton run recipes/quickstart.py --max-steps 600 --lr 2e-3 --resume auto
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run recipes/quickstart.py
+uv run baton run recipes/quickstart.py --data-path data/corpus --tokenizer runs/tok
+
+Without ``--tokenizer`` it trains on UTF-8 bytes (of ``--data-path``, else the Python
+language reference); with it, ``--data-path`` is a prepared dataset or blend (``baton
+data prepare``) or ``.jsonl``/``.parquet``/``.txt`` files tokenized with ``datasets``.
 
 The model, data and optimizer are ordinary PyTorch objects handed to ``FabricBackend``
 (``baton.backends.fabric.gpt`` holds them); bring your own the same way.
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.gpt import GPT, GPTConfig, adamw, byte_loaders, warmup_cosine
+from baton.backends.fabric.text import text_loaders
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
@@ -38,12 +44,29 @@ def recipe(
     eval_every: int = 100,
     save_every: int = 100,
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    text_key: str = "text",
     run_dir: str = "runs/quickstart",
     progress: bool = True,
 ) -> Driver:
     """Train a small GPT on bytes of real English text (the Python language reference)."""
-    shape = GPTConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len)
-    train, val = byte_loaders(seq_len=seq_len, batch_size=batch_size, seed=seed, path=data_path)
+    if tokenizer is None:
+        train, val = byte_loaders(seq_len=seq_len, batch_size=batch_size, seed=seed, path=data_path)
+        vocab = 256
+    elif data_path is None:
+        raise ValueError("--tokenizer needs --data-path (a prepared dataset or text files)")
+    else:
+        train, val, vocab = text_loaders(
+            data_path,
+            tokenizer,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            seed=seed,
+            text_key=text_key,
+        )
+    shape = GPTConfig(
+        n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len, vocab_size=vocab
+    )
     backend = FabricBackend(
         model=lambda: GPT(shape),  # built in setup, after seeding
         optimizer=adamw(lr),

@@ -3,9 +3,10 @@
 Example::
 
     from baton.core import Driver
-    from baton.backends.fabric import FabricBackend, GPTConfig
+    from baton.backends.fabric import FabricBackend
 
-    driver = Driver(FabricBackend(model=GPTConfig()), callbacks=[...], max_steps=100,
+    backend = FabricBackend(model=net, optimizer=make_optimizer, data=loader)
+    driver = Driver(backend, callbacks=[...], max_steps=100,
                     run_dir="runs/quickstart", resume="auto")
     result = driver.fit()
     print(result.stop_reason, result.step)

@@ -9,7 +9,10 @@ uv run baton export runs/hf_finetune/checkpoints/latest --format hf exported/
 initialised 2-layer Llama there (byte vocabulary) when the directory does not exist.
 The architecture comes from ``--model-config`` (default: the same directory); weights
 whose shapes differ from it are refused, naming the first parameter and both shapes.
-Without ``--data-path`` the model reads bytes of the Python language reference.
+Without ``--tokenizer`` the model reads UTF-8 bytes (of ``--data-path``, else the Python
+language reference); with it, ``--data-path`` is a prepared dataset or blend (``baton data
+prepare``) or ``.jsonl``/``.parquet``/``.txt`` files, and the tokenizer's vocabulary must
+fit the model's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.gpt import ByteWindows, byte_splits, eval_windows
+from baton.backends.fabric.text import text_loaders
 from baton.callbacks import Checkpoint, CompositeLogger, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
@@ -53,6 +57,12 @@ def as_lm_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tor
     return {"input_ids": ids, "labels": ids}
 
 
+def window_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The causal-LM loss of token windows ``(x, y)`` (the model shifts labels itself)."""
+    ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
+    return model(input_ids=ids, labels=ids).loss
+
+
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
     train, val = byte_splits(path)
     loader = StatefulDataLoader(
@@ -82,6 +92,8 @@ def recipe(
     strategy: str = "auto",
     seed: int = 0,
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    text_key: str = "text",
     log_every: int = 10,
     eval_every: int = 50,
     save_every: int = 50,
@@ -98,14 +110,33 @@ def recipe(
             "save_pretrained (or add --make-tiny-model to create a tiny Llama there)"
         )
     config = AutoConfig.from_pretrained(model_config or init_from)
-    if config.vocab_size < 256:
-        raise ValueError(f"byte data needs vocab_size >= 256, the model has {config.vocab_size}")
-    train, val = byte_lm_data(seq_len, batch_size, seed, data_path)
+    loss_fn = None  # byte batches are dicts: the model's own output.loss
+    if tokenizer is None:
+        vocab = 256
+        train, val = byte_lm_data(seq_len, batch_size, seed, data_path)
+    elif data_path is None:
+        raise ValueError("--tokenizer needs --data-path (a prepared dataset or text files)")
+    else:
+        train, val, vocab = text_loaders(
+            data_path,
+            tokenizer,
+            seq_len=seq_len - 1,
+            batch_size=batch_size,
+            seed=seed,
+            text_key=text_key,
+        )
+        loss_fn = window_loss
+    if config.vocab_size < vocab:
+        raise ValueError(
+            f"the data's vocabulary has {vocab} tokens, the model's only {config.vocab_size}; "
+            "use a model built for this tokenizer"
+        )
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
-        data=train,  # dicts of input_ids and labels: the model's own output.loss is the loss
+        data=train,
         eval_data=val,
+        loss_fn=loss_fn,
         describe={"model": config.model_type, "hidden_size": config.hidden_size},
         config=FabricConfig(
             accelerator=accelerator,

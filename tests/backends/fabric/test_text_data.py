@@ -88,3 +88,27 @@ def test_blend_interleaves_in_proportion():
     assert first.count(0) == 10 and first.count(1) == 30
     x, y = blend[0]
     assert x.shape == (10,) and (y[:-1] == x[1:]).all()
+
+
+def test_hf_recipe_on_tokenized_jsonl(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    train_tokenizer(tmp_path / "tok", vocab_size=400)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in reference_documents()[:20]))
+    recipe = ROOT / "recipes" / "hf_finetune.py"
+    args = ["--data-path", str(docs), "--tokenizer", str(tmp_path / "tok"), "--seq-len", "33"]
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    LlamaForCausalLM(LlamaConfig(vocab_size=256, **shape)).save_pretrained(tmp_path / "bytes")
+    with pytest.raises(ValueError, match="vocabulary has 400 tokens, the model's only 256"):
+        build_driver(recipe, ["--init-from", str(tmp_path / "bytes"), *args])
+    LlamaForCausalLM(LlamaConfig(vocab_size=512, **shape)).save_pretrained(tmp_path / "llama")
+    args += ["--max-steps", "3", "--eval-every", "3", "--batch-size", "4"]
+    driver = build_driver(
+        recipe, ["--init-from", str(tmp_path / "llama"), *args, "--run-dir", str(tmp_path / "r")]
+    )
+    losses = Losses()
+    driver.callbacks.append(losses)
+    driver.log_every = 1
+    driver.fit()
+    assert sorted(losses.values) == [1, 2, 3] and all(5 < v < 7 for v in losses.values.values())

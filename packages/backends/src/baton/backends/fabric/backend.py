@@ -276,17 +276,24 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
     def _make_stream(self, data: Iterable[Any]) -> BatchStream:
         from torch.utils.data import DataLoader, DistributedSampler
 
+        use_loader_state = True
         if (
             self.fabric.world_size > 1
             and isinstance(data, DataLoader)
             and not isinstance(data.sampler, DistributedSampler)
             and not isinstance(data.dataset, torch.utils.data.IterableDataset)
         ):
-            # each rank reads its own shard: Fabric swaps in a DistributedSampler
+            # each rank reads its own shard: Fabric re-makes the loader with a
+            # DistributedSampler (seeded, per epoch). Its position is then counted and
+            # skipped on resume: the re-made loader's own state did not restore exactly.
             wrapped = self.fabric.setup_dataloaders(data, move_to_device=False)
-            data = getattr(wrapped, "_dataloader", wrapped)  # the re-made loader, stateful kept
+            data = getattr(wrapped, "_dataloader", wrapped)
+            use_loader_state = False
         return BatchStream(
-            data, on_epoch_end=self.config.on_epoch_end, epoch_ended=self._epoch_ended
+            data,
+            on_epoch_end=self.config.on_epoch_end,
+            epoch_ended=self._epoch_ended,
+            use_loader_state=use_loader_state,
         )
 
     def _epoch_ended(self, epoch: int) -> None:

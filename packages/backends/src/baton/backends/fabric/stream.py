@@ -43,6 +43,7 @@ class BatchStream:
         *,
         on_epoch_end: str = "continue",
         epoch_ended: Callable[[int], None] | None = None,
+        use_loader_state: bool = True,
     ) -> None:
         if on_epoch_end not in ("continue", "stop"):
             raise ValueError(f"on_epoch_end must be 'continue' or 'stop', got {on_epoch_end!r}")
@@ -60,7 +61,9 @@ class BatchStream:
         #: batches handed out in the current epoch
         self.batches = 0
         self._iterator: Iterator[Any] | None = None
-        self._stateful = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        self._stateful = (
+            use_loader_state and hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        )
         #: the torch RNG state when this epoch's iterator was made (a shuffle's seed)
         self._epoch_rng: Any = None
 
@@ -91,9 +94,7 @@ class BatchStream:
     def _start(self) -> None:
         import torch
 
-        sampler = getattr(self.data, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)  # a DistributedSampler reshuffles per epoch
+        _set_epoch(self.data, self.epoch)  # a DistributedSampler reshuffles per epoch
         if not self._stateful:
             self._epoch_rng = torch.get_rng_state()
         self._iterator = iter(self.data)
@@ -110,9 +111,7 @@ class BatchStream:
         """Continue where ``state`` was taken: restore the loader, or skip what was consumed."""
         self.epoch = int(state["epoch"])
         self.batches = int(state["batches"])
-        sampler = getattr(self.data, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
+        _set_epoch(self.data, self.epoch)
         if self._stateful and "loader" in state:
             self.data.load_state_dict(state["loader"])  # type: ignore[attr-defined]
             self._iterator = iter(self.data)
@@ -141,6 +140,16 @@ class BatchStream:
                     ) from None
         finally:
             torch.set_rng_state(now)
+
+
+def _set_epoch(data: Any, epoch: int) -> None:
+    """``set_epoch`` on the loader's sampler (or its batch sampler's), where it has one."""
+    for sampler in (
+        getattr(data, "sampler", None),
+        getattr(getattr(data, "batch_sampler", None), "sampler", None),
+    ):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
 
 
 def count_batch(batch: Any) -> tuple[int, int]:

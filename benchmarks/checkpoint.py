@@ -44,14 +44,14 @@ SAVE_AT = 3  # the optimizer state exists after the first step
 
 def fabric_backend(quick: bool, scratch: Path) -> Any:
     """A GPT whose weights + AdamW state are ~150 MB (quick: ~2 MB)."""
-    from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 
     model = (
         GPTConfig(n_layer=1, d_model=64, n_head=2, seq_len=16)
         if quick
         else GPTConfig(n_layer=4, d_model=512, n_head=8, seq_len=16)
     )
-    return FabricBackend(FabricConfig(model=model, batch_size=2, warmup_steps=1))
+    return GPTTraining(model=model, batch_size=2, warmup_steps=1).backend()
 
 
 def torchtitan_backend(quick: bool, scratch: Path) -> Any:

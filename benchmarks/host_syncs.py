@@ -210,12 +210,12 @@ def count_host_syncs(driver: Driver) -> SyncReport:
 def run(quick: bool = False) -> list[Row]:
     from rich.console import Console
 
-    from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
     from baton.callbacks import Progress
 
     steps, log_every = (20, 10) if quick else (50, 10)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = FabricConfig(
+    config = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
         warmup_steps=5,
@@ -224,7 +224,7 @@ def run(quick: bool = False) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="baton-bench-syncs-") as tmp:
         callbacks = [Progress(console=Console(file=io.StringIO()))]
         driver = Driver(
-            FabricBackend(config),
+            config.backend(),
             callbacks,
             max_steps=steps,
             log_every=log_every,

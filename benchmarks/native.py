@@ -229,10 +229,10 @@ class _TimedBatches:
 
 # -- building backends -----------------------------------------------------------------------
 def fabric_tiny(steps: int) -> Any:
-    from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 
     model = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32)
-    return FabricBackend(FabricConfig(model=model, batch_size=8, accelerator="auto"))
+    return GPTTraining(model=model, batch_size=8, accelerator="auto").backend()
 
 
 def from_recipe(path: str) -> Callable[[int], Any]:

@@ -1,24 +1,27 @@
 """Against Lightning: one tiny GPT trained by a hand-written loop, by baton, by Lightning.
 
-The same model (``baton.backends.fabric``'s GPT), data (its byte corpus and window
-sampler), optimizer (AdamW, two parameter groups), gradient clipping (norm 1.0) and
-warmup-cosine schedule, trained for N steps by:
+The same model (``baton.backends.fabric.gpt``'s GPT), data (its byte windows in a seeded
+``StatefulDataLoader``), optimizer (AdamW, two parameter groups), gradient clipping (norm
+1.0) and warmup-cosine schedule, trained for N steps by:
 
 (a) a hand-written PyTorch loop: exactly the Fabric backend's math, and a loss read
     every 10 steps (the same logging cadence);
-(b) baton's Fabric backend driven by ``Driver`` with the standard callbacks
-    (checkpointing off, logging every 10 steps: ``Progress``);
+(b) baton's Fabric backend (the model, optimizer factory, scheduler and data handed to
+    ``FabricBackend``) driven by ``Driver`` with the standard callbacks (checkpointing
+    off, logging every 10 steps: ``Progress``);
 (a') the same step written by hand against Fabric's API (what a Fabric user writes):
     b/a' is the driver's own cost, a'/a the Fabric layer's;
-(c) ``lightning.pytorch.Trainer`` with its defaults minus checkpointing (its logger
-    and progress bar stay; ``log_every_n_steps=10``).
+(c) ``lightning.pytorch.Trainer.fit`` on a LightningModule (``GPTModule``) with its
+    defaults minus checkpointing (its logger and progress bar stay; ``log_every_n_steps=10``);
+(d) baton's ``LightningBackend`` on the same LightningModule, the same callbacks as (b):
+    d/c compares the two loops over one module.
 
-Reports time per step and the paired ratios b/a and c/a. (a) and (b) must produce the
-same losses bit for bit, which shows that b/a measures only the driver; the table
-says whether they did. The four loops run side by side in threads, taking turns one
-block of 10 steps at a time (``harness.Lockstep``); a block ends with its log step,
-whose loss read also synchronises a GPU, so each block's time is complete. Time per
-step is the median block over 10; ratios are medians of per-block pairs. Where CUDA is available all three run on the GPU.
+Reports time per step and the paired ratios b/a, c/a and d/c. (a) and (b) must produce
+the same losses bit for bit, and so must (c) and (d); the table says whether they did.
+The loops run side by side in threads, taking turns one block of 10 steps at a time
+(``harness.Lockstep``); a block ends with its log step, whose loss read also
+synchronises a GPU, so each block's time is complete. Time per step is the median block
+over 10; ratios are medians of per-block pairs. Where CUDA is available all run on the GPU.
 
 Run alone: ``uv run python benchmarks/run.py --only lightning``.
 """
@@ -28,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import math
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,9 +40,15 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
-from baton.backends.fabric.data import ByteCorpus, WindowSampler
-from baton.backends.fabric.model import GPT
+from baton.backends.fabric import FabricConfig, LightningBackend
+from baton.backends.fabric.gpt import (
+    GPT,
+    GPTConfig,
+    GPTTraining,
+    adamw,
+    byte_loaders,
+    warmup_cosine,
+)
 from baton.callbacks import Progress
 from baton.core import Callback, Driver
 from benchmarks.harness import Lockstep, Row, at_most, median, paired_ratio
@@ -55,14 +63,14 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def config(steps: int, quick: bool) -> FabricConfig:
-    """The one configuration all three loops train (tiny: driver costs show up)."""
+def config(steps: int, quick: bool) -> GPTTraining:
+    """The one configuration all loops train (tiny: driver costs show up)."""
     model = (
         GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32)
         if quick
         else GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32)
     )
-    return FabricConfig(
+    return GPTTraining(
         model=model,
         batch_size=8,
         lr=1e-3,
@@ -74,39 +82,19 @@ def config(steps: int, quick: bool) -> FabricConfig:
     )
 
 
-def lr_factor(cfg: FabricConfig) -> Callable[[int], float]:
-    """Linear warmup then cosine decay to ``min_lr_ratio`` (the Fabric backend's schedule)."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.decay_steps is None:
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.decay_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def build(cfg: FabricConfig) -> tuple[GPT, torch.optim.AdamW, WindowSampler]:
-    """Model, optimizer and sampler exactly as the Fabric backend builds them."""
+def build(cfg: GPTTraining) -> tuple[GPT, torch.optim.Optimizer, Any, Iterator[Any]]:
+    """Model, optimizer, scheduler and batches exactly as ``cfg.backend()`` builds them."""
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(cfg.accelerator)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-        betas=cfg.betas,
-    )
-    corpus = ByteCorpus.load(cfg.data_path)
-    sampler = WindowSampler(
-        corpus.train, seq_len=cfg.model.seq_len, batch_size=cfg.batch_size, seed=cfg.seed
-    )
-    return model, optimizer, sampler
+    optimizer = adamw(cfg.lr, cfg.weight_decay, cfg.betas)(model)
+    scheduler = warmup_cosine(cfg.warmup_steps, cfg.decay_steps, cfg.min_lr_ratio)(optimizer)
+    loader, _ = byte_loaders(seq_len=cfg.model.seq_len, batch_size=cfg.batch_size, seed=cfg.seed)
+    return model, optimizer, scheduler, _endless(loader)
+
+
+def _endless(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
 
 
 Mark = Callable[[], None]
@@ -125,19 +113,18 @@ class LogSteps:
 
 
 # -- (a) the hand-written loop ---------------------------------------------------------------
-def hand_loop(steps: int, cfg: FabricConfig, mark: Mark) -> list[float]:
-    model, optimizer, sampler = build(cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
+def hand_loop(steps: int, cfg: GPTTraining, mark: Mark) -> list[float]:
+    model, optimizer, scheduler, batches = build(cfg)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     dev = torch.device(cfg.accelerator)
     log = LogSteps(mark)
     for step in range(1, steps + 1):
         model.train()
-        x, y = sampler.next_batch()
+        x, y = next(batches)
         x, y = x.to(dev), y.to(dev)
-        loss = model(x, y) / cfg.grad_accum
+        loss = model(x, y)
         loss.backward()
-        total = torch.zeros((), device=dev) + loss.detach()
+        total = loss.detach()
         torch.nn.utils.clip_grad_norm_(params, max_norm=cfg.grad_clip, error_if_nonfinite=True)
         optimizer.step()
         scheduler.step()
@@ -148,21 +135,20 @@ def hand_loop(steps: int, cfg: FabricConfig, mark: Mark) -> list[float]:
 
 
 # -- (a') the same loop written against Fabric's API -----------------------------------------
-def fabric_loop(steps: int, cfg: FabricConfig, mark: Mark) -> list[float]:
+def fabric_loop(steps: int, cfg: GPTTraining, mark: Mark) -> list[float]:
     """What a Fabric user writes by hand: the Fabric backend's step, without baton's driver."""
     from lightning.fabric import Fabric
 
     fabric = Fabric(accelerator=cfg.accelerator, devices=1, precision=cfg.precision)  # type: ignore[arg-type]
-    model, optimizer, sampler = build(cfg)
+    model, optimizer, scheduler, batches = build(cfg)
     model, optimizer = fabric.setup(model, optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     log = LogSteps(mark)
     for step in range(1, steps + 1):
         model.train()
-        x, y = fabric.to_device(sampler.next_batch())
-        loss = model(x, y) / cfg.grad_accum
+        x, y = fabric.to_device(next(batches))
+        loss = model(x, y)
         fabric.backward(loss)
-        total = torch.zeros((), device=fabric.device) + loss.detach()
+        total = loss.detach()
         fabric.clip_gradients(model, optimizer, max_norm=cfg.grad_clip)
         optimizer.step()
         scheduler.step()
@@ -185,40 +171,57 @@ class _LogClock(Callback):
         self.log(metrics["loss"])
 
 
-def baton_loop(steps: int, cfg: FabricConfig, run_dir: Path, mark: Mark) -> list[float]:
+def baton_loop(steps: int, cfg: GPTTraining, run_dir: Path, mark: Mark) -> list[float]:
+    return _drive(cfg.backend(), steps, run_dir, mark)
+
+
+def _drive(backend: Any, steps: int, run_dir: Path, mark: Mark) -> list[float]:
     recorder = _LogClock(mark)
     quiet = Console(file=io.StringIO(), force_terminal=False)
     callbacks = [Progress(console=quiet), recorder]
-    driver = Driver(
-        FabricBackend(cfg), callbacks, max_steps=steps, log_every=LOG_EVERY, run_dir=run_dir
-    )
+    driver = Driver(backend, callbacks, max_steps=steps, log_every=LOG_EVERY, run_dir=run_dir)
     driver.fit()
     return recorder.log.losses
 
 
-# -- (c) Lightning ----------------------------------------------------------------------------
-def lightning_loop(steps: int, cfg: FabricConfig, run_dir: Path, mark: Mark) -> list[float]:
+# -- (c) Lightning and (d) baton, over one LightningModule -----------------------------------
+def gpt_module(cfg: GPTTraining) -> Any:
+    """The GPT with its optimizer, schedule and data as a LightningModule (one per loop)."""
     import lightning.pytorch as pl
 
     class GPTModule(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model, self.opt, self.sampler = build(cfg)
+            torch.manual_seed(cfg.seed)
+            self.model = GPT(cfg.model)
 
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
             loss = self.model(*batch)
-            self.log("loss", loss)
+            self.log("train_loss", loss)
             return loss
 
         def configure_optimizers(self) -> Any:
-            scheduler = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_factor(cfg))
+            optimizer = adamw(cfg.lr, cfg.weight_decay, cfg.betas)(self.model)
+            schedule = warmup_cosine(cfg.warmup_steps, cfg.decay_steps, cfg.min_lr_ratio)
             return {
-                "optimizer": self.opt,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": schedule(optimizer), "interval": "step"},
             }
 
         def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(_Batches(self.sampler), batch_size=None)
+            seq_len, batch = cfg.model.seq_len, cfg.batch_size
+            return byte_loaders(seq_len=seq_len, batch_size=batch, seed=cfg.seed)[0]
+
+    return GPTModule()
+
+
+def lightning_baton_loop(steps: int, cfg: GPTTraining, run_dir: Path, mark: Mark) -> list[float]:
+    settings = FabricConfig(accelerator=cfg.accelerator, grad_clip=cfg.grad_clip)
+    return _drive(LightningBackend(gpt_module(cfg), config=settings), steps, run_dir, mark)
+
+
+def lightning_loop(steps: int, cfg: GPTTraining, run_dir: Path, mark: Mark) -> list[float]:
+    import lightning.pytorch as pl
 
     class Clock(pl.Callback):
         def __init__(self) -> None:
@@ -226,7 +229,7 @@ def lightning_loop(steps: int, cfg: FabricConfig, run_dir: Path, mark: Mark) -> 
 
         def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
             if trainer.global_step % LOG_EVERY == 0:
-                self.log_steps(float(trainer.callback_metrics["loss"]))
+                self.log_steps(float(trainer.callback_metrics["train_loss"]))
 
     clock = Clock()
     with _quiet():
@@ -240,19 +243,8 @@ def lightning_loop(steps: int, cfg: FabricConfig, run_dir: Path, mark: Mark) -> 
             default_root_dir=run_dir,
             callbacks=[clock],
         )
-        trainer.fit(GPTModule())
+        trainer.fit(gpt_module(cfg))
     return clock.log_steps.losses
-
-
-class _Batches(torch.utils.data.IterableDataset):
-    """The window sampler as an endless stream of ready-made batches."""
-
-    def __init__(self, sampler: WindowSampler) -> None:
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.sampler.next_batch()
 
 
 @contextlib.contextmanager
@@ -281,10 +273,11 @@ CASES = {
     "f": "(a') hand-written Fabric loop",
     "b": "(b) baton + Fabric backend",
     "c": "(c) lightning.pytorch.Trainer",
+    "d": "(d) baton + LightningBackend",
 }
 
 
-def lockstep(keys: str, steps: int, cfg: FabricConfig, root: Path) -> tuple[dict, dict]:
+def lockstep(keys: str, steps: int, cfg: GPTTraining, root: Path) -> tuple[dict, dict]:
     """Run the loops named by ``keys`` side by side; return (per-step samples, losses)."""
     losses: dict[str, list[float]] = {}
     loops: dict[str, Callable[[Mark], list[float]]] = {
@@ -292,6 +285,7 @@ def lockstep(keys: str, steps: int, cfg: FabricConfig, root: Path) -> tuple[dict
         "f": lambda mark: fabric_loop(steps, cfg, mark),
         "b": lambda mark: baton_loop(steps, cfg, root / "baton", mark),
         "c": lambda mark: lightning_loop(steps, cfg, root / "lightning", mark),
+        "d": lambda mark: lightning_baton_loop(steps, cfg, root / "baton_lightning", mark),
     }
 
     def keep(key: str) -> Callable[[Mark], None]:
@@ -310,14 +304,15 @@ def run(quick: bool = False) -> list[Row]:
     steps = 20 if quick else 300
     cfg = config(steps, quick)
     with tempfile.TemporaryDirectory(prefix="baton-bench-lightning-") as tmp:
-        # Two sessions: the PyTorch-side loops alone, then Lightning against them; a
-        # Lightning Trainer in the same session was seen to slow the hand Fabric loop.
+        # Two sessions: the PyTorch-side loops alone, then the two loops over one
+        # LightningModule (with (a) as a common reference); a Lightning Trainer in the
+        # same session was seen to slow the hand Fabric loop.
         torch_side, torch_losses = lockstep("afb", steps, cfg, Path(tmp) / "1")
-        with_lightning, lightning_losses = lockstep("abc", steps, cfg, Path(tmp) / "2")
+        with_lightning, lightning_losses = lockstep("acd", steps, cfg, Path(tmp) / "2")
 
-    def equal_note(losses: dict[str, list[float]], key: str) -> str:
-        same = losses[key] == losses["a"]
-        return "losses equal to (a) bit for bit" if same else "losses differ from (a)"
+    def equal_note(losses: dict[str, list[float]], key: str, to: str = "a") -> str:
+        same = losses[key] == losses[to]
+        return f"losses equal to ({to}) bit for bit" if same else f"losses differ from ({to})"
 
     def row(
         samples: dict, key: str, baseline: str, target: float | None = None, note: str = ""
@@ -336,22 +331,24 @@ def run(quick: bool = False) -> list[Row]:
         )
 
     where = f"{steps} steps in lockstep blocks of {LOG_EVERY}, {device()}"
-    b_over_c = paired_ratio(with_lightning["b"], with_lightning["c"])
+    d_over_c = paired_ratio(with_lightning["d"], with_lightning["c"])
+    same_module = equal_note(lightning_losses, "d", "c")
     return [
         Row(NAME, CASES["a"], median(torch_side["a"]) * 1e3, "ms/step", note=where),
         row(torch_side, "f", "a", note=equal_note(torch_losses, "f") + "; the Fabric layer"),
         row(torch_side, "b", "a", TARGET_BATON, note=equal_note(torch_losses, "b")),
         row(torch_side, "b", "f", note="the driver alone (same Fabric calls on both sides)"),
         row(with_lightning, "c", "a", note=equal_note(lightning_losses, "c") + "; 2nd session"),
+        row(with_lightning, "d", "a", note="the same LightningModule as (c); 2nd session"),
         Row(
             NAME,
-            "(b) baton vs (c) Lightning",
+            "(d) baton vs (c) Lightning, one module",
             None,
             "",
-            ratio=b_over_c,
+            ratio=d_over_c,
             baseline="c",
             target="< 1",
-            passed=b_over_c < 1,
-            note="2nd session",
+            passed=d_over_c < 1,
+            note=f"{same_module}; 2nd session",
         ),
     ]

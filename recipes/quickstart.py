@@ -2,11 +2,22 @@
 
 uv run baton run recipes/quickstart.py
 uv run baton run recipes/quickstart.py --max-steps 600 --resume auto --allow-changed max_steps
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run recipes/quickstart.py
+uv run baton run recipes/quickstart.py --data-path data/corpus --tokenizer runs/tok
+
+Without ``--tokenizer`` it trains on UTF-8 bytes (of ``--data-path``, else the Python
+language reference); with it, ``--data-path`` is a prepared dataset or blend (``baton
+data prepare``) or ``.jsonl``/``.parquet``/``.txt`` files tokenized with ``datasets``.
+
+The model, data and optimizer are ordinary PyTorch objects handed to ``FabricBackend``
+(``baton.backends.fabric.gpt`` holds them); bring your own the same way.
 """
 
 from __future__ import annotations
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.fabric.gpt import GPT, GPTConfig, adamw, byte_loaders, warmup_cosine
+from baton.backends.fabric.text import text_loaders
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 
@@ -20,26 +31,57 @@ def recipe(
     d_model: int = 128,
     n_head: int = 4,
     seed: int = 0,
+    grad_accum: int = 1,
+    grad_clip: float = 1.0,
+    precision: str = "32-true",
+    accelerator: str = "cpu",
+    strategy: str = "auto",
     log_every: int = 25,
     eval_every: int = 100,
     save_every: int = 100,
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    text_key: str = "text",
     run_dir: str = "runs/quickstart",
     progress: bool = True,
 ) -> Driver:
     """Train a small GPT on bytes of real English text (the Python language reference)."""
-    config = FabricConfig(
-        model=GPTConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len),
-        data_path=data_path,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        warmup_steps=min(20, max_steps),
-        decay_steps=max_steps,
-        accelerator="cpu",
+    if tokenizer is None:
+        train, val = byte_loaders(seq_len=seq_len, batch_size=batch_size, seed=seed, path=data_path)
+        vocab = 256
+    elif data_path is None:
+        raise ValueError("--tokenizer needs --data-path (a prepared dataset or text files)")
+    else:
+        train, val, vocab = text_loaders(
+            data_path,
+            tokenizer,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            seed=seed,
+            text_key=text_key,
+        )
+    shape = GPTConfig(
+        n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len, vocab_size=vocab
+    )
+    backend = FabricBackend(
+        model=lambda: GPT(shape),  # built in setup, after seeding
+        optimizer=adamw(lr),
+        scheduler=warmup_cosine(warmup_steps=min(20, max_steps), decay_steps=max_steps),
+        data=train,
+        eval_data=val,
+        flops_per_token=shape.flops_per_token(),
+        describe={"model": shape.to_dict()},
+        config=FabricConfig(
+            accelerator=accelerator,
+            strategy=strategy,  # devices and nodes come from the launcher (torchrun, SLURM)
+            precision=precision,
+            grad_accum=grad_accum,
+            grad_clip=grad_clip,
+            seed=seed,
+        ),
     )
     return Driver(
-        FabricBackend(config),
+        backend,
         standard_callbacks(save_every=save_every, progress=progress),
         max_steps=max_steps,
         log_every=log_every,

@@ -5,7 +5,7 @@ import io
 import pytest
 from rich.console import Console
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Progress
 from baton.core import Callback, Driver
 from benchmarks.host_syncs import count_host_syncs
@@ -19,13 +19,13 @@ class ReadsLossEveryStep(Callback):
 
 
 def tiny_driver(tmp_path, callbacks) -> Driver:
-    config = FabricConfig(
+    config = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=16, n_head=2, seq_len=16),
         batch_size=2,
         warmup_steps=2,
         accelerator="cpu",
     )
-    return Driver(FabricBackend(config), callbacks, max_steps=12, log_every=5, run_dir=tmp_path)
+    return Driver(config.backend(), callbacks, max_steps=12, log_every=5, run_dir=tmp_path)
 
 
 @pytest.mark.parametrize("bad", [False, True])

@@ -67,11 +67,11 @@ def tiny_driver(run_dir: Path, callbacks: list, **driver_kwargs):  # -> Driver
     """A Driver over a tiny Fabric GPT on CPU (a step takes a few ms)."""
     import torch
 
-    from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
     from baton.core import Driver
 
     torch.set_num_threads(1)
-    config = FabricConfig(
+    config = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
         lr=3e-3,
@@ -81,7 +81,7 @@ def tiny_driver(run_dir: Path, callbacks: list, **driver_kwargs):  # -> Driver
     )
     driver_kwargs.setdefault("max_steps", 20)
     driver_kwargs.setdefault("log_every", 5)
-    return Driver(FabricBackend(config), callbacks, run_dir=run_dir, **driver_kwargs)
+    return Driver(config.backend(), callbacks, run_dir=run_dir, **driver_kwargs)
 
 
 def wandb_history(run_file: Path) -> list[dict[str, str]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.callbacks import (
     Checkpoint,
     CompositeLogger,
@@ -99,22 +99,20 @@ class RankScore(Callback):
         metrics["score"] = 1.0 if driver.backend.rank == 1 else -float(driver.step)
 
 
-def backend() -> FabricBackend:
-    return FabricBackend(
-        FabricConfig(
-            model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
-            batch_size=4,
-            lr=3e-3,
-            warmup_steps=5,
-            decay_steps=12,
-            grad_clip=None,  # Fabric's clipping raises on NaN gradients by itself
-            accelerator="cpu",
-            devices=2,
-            strategy="ddp",
-            eval_batches=2,
-            seed=3,
-        )
-    )
+def backend() -> Any:
+    return GPTTraining(
+        model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=5,
+        decay_steps=12,
+        grad_clip=None,  # Fabric's clipping raises on NaN gradients by itself
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        eval_batches=2,
+        seed=3,
+    ).backend()
 
 
 def params_of(driver: Driver) -> dict[str, Any]:

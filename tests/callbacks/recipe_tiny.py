@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric import FabricBackend
+from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, ThroughputMonitor
 from baton.core import Callback, Driver
 
@@ -21,10 +22,8 @@ from baton.core import Callback, Driver
 class FlakyDiskFabric(FabricBackend):
     """The Fabric backend whose save of one step dies part-way with a write error."""
 
-    def __init__(self, config: FabricConfig, fail_at: int) -> None:
-        super().__init__(config)
-        self.fail_at = fail_at
-        self.step = 0
+    fail_at = 0
+    step = 0
 
     def train_step(self, step: int) -> Any:
         self.step = step
@@ -63,7 +62,7 @@ def recipe(
     fail_save_at: int = 0,
 ) -> Driver:
     """Tiny GPT for callback tests."""
-    config = FabricConfig(
+    config = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
         lr=3e-3,
@@ -72,7 +71,8 @@ def recipe(
         accelerator="cpu",
         eval_batches=2,
     )
-    backend = FlakyDiskFabric(config, fail_save_at) if fail_save_at else FabricBackend(config)
+    backend = config.backend(FlakyDiskFabric)
+    backend.fail_at = fail_save_at
     return Driver(
         backend,
         [

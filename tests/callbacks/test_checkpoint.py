@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from baton.backends.fabric.gpt import GPT, GPTConfig
 from baton.callbacks import Checkpoint
 from baton.core import Callback, CheckpointError
 from baton.core import checkpointing as ckpt
@@ -103,7 +104,8 @@ def test_async_save_matches_sync_and_overlaps(tmp_path: Path) -> None:
 def test_resume_with_a_different_model_fails_clearly(tmp_path: Path) -> None:
     tiny_driver(tmp_path, [Checkpoint(every_n_steps=5)], max_steps=5).fit()
     driver = tiny_driver(tmp_path, [Checkpoint()], max_steps=10, resume="auto")
-    driver.backend.config.model.d_model = 64
+    wider = GPTConfig(n_layer=1, d_model=64, n_head=2, seq_len=32)
+    driver.backend.model_source = lambda: GPT(wider)
     with pytest.raises(CheckpointError, match="different setup"):
         driver.fit()
 

@@ -16,10 +16,10 @@ import signal
 import time
 from typing import Any
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption
 from baton.core import Callback, Driver
-from baton.core.launch import Launch, restart_count
+from baton.core.launch import restart_count
 
 
 class StepMarker(Callback):
@@ -55,18 +55,15 @@ def recipe(
     die_at_step: int = 0,
     die_rank: int = 1,
 ) -> Driver:
-    """Tiny GPT, data parallel over the launched ranks."""
-    launch = Launch.from_env()
-    config = FabricConfig(
+    """Tiny GPT, data parallel over the launched ranks (devices, nodes and DDP from the
+    launcher)."""
+    config = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
         lr=3e-3,
         warmup_steps=5,
         decay_steps=max_steps,
         accelerator="cpu",
-        devices=launch.local_world_size,
-        num_nodes=launch.num_nodes,
-        strategy="ddp" if launch.distributed else "auto",
     )
     callbacks: list[Callback] = [
         Checkpoint(every_n_steps=every_n_steps, keep_last=2),
@@ -77,5 +74,5 @@ def recipe(
     if die_at_step:
         callbacks.append(DieAtStep(die_at_step, die_rank))
     return Driver(
-        FabricBackend(config), callbacks, max_steps=max_steps, log_every=5, run_dir=run_dir
+        config.backend(), callbacks, max_steps=max_steps, log_every=5, run_dir=run_dir
     )

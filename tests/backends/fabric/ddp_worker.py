@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, Driver
 
 
@@ -23,7 +23,7 @@ class StopOnRankOne(Callback):
 
 def main() -> None:
     out = Path(sys.argv[1])
-    cfg = FabricConfig(
+    cfg = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
         accelerator="cpu",
@@ -31,7 +31,7 @@ def main() -> None:
         strategy="ddp",
         seed=1,
     )
-    backend = FabricBackend(cfg)
+    backend = cfg.backend()
     driver = Driver(backend, [StopOnRankOne()], max_steps=20, log_every=2, run_dir=out / "run")
     result = driver.fit()
     params = torch.cat([p.detach().flatten() for p in backend.model.parameters()])

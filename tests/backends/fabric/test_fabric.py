@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from baton.backends.fabric import FabricBackend, FabricConfig, GPTConfig
+from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, CheckpointError, Driver
 from baton.core.recipe import build_driver
 
@@ -34,8 +34,8 @@ class SaveAt(Callback):
             driver.control.request_save("test", all_ranks=True)
 
 
-def tiny(**overrides) -> FabricConfig:
-    cfg = FabricConfig(
+def tiny(**overrides) -> GPTTraining:
+    cfg = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
         accelerator="cpu",
@@ -79,17 +79,15 @@ def test_quickstart_trains_and_loss_falls(tmp_path):
 
 def test_save_then_resume_gives_identical_losses(tmp_path):
     full = Losses()
-    Driver(
-        FabricBackend(tiny()), [full], max_steps=12, log_every=1, run_dir=tmp_path / "full"
-    ).fit()
+    Driver(tiny().backend(), [full], max_steps=12, log_every=1, run_dir=tmp_path / "full").fit()
 
     first = Losses()
     Driver(
-        FabricBackend(tiny()), [first, SaveAt(5)], max_steps=7, log_every=1, run_dir=tmp_path / "r"
+        tiny().backend(), [first, SaveAt(5)], max_steps=7, log_every=1, run_dir=tmp_path / "r"
     ).fit()
     second = Losses()
     result = Driver(
-        FabricBackend(tiny()),
+        tiny().backend(),
         [second],
         max_steps=12,
         log_every=1,
@@ -104,10 +102,10 @@ def test_save_then_resume_gives_identical_losses(tmp_path):
 
 
 def test_resume_into_a_different_model_shape_fails_clearly(tmp_path):
-    Driver(FabricBackend(tiny()), [SaveAt(2)], max_steps=2, run_dir=tmp_path).fit()
+    Driver(tiny().backend(), [SaveAt(2)], max_steps=2, run_dir=tmp_path).fit()
     bigger = tiny(model=GPTConfig(n_layer=2, d_model=32, n_head=2, seq_len=32))
     try:
-        Driver(FabricBackend(bigger), max_steps=4, run_dir=tmp_path, resume="auto").fit()
+        Driver(bigger.backend(), max_steps=4, run_dir=tmp_path, resume="auto").fit()
     except CheckpointError as error:
         assert "n_layer" in str(error) and "different setup" in str(error)
     else:
@@ -125,7 +123,7 @@ def test_eval_and_lazy_metrics(tmp_path):
         def on_eval_end(self, driver, metrics):
             seen["eval"] = metrics
 
-    Driver(FabricBackend(tiny()), [Grab()], max_steps=2, eval_every=2, run_dir=tmp_path).fit()
+    Driver(tiny().backend(), [Grab()], max_steps=2, eval_every=2, run_dir=tmp_path).fit()
     assert seen["tokens"] == 4 * 32
     assert set(seen["eval"]) == {"eval/loss"} and 0 < seen["eval"]["eval/loss"] < 10
 

@@ -44,6 +44,12 @@ ABILITY_HINTS: dict[str, str] = {
 }
 
 
+class DataExhausted(Exception):
+    """Raised by ``train_step`` when the training data has ended and the backend is
+    configured to stop there: the driver ends the run at the last completed step
+    (saving first when a callback asked to save on stop)."""
+
+
 @runtime_checkable
 class PendingSave(Protocol):
     """An asynchronous save in flight: the loop polls ``done`` and finally ``wait``s."""

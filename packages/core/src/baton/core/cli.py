@@ -1,6 +1,8 @@
 """The ``baton`` command: run recipes and list what is registered.
 
 baton run recipes/quickstart.py --max-steps 50 --resume auto
+baton eval recipes/quickstart.py --checkpoint runs/quickstart/checkpoints/latest
+baton export runs/hf_finetune/checkpoints/latest --format hf exported/
 baton callbacks
 baton backends
 baton patches --backend torchtitan
@@ -54,6 +56,36 @@ def cmd_run(argv: Sequence[str]) -> int:
             f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
             f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
         )
+    return 0
+
+
+def cmd_eval(argv: Sequence[str]) -> int:
+    """``baton eval RECIPE --checkpoint PATH [--param value ...]``: evaluation only."""
+    from baton.core.checkpointing import CheckpointError
+    from baton.core.recipe import build_driver
+
+    args = list(argv)
+    if "--checkpoint" in args[:-1] and args and not args[0].startswith("-"):
+        at = args.index("--checkpoint")
+        checkpoint = args[at + 1]
+        del args[at : at + 2]
+    else:
+        print(
+            "usage: baton eval RECIPE.py --checkpoint CHECKPOINT_DIR [--param value ...]",
+            file=sys.stderr,
+        )
+        return 2
+    setup_logging()
+    driver = build_driver(args[0], args[1:])  # errors are reported by main()
+    if driver is None:
+        return 0
+    try:
+        metrics = driver.evaluate_checkpoint(checkpoint)
+    except (CheckpointError, FileNotFoundError) as error:
+        print(f"baton: cannot evaluate {checkpoint}: {error}", file=sys.stderr)
+        return 2
+    for name, value in sorted(metrics.items()):
+        print(f"{name} {value:.6g}")
     return 0
 
 
@@ -115,6 +147,7 @@ def cmd_patches(argv: Sequence[str]) -> int:
 TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("baton.tools.plot", "baton-tools"),
     "submit": ("baton.tools.submit", "baton-tools"),
+    "export": ("baton.tools.export", "baton-tools"),
     "data": ("baton.tools.data", "baton-tools[data]"),
 }
 
@@ -141,6 +174,7 @@ def _tool_command(name: str) -> Callable[[Sequence[str]], int]:
 
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "run": cmd_run,
+    "eval": cmd_eval,
     "callbacks": cmd_callbacks,
     "backends": cmd_backends,
     "patches": cmd_patches,

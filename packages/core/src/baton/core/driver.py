@@ -3,9 +3,10 @@
 Example::
 
     from baton.core import Driver
-    from baton.backends.fabric import FabricBackend, GPTConfig
+    from baton.backends.fabric import FabricBackend
 
-    driver = Driver(FabricBackend(model=GPTConfig()), callbacks=[...], max_steps=100,
+    backend = FabricBackend(model=net, optimizer=make_optimizer, data=loader)
+    driver = Driver(backend, callbacks=[...], max_steps=100,
                     run_dir="runs/quickstart", resume="auto")
     result = driver.fit()
     print(result.stop_reason, result.step)
@@ -34,6 +35,7 @@ from baton.core import checkpointing as ckpt
 from baton.core.backend import (
     Ability,
     Backend,
+    DataExhausted,
     Evaluates,
     PendingSave,
     check_abilities,
@@ -252,7 +254,11 @@ class Driver:
             self.dispatch("on_train_start")
             while not self._limit_reached_before_step():
                 self.dispatch("on_step_start")
-                output = self.backend.train_step(self.step + 1)
+                try:
+                    output = self.backend.train_step(self.step + 1)
+                except DataExhausted as end:
+                    self._stop_at_data_end(str(end))
+                    break
                 self.step += 1
                 self.tokens += output.tokens
                 self.samples += output.samples
@@ -280,6 +286,36 @@ class Driver:
             checkpoints=list(self.saved),
         )
 
+    def evaluate_checkpoint(self, path: str | Path) -> dict[str, float]:
+        """Evaluation only: build the backend, load the checkpoint at ``path`` (verified
+        like a resume; settings may differ, nothing is trained), evaluate once and hand
+        the metrics to the callbacks (``on_eval_end``: loggers write them at the
+        checkpoint's step). Nothing is trained or saved.
+
+        Example::
+
+            metrics = driver.evaluate_checkpoint("runs/quickstart/checkpoints/latest")
+            metrics["eval/loss"]
+        """
+        self.resume = str(path)
+        self.allow_changed = {"all"}  # the weights are evaluated as they are
+        self._prepare()
+        try:
+            self.dispatch("on_configure")
+            self.backend.setup()
+            self.dispatch("on_setup")
+            self._resume()
+            self.dispatch("on_train_start")
+            metrics = self._evaluate()
+            self.stop_reason = f"evaluated {path}"
+            self.dispatch("on_train_end")
+        except BaseException as error:
+            self._finish_after_error(error)
+            self._teardown(failed=True)
+            raise
+        self._teardown()
+        return metrics
+
     def _handle_events(self, output: StepOutput) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
         acting = self._actionable_flags()
@@ -301,6 +337,12 @@ class Driver:
             log.info("stopping at step %d: %s", self.step, self.stop_reason)
         self._clear(acting)
         return stop
+
+    def _stop_at_data_end(self, reason: str) -> None:
+        self.stop_reason = reason
+        log.info("stopping after step %d: %s", self.step, reason)
+        if self.save_on_stop and self.step > 0:
+            self._save(f"stop: {reason}")
 
     # -- stop conditions ----------------------------------------------------------
     def _limit_reached_before_step(self) -> bool:
@@ -364,7 +406,7 @@ class Driver:
         )
         self.dispatch("on_log", metrics)
 
-    def _evaluate(self) -> None:
+    def _evaluate(self) -> dict[str, float]:
         """The evaluation phase: its metrics (keys ``eval/...``) go to ``on_eval_end``."""
         backend = self.backend
         if not isinstance(backend, Evaluates):
@@ -373,6 +415,7 @@ class Driver:
         values = backend.fetch(dict(backend.evaluate()))
         metrics = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in values.items()}
         self.dispatch("on_eval_end", metrics)
+        return metrics
 
     # -- checkpoints ------------------------------------------------------------------
     def _checkpoint_meta(self, reason: str) -> dict[str, Any]:

@@ -12,11 +12,11 @@ and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
 Example ``recipes/tiny.py``::
 
     from baton.core import Driver
-    from baton.backends.fabric import FabricBackend, GPTConfig
+    from baton.backends.fabric.gpt import GPTTraining
 
     def recipe(max_steps: int = 100, lr: float = 3e-4) -> Driver:
         '''Train a tiny GPT.'''
-        return Driver(FabricBackend(model=GPTConfig(), lr=lr), max_steps=max_steps)
+        return Driver(GPTTraining(lr=lr).backend(), max_steps=max_steps)
 """
 
 from __future__ import annotations

@@ -1,10 +1,16 @@
-"""baton.backends.fabric: plain PyTorch through Lightning Fabric (the built-in default).
+"""baton.backends.fabric: any PyTorch model through Lightning Fabric (the built-in default).
 
 Importing this package is cheap; torch and lightning load with ``FabricBackend``.
 
 Example::
 
-    from baton.backends.fabric import FabricBackend, GPTConfig
+    from baton.backends.fabric import FabricBackend, FabricConfig
+    backend = FabricBackend(model=net, optimizer=lambda m: AdamW(m.parameters()), data=loader)
+
+    from baton.backends.fabric import LightningBackend     # an existing LightningModule
+    backend = LightningBackend(MyLightningModule(), datamodule=MyDataModule())
+
+    from baton.backends.fabric.gpt import GPTConfig, GPTTraining   # the quickstart's GPT
 """
 
 from __future__ import annotations
@@ -15,24 +21,30 @@ from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
     from baton.backends.fabric.backend import FabricBackend, FabricConfig
-    from baton.backends.fabric.model import GPTConfig
+    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+    from baton.backends.fabric.lightning import LightningBackend
 
-__all__ = ["FabricBackend", "FabricConfig", "GPTConfig"]
+__all__ = ["FabricBackend", "FabricConfig", "GPTConfig", "GPTTraining", "LightningBackend"]
 
 BACKENDS.add_lazy(
     "fabric",
     "baton.backends.fabric.backend:FabricBackend",
-    "Plain PyTorch models through lightning.fabric.Fabric (device, precision, DDP/FSDP).",
+    "Your PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).",
 )
+
+_WHERE = {
+    "FabricBackend": "backend",
+    "FabricConfig": "backend",
+    "GPTConfig": "gpt",
+    "GPTTraining": "gpt",
+    "LightningBackend": "lightning",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("FabricBackend", "FabricConfig"):
-        from baton.backends.fabric import backend
+    if name in _WHERE:
+        import importlib
 
-        return getattr(backend, name)
-    if name == "GPTConfig":
-        from baton.backends.fabric.model import GPTConfig
-
-        return GPTConfig
+        module = importlib.import_module(f"baton.backends.fabric.{_WHERE[name]}")
+        return getattr(module, name)
     raise AttributeError(name)

@@ -1,235 +1,436 @@
-"""Plain PyTorch through Lightning Fabric: baton's small built-in backend.
+"""Plain PyTorch through Lightning Fabric: bring your own model, optimizer and data.
 
-Fabric supplies the device, precision and distributed strategy (DDP, FSDP; launched
-by torchrun or SLURM); the step is ordinary PyTorch: forward, ``fabric.backward``,
-gradient clipping, ``optimizer.step``, scheduler step.
+Fabric supplies the device, precision and distributed strategy (DDP, FSDP; launched by
+torchrun or SLURM, read through ``baton.core.launch.Launch``); the step is ordinary
+PyTorch: forward, ``fabric.backward``, gradient clipping, ``optimizer.step``, scheduler
+step. The backend knows nothing about the model: it takes the user's pieces.
 
 Example::
 
+    from baton.backends.fabric import FabricBackend, FabricConfig
     from baton.core import Driver
-    from baton.backends.fabric import FabricBackend, GPTConfig
 
-    backend = FabricBackend(model=GPTConfig(n_layer=4), batch_size=16, lr=1e-3)
-    Driver(backend, max_steps=200, run_dir="runs/tiny").fit()
+    backend = FabricBackend(
+        model=MyNet(),                                      # or a factory: lambda: MyNet()
+        optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3),
+        data=DataLoader(train_set, batch_size=32, shuffle=True),
+        loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
+        eval_data=DataLoader(val_set, batch_size=64),
+        config=FabricConfig(grad_clip=1.0, precision="bf16-mixed"),
+    )
+    Driver(backend, max_steps=1000, run_dir="runs/mine").fit()
+
+The loss of a step is, in this order: ``training_step(model, batch)`` (a loss, or a dict
+with ``"loss"`` and other metrics), ``loss_fn(model, batch)``, or what the model returns
+for the batch (``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else
+``model(batch)``): a scalar tensor, or an object with ``.loss`` (Hugging Face outputs).
 """
 
 from __future__ import annotations
 
-import math
+import copy
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from baton.backends.fabric.data import ByteCorpus, WindowSampler, eval_batches
-from baton.backends.fabric.model import GPT, GPTConfig
+from baton.backends import torch_distributed
+from baton.backends.fabric.stream import BatchStream, count_batch
+from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE, load_weights
 from baton.core.backend import BackendBase, PendingSave
+from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
 
-STATE_FILE = "state.pt"
+ModelFactory = Callable[[], nn.Module]
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+StepFn = Callable[[nn.Module, Any], Any]
 
 
 @dataclass
 class FabricConfig:
-    """The native config of the Fabric backend (editable in ``on_configure``)."""
+    """How the user's model is trained (the backend's native config, editable in
+    ``on_configure``). ``devices``/``num_nodes`` left ``None`` come from the launcher
+    (torchrun, SLURM, ``BATON_*``); ``strategy="auto"`` is DDP when there are several
+    processes."""
 
-    model: GPTConfig = field(default_factory=GPTConfig)
-    data_path: str | None = None
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    warmup_steps: int = 20
-    decay_steps: int | None = None
-    grad_clip: float | None = 1.0
-    seed: int = 0
-    eval_batches: int = 8
     accelerator: str = "auto"
-    devices: int | str = 1
-    num_nodes: int = 1
+    devices: int | str | None = None
+    num_nodes: int | None = None
+    #: ``auto``, ``ddp``, ``fsdp`` or any strategy name Fabric knows
     strategy: str = "auto"
+    #: ``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``, ...
     precision: str = "32-true"
+    grad_accum: int = 1
+    grad_clip: float | None = None
+    #: seeds torch, numpy and random before the model is built (``None``: leave as is)
+    seed: int | None = None
+    #: at the end of the training data: ``continue`` (next epoch) or ``stop`` the run
+    on_epoch_end: str = "continue"
+    #: evaluate on at most this many batches of the evaluation data (``None``: all)
+    eval_batches: int | None = None
+    #: weights to start from (a Hugging Face model directory, a baton checkpoint, a
+    #: ``.safetensors``/``.pt`` file): weights only, fresh optimizer, step 0
+    init_from: str | None = None
+
+    def check(self) -> None:
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(
+                f"grad_clip must be > 0 (or None for no clipping), got {self.grad_clip}"
+            )
+        if self.on_epoch_end not in ("continue", "stop"):
+            raise ValueError(
+                f"on_epoch_end must be 'continue' or 'stop', got {self.on_epoch_end!r}"
+            )
+        if self.eval_batches is not None and self.eval_batches < 1:
+            raise ValueError(
+                f"eval_batches must be >= 1 (or None for all), got {self.eval_batches}"
+            )
 
 
-class FabricBackend(BackendBase):
-    """Plain PyTorch models through lightning.fabric.Fabric (device, precision, DDP/FSDP)."""
+class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
+    """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
+
+    Args:
+        model: an ``nn.Module``, or a factory returning one (built inside
+            ``fabric.init_module`` so FSDP can build it sharded).
+        optimizer: ``optimizer(model) -> Optimizer`` called with the set-up model.
+        data: the training batches: any ``DataLoader`` (torchdata's ``StatefulDataLoader``
+            for an exact data position on resume) or re-iterable of batches.
+        loss_fn / training_step: how a batch becomes a loss (see the module docs).
+        scheduler: ``scheduler(optimizer) -> LRScheduler``, stepped after every optimizer step.
+        eval_data: the evaluation batches (``evaluate`` averages the loss over them).
+        count_tokens: ``count_tokens(batch) -> int`` where the tokens of a batch are not
+            its 2-D integer tensor's size.
+        flops_per_token: training FLOPs per token for MFU (default: 6 x parameters).
+        describe: facts recorded in checkpoints; a resume with different ones fails.
+        config: a ``FabricConfig``; keyword ``overrides`` set its fields.
+    """
 
     name = "fabric"
     distribution = "lightning"
 
-    def __init__(self, config: FabricConfig | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module | ModelFactory | None = None,
+        optimizer: OptimizerFactory | torch.optim.Optimizer | None = None,
+        data: Iterable[Any] | None = None,
+        *,
+        loss_fn: StepFn | None = None,
+        training_step: StepFn | None = None,
+        scheduler: SchedulerFactory | None = None,
+        eval_data: Iterable[Any] | None = None,
+        count_tokens: Callable[[Any], int] | None = None,
+        flops_per_token: float | None = None,
+        describe: Mapping[str, Any] | None = None,
+        config: FabricConfig | None = None,
+        **overrides: Any,
+    ) -> None:
         self.config = config or FabricConfig()
         for key, value in overrides.items():
             if not hasattr(self.config, key):
                 raise TypeError(f"FabricConfig has no field {key!r}")
             setattr(self.config, key, value)
+        if loss_fn is not None and training_step is not None:
+            raise ValueError("pass either loss_fn or training_step, not both")
+        self.model_source = model
+        self.optimizer_source = optimizer
+        self.scheduler_source = scheduler
+        self.data = data
+        self.eval_data = eval_data
+        self.loss_fn = loss_fn
+        self.training_step = training_step
+        self.count_tokens = count_tokens
+        self._flops_per_token = flops_per_token
+        self._describe = dict(describe or {})
         self.fabric: Any = None
         self.model: Any = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        self.sampler: WindowSampler | None = None
-        self._val: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.raw_model: nn.Module | None = None
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.stream: BatchStream | None = None
+        self._num_params = 0
+        self._checked = False
 
     # -- facts ----------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self.fabric.global_rank if self.fabric is not None else 0
+        return self.fabric.global_rank if self.fabric is not None else Launch.from_env().rank
 
     @property
     def world_size(self) -> int:
-        return self.fabric.world_size if self.fabric is not None else 1
+        if self.fabric is not None:
+            return self.fabric.world_size
+        return Launch.from_env().world_size
 
     @property
     def device_type(self) -> str:
         return self.fabric.device.type if self.fabric is not None else "cpu"
 
     @property
-    def flops_per_token(self) -> float:
-        return self.config.model.flops_per_token()
+    def flops_per_token(self) -> float | None:
+        if self._flops_per_token is not None:
+            return self._flops_per_token
+        return 6.0 * self._num_params if self._num_params else None
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.config.model.to_dict()}
+        facts: dict[str, Any] = dict(self._describe)
+        if self.raw_model is not None:
+            facts.setdefault("model", type(self.raw_model).__name__)
+            facts.setdefault("parameters", self._num_params)
+        return facts
 
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
+        self.config.check()
+        self.fabric = self._make_fabric()
+        self.fabric.launch()
+        self._device = self.fabric.device
+        if self.config.seed is not None:
+            from lightning.fabric.utilities.seed import seed_everything
+
+            seed_everything(self.config.seed, verbose=False)
+        self.raw_model = self._build_model()
+        self._num_params = sum(p.numel() for p in self.raw_model.parameters())
+        if self.config.init_from:
+            load_weights(self.raw_model, self.config.init_from)
+        self.model, self.optimizer = self._setup_model_and_optimizer(self.raw_model)
+        self.scheduler = (
+            self.scheduler_source(self.optimizer) if self.scheduler_source is not None else None
+        )
+        self.stream = self._make_stream(self._training_data())
+
+    def _fabric_class(self) -> type:
         from lightning.fabric import Fabric
 
-        cfg = self.config
-        self.fabric = Fabric(
+        return Fabric
+
+    def _make_fabric(self) -> Any:
+        cfg, launch = self.config, Launch.from_env()
+        devices = cfg.devices if cfg.devices is not None else launch.local_world_size
+        num_nodes = cfg.num_nodes if cfg.num_nodes is not None else launch.num_nodes
+        strategy = cfg.strategy
+        if strategy == "auto" and launch.distributed:
+            strategy = "ddp"
+        return self._fabric_class()(
             accelerator=cfg.accelerator,
-            devices=cfg.devices,
-            num_nodes=cfg.num_nodes,
-            strategy=cfg.strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            strategy=strategy,
             precision=cfg.precision,  # type: ignore[arg-type]
         )
-        self.fabric.launch()
-        torch.manual_seed(cfg.seed)
-        model = GPT(cfg.model)
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": cfg.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=cfg.lr,
-            betas=cfg.betas,
-        )
-        self.model, self.optimizer = self.fabric.setup(model, optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda())
-        corpus = ByteCorpus.load(cfg.data_path)
-        if cfg.model.vocab_size < 256:
-            raise ValueError(f"byte-level data needs vocab_size >= 256, got {cfg.model.vocab_size}")
-        self.sampler = WindowSampler(
-            corpus.train,
-            seq_len=cfg.model.seq_len,
-            batch_size=cfg.batch_size,
-            seed=cfg.seed,
-            rank=self.fabric.global_rank,
-            world_size=self.fabric.world_size,
-        )
-        self._val = eval_batches(
-            corpus.val,
-            seq_len=cfg.model.seq_len,
-            batch_size=cfg.batch_size,
-            num_batches=cfg.eval_batches,
-        )
 
-    def _lr_lambda(self) -> Callable[[int], float]:
-        cfg = self.config
+    def _sharded(self) -> bool:
+        from lightning.fabric.strategies import FSDPStrategy, ModelParallelStrategy
 
-        def factor(step: int) -> float:
-            if step < cfg.warmup_steps:
-                return (step + 1) / cfg.warmup_steps
-            if cfg.decay_steps is None:
-                return 1.0
-            progress = min(
-                1.0, (step - cfg.warmup_steps) / max(1, cfg.decay_steps - cfg.warmup_steps)
+        return isinstance(self.fabric.strategy, FSDPStrategy | ModelParallelStrategy)
+
+    def _build_model(self) -> nn.Module:
+        source = self.model_source
+        if source is None:
+            raise ValueError("FabricBackend needs a model: an nn.Module or a factory returning one")
+        if isinstance(source, nn.Module):
+            return source
+        if self._sharded():
+            with self.fabric.init_module(empty_init=True):
+                model = source()
+        else:
+            model = source()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")
+        return model
+
+    def _setup_model_and_optimizer(self, model: nn.Module) -> tuple[Any, Any]:
+        source = self.optimizer_source
+        if source is None:
+            raise ValueError(
+                "FabricBackend needs an optimizer: optimizer=lambda model: "
+                "torch.optim.AdamW(model.parameters(), lr=1e-3)"
             )
-            return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (
-                1 + math.cos(math.pi * progress)
+        if isinstance(source, torch.optim.Optimizer):
+            if self._sharded():
+                raise ValueError(
+                    "a sharded strategy builds the optimizer after the model is sharded: pass "
+                    "an optimizer factory (optimizer=lambda model: AdamW(model.parameters()))"
+                )
+            return self.fabric.setup(model, source)
+        wrapped = self.fabric.setup_module(model)
+        optimizer = source(wrapped)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"the optimizer factory returned {type(optimizer).__name__}, not a torch optimizer"
             )
+        return wrapped, self.fabric.setup_optimizers(optimizer)
 
-        return factor
+    def _training_data(self) -> Iterable[Any]:
+        if self.data is None:
+            raise ValueError("FabricBackend needs training data: data=DataLoader(...) or a list")
+        return self.data
+
+    def _make_stream(self, data: Iterable[Any]) -> BatchStream:
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        use_loader_state = True
+        if (
+            self.fabric.world_size > 1
+            and isinstance(data, DataLoader)
+            and not isinstance(data.sampler, DistributedSampler)
+            and not isinstance(data.dataset, torch.utils.data.IterableDataset)
+        ):
+            # each rank reads its own shard: Fabric re-makes the loader with a
+            # DistributedSampler (seeded, per epoch). Its position is then counted and
+            # skipped on resume: the re-made loader's own state did not restore exactly.
+            wrapped = self.fabric.setup_dataloaders(data, move_to_device=False)
+            data = getattr(wrapped, "_dataloader", wrapped)
+            use_loader_state = False
+        return BatchStream(
+            data,
+            on_epoch_end=self.config.on_epoch_end,
+            epoch_ended=self._epoch_ended,
+            use_loader_state=use_loader_state,
+        )
+
+    def _epoch_ended(self, epoch: int) -> None:
+        """Called when epoch ``epoch`` of the training data is used up."""
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
-        assert (
-            self.sampler is not None and self.optimizer is not None and self.scheduler is not None
-        )
+        assert self.stream is not None and self.optimizer is not None
         fabric, cfg = self.fabric, self.config
-        lr = self.scheduler.get_last_lr()[0]
-        total = torch.zeros((), device=fabric.device)
+        metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
+        total: torch.Tensor | None = None
+        samples = tokens = 0
         for micro in range(cfg.grad_accum):
-            x, y = self.sampler.next_batch()
-            x, y = fabric.to_device((x, y))
+            batch = fabric.to_device(self.stream.next())
+            n_samples, n_tokens = count_batch(batch)
+            samples += n_samples
+            tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
             with fabric.no_backward_sync(self.model, enabled=micro < cfg.grad_accum - 1):
-                loss = self.model(x, y) / cfg.grad_accum
-                fabric.backward(loss)
-            total += loss.detach()
-        metrics: dict[str, Any] = {"lr": lr}
+                loss, extra = self._loss(batch, micro)
+                fabric.backward(loss if cfg.grad_accum == 1 else loss / cfg.grad_accum)
+            total = loss.detach() if total is None else total + loss.detach()
+            metrics.update(extra)
+        assert total is not None
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
             # a non-finite loss or norm is the LossGuard callback's job, on log steps.
             metrics["grad_norm"] = fabric.clip_gradients(
                 self.model, self.optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
             )
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        samples = cfg.batch_size * cfg.grad_accum * fabric.world_size
+        self._optimizer_step()
+        world = fabric.world_size
         return StepOutput(
-            loss=total, metrics=metrics, tokens=samples * cfg.model.seq_len, samples=samples
+            loss=total if cfg.grad_accum == 1 else total / cfg.grad_accum,
+            metrics=metrics,
+            tokens=tokens * world,
+            samples=samples * world,
         )
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _loss(self, batch: Any, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The loss of one batch (and extra lazy metrics); the first call checks both."""
+        if self._checked:
+            return self._compute_loss(batch, index)
+        try:
+            loss, extra = self._compute_loss(batch, index)
+        except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as error:
+            raise BatchError(
+                f"the model rejected the first training batch ({describe_batch(batch)}): "
+                f"{error}\nmake the data yield what the model's forward takes, or pass "
+                "loss_fn(model, batch) / training_step(model, batch) to say how"
+            ) from error
+        check_loss(loss, "training")
+        self._checked = True
+        return loss, extra
+
+    def _compute_loss(self, batch: Any, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        if self.training_step is not None:
+            return split_loss(self.training_step(self.model, batch))
+        if self.loss_fn is not None:
+            return self.loss_fn(self.model, batch), {}
+        return split_loss(call_model(self.model, batch))
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
-        out: dict[str, float] = {}
-        keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-        if keys:
-            stacked = (
-                torch.stack([values[k].detach().float().reshape(()) for k in keys]).cpu().tolist()
-            )
-            out.update(zip(keys, stacked, strict=True))
-        for k, v in values.items():
-            if k not in out:
-                out[k] = float(v)
-        return out
-
-    @torch.no_grad()
-    def evaluate(self) -> Mapping[str, Any]:
-        if not self._val:
-            raise RuntimeError("no validation windows: the corpus' validation split is too small")
-        self.model.eval()
-        losses = [self.model(*self.fabric.to_device(batch)) for batch in self._val]
-        self.model.train()
-        return {"loss": torch.stack(losses).mean()}
+        return torch_distributed.fetch(values)
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        tensor = torch.tensor([float(f) for f in flags], device=self.fabric.device)
-        reduced = self.fabric.all_reduce(tensor, reduce_op="sum")
-        return [bool(v > 0) for v in reduced.tolist()]
-
-    def barrier(self) -> None:
-        if self.fabric is not None and self.world_size > 1:
-            self.fabric.barrier()
+        return torch_distributed.all_reduce_flags(flags, self._device)
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""
-        assert self.sampler is not None
+        assert self.stream is not None
         for _ in range(steps * self.config.grad_accum):
-            self.sampler.next_batch()
+            self.stream.next()
+
+    # -- evaluation -------------------------------------------------------------------
+    def evaluate(self) -> Mapping[str, Any]:
+        """The mean loss (and other metrics a step function returns) over the evaluation
+        data, averaged over ranks."""
+        if self.eval_data is None:
+            raise ValueError("no evaluation data: pass eval_data=... to FabricBackend to evaluate")
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        self.model.eval()
+        # evaluation draws no training randomness: a loader's seed, dropout (RNG forked)
+        cuda = [self.fabric.device] if self.fabric.device.type == "cuda" else []
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+                for index, batch in enumerate(self.eval_data):
+                    if self.config.eval_batches is not None and index >= self.config.eval_batches:
+                        break
+                    values = self._eval_values(self.fabric.to_device(batch), index)
+                    for key, value in values.items():
+                        value = torch.as_tensor(value, device=self.fabric.device).float()
+                        sums[key] = sums[key] + value if key in sums else value
+                    count += 1
+        finally:
+            self.model.train()
+        if count == 0:
+            raise ValueError("the evaluation data yielded no batch: it is empty")
+        means = {key: total / count for key, total in sums.items()}
+        if self.fabric.world_size > 1:
+            means = {k: self.fabric.all_reduce(v, reduce_op="mean") for k, v in means.items()}
+        return means
+
+    def _eval_values(self, batch: Any, index: int) -> dict[str, Any]:
+        loss, extra = self._compute_loss(batch, index)
+        check_loss(loss, "evaluation", need_grad=False)
+        return {"loss": loss.detach(), **extra}
 
     # -- checkpoints ----------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler
+        return state
+
+    def _extra_state(self) -> dict[str, Any]:
+        """Plain-data state saved next to the model (a subclass adds its own)."""
+        assert self.stream is not None
+        state: dict[str, Any] = {"data": self.stream.state_dict(), "rng": {}}
+        state["rng"]["torch"] = torch.get_rng_state()
+        if self.fabric.device.type == "cuda":
+            state["rng"]["cuda"] = torch.cuda.get_rng_state(self.fabric.device)
+        return state
+
+    def _load_extra_state(self, remainder: dict[str, Any]) -> None:
+        assert self.stream is not None
+        self.stream.load_state_dict(remainder["data"])
+        torch.set_rng_state(remainder["rng"]["torch"])
+        if "cuda" in remainder["rng"] and self.fabric.device.type == "cuda":
+            torch.cuda.set_rng_state(remainder["rng"]["cuda"], self.fabric.device)
 
     @property
     def supports_async_save(self) -> bool:  # type: ignore[override]
@@ -245,13 +446,10 @@ class FabricBackend(BackendBase):
         )
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
-        assert self.sampler is not None
-        state = self._state()
-        state["data"] = self.sampler.state_dict()
-        state["rng"] = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and self.fabric.device.type == "cuda":
-            state["rng"]["cuda"] = torch.cuda.get_rng_state(self.fabric.device)
-        path = Path(directory) / STATE_FILE
+        directory = Path(directory)
+        self._save_hf_config(directory)
+        state = {**self._state(), **self._extra_state()}
+        path = directory / STATE_FILE
         if not (asynchronous and self.supports_async_save):
             self.fabric.save(path, state)
             return None
@@ -260,21 +458,99 @@ class FabricBackend(BackendBase):
         strategy = self.fabric.strategy
         state["model"] = strategy.get_module_state_dict(self.model.module)
         state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
-        state["scheduler"] = self.scheduler.state_dict()
+        for key, value in state.items():
+            if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
+                state[key] = value.state_dict()  # schedulers and other stateful objects
         snapshot = _host_copy(state)
         if not strategy.is_global_zero:
             return ThreadedSave(lambda: None)  # every rank hands back a handle alike
         # the file fabric.save writes through TorchCheckpointIO is this torch.save
         return ThreadedSave(lambda: torch.save(snapshot, path))
 
+    def _save_hf_config(self, directory: Path) -> None:
+        """A model carrying a Hugging Face config gets it saved beside its weights, which
+        is what ``baton export --format hf`` needs."""
+        config = getattr(self.raw_model, "config", None)
+        if self.rank != 0 or not hasattr(config, "save_pretrained"):
+            return
+        config = copy.deepcopy(config)
+        config.architectures = [type(self.raw_model).__name__]
+        config.save_pretrained(directory / HF_CONFIG_DIR)
+
     def load(self, directory: Path) -> None:
-        assert self.sampler is not None
-        state = self._state()
-        remainder = self.fabric.load(Path(directory) / STATE_FILE, state)
-        self.sampler.load_state_dict(remainder["data"])
-        torch.set_rng_state(remainder["rng"]["torch"])
-        if "cuda" in remainder["rng"] and self.fabric.device.type == "cuda":
-            torch.cuda.set_rng_state(remainder["rng"]["cuda"], self.fabric.device)
+        remainder = self.fabric.load(Path(directory) / STATE_FILE, self._state())
+        self._load_extra_state(remainder)
+
+
+class BatchError(ValueError):
+    """A training batch the model (or the loss function) cannot take."""
+
+
+def call_model(model: nn.Module, batch: Any) -> Any:
+    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, list | tuple):
+        return model(*batch)
+    return model(batch)
+
+
+def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
+    """``(loss, other metrics)`` from a tensor, an object with ``.loss`` or a dict with "loss"."""
+    if isinstance(output, Mapping):
+        if "loss" not in output:
+            raise ValueError(
+                f"the step returned a dict without 'loss' (keys: {sorted(output)}); "
+                "return the loss under 'loss'"
+            )
+        extra = {
+            k: v.detach() if isinstance(v, torch.Tensor) else v
+            for k, v in output.items()
+            if k != "loss" and isinstance(v, torch.Tensor | int | float) and _is_scalar(v)
+        }
+        return output["loss"], extra
+    if not isinstance(output, torch.Tensor) and getattr(output, "loss", None) is not None:
+        return output.loss, {}
+    return output, {}
+
+
+def _is_scalar(value: Any) -> bool:
+    return not isinstance(value, torch.Tensor) or value.numel() == 1
+
+
+def check_loss(loss: Any, phase: str, *, need_grad: bool = True) -> None:
+    """A loss is a floating-point scalar tensor (attached to the graph when training)."""
+    fix = (
+        "return a scalar loss from the model's forward (or its output's .loss), or pass "
+        "loss_fn(model, batch) -> loss / training_step(model, batch) -> loss"
+    )
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"the {phase} step produced {type(loss).__name__}, not a loss tensor; {fix}"
+        )
+    if loss.numel() != 1 or not torch.is_floating_point(loss):
+        raise TypeError(
+            f"the {phase} step produced a {loss.dtype} tensor of shape {tuple(loss.shape)}, "
+            f"not a scalar loss; {fix}"
+        )
+    if need_grad and not loss.requires_grad:
+        raise ValueError(
+            f"the {phase} loss does not depend on any trainable parameter (requires_grad is "
+            "False): was it computed under torch.no_grad() or from detached values?"
+        )
+
+
+def describe_batch(batch: Any) -> str:
+    """A short description of a batch: types, shapes and dtypes."""
+    if isinstance(batch, torch.Tensor):
+        return f"Tensor{list(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
+    if isinstance(batch, Mapping):
+        inner = ", ".join(f"{k}: {describe_batch(v)}" for k, v in list(batch.items())[:6])
+        return f"dict({inner})"
+    if isinstance(batch, list | tuple):
+        inner = ", ".join(describe_batch(v) for v in batch[:6])
+        return f"{type(batch).__name__}({inner})"
+    return type(batch).__name__
 
 
 def _host_copy(value: Any) -> Any:

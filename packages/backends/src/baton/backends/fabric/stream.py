@@ -1,0 +1,190 @@
+"""The training data as an endless, resumable stream of batches.
+
+``BatchStream`` wraps what the user gives (a ``DataLoader``, torchdata's
+``StatefulDataLoader``, or any re-iterable of batches) and hands out one batch at a
+time. Its position is part of every checkpoint:
+
+- a loader with ``state_dict`` / ``load_state_dict`` (``StatefulDataLoader``) restores
+  its own state: a resumed run sees exactly the batches an uninterrupted run would;
+- anything else is counted: on resume the stream calls ``set_epoch`` on the sampler
+  (if it has one), starts the epoch again from the torch RNG state it started with
+  (so a ``DataLoader(shuffle=True)`` draws the same order) and skips the batches
+  already consumed. That is exact when the data's order depends only on those (a
+  shuffled DataLoader, a seeded sampler, a fixed list); it costs one pass over the
+  skipped batches.
+
+At the end of the data (an epoch) the stream either starts the next epoch
+(``on_epoch_end="continue"``) or raises ``DataExhausted`` (``"stop"``: the driver
+stops the run there); an iterable that
+yields nothing at all is an error, never a hang.
+
+Example::
+
+    stream = BatchStream(loader, on_epoch_end="continue")
+    batch = stream.next()
+    state = stream.state_dict()        # {"epoch": 0, "batches": 1, "loader": {...}}
+    stream.load_state_dict(state)      # the next batch is the one after `batch`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from baton.core.backend import DataExhausted
+
+
+class BatchStream:
+    """One batch at a time from a re-iterable; the position survives checkpoints."""
+
+    def __init__(
+        self,
+        data: Iterable[Any],
+        *,
+        on_epoch_end: str = "continue",
+        epoch_ended: Callable[[int], None] | None = None,
+        use_loader_state: bool = True,
+    ) -> None:
+        if on_epoch_end not in ("continue", "stop"):
+            raise ValueError(f"on_epoch_end must be 'continue' or 'stop', got {on_epoch_end!r}")
+        if isinstance(data, Iterator):
+            raise TypeError(
+                f"training data is a one-shot iterator ({type(data).__name__}): it can be "
+                "neither resumed nor started again for a new epoch; pass a DataLoader, a "
+                "StatefulDataLoader, a list, or an object whose __iter__ starts over"
+            )
+        self.data = data
+        self.on_epoch_end = on_epoch_end
+        self.epoch_ended = epoch_ended
+        #: epochs completed
+        self.epoch = 0
+        #: batches handed out in the current epoch
+        self.batches = 0
+        self._iterator: Iterator[Any] | None = None
+        self._stateful = (
+            use_loader_state and hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        )
+        #: the torch RNG state when this epoch's iterator was made (a shuffle's seed)
+        self._epoch_rng: Any = None
+
+    def next(self) -> Any:
+        """The next batch; at the end of the data, the next epoch's first (or ``DataExhausted``)."""
+        if self._iterator is None:
+            self._start()
+        assert self._iterator is not None
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if self.batches == 0:
+                raise ValueError(
+                    f"the training data ({type(self.data).__name__}) yielded no batch in "
+                    f"epoch {self.epoch}: it is empty (check its length and batch size)"
+                ) from None
+            self.epoch += 1
+            self.batches = 0
+            self._iterator = None
+            if self.epoch_ended is not None:
+                self.epoch_ended(self.epoch - 1)
+            if self.on_epoch_end == "stop":
+                raise DataExhausted(f"end of epoch {self.epoch - 1} of the training data") from None
+            return self.next()
+        self.batches += 1
+        return batch
+
+    def _start(self) -> None:
+        import torch
+
+        _set_epoch(self.data, self.epoch)  # a DistributedSampler reshuffles per epoch
+        if not self._stateful:
+            self._epoch_rng = torch.get_rng_state()
+        self._iterator = iter(self.data)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "batches": self.batches}
+        if self._stateful:
+            state["loader"] = self.data.state_dict()  # type: ignore[attr-defined]
+        elif self._epoch_rng is not None:
+            state["epoch_rng"] = self._epoch_rng
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` was taken: restore the loader, or skip what was consumed."""
+        self.epoch = int(state["epoch"])
+        self.batches = int(state["batches"])
+        _set_epoch(self.data, self.epoch)
+        if self._stateful and "loader" in state:
+            self.data.load_state_dict(state["loader"])  # type: ignore[attr-defined]
+            self._iterator = iter(self.data)
+            return
+        import torch
+
+        if self.batches == 0:
+            self._iterator = None  # the epoch starts at the next batch, as it would have
+            return
+        # a shuffling sampler draws its seed when its iterator is made and first advanced:
+        # both happen under the RNG state the epoch started with
+        now = torch.get_rng_state()
+        if state.get("epoch_rng") is not None:
+            torch.set_rng_state(state["epoch_rng"])
+        try:
+            self._start()
+            assert self._iterator is not None
+            for skipped in range(self.batches):
+                try:
+                    next(self._iterator)
+                except StopIteration:
+                    raise ValueError(
+                        f"cannot resume the data position: epoch {self.epoch} of the training "
+                        f"data has only {skipped} batches, the checkpoint consumed "
+                        f"{self.batches}; resume with the data the run was saved with"
+                    ) from None
+        finally:
+            torch.set_rng_state(now)
+
+
+def _set_epoch(data: Any, epoch: int) -> None:
+    """``set_epoch`` on the loader's sampler (or its batch sampler's), where it has one."""
+    for sampler in (
+        getattr(data, "sampler", None),
+        getattr(getattr(data, "batch_sampler", None), "sampler", None),
+    ):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
+def count_batch(batch: Any) -> tuple[int, int]:
+    """``(samples, tokens)`` read from a batch's shapes (no device sync).
+
+    The first tensor found (a tensor, the first of a tuple/list, ``input_ids`` or the
+    first value of a dict) gives the samples (its first dimension) and, when it is a
+    2-D integer tensor (token ids), the tokens (its element count); otherwise tokens
+    are 0 and a ``count_tokens`` hook should say how to count them.
+    """
+    import torch
+
+    tensor = _first_tensor(batch)
+    if tensor is None or tensor.dim() == 0:
+        return 0, 0
+    samples = int(tensor.shape[0])
+    is_ids = tensor.dim() == 2 and not torch.is_floating_point(tensor)
+    return samples, int(tensor.numel()) if is_ids else 0
+
+
+def _first_tensor(batch: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict):
+        if "input_ids" in batch:
+            return batch["input_ids"]
+        values = list(batch.values())
+    elif isinstance(batch, list | tuple):
+        values = list(batch)
+    else:
+        return None
+    for value in values:
+        found = _first_tensor(value)
+        if found is not None:
+            return found
+    return None

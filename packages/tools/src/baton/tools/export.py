@@ -1,0 +1,92 @@
+"""``baton export``: a checkpoint's weights in another format.
+
+baton export CHECKPOINT --format hf OUT_DIR
+
+``--format hf`` writes a Hugging Face model directory (``model.safetensors`` +
+``config.json``) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)``
+loads. It works for checkpoints of the ``fabric`` backend whose model is a
+``transformers`` model: the backend saves the model's config beside its weights
+(``backend/hf/config.json``); the weights are loaded into the architecture that config
+names and saved with ``save_pretrained``. Any other checkpoint is refused with the reason.
+
+Example::
+
+    uv run baton run recipes/hf_finetune.py --init-from tiny-llama --max-steps 50
+    uv run baton export runs/hf_finetune/checkpoints/latest --format hf exported/
+    python -c "import transformers; transformers.AutoModelForCausalLM.from_pretrained('exported')"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from baton.core.checkpointing import BACKEND_DIR, CheckpointError, read_meta
+
+FORMATS = ("hf",)
+#: the Fabric backend's files inside a checkpoint's ``backend/`` directory
+STATE_FILE = "state.pt"
+HF_CONFIG_DIR = "hf"
+
+
+class ExportError(RuntimeError):
+    """The checkpoint cannot be exported in the asked format; the message says why."""
+
+
+def export_hf(checkpoint: Path, out_dir: Path) -> Path:
+    """Write the checkpoint's model as a Hugging Face directory; returns ``out_dir``."""
+    meta = read_meta(checkpoint)
+    backend = meta.get("backend", {})
+    hf_config = checkpoint / BACKEND_DIR / HF_CONFIG_DIR
+    if backend.get("name") != "fabric" or not (hf_config / "config.json").is_file():
+        model = backend.get("model", "unknown")
+        raise ExportError(
+            f"checkpoint {checkpoint} has no Hugging Face mapping: it was written by the "
+            f"{backend.get('name')!r} backend for model {model!r}, which is not a "
+            "transformers model. --format hf exports checkpoints of transformers models "
+            "trained with the fabric backend (recipes/hf_finetune.py)"
+        )
+    state_file = checkpoint / BACKEND_DIR / STATE_FILE
+    if not state_file.is_file():
+        raise ExportError(
+            f"{state_file} is not a file: a sharded (FSDP) checkpoint must be consolidated "
+            "first (lightning.fabric.utilities.consolidate_checkpoint)"
+        )
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(hf_config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    weights = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [name for name in missing if name not in tied]
+    if missing or unexpected:
+        raise ExportError(
+            f"the weights in {state_file} do not fit {type(model).__name__}: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    model.tie_weights()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="baton export", description="Write a checkpoint's weights in another format."
+    )
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (step_NNNNNN)")
+    parser.add_argument("out_dir", type=Path, help="where to write the exported model")
+    parser.add_argument("--format", choices=FORMATS, required=True, help="hf: Hugging Face")
+    args = parser.parse_args(list(argv))
+    try:
+        out = export_hf(args.checkpoint.resolve(), args.out_dir)
+    except (ExportError, CheckpointError) as error:
+        print(f"baton export: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {args.checkpoint} to {out} (Hugging Face format)")
+    return 0

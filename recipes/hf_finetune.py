@@ -1,0 +1,163 @@
+"""Fine-tune a Hugging Face causal LM from its weights (weights only: fresh optimizer, step 0).
+
+uv run baton run recipes/hf_finetune.py --init-from tiny-llama --make-tiny-model
+uv run baton run recipes/hf_finetune.py --init-from path/to/hf_model_dir --max-steps 200
+uv run baton export runs/hf_finetune/checkpoints/latest --format hf exported/
+
+``--init-from DIR`` is a directory written by ``save_pretrained`` (``config.json`` and
+``*.safetensors``); nothing is downloaded. ``--make-tiny-model`` first writes a randomly
+initialised 2-layer Llama there (byte vocabulary) when the directory does not exist.
+The architecture comes from ``--model-config`` (default: the same directory); weights
+whose shapes differ from it are refused, naming the first parameter and both shapes.
+Without ``--tokenizer`` the model reads UTF-8 bytes (of ``--data-path``, else the Python
+language reference); with it, ``--data-path`` is a prepared dataset or blend (``baton data
+prepare``) or ``.jsonl``/``.parquet``/``.txt`` files, and the tokenizer's vocabulary must
+fit the model's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.fabric.gpt import ByteWindows, byte_splits, eval_windows
+from baton.backends.fabric.text import text_loaders
+from baton.callbacks import Checkpoint, CompositeLogger, ThroughputMonitor
+from baton.callbacks.sinks.console import ConsoleSink
+from baton.core import Driver
+
+
+def save_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
+    """A randomly initialised 2-layer Llama with a byte vocabulary, saved with
+    ``save_pretrained`` (what a downloaded model directory looks like)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return Path(directory)
+
+
+def as_lm_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Byte windows as a causal-LM batch (the model shifts the labels itself)."""
+    ids = torch.stack([torch.cat([x[:1], y]) for x, y in items])
+    return {"input_ids": ids, "labels": ids}
+
+
+def window_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The causal-LM loss of token windows ``(x, y)`` (the model shifts labels itself)."""
+    ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
+    return model(input_ids=ids, labels=ids).loss
+
+
+def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
+    train, val = byte_splits(path)
+    loader = StatefulDataLoader(
+        ByteWindows(train, seq_len - 1),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=as_lm_batch,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    fixed = eval_windows(val, seq_len=seq_len - 1, batch_size=batch_size, batches=4)
+    return loader, [as_lm_batch(list(zip(x, y, strict=True))) for x, y in fixed]
+
+
+def recipe(
+    init_from: str,
+    model_config: str | None = None,
+    make_tiny_model: bool = False,
+    max_steps: int = 100,
+    lr: float = 1e-3,
+    batch_size: int = 8,
+    seq_len: int = 64,
+    grad_accum: int = 1,
+    grad_clip: float = 1.0,
+    precision: str = "32-true",
+    accelerator: str = "cpu",
+    strategy: str = "auto",
+    seed: int = 0,
+    data_path: str | None = None,
+    tokenizer: str | None = None,
+    text_key: str = "text",
+    log_every: int = 10,
+    eval_every: int = 50,
+    save_every: int = 50,
+    run_dir: str = "runs/hf_finetune",
+) -> Driver:
+    """Fine-tune the Hugging Face causal LM in --init-from on local text."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if make_tiny_model and not Path(init_from).exists():
+        save_tiny_llama(init_from, seed)
+    if not (Path(model_config or init_from) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{model_config or init_from} has no config.json: give a directory written by "
+            "save_pretrained (or add --make-tiny-model to create a tiny Llama there)"
+        )
+    config = AutoConfig.from_pretrained(model_config or init_from)
+    loss_fn = None  # byte batches are dicts: the model's own output.loss
+    if tokenizer is None:
+        vocab = 256
+        train, val = byte_lm_data(seq_len, batch_size, seed, data_path)
+    elif data_path is None:
+        raise ValueError("--tokenizer needs --data-path (a prepared dataset or text files)")
+    else:
+        train, val, vocab = text_loaders(
+            data_path,
+            tokenizer,
+            seq_len=seq_len - 1,
+            batch_size=batch_size,
+            seed=seed,
+            text_key=text_key,
+        )
+        loss_fn = window_loss
+    if config.vocab_size < vocab:
+        raise ValueError(
+            f"the data's vocabulary has {vocab} tokens, the model's only {config.vocab_size}; "
+            "use a model built for this tokenizer"
+        )
+    backend = FabricBackend(
+        model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
+        optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
+        data=train,
+        eval_data=val,
+        loss_fn=loss_fn,
+        describe={"model": config.model_type, "hidden_size": config.hidden_size},
+        config=FabricConfig(
+            accelerator=accelerator,
+            strategy=strategy,
+            precision=precision,
+            grad_accum=grad_accum,
+            grad_clip=grad_clip,
+            seed=seed,
+            init_from=init_from,
+        ),
+    )
+    keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
+    return Driver(
+        backend,
+        [
+            Checkpoint(every_n_steps=save_every, keep_last=2),
+            ThroughputMonitor(),
+            CompositeLogger(["jsonl", ConsoleSink(keys)]),
+        ],
+        max_steps=max_steps,
+        log_every=log_every,
+        eval_every=eval_every,
+        run_dir=run_dir,
+    )

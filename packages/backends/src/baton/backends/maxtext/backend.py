@@ -34,7 +34,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.jax_distributed import JaxDistributed
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
+from baton.backends.maxtext.patches import simulate_host_devices
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
+from baton.core.patches import PatchRecorder
 
 STATE_DIR = "checkpoint"
 ITEMS = "items"
@@ -124,7 +126,7 @@ class OrbaxPendingSave:
         self._finished = True
 
 
-class MaxTextBackend(BackendBase):
+class MaxTextBackend(JaxDistributed, BackendBase):
     """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
 
     name = "maxtext"
@@ -164,22 +166,6 @@ class MaxTextBackend(BackendBase):
 
     # -- facts ----------------------------------------------------------------------
     @property
-    def rank(self) -> int:
-        if self.hparams is None:
-            return 0
-        import jax
-
-        return jax.process_index()
-
-    @property
-    def world_size(self) -> int:
-        if self.hparams is None:
-            return 1
-        import jax
-
-        return jax.process_count()
-
-    @property
     def device_type(self) -> str:
         if self.mesh is None:
             return str(self.config.get("hardware", "cpu")).replace("_multiprocess", "")
@@ -196,10 +182,6 @@ class MaxTextBackend(BackendBase):
         )
         tokens_per_device = self.hparams.per_device_batch_size * self.hparams.max_target_length
         return float(total_tflops) * 1e12 / tokens_per_device
-
-    @property
-    def tokens_per_step(self) -> int:
-        return int(self.hparams.global_batch_size_to_train_on) * int(self.hparams.max_target_length)
 
     def describe(self) -> dict[str, Any]:
         keys = (
@@ -224,10 +206,15 @@ class MaxTextBackend(BackendBase):
         ``simulate_devices`` runs the plan on that many host (CPU) devices, so a GPU or
         TPU configuration can be checked on a laptop; it must be called before JAX starts.
         """
+        recorder = PatchRecorder()
         if simulate_devices:
-            flag = f"--xla_force_host_platform_device_count={simulate_devices}"
-            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-            os.environ["JAX_PLATFORMS"] = "cpu"
+            simulate_host_devices(recorder, simulate_devices)
+        try:
+            return self._plan(simulate_devices)
+        finally:
+            recorder.undo()  # JAX has read the settings; the process gets its own back
+
+    def _plan(self, simulate_devices: int | None) -> Plan:
         import jax
         from flax import nnx
         from maxtext.trainers.pre_train import train
@@ -260,6 +247,7 @@ class MaxTextBackend(BackendBase):
         from maxtext.trainers.pre_train import train
         from maxtext.utils import sharding, train_utils
 
+        self.initialize_distributed()  # jax.distributed for a multi-process launch
         cfg, recorder = train.initialize(self.config.argv())
         self.hparams = cfg
         if cfg.enable_diloco:
@@ -342,14 +330,6 @@ class MaxTextBackend(BackendBase):
             tokens=samples * int(cfg.max_target_length),
             samples=samples,
         )
-
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Everything to the host in one ``jax.device_get``."""
-        import jax
-
-        ready = {k: v() if isinstance(v, Deferred) else v for k, v in values.items()}
-        host = jax.device_get(ready)
-        return {k: float(np.asarray(v)) for k, v in host.items()}
 
     def evaluate(self) -> Mapping[str, Any]:
         """Token-weighted loss over the fixed validation batches (lazy device values)."""
@@ -487,20 +467,6 @@ class MaxTextBackend(BackendBase):
         pure = overlay.to_pure_dict() if hasattr(overlay, "to_pure_dict") else overlay
         nnx.replace_by_pure_dict(self.state, pure)
         return self.optimizer_step()
-
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        from jax.experimental import multihost_utils
-
-        reduced = multihost_utils.process_allgather(np.array(flags, dtype=np.int32))
-        return [bool(v) for v in np.asarray(reduced).reshape(-1, len(flags)).max(axis=0)]
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices("baton_barrier")
 
     def teardown(self) -> None:
         """Drop the device state and compiled steps (patches restore process settings)."""

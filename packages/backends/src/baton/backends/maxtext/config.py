@@ -101,6 +101,8 @@ class MaxTextConfig:
     data_path: str | None = None
     data_seed: int = 0
     eval_batches: int = 4
+    #: run on this many simulated CPU devices (a fresh process only; for trying meshes)
+    host_devices: int | None = None
 
     # dict-style access to the overrides, for on_configure callbacks
     def __getitem__(self, key: str) -> Any:

@@ -113,7 +113,12 @@ def restored(config: Any, checkpoint: Path, work: Path, layout: dict[str, int]) 
 def host_leaves(backend: Any) -> list[np.ndarray]:
     import jax
 
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(backend.state))]
+    def to_host(leaf: Any) -> np.ndarray:
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        return np.asarray(jax.device_get(leaf))
+
+    return [to_host(leaf) for leaf in jax.tree.leaves(backend.state)]
 
 
 def main(out: str, work_dir: str) -> None:

@@ -145,7 +145,8 @@ class MaxTextNoHloDump(Patch):
         return True, "XLA_FLAGS is empty"
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
-        recorder.setenv("XLA_FLAGS", NO_DUMP_XLA_FLAGS)
+        if not os.environ.get("XLA_FLAGS"):  # another patch may have set flags since
+            recorder.setenv("XLA_FLAGS", NO_DUMP_XLA_FLAGS)
 
 
 @register_patch

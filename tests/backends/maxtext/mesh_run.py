@@ -8,7 +8,8 @@
 3. the step-3 checkpoint is restored onto another mesh (data 2 x fsdp 2) and onto the
    saving mesh: the two restored states are compared leaf by leaf on the host, and the
    data-parallel run trains steps 4-6;
-4. a layout orbax cannot map (``scan_layers`` changed) is refused, naming both layouts.
+4. a layout orbax cannot map (``scan_layers`` changed) is refused, naming both layouts;
+5. ``plan`` (the recipes' dry run) refuses a layout that does not fit the devices.
 
 The device count is fixed when JAX starts, hence a process of its own.
 """
@@ -122,6 +123,10 @@ def host_leaves(backend: Any) -> list[np.ndarray]:
 
 
 def main(out: str, work_dir: str) -> None:
+    from maxtext_support import outside_driver
+
+    from baton.backends.maxtext.backend import MaxTextBackend
+
     work = Path(work_dir)
     driver, losses, checkpoints = baton_run(work)
     config = driver.backend.config
@@ -146,7 +151,17 @@ def main(out: str, work_dir: str) -> None:
         refused = ""
     except ValueError as error:
         refused = str(error)
+    try:
+        misfit = copy.deepcopy(config)
+        misfit.update({"ici_fsdp_parallelism": 3, "ici_tensor_parallelism": 1})
+        misfit["base_output_directory"] = str(work / "misfit")
+        with outside_driver():
+            MaxTextBackend(misfit).plan()
+        misfit_error = ""
+    except ValueError as error:
+        misfit_error = str(error)
     report = {
+        "misfit": misfit_error,
         "losses": losses,
         "reference": reference,
         "saved_layout": mesh_a["layout"],

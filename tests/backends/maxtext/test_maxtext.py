@@ -16,7 +16,8 @@ costs most of a minute on this machine:
   training continues with MaxText's own losses.
 * resume: a fresh process (the recipe, with torch made unimportable) resumes from the
   step-6 checkpoint and reproduces steps 7-12 exactly, without importing torch.
-* the Llama 2 7B recipe's ``--dry-run`` in its own process (8 simulated devices),
+* the Llama 2 7B recipe's ``--dry-run`` in its own process (8 simulated devices laid
+  out fsdp 4 x tensor 2),
   started first so that it overlaps with the rest.
 """
 
@@ -56,6 +57,8 @@ def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         str(LLAMA_RECIPE),
         "--dry-run",
         "--devices=8",
+        "--ici-fsdp-parallelism=4",
+        "--ici-tensor-parallelism=2",
         f"--run-dir={run_dir}",
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
@@ -302,7 +305,7 @@ def test_resume_in_fresh_process_without_torch(baton_run: dict[str, Any], tmp_pa
 def test_llama2_7b_dry_run_prints_the_mesh(llama_dry_run: subprocess.Popen[str]) -> None:
     stdout, stderr = llama_dry_run.communicate(timeout=600)
     assert llama_dry_run.returncode == 0, stderr[-4000:]
-    assert "mesh         fsdp=8" in stdout, stdout
+    assert "mesh         fsdp=4  tensor=2" in stdout, stdout  # the layout flags, validated
     assert "parameters   6,738,415,616" in stdout  # MaxText's Llama 2 7B
     assert "32 x 4096 tokens per step" in stdout
     assert "8 x cpu (gpu config)" in stdout

@@ -66,3 +66,8 @@ def test_layout_orbax_cannot_map_is_refused_naming_both(mesh_report: dict[str, A
     message = mesh_report["refused"]
     assert "cannot reshard" in message and "scan_layers" in message
     assert "'scan_layers': False" in message and "'scan_layers': True" in message
+
+
+def test_plan_refuses_a_layout_that_does_not_fit(mesh_report: dict[str, Any]) -> None:
+    message = mesh_report["misfit"]
+    assert "'ici_fsdp_parallelism': 3" in message and "does not fit 4 devices" in message

@@ -159,3 +159,47 @@ def test_tokenizer_other_than_the_datas_is_refused(
     manifest = json.loads(Path(str(prepared["prefix"]) + ".json").read_text())
     assert manifest["tokenizer"]["fingerprint"][:16] in str(error.value)  # the data's, too
     assert str(prepared["prefix"]) in str(error.value)
+
+
+def test_hf_json_pipeline_trains_and_resumes_at_its_position(
+    native_run: dict[str, Any], prepared: dict[str, Path], tmp_path: Path
+) -> None:
+    """MaxText's Hugging Face pipeline on a local JSON Lines file, tokenized on the fly by
+    the same tokenizer; MaxText saves no state for it, so baton replays the stream's
+    position on resume: the resumed steps repeat the uninterrupted run's losses."""
+    from baton.backends.corpus import reference_documents
+    from baton.core import Callback
+    from baton.core.recipe import build_driver
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in reference_documents()))
+
+    def run(run_dir: Path, *extra: str) -> tuple[Any, dict[int, float]]:
+        losses: dict[int, float] = {}
+
+        class Record(Callback):
+            def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+                if "loss" in metrics:
+                    losses[driver.step] = metrics["loss"]
+
+        argv = [
+            f"--tokenizer={prepared['tokenizer']}",
+            f"--data-path={data}",
+            "--max-steps=4",
+            "--log-every=1",
+            "--no-progress",
+            "--no-print-loss",
+            f"--run-dir={run_dir}",
+            f"--overrides=jax_cache_dir={native_run['run_dir'] / 'jax_cache'}",
+            *extra,
+        ]
+        driver = build_driver(RECIPE, argv)
+        driver.callbacks.append(Record())
+        return driver.fit(), losses
+
+    first, losses = run(tmp_path / "hf", "--save-every=2", "--no-async-save")
+    assert sorted(losses) == [1, 2, 3, 4]
+    meta = json.loads((first.checkpoints[0] / "backend" / "baton_maxtext.json").read_text())
+    assert meta["data"] == {"pipeline": "hf", "consumed": 2}
+    _, resumed = run(tmp_path / "hf_resumed", "--save-every=0", f"--resume={first.checkpoints[0]}")
+    assert resumed == {3: losses[3], 4: losses[4]}

@@ -144,6 +144,30 @@ def test_resume_in_fresh_process_restores_the_grain_iterator(
     assert resumed == {s: native_run["losses"][s] for s in resumed}
 
 
+def test_blend_becomes_maxtexts_mmap_mixture(prepared: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from baton.backends.maxtext import MaxTextConfig
+
+    other = tmp_path / "copy"
+    for suffix in (".bin", ".idx", ".json"):
+        shutil.copy(str(prepared["prefix"]) + suffix, str(other) + suffix)
+    for spec in (f"0.7 {prepared['prefix']} 0.3 {other}", f"{prepared['prefix']},0.7;{other},0.3"):
+        config = MaxTextConfig(
+            data_path=spec, tokenizer=str(prepared["tokenizer"]), overrides={"vocab_size": 512}
+        )
+        merged = config.merged()
+        assert merged["grain_train_files"] == f"{prepared['prefix']},0.7;{other},0.3"
+    (tmp_path / "copy.idx").unlink()
+    config = MaxTextConfig(
+        data_path=f"0.7 {prepared['prefix']} 0.3 {other}",
+        tokenizer=str(prepared["tokenizer"]),
+        overrides={"vocab_size": 512},
+    )
+    with pytest.raises(DataError, match=r"copy"):
+        config.merged()
+
+
 def test_tokenizer_other_than_the_datas_is_refused(
     prepared: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -491,6 +491,12 @@ class MaxTextBackend(JaxDistributed, BackendBase):
                 "MaxText's own loop use restore_maxtext_checkpoint)"
             )
         meta = json.loads(meta_path.read_text())
+        if meta.get("format") != "maxtext-orbax-v2":
+            raise ValueError(
+                f"{directory} has baton's earlier MaxText layout ({meta.get('layout')}, state in "
+                f"{STATE_DIR}/items); start from its weights with load_parameters_path="
+                f"{directory / STATE_DIR / 'items'}"
+            )
         saved = meta.get("data_fingerprint", self._data_fingerprint)
         if saved != self._data_fingerprint:
             raise ValueError(

@@ -2,14 +2,20 @@
 
 The model and parallelism settings follow MaxText's own Llama 2 7B configurations
 (``configs/gpu/models/llama2_7b.yml`` and ``configs/tpu/v5p/llama2_7b.sh``): FSDP over
-every device, remat, cuDNN flash attention through Transformer Engine on GPU and
-Pallas flash attention on TPU. Batches are bytes of a local UTF-8 text (``--data-path``;
-the default is the Python language reference), so the run needs nothing downloaded.
+every device by default, remat, cuDNN flash attention through Transformer Engine on GPU
+and Pallas flash attention on TPU. MaxText reads the data with its own pipeline: a
+prepared dataset or blend (``baton data prepare``; Grain's ``mmap`` source) or local
+JSON/Parquet files (its Hugging Face pipeline), tokenized by ``--tokenizer DIR``. Both
+are required: a real-size model is not trained on bytes.
 
 On a GPU/TPU host:
-    uv run baton run recipes/maxtext_llama2_7b.py --data-path corpus.txt --resume auto
-Anywhere (CPU): check the config and print the mesh MaxText would build, no training:
+    uv run baton run recipes/maxtext_llama2_7b.py --tokenizer tok/ --data-path data/corpus \
+        --resume auto
+Anywhere (CPU): check the config and a layout against a device count, print the mesh
+MaxText would build, no training:
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 8
+    uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 16 \
+        --ici-fsdp-parallelism 4 --ici-tensor-parallelism 2 --ici-data-parallelism 2
 """
 
 from __future__ import annotations
@@ -37,17 +43,30 @@ def recipe(
     seq_len: int = 4096,
     lr: float = 3e-4,
     ici_fsdp_parallelism: int = -1,
+    ici_tensor_parallelism: int = 1,
+    ici_data_parallelism: int = 1,
     dcn_data_parallelism: int = -1,
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    vocab_size: int = 32000,
     log_every: int = 10,
     save_every: int = 200,
     run_dir: str = "runs/maxtext_llama2_7b",
     dry_run: bool = False,
     devices: int = 8,
 ) -> Driver | None:
-    """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU."""
+    """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU.
+
+    The ici_* flags lay the mesh out over each host's devices (-1: the rest).
+    """
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
+    if not dry_run and not (data_path and tokenizer):
+        raise ValueError(
+            "Llama 2 7B trains on tokenized data: pass --data-path (a prepared prefix or blend "
+            "from `baton data prepare`, or JSON/Parquet files) and --tokenizer DIR (a Hugging "
+            "Face tokenizer directory with at most 32000 tokens, or set --vocab-size)"
+        )
     overrides = {
         "model_name": "llama2-7b",
         "run_name": "llama2_7b",
@@ -56,12 +75,16 @@ def recipe(
         "max_target_length": seq_len,
         "learning_rate": lr,
         "ici_fsdp_parallelism": ici_fsdp_parallelism,
+        "ici_tensor_parallelism": ici_tensor_parallelism,
+        "ici_data_parallelism": ici_data_parallelism,
         "dcn_data_parallelism": dcn_data_parallelism,
+        "vocab_size": vocab_size,
         "use_iota_embed": True,
         "log_config": False,
         **HARDWARE[hardware],
     }
-    backend = MaxTextBackend(MaxTextConfig(overrides=overrides, data_path=data_path))
+    config = MaxTextConfig(overrides=overrides, data_path=data_path, tokenizer=tokenizer)
+    backend = MaxTextBackend(config)
     if dry_run:
         # on CPU: simulate `devices` host devices and keep MaxText's outputs in the run dir
         backend.config.update(
@@ -72,7 +95,7 @@ def recipe(
         return None
     return Driver(
         backend,
-        standard_callbacks(save_every=save_every, async_save=True),
+        standard_callbacks(save_every=save_every or None, async_save=True),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,

@@ -1,16 +1,27 @@
 """A small MaxText decoder on real text (the Python language reference), on CPU, through baton.
 
-MaxText's own jitted train step runs once per baton step; batches are UTF-8 bytes of
-the text (vocabulary 256); checkpoints are orbax, asynchronous, in MaxText's layout.
+MaxText's own jitted train step runs once per baton step; checkpoints are orbax,
+asynchronous, in MaxText's layout. Without --tokenizer, batches are UTF-8 bytes of the
+text (vocabulary 256, nothing to prepare). With --tokenizer DIR and --data-path, MaxText
+reads the data with its own pipeline: a prepared dataset or blend through Grain's mmap
+source, or local JSON/Parquet files through its Hugging Face pipeline.
 
 uv run baton run recipes/maxtext_tiny.py --max-steps 50
 uv run baton run recipes/maxtext_tiny.py --max-steps 100 --resume auto
 uv run baton run recipes/maxtext_tiny.py --overrides base_num_decoder_layers=4 learning_rate=1e-3
+uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path data/corpus
+uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path "0.7 data/a 0.3 data/b"
+uv run baton run recipes/maxtext_tiny.py --devices 4 --ici-fsdp-parallelism 2 \
+    --ici-tensor-parallelism 2      # a mesh over 4 simulated CPU devices
+uv run baton run recipes/maxtext_tiny.py --init-from runs/maxtext_tiny/checkpoints/step_000050
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
+from baton.backends.maxtext.backend import params_path
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 
@@ -41,12 +52,29 @@ def recipe(
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    vocab_size: int | None = None,
+    devices: int | None = None,
+    ici_data_parallelism: int = 1,
+    ici_fsdp_parallelism: int = -1,
+    ici_tensor_parallelism: int = 1,
+    init_from: str | None = None,
     run_dir: str = "runs/maxtext_tiny",
     progress: bool = True,
     print_loss: bool = True,
     overrides: tuple[str, ...] = (),
 ) -> Driver:
-    """Train a small MaxText decoder on bytes of real English text on CPU."""
+    """Train a small MaxText decoder on real text on CPU (bytes, or tokens with --tokenizer).
+
+    --devices N simulates N CPU devices (a fresh process); the ici_* flags lay the mesh
+    out over them (-1: the rest). --init-from starts from a checkpoint's weights only
+    (MaxText's load_parameters_path): fresh optimizer, step 0.
+    """
+    if tokenizer is not None and vocab_size is None:
+        from baton.backends.textdata import load_tokenizer
+
+        size = load_tokenizer(tokenizer).vocab_size
+        vocab_size = -(-size // 128) * 128  # the embedding rounded up to a multiple of 128
     settings = TINY_CPU | {
         "run_name": "maxtext_tiny",
         "steps": max_steps,  # MaxText's learning-rate schedule length
@@ -60,12 +88,26 @@ def recipe(
         "base_num_kv_heads": heads,
         "head_dim": d_model // heads,
         "init_weights_seed": seed,
+        "ici_data_parallelism": ici_data_parallelism,
+        "ici_fsdp_parallelism": ici_fsdp_parallelism,
+        "ici_tensor_parallelism": ici_tensor_parallelism,
     }
+    if vocab_size is not None:
+        settings["vocab_size"] = vocab_size
+    if tokenizer is not None:
+        settings["grain_worker_count"] = 0  # read in this process: CPU-friendly
+        eval_every = 0  # MaxText evaluates its own pipelines only with eval files (overrides)
+    if init_from is not None:
+        settings["load_parameters_path"] = str(params_path(Path(init_from)))
     config = MaxTextConfig(
-        overrides=settings | parse_overrides(overrides), data_path=data_path, data_seed=data_seed
+        overrides=settings | parse_overrides(overrides),
+        data_path=data_path,
+        tokenizer=tokenizer,
+        data_seed=data_seed,
+        host_devices=devices,
     )
     callbacks = standard_callbacks(
-        save_every=save_every,
+        save_every=save_every or None,
         save_on_stop=save_every > 0,
         async_save=async_save,
         console_keys=CONSOLE_KEYS if print_loss else None,

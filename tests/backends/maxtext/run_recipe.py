@@ -2,6 +2,8 @@
 
     python run_recipe.py OUT.json RECIPE.py [recipe arguments ...]
 
+``{rank}`` in OUT.json becomes the process's rank (``BATON_RANK``), for multi-process runs.
+
 torch is installed in the development environment (other backends need it) and
 MaxText's optional imports (tensorboardX, transformers) load it when they find it.
 Hiding it from the import system reproduces a JAX-only install: ``import torch``
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import importlib.abc
 import json
+import os
 import sys
 from typing import Any
 
@@ -62,6 +65,8 @@ def main(out: str, recipe: str, *argv: str) -> None:
         "torch_modules": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
         "jax_loaded": "jax" in sys.modules,
     }
+    out = out.replace("{rank}", os.environ.get("BATON_RANK", "0"))
+    report["rank"], report["world_size"] = driver.backend.rank, driver.backend.world_size
     with open(out, "w") as fh:
         json.dump(report, fh)
 

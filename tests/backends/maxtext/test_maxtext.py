@@ -16,24 +16,24 @@ costs most of a minute on this machine:
   training continues with MaxText's own losses.
 * resume: a fresh process (the recipe, with torch made unimportable) resumes from the
   step-6 checkpoint and reproduces steps 7-12 exactly, without importing torch.
-* the Llama 2 7B recipe's ``--dry-run`` in its own process (8 simulated devices),
+* the Llama 2 7B recipe's ``--dry-run`` in its own process (8 simulated devices laid
+  out fsdp 4 x tensor 2),
   started first so that it overlaps with the rest.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from backends.maxtext.maxtext_support import outside_driver
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +57,8 @@ def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         str(LLAMA_RECIPE),
         "--dry-run",
         "--devices=8",
+        "--ici-fsdp-parallelism=4",
+        "--ici-tensor-parallelism=2",
         f"--run-dir={run_dir}",
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
@@ -155,7 +157,9 @@ def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:
     assert meta["data"]["consumed"] == SAVE_AT
     baton_meta = json.loads((result.checkpoints[0] / "baton.json").read_text())
     assert baton_meta["step"] == SAVE_AT
-    assert any(f.startswith("checkpoint/items") for f in baton_meta["files"])
+    # MaxText's checkpoint layout: <root>/<name>/items
+    assert any(f.startswith(f"checkpoint/{SAVE_AT - 1}/items") for f in baton_meta["files"])
+    assert meta["layout"] == {"mesh": {}, "devices": 1, "processes": 1, "scan_layers": True}
 
 
 def test_patches_restore_the_process(baton_run: dict[str, Any]) -> None:
@@ -217,32 +221,12 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
     return losses, workdir / "reference" / "checkpoints"
 
 
-@contextlib.contextmanager
-def _outside_driver() -> Iterator[None]:
-    """What baton's patches do for a Driver run, for MaxText code the tests call directly:
-    no HLO dump (MaxText fills an empty XLA_FLAGS with dump flags) and JAX's PRNG restored."""
-    import jax
-
-    from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
-
-    prng, flags = jax.config.jax_default_prng_impl, os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = flags or NO_DUMP_XLA_FLAGS
-    try:
-        yield
-    finally:
-        jax.config.update("jax_default_prng_impl", prng)
-        if flags is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = flags
-
-
 @pytest.fixture(scope="module")
 def maxtext_reference(
     baton_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     config = baton_run["driver"].backend.config
-    with _outside_driver():
+    with outside_driver():
         losses, checkpoints = _maxtext_train_loop(
             config, tmp_path_factory.mktemp("maxtext_ref"), baton_run["run_dir"] / "jax_cache"
         )
@@ -274,7 +258,7 @@ def test_continue_from_maxtext_checkpoint(
     config["jax_cache_dir"] = str(baton_run["run_dir"] / "jax_cache")
     config["base_output_directory"] = str(tmp_path)
     backend = MaxTextBackend(config)
-    with _outside_driver():
+    with outside_driver():
         backend.setup()
         try:
             start = backend.restore_maxtext_checkpoint(checkpoints / "5")
@@ -321,38 +305,51 @@ def test_resume_in_fresh_process_without_torch(baton_run: dict[str, Any], tmp_pa
 def test_llama2_7b_dry_run_prints_the_mesh(llama_dry_run: subprocess.Popen[str]) -> None:
     stdout, stderr = llama_dry_run.communicate(timeout=600)
     assert llama_dry_run.returncode == 0, stderr[-4000:]
-    assert "mesh         fsdp=8" in stdout, stdout
+    assert "mesh         fsdp=4  tensor=2" in stdout, stdout  # the layout flags, validated
     assert "parameters   6,738,415,616" in stdout  # MaxText's Llama 2 7B
     assert "32 x 4096 tokens per step" in stdout
     assert "8 x cpu (gpu config)" in stdout
 
 
-def test_pending_save_reports_orbax_completion_and_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The PendingSave over orbax's async response: done when committed, errors on wait."""
-    import time
-
+def test_pending_save_reports_checkpointer_completion(tmp_path: Path) -> None:
+    """The PendingSave over MaxText's asynchronous checkpointer: done once committed."""
     import jax.numpy as jnp
-    from orbax.checkpoint import v1 as ocp
+    from maxtext.common import checkpointing
 
-    from baton.backends.maxtext.backend import OrbaxPendingSave
+    from baton.backends.maxtext.backend import CheckpointerPendingSave
 
+    checkpointer = checkpointing.create_orbax_checkpoint_manager(str(tmp_path), True, True, 1)
     tree = {"w": jnp.arange(1024.0), "b": jnp.ones(8)}
-    pending = OrbaxPendingSave(ocp.save_pytree_async(tmp_path / "ok", tree))
+    assert checkpointing.save_checkpoint(checkpointer, 3, tree, force=True)  # async
+    pending = CheckpointerPendingSave(checkpointer)
     pending.wait()
-    assert pending.done() and (tmp_path / "ok").is_dir()
+    assert pending.done() and (tmp_path / "3" / "items").is_dir()
     assert not any(p.name.endswith("tmp") for p in tmp_path.rglob("*"))  # committed
-    assert float(ocp.load_pytree(tmp_path / "ok")["w"].sum()) == float(tree["w"].sum())
 
-    monkeypatch.chdir(tmp_path)  # orbax makes the folder before refusing the relative path
-    failing = OrbaxPendingSave(ocp.save_pytree_async("relative/path", tree))
-    deadline = time.monotonic() + 60
-    while not failing.done():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    with pytest.raises(ValueError, match="absolute"):
-        failing.wait()
+
+def test_weights_only_start_gives_the_source_models_loss(
+    baton_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """load_parameters_path from the step-6 checkpoint: fresh optimizer at step 0, and the
+    first loss on the batch the source run saw at step 7 is the source run's step-7 loss."""
+    from baton.backends.maxtext.backend import MaxTextBackend, params_path
+
+    checkpoint = baton_run["result"].checkpoints[0]
+    config = copy.deepcopy(baton_run["driver"].backend.config)
+    config["load_parameters_path"] = str(params_path(checkpoint))
+    config["jax_cache_dir"] = str(baton_run["run_dir"] / "jax_cache")
+    config["base_output_directory"] = str(tmp_path)
+    backend = MaxTextBackend(config)
+    with outside_driver():
+        backend.setup()
+        try:
+            assert backend.optimizer_step() == 0  # weights only: a fresh optimizer
+            assert backend.batches is not None
+            backend.batches.consumed = SAVE_AT  # the batch the source model saw next
+            loss = backend.fetch({"loss": backend.train_step(1).loss})["loss"]
+        finally:
+            backend.teardown()
+    assert loss == baton_run["losses"][SAVE_AT + 1]
 
 
 def test_no_hlo_dump_was_written(

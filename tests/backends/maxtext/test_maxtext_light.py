@@ -34,6 +34,7 @@ def test_import_registers_backend_and_patches_without_jax() -> None:
     assert patches.split(",") == [
         "maxtext_compilation_cache",
         "maxtext_cpu_platform",
+        "maxtext_host_devices",
         "maxtext_jax_settings",
         "maxtext_no_hlo_dump",
         "maxtext_output_dir",
@@ -118,7 +119,7 @@ def test_config_argv_and_dict_access() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "match"),
     [
-        ("dataset_type", "grain", "data_path"),
+        ("dataset_type", "tfds", "tokenizer"),
         ("enable_checkpointing", True, "Checkpoint"),
         ("vocab_size", 128, "byte-level"),
     ],
@@ -166,3 +167,57 @@ def test_patch_decisions_follow_the_run(tmp_path: Path, monkeypatch: pytest.Monk
         patch.on_teardown(driver)
     assert "JAX_PLATFORMS" not in os.environ and "XLA_FLAGS" not in os.environ
     assert "jax_cache_dir" not in backend.config and "base_output_directory" not in backend.config
+
+
+# -- MaxText's own pipelines: bad input named before MaxText starts --------------------
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from baton.backends.textdata import train_tokenizer
+
+    return train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400).path
+
+
+def test_tokenizer_larger_than_vocab_names_both(bpe: Path, tmp_path: Path) -> None:
+    from baton.backends.textdata import DataError
+
+    config = MaxTextConfig(TINY_CPU, data_path=str(tmp_path / "corpus"), tokenizer=str(bpe))
+    with pytest.raises(DataError, match=r"400 tokens.*256 rows"):
+        config.argv()
+
+
+def test_missing_index_and_missing_tokenizer_are_named(bpe: Path, tmp_path: Path) -> None:
+    from baton.backends.textdata import DataError
+
+    (tmp_path / "corpus.bin").write_bytes(b"\0" * 16)
+    config = MaxTextConfig(
+        TINY_CPU | {"vocab_size": 512}, data_path=str(tmp_path / "corpus"), tokenizer=str(bpe)
+    )
+    with pytest.raises(DataError, match=r"corpus\.idx"):
+        config.argv()
+    config = MaxTextConfig(TINY_CPU, data_path=str(tmp_path / "corpus"), tokenizer=None)
+    config["dataset_type"] = "grain"  # MaxText keys alone are passed through as given
+    assert "dataset_type=grain" in config.argv()
+    no_data = MaxTextConfig(TINY_CPU | {"vocab_size": 512}, tokenizer=str(bpe))
+    with pytest.raises(ValueError, match="data_path"):
+        no_data.argv()
+
+
+def test_hf_files_select_maxtexts_hugging_face_pipeline(bpe: Path, tmp_path: Path) -> None:
+    from baton.backends.maxtext.native_data import maxtext_mixture, native_data_overrides
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    overrides = native_data_overrides(str(data), bpe, vocab_size=512)
+    assert overrides["dataset_type"] == "hf" and overrides["hf_path"] == "json"
+    assert overrides["hf_train_files"] == str(data.resolve())
+    assert overrides["tokenizer_type"] == "huggingface"
+    assert maxtext_mixture("a,0.7;b,0.3") == (["a", "b"], [0.7, 0.3])
+    assert maxtext_mixture("0.7 a 0.3 b") == (["a", "b"], [0.7, 0.3])
+
+
+def test_llama_recipe_refuses_to_start_without_data() -> None:
+    from baton.core.recipe import build_driver
+
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "maxtext_llama2_7b.py"
+    with pytest.raises(ValueError, match="--data-path.*--tokenizer"):
+        build_driver(recipe, ["--hardware=gpu"])

@@ -5,16 +5,23 @@
 optimizer, sharded state), ``sharding.maybe_update_params_sharding_with_opt`` and
 ``train_utils.jit_train_and_eval_step``. Each baton step then calls the jitted
 ``train.train_step`` once on the next batch, which MaxText's ``DataLoader`` places on
-the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``).
+the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``), or,
+when the config names a tokenizer, from MaxText's own Grain (prepared ``mmap`` data) or
+Hugging Face (local JSON/Parquet) pipeline (``native_data``).
 
 Metrics stay on the device; ``fetch`` brings everything a log step needs to the host
-with one ``jax.device_get``.
+with one ``jax.device_get`` (``JaxDistributed``, shared with the other JAX backends).
 
-Checkpoints are orbax, written in MaxText's on-disk layout, into the directory baton
-gives: ``<dir>/checkpoint/`` is a MaxText checkpoint step directory (checkpointable
-``items``), so MaxText itself can load it with ``load_full_state_path=<dir>/checkpoint/items``;
-``<dir>/baton_maxtext.json`` records the data position and the step numbers. Saves are
-asynchronous when the driver asks (``PendingSave`` over orbax's async response).
+Checkpoints are written by MaxText's own checkpointer (``checkpointing.save_checkpoint``
+on an orbax ``Checkpointer``) into the directory baton gives: ``<dir>/checkpoint/`` is a
+MaxText checkpoint directory holding one step ``<name>/`` with ``items`` (the state) and,
+for the Grain pipeline, ``iter`` (the data iterator's state, as MaxText saves it), so
+MaxText itself can resume from it. ``<dir>/baton_maxtext.json`` records the step numbers,
+the data position, the data's fingerprint and the layout (mesh, scan_layers, processes).
+Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
+orbax reshards a checkpoint saved on another mesh; a layout it cannot map (a different
+``scan_layers``, a different number of Grain data processes) is refused naming both.
+Saves are asynchronous when the driver asks (``PendingSave`` over the checkpointer).
 
 Step numbers: after baton step ``n`` the optimizer has taken ``n`` updates
 (``state.optimizer.step == n``), while MaxText names the checkpoint written after that
@@ -34,7 +41,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +48,16 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.jax_distributed import JaxDistributed
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
+from baton.backends.maxtext.native_data import native_data_fingerprint
+from baton.backends.maxtext.patches import simulate_host_devices
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
+from baton.core.patches import PatchRecorder
 
 STATE_DIR = "checkpoint"
-ITEMS = "items"
 META_FILE = "baton_maxtext.json"
 
 
@@ -60,6 +69,28 @@ def maxtext_checkpoint_name(baton_step: int) -> int:
 def baton_step_of_maxtext_checkpoint(name: int) -> int:
     """The number of optimizer updates in MaxText's checkpoint ``<checkpoint_dir>/<name>``."""
     return name + 1
+
+
+def params_path(checkpoint: str | Path) -> Path:
+    """The orbax ``items`` directory MaxText's ``load_parameters_path`` reads (weights only).
+
+    ``checkpoint`` is a baton checkpoint (``runs/x/checkpoints/step_000050``), its
+    ``backend`` part, a MaxText step directory (``.../checkpoints/5``) or its ``items``.
+    """
+    checkpoint = Path(checkpoint).resolve()
+    for base in (checkpoint / "backend", checkpoint):
+        meta = base / META_FILE
+        if meta.is_file():
+            name = json.loads(meta.read_text())["maxtext_checkpoint_name"]
+            return base / STATE_DIR / str(name) / "items"
+    if checkpoint.name == "items" and checkpoint.is_dir():
+        return checkpoint
+    if (checkpoint / "items").is_dir():
+        return checkpoint / "items"
+    raise FileNotFoundError(
+        f"{checkpoint} is neither a baton MaxText checkpoint (backend/{META_FILE}) nor a "
+        "MaxText checkpoint step directory (with items/); pass one of those"
+    )
 
 
 @dataclass
@@ -97,34 +128,34 @@ class Deferred:
         return self.fn()
 
 
-class OrbaxPendingSave:
-    """An orbax asynchronous save in flight (the driver renames the directory after ``wait``).
+class CheckpointerPendingSave:
+    """An asynchronous save in flight on a MaxText (orbax) checkpointer.
 
-    ``done`` turns true once orbax has finished writing and committed its directory, or
-    once the background write failed; ``wait`` then returns or raises that error.
+    ``done`` turns true once the checkpointer has no save in progress (finished or
+    failed); ``wait`` then returns, or raises the background write's error, and closes
+    the checkpointer (the driver renames the directory after ``wait``).
     """
 
-    def __init__(self, response: Any) -> None:
-        self._response = response
+    def __init__(self, checkpointer: Any) -> None:
+        self._checkpointer = checkpointer
         self._finished = False
 
     def done(self) -> bool:
         if not self._finished:
-            try:
-                self._response.result(timeout=0)
-            except TimeoutError:  # still writing
+            if self._checkpointer.is_saving_in_progress():
                 return False
-            except Exception:  # failed: ``wait`` raises it
-                pass
             self._finished = True
         return True
 
     def wait(self) -> None:
-        self._response.result()  # raises if the background write failed
-        self._finished = True
+        try:
+            self._checkpointer.wait()  # raises if the background write failed
+        finally:
+            self._checkpointer.close()
+            self._finished = True
 
 
-class MaxTextBackend(BackendBase):
+class MaxTextBackend(JaxDistributed, BackendBase):
     """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
 
     name = "maxtext"
@@ -152,6 +183,10 @@ class MaxTextBackend(BackendBase):
         self.mesh: Any = None
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
         self.batches: TextBatches | None = None
+        #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
+        self.data_iterator: Any = None
+        #: batches taken from the data stream since step 0 (saved and restored)
+        self.consumed = 0
         self.learning_rate_schedule: Callable[[int], Any] | None = None
         self._lr_at: Callable[[int], Any] | None = None
         self._graphdef: Any = None
@@ -160,25 +195,9 @@ class MaxTextBackend(BackendBase):
         self._loader: Any = None
         self._rampup: Any = None
         self._eval: list[dict[str, np.ndarray]] = []
-        self._corpus_fingerprint = ""
+        self._data_fingerprint = ""
 
     # -- facts ----------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        if self.hparams is None:
-            return 0
-        import jax
-
-        return jax.process_index()
-
-    @property
-    def world_size(self) -> int:
-        if self.hparams is None:
-            return 1
-        import jax
-
-        return jax.process_count()
-
     @property
     def device_type(self) -> str:
         if self.mesh is None:
@@ -196,10 +215,6 @@ class MaxTextBackend(BackendBase):
         )
         tokens_per_device = self.hparams.per_device_batch_size * self.hparams.max_target_length
         return float(total_tflops) * 1e12 / tokens_per_device
-
-    @property
-    def tokens_per_step(self) -> int:
-        return int(self.hparams.global_batch_size_to_train_on) * int(self.hparams.max_target_length)
 
     def describe(self) -> dict[str, Any]:
         keys = (
@@ -224,10 +239,15 @@ class MaxTextBackend(BackendBase):
         ``simulate_devices`` runs the plan on that many host (CPU) devices, so a GPU or
         TPU configuration can be checked on a laptop; it must be called before JAX starts.
         """
+        recorder = PatchRecorder()
         if simulate_devices:
-            flag = f"--xla_force_host_platform_device_count={simulate_devices}"
-            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-            os.environ["JAX_PLATFORMS"] = "cpu"
+            simulate_host_devices(recorder, simulate_devices)
+        try:
+            return self._plan(simulate_devices)
+        finally:
+            recorder.undo()  # JAX has read the settings; the process gets its own back
+
+    def _plan(self, simulate_devices: int | None) -> Plan:
         import jax
         from flax import nnx
         from maxtext.trainers.pre_train import train
@@ -239,7 +259,18 @@ class MaxTextBackend(BackendBase):
                 f"fresh process to simulate {simulate_devices}"
             )
         cfg, _recorder = train.initialize(self.config.argv())
-        mesh = maxtext_utils.get_mesh_from_config(cfg)
+        try:
+            mesh = maxtext_utils.get_mesh_from_config(cfg)
+        except (AssertionError, ValueError) as error:
+            layout = {
+                key: value
+                for key, value in self.config.overrides.items()
+                if key.startswith(("ici_", "dcn_")) and value != 1
+            }
+            raise ValueError(
+                f"layout {layout or '(defaults)'} does not fit {jax.device_count()} devices "
+                f"({jax.process_count()} processes): {error}"
+            ) from None
         _create, abstract_model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
         params = max_utils.calculate_num_params_from_pytree(nnx.state(abstract_model, nnx.Param))
         tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
@@ -260,6 +291,7 @@ class MaxTextBackend(BackendBase):
         from maxtext.trainers.pre_train import train
         from maxtext.utils import sharding, train_utils
 
+        self.initialize_distributed()  # jax.distributed for a multi-process launch
         cfg, recorder = train.initialize(self.config.argv())
         self.hparams = cfg
         if cfg.enable_diloco:
@@ -276,10 +308,10 @@ class MaxTextBackend(BackendBase):
             _model,
             self.mesh,
             self.learning_rate_schedule,
-            _maxtext_iterator,
-            _maxtext_loader,
+            maxtext_iterator,
+            maxtext_loader,
             self._rampup,
-            _maxtext_eval_iterator,
+            maxtext_eval_iterator,
             train_state,
         ) = train_utils.setup_train_loop(cfg, recorder)
         self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
@@ -291,20 +323,26 @@ class MaxTextBackend(BackendBase):
             state = jax.device_put(state, state_shardings)
         self.state = state
 
-        corpus = TextCorpus.load(self.config.data_path)
-        self._corpus_fingerprint = corpus.fingerprint()
-        self.batches = TextBatches(
-            corpus.train,
-            batch_size=int(cfg.global_batch_size_to_load),
-            seq_len=int(cfg.max_target_length),
-            seed=self.config.data_seed,
-        )
-        self._eval = eval_batches(
-            corpus.val,
-            batch_size=int(cfg.global_batch_size_to_load_eval),
-            seq_len=int(cfg.max_target_length),
-            num_batches=self.config.eval_batches,
-        )
+        if self.config.byte_stream:
+            corpus = TextCorpus.load(self.config.data_path)
+            self._data_fingerprint = corpus.fingerprint()
+            self.batches = TextBatches(
+                corpus.train,
+                batch_size=int(cfg.global_batch_size_to_load),
+                seq_len=int(cfg.max_target_length),
+                seed=self.config.data_seed,
+            )
+            self._eval = eval_batches(
+                corpus.val,
+                batch_size=int(cfg.global_batch_size_to_load_eval),
+                seq_len=int(cfg.max_target_length),
+                num_batches=self.config.eval_batches,
+            )
+        else:  # MaxText's own pipeline, as its train.py builds it
+            self.data_iterator = maxtext_iterator
+            self._data_fingerprint = native_data_fingerprint(cfg)
+            if maxtext_eval_iterator is not None:  # a fixed set, the same at every evaluation
+                self._eval = [next(maxtext_eval_iterator) for _ in range(self.config.eval_batches)]
         self._p_train, self._p_eval = train_utils.jit_train_and_eval_step(
             cfg,
             self._graphdef,
@@ -316,7 +354,10 @@ class MaxTextBackend(BackendBase):
             self._eval or None,
             params_shardings,
         )
-        self._loader = create_dataloader(cfg, self.mesh, self.batches, recorder, self._rampup)
+        if self.batches is not None:
+            self._loader = create_dataloader(cfg, self.mesh, self.batches, recorder, self._rampup)
+        else:
+            self._loader = maxtext_loader
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -325,6 +366,7 @@ class MaxTextBackend(BackendBase):
 
         cfg = self.hparams
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
+        self.consumed += 1
         with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):
             self.state, metrics = self._p_train(self.state, batch)
         scalars = metrics["scalar"]
@@ -342,14 +384,6 @@ class MaxTextBackend(BackendBase):
             tokens=samples * int(cfg.max_target_length),
             samples=samples,
         )
-
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Everything to the host in one ``jax.device_get``."""
-        import jax
-
-        ready = {k: v() if isinstance(v, Deferred) else v for k, v in values.items()}
-        host = jax.device_get(ready)
-        return {k: float(np.asarray(v)) for k, v in host.items()}
 
     def evaluate(self) -> Mapping[str, Any]:
         """Token-weighted loss over the fixed validation batches (lazy device values)."""
@@ -381,45 +415,74 @@ class MaxTextBackend(BackendBase):
 
         return int(jax.device_get(self.state["optimizer"]["step"].get_value()))
 
-    def _context(self) -> Any:
-        from maxtext.common import checkpoint_context
+    @property
+    def dataset_type(self) -> str:
+        """MaxText's ``dataset_type`` as text: synthetic (baton's bytes), grain or hf."""
+        value = self.hparams.dataset_type
+        return str(getattr(value, "value", value))
+
+    def layout(self) -> dict[str, Any]:
+        """How the state is laid out: the mesh, the stacking of layers, the processes."""
+        import jax
+
+        return {
+            "mesh": {k: int(v) for k, v in self.mesh.shape.items() if v > 1},
+            "devices": int(jax.device_count()),
+            "processes": int(jax.process_count()),
+            "scan_layers": bool(self.hparams.scan_layers),
+        }
+
+    def _checkpointer(self, root: Path, asynchronous: bool = False) -> Any:
+        """MaxText's orbax checkpointer over ``root`` (its settings from this run's config)."""
+        from maxtext.common import checkpointing
 
         cfg = self.hparams
-        return checkpoint_context.build_context(
+        return checkpointing.create_orbax_checkpoint_manager(
+            str(root),
+            True,
+            asynchronous,
+            1,
             use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
             use_zarr3=cfg.checkpoint_storage_use_zarr3,
             checkpoint_storage_concurrent_gb=cfg.checkpoint_storage_concurrent_gb,
         )
 
-    def save(self, directory: Path, *, asynchronous: bool = False) -> OrbaxPendingSave | None:
-        """Orbax save of the full train state into ``directory/checkpoint`` (MaxText's layout)."""
-        import jax
-        from maxtext.common import train_state_nnx
-        from orbax.checkpoint import v1 as ocp
+    def _data_state(self) -> dict[str, Any]:
+        if self.batches is not None:
+            return self.batches.state_dict()
+        return {"pipeline": self.dataset_type, "consumed": self.consumed}
 
-        assert self.batches is not None
+    def save(
+        self, directory: Path, *, asynchronous: bool = False
+    ) -> CheckpointerPendingSave | None:
+        """MaxText's ``save_checkpoint`` of the state (and its data iterator) into ``directory``."""
+        import jax
+        from maxtext.common import checkpointing
+
         directory = Path(directory).resolve()  # orbax wants absolute paths
         updates = self.optimizer_step()
+        name = max(maxtext_checkpoint_name(updates), 0)  # a save before any update: 0
         meta = {
-            "layout": "maxtext-orbax-v1",
+            "format": "maxtext-orbax-v2",
             "optimizer_step": updates,
-            "maxtext_checkpoint_name": maxtext_checkpoint_name(updates),
-            "data": self.batches.state_dict(),
-            "corpus": self._corpus_fingerprint,
+            "maxtext_checkpoint_name": name,
+            "data": self._data_state(),
+            "data_fingerprint": self._data_fingerprint,
+            "layout": self.layout(),
         }
         if jax.process_index() == 0:
             (directory / META_FILE).write_text(json.dumps(meta, indent=2))
-        checkpointables = {ITEMS: train_state_nnx.to_checkpoint_dict(self.state)}
-        with self._context():
-            if not asynchronous:
-                ocp.save_checkpointables(directory / STATE_DIR, checkpointables)
-                return None
-            response = ocp.save_checkpointables_async(directory / STATE_DIR, checkpointables)
-        return OrbaxPendingSave(response)
+        checkpointer = self._checkpointer(directory / STATE_DIR, asynchronous)
+        checkpointing.save_checkpoint(
+            checkpointer, name, self.state, self.hparams, self.data_iterator, force=True
+        )
+        if asynchronous:
+            return CheckpointerPendingSave(checkpointer)
+        checkpointer.close()
+        return None
 
     def load(self, directory: Path) -> None:
-        """Restore a checkpoint written by ``save`` (state, then the data position)."""
-        assert self.batches is not None
+        """Restore a checkpoint written by ``save``: state, data position, onto this layout."""
         directory = Path(directory).resolve()
         meta_path = directory / META_FILE
         if not meta_path.is_file():
@@ -428,81 +491,132 @@ class MaxTextBackend(BackendBase):
                 "MaxText's own loop use restore_maxtext_checkpoint)"
             )
         meta = json.loads(meta_path.read_text())
-        if meta.get("corpus", self._corpus_fingerprint) != self._corpus_fingerprint:
+        if meta.get("format") != "maxtext-orbax-v2":
             raise ValueError(
-                f"{directory} was trained on other text (corpus {meta['corpus']}, this run "
-                f"{self._corpus_fingerprint}); resume with the same data_path"
+                f"{directory} has baton's earlier MaxText layout ({meta.get('layout')}, state in "
+                f"{STATE_DIR}/items); start from its weights with load_parameters_path="
+                f"{directory / STATE_DIR / 'items'}"
             )
-        updates = self._restore_items(directory / STATE_DIR / ITEMS)
+        saved = meta.get("data_fingerprint", self._data_fingerprint)
+        if saved != self._data_fingerprint:
+            raise ValueError(
+                f"{directory} was trained on other data (fingerprint {saved}, this run "
+                f"{self._data_fingerprint}); resume with the same data_path and tokenizer"
+            )
+        self.check_layout(meta.get("layout", {}), str(directory))
+        updates = self._restore(directory / STATE_DIR, int(meta["maxtext_checkpoint_name"]))
         if updates != meta["optimizer_step"]:
             raise ValueError(
                 f"{directory}: restored optimizer step {updates} differs from the recorded "
                 f"{meta['optimizer_step']}; the checkpoint is inconsistent"
             )
-        self.batches.load_state_dict(meta["data"])
+        self._restore_data_position(meta["data"])
+
+    def check_layout(self, saved: Mapping[str, Any], where: str) -> None:
+        """Refuse a layout change orbax cannot reshard; a mesh change alone is fine."""
+        mine = self.layout()
+        problems = []
+        if "scan_layers" in saved and saved["scan_layers"] != mine["scan_layers"]:
+            problems.append("scan_layers (stacked vs per-layer parameters)")
+        if (
+            self.dataset_type == "grain"
+            and "processes" in saved
+            and saved["processes"] != mine["processes"]
+            and int(self.hparams.expansion_factor_real_data) <= 1
+        ):
+            problems.append("the number of processes holding Grain iterator state")
+        if problems:
+            raise ValueError(
+                f"cannot reshard {where}: saved with layout {saved}, this run has {mine}; "
+                f"{' and '.join(problems)} differ, which orbax cannot map. Resume with the "
+                "saved setting (the mesh itself may change)"
+            )
+
+    def _restore_data_position(self, data: Mapping[str, Any]) -> None:
+        if self.batches is not None:
+            if "consumed" in data and "seed" not in data:
+                raise ValueError(
+                    "the checkpoint was written by MaxText's own data pipeline; "
+                    "resume with the same data_path and tokenizer"
+                )
+            self.batches.load_state_dict(dict(data))
+            self.consumed = self.batches.consumed
+            return
+        if data.get("pipeline") != self.dataset_type:
+            raise ValueError(
+                f"the checkpoint's data came from {data.get('pipeline', 'baton bytes')!r}, this "
+                f"run reads {self.dataset_type!r}; resume with the same data settings"
+            )
+        consumed = int(data["consumed"])
+        if self.dataset_type != "grain":
+            # MaxText checkpoints no Hugging Face iterator state: replay the stream's position
+            for _ in range(consumed):
+                next(self.data_iterator)
+        self.consumed = consumed
 
     def restore_maxtext_checkpoint(self, step_dir: str | Path) -> int:
         """Load a checkpoint MaxText's own loop wrote (``<checkpoint_dir>/<name>``).
 
         Returns the baton step to continue from (``name + 1`` optimizer updates); the
-        data stream moves to the same point (one global batch per step).
+        data stream moves to the same point (one global batch per step; a Grain
+        iterator from its saved state).
         """
-        assert self.batches is not None
         step_dir = Path(step_dir).resolve()
-        updates = self._restore_items(step_dir / ITEMS)
-        if step_dir.name.isdigit() and updates != baton_step_of_maxtext_checkpoint(
-            int(step_dir.name)
-        ):
+        if not step_dir.name.isdigit():
+            raise ValueError(f"{step_dir} is not a MaxText checkpoint step directory (<dir>/<n>)")
+        updates = self._restore(step_dir.parent, int(step_dir.name))
+        if updates != baton_step_of_maxtext_checkpoint(int(step_dir.name)):
             raise ValueError(
                 f"{step_dir}: MaxText checkpoint {step_dir.name} holds optimizer step {updates}, "
                 f"expected {baton_step_of_maxtext_checkpoint(int(step_dir.name))}"
             )
-        self.batches.consumed = updates
+        if self.batches is not None:
+            self.batches.consumed = updates
+        elif self.dataset_type != "grain":
+            self._restore_data_position({"pipeline": self.dataset_type, "consumed": updates})
+        self.consumed = updates
         return updates
 
-    def _restore_items(self, items: Path) -> int:
-        """Overlay a MaxText-layout orbax tree onto the live state; returns the optimizer step."""
+    def _restore(self, root: Path, name: int) -> int:
+        """MaxText's ``load_state_if_possible`` of step ``name`` under ``root`` onto the live
+        state's shardings (and the Grain iterator, if saved); returns the optimizer step."""
         import jax
         from flax import nnx
         from maxtext.common import checkpointing
 
-        if not items.exists():
-            raise FileNotFoundError(f"{items} does not exist: no orbax state in this checkpoint")
+        if not (root / str(name)).is_dir():
+            raise FileNotFoundError(f"{root / str(name)} does not exist: no orbax state here")
         cfg = self.hparams
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
         )
-        restored, _ = checkpointing.load_state_if_possible(
-            None,
-            None,
-            "",
-            str(items),
-            cfg.checkpoint_storage_concurrent_gb,
-            abstract,
-            use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
-            use_zarr3=cfg.checkpoint_storage_use_zarr3,
-            maxtext_config=cfg,
-        )
-        overlay = restored[ITEMS]
+        checkpointer = self._checkpointer(root)
+        try:
+            restored, _ = checkpointing.load_state_if_possible(
+                checkpointer,
+                self.data_iterator,
+                "",
+                "",
+                cfg.checkpoint_storage_concurrent_gb,
+                abstract,
+                dataset_type=cfg.dataset_type,
+                step=name,
+                use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
+                use_zarr3=cfg.checkpoint_storage_use_zarr3,
+                expansion_factor_real_data=cfg.expansion_factor_real_data,
+                maxtext_config=cfg,
+            )
+        finally:
+            checkpointer.close()
+        overlay = restored["items"]
         pure = overlay.to_pure_dict() if hasattr(overlay, "to_pure_dict") else overlay
         nnx.replace_by_pure_dict(self.state, pure)
         return self.optimizer_step()
-
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        from jax.experimental import multihost_utils
-
-        reduced = multihost_utils.process_allgather(np.array(flags, dtype=np.int32))
-        return [bool(v) for v in np.asarray(reduced).reshape(-1, len(flags)).max(axis=0)]
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices("baton_barrier")
 
     def teardown(self) -> None:
         """Drop the device state and compiled steps (patches restore process settings)."""
         self.state = None
         self._p_train = self._p_eval = self._loader = None
+        if self.data_iterator is not None and hasattr(self.data_iterator, "close"):
+            self.data_iterator.close()  # stops Grain's worker processes
+        self.data_iterator = None

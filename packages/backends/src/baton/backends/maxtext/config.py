@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from baton.backends.maxtext.native_data import DATASET_TYPES, native_data_overrides
+
 #: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
 TINY_CPU: dict[str, Any] = {
     "hardware": "cpu",
@@ -40,10 +42,9 @@ TINY_CPU: dict[str, Any] = {
     "log_config": False,
 }
 
-#: Keys baton owns: MaxText's own pipeline, checkpointing and monitors stay off because
-#: baton supplies batches, checkpoints (orbax, through its Checkpoint callback) and logs.
+#: Keys baton owns: MaxText's checkpoint loop and monitors stay off because baton
+#: checkpoints (orbax, through its Checkpoint callback) and logs.
 FORCED: dict[str, Any] = {
-    "dataset_type": "synthetic",
     "enable_checkpointing": False,
     "save_checkpoint_on_start": False,
     "save_checkpoint_on_completion": False,
@@ -54,7 +55,6 @@ FORCED: dict[str, Any] = {
 }
 
 _WHY_FORCED = {
-    "dataset_type": "baton feeds batches from its text pipeline (set data_path instead)",
     "enable_checkpointing": "baton writes orbax checkpoints itself (use the Checkpoint "
     "callback or driver.control.request_save)",
     "enable_goodput_recording": "baton's callbacks do the monitoring",
@@ -91,16 +91,24 @@ class MaxTextConfig:
     Args:
         overrides: MaxText config keys (``base.yml``, model YAMLs) and their values.
         base_config: a MaxText YAML; ``None`` means the packaged ``base.yml``.
-        data_path: a UTF-8 text file; ``None`` means the Python language reference.
-        data_seed: the shuffling seed of the byte stream.
-        eval_batches: fixed validation batches per evaluation.
+        data_path: without ``tokenizer``: a UTF-8 text file for baton's byte stream
+            (``None``: the Python language reference). With ``tokenizer``: a prepared
+            dataset prefix or blend (MaxText's Grain ``mmap`` pipeline) or local
+            JSON/Parquet files (MaxText's Hugging Face pipeline); see ``native_data``.
+        tokenizer: a Hugging Face tokenizer directory: MaxText's own pipelines read the data.
+        data_seed: the shuffling seed of the byte stream (MaxText's ``data_shuffle_seed``
+            for its own pipelines).
+        eval_batches: fixed validation batches per evaluation (byte stream).
+        host_devices: simulated CPU devices for trying a mesh on CPU (fresh process only).
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
     base_config: str | None = None
     data_path: str | None = None
+    tokenizer: str | None = None
     data_seed: int = 0
     eval_batches: int = 4
+    host_devices: int | None = None
 
     # dict-style access to the overrides, for on_configure callbacks
     def __getitem__(self, key: str) -> Any:
@@ -122,7 +130,7 @@ class MaxTextConfig:
         self.overrides.update(values)
 
     def check(self) -> None:
-        """Reject overrides that would fight baton's ownership of data and checkpoints."""
+        """Reject overrides that would fight baton's ownership of checkpoints and monitors."""
         for key, forced in FORCED.items():
             if key in self.overrides and self.overrides[key] != forced:
                 why = _WHY_FORCED.get(key, "baton sets it")
@@ -130,16 +138,43 @@ class MaxTextConfig:
                     f"MaxText override {key}={self.overrides[key]!r} is not supported by the baton "
                     f"backend: {why}. Remove it from the overrides."
                 )
+        dataset_type = self.overrides.get("dataset_type", "synthetic")
+        if dataset_type not in DATASET_TYPES:
+            raise ValueError(
+                f"dataset_type={dataset_type!r} is not driven by baton: use synthetic (baton's "
+                "byte stream, the default), or pass data_path and tokenizer for MaxText's grain "
+                "(prepared data) or hf (JSON/Parquet) pipelines"
+            )
         vocab = self.overrides.get("vocab_size")
-        if vocab is not None and int(vocab) < 256:
+        if self.byte_stream and vocab is not None and int(vocab) < 256:
             raise ValueError(
                 f"vocab_size={vocab} is too small for byte-level text (ids 0-255); use >= 256"
             )
 
+    @property
+    def byte_stream(self) -> bool:
+        """True when baton feeds its byte batches (no tokenizer, no MaxText pipeline)."""
+        return self.tokenizer is None and (
+            self.overrides.get("dataset_type", "synthetic") == "synthetic"
+        )
+
+    def data_overrides(self) -> dict[str, Any]:
+        """The MaxText keys that select the data pipeline (validated; see ``native_data``)."""
+        if self.tokenizer is None:
+            return {} if "dataset_type" in self.overrides else {"dataset_type": "synthetic"}
+        if not self.data_path:
+            raise ValueError(
+                f"tokenizer {self.tokenizer} given without data: pass data_path (a prepared "
+                "prefix or blend, or JSON/Parquet files)"
+            )
+        vocab = self.overrides.get("vocab_size")
+        native = native_data_overrides(self.data_path, self.tokenizer, vocab)
+        return native | {"data_shuffle_seed": self.data_seed}
+
     def merged(self) -> dict[str, Any]:
-        """The overrides MaxText gets: the user's, then baton's forced keys."""
+        """The overrides MaxText gets: the data pipeline's, the user's, then baton's forced keys."""
         self.check()
-        return {**self.overrides, **FORCED}
+        return {**self.data_overrides(), **self.overrides, **FORCED}
 
     def argv(self, extra: Mapping[str, Any] | None = None) -> list[str]:
         """MaxText's command line: ``[prog, base.yml, key=value, ...]``.

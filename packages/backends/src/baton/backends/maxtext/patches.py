@@ -52,6 +52,41 @@ def _overrides(backend: Backend) -> dict[str, Any]:
     return getattr(backend.config, "overrides", {}) or {}
 
 
+def jax_backend_started() -> bool:
+    """Whether JAX has created its devices in this process (XLA flags no longer apply)."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def simulate_host_devices(recorder: PatchRecorder, count: int) -> None:
+    """Make JAX start with ``count`` CPU devices (``--xla_force_host_platform_device_count``).
+
+    Only a process whose JAX has not started yet can do this; the recorder undoes it.
+    """
+    if jax_backend_started():
+        import jax
+
+        if jax.device_count() == count and jax.devices()[0].platform == "cpu":
+            return
+        raise RuntimeError(
+            f"JAX already started with {jax.device_count()} devices; simulate {count} host "
+            "devices in a fresh process (before anything imports and uses JAX)"
+        )
+    flag = f"--xla_force_host_platform_device_count={count}"
+    kept = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
+    recorder.setenv("XLA_FLAGS", " ".join([*kept, flag]))
+    recorder.setenv("JAX_PLATFORMS", "cpu")
+
+
 @register_patch
 class MaxTextCpuPlatform(Patch):
     """Pin JAX to the CPU platform (JAX_PLATFORMS=cpu) before JAX starts when hardware=cpu."""
@@ -74,6 +109,25 @@ class MaxTextCpuPlatform(Patch):
 
 
 @register_patch
+class MaxTextHostDevices(Patch):
+    """Run on N simulated CPU devices (``MaxTextConfig.host_devices``) to try a mesh on CPU."""
+
+    name = "maxtext_host_devices"
+    backend = "maxtext"
+    versions = VERSIONS
+    phase = "configure"
+
+    def condition(self, backend: Backend) -> bool | tuple[bool, str]:
+        count = getattr(backend.config, "host_devices", None)
+        if not count:
+            return False, "host_devices not set"
+        return True, f"host_devices={count}"
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        simulate_host_devices(recorder, int(driver.backend.config.host_devices))
+
+
+@register_patch
 class MaxTextNoHloDump(Patch):
     """Stop MaxText's config init from dumping HLO on every compile (it fills an empty XLA_FLAGS)."""
 
@@ -91,7 +145,8 @@ class MaxTextNoHloDump(Patch):
         return True, "XLA_FLAGS is empty"
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
-        recorder.setenv("XLA_FLAGS", NO_DUMP_XLA_FLAGS)
+        if not os.environ.get("XLA_FLAGS"):  # another patch may have set flags since
+            recorder.setenv("XLA_FLAGS", NO_DUMP_XLA_FLAGS)
 
 
 @register_patch

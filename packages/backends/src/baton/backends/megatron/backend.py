@@ -20,9 +20,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -38,6 +37,7 @@ from baton.backends.megatron.data import (
     build_gpt_datasets,
     build_indexed_dataset,
 )
+from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 
@@ -81,7 +81,7 @@ class _AsyncSave:
         self.queue.maybe_finalize_async_calls(blocking=True)
 
 
-class MegatronBackend(BackendBase):
+class MegatronBackend(TorchDistributed, BackendBase):
     """Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop."""
 
     name = "megatron"
@@ -100,26 +100,9 @@ class MegatronBackend(BackendBase):
         self.train_stream: SampleStream | None = None
         self.valid_dataset: Any = None
         self.num_microbatches = 1
-        self._owns_process_group = False
-        self._store_file: str | None = None
         self._async_queue: Any = None
-        self._device = torch.device("cpu")
 
     # -- facts ----------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-
-    @property
-    def world_size(self) -> int:
-        if dist.is_initialized():
-            return dist.get_world_size()
-        return int(os.environ.get("WORLD_SIZE", 1))
-
-    @property
-    def device_type(self) -> str:
-        return self._device.type
-
     @property
     def flops_per_token(self) -> float:
         """6 x parameters + attention (the PaLM estimate), over the whole model."""
@@ -139,7 +122,7 @@ class MegatronBackend(BackendBase):
         from megatron.core import parallel_state, tensor_parallel
 
         cfg = self.config
-        self._init_process_group()
+        self.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()
         cfg.data_parallel_size(self.world_size)  # validates the layout
         self.num_microbatches = cfg.num_microbatches(self.world_size)
@@ -151,26 +134,6 @@ class MegatronBackend(BackendBase):
         self.model = self._build_model()
         self.optimizer, self.scheduler = self._build_optimizer()
         self._build_data()
-
-    def _init_process_group(self) -> None:
-        if dist.is_initialized():
-            return
-        cuda = torch.cuda.is_available()
-        backend = self.config.dist_backend
-        if backend == "auto":
-            backend = "nccl" if cuda else "gloo"
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            self._device = torch.device("cuda", torch.cuda.current_device())
-        if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend)  # launched by torchrun / SLURM
-        else:
-            fd, self._store_file = tempfile.mkstemp(prefix="baton-megatron-store-")
-            os.close(fd)
-            dist.init_process_group(
-                backend, init_method=f"file://{self._store_file}", rank=0, world_size=1
-            )
-        self._owns_process_group = True
 
     def _layer_spec(self) -> Any:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -315,18 +278,6 @@ class MegatronBackend(BackendBase):
             samples=cfg.global_batch_size,
         )
 
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Every tensor to the host in one transfer; plain numbers pass through."""
-        out: dict[str, float] = {}
-        keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-        if keys:
-            stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys])
-            out.update(zip(keys, stacked.cpu().tolist(), strict=True))
-        for k, v in values.items():
-            if k not in out:
-                out[k] = float(v)
-        return out
-
     @torch.no_grad()
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid split."""
@@ -349,17 +300,6 @@ class MegatronBackend(BackendBase):
             self.num_microbatches = saved
             self.model.train()
         return {"loss": self._mean_loss(reduced)}
-
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        tensor = torch.tensor([float(f) for f in flags], device=self._device)
-        dist.all_reduce(tensor)
-        return [bool(v > 0) for v in tensor.tolist()]
-
-    def barrier(self) -> None:
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
 
     # -- checkpoints ----------------------------------------------------------------
     def _sharded_state(self, *, loading: bool) -> dict[str, Any]:
@@ -410,15 +350,68 @@ class MegatronBackend(BackendBase):
         return _AsyncSave(self._async_queue)
 
     def load(self, directory: Path) -> None:
+        """Restore model, optimizer, scheduler, data position and RNG from ``directory``.
+
+        A failure is re-raised as ``CheckpointLoadError`` naming the Megatron call that
+        failed and its message (or, for a bare assertion, the failing source line).
+        """
         from megatron.core import dist_checkpointing
 
-        assert self.train_stream is not None
-        state = dist_checkpointing.load(self._sharded_state(loading=True), str(directory))
-        self.model.module.load_state_dict(state["model"], strict=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.train_stream.load_state_dict(state["data"])
-        _set_rng_state(state["rng"])
+        assert self.train_stream is not None, "setup() must run before load()"
+        with _naming_failures("building the sharded state dict to load into"):
+            self._init_optimizer_state()
+            request = self._sharded_state(loading=True)
+        with _naming_failures(f"dist_checkpointing.load({directory})"):
+            state = dist_checkpointing.load(request, str(directory))
+        # copying into the optimizer's fp32 shards (views of parameters) is not autograd work
+        with _naming_failures("restoring the loaded state"), torch.no_grad():
+            self.model.module.load_state_dict(state["model"], strict=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self._restore_optimizer_steps(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.train_stream.load_state_dict(state["data"])
+            _set_rng_state(state["rng"])
+
+    def _init_optimizer_state(self) -> None:
+        """Give a distributed optimizer that has not stepped yet its state tensors.
+
+        Its sharded state dict reads every parameter's Adam state (and, without Apex or
+        Transformer Engine, the common ``step``), which exist only after a step; a fresh
+        process has none. Megatron-Core's ``_init_optimizer_states_with_dummy_values`` (its
+        own preparation before loading into an unstepped distributed optimizer) steps
+        the inner optimizer once on zero gradients; loading then overwrites every value.
+        """
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if isinstance(optimizer, DistributedOptimizer) and not optimizer.optimizer.state:
+                optimizer._init_optimizer_states_with_dummy_values()
+
+    def _restore_optimizer_steps(self, loaded: Any) -> None:
+        """Each parameter's Adam ``step`` from the checkpoint, as its own tensor.
+
+        Without Apex or Transformer Engine, Megatron-Core's distributed optimizer saves
+        the common step in its param groups and, on load, hands every parameter the same
+        step tensor, then copies the per-parameter value from the pre-load state over it;
+        torch's Adam increments each parameter's step in place. The resumed update would
+        use a wrong bias correction; this sets the saved step, one tensor per parameter.
+        """
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        chained = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        states = [loaded] if len(chained) == 1 else [loaded[k] for k in sorted(loaded)]
+        for optimizer, state in zip(chained, states, strict=True):
+            if not isinstance(optimizer, DistributedOptimizer):
+                continue
+            groups = state.get("optimizer", {}).get("param_groups", [])
+            steps = {g["step"] for g in groups if g.get("step") is not None}
+            if len(steps) != 1:
+                continue
+            step = float(steps.pop())
+            for param_state in optimizer.optimizer.state.values():
+                if isinstance(param_state.get("step"), torch.Tensor):
+                    old = param_state["step"]
+                    param_state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device)
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:
@@ -432,12 +425,37 @@ class MegatronBackend(BackendBase):
         parallel_state.destroy_model_parallel()
         self.model = self.optimizer = self.scheduler = None
         self.train_stream = self.valid_dataset = None
-        if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-            self._owns_process_group = False
-        if self._store_file is not None:
-            Path(self._store_file).unlink(missing_ok=True)
-            self._store_file = None
+        self.teardown_process_group()
+
+
+class CheckpointLoadError(RuntimeError):
+    """A Megatron checkpoint could not be loaded; the message names the call and the cause."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``; for an exception without a message (a bare ``assert``), the
+    file, line and source text where it was raised instead."""
+    import traceback
+
+    text = str(error).strip()
+    if text:
+        return f"{type(error).__name__}: {text}"
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return type(error).__name__
+    last = frames[-1]
+    where = f"{Path(last.filename).name}:{last.lineno} in {last.name}"
+    return f"{type(error).__name__} at {where}: {(last.line or '').strip()}"
+
+
+@contextlib.contextmanager
+def _naming_failures(what: str) -> Iterator[None]:
+    try:
+        yield
+    except CheckpointLoadError:
+        raise
+    except Exception as error:
+        raise CheckpointLoadError(f"{what} failed: {describe_error(error)}") from error
 
 
 def _transformer_engine_available() -> bool:

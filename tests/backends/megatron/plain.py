@@ -33,6 +33,8 @@ class Layout:
     micro_batch_size: int = 4
     global_batch_size: int = 8
     bpe: bool = False
+    #: the model's vocabulary before padding (``v384``: the same padded size for TP 1 and 2)
+    vocab_size: int | None = None
 
     @classmethod
     def parse(cls, name: str) -> Layout:
@@ -54,6 +56,8 @@ class Layout:
                 values["distributed_optimizer"] = True
             elif word == "bpe":
                 values["bpe"] = True
+            elif word.startswith("v") and word[1:].isdigit():
+                values["vocab_size"] = int(word[1:])
             else:
                 raise ValueError(f"unknown layout word {word!r} in {name!r}")
         return cls(**values)

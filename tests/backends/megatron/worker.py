@@ -81,6 +81,7 @@ def main() -> None:
             global_batch_size=layout.global_batch_size,
             warmup_steps=3,
             decay_steps=20,
+            vocab_size=layout.vocab_size,
         )
         config.ddp.use_distributed_optimizer = layout.distributed_optimizer
         config.data.cache_dir = args.data_dir

@@ -1,13 +1,17 @@
 """Megatron-Core driven one optimizer step at a time by baton's loop.
 
-``setup`` initialises model-parallel state, builds ``GPTModel`` from the
-``TransformerConfig``, wraps it in Megatron's ``DistributedDataParallel``, builds the
-optimizer with ``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the
-data through ``megatron.core.datasets``. ``train_step`` is Megatron's step:
-``get_forward_backward_func()`` over the micro-batches, ``finalize_model_grads``,
-``optimizer.step()``, scheduler step. Checkpoints are ``dist_checkpointing`` sharded
-state dicts (model, optimizer; scheduler, data position and RNG alongside), saved
-asynchronously on request. ``megatron.training`` (Megatron-LM's loop) is never imported.
+``setup`` joins the process group the launch describes (torchrun, SLURM or BATON_*,
+through ``TorchDistributed``), initialises model-parallel state (tensor, pipeline,
+virtual pipeline), builds ``GPTModel`` chunks from the ``TransformerConfig``, wraps each
+in Megatron's ``DistributedDataParallel``, builds the optimizer with
+``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the data through
+``megatron.core.datasets`` (prepared datasets with a Hugging Face tokenizer, or bytes).
+``train_step`` is Megatron's step: ``get_forward_backward_func()`` (no pipelining, 1F1B
+or interleaved) over the micro-batches, ``finalize_model_grads``, ``optimizer.step()``,
+scheduler step. Checkpoints are ``dist_checkpointing`` sharded state dicts (model,
+optimizer; scheduler, data position, layout and RNG alongside), saved asynchronously on
+request and resharded on load to another tensor/pipeline layout where Megatron can.
+``megatron.training`` (Megatron-LM's loop) is never imported.
 
 Example::
 
@@ -447,6 +451,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "virtual_pipeline": cfg.model.virtual_pipeline_model_parallel_size or 1,
             "data": cfg.data_parallel_size(self.world_size),
             "distributed_optimizer": bool(cfg.ddp.use_distributed_optimizer),
+            "padded_vocab_size": self.padded_vocab_size,
         }
 
     def _check_layout(self, saved: dict[str, Any] | None) -> bool:
@@ -459,7 +464,17 @@ class MegatronBackend(TorchDistributed, BackendBase):
         model_parallel = ("tensor", "pipeline", "virtual_pipeline")
         same_model_parallel = all(saved.get(k) == current[k] for k in model_parallel)
         problem = None
-        if saved.get("distributed_optimizer") != current["distributed_optimizer"]:
+        if (
+            saved.get("padded_vocab_size", current["padded_vocab_size"])
+            != (current["padded_vocab_size"])
+        ):
+            problem = (
+                f"the embedding has {saved['padded_vocab_size']} rows there and "
+                f"{current['padded_vocab_size']} here (the vocabulary is padded to a multiple "
+                "of make_vocab_size_divisible_by x tensor parallel); set config.vocab_size to "
+                "a multiple of that for both tensor sizes"
+            )
+        elif saved.get("distributed_optimizer") != current["distributed_optimizer"]:
             problem = (
                 "the optimizer state is sharded differently with and without the "
                 "distributed optimizer"

@@ -293,6 +293,30 @@ def test_weights_only_start_matches_source_model_on_the_same_batch(runs: Runs) -
     assert first[1] < runs.first[1] - 0.1  # the trained weights, not a fresh model
 
 
+def test_load_failures_name_the_call_and_a_bare_assertion_its_source_line(tmp_path: Path) -> None:
+    import importlib.util
+
+    from baton.backends.megatron.backend import CheckpointLoadError, _naming_failures
+
+    # a bare assert outside the test module (pytest rewrites asserts only in tests)
+    source = tmp_path / "distrib_optimizer.py"
+    source.write_text("def state_dict():\n    steps = [1, 2]\n    assert len(steps) == 1\n")
+    spec = importlib.util.spec_from_file_location("distrib_optimizer", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(CheckpointLoadError) as error:
+        with _naming_failures("dist_checkpointing.load(ckpt)"):
+            module.state_dict()
+    assert str(error.value) == (
+        "dist_checkpointing.load(ckpt) failed: AssertionError at distrib_optimizer.py:3 "
+        "in state_dict: assert len(steps) == 1"
+    )
+    with pytest.raises(CheckpointLoadError, match=r"restoring failed: KeyError: 'rng'"):
+        with _naming_failures("restoring"):
+            {}["rng"]
+
+
 def test_bad_data_input_is_refused_before_anything_is_built(runs: Runs, tmp_path: Path) -> None:
     from baton.backends.megatron import MegatronBackend, MegatronConfig
     from baton.backends.textdata import DataError, train_tokenizer

@@ -1,13 +1,22 @@
-"""A tiny Megatron-Core GPTModel on real text (the Python language reference), on CPU.
+"""A tiny Megatron-Core GPTModel on real text, on CPU.
 
 uv run baton run recipes/megatron_gpt_tiny.py --max-steps 50
 uv run baton run recipes/megatron_gpt_tiny.py --max-steps 100 --resume auto
+uv run baton data tokenizer runs/tok && uv run baton data prepare corpus.jsonl \\
+    --tokenizer runs/tok --output data/corpus
+uv run baton run recipes/megatron_gpt_tiny.py --data-path data/corpus --tokenizer runs/tok
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
+    ... --pipeline-parallel 2                          # 1F1B over 2 stages
+    ... --pipeline-parallel 2 --virtual-pipeline 2 --num-layers 4   # interleaved
+    ... --tensor-parallel 2 --distributed-optimizer
 
-Megatron's own path end to end: byte tokens written as an indexed dataset, GPTDataset,
-GPTModel in Megatron's DDP, Megatron's optimizer and LR schedule, the no-pipelining
-forward-backward schedule, and dist_checkpointing saves (asynchronous).
+Megatron's own path end to end: a prepared dataset (or a blend "0.7 A 0.3 B") read with
+the Hugging Face tokenizer through megatron.core.tokenizers, or without them the bytes of
+the Python language reference written as an indexed dataset; GPTDataset, GPTModel in
+Megatron's DDP, Megatron's optimizer and LR schedule, its forward-backward schedules, and
+dist_checkpointing saves (asynchronous). A checkpoint resumes under another tensor or
+pipeline layout (without the distributed optimizer), resharded on load.
 """
 
 from __future__ import annotations
@@ -30,16 +39,26 @@ def recipe(
     micro_batch_size: int = 4,
     global_batch_size: int = 8,
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    virtual_pipeline: int = 1,
+    sequence_parallel: bool = False,
+    distributed_optimizer: bool = False,
     seed: int = 1234,
     log_every: int = 10,
     eval_every: int = 25,
     save_every: int = 25,
     async_save: bool = True,
     text_path: str | None = None,
+    data_path: str | None = None,
+    tokenizer: str | None = None,
+    init_from: str | None = None,
     run_dir: str = "runs/megatron_gpt_tiny",
     progress: bool = True,
 ) -> Driver:
-    """Train a tiny Megatron-Core GPT on bytes of the Python language reference."""
+    """Train a tiny Megatron-Core GPT on prepared data (``--data-path`` prefix or blend with
+    its ``--tokenizer``) or, without them, on bytes of the Python language reference."""
+    import torch
+
     config = MegatronConfig(
         model=tiny_transformer_config(
             num_layers=num_layers,
@@ -47,6 +66,10 @@ def recipe(
             num_attention_heads=num_attention_heads,
             ffn_hidden_size=4 * hidden_size,
             tensor_model_parallel_size=tensor_parallel,
+            pipeline_model_parallel_size=pipeline_parallel,
+            virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
+            sequence_parallel=sequence_parallel,
+            pipeline_dtype=torch.float32 if pipeline_parallel > 1 else None,
         ),
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
@@ -57,7 +80,11 @@ def recipe(
     )
     config.optimizer.lr = lr
     config.optimizer.min_lr = min_lr
+    config.ddp.use_distributed_optimizer = distributed_optimizer
+    config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
     config.data.text_path = text_path
+    config.data.data_path, config.data.tokenizer = data_path, tokenizer
+    config.data.train_samples = max_steps * global_batch_size if data_path else None
     config.data.cache_dir = f"{run_dir}/data"
     return Driver(
         MegatronBackend(config),

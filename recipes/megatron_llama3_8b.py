@@ -1,16 +1,21 @@
 """Llama 3 8B on Megatron-Core: the real GPU configuration, launched with torchrun.
 
     torchrun --nnodes 2 --nproc-per-node 8 ... -m baton.core.cli run \\
-        recipes/megatron_llama3_8b.py --tensor-parallel 2 --pipeline-parallel 1
+        recipes/megatron_llama3_8b.py --tensor-parallel 2 --pipeline-parallel 1 \\
+        --data-path "0.7 data/web 0.3 data/code" --tokenizer tokenizers/llama3
     uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16   # on CPU
+    uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16 \\
+        --pipeline-parallel 4 --virtual-pipeline 2      # interleaved 1F1B, validated
 
 bf16, the distributed optimizer, Transformer Engine layers when installed (local layers
 otherwise), RoPE, RMSNorm, SwiGLU, grouped-query attention. ``--dry-run`` builds and
 validates the Megatron configuration objects and prints the parallel layout without
 initialising a process group or training (the recipe then returns None).
 
-Data: the backend's byte-level text path (a Llama 3 tokenizer is not shipped offline);
-the model keeps Llama 3's 128256-row vocabulary so shapes and FLOPs are the real ones.
+Data: prepared datasets (``baton data prepare``; a prefix or a blend such as
+``"0.7 data/web 0.3 data/code"``) read with the Llama 3 tokenizer directory they were
+prepared with, through Megatron's GPTDataset. Without ``--data-path`` and ``--tokenizer``
+the recipe refuses to start. The model keeps Llama 3's 128256-row vocabulary.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from baton.core import Driver
 def llama3_8b_config(
     tensor_parallel: int,
     pipeline_parallel: int,
+    virtual_pipeline: int,
     seq_len: int,
     micro_batch_size: int,
     global_batch_size: int,
@@ -53,6 +59,7 @@ def llama3_8b_config(
         pipeline_dtype=torch.bfloat16,
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         sequence_parallel=tensor_parallel > 1,
         use_cpu_initialization=False,
     )
@@ -94,9 +101,21 @@ def print_layout(config: MegatronConfig, world_size: int) -> None:
         )
         + 2 * vocab * m.hidden_size
     )
+    vpp = m.virtual_pipeline_model_parallel_size or 1
+    if m.num_layers % (pp * vpp):
+        raise ValueError(
+            f"{m.num_layers} layers do not split into pipeline {pp} x virtual {vpp} stages; "
+            "choose sizes whose product divides the layer count"
+        )
+    if vpp > 1 and micro % pp:
+        raise ValueError(
+            f"the interleaved schedule needs micro-batches ({micro}) divisible by pipeline "
+            f"parallel {pp}; change the global or micro batch size"
+        )
     print(f"world size {world_size} = tensor {tp} x pipeline {pp} x data {dp}")
     print(
-        f"layers per pipeline stage {m.num_layers // pp}; sequence parallel {m.sequence_parallel}"
+        f"layers per pipeline stage {m.num_layers // pp} ({vpp} virtual stage(s) of "
+        f"{m.num_layers // pp // vpp}); sequence parallel {m.sequence_parallel}"
     )
     print(
         f"global batch {config.global_batch_size} = micro {config.micro_batch_size} x "
@@ -116,23 +135,40 @@ def recipe(
     max_steps: int = 1000,
     tensor_parallel: int = 2,
     pipeline_parallel: int = 1,
+    virtual_pipeline: int = 1,
     seq_len: int = 8192,
     micro_batch_size: int = 1,
     global_batch_size: int = 128,
     lr: float = 3e-4,
     world_size: int = 0,
     dry_run: bool = False,
+    data_path: str | None = None,
+    tokenizer: str | None = None,
     save_every: int = 500,
     run_dir: str = "runs/megatron_llama3_8b",
 ) -> Driver | None:
     """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout)."""
     config = llama3_8b_config(
-        tensor_parallel, pipeline_parallel, seq_len, micro_batch_size, global_batch_size, lr
+        tensor_parallel,
+        pipeline_parallel,
+        virtual_pipeline,
+        seq_len,
+        micro_batch_size,
+        global_batch_size,
+        lr,
     )
     world = world_size or int(os.environ.get("WORLD_SIZE", tensor_parallel * pipeline_parallel))
     if dry_run:
         print_layout(config, world)
         return None
+    if data_path is None or tokenizer is None:
+        raise SystemExit(
+            "megatron_llama3_8b trains on prepared data: pass --data-path PREFIX (or a blend "
+            "'0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare`) and --tokenizer DIR (the "
+            "Llama 3 tokenizer directory the data was prepared with)"
+        )
+    config.data.data_path, config.data.tokenizer = data_path, tokenizer
+    config.data.train_samples = max_steps * global_batch_size
     config.data.cache_dir = f"{run_dir}/data"
     return Driver(
         MegatronBackend(config),

@@ -1,20 +1,68 @@
-"""Launch a test worker on two CPU ranks with torchrun (gloo), the way users launch baton."""
+"""Launch test workers with torchrun (gloo) the way users launch baton: one node with
+several ranks, or several "nodes" on this host (one torchrun agent each, c10d rendezvous
+on 127.0.0.1)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+
+_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 600) -> None:
     """Run ``script args`` under ``torchrun --standalone`` (a free rendezvous port), one
     thread per rank; fail with the tail of its output when it does not exit 0."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    env = {**os.environ, **_ENV}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc-per-node", str(nproc), str(script), *args],
         capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_nodes(
+    script: Path, *args: str, nnodes: int = 2, nproc: int = 1, timeout: float = 600
+) -> None:
+    """Run ``script args`` as ``nnodes`` torchrun agents on this host (``--nnodes N
+    --node-rank I``, c10d rendezvous on 127.0.0.1), ``nproc`` ranks each, as a
+    multi-node job is launched; fail with each agent's output tail unless all exit 0."""
+    env = {**os.environ, **_ENV}
+    endpoint, job = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
+
+    def command(node: int) -> list[str]:
+        return [
+            *(sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes)),
+            *("--node-rank", str(node), "--nproc-per-node", str(nproc)),
+            *("--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", job),
+            *(str(script), *args),
+        ]
+
+    agents = [
+        subprocess.Popen(
+            command(node), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        for node in range(nnodes)
+    ]
+    outputs = []
+    try:
+        for agent in agents:
+            outputs.append(agent.communicate(timeout=timeout)[0])
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    failed = [i for i, agent in enumerate(agents) if agent.returncode != 0]
+    assert not failed, "\n".join(f"node {i}:\n{outputs[i][-4000:]}" for i in failed)

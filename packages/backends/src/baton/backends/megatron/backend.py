@@ -1,13 +1,17 @@
 """Megatron-Core driven one optimizer step at a time by baton's loop.
 
-``setup`` initialises model-parallel state, builds ``GPTModel`` from the
-``TransformerConfig``, wraps it in Megatron's ``DistributedDataParallel``, builds the
-optimizer with ``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the
-data through ``megatron.core.datasets``. ``train_step`` is Megatron's step:
-``get_forward_backward_func()`` over the micro-batches, ``finalize_model_grads``,
-``optimizer.step()``, scheduler step. Checkpoints are ``dist_checkpointing`` sharded
-state dicts (model, optimizer; scheduler, data position and RNG alongside), saved
-asynchronously on request. ``megatron.training`` (Megatron-LM's loop) is never imported.
+``setup`` joins the process group the launch describes (torchrun, SLURM or BATON_*,
+through ``TorchDistributed``), initialises model-parallel state (tensor, pipeline,
+virtual pipeline), builds ``GPTModel`` chunks from the ``TransformerConfig``, wraps each
+in Megatron's ``DistributedDataParallel``, builds the optimizer with
+``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the data through
+``megatron.core.datasets`` (prepared datasets with a Hugging Face tokenizer, or bytes).
+``train_step`` is Megatron's step: ``get_forward_backward_func()`` (no pipelining, 1F1B
+or interleaved) over the micro-batches, ``finalize_model_grads``, ``optimizer.step()``,
+scheduler step. Checkpoints are ``dist_checkpointing`` sharded state dicts (model,
+optimizer; scheduler, data position, layout and RNG alongside), saved asynchronously on
+request and resharded on load to another tensor/pipeline layout where Megatron can.
+``megatron.training`` (Megatron-LM's loop) is never imported.
 
 Example::
 
@@ -20,9 +24,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -34,10 +37,13 @@ import torch.distributed as dist
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
     ByteTokenizer,
+    PreparedSource,
     SampleStream,
     build_gpt_datasets,
     build_indexed_dataset,
+    open_prepared,
 )
+from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 
@@ -81,7 +87,7 @@ class _AsyncSave:
         self.queue.maybe_finalize_async_calls(blocking=True)
 
 
-class MegatronBackend(BackendBase):
+class MegatronBackend(TorchDistributed, BackendBase):
     """Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop."""
 
     name = "megatron"
@@ -94,32 +100,19 @@ class MegatronBackend(BackendBase):
             if not hasattr(self.config, key):
                 raise TypeError(f"MegatronConfig has no field {key!r}")
             setattr(self.config, key, value)
-        self.model: Any = None  # the DDP-wrapped GPTModel
+        #: the DDP-wrapped GPTModel chunks of this rank (several with a virtual pipeline)
+        self.chunks: list[Any] = []
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self.train_stream: SampleStream | None = None
+        #: one stream per chunk (each chunk of an interleaved pipeline reads its own)
+        self.train_streams: list[SampleStream] = []
         self.valid_dataset: Any = None
         self.num_microbatches = 1
-        self._owns_process_group = False
-        self._store_file: str | None = None
+        #: the prepared datasets and tokenizer (``None``: the byte corpus)
+        self.source: PreparedSource | None = None
         self._async_queue: Any = None
-        self._device = torch.device("cpu")
 
     # -- facts ----------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-
-    @property
-    def world_size(self) -> int:
-        if dist.is_initialized():
-            return dist.get_world_size()
-        return int(os.environ.get("WORLD_SIZE", 1))
-
-    @property
-    def device_type(self) -> str:
-        return self._device.type
-
     @property
     def flops_per_token(self) -> float:
         """6 x parameters + attention (the PaLM estimate), over the whole model."""
@@ -128,49 +121,98 @@ class MegatronBackend(BackendBase):
         ffn = m.ffn_hidden_size or 4 * h
         kv = (m.num_query_groups or m.num_attention_heads) / m.num_attention_heads
         per_layer = 2 * h * h + 2 * h * h * kv + (3 if m.gated_linear_unit else 2) * h * ffn
-        vocab = self.config.padded_vocab_size(ByteTokenizer().vocab_size)
+        vocab = self.padded_vocab_size
         return 6.0 * (layers * per_layer + vocab * h) + 12.0 * layers * h * seq
 
     def describe(self) -> dict[str, Any]:
-        return self.config.describe()
+        """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""
+        from baton.backends.textdata import fingerprint_file, load_tokenizer
+
+        tokenizer = "bytes"
+        if self.source is not None:
+            tokenizer = self.source.info.fingerprint[:16]
+        elif self.config.data.tokenizer is not None:
+            path = load_tokenizer(self.config.data.tokenizer).path / "tokenizer.json"
+            tokenizer = fingerprint_file(path)[:16]
+        return {**self.config.describe(), "tokenizer": tokenizer}
+
+    @property
+    def tokenizer_vocab_size(self) -> int:
+        """Tokens the tokenizer can produce (the prepared data's, else 257 bytes + eod)."""
+        return self.source.vocab_size if self.source else ByteTokenizer().vocab_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The model's embedding rows (``config.vocab_size`` or the tokenizer's, padded)."""
+        return self.config.padded_vocab_size(self.tokenizer_vocab_size)
 
     # -- build ------------------------------------------------------------------------
+    def check_data(self) -> None:
+        """Open and check the configured data and tokenizer before anything is built:
+        ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
+        data's, or one with more tokens than the model's vocabulary."""
+        from baton.backends.textdata import DataError, check_model_vocab
+
+        data = self.config.data
+        if data.data_path is None:
+            if data.tokenizer is not None:
+                raise DataError(
+                    f"tokenizer {data.tokenizer} given without a data path: prepare the text "
+                    "with `baton data prepare ... --tokenizer DIR --output PREFIX` and pass "
+                    "the prefix (or a blend) as the data path"
+                )
+            self.source = None
+            return
+        if data.tokenizer is None:
+            raise DataError(
+                f"data path {data.data_path!r} needs the tokenizer it was prepared with: "
+                "pass its Hugging Face tokenizer directory"
+            )
+        self.source = open_prepared(data.data_path, data.tokenizer)
+        if self.config.vocab_size is not None:
+            check_model_vocab(self.source.info, self.config.vocab_size)
+
     def setup(self) -> None:
         from megatron.core import parallel_state, tensor_parallel
 
         cfg = self.config
-        self._init_process_group()
+        self.check_data()
+        self.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()
         cfg.data_parallel_size(self.world_size)  # validates the layout
         self.num_microbatches = cfg.num_microbatches(self.world_size)
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=cfg.model.virtual_pipeline_model_parallel_size,
         )
         torch.manual_seed(cfg.seed)
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
-        self.model = self._build_model()
+        self.chunks = self._build_model()
         self.optimizer, self.scheduler = self._build_optimizer()
         self._build_data()
+        if cfg.init_from is not None:
+            self.load_weights(Path(cfg.init_from))
 
-    def _init_process_group(self) -> None:
-        if dist.is_initialized():
-            return
-        cuda = torch.cuda.is_available()
-        backend = self.config.dist_backend
-        if backend == "auto":
-            backend = "nccl" if cuda else "gloo"
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            self._device = torch.device("cuda", torch.cuda.current_device())
-        if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend)  # launched by torchrun / SLURM
-        else:
-            fd, self._store_file = tempfile.mkstemp(prefix="baton-megatron-store-")
-            os.close(fd)
-            dist.init_process_group(
-                backend, init_method=f"file://{self._store_file}", rank=0, world_size=1
+    def load_weights(self, directory: Path) -> None:
+        """Load only the model's weights from a checkpoint (``dist_checkpointing``'s
+        model-only load, under any layout it can reshard); the optimizer, schedule and
+        data position stay fresh. ``directory`` is a baton checkpoint or its backend folder."""
+        from megatron.core import dist_checkpointing
+
+        if (directory / "backend").is_dir():
+            directory = directory / "backend"
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                f"init_from {directory} is not a checkpoint directory; pass a checkpoint "
+                "step directory (runs/NAME/checkpoints/step_000100) or its backend/ folder"
             )
-        self._owns_process_group = True
+        with _naming_failures(f"dist_checkpointing.load of the model from {directory}"):
+            state = dist_checkpointing.load({"model": self._model_sharded_state()}, str(directory))
+        with _naming_failures("restoring the model weights"), torch.no_grad():
+            self._load_model_state(state["model"])
+            self.optimizer.reload_model_params()  # main (fp32) copies follow the weights
+        log.info("started from the weights of %s", directory)
 
     def _layer_spec(self) -> Any:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -187,24 +229,47 @@ class MegatronBackend(BackendBase):
             return get_gpt_layer_with_transformer_engine_spec()
         return get_gpt_layer_local_spec(normalization=self.config.model.normalization)
 
-    def _build_model(self) -> Any:
+    @property
+    def model(self) -> Any:
+        """The first (usually the only) DDP-wrapped model chunk."""
+        return self.chunks[0] if self.chunks else None
+
+    @property
+    def train_stream(self) -> SampleStream | None:
+        return self.train_streams[0] if self.train_streams else None
+
+    def _build_model(self) -> list[Any]:
+        """This rank's GPTModel chunks, each in Megatron's DDP (one chunk per virtual
+        pipeline stage; bucketing only on the first, as Megatron-LM does)."""
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel
         from megatron.core.models.gpt import GPTModel
 
         cfg = self.config
-        model = GPTModel(
-            config=cfg.model,
-            transformer_layer_spec=self._layer_spec(),
-            vocab_size=cfg.padded_vocab_size(ByteTokenizer().vocab_size),
-            max_sequence_length=cfg.seq_len,
-            pre_process=parallel_state.is_pipeline_first_stage(),
-            post_process=parallel_state.is_pipeline_last_stage(),
-            share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
-            position_embedding_type=cfg.position_embedding_type,
-        )
-        model.to(self._device)
-        return DistributedDataParallel(cfg.model, cfg.ddp, model)
+        virtual = cfg.model.virtual_pipeline_model_parallel_size
+        stages: list[int | None] = list(range(virtual)) if virtual else [None]
+        chunks = []
+        for stage in stages:
+            model = GPTModel(
+                config=cfg.model,
+                transformer_layer_spec=self._layer_spec(),
+                vocab_size=self.padded_vocab_size,
+                max_sequence_length=cfg.seq_len,
+                pre_process=parallel_state.is_pipeline_first_stage(
+                    ignore_virtual=False, vp_stage=stage
+                ),
+                post_process=parallel_state.is_pipeline_last_stage(
+                    ignore_virtual=False, vp_stage=stage
+                ),
+                share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
+                position_embedding_type=cfg.position_embedding_type,
+                vp_stage=stage,
+            )
+            model.to(self._device)
+            chunks.append(
+                DistributedDataParallel(cfg.model, cfg.ddp, model, disable_bucketing=bool(stage))
+            )
+        return chunks
 
     def _build_optimizer(self) -> tuple[Any, Any]:
         from megatron.core.optimizer import get_megatron_optimizer
@@ -219,7 +284,7 @@ class MegatronBackend(BackendBase):
             )
         if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
             opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer
-        optimizer = get_megatron_optimizer(opt, [self.model])
+        optimizer = get_megatron_optimizer(opt, self.chunks)
         decay = cfg.decay_steps
         style = cfg.decay_style if decay is not None else "constant"
         scheduler = OptimizerParamScheduler(
@@ -241,7 +306,9 @@ class MegatronBackend(BackendBase):
         from megatron.core import parallel_state
 
         cfg = self.config
-        if cfg.data.kind == "mock":
+        if self.source is not None:
+            datasets = self._prepared_datasets(self.source)
+        elif cfg.data.kind == "mock":
             datasets = build_gpt_datasets(None, seq_len=cfg.seq_len, seed=cfg.seed, mock=True)
         else:
             prefix = str(Path(cfg.data.cache_dir) / "text")
@@ -250,26 +317,55 @@ class MegatronBackend(BackendBase):
             self.barrier()
             prefix = build_indexed_dataset(prefix, cfg.data.text_path)  # verifies the hash
             datasets = build_gpt_datasets(
-                prefix, seq_len=cfg.seq_len, seed=cfg.seed, split=cfg.data.split
+                prefix, seq_len=cfg.seq_len, seed=cfg.seed, split=cfg.data.split or "969,30,1"
             )
         train, valid, _ = datasets
-        self.train_stream = SampleStream(
-            train,
-            micro_batch_size=cfg.micro_batch_size,
-            dp_rank=parallel_state.get_data_parallel_rank(),
-            dp_size=parallel_state.get_data_parallel_world_size(),
-        )
+        self.train_streams = [
+            SampleStream(
+                train,
+                micro_batch_size=cfg.micro_batch_size,
+                dp_rank=parallel_state.get_data_parallel_rank(),
+                dp_size=parallel_state.get_data_parallel_world_size(),
+            )
+            for _ in self.chunks
+        ]
         self.valid_dataset = valid
 
+    def _prepared_datasets(self, source: PreparedSource) -> list[Any]:
+        """GPTDataset splits (a BlendedDataset over several prefixes) of prepared data."""
+        cfg = self.config
+        sizes: list[int | None] = [None, None, None]
+        if cfg.data.train_samples is not None or source.blend.weights is not None:
+            if cfg.data.train_samples is None:
+                raise ValueError(
+                    f"the weighted blend {source.blend} needs config.data.train_samples "
+                    "(steps x global batch size: the samples Megatron draws from the blend)"
+                )
+            eval_samples = (
+                cfg.data.eval_micro_batches
+                * cfg.micro_batch_size
+                * max(1, cfg.data_parallel_size(self.world_size))
+            )
+            sizes = [cfg.data.train_samples, eval_samples, eval_samples]
+            _check_split_not_empty(source, cfg.data.split or "98,2,0")
+        return build_gpt_datasets(
+            source.blend,
+            seq_len=cfg.seq_len,
+            seed=cfg.seed,
+            split=cfg.data.split or "98,2,0",
+            tokenizer=source.tokenizer,
+            sizes=sizes,
+        )
+
     # -- the step ---------------------------------------------------------------------
-    def _run_schedule(self, stream: Iterator[Any], forward_only: bool) -> list[Any]:
+    def _run_schedule(self, streams: list[Any], forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         cfg = self.config
         return get_forward_backward_func()(
             forward_step_func=gpt_forward_step,
-            data_iterator=stream,
-            model=[self.model],
+            data_iterator=streams if len(streams) > 1 else streams[0],
+            model=self.chunks,
             num_microbatches=self.num_microbatches,
             seq_length=cfg.seq_len,
             micro_batch_size=cfg.micro_batch_size,
@@ -294,14 +390,15 @@ class MegatronBackend(BackendBase):
     def train_step(self, step: int) -> StepOutput:
         from megatron.core.distributed import finalize_model_grads
 
-        assert self.train_stream is not None, "setup() must run before train_step()"
+        assert self.train_streams, "setup() must run before train_step()"
         cfg = self.config
-        self.model.train()
-        self.model.zero_grad_buffer()
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
-        reduced = self._run_schedule(self.train_stream, forward_only=False)
-        finalize_model_grads([self.model])
+        reduced = self._run_schedule(self.train_streams, forward_only=False)
+        finalize_model_grads(self.chunks)
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
@@ -315,18 +412,6 @@ class MegatronBackend(BackendBase):
             samples=cfg.global_batch_size,
         )
 
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Every tensor to the host in one transfer; plain numbers pass through."""
-        out: dict[str, float] = {}
-        keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-        if keys:
-            stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys])
-            out.update(zip(keys, stacked.cpu().tolist(), strict=True))
-        for k, v in values.items():
-            if k not in out:
-                out[k] = float(v)
-        return out
-
     @torch.no_grad()
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid split."""
@@ -335,39 +420,90 @@ class MegatronBackend(BackendBase):
         cfg = self.config
         if self.valid_dataset is None or len(self.valid_dataset) == 0:
             raise RuntimeError("no validation split: set config.data.split with a valid share")
-        stream = SampleStream(
-            self.valid_dataset,
-            micro_batch_size=cfg.micro_batch_size,
-            dp_rank=parallel_state.get_data_parallel_rank(),
-            dp_size=parallel_state.get_data_parallel_world_size(),
-        )
+        streams = [
+            SampleStream(
+                self.valid_dataset,
+                micro_batch_size=cfg.micro_batch_size,
+                dp_rank=parallel_state.get_data_parallel_rank(),
+                dp_size=parallel_state.get_data_parallel_world_size(),
+            )
+            for _ in self.chunks
+        ]
         saved, self.num_microbatches = self.num_microbatches, cfg.data.eval_micro_batches
-        self.model.eval()
+        for chunk in self.chunks:
+            chunk.eval()
         try:
-            reduced = self._run_schedule(stream, forward_only=True)
+            reduced = self._run_schedule(streams, forward_only=True)
         finally:
             self.num_microbatches = saved
-            self.model.train()
+            for chunk in self.chunks:
+                chunk.train()
         return {"loss": self._mean_loss(reduced)}
 
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        tensor = torch.tensor([float(f) for f in flags], device=self._device)
-        dist.all_reduce(tensor)
-        return [bool(v > 0) for v in tensor.tolist()]
-
-    def barrier(self) -> None:
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
-
     # -- checkpoints ----------------------------------------------------------------
-    def _sharded_state(self, *, loading: bool) -> dict[str, Any]:
+    def layout(self) -> dict[str, Any]:
+        """This run's parallel layout, recorded in every checkpoint."""
+        cfg = self.config
+        tp, pp = cfg.parallel_sizes()
+        return {
+            "tensor": tp,
+            "pipeline": pp,
+            "virtual_pipeline": cfg.model.virtual_pipeline_model_parallel_size or 1,
+            "data": cfg.data_parallel_size(self.world_size),
+            "distributed_optimizer": bool(cfg.ddp.use_distributed_optimizer),
+            "padded_vocab_size": self.padded_vocab_size,
+        }
+
+    def _check_layout(self, saved: dict[str, Any] | None) -> bool:
+        """Whether the checkpoint's shards match this layout (``True``: same model-parallel
+        layout, RNG states load too). A change ``dist_checkpointing`` cannot reshard here
+        raises ``LayoutError`` naming both layouts."""
+        current = self.layout()
+        if saved is None or saved == current:
+            return True
+        model_parallel = ("tensor", "pipeline", "virtual_pipeline")
+        same_model_parallel = all(saved.get(k) == current[k] for k in model_parallel)
+        problem = None
+        if (
+            saved.get("padded_vocab_size", current["padded_vocab_size"])
+            != (current["padded_vocab_size"])
+        ):
+            problem = (
+                f"the embedding has {saved['padded_vocab_size']} rows there and "
+                f"{current['padded_vocab_size']} here (the vocabulary is padded to a multiple "
+                "of make_vocab_size_divisible_by x tensor parallel); set config.vocab_size to "
+                "a multiple of that for both tensor sizes"
+            )
+        elif saved.get("distributed_optimizer") != current["distributed_optimizer"]:
+            problem = (
+                "the optimizer state is sharded differently with and without the "
+                "distributed optimizer"
+            )
+        elif current["distributed_optimizer"] and not same_model_parallel:
+            problem = (
+                "the distributed optimizer's dp_reshardable state reshards only over "
+                "data parallel ranks"
+            )
+        if problem:
+            raise LayoutError(
+                f"checkpoint layout {_show_layout(saved)} cannot be resumed as "
+                f"{_show_layout(current)}: {problem}; resume with the saved layout, or "
+                "start from its weights only"
+            )
+        if not same_model_parallel:
+            log.info(
+                "resharding checkpoint from %s to %s (RNG states start fresh)",
+                _show_layout(saved),
+                _show_layout(current),
+            )
+        return same_model_parallel
+
+    def _sharded_state(self, *, loading: bool, rng: bool = True) -> dict[str, Any]:
         from megatron.core import parallel_state
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         assert self.train_stream is not None
-        model_state = self.model.module.sharded_state_dict()
+        model_state = self._model_sharded_state()
         metadata = None
         if self.config.ddp.use_distributed_optimizer:
             metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
@@ -377,20 +513,44 @@ class MegatronBackend(BackendBase):
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
         tp, pp = self.config.parallel_sizes()
-        rng = ShardedObject(
-            "rng_state",
-            _rng_state(),
-            (pp, tp),
-            (pp_rank, tp_rank),
-            replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
-        )
-        return {
+        state = {
             "model": model_state,
             "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict(),
             "data": self.train_stream.state_dict(),
-            "rng": rng,
+            "layout": self.layout(),
         }
+        if rng:
+            state["rng"] = ShardedObject(
+                "rng_state",
+                _rng_state(),
+                (pp, tp),
+                (pp_rank, tp_rank),
+                replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
+            )
+        return state
+
+    def _model_sharded_state(self) -> dict[str, Any]:
+        """The chunks' sharded state: ``model`` for one chunk, ``model0``, ``model1``...
+        under a virtual pipeline (Megatron-LM's names). Tensors are keyed by their global
+        names, so a checkpoint loads under another pipeline or tensor layout."""
+        if len(self.chunks) == 1:
+            return self.chunks[0].module.sharded_state_dict()
+        merged: dict[str, Any] = {}
+        for index, chunk in enumerate(self.chunks):
+            merged.update(
+                {f"model{index}.{k}": v for k, v in chunk.module.sharded_state_dict().items()}
+            )
+        return merged
+
+    def _load_model_state(self, state: dict[str, Any]) -> None:
+        if len(self.chunks) == 1:
+            self.chunks[0].module.load_state_dict(state, strict=True)
+            return
+        for index, chunk in enumerate(self.chunks):
+            prefix = f"model{index}."
+            own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            chunk.module.load_state_dict(own, strict=True)
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> _AsyncSave | None:
         from megatron.core import dist_checkpointing
@@ -410,15 +570,73 @@ class MegatronBackend(BackendBase):
         return _AsyncSave(self._async_queue)
 
     def load(self, directory: Path) -> None:
+        """Restore model, optimizer, scheduler, data position and RNG from ``directory``.
+
+        A failure is re-raised as ``CheckpointLoadError`` naming the Megatron call that
+        failed and its message (or, for a bare assertion, the failing source line).
+        """
         from megatron.core import dist_checkpointing
 
-        assert self.train_stream is not None
-        state = dist_checkpointing.load(self._sharded_state(loading=True), str(directory))
-        self.model.module.load_state_dict(state["model"], strict=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.train_stream.load_state_dict(state["data"])
-        _set_rng_state(state["rng"])
+        assert self.train_stream is not None, "setup() must run before load()"
+        with _naming_failures(f"dist_checkpointing.load_common_state_dict({directory})"):
+            saved_layout = dist_checkpointing.load_common_state_dict(str(directory)).get("layout")
+        same_shards = self._check_layout(saved_layout)
+        with _naming_failures("building the sharded state dict to load into"):
+            self._init_optimizer_state()
+            request = self._sharded_state(loading=True, rng=same_shards)
+        with _naming_failures(f"dist_checkpointing.load({directory})"):
+            state = dist_checkpointing.load(request, str(directory))
+        # copying into the optimizer's fp32 shards (views of parameters) is not autograd work
+        with _naming_failures("restoring the loaded state"), torch.no_grad():
+            self._load_model_state(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self._restore_optimizer_steps(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            for stream in self.train_streams:
+                stream.load_state_dict(state["data"])
+            if "rng" in state:
+                _set_rng_state(state["rng"])
+
+    def _init_optimizer_state(self) -> None:
+        """Give a distributed optimizer that has not stepped yet its state tensors.
+
+        Its sharded state dict reads every parameter's Adam state (and, without Apex or
+        Transformer Engine, the common ``step``), which exist only after a step; a fresh
+        process has none. Megatron-Core's ``_init_optimizer_states_with_dummy_values`` (its
+        own preparation before loading into an unstepped distributed optimizer) steps
+        the inner optimizer once on zero gradients; loading then overwrites every value.
+        """
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if isinstance(optimizer, DistributedOptimizer) and not optimizer.optimizer.state:
+                optimizer._init_optimizer_states_with_dummy_values()
+
+    def _restore_optimizer_steps(self, loaded: Any) -> None:
+        """Each parameter's Adam ``step`` from the checkpoint, as its own tensor.
+
+        Without Apex or Transformer Engine, Megatron-Core's distributed optimizer saves
+        the common step in its param groups and, on load, hands every parameter the same
+        step tensor, then copies the per-parameter value from the pre-load state over it;
+        torch's Adam increments each parameter's step in place. The resumed update would
+        use a wrong bias correction; this sets the saved step, one tensor per parameter.
+        """
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        chained = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        states = [loaded] if len(chained) == 1 else [loaded[k] for k in sorted(loaded)]
+        for optimizer, state in zip(chained, states, strict=True):
+            if not isinstance(optimizer, DistributedOptimizer):
+                continue
+            groups = state.get("optimizer", {}).get("param_groups", [])
+            steps = {g["step"] for g in groups if g.get("step") is not None}
+            if len(steps) != 1:
+                continue
+            step = float(steps.pop())
+            for param_state in optimizer.optimizer.state.values():
+                if isinstance(param_state.get("step"), torch.Tensor):
+                    old = param_state["step"]
+                    param_state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device)
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:
@@ -430,14 +648,76 @@ class MegatronBackend(BackendBase):
             self._async_queue.close()
             self._async_queue = None
         parallel_state.destroy_model_parallel()
-        self.model = self.optimizer = self.scheduler = None
-        self.train_stream = self.valid_dataset = None
-        if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-            self._owns_process_group = False
-        if self._store_file is not None:
-            Path(self._store_file).unlink(missing_ok=True)
-            self._store_file = None
+        self.chunks, self.train_streams = [], []
+        self.optimizer = self.scheduler = self.valid_dataset = None
+        self.teardown_process_group()
+
+
+def _check_split_not_empty(source: PreparedSource, split: str) -> None:
+    """Megatron's GPTDataset loops forever drawing samples from a split without documents;
+    refuse such a split (as Megatron's builder cuts it: rounded shares of the documents)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from baton.backends.textdata import DataError, PreparedDataset
+
+    names = ("train", "valid", "test")
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    for prefix in source.blend.prefixes:
+        documents = PreparedDataset(prefix).num_documents
+        for name, share in zip(names, matrix, strict=True):
+            if share is None:
+                continue
+            begin, end = (round(bound * documents) for bound in share)
+            if end <= begin:
+                raise DataError(
+                    f"{prefix} has {documents} documents: its {name} share of split {split!r} "
+                    "is empty; prepare more documents or change config.data.split"
+                )
+
+
+class LayoutError(ValueError):
+    """A checkpoint's parallel layout cannot be resharded to this run's."""
+
+
+def _show_layout(layout: dict[str, Any]) -> str:
+    text = (
+        f"tensor {layout.get('tensor')} x pipeline {layout.get('pipeline')}"
+        f" (virtual {layout.get('virtual_pipeline', 1)}) x data {layout.get('data')}"
+    )
+    return text + (", distributed optimizer" if layout.get("distributed_optimizer") else "")
+
+
+class CheckpointLoadError(RuntimeError):
+    """A Megatron checkpoint could not be loaded; the message names the call and the cause."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``; for an exception without a message (a bare ``assert``), the
+    file, line and source text where it was raised instead."""
+    import traceback
+
+    text = str(error).strip()
+    if text:
+        return f"{type(error).__name__}: {text}"
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return type(error).__name__
+    last = frames[-1]
+    where = f"{Path(last.filename).name}:{last.lineno} in {last.name}"
+    return f"{type(error).__name__} at {where}: {(last.line or '').strip()}"
+
+
+@contextlib.contextmanager
+def _naming_failures(what: str) -> Iterator[None]:
+    try:
+        yield
+    except CheckpointLoadError:
+        raise
+    except Exception as error:
+        raise CheckpointLoadError(f"{what} failed: {describe_error(error)}") from error
 
 
 def _transformer_engine_available() -> bool:

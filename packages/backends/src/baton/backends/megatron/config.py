@@ -61,16 +61,28 @@ def default_optimizer_config() -> OptimizerConfig:
 class DataConfig:
     """Where tokens come from.
 
-    ``kind="text"``: a local UTF-8 file (``text_path``; ``None`` is the Python language
-    reference shipped with CPython) tokenized to bytes, written as Megatron's indexed
-    dataset under ``cache_dir`` and read through ``GPTDataset``. ``kind="mock"``:
-    Megatron's ``MockGPTDataset`` (synthetic tokens, for benchmarks only).
+    ``data_path`` set: prepared datasets (``baton data prepare``), one prefix or a blend
+    ``"0.7 PREFIX_A 0.3 PREFIX_B"``, read through Megatron's ``GPTDataset`` /
+    ``BlendedDataset`` with the Hugging Face tokenizer in ``tokenizer`` (a local
+    directory). Otherwise ``kind="text"``: a local UTF-8 file (``text_path``; ``None`` is
+    the Python language reference shipped with CPython) tokenized to bytes, written as
+    Megatron's indexed dataset under ``cache_dir``. ``kind="mock"``: Megatron's
+    ``MockGPTDataset`` (synthetic tokens, for benchmarks only).
     """
 
     kind: Literal["text", "mock"] = "text"
     text_path: str | None = None
+    #: a prepared prefix or a blend of them (needs ``tokenizer``)
+    data_path: str | None = None
+    #: a local Hugging Face tokenizer directory (the one the data was prepared with)
+    tokenizer: str | None = None
+    #: training samples to draw (Megatron's ``train_samples``: steps x global batch);
+    #: ``None``: one epoch, repeated. A weighted blend needs it.
+    train_samples: int | None = None
     cache_dir: str = "runs/.megatron-data"
-    split: str = "969,30,1"
+    #: train, valid, test shares of the documents (``None``: ``969,30,1`` for the byte
+    #: corpus, ``98,2,0`` for prepared data, whose sized splits must not be empty)
+    split: str | None = None
     eval_micro_batches: int = 4
 
 
@@ -102,6 +114,9 @@ class MegatronConfig:
     decay_steps: int | None = None
     decay_style: Literal["cosine", "linear", "constant", "inverse-square-root"] = "cosine"
     seed: int = 1234
+    #: start from the weights of this checkpoint (a baton checkpoint directory or its
+    #: ``backend/`` folder), with a fresh optimizer, schedule and data position
+    init_from: str | None = None
     #: ``gloo``, ``nccl`` or ``auto`` (nccl with GPUs), used when baton creates the group
     dist_backend: str = "auto"
 
@@ -138,7 +153,8 @@ class MegatronConfig:
         return -(-vocab_size // multiple) * multiple
 
     def describe(self) -> dict[str, Any]:
-        """Shape facts a resumed run must share (recorded in each checkpoint)."""
+        """Shape facts a resumed run must share (recorded in each checkpoint). The parallel
+        layout is not one of them: the backend reshards or refuses it on load."""
         m = self.model
         return {
             "num_layers": m.num_layers,
@@ -147,8 +163,5 @@ class MegatronConfig:
             "num_query_groups": m.num_query_groups,
             "ffn_hidden_size": m.ffn_hidden_size,
             "seq_len": self.seq_len,
-            "tensor_parallel": m.tensor_model_parallel_size,
-            "pipeline_parallel": m.pipeline_model_parallel_size,
             "global_batch_size": self.global_batch_size,
-            "distributed_optimizer": self.ddp.use_distributed_optimizer,
         }

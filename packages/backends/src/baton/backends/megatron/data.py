@@ -1,6 +1,9 @@
-"""Megatron's own data path on a local text: byte tokenizer -> .bin/.idx -> GPTDataset.
+"""Megatron's own data path: a tokenizer, an indexed dataset (.bin/.idx), GPTDataset.
 
-``ByteTokenizer`` implements Megatron's tokenizer interface over UTF-8 bytes (no
+Two sources of tokens. A prepared dataset (``baton data prepare``) or a blend of them,
+read with a Hugging Face tokenizer from a local directory through
+``megatron.core.tokenizers`` (``load_tokenizer``); or, with no setup at all, the bytes
+of a local text. ``ByteTokenizer`` implements Megatron's tokenizer interface over UTF-8 bytes (no
 files, no download). ``build_indexed_dataset`` writes Megatron's indexed dataset
 (``<prefix>.bin`` + ``<prefix>.idx``) from a text, one document per paragraph group;
 ``build_gpt_datasets`` builds the train/valid/test ``GPTDataset`` splits through
@@ -15,6 +18,11 @@ Example::
     train, valid, _ = build_gpt_datasets(prefix, seq_len=64, seed=0)
     stream = SampleStream(train, micro_batch_size=4, dp_rank=0, dp_size=1)
     batch = stream.next_micro_batch()   # tokens, labels, loss_mask, position_ids
+
+    source = open_prepared("0.7 data/web 0.3 data/code", "runs/tok")  # checked, not built
+    train, valid, _ = build_gpt_datasets(
+        source.blend, seq_len=64, seed=0, tokenizer=source.tokenizer, sizes=[800, 40, 40]
+    )
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +39,8 @@ import torch
 from megatron.core.tokenizers import MegatronTokenizerBase
 
 from baton.backends.corpus import reference_documents
+from baton.backends.textdata import Blend, DataError, TokenizerInfo, parse_blend
+from baton.backends.textdata import load_tokenizer as load_tokenizer_info
 
 #: the end-of-document token that follows every document
 EOD = 256
@@ -67,6 +78,59 @@ class ByteTokenizer(MegatronTokenizerBase):
 
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("ByteTokenizer has no chat template")
+
+
+@dataclass(frozen=True)
+class PreparedSource:
+    """A checked blend of prepared datasets and the tokenizer that reads them."""
+
+    blend: Blend
+    #: Megatron's tokenizer (``megatron.core.tokenizers``, Hugging Face library backend)
+    tokenizer: Any
+    info: TokenizerInfo
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows the embedding needs: every id the tokenizer can produce."""
+        return max(self.info.vocab_size, int(self.tokenizer.vocab_size))
+
+
+def load_tokenizer(path: str | Path) -> tuple[Any, TokenizerInfo]:
+    """A local Hugging Face tokenizer directory as Megatron's tokenizer, plus baton's facts
+    about it (vocabulary size, end-of-document id, fingerprint).
+
+    ``MegatronTokenizer.from_pretrained`` with the ``huggingface`` library and the ``gpt``
+    model type; the metadata is passed in, so nothing is written into the directory.
+    Raises ``DataError`` for a missing directory or one without ``tokenizer.json``.
+    """
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    info = load_tokenizer_info(path)
+    tokenizer = MegatronTokenizer.from_pretrained(
+        tokenizer_path=str(info.path),
+        metadata_path={"library": "huggingface", "model_type": "gpt"},
+    )
+    if tokenizer.eod != info.eod_id:
+        raise DataError(
+            f"tokenizer {info.path}: Megatron reads end-of-document id {tokenizer.eod} but "
+            f"{info.eod_token!r} is id {info.eod_id}; set eos_token in tokenizer_config.json"
+        )
+    return tokenizer, info
+
+
+def open_prepared(data_path: str | Sequence[str], tokenizer_path: str | Path) -> PreparedSource:
+    """Parse a blend (``"PREFIX"`` or ``"0.7 PREFIX_A 0.3 PREFIX_B"``), check that every
+    prefix has its ``.bin`` and ``.idx`` and was prepared with this tokenizer, and load it.
+
+    Raises ``DataError`` naming the file and the fix; nothing is built.
+    """
+    blend = parse_blend(data_path)
+    tokenizer, info = load_tokenizer(tokenizer_path)
+    from baton.backends.textdata import PreparedDataset
+
+    for prefix in blend.prefixes:
+        PreparedDataset(prefix).check_tokenizer(info)
+    return PreparedSource(blend, tokenizer, info)
 
 
 def default_text() -> tuple[str, list[str]]:
@@ -131,16 +195,20 @@ def build_indexed_dataset(
 
 
 def build_gpt_datasets(
-    prefix: str | None,
+    prefix: str | Blend | None,
     *,
     seq_len: int,
     seed: int,
     split: str = "969,30,1",
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Any = None,
+    sizes: Sequence[int | None] | None = None,
     mock: bool = False,
 ) -> list[Any]:
-    """Train / valid / test ``GPTDataset`` (one epoch each) through Megatron's builder.
+    """Train / valid / test ``GPTDataset`` through Megatron's builder (a ``BlendedDataset``
+    over several prefixes).
 
+    ``prefix`` is one prefix or a ``Blend``; ``sizes`` the samples per split (``None``:
+    one epoch each, which a weighted blend cannot have); ``tokenizer`` defaults to bytes.
     ``mock=True`` builds Megatron's ``MockGPTDataset`` (synthetic tokens) instead.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -150,10 +218,19 @@ def build_gpt_datasets(
 
     if not mock and prefix is None:
         raise ValueError("build_gpt_datasets needs an indexed dataset prefix (or mock=True)")
+    if isinstance(prefix, Blend):
+        blend: tuple[list[str], list[float] | None] | None = prefix.megatron()
+        if prefix.weights is not None and (sizes is None or None in sizes):
+            raise ValueError(
+                f"the weighted blend {prefix} needs a sample count per split "
+                "(config.data.train_samples: steps x global batch size)"
+            )
+    else:
+        blend = None if prefix is None else ([prefix], None)
     config = GPTDatasetConfig(
         random_seed=seed,
         sequence_length=seq_len,
-        blend=None if mock else ([prefix], None),
+        blend=None if mock else blend,
         split=split,
         tokenizer=tokenizer or ByteTokenizer(),
         reset_position_ids=False,
@@ -163,9 +240,10 @@ def build_gpt_datasets(
         path_to_cache=None,
     )
     # sizes None: one epoch of each split (mock data needs explicit sizes)
-    sizes = [10_000, 1_000, 100] if mock else [None, None, None]
+    if sizes is None:
+        sizes = [10_000, 1_000, 100] if mock else [None, None, None]
     cls = MockGPTDataset if mock else GPTDataset
-    return BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
+    return BlendedMegatronDatasetBuilder(cls, list(sizes), lambda: True, config).build()
 
 
 class SampleStream:
@@ -195,7 +273,8 @@ class SampleStream:
             self.dataset[(start + i) % len(self.dataset)] for i in range(self.micro_batch_size)
         ]
         self.consumed += self.micro_batch_size * self.dp_size
-        return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+        # torch.as_tensor: a BlendedDataset adds a numpy "dataset_id" to each sample
+        return {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in samples[0]}
 
     def __iter__(self) -> SampleStream:
         return self

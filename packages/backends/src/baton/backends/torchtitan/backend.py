@@ -30,8 +30,6 @@ history) and points it at baton's directory for each save. ``checkpoint.async_mo
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -40,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from baton.backends import torch_distributed
+from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
 from baton.core.backend import BackendBase
+from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
-
-#: the launcher variables TorchTitan reads; set for a single process when absent
-LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from baton.core.patches import PatchRecorder
 
 
 @dataclass
@@ -59,6 +57,11 @@ class RankLocal:
     """
 
     value: torch.Tensor
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's global value (its ``full_tensor()``); a plain tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 class DcpSave:
@@ -76,7 +79,15 @@ class DcpSave:
         self.future.result()
 
 
-class TorchTitanBackend(BackendBase):
+def launch_env(launch: Launch) -> dict[str, str]:
+    """The launcher variables TorchTitan reads (``LOCAL_RANK`` picks its device) for a
+    process torchrun did not start: SLURM's or ``BATON_*`` settings, or one process."""
+    if launch.distributed:
+        return launch.torch_env()
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
+class TorchTitanBackend(TorchDistributed, BackendBase):
     """TorchTitan's Trainer, its real train_step once per baton step."""
 
     name = "torchtitan"
@@ -97,29 +108,12 @@ class TorchTitanBackend(BackendBase):
         self._steps_run = 0
         self._step_tokens = 0
         self._step_samples = 0
-        self._launch_env: dict[str, str | None] = {}
+        self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
 
     # -- facts ------------------------------------------------------------------------
     @property
     def supports_async_save(self) -> bool:  # type: ignore[override]
         return getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
-
-    @property
-    def rank(self) -> int:
-        """The global rank; before ``setup`` creates the process group, the launcher's."""
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-        return int(os.environ.get("RANK", "0"))
-
-    @property
-    def world_size(self) -> int:
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size()
-        return int(os.environ.get("WORLD_SIZE", "1"))
-
-    @property
-    def device_type(self) -> str:
-        return self.trainer.device.type if self.trainer is not None else "cpu"
 
     @property
     def flops_per_token(self) -> float | None:
@@ -160,9 +154,10 @@ class TorchTitanBackend(BackendBase):
         cfg.checkpoint.enable = True
         cfg.checkpoint.interval = 1
         cfg.checkpoint.keep_latest_k = 0
-        self._set_single_process_env()
+        self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer
+        self._device = trainer.device
         vocab = trainer.tokenizer.get_vocab_size()
         model_vocab = getattr(trainer.model_config, "vocab_size", None)
         if model_vocab is not None and vocab > model_vocab:
@@ -174,23 +169,28 @@ class TorchTitanBackend(BackendBase):
         if cfg.checkpoint.initial_load_path:  # e.g. a seed or Hugging Face checkpoint
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
 
-    def _set_single_process_env(self) -> None:
-        """A process not started by torchrun gets the variables of a 1-rank launch."""
-        if "RANK" in os.environ or (dist.is_available() and dist.is_initialized()):
-            return
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        values = {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        for key, value in values.items():
-            self._launch_env[key] = os.environ.get(key)
-            os.environ[key] = value
+    def _join_launch(self) -> None:
+        """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
+        baton creates the process group, so TorchTitan's ``init_distributed`` finds it made
+        and changes no NCCL or flight-recorder variables. Like TorchTitan's, it turns
+        autograd multithreading off (its DeviceMesh stack is thread-local)."""
+        launch = Launch.from_env()
+        if launch.source != "torchrun":
+            for key, value in launch_env(launch).items():
+                self._changes.setenv(key, value)
+        cfg = self.config
+        backend = "auto"
+        if torch.cuda.is_available() and cfg.training.enable_cpu_offload:
+            backend = "cuda:nccl,cpu:gloo"
+        multithreading = torch._C._is_multithreading_enabled()
+        torch.autograd.set_multithreading_enabled(False)
+        self._changes.on_undo(
+            "autograd multithreading",
+            lambda: torch.autograd.set_multithreading_enabled(multithreading),
+        )
+        self.init_process_group(
+            backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds)
+        )
 
     # -- the step ---------------------------------------------------------------------
     def _counted_batches(self) -> Iterator[Any]:
@@ -244,24 +244,17 @@ class TorchTitanBackend(BackendBase):
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Reduce rank-local values over the loss mesh, then one host transfer."""
-        tensors: dict[str, torch.Tensor] = {}
-        out: dict[str, float] = {}
-        for key, value in values.items():
-            if isinstance(value, RankLocal):
-                from torchtitan.distributed import utils as dist_utils
+        return torch_distributed.fetch(
+            {key: self._global(value) for key, value in values.items()}, prepare=_full_tensor
+        )
 
-                mesh = self.trainer.parallel_dims.get_optional_mesh("loss")
-                value = dist_utils.dist_sum_tensor(value.value, mesh)
-            if isinstance(value, torch.Tensor):
-                if hasattr(value, "full_tensor"):  # a DTensor
-                    value = value.full_tensor()
-                tensors[key] = value.detach().float().reshape(())
-            else:
-                out[key] = float(value)
-        if tensors:
-            host = torch.stack(list(tensors.values())).cpu().tolist()
-            out.update(zip(tensors, host, strict=True))
-        return out
+    def _global(self, value: Any) -> Any:
+        if not isinstance(value, RankLocal):
+            return value
+        from torchtitan.distributed import utils as dist_utils
+
+        mesh = self.trainer.parallel_dims.get_optional_mesh("loss")
+        return dist_utils.dist_sum_tensor(value.value, mesh)
 
     def evaluate(self) -> Mapping[str, Any]:
         """Run TorchTitan's validator (``config.validator``) and return its loss."""
@@ -285,17 +278,6 @@ class TorchTitanBackend(BackendBase):
         finally:
             del processor.log_validation
         return seen
-
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        tensor = torch.tensor([float(f) for f in flags], device=self.trainer.device)
-        dist.all_reduce(tensor)
-        return [bool(v > 0) for v in tensor.tolist()]
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
 
     # -- checkpoints ------------------------------------------------------------------
     def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
@@ -339,9 +321,6 @@ class TorchTitanBackend(BackendBase):
             self._profiler = None
             self._batches = None
             self.trainer = None
-            for key, value in self._launch_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            self._launch_env = {}
+            self._device = torch.device("cpu")
+            self.teardown_process_group()
+            self._changes.undo()

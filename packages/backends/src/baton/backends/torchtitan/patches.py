@@ -223,14 +223,10 @@ class TorchTitanRestoreProcessState(Patch):
         multithreading = torch._C._is_multithreading_enabled()
         deterministic = torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-        env = {key: os.environ.get(key) for key in TORCHTITAN_ENV}
+        for key in TORCHTITAN_ENV:  # unchanged now; the undo puts back what TorchTitan sets
+            recorder.setenv(key, os.environ.get(key))
 
         def restore() -> None:
-            for key, value in env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
             torch.autograd.set_multithreading_enabled(multithreading)
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
             if not had_group and dist.is_available() and dist.is_initialized():
@@ -240,7 +236,7 @@ class TorchTitanRestoreProcessState(Patch):
             else:
                 gc.disable()
 
-        recorder.on_undo("restore gc, process group, env vars and autograd settings", restore)
+        recorder.on_undo("restore gc, process group and autograd settings", restore)
 
 
 @register_patch
@@ -307,7 +303,7 @@ class TorchTitanFsdpPartialDtensor(Patch):
         torch_version = torch.__version__
         if not version_matches(TORCH_WITHOUT_SPMD_FSDP, torch_version):
             return False, f"torch {torch_version} is outside {TORCH_WITHOUT_SPMD_FSDP}"
-        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        ranks = backend.world_size  # from the launch: the group does not exist yet
         dense = ranks // max(1, config.parallelism.pipeline_parallel_degree)
         if dense <= 1:
             return False, "one rank in the data/tensor mesh: spmd_types passes no mesh dims"

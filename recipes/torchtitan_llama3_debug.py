@@ -2,16 +2,22 @@
 
 uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 20
 uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 40 --resume auto
+uv run baton run recipes/torchtitan_llama3_debug.py --data-path corpus.jsonl --tokenizer tok/
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli run \
+    recipes/torchtitan_llama3_debug.py --dp-shard 2 --tp 2        # FSDP x TP on 4 ranks
 
-Data: the Python language reference that ships with CPython, byte-tokenized (no
-downloads). Checkpoints: TorchTitan's DCP CheckpointManager under
+Data: ``--data-path`` (``.jsonl``/``.parquet`` through TorchTitan's Hugging Face loader,
+``.txt`` through baton's packed loader) with ``--tokenizer DIR`` (a local Hugging Face
+tokenizer directory); without them, the Python language reference that ships with
+CPython, byte-tokenized (no downloads). Layout: ``--dp-shard`` (FSDP, -1: every rank
+the others leave), ``--tp``, ``--pp`` (with ``--pp-schedule``). Checkpoints: TorchTitan's DCP CheckpointManager under
 ``<run-dir>/checkpoints/step_NNNNNN``, every ``--save-every`` steps and at the end.
 """
 
 from __future__ import annotations
 
 from baton.backends.torchtitan import TorchTitanBackend
-from baton.backends.torchtitan.configs import llama3_debug
+from baton.backends.torchtitan.configs import llama3_debug, set_layout
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
@@ -30,6 +36,11 @@ def recipe(
     save_every: int = 10,
     async_checkpoint: str = "disabled",
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    dp_shard: int = -1,
+    tp: int = 1,
+    pp: int = 1,
+    pp_schedule: str = "1F1B",
     run_dir: str = "runs/torchtitan_llama3_debug",
     progress: bool = True,
 ) -> Driver:
@@ -41,8 +52,10 @@ def recipe(
         seed=seed,
         dump_folder=f"{run_dir}/torchtitan",
         dataset_path=data_path,
+        tokenizer=tokenizer,
         log_freq=log_every,
     )
+    set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule)
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = async_checkpoint  # "disabled", "async", "async_with_pinned_mem"

@@ -1,6 +1,6 @@
 """Runs of the TorchTitan backend shared by the tests, in-process or as a script.
 
-python titan_worker.py resume RUN_DIR OUT.json   # resume RUN_DIR (async saves, eval), twice
+python titan_worker.py resume RUN_DIR OUT.json DATA_DIR   # resume RUN_DIR (async saves, eval)
 torchrun --nproc-per-node 2 titan_worker.py ranks OUT_DIR   # FSDP over 2 CPU ranks
 """
 
@@ -20,12 +20,53 @@ STEPS = 10
 SAVE_AT = 5
 SEQ_LEN = 64
 BATCH = 2
+#: the test tokenizer's vocabulary (the debug model has 2048 rows)
+VOCAB = 1024
 
 
-def small_config(dump_folder: str, steps: int = STEPS) -> Any:
-    """The debug model on local text, small batches: the config every test uses."""
+def make_data(directory: Path) -> Path:
+    """A local tokenizer and corpus in ``directory``: a byte-level BPE (``VOCAB`` ids,
+    trained with the ``tokenizers`` library on the Python language reference in about a
+    second, saved as a Hugging Face tokenizer directory) and ``corpus.jsonl`` (one
+    document per line under ``"text"``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from baton.backends.corpus import reference_documents
+
+    documents = [doc for doc in reference_documents() if doc.strip()]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    special = ["<|begin_of_text|>", "<|end_of_text|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(documents, trainer=trainer)
+    tok_dir = directory / "tokenizer"
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(tok_dir / "tokenizer.json"))
+    config = {"bos_token": special[0], "eos_token": special[1], "add_bos_token": False}
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    with open(directory / "corpus.jsonl", "w", encoding="utf-8") as out:
+        for doc in documents:
+            out.write(json.dumps({"text": doc}) + "\n")
+    return directory
+
+
+def small_config(dump_folder: str, steps: int = STEPS, data: Path | None = None) -> Any:
+    """The debug model, small batches: on ``data`` (``make_data``: TorchTitan's Hugging
+    Face loader and tokenizer) or, without it, on bytes of the language reference."""
     return llama3_debug(
-        steps=steps, seq_len=SEQ_LEN, local_batch_size=BATCH, seed=0, dump_folder=dump_folder
+        steps=steps,
+        seq_len=SEQ_LEN,
+        local_batch_size=BATCH,
+        seed=0,
+        dump_folder=dump_folder,
+        dataset_path=None if data is None else str(data / "corpus.jsonl"),
+        tokenizer=None if data is None else str(data / "tokenizer"),
     )
 
 
@@ -54,9 +95,10 @@ def baton_run(
     config: Any = None,
     callbacks: list[Callback] | None = None,
     eval_every: int | None = None,
+    data: Path | None = None,
 ) -> tuple[dict[int, float], Driver]:
     record = RecordLosses(save_at)
-    backend = TorchTitanBackend(config or small_config(str(run_dir / "torchtitan")))
+    backend = TorchTitanBackend(config or small_config(str(run_dir / "torchtitan"), data=data))
     driver = Driver(
         backend,
         [record, *(callbacks or [])],
@@ -80,7 +122,7 @@ class RecordEval(Callback):
         self.seen[driver.step] = dict(metrics)
 
 
-def async_resume_run(run_dir: Path) -> dict[str, Any]:
+def async_resume_run(run_dir: Path, data: Path) -> dict[str, Any]:
     """Resume RUN_DIR with async DCP saves and TorchTitan's validator, then resume again.
 
     The first run resumes the step-5 checkpoint with ``checkpoint.async_mode="async"``;
@@ -90,14 +132,13 @@ def async_resume_run(run_dir: Path) -> dict[str, Any]:
     """
     from torchtitan.components.validate import Validator
 
-    from baton.backends.torchtitan.data import LocalTextDataLoader
+    from baton.backends.torchtitan.data import dataloader_config
     from baton.callbacks import Checkpoint
 
-    config = small_config(str(run_dir / "torchtitan"))
+    config = small_config(str(run_dir / "torchtitan"), data=data)
     config.checkpoint.async_mode = "async"
-    config.validator = Validator.Config(
-        enable=True, steps=2, dataloader=LocalTextDataLoader.Config(infinite=False)
-    )
+    validation = dataloader_config(str(data / "corpus.jsonl"), infinite=False)
+    config.validator = Validator.Config(enable=True, steps=2, dataloader=validation)
     evals = RecordEval()
     checkpoint = Checkpoint(every_n_steps=8, save_on_stop=False, keep_last=None, async_save=True)
     backend = TorchTitanBackend(config)
@@ -122,7 +163,7 @@ def async_resume_run(run_dir: Path) -> dict[str, Any]:
     )
     driver.fit()
     saved = driver.checkpoint_dir / "step_000008"
-    again, second = baton_run(run_dir, resume=saved)
+    again, second = baton_run(run_dir, resume=saved, data=data)
     return {
         "losses": record.losses,
         "resumed_from": str(driver.resumed_from),
@@ -184,7 +225,7 @@ def ranks_run(out_dir: Path) -> None:
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "resume":
-        facts = async_resume_run(Path(sys.argv[2]))
+        facts = async_resume_run(Path(sys.argv[2]), Path(sys.argv[4]))
         Path(sys.argv[3]).write_text(json.dumps(facts))
     elif mode == "ranks":
         ranks_run(Path(sys.argv[2]))

@@ -30,6 +30,8 @@ history) and points it at baton's directory for each save. ``checkpoint.async_mo
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -47,10 +49,14 @@ from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class RankLocal:
-    """A per-rank device value whose global value is a sum over the loss mesh.
+    """A per-rank loss whose global value is a sum over the loss mesh (data and
+    context parallel ranks) and, under pipeline parallelism, comes from the rank that
+    holds the last stage (the others hold TorchTitan's placeholder ``-1``).
 
     The reduction runs in ``fetch`` (log steps only, on every rank at the same step),
     the same collective TorchTitan's ``train_step`` runs when it logs.
@@ -79,6 +85,22 @@ class DcpSave:
         self.future.result()
 
 
+#: what ``load`` does when the data-parallel degree changed: TorchTitan's data loader
+#: state is per data-parallel rank and does not reshard
+RESHARD_DATA = ("refuse", "restart")
+#: the file in each checkpoint that records the layout it was saved on
+LAYOUT_FILE = "layout.json"
+
+
+def describe_layout(facts: Mapping[str, int]) -> str:
+    """``dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 x pp 1 (2 ranks)``."""
+    degrees = " x ".join(f"{key} {facts[key]}" for key in LAYOUT_KEYS)
+    return f"{degrees} ({facts['world_size']} ranks)"
+
+
+LAYOUT_KEYS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
 def launch_env(launch: Launch) -> dict[str, str]:
     """The launcher variables TorchTitan reads (``LOCAL_RANK`` picks its device) for a
     process torchrun did not start: SLURM's or ``BATON_*`` settings, or one process."""
@@ -93,7 +115,9 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
     name = "torchtitan"
     distribution = "torchtitan"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, *, reshard_data: str = "refuse") -> None:
+        if reshard_data not in RESHARD_DATA:
+            raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
         if config is None or not hasattr(config, "model_spec"):
             raise TypeError(
                 "TorchTitanBackend needs a torchtitan Trainer.Config, e.g. "
@@ -101,6 +125,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
                 "torchtitan.models.llama3.config_registry.llama3_8b()"
             )
         self.config = config
+        self.reshard_data = reshard_data
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._batches: Iterator[Any] | None = None
@@ -232,7 +257,8 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         else:
             metrics.update(lrs)
         loss = capture.loss
-        if loss is not None and trainer.parallel_dims.dp_cp_enabled:
+        dims = trainer.parallel_dims
+        if loss is not None and (dims.dp_cp_enabled or dims.pp_enabled):
             loss = RankLocal(loss)
         degree = self.batch_degree
         return StepOutput(
@@ -253,8 +279,15 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             return value
         from torchtitan.distributed import utils as dist_utils
 
-        mesh = self.trainer.parallel_dims.get_optional_mesh("loss")
-        return dist_utils.dist_sum_tensor(value.value, mesh)
+        trainer, loss = self.trainer, value.value.reshape(())
+        dims = trainer.parallel_dims
+        if dims.pp_enabled:
+            if not trainer.pp_has_last_stage:
+                loss = torch.zeros_like(loss)
+            loss = dist_utils.dist_sum_tensor(loss, dims.get_mesh("pp"))
+        if dims.dp_cp_enabled:
+            loss = dist_utils.dist_sum_tensor(loss, dims.get_optional_mesh("loss"))
+        return loss
 
     def evaluate(self) -> Mapping[str, Any]:
         """Run TorchTitan's validator (``config.validator``) and return its loss."""
@@ -280,10 +313,20 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         return seen
 
     # -- checkpoints ------------------------------------------------------------------
+    @property
+    def layout(self) -> dict[str, int]:
+        """This run's parallel layout as TorchTitan resolved it, and its world size."""
+        dims = self.trainer.parallel_dims
+        facts = {key: int(getattr(dims, key)) for key in LAYOUT_KEYS}
+        return {**facts, "world_size": int(dims.world_size)}
+
     def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
-        """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
+        """Write TorchTitan's full training state (DCP) under ``directory/step-N`` and the
+        layout it was saved on (``layout.json``)."""
         checkpointer = self.trainer.checkpointer
         checkpointer.maybe_wait_for_saving()
+        if self.rank == 0:
+            (Path(directory) / LAYOUT_FILE).write_text(json.dumps(self.layout))
         checkpointer.folder = str(directory)
         checkpointer.save(curr_step=self.trainer.step, last_step=False)
         future = checkpointer.save_future
@@ -295,14 +338,59 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         return None
 
     def load(self, directory: Path) -> None:
-        """Restore model, optimizer, scheduler, data loader and step from ``save``'s output."""
+        """Restore model, optimizer, scheduler, data loader and step from ``save``'s output.
+
+        A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
+        DCP's resharding. TorchTitan's data-loader position is per data-parallel rank and
+        does not reshard: when ``dp_replicate x dp_shard`` changed, ``reshard_data="refuse"``
+        (the default) raises naming both layouts; ``"restart"`` loads everything else and
+        starts the data loader from the beginning of its data.
+        """
         checkpointer = self.trainer.checkpointer
         checkpointer.folder = str(directory)
         step = checkpointer._find_load_step()
         if step < 0:
             raise FileNotFoundError(f"no TorchTitan checkpoint (step-N folder) in {directory}")
-        checkpointer.load(step=step)
+        excluded = list(checkpointer.exclude_from_loading)
+        if not self._data_follows(Path(directory)) and "dataloader" not in excluded:
+            checkpointer.exclude_from_loading = [*excluded, "dataloader"]
+        try:
+            checkpointer.load(step=step)
+        finally:
+            checkpointer.exclude_from_loading = excluded
         self._batches = None  # a fresh iterator over the restored loader state
+
+    def _data_follows(self, directory: Path) -> bool:
+        """Whether the data-loader state can load here; raises if it cannot and the
+        layout change is refused."""
+        file = directory / LAYOUT_FILE
+        if not file.is_file():  # saved before layouts were recorded: same layout assumed
+            return True
+        saved, now = json.loads(file.read_text()), self.layout
+        if saved == now:
+            return True
+        before = saved["dp_replicate"] * saved["dp_shard"]
+        after = now["dp_replicate"] * now["dp_shard"]
+        change = f"{describe_layout(saved)} -> {describe_layout(now)}"
+        if before == after:
+            logger.info("resharding checkpoint %s: %s", directory, change)
+            return True
+        if self.reshard_data == "refuse":
+            raise ValueError(
+                f"checkpoint {directory} was saved on layout {describe_layout(saved)}; this run "
+                f"has {describe_layout(now)}. DCP reshards weights, optimizer and schedule, but "
+                f"TorchTitan's data-loader position is per data-parallel rank and cannot move "
+                f"from {before} to {after} data-parallel ranks: keep dp_replicate x dp_shard = "
+                f"{before}, or pass TorchTitanBackend(..., reshard_data='restart') to restart "
+                "the data from its beginning"
+            )
+        logger.warning(
+            "resharding checkpoint %s: %s; the data loader restarts from the beginning of its "
+            "data (reshard_data='restart')",
+            directory,
+            change,
+        )
+        return False
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, str] = {
     "lightning": "benchmarks.vs_lightning",
     "checkpoint": "benchmarks.checkpoint",
     "native": "benchmarks.native",
+    "prepare": "benchmarks.prepare",
 }
 
 

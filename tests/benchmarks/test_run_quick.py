@@ -30,7 +30,14 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     by_benchmark = {r["benchmark"] for r in rows}
-    assert by_benchmark == {"dispatch", "host_syncs", "lightning", "checkpoint", "native"}
+    assert by_benchmark == {
+        "dispatch",
+        "host_syncs",
+        "lightning",
+        "checkpoint",
+        "native",
+        "prepare",
+    }
     assert not [r for r in rows if r["note"].startswith("error")]
     for row in rows:
         assert row["case"] in proc.stdout  # the printed table has every row

@@ -5,6 +5,7 @@ baton callbacks
 baton backends
 baton patches --backend torchtitan
 baton plot runs/quickstart
+baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def cmd_patches(argv: Sequence[str]) -> int:
 #: Each module has ``main(argv) -> int`` and is imported only when its command runs.
 TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("baton.tools.plot", "baton-tools"),
+    "data": ("baton.tools.data", "baton-tools[data]"),
 }
 
 

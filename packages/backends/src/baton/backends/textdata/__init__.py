@@ -1,0 +1,80 @@
+"""Tokenized text for every backend: local tokenizers, prepared datasets, blends.
+
+``baton data tokenizer`` / :func:`train_tokenizer` make a Hugging Face tokenizer directory
+offline; ``baton data prepare`` tokenizes local text into Megatron's indexed format
+(``PREFIX.bin`` + ``PREFIX.idx``, written by megatron-core's builder) plus a manifest
+``PREFIX.json``. This package reads them with numpy alone (the ``tokenizers`` library is
+imported only by the tokenizer functions), so every backend can use it without pulling in
+another backend's framework.
+
+Example::
+
+    from baton.backends.textdata import (
+        DataError, PreparedDataset, check_model_vocab, load_tokenizer, parse_blend,
+        train_tokenizer,
+    )
+
+    train_tokenizer("runs/tok", vocab_size=1024)   # byte-level BPE on CPython's reference
+    tok = load_tokenizer("runs/tok")               # TokenizerInfo
+    tok.vocab_size, tok.eod_id, tok.fingerprint    # 1024, 0, sha256 of tokenizer.json
+    check_model_vocab(tok, model_vocab_size=1024)  # DataError naming both sizes if too big
+
+    # after `baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus`
+    blend = parse_blend("0.7 data/corpus 0.3 data/code")    # or parse_blend("data/corpus")
+    for prefix in blend.prefixes:
+        data = PreparedDataset(prefix)             # validated, memory-mapped
+        data.check_tokenizer(tok)                  # DataError naming both fingerprints
+        data.num_documents, data.num_tokens, data.dtype
+        data.document(0)                           # tokens of document 0, eod last
+        data.tokens                                # all tokens back to back (np.memmap)
+    prefixes, weights = blend.megatron()           # Megatron-Core's GPTDatasetConfig.blend
+    blend.maxtext()                                # "data/corpus,0.7;data/code,0.3" (grain mmap)
+
+Every bad input raises :class:`DataError` (a ``ValueError``) whose message names the file
+and the fix.
+"""
+
+from baton.backends.textdata.blend import Blend, parse_blend
+from baton.backends.textdata.errors import DataError
+from baton.backends.textdata.indexed import DTYPE_CODES, INDEX_HEADER, PreparedDataset
+from baton.backends.textdata.manifest import (
+    MANIFEST_FORMAT,
+    Manifest,
+    SourceFile,
+    check_tokenizer,
+    manifest_path,
+    read_manifest,
+    split_prefix,
+)
+from baton.backends.textdata.tokenizer import (
+    END_OF_TEXT,
+    PAD,
+    TokenizerInfo,
+    check_model_vocab,
+    fingerprint_file,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+__all__ = [
+    "DTYPE_CODES",
+    "END_OF_TEXT",
+    "INDEX_HEADER",
+    "MANIFEST_FORMAT",
+    "PAD",
+    "Blend",
+    "DataError",
+    "Manifest",
+    "PreparedDataset",
+    "SourceFile",
+    "TokenizerInfo",
+    "check_model_vocab",
+    "check_tokenizer",
+    "fingerprint_file",
+    "load_tokenizer",
+    "manifest_path",
+    "parse_blend",
+    "read_manifest",
+    "split_prefix",
+    "train_tokenizer",
+]

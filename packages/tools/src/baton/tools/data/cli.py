@@ -1,0 +1,147 @@
+"""``baton data``: make a tokenizer, prepare a dataset, look inside one.
+
+Example::
+
+    baton data tokenizer --vocab-size 4096 --output runs/tok          # CPython's reference text
+    baton data tokenizer --input a.txt b.txt --vocab-size 8192 --output runs/tok
+    baton data prepare web.jsonl notes.txt --tokenizer runs/tok --output data/corpus
+    baton data prepare shards/*.parquet --text-key content --tokenizer runs/tok \\
+        --output data/web --workers 8
+    baton data inspect data/corpus -n 3
+
+Bad input (a missing file or key, text that is not UTF-8, an empty corpus, an existing
+output, a tokenizer whose ids do not fit) prints one line naming the problem and the fix
+and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from baton.backends.textdata import DataError
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"baton data {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_tokenizer(argv: Sequence[str]) -> int:
+    from baton.backends.textdata import train_tokenizer
+
+    parser = argparse.ArgumentParser(
+        prog="baton data tokenizer",
+        description="Train a byte-level BPE offline; save a Hugging Face tokenizer directory.",
+    )
+    parser.add_argument(
+        "--input", nargs="+", type=Path, help="UTF-8 text files (default: CPython's reference)"
+    )
+    parser.add_argument("--vocab-size", type=int, required=True, help="tokens, specials included")
+    parser.add_argument("--output", type=Path, required=True, help="the directory to write")
+    parser.add_argument("--force", action="store_true", help="replace an existing tokenizer")
+    args = parser.parse_args(argv)
+    if (args.output / "tokenizer.json").exists() and not args.force:
+        return _fail(
+            "tokenizer",
+            f"{args.output / 'tokenizer.json'} already exists; pass --force to replace it",
+        )
+    try:
+        info = train_tokenizer(args.output, vocab_size=args.vocab_size, files=args.input)
+    except DataError as error:
+        return _fail("tokenizer", str(error))
+    print(
+        f"wrote {info.path}: {info.vocab_size:,} tokens, end of document {info.eod_token!r} = "
+        f"{info.eod_id}, fingerprint {info.short_fingerprint}"
+    )
+    return 0
+
+
+def cmd_prepare(argv: Sequence[str]) -> int:
+    from baton.tools.data.prepare import DTYPES, prepare
+    from baton.tools.data.sources import TXT_SPLITS
+
+    parser = argparse.ArgumentParser(
+        prog="baton data prepare",
+        description="Tokenize local text into Megatron's indexed dataset (PREFIX.bin/.idx/.json).",
+    )
+    parser.add_argument("inputs", nargs="+", help=".txt, .jsonl, .parquet or saved dataset dirs")
+    parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer directory")
+    parser.add_argument("--output", required=True, help="the output prefix (PREFIX.bin, ...)")
+    parser.add_argument("--text-key", default="text", help="JSON key / column of the text")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes"
+    )
+    parser.add_argument(
+        "--txt-split", choices=TXT_SPLITS, default="file", help="documents of a .txt file"
+    )
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="token dtype in .bin")
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        return _fail("prepare", f"--workers must be at least 1, not {args.workers}")
+    started = time.perf_counter()
+    try:
+        manifest = prepare(
+            args.inputs,
+            args.tokenizer,
+            args.output,
+            text_key=args.text_key,
+            workers=args.workers,
+            txt_split=args.txt_split,
+            dtype=args.dtype,
+            force=args.force,
+            progress=sys.stderr.isatty(),
+        )
+    except DataError as error:
+        return _fail("prepare", str(error))
+    except KeyboardInterrupt:
+        return _fail("prepare", "interrupted; nothing was written")
+    seconds = time.perf_counter() - started
+    print(
+        f"wrote {args.output}.bin/.idx/.json: {manifest.documents:,} documents, "
+        f"{manifest.tokens:,} {manifest.dtype} tokens in {seconds:.1f} s "
+        f"({manifest.tokens / max(seconds, 1e-9):,.0f} tokens/s)"
+    )
+    return 0
+
+
+def cmd_inspect(argv: Sequence[str]) -> int:
+    from baton.tools.data.describe import describe
+
+    parser = argparse.ArgumentParser(
+        prog="baton data inspect",
+        description="Print a prepared dataset's counts, manifest and first documents.",
+    )
+    parser.add_argument("prefix", help="the dataset prefix (PREFIX.bin, PREFIX.idx)")
+    parser.add_argument("--tokenizer", help="decode with this tokenizer (default: the manifest's)")
+    parser.add_argument("-n", type=int, default=3, help="documents to show")
+    parser.add_argument("--chars", type=int, default=400, help="characters shown per document")
+    args = parser.parse_args(argv)
+    try:
+        print(describe(args.prefix, args.tokenizer, count=args.n, chars=args.chars))
+    except DataError as error:
+        return _fail("inspect", str(error))
+    return 0
+
+
+SUBCOMMANDS = {"tokenizer": cmd_tokenizer, "prepare": cmd_prepare, "inspect": cmd_inspect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    command = SUBCOMMANDS.get(args[0])
+    if command is None:
+        return _fail(args[0], f"unknown command; commands: {', '.join(SUBCOMMANDS)}")
+    return command(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

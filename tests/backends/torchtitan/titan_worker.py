@@ -25,34 +25,21 @@ VOCAB = 1024
 
 
 def make_data(directory: Path) -> Path:
-    """A local tokenizer and corpus in ``directory``: a byte-level BPE (``VOCAB`` ids,
-    trained with the ``tokenizers`` library on the Python language reference in about a
-    second, saved as a Hugging Face tokenizer directory) and ``corpus.jsonl`` (one
-    document per line under ``"text"``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+    """A local tokenizer and corpus in ``directory``: ``tokenizer/``, a byte-level BPE of
+    ``VOCAB`` ids trained on the Python language reference (``baton data tokenizer``'s
+    ``train_tokenizer``, about a second), ``corpus.jsonl`` (one document per line under
+    ``"text"``) and ``corpus.bin``/``.idx``, the same corpus prepared with that tokenizer
+    (``baton data prepare``)."""
     from baton.backends.corpus import reference_documents
+    from baton.backends.textdata import train_tokenizer
+    from baton.tools.data.prepare import prepare
 
-    documents = [doc for doc in reference_documents() if doc.strip()]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    special = ["<|begin_of_text|>", "<|end_of_text|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(documents, trainer=trainer)
-    tok_dir = directory / "tokenizer"
-    tok_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(tok_dir / "tokenizer.json"))
-    config = {"bos_token": special[0], "eos_token": special[1], "add_bos_token": False}
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = train_tokenizer(directory / "tokenizer", vocab_size=VOCAB)
     with open(directory / "corpus.jsonl", "w", encoding="utf-8") as out:
-        for doc in documents:
-            out.write(json.dumps({"text": doc}) + "\n")
+        for doc in reference_documents():
+            if doc.strip():
+                out.write(json.dumps({"text": doc}) + "\n")
+    prepare([directory / "corpus.jsonl"], tokenizer, directory / "corpus", workers=1)
     return directory
 
 
@@ -68,6 +55,71 @@ def small_config(dump_folder: str, steps: int = STEPS, data: Path | None = None)
         dataset_path=None if data is None else str(data / "corpus.jsonl"),
         tokenizer=None if data is None else str(data / "tokenizer"),
     )
+
+
+def reference_losses(config: Any) -> dict[int, float]:
+    """TorchTitan's own ``Trainer.train()`` on ``config``; its losses from its metrics path.
+
+    A MetricsProcessor subclass (TorchTitan's Configurable protocol) records the
+    ``global_avg_loss`` that ``train_step`` hands to ``metrics_processor.log`` on this
+    rank (under pipeline parallelism only the last stage's rank has the real loss). The
+    registered TorchTitan patches whose condition holds are applied as the driver would
+    (configure phase before the build, setup phase after it) and undone afterwards. A
+    process that no launcher started gets the variables of a one-rank launch.
+    """
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torchtitan.components.metrics import MetricsProcessor
+
+    from baton.core.patches import PatchRecorder, patches_for
+
+    seen: dict[int, float] = {}
+
+    class RecordingMetrics(MetricsProcessor):
+        @dataclass(kw_only=True, slots=True)
+        class Config(MetricsProcessor.Config):
+            pass
+
+        def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+            seen[step] = global_avg_loss
+            super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+
+    config.metrics = RecordingMetrics.Config(log_freq=1)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    view = SimpleNamespace(config=config, world_size=world, trainer=None)
+    driver_view = SimpleNamespace(backend=view)
+    recorder = PatchRecorder()
+
+    def apply(phase: str) -> None:
+        for cls in patches_for("torchtitan"):
+            patch = cls()
+            verdict = patch.condition(view)
+            if cls.phase == phase and (verdict[0] if isinstance(verdict, tuple) else verdict):
+                patch.apply(driver_view, recorder)
+
+    if "RANK" not in os.environ:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        for key, value in (env | {"MASTER_PORT": str(port)}).items():
+            recorder.setenv(key, value)
+    try:
+        apply("configure")
+        trainer = config.build()
+        view.trainer = trainer
+        apply("setup")
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    finally:
+        assert recorder.undo() == []
+    return seen
 
 
 class RecordLosses(Callback):

@@ -25,7 +25,14 @@ as lazy values (``capture.StepCapture``); TorchTitan's own metric logging keeps 
 Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
 ``CheckpointManager`` with ``interval=1`` and ``keep_latest_k=0`` (baton keeps the
 history) and points it at baton's directory for each save. ``checkpoint.async_mode``
-(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous.
+(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous. A checkpoint
+saved on another layout loads through DCP's resharding (see ``load``).
+
+Weights-only start (fine-tuning): ``config.checkpoint.initial_load_path`` names a baton
+checkpoint (``runs/x/checkpoints/step_000100``) or a TorchTitan ``step-N`` folder;
+TorchTitan's initial load path reads the model weights only
+(``initial_load_model_only``) and training starts at step 0 with a fresh optimizer.
+``export.export_hf`` writes a checkpoint as a Hugging Face model directory.
 """
 
 from __future__ import annotations
@@ -179,6 +186,12 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         cfg.checkpoint.enable = True
         cfg.checkpoint.interval = 1
         cfg.checkpoint.keep_latest_k = 0
+        if cfg.checkpoint.initial_load_path and not cfg.checkpoint.initial_load_in_hf:
+            # a baton checkpoint (step_NNNNNN) or TorchTitan's step-N folder, made absolute
+            from baton.backends.torchtitan.export import dcp_folder
+
+            folder = dcp_folder(cfg.checkpoint.initial_load_path).resolve()
+            cfg.checkpoint.initial_load_path = str(folder)
         self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer
@@ -191,7 +204,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
                 "pick a model flavor with a larger vocab_size or a smaller tokenizer"
             )
         self._capture = StepCapture(trainer)
-        if cfg.checkpoint.initial_load_path:  # e.g. a seed or Hugging Face checkpoint
+        if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
 
     def _join_launch(self) -> None:

@@ -40,6 +40,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.corpus import read_text, reference_documents
+from baton.backends.textdata import split_prefix
 
 
 class ByteTokenizer(BaseTokenizer):
@@ -262,9 +263,17 @@ def dataloader_config(
     data_path: str | None, *, seed: int = 0, infinite: bool = True, text_key: str = "text"
 ) -> Any:
     """The data-loader config for ``data_path``: TorchTitan's Hugging Face text loader for
-    ``.jsonl``/``.json``/``.parquet`` files, baton's packed loader for plain text (or the
-    Python language reference when ``data_path`` is ``None``)."""
-    if data_path is not None and Path(data_path).suffix.lower() in HF_FORMATS:
+    ``.jsonl``/``.json``/``.parquet`` files, ``PreparedDataLoader`` for a prepared prefix
+    (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
+    for plain text (or the Python language reference when ``data_path`` is ``None``)."""
+    suffix = "" if data_path is None else Path(data_path).suffix.lower()
+    if data_path is not None and suffix not in (".jsonl", ".parquet") and (
+        Path(split_prefix(data_path) + ".idx").is_file()
+    ):
+        from baton.backends.torchtitan.prepared import PreparedDataLoader
+
+        return PreparedDataLoader.Config(dataset_path=split_prefix(data_path), infinite=infinite)
+    if data_path is not None and suffix in HF_FORMATS:
         from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
         name = register_local_dataset(data_path, text_key)

@@ -1,11 +1,13 @@
-"""The TorchTitan backend on CPU: parity with Trainer.train(), resume, patches, ranks.
+"""The TorchTitan backend on CPU: parity with Trainer.train(), resume, patches, ranks,
+real data, weights-only start and Hugging Face export.
 
-One module-scoped baton run (10 steps of TorchTitan's llama3 debug model, a save at
-step 5) is shared by the parity, resume and isolation tests. One fresh process
-(``resumed_run``) resumes it with async DCP saves and the validator on, which the
-resume, async-save and validator tests share; the two-rank test runs FSDP under
-torchrun. About 4-5 minutes on 2 busy cores, most of it importing torchtitan
-(~15-35 s per process).
+One module-scoped baton run (10 steps of TorchTitan's llama3 debug model on a local JSON
+Lines corpus through TorchTitan's Hugging Face loader and a BPE tokenizer trained here,
+a save at step 5) is shared by the parity, resume, isolation, weights-only-start and
+export tests. One fresh process (``resumed_run``) resumes it with async DCP saves and the
+validator on, which the resume, async-save and validator tests share; the two-rank test
+runs FSDP on bytes under torchrun. About a minute without the slow test on a quiet
+machine, most of it importing torchtitan (~15-35 s per process).
 """
 
 from __future__ import annotations

@@ -97,15 +97,14 @@ class DcpSave:
 RESHARD_DATA = ("refuse", "restart")
 #: the file in each checkpoint that records the layout it was saved on
 LAYOUT_FILE = "layout.json"
+#: the parallel degrees a layout is made of, as ``ParallelDims`` names them
+LAYOUT_KEYS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
 def describe_layout(facts: Mapping[str, int]) -> str:
     """``dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 x pp 1 (2 ranks)``."""
     degrees = " x ".join(f"{key} {facts[key]}" for key in LAYOUT_KEYS)
     return f"{degrees} ({facts['world_size']} ranks)"
-
-
-LAYOUT_KEYS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
 def launch_env(launch: Launch) -> dict[str, str]:

@@ -83,19 +83,3 @@ def set_layout(
         par.pipeline_parallel_schedule = pp_schedule
     return config
 
-
-def layout(config: Any, world_size: int | None = None) -> dict[str, int]:
-    """The layout of ``config`` as ``{"dp_replicate", "dp_shard", "tp", "pp", "cp"}``;
-    with ``world_size``, ``dp_shard=-1`` is resolved the way TorchTitan resolves it."""
-    par = config.parallelism
-    degrees = {
-        "dp_replicate": par.data_parallel_replicate_degree,
-        "dp_shard": par.data_parallel_shard_degree,
-        "tp": par.tensor_parallel_degree,
-        "pp": par.pipeline_parallel_degree,
-        "cp": par.context_parallel_degree,
-    }
-    if world_size is not None and degrees["dp_shard"] < 0:
-        others = degrees["dp_replicate"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
-        degrees["dp_shard"] = max(1, world_size // others)
-    return degrees

@@ -1,11 +1,15 @@
-"""Llama 3 8B with TorchTitan on 8 GPUs (FSDP, bf16, optional torch.compile) through baton.
+"""Llama 3 8B with TorchTitan on 8 GPUs (FSDP, TP, PP, bf16, optional torch.compile) through baton.
 
-torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py --compile
-uv run baton run recipes/torchtitan_llama3_8b.py --dry-run       # on CPU: validate and plan
+torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
+    --data-path corpus.jsonl --tokenizer ./assets/hf/Llama-3.1-8B --compile
+uv run baton run recipes/torchtitan_llama3_8b.py --dry-run             # on CPU: plan only
+uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --gpus 16
 
-The config is TorchTitan's own ``llama3_8b()`` (C4 from the Hugging Face hub and the
-Llama 3.1 tokenizer from ``--hf-assets-path``); ``--dry-run`` needs neither: it checks
-the parallelism against ``--gpus`` ranks, builds the model on the meta device and
+The config is TorchTitan's own ``llama3_8b()``; data comes from a local ``.jsonl`` /
+``.parquet`` file through TorchTitan's Hugging Face text loader and the tokenizer from a
+local Hugging Face directory (``tokenizer.json``; the Llama 3.1 one for real runs).
+``--dry-run`` needs neither: it checks the layout (``--dp-shard`` x ``--tp`` x ``--pp``,
+``--dp-replicate``) against ``--gpus`` ranks, builds the model on the meta device and
 prints the plan, then returns without training.
 """
 
@@ -14,45 +18,66 @@ from __future__ import annotations
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.recipe import RecipeError
 
 
 def recipe(
+    data_path: str | None = None,
+    tokenizer: str | None = None,
     max_steps: int = 1000,
     gpus: int = 8,
+    dp_replicate: int = 1,
     dp_shard: int = -1,
     tp: int = 1,
+    pp: int = 1,
+    pp_schedule: str = "1F1B",
     batch_size: int = 1,
     seq_len: int = 8192,
     lr: float = 3e-4,
     compile: bool = False,
     async_checkpoint: str = "async",
-    hf_assets_path: str = "./assets/hf/Llama-3.1-8B",
     log_every: int = 10,
     run_dir: str = "runs/torchtitan_llama3_8b",
     dry_run: bool = False,
 ) -> Driver | None:
-    """Llama 3 8B pre-training with FSDP over ``gpus`` ranks (``dp_shard=-1``: all of them)."""
+    """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave."""
     from torchtitan.models.llama3.config_registry import llama3_8b
 
+    from baton.backends.torchtitan.configs import set_layout
+    from baton.backends.torchtitan.data import dataloader_config, tokenizer_config
     from baton.backends.torchtitan.plan import parallelism_plan
 
     config = llama3_8b()
-    config.hf_assets_path = hf_assets_path
     config.dump_folder = f"{run_dir}/torchtitan"
     config.training.steps = max_steps
     config.training.local_batch_size = batch_size
     config.training.seq_len = seq_len
     config.training.mixed_precision_param = "bfloat16"
-    config.parallelism.data_parallel_shard_degree = dp_shard
-    config.parallelism.tensor_parallel_degree = tp
+    set_layout(
+        config, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule
+    )
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.compile.enable = compile
     config.checkpoint.async_mode = async_checkpoint
     config.metrics.log_freq = log_every
     if dry_run:
-        print(parallelism_plan(config, world_size=gpus), flush=True)
+        try:
+            print(parallelism_plan(config, world_size=gpus), flush=True)
+        except ValueError as error:
+            raise RecipeError(str(error)) from None
         return None
+    if data_path is None or tokenizer is None:
+        raise RecipeError(
+            "the 8B recipe trains on real data only: pass --data-path FILE.jsonl|.parquet "
+            "(local text under a 'text' key) and --tokenizer DIR (a Hugging Face tokenizer "
+            "directory, e.g. Llama 3.1's); --dry-run plans without them"
+        )
+    try:
+        config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)
+        config.dataloader = dataloader_config(data_path)
+    except (OSError, ValueError) as error:
+        raise RecipeError(str(error)) from None
     return Driver(
         TorchTitanBackend(config),
         standard_callbacks(async_save=async_checkpoint != "disabled"),

@@ -2,16 +2,28 @@
 
 uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 20
 uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 40 --resume auto
+uv run baton run recipes/torchtitan_llama3_debug.py --data-path corpus.jsonl --tokenizer tok/
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli run \
+    recipes/torchtitan_llama3_debug.py --dp-shard 2 --tp 2        # FSDP x TP on 4 ranks
 
-Data: the Python language reference that ships with CPython, byte-tokenized (no
-downloads). Checkpoints: TorchTitan's DCP CheckpointManager under
-``<run-dir>/checkpoints/step_NNNNNN``, every ``--save-every`` steps and at the end.
+Data: ``--data-path`` (``.jsonl``/``.parquet`` through TorchTitan's Hugging Face loader,
+a ``baton data prepare`` prefix through ``PreparedDataLoader``, ``.txt`` through baton's
+packed loader) with ``--tokenizer DIR`` (a local Hugging Face
+tokenizer directory); without them, the Python language reference that ships with
+CPython, byte-tokenized (no downloads). Layout: ``--dp-shard`` (FSDP, -1: every rank
+the others leave), ``--tp``, ``--pp`` (with ``--pp-schedule``); a checkpoint saved on
+another layout resumes through DCP's resharding (``--reshard-data restart`` when the
+data-parallel degree changed: the data loader then starts over). ``--init-from CKPT``
+starts from a checkpoint's weights only (step 0, fresh optimizer).
+
+Checkpoints: TorchTitan's DCP CheckpointManager under ``<run-dir>/checkpoints/step_NNNNNN``,
+every ``--save-every`` steps and at the end.
 """
 
 from __future__ import annotations
 
 from baton.backends.torchtitan import TorchTitanBackend
-from baton.backends.torchtitan.configs import llama3_debug
+from baton.backends.torchtitan.configs import llama3_debug, set_layout
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 
@@ -26,6 +38,13 @@ def recipe(
     save_every: int = 10,
     async_checkpoint: str = "disabled",
     data_path: str | None = None,
+    tokenizer: str | None = None,
+    dp_shard: int = -1,
+    tp: int = 1,
+    pp: int = 1,
+    pp_schedule: str = "1F1B",
+    init_from: str | None = None,
+    reshard_data: str = "refuse",
     run_dir: str = "runs/torchtitan_llama3_debug",
     progress: bool = True,
 ) -> Driver:
@@ -37,17 +56,20 @@ def recipe(
         seed=seed,
         dump_folder=f"{run_dir}/torchtitan",
         dataset_path=data_path,
+        tokenizer=tokenizer,
         log_freq=log_every,
     )
+    set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule)
+    if init_from is not None:  # weights only, through TorchTitan's initial load path
+        config.checkpoint.initial_load_path = init_from
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = async_checkpoint  # "disabled", "async", "async_with_pinned_mem"
-    callbacks = standard_callbacks(
-        save_every=save_every, async_save=async_checkpoint != "disabled", progress=progress
-    )
     return Driver(
-        TorchTitanBackend(config),
-        callbacks,
+        TorchTitanBackend(config, reshard_data=reshard_data),
+        standard_callbacks(
+            save_every=save_every, async_save=async_checkpoint != "disabled", progress=progress
+        ),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,

@@ -1,11 +1,13 @@
-"""The TorchTitan backend on CPU: parity with Trainer.train(), resume, patches, ranks.
+"""The TorchTitan backend on CPU: parity with Trainer.train(), resume, patches, ranks,
+real data, weights-only start and Hugging Face export.
 
-One module-scoped baton run (10 steps of TorchTitan's llama3 debug model, a save at
-step 5) is shared by the parity, resume and isolation tests. One fresh process
-(``resumed_run``) resumes it with async DCP saves and the validator on, which the
-resume, async-save and validator tests share; the two-rank test runs FSDP under
-torchrun. About 4-5 minutes on 2 busy cores, most of it importing torchtitan
-(~15-35 s per process).
+One module-scoped baton run (10 steps of TorchTitan's llama3 debug model on a local JSON
+Lines corpus through TorchTitan's Hugging Face loader and a BPE tokenizer trained here,
+a save at step 5) is shared by the parity, resume, isolation, weights-only-start and
+export tests. One fresh process (``resumed_run``) resumes it with async DCP saves and the
+validator on, which the resume, async-save and validator tests share; the two-rank test
+runs FSDP on bytes under torchrun. About a minute without the slow test on a quiet
+machine, most of it importing torchtitan (~15-35 s per process).
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -63,11 +63,18 @@ def _process_state() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Baton drives 10 TorchTitan steps, saving at step 5; records the process state."""
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer directory and a JSON Lines corpus, made locally."""
+    return worker.make_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory, data: Path) -> dict[str, Any]:
+    """Baton drives 10 TorchTitan steps on TorchTitan's own Hugging Face data loader and
+    tokenizer (local files), saving at step 5; records the process state."""
     before = _process_state()
     run_dir = tmp_path_factory.mktemp("titan") / "run"
-    losses, driver = worker.baton_run(run_dir, save_at=worker.SAVE_AT)
+    losses, driver = worker.baton_run(run_dir, save_at=worker.SAVE_AT, data=data)
     return {
         "losses": losses,
         "driver": driver,
@@ -77,72 +84,25 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def _reference_losses(dump_folder: Path) -> dict[int, float]:
-    """TorchTitan's own Trainer.train() on the same config; losses from its metrics path.
-
-    A MetricsProcessor subclass (TorchTitan's Configurable protocol) records the
-    ``global_avg_loss`` that ``train_step`` hands to ``metrics_processor.log``. The
-    CPU patches are applied by hand, as the driver would, and undone afterwards.
-    """
-    from torchtitan.components.metrics import MetricsProcessor
-
-    from baton.backends.torchtitan import patches
-    from baton.core.patches import PatchRecorder
-
-    seen: dict[int, float] = {}
-
-    class RecordingMetrics(MetricsProcessor):
-        @dataclass(kw_only=True, slots=True)
-        class Config(MetricsProcessor.Config):
-            pass
-
-        def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
-            seen[step] = global_avg_loss
-            super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
-
-    config = worker.small_config(str(dump_folder))
-    config.metrics = RecordingMetrics.Config(log_freq=1)
-    recorder = PatchRecorder()
-    driver_view = SimpleNamespace(backend=SimpleNamespace(config=config))
-    for cls in (
-        patches.TorchTitanPgSetTimeout,
-        patches.TorchTitanCpuDevice,
-        patches.TorchTitanCpuAttention,
-        patches.TorchTitanRestoreProcessState,
-    ):
-        patch = cls()
-        verdict = patch.condition(None)
-        if verdict[0] if isinstance(verdict, tuple) else verdict:
-            patch.apply(driver_view, recorder)
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    for key, value in env.items():
-        recorder.setenv(key, value)
-    try:
-        trainer = config.build()
-        try:
-            trainer.train()
-        finally:
-            trainer.close()
-    finally:
-        assert recorder.undo() == []
-    return seen
+def _reference_losses(dump_folder: Path, data: Path) -> dict[int, float]:
+    """TorchTitan's own Trainer.train() on the same config (``titan_worker.reference_losses``)."""
+    return worker.reference_losses(worker.small_config(str(dump_folder), data=data))
 
 
-def _free_port() -> int:
-    import socket
+def test_losses_equal_torchtitan_train_bit_for_bit(first_run, data, tmp_path):
+    """Both sides read the JSON Lines corpus with TorchTitan's HuggingFaceTextDataLoader
+    and the BPE tokenizer with its HuggingFaceTokenizer."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_losses_equal_torchtitan_train_bit_for_bit(first_run, tmp_path):
-    reference = _reference_losses(tmp_path / "reference")
+    trainer_config = first_run["driver"].backend.config
+    assert isinstance(trainer_config.dataloader, HuggingFaceTextDataLoader.Config)
+    assert isinstance(trainer_config.tokenizer, HuggingFaceTokenizer.Config)
+    reference = _reference_losses(tmp_path / "reference", data)
     assert sorted(reference) == list(range(1, worker.STEPS + 1))
     baton = first_run["losses"]
     assert baton == reference  # exact float equality, every step
-    assert baton[worker.STEPS] < baton[1] - 1.0  # and it learns
+    assert baton[worker.STEPS] < baton[1] - 0.25  # and it learns (seeded: the same every run)
 
 
 def test_torchtitan_log_cadence_untouched(first_run):
@@ -162,16 +122,19 @@ def test_patches_undone_after_teardown(first_run):
         "torchtitan_fsdp_partial_dtensor": False,  # one rank: spmd_types works
         "torchtitan_gloo_fsdp_sum_reduction": True,  # no FSDP group on gloo: nothing to do
         "torchtitan_pg_set_timeout": True,
+        "torchtitan_pipeline_microbatch_step": False,  # no pipeline parallelism
         "torchtitan_restore_process_state": True,
     }
 
 
 @pytest.fixture(scope="module")
-def resumed_run(first_run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A fresh process resumes the step-5 checkpoint (``titan_worker.async_resume_run``)."""
+def resumed_run(first_run, data, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A fresh process resumes the step-5 checkpoint (``titan_worker.async_resume_run``):
+    TorchTitan's data-loader state comes back from the checkpoint with the weights."""
     out = tmp_path_factory.mktemp("resumed") / "resumed.json"
+    run_dir = str(first_run["run_dir"])
     subprocess.run(
-        [sys.executable, str(HERE / "titan_worker.py"), "resume", str(first_run["run_dir"]), out],
+        [sys.executable, str(HERE / "titan_worker.py"), "resume", run_dir, out, str(data)],
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         timeout=600,
@@ -202,11 +165,11 @@ def test_torchtitan_validator_runs_in_baton_eval_hooks(resumed_run, first_run):
     assert list(evals) == ["8"]
     assert set(evals["8"]) == {"eval/loss"}
     eval_loss = evals["8"]["eval/loss"]
-    assert 0.0 < eval_loss < first_run["losses"][1] - 1.0  # a trained model's loss
+    assert 0.0 < eval_loss < first_run["losses"][1] - 0.25  # a trained model's loss
 
 
-def test_two_trainings_in_one_process_do_not_interfere(first_run, tmp_path):
-    losses, _ = worker.baton_run(tmp_path / "again")
+def test_two_trainings_in_one_process_do_not_interfere(first_run, data, tmp_path):
+    losses, _ = worker.baton_run(tmp_path / "again", data=data)
     assert losses == first_run["losses"]
     assert _process_state() == first_run["before"]
 
@@ -225,6 +188,7 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
         "torchtitan_pg_set_timeout",
         "torchtitan_fsdp_partial_dtensor",
         "torchtitan_gloo_fsdp_sum_reduction",
+        "torchtitan_pipeline_microbatch_step",
     ):
         assert name in out
 
@@ -260,3 +224,133 @@ def test_8b_dry_run_plan_validates_without_gpus():
     bad.parallelism.tensor_parallel_degree = 3
     with pytest.raises(ValueError, match="does not fit 8 ranks"):
         parallelism_plan(bad, world_size=8)
+
+
+def test_8b_recipe_dry_run_validates_layouts_and_needs_data(capsys):
+    """The recipe's --dry-run checks each layout against --gpus; a real run needs data."""
+    from baton.core.recipe import RecipeError, build_driver
+
+    recipe = str(HERE.parents[2] / "recipes" / "torchtitan_llama3_8b.py")
+    for flags, fsdp in ((["--tp", "2", "--pp", "2"], 2), (["--tp", "2", "--gpus", "16"], 8)):
+        assert build_driver(recipe, ["--dry-run", *flags]) is None
+        assert f"dp_shard (FSDP) {fsdp} x cp 1 x tp 2" in capsys.readouterr().out
+    assert build_driver(recipe, ["--dry-run", "--pp", "2", "--batch-size", "2"]) is None
+    assert "pp 2 (ep 1), schedule 1F1B" in capsys.readouterr().out
+    with pytest.raises(RecipeError, match="does not fit 8 ranks"):
+        build_driver(recipe, ["--dry-run", "--tp", "3"])
+    with pytest.raises(RecipeError, match="--data-path FILE.jsonl.*--tokenizer DIR"):
+        build_driver(recipe, [])
+
+
+def _titan_model(checkpoint: Path) -> Any:
+    """TorchTitan's llama3 debug model (SDPA attention, as trained on CPU) with the
+    checkpoint's weights, read by DCP in this process."""
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+    from torchtitan.models.llama3 import model_registry
+
+    from baton.backends.torchtitan.export import dcp_folder, read_model_weights
+
+    config = model_registry("debugmodel").model
+    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
+        if parent is not None:  # what the torchtitan_cpu_attention patch does
+            setattr(parent, attr, ScaledDotProductAttention.Config())
+    model = config.build()
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)  # buffers (the RoPE table) as the trainer has them
+    model.load_state_dict(read_model_weights(dcp_folder(checkpoint)))
+    return model.eval()
+
+
+def _first_batch(data: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first batch a fresh run reads: TorchTitan's HF loader and tokenizer."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from baton.backends.torchtitan.data import dataloader_config
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(data / "tokenizer"))
+    loader = dataloader_config(str(data / "corpus.jsonl")).build(
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=worker.SEQ_LEN,
+        local_batch_size=worker.BATCH,
+    )  # fmt: skip
+    inputs, labels = next(iter(loader))
+    return inputs["input"], inputs["positions"], labels
+
+
+def test_weights_only_start_first_loss_is_the_source_models(first_run, data, tmp_path):
+    """TorchTitan's initial load path (model only) from baton's step-5 checkpoint: the
+    first loss is the step-5 model's loss on the first batch; step and optimizer restart."""
+    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
+    config = worker.small_config(str(tmp_path / "torchtitan"), data=data)
+    config.checkpoint.initial_load_path = str(checkpoint)  # a baton checkpoint, relative ok
+    losses, driver = worker.baton_run(tmp_path / "finetune", config=config)
+    tokens, positions, labels = _first_batch(data)
+    with torch.no_grad():
+        logits = _titan_model(checkpoint)(tokens, positions=positions)
+    source = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    assert losses[1] == pytest.approx(float(source), rel=1e-5)
+    assert losses[1] < first_run["losses"][1]  # trained weights, not a fresh start
+    assert driver.resumed_from is None and sorted(losses) == list(range(1, worker.STEPS + 1))
+
+
+def test_export_hf_loads_in_transformers_with_equal_logits(first_run, tmp_path):
+    """``export_hf`` writes the checkpoint through TorchTitan's llama3 state-dict adapter;
+    transformers' LlamaForCausalLM gives the same logits as TorchTitan's model."""
+    from transformers import LlamaForCausalLM
+
+    from baton.backends.torchtitan.export import ExportError, export_hf
+
+    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
+    out = export_hf(checkpoint, tmp_path / "hf")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, worker.VOCAB, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = _titan_model(checkpoint)(tokens)
+        got = hf(tokens).logits
+    assert got.shape == expected.shape == (2, 48, 2048)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ExportError, match="no TorchTitan checkpoint"):
+        export_hf(tmp_path, tmp_path / "nothing")
+
+
+def test_prepared_dataset_trains_and_resumes_exactly(data, tmp_path):
+    """The corpus prepared by ``baton data prepare`` (Megatron's .bin/.idx) on TorchTitan's
+    data-loader protocol: the loss falls, and a resume from step 5 (weights, optimizer and
+    the loader's window position from TorchTitan's checkpoint) repeats steps 6-10."""
+    from baton.backends.torchtitan.data import dataloader_config
+    from baton.backends.torchtitan.prepared import PreparedDataLoader
+
+    def config(name: str) -> Any:
+        cfg = worker.small_config(str(tmp_path / name), data=data)
+        cfg.dataloader = dataloader_config(str(data / "corpus"))
+        return cfg
+
+    first = config("first")
+    assert isinstance(first.dataloader, PreparedDataLoader.Config)
+    losses, _ = worker.baton_run(tmp_path / "run", save_at=worker.SAVE_AT, config=first)
+    assert losses[worker.STEPS] < losses[1] - 0.25
+    checkpoint = tmp_path / "run" / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
+    resumed, driver = worker.baton_run(tmp_path / "again", resume=checkpoint, config=config("2"))
+    assert driver.resumed_from == checkpoint
+    assert resumed == {k: v for k, v in losses.items() if k > worker.SAVE_AT}
+
+
+def test_launch_env_from_slurm_explicit_and_single_process():
+    """What TorchTitan reads (LOCAL_RANK picks its device) comes from the launch: an srun
+    task, BATON_* settings, or one process that nobody launched."""
+    from baton.backends.torchtitan.backend import launch_env
+    from baton.core.launch import Launch
+
+    slurm = Launch.from_env(
+        {"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
+         "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "42"}
+    )  # fmt: skip
+    env = launch_env(slurm)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "1", "4")
+    assert (env["MASTER_ADDR"], env["GROUP_RANK"]) == ("gpu07", "1")
+    explicit = Launch.from_env(
+        {"BATON_RANK": "1", "BATON_WORLD_SIZE": "2", "BATON_MASTER_ADDR": "10.0.0.1",
+         "BATON_MASTER_PORT": "29400"}
+    )  # fmt: skip
+    assert launch_env(explicit)["MASTER_PORT"] == "29400"
+    assert launch_env(Launch.from_env({})) == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}

@@ -1,6 +1,6 @@
 """Runs of the TorchTitan backend shared by the tests, in-process or as a script.
 
-python titan_worker.py resume RUN_DIR OUT.json   # resume RUN_DIR (async saves, eval), twice
+python titan_worker.py resume RUN_DIR OUT.json DATA_DIR   # resume RUN_DIR (async saves, eval)
 torchrun --nproc-per-node 2 titan_worker.py ranks OUT_DIR   # FSDP over 2 CPU ranks
 """
 
@@ -20,13 +20,106 @@ STEPS = 10
 SAVE_AT = 5
 SEQ_LEN = 64
 BATCH = 2
+#: the test tokenizer's vocabulary (the debug model has 2048 rows)
+VOCAB = 1024
 
 
-def small_config(dump_folder: str, steps: int = STEPS) -> Any:
-    """The debug model on local text, small batches: the config every test uses."""
+def make_data(directory: Path) -> Path:
+    """A local tokenizer and corpus in ``directory``: ``tokenizer/``, a byte-level BPE of
+    ``VOCAB`` ids trained on the Python language reference (``baton data tokenizer``'s
+    ``train_tokenizer``, about a second), ``corpus.jsonl`` (one document per line under
+    ``"text"``) and ``corpus.bin``/``.idx``, the same corpus prepared with that tokenizer
+    (``baton data prepare``)."""
+    from baton.backends.corpus import reference_documents
+    from baton.backends.textdata import train_tokenizer
+    from baton.tools.data.prepare import prepare
+
+    tokenizer = train_tokenizer(directory / "tokenizer", vocab_size=VOCAB)
+    with open(directory / "corpus.jsonl", "w", encoding="utf-8") as out:
+        for doc in reference_documents():
+            if doc.strip():
+                out.write(json.dumps({"text": doc}) + "\n")
+    prepare([directory / "corpus.jsonl"], tokenizer, directory / "corpus", workers=1)
+    return directory
+
+
+def small_config(dump_folder: str, steps: int = STEPS, data: Path | None = None) -> Any:
+    """The debug model, small batches: on ``data`` (``make_data``: TorchTitan's Hugging
+    Face loader and tokenizer) or, without it, on bytes of the language reference."""
     return llama3_debug(
-        steps=steps, seq_len=SEQ_LEN, local_batch_size=BATCH, seed=0, dump_folder=dump_folder
+        steps=steps,
+        seq_len=SEQ_LEN,
+        local_batch_size=BATCH,
+        seed=0,
+        dump_folder=dump_folder,
+        dataset_path=None if data is None else str(data / "corpus.jsonl"),
+        tokenizer=None if data is None else str(data / "tokenizer"),
     )
+
+
+def reference_losses(config: Any) -> dict[int, float]:
+    """TorchTitan's own ``Trainer.train()`` on ``config``; its losses from its metrics path.
+
+    A MetricsProcessor subclass (TorchTitan's Configurable protocol) records the
+    ``global_avg_loss`` that ``train_step`` hands to ``metrics_processor.log`` on this
+    rank (under pipeline parallelism only the last stage's rank has the real loss). The
+    registered TorchTitan patches whose condition holds are applied as the driver would
+    (configure phase before the build, setup phase after it) and undone afterwards. A
+    process that no launcher started gets the variables of a one-rank launch.
+    """
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torchtitan.components.metrics import MetricsProcessor
+
+    from baton.core.patches import PatchRecorder, patches_for
+
+    seen: dict[int, float] = {}
+
+    class RecordingMetrics(MetricsProcessor):
+        @dataclass(kw_only=True, slots=True)
+        class Config(MetricsProcessor.Config):
+            pass
+
+        def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+            seen[step] = global_avg_loss
+            super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+
+    config.metrics = RecordingMetrics.Config(log_freq=1)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    view = SimpleNamespace(config=config, world_size=world, trainer=None)
+    driver_view = SimpleNamespace(backend=view)
+    recorder = PatchRecorder()
+
+    def apply(phase: str) -> None:
+        for cls in patches_for("torchtitan"):
+            patch = cls()
+            verdict = patch.condition(view)
+            if cls.phase == phase and (verdict[0] if isinstance(verdict, tuple) else verdict):
+                patch.apply(driver_view, recorder)
+
+    if "RANK" not in os.environ:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        for key, value in (env | {"MASTER_PORT": str(port)}).items():
+            recorder.setenv(key, value)
+    try:
+        apply("configure")
+        trainer = config.build()
+        view.trainer = trainer
+        apply("setup")
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    finally:
+        assert recorder.undo() == []
+    return seen
 
 
 class RecordLosses(Callback):
@@ -54,9 +147,10 @@ def baton_run(
     config: Any = None,
     callbacks: list[Callback] | None = None,
     eval_every: int | None = None,
+    data: Path | None = None,
 ) -> tuple[dict[int, float], Driver]:
     record = RecordLosses(save_at)
-    backend = TorchTitanBackend(config or small_config(str(run_dir / "torchtitan")))
+    backend = TorchTitanBackend(config or small_config(str(run_dir / "torchtitan"), data=data))
     driver = Driver(
         backend,
         [record, *(callbacks or [])],
@@ -80,7 +174,7 @@ class RecordEval(Callback):
         self.seen[driver.step] = dict(metrics)
 
 
-def async_resume_run(run_dir: Path) -> dict[str, Any]:
+def async_resume_run(run_dir: Path, data: Path) -> dict[str, Any]:
     """Resume RUN_DIR with async DCP saves and TorchTitan's validator, then resume again.
 
     The first run resumes the step-5 checkpoint with ``checkpoint.async_mode="async"``;
@@ -90,14 +184,13 @@ def async_resume_run(run_dir: Path) -> dict[str, Any]:
     """
     from torchtitan.components.validate import Validator
 
-    from baton.backends.torchtitan.data import LocalTextDataLoader
+    from baton.backends.torchtitan.data import dataloader_config
     from baton.callbacks import Checkpoint
 
-    config = small_config(str(run_dir / "torchtitan"))
+    config = small_config(str(run_dir / "torchtitan"), data=data)
     config.checkpoint.async_mode = "async"
-    config.validator = Validator.Config(
-        enable=True, steps=2, dataloader=LocalTextDataLoader.Config(infinite=False)
-    )
+    validation = dataloader_config(str(data / "corpus.jsonl"), infinite=False)
+    config.validator = Validator.Config(enable=True, steps=2, dataloader=validation)
     evals = RecordEval()
     checkpoint = Checkpoint(every_n_steps=8, save_on_stop=False, keep_last=None, async_save=True)
     backend = TorchTitanBackend(config)
@@ -122,7 +215,7 @@ def async_resume_run(run_dir: Path) -> dict[str, Any]:
     )
     driver.fit()
     saved = driver.checkpoint_dir / "step_000008"
-    again, second = baton_run(run_dir, resume=saved)
+    again, second = baton_run(run_dir, resume=saved, data=data)
     return {
         "losses": record.losses,
         "resumed_from": str(driver.resumed_from),
@@ -184,7 +277,7 @@ def ranks_run(out_dir: Path) -> None:
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "resume":
-        facts = async_resume_run(Path(sys.argv[2]))
+        facts = async_resume_run(Path(sys.argv[2]), Path(sys.argv[4]))
         Path(sys.argv[3]).write_text(json.dumps(facts))
     elif mode == "ranks":
         ranks_run(Path(sys.argv[2]))

@@ -25,13 +25,20 @@ as lazy values (``capture.StepCapture``); TorchTitan's own metric logging keeps 
 Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
 ``CheckpointManager`` with ``interval=1`` and ``keep_latest_k=0`` (baton keeps the
 history) and points it at baton's directory for each save. ``checkpoint.async_mode``
-(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous.
+(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous. A checkpoint
+saved on another layout loads through DCP's resharding (see ``load``).
+
+Weights-only start (fine-tuning): ``config.checkpoint.initial_load_path`` names a baton
+checkpoint (``runs/x/checkpoints/step_000100``) or a TorchTitan ``step-N`` folder;
+TorchTitan's initial load path reads the model weights only
+(``initial_load_model_only``) and training starts at step 0 with a fresh optimizer.
+``export.export_hf`` writes a checkpoint as a Hugging Face model directory.
 """
 
 from __future__ import annotations
 
-import os
-import socket
+import json
+import logging
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -40,25 +47,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from baton.backends import torch_distributed
+from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
 from baton.core.backend import BackendBase
+from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
+from baton.core.patches import PatchRecorder
 
-#: the launcher variables TorchTitan reads; set for a single process when absent
-LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class RankLocal:
-    """A per-rank device value whose global value is a sum over the loss mesh.
+    """A per-rank loss whose global value is a sum over the loss mesh (data and
+    context parallel ranks) and, under pipeline parallelism, comes from the rank that
+    holds the last stage (the others hold TorchTitan's placeholder ``-1``).
 
     The reduction runs in ``fetch`` (log steps only, on every rank at the same step),
     the same collective TorchTitan's ``train_step`` runs when it logs.
     """
 
     value: torch.Tensor
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's global value (its ``full_tensor()``); a plain tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 class DcpSave:
@@ -76,13 +92,38 @@ class DcpSave:
         self.future.result()
 
 
-class TorchTitanBackend(BackendBase):
+#: what ``load`` does when the data-parallel degree changed: TorchTitan's data loader
+#: state is per data-parallel rank and does not reshard
+RESHARD_DATA = ("refuse", "restart")
+#: the file in each checkpoint that records the layout it was saved on
+LAYOUT_FILE = "layout.json"
+#: the parallel degrees a layout is made of, as ``ParallelDims`` names them
+LAYOUT_KEYS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
+def describe_layout(facts: Mapping[str, int]) -> str:
+    """``dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 x pp 1 (2 ranks)``."""
+    degrees = " x ".join(f"{key} {facts[key]}" for key in LAYOUT_KEYS)
+    return f"{degrees} ({facts['world_size']} ranks)"
+
+
+def launch_env(launch: Launch) -> dict[str, str]:
+    """The launcher variables TorchTitan reads (``LOCAL_RANK`` picks its device) for a
+    process torchrun did not start: SLURM's or ``BATON_*`` settings, or one process."""
+    if launch.distributed:
+        return launch.torch_env()
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
+class TorchTitanBackend(TorchDistributed, BackendBase):
     """TorchTitan's Trainer, its real train_step once per baton step."""
 
     name = "torchtitan"
     distribution = "torchtitan"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, *, reshard_data: str = "refuse") -> None:
+        if reshard_data not in RESHARD_DATA:
+            raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
         if config is None or not hasattr(config, "model_spec"):
             raise TypeError(
                 "TorchTitanBackend needs a torchtitan Trainer.Config, e.g. "
@@ -90,6 +131,7 @@ class TorchTitanBackend(BackendBase):
                 "torchtitan.models.llama3.config_registry.llama3_8b()"
             )
         self.config = config
+        self.reshard_data = reshard_data
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._batches: Iterator[Any] | None = None
@@ -97,29 +139,12 @@ class TorchTitanBackend(BackendBase):
         self._steps_run = 0
         self._step_tokens = 0
         self._step_samples = 0
-        self._launch_env: dict[str, str | None] = {}
+        self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
 
     # -- facts ------------------------------------------------------------------------
     @property
     def supports_async_save(self) -> bool:  # type: ignore[override]
         return getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
-
-    @property
-    def rank(self) -> int:
-        """The global rank; before ``setup`` creates the process group, the launcher's."""
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-        return int(os.environ.get("RANK", "0"))
-
-    @property
-    def world_size(self) -> int:
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size()
-        return int(os.environ.get("WORLD_SIZE", "1"))
-
-    @property
-    def device_type(self) -> str:
-        return self.trainer.device.type if self.trainer is not None else "cpu"
 
     @property
     def flops_per_token(self) -> float | None:
@@ -160,9 +185,16 @@ class TorchTitanBackend(BackendBase):
         cfg.checkpoint.enable = True
         cfg.checkpoint.interval = 1
         cfg.checkpoint.keep_latest_k = 0
-        self._set_single_process_env()
+        if cfg.checkpoint.initial_load_path and not cfg.checkpoint.initial_load_in_hf:
+            # a baton checkpoint (step_NNNNNN) or TorchTitan's step-N folder, made absolute
+            from baton.backends.torchtitan.export import dcp_folder
+
+            folder = dcp_folder(cfg.checkpoint.initial_load_path).resolve()
+            cfg.checkpoint.initial_load_path = str(folder)
+        self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer
+        self._device = trainer.device
         vocab = trainer.tokenizer.get_vocab_size()
         model_vocab = getattr(trainer.model_config, "vocab_size", None)
         if model_vocab is not None and vocab > model_vocab:
@@ -171,26 +203,31 @@ class TorchTitanBackend(BackendBase):
                 "pick a model flavor with a larger vocab_size or a smaller tokenizer"
             )
         self._capture = StepCapture(trainer)
-        if cfg.checkpoint.initial_load_path:  # e.g. a seed or Hugging Face checkpoint
+        if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
 
-    def _set_single_process_env(self) -> None:
-        """A process not started by torchrun gets the variables of a 1-rank launch."""
-        if "RANK" in os.environ or (dist.is_available() and dist.is_initialized()):
-            return
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        values = {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        for key, value in values.items():
-            self._launch_env[key] = os.environ.get(key)
-            os.environ[key] = value
+    def _join_launch(self) -> None:
+        """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
+        baton creates the process group, so TorchTitan's ``init_distributed`` finds it made
+        and changes no NCCL or flight-recorder variables. Like TorchTitan's, it turns
+        autograd multithreading off (its DeviceMesh stack is thread-local)."""
+        launch = Launch.from_env()
+        if launch.source != "torchrun":
+            for key, value in launch_env(launch).items():
+                self._changes.setenv(key, value)
+        cfg = self.config
+        backend = "auto"
+        if torch.cuda.is_available() and cfg.training.enable_cpu_offload:
+            backend = "cuda:nccl,cpu:gloo"
+        multithreading = torch._C._is_multithreading_enabled()
+        torch.autograd.set_multithreading_enabled(False)
+        self._changes.on_undo(
+            "autograd multithreading",
+            lambda: torch.autograd.set_multithreading_enabled(multithreading),
+        )
+        self.init_process_group(
+            backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds)
+        )
 
     # -- the step ---------------------------------------------------------------------
     def _counted_batches(self) -> Iterator[Any]:
@@ -232,7 +269,8 @@ class TorchTitanBackend(BackendBase):
         else:
             metrics.update(lrs)
         loss = capture.loss
-        if loss is not None and trainer.parallel_dims.dp_cp_enabled:
+        dims = trainer.parallel_dims
+        if loss is not None and (dims.dp_cp_enabled or dims.pp_enabled):
             loss = RankLocal(loss)
         degree = self.batch_degree
         return StepOutput(
@@ -244,24 +282,24 @@ class TorchTitanBackend(BackendBase):
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Reduce rank-local values over the loss mesh, then one host transfer."""
-        tensors: dict[str, torch.Tensor] = {}
-        out: dict[str, float] = {}
-        for key, value in values.items():
-            if isinstance(value, RankLocal):
-                from torchtitan.distributed import utils as dist_utils
+        return torch_distributed.fetch(
+            {key: self._global(value) for key, value in values.items()}, prepare=_full_tensor
+        )
 
-                mesh = self.trainer.parallel_dims.get_optional_mesh("loss")
-                value = dist_utils.dist_sum_tensor(value.value, mesh)
-            if isinstance(value, torch.Tensor):
-                if hasattr(value, "full_tensor"):  # a DTensor
-                    value = value.full_tensor()
-                tensors[key] = value.detach().float().reshape(())
-            else:
-                out[key] = float(value)
-        if tensors:
-            host = torch.stack(list(tensors.values())).cpu().tolist()
-            out.update(zip(tensors, host, strict=True))
-        return out
+    def _global(self, value: Any) -> Any:
+        if not isinstance(value, RankLocal):
+            return value
+        from torchtitan.distributed import utils as dist_utils
+
+        trainer, loss = self.trainer, value.value.reshape(())
+        dims = trainer.parallel_dims
+        if dims.pp_enabled:
+            if not trainer.pp_has_last_stage:
+                loss = torch.zeros_like(loss)
+            loss = dist_utils.dist_sum_tensor(loss, dims.get_mesh("pp"))
+        if dims.dp_cp_enabled:
+            loss = dist_utils.dist_sum_tensor(loss, dims.get_optional_mesh("loss"))
+        return loss
 
     def evaluate(self) -> Mapping[str, Any]:
         """Run TorchTitan's validator (``config.validator``) and return its loss."""
@@ -286,22 +324,21 @@ class TorchTitanBackend(BackendBase):
             del processor.log_validation
         return seen
 
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        if self.world_size == 1:
-            return list(flags)
-        tensor = torch.tensor([float(f) for f in flags], device=self.trainer.device)
-        dist.all_reduce(tensor)
-        return [bool(v > 0) for v in tensor.tolist()]
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
-
     # -- checkpoints ------------------------------------------------------------------
+    @property
+    def layout(self) -> dict[str, int]:
+        """This run's parallel layout as TorchTitan resolved it, and its world size."""
+        dims = self.trainer.parallel_dims
+        facts = {key: int(getattr(dims, key)) for key in LAYOUT_KEYS}
+        return {**facts, "world_size": int(dims.world_size)}
+
     def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
-        """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
+        """Write TorchTitan's full training state (DCP) under ``directory/step-N`` and the
+        layout it was saved on (``layout.json``)."""
         checkpointer = self.trainer.checkpointer
         checkpointer.maybe_wait_for_saving()
+        if self.rank == 0:
+            (Path(directory) / LAYOUT_FILE).write_text(json.dumps(self.layout))
         checkpointer.folder = str(directory)
         checkpointer.save(curr_step=self.trainer.step, last_step=False)
         future = checkpointer.save_future
@@ -313,14 +350,59 @@ class TorchTitanBackend(BackendBase):
         return None
 
     def load(self, directory: Path) -> None:
-        """Restore model, optimizer, scheduler, data loader and step from ``save``'s output."""
+        """Restore model, optimizer, scheduler, data loader and step from ``save``'s output.
+
+        A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
+        DCP's resharding. TorchTitan's data-loader position is per data-parallel rank and
+        does not reshard: when ``dp_replicate x dp_shard`` changed, ``reshard_data="refuse"``
+        (the default) raises naming both layouts; ``"restart"`` loads everything else and
+        starts the data loader from the beginning of its data.
+        """
         checkpointer = self.trainer.checkpointer
         checkpointer.folder = str(directory)
         step = checkpointer._find_load_step()
         if step < 0:
             raise FileNotFoundError(f"no TorchTitan checkpoint (step-N folder) in {directory}")
-        checkpointer.load(step=step)
+        excluded = list(checkpointer.exclude_from_loading)
+        if not self._data_follows(Path(directory)) and "dataloader" not in excluded:
+            checkpointer.exclude_from_loading = [*excluded, "dataloader"]
+        try:
+            checkpointer.load(step=step)
+        finally:
+            checkpointer.exclude_from_loading = excluded
         self._batches = None  # a fresh iterator over the restored loader state
+
+    def _data_follows(self, directory: Path) -> bool:
+        """Whether the data-loader state can load here; raises if it cannot and the
+        layout change is refused."""
+        file = directory / LAYOUT_FILE
+        if not file.is_file():  # saved before layouts were recorded: same layout assumed
+            return True
+        saved, now = json.loads(file.read_text()), self.layout
+        if saved == now:
+            return True
+        before = saved["dp_replicate"] * saved["dp_shard"]
+        after = now["dp_replicate"] * now["dp_shard"]
+        change = f"{describe_layout(saved)} -> {describe_layout(now)}"
+        if before == after:
+            logger.info("resharding checkpoint %s: %s", directory, change)
+            return True
+        if self.reshard_data == "refuse":
+            raise ValueError(
+                f"checkpoint {directory} was saved on layout {describe_layout(saved)}; this run "
+                f"has {describe_layout(now)}. DCP reshards weights, optimizer and schedule, but "
+                f"TorchTitan's data-loader position is per data-parallel rank and cannot move "
+                f"from {before} to {after} data-parallel ranks: keep dp_replicate x dp_shard = "
+                f"{before}, or pass TorchTitanBackend(..., reshard_data='restart') to restart "
+                "the data from its beginning"
+            )
+        logger.warning(
+            "resharding checkpoint %s: %s; the data loader restarts from the beginning of its "
+            "data (reshard_data='restart')",
+            directory,
+            change,
+        )
+        return False
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:
@@ -339,9 +421,6 @@ class TorchTitanBackend(BackendBase):
             self._profiler = None
             self._batches = None
             self.trainer = None
-            for key, value in self._launch_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            self._launch_env = {}
+            self._device = torch.device("cpu")
+            self.teardown_process_group()
+            self._changes.undo()

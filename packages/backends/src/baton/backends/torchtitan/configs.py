@@ -21,26 +21,30 @@ def llama3_debug(
     seed: int | None = 0,
     dump_folder: str = "./outputs",
     dataset_path: str | None = None,
+    tokenizer: str | None = None,
     log_freq: int = 10,
 ) -> Any:
     """TorchTitan's ``llama3_debugmodel`` (6 layers, dim 256) on local text, sized for CPU.
 
-    Changes from TorchTitan's config, each for a reason: the byte tokenizer and the
-    local corpus (no hub downloads; the model's 2048-entry vocabulary covers the
-    258 byte ids), no validator (it would read ``c4_validation``), fp32 parameters and
+    ``dataset_path`` (``.jsonl``/``.json``/``.parquet`` through TorchTitan's Hugging Face
+    loader, ``.txt`` through baton's packed loader) and ``tokenizer`` (a local Hugging
+    Face tokenizer directory, TorchTitan's ``HuggingFaceTokenizer``) select real data;
+    without them the model trains on bytes of the Python language reference.
+
+    Changes from TorchTitan's config, each for a reason: local data and tokenizer (no
+    hub downloads; the model's 2048-entry vocabulary covers the 258 byte ids), no validator (it would read ``c4_validation``), fp32 parameters and
     no activation checkpointing (CPU), ``metrics.log_freq`` at baton's log cadence
     instead of 1 (TorchTitan's own metric logging syncs with the host when it logs),
     ``debug.seed`` for reproducible runs.
     """
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    from baton.backends.torchtitan.data import ByteTokenizer, LocalTextDataLoader
+    from baton.backends.torchtitan.data import dataloader_config, tokenizer_config
 
     config = llama3_debugmodel()
     config.dump_folder = dump_folder
-    config.hf_assets_path = ""
-    config.tokenizer = ByteTokenizer.Config()
-    config.dataloader = LocalTextDataLoader.Config(dataset_path=dataset_path, seed=seed or 0)
+    config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)
+    config.dataloader = dataloader_config(dataset_path, seed=seed or 0)
     config.training.steps = steps
     config.training.seq_len = seq_len
     config.training.local_batch_size = local_batch_size
@@ -50,3 +54,32 @@ def llama3_debug(
     config.metrics.log_freq = log_freq
     config.debug.seed = seed
     return config
+
+
+def set_layout(
+    config: Any,
+    *,
+    dp_replicate: int = 1,
+    dp_shard: int = -1,
+    tp: int = 1,
+    pp: int = 1,
+    pp_schedule: str | None = None,
+) -> Any:
+    """Set TorchTitan's parallel layout on ``config.parallelism`` and return ``config``.
+
+    ``dp_shard=-1`` gives FSDP every rank the other degrees leave; ``pp_schedule`` is one
+    of TorchTitan's pipeline schedules (``1F1B``, ``GPipe``, ``Interleaved1F1B``...).
+    The world size comes from the launcher; ``plan.parallelism_plan`` checks a layout
+    against one without starting anything::
+
+        set_layout(config, dp_shard=2, tp=2)      # FSDP x TP on 4 ranks
+    """
+    par = config.parallelism
+    par.data_parallel_replicate_degree = dp_replicate
+    par.data_parallel_shard_degree = dp_shard
+    par.tensor_parallel_degree = tp
+    par.pipeline_parallel_degree = pp
+    if pp_schedule is not None:
+        par.pipeline_parallel_schedule = pp_schedule
+    return config
+

@@ -1,4 +1,12 @@
-"""Offline data for TorchTitan: a byte tokenizer and a packed local-text data loader.
+"""Offline data for TorchTitan: its Hugging Face pipeline over local files, a byte
+tokenizer and a packed local-text data loader.
+
+``dataloader_config("corpus.jsonl")`` / ``tokenizer_config("tok/")`` give TorchTitan's
+own ``HuggingFaceTextDataLoader`` (through its ``DATASETS`` registry, ``datasets`` reading
+the local JSON Lines or Parquet file) and its ``HuggingFaceTokenizer`` (``hf_assets_path``
+is the tokenizer directory); the loader's state is checkpointed by TorchTitan, so a
+resumed run continues with the same batches. Without a tokenizer or data file, the
+byte-level defaults below need no files at all.
 
 Both plug into TorchTitan through its own protocols: ``ByteTokenizer`` is a
 ``BaseTokenizer`` and ``LocalTextDataLoader`` a ``ParallelAwareDataloader`` (a
@@ -20,6 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +40,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.corpus import read_text, reference_documents
+from baton.backends.textdata import split_prefix
 
 
 class ByteTokenizer(BaseTokenizer):
@@ -204,3 +216,85 @@ class LocalTextDataLoader(ParallelAwareDataloader):
             prefetch_factor=config.prefetch_factor,
             snapshot_every_n_steps=snapshot_every_n_steps,
         )
+
+
+#: local file formats TorchTitan's Hugging Face text loader reads through ``datasets``
+HF_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def _load_local(path: str, *, format: str) -> Any:
+    from datasets import load_dataset
+
+    return load_dataset(format, data_files=path, split="train")
+
+
+def register_local_dataset(path: str, text_key: str = "text") -> str:
+    """Register a local JSON Lines / Parquet file in TorchTitan's ``DATASETS`` registry.
+
+    Returns the registry name (``local_json`` / ``local_parquet``, suffixed with the
+    text key when it is not ``text``) for ``HuggingFaceTextDataLoader.Config(dataset=...,
+    dataset_path=path)``: TorchTitan's own loader then reads the file through
+    ``datasets.load_dataset`` (a map-style dataset: its sample index and token buffers
+    are the loader state that checkpoints save). Registering is TorchTitan's documented
+    way to add a dataset; the same name always maps to the same loader.
+    """
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in HF_FORMATS:
+        raise ValueError(
+            f"{path}: TorchTitan's Hugging Face loader reads {sorted(HF_FORMATS)} files here; "
+            "pass a .jsonl/.json/.parquet file (or a .txt file for the plain-text loader)"
+        )
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data file {path} does not exist; pass --data-path FILE")
+    format = HF_FORMATS[suffix]
+    name = f"local_{format}" + ("" if text_key == "text" else f"_{text_key.lower()}")
+    DATASETS[name] = DatasetConfig(
+        path=path,
+        loader=partial(_load_local, format=format),
+        sample_processor=itemgetter(text_key),
+    )
+    return name
+
+
+def dataloader_config(
+    data_path: str | None, *, seed: int = 0, infinite: bool = True, text_key: str = "text"
+) -> Any:
+    """The data-loader config for ``data_path``: TorchTitan's Hugging Face text loader for
+    ``.jsonl``/``.json``/``.parquet`` files, ``PreparedDataLoader`` for a prepared prefix
+    (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
+    for plain text (or the Python language reference when ``data_path`` is ``None``)."""
+    suffix = "" if data_path is None else Path(data_path).suffix.lower()
+    if data_path is not None and suffix not in (".jsonl", ".parquet") and (
+        Path(split_prefix(data_path) + ".idx").is_file()
+    ):
+        from baton.backends.torchtitan.prepared import PreparedDataLoader
+
+        return PreparedDataLoader.Config(dataset_path=split_prefix(data_path), infinite=infinite)
+    if data_path is not None and suffix in HF_FORMATS:
+        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+        name = register_local_dataset(data_path, text_key)
+        return HuggingFaceTextDataLoader.Config(
+            dataset=name, dataset_path=data_path, infinite=infinite
+        )
+    return LocalTextDataLoader.Config(dataset_path=data_path, seed=seed, infinite=infinite)
+
+
+def tokenizer_config(tokenizer: str | None) -> tuple[Any, str]:
+    """``(config.tokenizer, config.hf_assets_path)``: TorchTitan's ``HuggingFaceTokenizer``
+    over a local tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``), or
+    the byte tokenizer when ``tokenizer`` is ``None``."""
+    if tokenizer is None:
+        return ByteTokenizer.Config(), ""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    directory = Path(tokenizer)
+    if not (directory / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"tokenizer directory {directory} has no tokenizer.json; pass a Hugging Face "
+            "tokenizer directory (make one with `baton data tokenizer --output DIR`)"
+        )
+    return HuggingFaceTokenizer.Config(), str(directory)

@@ -10,6 +10,7 @@ torch or torchtitan at module level, so listing them is cheap::
 ``torchtitan_cpu_device``, ``torchtitan_cpu_attention`` and
 ``torchtitan_gloo_fsdp_sum_reduction`` apply only when no accelerator is present;
 ``torchtitan_fsdp_partial_dtensor`` on multi-rank runs under torch 2.13;
+``torchtitan_pipeline_microbatch_step`` with pipeline parallelism under torch 2.13;
 ``torchtitan_restore_process_state`` applies always.
 """
 
@@ -224,14 +225,10 @@ class TorchTitanRestoreProcessState(Patch):
         multithreading = torch._C._is_multithreading_enabled()
         deterministic = torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-        env = {key: os.environ.get(key) for key in TORCHTITAN_ENV}
+        for key in TORCHTITAN_ENV:  # unchanged now; the undo puts back what TorchTitan sets
+            recorder.setenv(key, os.environ.get(key))
 
         def restore() -> None:
-            for key, value in env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
             torch.autograd.set_multithreading_enabled(multithreading)
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
             if not had_group and dist.is_available() and dist.is_initialized():
@@ -241,7 +238,7 @@ class TorchTitanRestoreProcessState(Patch):
             else:
                 gc.disable()
 
-        recorder.on_undo("restore gc, process group, env vars and autograd settings", restore)
+        recorder.on_undo("restore gc, process group and autograd settings", restore)
 
 
 @register_patch
@@ -308,7 +305,7 @@ class TorchTitanFsdpPartialDtensor(Patch):
         torch_version = torch.__version__
         if not version_matches(TORCH_WITHOUT_SPMD_FSDP, torch_version):
             return False, f"torch {torch_version} is outside {TORCH_WITHOUT_SPMD_FSDP}"
-        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        ranks = backend.world_size  # from the launch: the group does not exist yet
         dense = ranks // max(1, config.parallelism.pipeline_parallel_degree)
         if dense <= 1:
             return False, "one rank in the data/tensor mesh: spmd_types passes no mesh dims"
@@ -372,6 +369,76 @@ class TorchTitanGlooFsdpSumReduction(Patch):
                     group.force_sum_reduction_for_comms = value
 
             recorder.on_undo(f"FSDP sum reduction on {type(module).__name__}", restore)
+
+
+def _microbatch_step(schedule: Any) -> Any:
+    """``schedule.step`` that also takes lists of microbatches (``arg_mbs=``,
+    ``kwarg_mbs=``, ``target_mbs=``), running them through the schedule's own
+    ``_step_microbatches`` after the per-iteration reset its ``step`` does."""
+    original = schedule.step
+
+    def step(
+        *args: Any,
+        arg_mbs: list[Any] | None = None,
+        kwarg_mbs: list[Any] | None = None,
+        target_mbs: list[Any] | None = None,
+        losses: list[Any] | None = None,
+        return_outputs: bool = True,
+        loss_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+            return original(
+                *args, losses=losses, return_outputs=return_outputs, loss_kwargs=loss_kwargs,
+                **kwargs,
+            )  # fmt: skip
+        stages = getattr(schedule, "_stages", None) or [schedule._stage]
+        for stage in stages:
+            stage.has_backward = schedule._has_backward
+            stage.clear_runtime_states()
+        schedule._step_microbatches(
+            arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs=loss_kwargs
+        )
+        return None
+
+    return step
+
+
+@register_patch
+class TorchTitanPipelineMicrobatchStep(Patch):
+    """Let torch's pipeline schedules take microbatch lists: TorchTitan 0.3 passes them.
+
+    TorchTitan's ``pp_forward_backward_step`` calls ``pp_schedule.step(arg_mbs=...,
+    kwarg_mbs=..., target_mbs=..., losses=..., loss_kwargs=...)`` with inputs already
+    split into microbatches; torch 2.13's ``step(*args, target=None, ..., **kwargs)``
+    takes a whole batch and would pass those lists to the model as keyword arguments
+    (it fails with "Expecting 2 arg_mbs but got 1"). torch's schedules run microbatch
+    lists in ``_step_microbatches``, which their ``step`` calls after resetting each
+    stage: this patch gives the trainer's schedule a ``step`` that does exactly that
+    for microbatch lists (and passes whole batches on unchanged). Undo removes it.
+    """
+
+    name = "torchtitan_pipeline_microbatch_step"
+    backend = "torchtitan"
+    versions = VERSIONS
+    phase = "setup"
+
+    def condition(self, backend: Backend) -> tuple[bool, str]:
+        import inspect
+
+        from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+        if backend.config.parallelism.pipeline_parallel_degree <= 1:
+            return False, "no pipeline parallelism"
+        if "arg_mbs" in inspect.signature(_PipelineSchedule.step).parameters:
+            return False, "torch's schedule.step takes microbatch lists"
+        return True, "torch's schedule.step takes whole batches only"
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        trainer = driver.backend.trainer
+        schedule = getattr(trainer, "pp_schedule", None)
+        if schedule is not None:
+            recorder.setattr(schedule, "step", _microbatch_step(schedule))
 
 
 register_patch(dcp_safe_loading("torchtitan"))

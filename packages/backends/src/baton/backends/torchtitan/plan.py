@@ -39,7 +39,17 @@ def parallelism_plan(config: Any, world_size: int) -> str:
     divisor = (dims.tp if par.enable_sequence_parallel else 1) * (2 * dims.cp if dims.cp > 1 else 1)
     if training.seq_len % divisor:
         raise ValueError(f"training.seq_len {training.seq_len} is not divisible by {divisor}")
+    if dims.pp > 1:
+        micro = par.pipeline_parallel_microbatch_size
+        if training.local_batch_size % micro:
+            raise ValueError(
+                f"training.local_batch_size {training.local_batch_size} is not a multiple of "
+                f"parallelism.pipeline_parallel_microbatch_size {micro}"
+            )
     model_config = config.model_spec.model
+    layers = len(getattr(model_config, "layers", []) or [])
+    if dims.pp > 1 and layers and layers < dims.pp:
+        raise ValueError(f"pipeline degree {dims.pp} exceeds the model's {layers} layers")
     model_config.update_from_config(config=config)
     with torch.device("meta"):
         model = model_config.build()
@@ -53,7 +63,8 @@ def parallelism_plan(config: Any, world_size: int) -> str:
         f"model        {config.model_spec.name} {config.model_spec.flavor}: "
         f"{params / 1e9:.2f} B parameters, {flops / 1e9:.1f} GFLOP per token",
         f"ranks        {world_size} = dp_replicate {dims.dp_replicate} x dp_shard (FSDP) "
-        f"{dims.dp_shard} x cp {dims.cp} x tp {dims.tp} x pp {dims.pp} (ep {dims.ep})",
+        f"{dims.dp_shard} x cp {dims.cp} x tp {dims.tp} x pp {dims.pp} (ep {dims.ep})"
+        + (f", schedule {par.pipeline_parallel_schedule}" if dims.pp > 1 else ""),
         f"precision    params {training.mixed_precision_param} in compute, "
         f"{training.dtype} master, reduce {training.mixed_precision_reduce}",
         f"batch        local {training.local_batch_size} x seq {training.seq_len}, "

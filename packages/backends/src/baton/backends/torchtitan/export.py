@@ -1,0 +1,154 @@
+"""Export a TorchTitan checkpoint written by baton as a Hugging Face model directory.
+
+The weights go through TorchTitan's own state-dict adapter for the model
+(``Llama3StateDictAdapter.to_hf`` for llama3: Hugging Face names, the rotary
+permutation of the query and key projections); the result is ``model.safetensors`` plus
+a ``config.json`` that ``transformers`` reads (``LlamaForCausalLM``). Nothing is sharded
+or gathered by hand: DCP reads the full tensors from the checkpoint in one process.
+
+Example::
+
+    from baton.backends.torchtitan.export import export_hf
+
+    export_hf("runs/titan/checkpoints/step_000020", "exports/titan-hf")
+    # transformers.AutoModelForCausalLM.from_pretrained("exports/titan-hf")
+
+``checkpoint_dir`` may be a baton checkpoint (``step_NNNNNN``), its ``backend`` folder, or
+a TorchTitan DCP folder (``step-N``); the model (``llama3/debugmodel``) is read from the
+checkpoint's ``baton.json`` unless ``model`` names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+#: DCP keys of a TorchTitan checkpoint that are not model weights
+NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
+#: model families whose Hugging Face architecture this module writes
+ARCHITECTURES = {"llama3": ("LlamaForCausalLM", "llama")}
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be exported; the message names the problem and the fix."""
+
+
+def dcp_folder(checkpoint_dir: str | Path) -> Path:
+    """The TorchTitan DCP folder (the one holding ``.metadata``) inside ``checkpoint_dir``."""
+    path = Path(checkpoint_dir)
+    for candidate in (path, path / "backend", *sorted(path.glob("step-*")),
+                      *sorted(path.glob("backend/step-*"))):  # fmt: skip
+        if (candidate / ".metadata").is_file():
+            return candidate
+    raise ExportError(
+        f"{path} holds no TorchTitan checkpoint (no .metadata in it, its backend/ or a "
+        "step-N folder); pass a baton checkpoint directory such as runs/NAME/checkpoints/"
+        "step_000100"
+    )
+
+
+def checkpoint_model(checkpoint_dir: str | Path) -> str:
+    """``name/flavor`` of the model a baton checkpoint was saved from (its ``baton.json``)."""
+    path = Path(checkpoint_dir)
+    for meta in (path / "baton.json", path.parent / "baton.json", path.parent.parent / "baton.json"):
+        if meta.is_file():
+            backend = json.loads(meta.read_text()).get("backend", {})
+            if backend.get("name") != "torchtitan":
+                raise ExportError(
+                    f"{meta} was written by the {backend.get('name')!r} backend, not torchtitan"
+                )
+            return str(backend["model"])
+    raise ExportError(
+        f"no baton.json next to {path}: pass model='llama3/debugmodel' (name/flavor) to export_hf"
+    )
+
+
+def read_model_weights(folder: Path) -> dict[str, Any]:
+    """The model's full tensors from a DCP checkpoint, by TorchTitan FQN, in this process."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    weights = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if isinstance(meta, TensorStorageMetadata) and not key.startswith(NON_MODEL_KEYS)
+    }
+    if not weights:
+        raise ExportError(f"{folder}: the checkpoint holds no model weights")
+    dcp.load(weights, checkpoint_id=str(folder), no_dist=True)
+    return weights
+
+
+def hf_config(model_config: Any, hf_weights: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """``config.json`` for the exported weights: shapes from the tensors, the rest (heads,
+    normalization epsilon, rotary settings) from TorchTitan's model config."""
+    attention = model_config.layers[0].attention
+    rope = attention.rope
+    layers = {int(key.split(".")[2]) for key in hf_weights if key.startswith("model.layers.")}
+    vocab, hidden = hf_weights["model.embed_tokens.weight"].shape
+    n_heads = attention.n_heads
+    n_kv_heads = attention.n_kv_heads or n_heads
+    config: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": ARCHITECTURES["llama3"][1],
+        "vocab_size": int(vocab),
+        "hidden_size": int(hidden),
+        "intermediate_size": int(hf_weights["model.layers.0.mlp.gate_proj.weight"].shape[0]),
+        "num_hidden_layers": len(layers),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv_heads,
+        "head_dim": attention.head_dim or hidden // n_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": model_config.norm.eps,
+        "max_position_embeddings": rope.max_seq_len,
+        "rope_theta": float(rope.theta),
+        "tie_word_embeddings": bool(getattr(model_config, "enable_weight_tying", False)),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": str(hf_weights["model.embed_tokens.weight"].dtype).removeprefix("torch."),
+    }
+    if rope.scaling == "llama":
+        config["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": float(rope.scaling_factor),
+            "low_freq_factor": float(rope.low_freq_factor),
+            "high_freq_factor": float(rope.high_freq_factor),
+            "original_max_position_embeddings": int(rope.original_max_position_embeddings),
+        }
+    elif rope.scaling not in (None, "none"):
+        raise ExportError(f"rotary scaling {rope.scaling!r} has no Hugging Face Llama mapping")
+    return config
+
+
+def export_hf(
+    checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | None = None
+) -> Path:
+    """Write the checkpoint's weights as a Hugging Face model directory; returns ``out_dir``.
+
+    ``model`` is ``name/flavor`` of TorchTitan's model registry (read from the
+    checkpoint's ``baton.json`` when omitted). Raises :class:`ExportError` for a folder
+    without a TorchTitan checkpoint or a model with no Hugging Face mapping.
+    """
+    from safetensors.torch import save_file
+
+    folder = dcp_folder(checkpoint_dir)
+    name, _, flavor = (model or checkpoint_model(checkpoint_dir)).partition("/")
+    if name not in ARCHITECTURES:
+        raise ExportError(
+            f"TorchTitan model {name!r} has no Hugging Face export here; exportable: "
+            f"{sorted(ARCHITECTURES)}"
+        )
+    spec = importlib.import_module(f"torchtitan.models.{name}").model_registry(flavor)
+    adapter = spec.state_dict_adapter(spec.model, None)
+    hf_weights = adapter.to_hf(read_model_weights(folder))
+    config = hf_config(spec.model, hf_weights, ARCHITECTURES[name][0])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {key: value.contiguous() for key, value in hf_weights.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out

@@ -1,0 +1,154 @@
+"""A prepared dataset (``baton data prepare``: Megatron's ``PREFIX.bin`` + ``.idx``) on
+TorchTitan's data-loader protocol.
+
+``PreparedDataLoader`` is a ``ParallelAwareDataloader`` (a ``torchdata``
+``StatefulDataLoader``) over ``PreparedWindows``: the prepared tokens back to back,
+cut into ``seq_len + 1``-token windows (inputs and labels shifted by one), positions
+restarting after every end-of-document token as TorchTitan's text datasets do. Windows
+are dealt round-robin to data-parallel ranks; the state is the next window and the
+epoch, which TorchTitan's ``CheckpointManager`` saves with the model, so a resumed run
+reads the batches an uninterrupted run would. With a Hugging Face tokenizer directory
+(``--tokenizer``), the dataset's manifest must name the same tokenizer.
+
+Example::
+
+    cfg.tokenizer, cfg.hf_assets_path = tokenizer_config("tok/")
+    cfg.dataloader = PreparedDataLoader.Config(dataset_path="data/corpus")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.tokenizer import BaseTokenizer
+
+from baton.backends.textdata import PreparedDataset, load_tokenizer
+
+
+def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
+    """Positions of one window: 0 at its start and after every end-of-document token."""
+    starts = np.zeros(len(inputs), dtype=np.int64)
+    starts[1:] = inputs[:-1] == eod_id
+    document = np.cumsum(starts)
+    first = np.flatnonzero(np.concatenate(([1], starts[1:])))  # where each document starts
+    return np.arange(len(inputs)) - first[document]
+
+
+class PreparedWindows(IterableDataset, Stateful):
+    """``seq_len``-token training windows over a prepared dataset, round-robin by rank."""
+
+    def __init__(
+        self,
+        data: PreparedDataset,
+        *,
+        eod_id: int,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        infinite: bool = True,
+    ) -> None:
+        self.data = data
+        self.eod_id = eod_id
+        self.seq_len = seq_len
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.infinite = infinite
+        self.epoch = 0
+        self.window = dp_rank  # the next window this rank reads
+        self.num_windows = (data.num_tokens - 1) // seq_len
+        if self.num_windows < dp_world_size:
+            raise ValueError(
+                f"{data.prefix}: {data.num_tokens} tokens make {self.num_windows} windows of "
+                f"{seq_len}, fewer than the {dp_world_size} data-parallel ranks; prepare more "
+                "data or lower training.seq_len"
+            )
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while True:
+            while self.window < self.num_windows:
+                start = self.window * self.seq_len
+                tokens = np.asarray(self.data.tokens[start : start + self.seq_len + 1], np.int64)
+                self.window += self.dp_world_size
+                inputs = tokens[:-1]
+                positions = document_positions(inputs, self.eod_id)
+                yield (
+                    {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)},
+                    torch.from_numpy(tokens[1:].copy()),
+                )
+            if not self.infinite:
+                return
+            self.epoch += 1
+            self.window = self.dp_rank
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "window": self.window, "num_windows": self.num_windows}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["num_windows"] != self.num_windows:
+            raise ValueError(
+                f"{self.data.prefix}: the checkpoint's data had {state_dict['num_windows']} "
+                f"windows, this one has {self.num_windows}: resume with the same prepared "
+                "data and training.seq_len"
+            )
+        self.epoch = int(state_dict["epoch"])
+        self.window = int(state_dict["window"])
+
+
+class PreparedDataLoader(ParallelAwareDataloader):
+    """TorchTitan data loader over a prepared dataset (``PreparedWindows``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = "prepared"
+        dataset_path: str | None = None
+        """The prefix ``baton data prepare --output`` wrote (``PREFIX.bin`` + ``.idx``)."""
+        infinite: bool = True
+        """Start again from the first window after the last one."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs: Any,
+    ) -> None:
+        if not config.dataset_path:
+            raise ValueError("PreparedDataLoader needs dataset_path (a prepared PREFIX)")
+        data = PreparedDataset(config.dataset_path)
+        eod_id = tokenizer.eos_id
+        path = getattr(tokenizer, "tokenizer_path", None)
+        if path:  # a Hugging Face tokenizer directory: the data must come from it
+            info = load_tokenizer(path)
+            data.check_tokenizer(info)
+            eod_id = info.eod_id
+        dataset = PreparedWindows(
+            data,
+            eod_id=int(eod_id if eod_id is not None else -1),
+            seq_len=seq_len,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            infinite=config.infinite,
+        )
+        super().__init__(
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            batch_size=local_batch_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+        )

@@ -221,3 +221,15 @@ def test_llama_recipe_refuses_to_start_without_data() -> None:
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "maxtext_llama2_7b.py"
     with pytest.raises(ValueError, match="--data-path.*--tokenizer"):
         build_driver(recipe, ["--hardware=gpu"])
+
+
+def test_set_overrides_maxtext_settings_by_name() -> None:
+    from baton.backends.maxtext import MaxTextConfig
+    from baton.core.overrides import OverrideError, apply_overrides
+
+    config = MaxTextConfig()
+    apply_overrides(config, ["base_emb_dim=128", "per_device_batch_size=4", "data_seed=7"])
+    assert config["base_emb_dim"] == 128 and config["per_device_batch_size"] == 4
+    assert config.data_seed == 7
+    with pytest.raises(OverrideError, match="did you mean base_emb_dim"):
+        apply_overrides(config, ["base_emb_dims=64"])

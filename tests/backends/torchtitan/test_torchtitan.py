@@ -311,6 +311,13 @@ def test_export_hf_loads_in_transformers_with_equal_logits(first_run, tmp_path):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     with pytest.raises(ExportError, match="no TorchTitan checkpoint"):
         export_hf(tmp_path, tmp_path / "nothing")
+    # `baton export --format hf` takes TorchTitan checkpoints through the same adapter
+    from baton.tools.export import main as export_main
+
+    assert export_main([str(checkpoint), str(tmp_path / "cli"), "--format", "hf"]) == 0
+    assert (tmp_path / "cli" / "model.safetensors").read_bytes() == (
+        out / "model.safetensors"
+    ).read_bytes()
 
 
 def test_prepared_dataset_trains_and_resumes_exactly(data, tmp_path):

@@ -7,7 +7,9 @@ baton export CHECKPOINT --format hf OUT_DIR
 loads. It works for checkpoints of the ``fabric`` backend whose model is a
 ``transformers`` model: the backend saves the model's config beside its weights
 (``backend/hf/config.json``); the weights are loaded into the architecture that config
-names and saved with ``save_pretrained``. Any other checkpoint is refused with the reason.
+names and saved with ``save_pretrained``. TorchTitan Llama checkpoints go through
+TorchTitan's own state-dict adapter (``baton.backends.torchtitan.export``). Any other
+checkpoint is refused with the reason.
 
 Example::
 
@@ -39,6 +41,14 @@ def export_hf(checkpoint: Path, out_dir: Path) -> Path:
     """Write the checkpoint's model as a Hugging Face directory; returns ``out_dir``."""
     meta = read_meta(checkpoint)
     backend = meta.get("backend", {})
+    if backend.get("name") == "torchtitan":  # TorchTitan's own state-dict adapter (Llama)
+        from baton.backends.torchtitan.export import ExportError as TitanExportError
+        from baton.backends.torchtitan.export import export_hf as torchtitan_export_hf
+
+        try:
+            return torchtitan_export_hf(checkpoint, out_dir)
+        except TitanExportError as error:
+            raise ExportError(str(error)) from None
     hf_config = checkpoint / BACKEND_DIR / HF_CONFIG_DIR
     if backend.get("name") != "fabric" or not (hf_config / "config.json").is_file():
         model = backend.get("model", "unknown")

@@ -126,6 +126,28 @@ class MaxTextConfig:
     def get(self, key: str, default: Any = None) -> Any:
         return self.overrides.get(key, default)
 
+    def apply_override(self, key: str, value: Any) -> None:
+        """``baton run ... --set KEY=VALUE``: a MaxText setting (a key of the base YAML)
+        or one of this config's own fields; an unknown key names the closest ones."""
+        import difflib
+
+        import yaml
+
+        from baton.core.overrides import OverrideError
+
+        own = {f for f in self.__dataclass_fields__ if f != "overrides"}
+        if key in own:
+            setattr(self, key, value)
+            return
+        base = self.base_config or packaged_base_yml()
+        with open(base) as handle:
+            known = set(yaml.safe_load(handle) or {})
+        if key not in known and key not in self.overrides:
+            close = difflib.get_close_matches(key, sorted(known | own), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise OverrideError(f"--set {key}: not a MaxText setting of {base}{hint}")
+        self.overrides[key] = value
+
     def update(self, values: Mapping[str, Any]) -> None:
         self.overrides.update(values)
 

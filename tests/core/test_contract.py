@@ -3,6 +3,9 @@ callbacks use instead of flipping attributes: save policy, save veto, rollback."
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from baton.core import Ability, Callback, Driver, MissingAbilityError, abilities
@@ -123,3 +126,56 @@ def test_rollback_discards_newer_checkpoints_and_rewrites_latest(tmp_path) -> No
     assert back.done and names == [ckpt.checkpoint_name(s) for s in range(1, 7)]
     assert [p.name for p in result.checkpoints] == [ckpt.checkpoint_name(s) for s in (3, 4, 5, 6)]
     assert ckpt.latest(root) == (root / "step_000006").resolve()
+
+
+class SlowAsyncScalar(ScalarBackend):
+    """Its asynchronous save writes on a thread, a little later."""
+
+    supports_async_save = True
+
+    def save(self, directory: Path, *, asynchronous: bool = False) -> Any:
+        import threading
+        import time
+
+        if not asynchronous:
+            return super().save(directory)
+        state = ScalarBackend()
+        state.w, state.rng = self.w, self.rng
+
+        class Pending:
+            def __init__(self) -> None:
+                self.thread = threading.Thread(target=self.write)
+                self.thread.start()
+
+            def write(self) -> None:
+                time.sleep(0.3)
+                ScalarBackend.save(state, directory)
+
+            def done(self) -> bool:
+                return not self.thread.is_alive()
+
+            def wait(self) -> None:
+                self.thread.join()
+
+        return Pending()
+
+
+class LoadRightAfterAsyncSave(Callback):
+    def on_step_end(self, driver: Driver, output: object) -> None:
+        if driver.step == 3:
+            driver.control.request_save("now", all_ranks=True)
+
+    def on_step_start(self, driver: Driver) -> None:
+        if driver.step == 3 and driver.backend.events.count("loaded") == 0:
+            driver.backend.events.append("loaded")
+            driver.load_checkpoint(driver.checkpoint_dir / ckpt.checkpoint_name(3))
+
+
+def test_load_checkpoint_waits_for_the_save_still_being_written(tmp_path) -> None:
+    """A rollback to a checkpoint whose asynchronous save is in flight loads it once the
+    write completes (it is not taken for a half-written one)."""
+    result = Driver(
+        SlowAsyncScalar(), [LoadRightAfterAsyncSave()], max_steps=5, run_dir=tmp_path,
+        async_save=True,
+    ).fit()  # fmt: skip
+    assert result.step == 5

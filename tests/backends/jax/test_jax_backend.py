@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from backends.jax.tiny import batches, loss_fn, make_model
 
-from baton.backends.jax import BatchRejected, DataExhausted, JaxBackend, LossFunctionError
+from baton.backends.jax import BatchRejected, DataUnavailable, JaxBackend, LossFunctionError
 from baton.core import Callback, Driver
 
 
@@ -151,12 +151,13 @@ def test_epochs_restart_or_stop_as_configured(tmp_path):
     backend.skip_data(3)  # what a guard does to step over a bad window: one batch per step
     assert (backend.data.epoch, backend.data.consumed) == (3, 1)
 
-    with pytest.raises(DataExhausted, match=r"ran out after 3 batches of epoch 0.*restart"):
-        Driver(build("stop", data), max_steps=7, run_dir=tmp_path / "b").fit()
+    # on_data_end="stop": the run ends in order at the last complete step
+    stopped = Driver(build("stop", data), max_steps=7, run_dir=tmp_path / "b").fit()
+    assert stopped.step == 3 and "ran out after 3 batches of epoch 0" in stopped.stop_reason
     # a one-shot generator cannot start a second epoch: a clear error, no hang
-    with pytest.raises(DataExhausted, match="one-shot iterator.*factory"):
+    with pytest.raises(DataUnavailable, match="one-shot iterator.*factory"):
         Driver(build("restart", iter(data)), max_steps=7, run_dir=tmp_path / "c").fit()
-    with pytest.raises(DataExhausted, match="no batches"):
+    with pytest.raises(DataUnavailable, match="no batches"):
         Driver(build("restart", lambda: []), max_steps=2, run_dir=tmp_path / "d").fit()
 
 

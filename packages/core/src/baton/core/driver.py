@@ -682,6 +682,7 @@ class Driver:
         own memory of why). Call it from ``on_step_start``: the next step is then the
         one after the checkpoint's. Raises ``CheckpointError`` when none can be loaded.
         """
+        self._poll_pending(block=True)  # a save still being written completes first
         if path is None:
             candidates = ckpt.resumable(self.checkpoint_dir, self.verify)
             if not candidates:
@@ -690,7 +691,6 @@ class Driver:
         else:
             path = Path(path)
             meta = ckpt.read_meta(path, self.verify)
-        self._poll_pending(block=True)
         self._check_compatible(path, meta)
         self.backend.load(path / ckpt.BACKEND_DIR)
         self._restore(path, meta, callbacks=callbacks)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from baton.backends.jax.data import BatchStream, DataExhausted
+from baton.backends.jax.data import BatchStream, DataExhausted, DataUnavailable
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ __all__ = [
     "BatchRejected",
     "BatchStream",
     "DataExhausted",
+    "DataUnavailable",
     "JaxBackend",
     "JaxConfig",
     "LossFunctionError",

@@ -20,7 +20,8 @@ Two kinds of sources, one stream:
 
 At the end of an epoch the stream either starts the next one (``on_data_end="restart"``:
 a fresh iterator; needs a factory or a re-iterable) or raises ``DataExhausted``
-(``on_data_end="stop"``), never waits.
+(``on_data_end="stop"``: the driver ends the run in order at the last complete step),
+never waits; a source that cannot yield another batch raises ``DataUnavailable``.
 
 Example::
 
@@ -36,11 +37,14 @@ import base64
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
+from baton.core.backend import DataExhausted
+
 DataEnd = Literal["restart", "stop"]
 
 
-class DataExhausted(RuntimeError):
-    """The training data ran out and ``on_data_end`` says not to start another epoch."""
+class DataUnavailable(RuntimeError):
+    """The training data cannot yield another batch (a one-shot iterator at its end, an
+    empty source): an error, unlike ``DataExhausted``, which ends the run in order."""
 
 
 def _iterator_state(iterator: Any) -> Any:
@@ -129,24 +133,24 @@ class BatchStream:
         where = f"after {self.consumed} batches of epoch {self.epoch}"
         if self.on_data_end == "stop":
             raise DataExhausted(
-                f"the training data ran out {where}; pass on_data_end='restart' to start "
-                "another epoch, or stop earlier (max_steps)"
+                f"the training data ran out {where} (on_data_end='stop'; 'restart' starts "
+                "another epoch)"
             )
         if self.one_shot:
-            raise DataExhausted(
+            raise DataUnavailable(
                 f"the training data ran out {where} and is a one-shot iterator that cannot "
                 "start another epoch; pass a factory (lambda: make_batches()) or a "
                 "re-iterable (a list, a grain DataLoader)"
             )
         if self.consumed == 0:
-            raise DataExhausted("the training data yields no batches at all")
+            raise DataUnavailable("the training data yields no batches at all")
         self.epoch += 1
         self.consumed = 0
         self._iterator = self._fresh()
         try:
             return next(self._iterator)
         except StopIteration:
-            raise DataExhausted(
+            raise DataUnavailable(
                 f"epoch {self.epoch} of the training data yields no batches"
             ) from None
 

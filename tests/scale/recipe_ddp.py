@@ -54,6 +54,7 @@ def recipe(
     slow_ms: float = 0.0,
     die_at_step: int = 0,
     die_rank: int = 1,
+    decay_steps: int = 20,
 ) -> Driver:
     """Tiny GPT, data parallel over the launched ranks (devices, nodes and DDP from the
     launcher)."""
@@ -62,7 +63,7 @@ def recipe(
         batch_size=4,
         lr=3e-3,
         warmup_steps=5,
-        decay_steps=max_steps,
+        decay_steps=decay_steps,  # not max_steps: a run may stop early and be resumed
         accelerator="cpu",
     )
     callbacks: list[Callback] = [

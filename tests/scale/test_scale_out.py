@@ -20,6 +20,7 @@ import pytest
 from baton.core import checkpointing as ckpt
 from support.slurm import SlurmCluster, slurm_available
 from support.states import assert_bitwise_equal, load_state
+from support.torchrun import torchrun_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +64,24 @@ def test_elastic_restart_after_a_killed_rank_is_bitwise_equal(reference, tmp_pat
     assert f"KILLING rank 1 at step {kill_at}" in out, where
     assert "resuming from its newest checkpoint" in out and "resumed from" in out, where
     assert_bitwise_equal(reference, _final_state(tmp_path), where)
+
+
+def test_two_nodes_write_each_checkpoint_once_and_resume(reference, tmp_path) -> None:
+    """Two torchrun agents (``--nnodes 2``, c10d rendezvous on 127.0.0.1), one Fabric DDP
+    rank each: one checkpoint per save (rank 0 writes it), and a second two-node launch
+    resumes it and ends bitwise equal to the one-node run."""
+    import baton.core.cli
+
+    cli = Path(baton.core.cli.__file__)
+    args = ("run", str(RECIPE), "--run-dir", str(tmp_path))
+    torchrun_nodes(cli, *args, "--max-steps", "10", nnodes=2, nproc=1)
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == ["latest", "step_000005", "step_000010"], saved
+    meta = ckpt.read_meta(tmp_path / "checkpoints" / "step_000010")
+    assert meta["backend"]["world_size"] == 2
+    torchrun_nodes(cli, *args, "--max-steps", str(STEPS), "--resume", "auto",
+                   "--allow-changed", "max_steps", nnodes=2, nproc=1)  # fmt: skip
+    assert_bitwise_equal(reference, _final_state(tmp_path), "two-node resume")
 
 
 @pytest.fixture(scope="module")

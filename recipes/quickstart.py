@@ -44,8 +44,37 @@ def recipe(
     text_key: str = "text",
     run_dir: str = "runs/quickstart",
     progress: bool = True,
+    wandb_project: str | None = None,
+    wandb_mode: str | None = None,
 ) -> Driver:
-    """Train a small GPT on bytes of real English text (the Python language reference)."""
+    """Train a small GPT on bytes of real English text (the Python language reference).
+
+    Args:
+        max_steps: optimizer steps to train (the cosine schedule decays over them).
+        lr: peak learning rate (after warmup).
+        batch_size: sequences per step and rank.
+        seq_len: tokens per sequence.
+        n_layer: transformer blocks.
+        d_model: model width.
+        n_head: attention heads.
+        seed: seed of the weights and of the data order.
+        grad_accum: micro-batches accumulated per optimizer step.
+        grad_clip: gradient norm clipping threshold.
+        precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
+        accelerator: cpu, cuda or auto.
+        strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
+        log_every: steps between log lines (metrics reach the host only then).
+        eval_every: steps between evaluations.
+        save_every: steps between checkpoints.
+        data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
+            .jsonl/.parquet/.txt files.
+        tokenizer: a Hugging Face tokenizer directory (baton data tokenizer).
+        text_key: the text field of .jsonl/.parquet records.
+        run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
+        wandb_project: also log to this W&B project.
+        wandb_mode: W&B mode: online, offline or disabled.
+    """
     if tokenizer is None:
         train, val = byte_loaders(seq_len=seq_len, batch_size=batch_size, seed=seed, path=data_path)
         vocab = 256
@@ -82,7 +111,12 @@ def recipe(
     )
     return Driver(
         backend,
-        standard_callbacks(save_every=save_every, progress=progress),
+        standard_callbacks(
+            save_every=save_every,
+            progress=progress,
+            wandb_project=wandb_project,
+            wandb_mode=wandb_mode,
+        ),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every,

@@ -23,8 +23,9 @@ from baton.callbacks.checkpoint import Checkpoint
 from baton.callbacks.composite_logger import CompositeLogger
 from baton.callbacks.preemption import Preemption
 from baton.callbacks.progress import Progress
-from baton.callbacks.sinks import Sink
+from baton.callbacks.sinks import Sink, check_installed
 from baton.callbacks.sinks.console import ConsoleSink
+from baton.callbacks.sinks.wandb import WandbSink
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.core.callback import Callback
 
@@ -45,6 +46,8 @@ def standard_callbacks(
     sinks: Sequence[str | Sink] = ("jsonl", "tensorboard"),
     console_keys: Sequence[str] | None = CONSOLE_KEYS,
     progress: bool = True,
+    wandb_project: str | None = None,
+    wandb_mode: str | None = None,
     extra: Sequence[Callback] = (),
 ) -> list[Callback]:
     """Checkpoint, Preemption, ThroughputMonitor, CompositeLogger, Progress, then ``extra``.
@@ -58,6 +61,8 @@ def standard_callbacks(
         checkpoint / preemption / throughput / progress: include that part.
         sinks: the logger's sinks besides the console line.
         console_keys: keys of the console line (``None``: no console line).
+        wandb_project / wandb_mode: also log to this W&B project (``online``,
+            ``offline``, ``disabled``; ``None``: ``$WANDB_MODE`` or online).
         extra: further callbacks, appended.
     """
     callbacks: list[Callback] = []
@@ -76,8 +81,12 @@ def standard_callbacks(
     if throughput:
         callbacks.append(ThroughputMonitor())
     console = [ConsoleSink(console_keys)] if console_keys is not None else []
-    if sinks or console:
-        callbacks.append(CompositeLogger([*sinks, *console]))
+    wandb: list[Sink] = []
+    if wandb_project:
+        check_installed("wandb")
+        wandb.append(WandbSink(project=wandb_project, mode=wandb_mode))
+    if sinks or console or wandb:
+        callbacks.append(CompositeLogger([*sinks, *wandb, *console]))
     if progress:
         callbacks.append(Progress())
     callbacks.extend(extra)

@@ -8,7 +8,9 @@ waited for before its end is stamped (one ``fetch`` of its metrics), so a save n
 absorbs a step still in flight (JAX and CUDA dispatch asynchronously). Synchronous
 and asynchronous saves run interleaved; where the backend does not support async
 save (``supports_async_save``, read after setup, is False) the row says so. Target:
-async blocks for under 20% of the synchronous time.
+async blocks for under 10% of the synchronous time. The note also gives how much
+longer the step after the save took than an ordinary step (a backend may finish its
+staging copy there, and the writer competes for the cores).
 
 Adding a backend is one ``Entry`` in ``BACKENDS``: a function ``(quick, scratch) ->
 Backend`` building a backend whose state is >= 100 MB (``scratch`` is a directory for
@@ -38,7 +40,7 @@ from benchmarks.harness import Row, at_most, interleave, median, paired_ratio, s
 NAME = "checkpoint"
 MIN_STATE_MB = 100
 #: async save may block the loop for at most this fraction of the synchronous save
-TARGET = 0.2
+TARGET = 0.1
 SAVE_AT = 3  # the optimizer state exists after the first step
 
 
@@ -58,10 +60,12 @@ def torchtitan_backend(quick: bool, scratch: Path) -> Any:
     """TorchTitan's llama3 debug model grown from 6 to 10 layers: ~115 MB with AdamW state.
 
     The debug model alone saves ~72 MB; four more copies of its block (dim 256) pass
-    100 MB. DCP saves through TorchTitan's ``CheckpointManager``; ``async_mode="async"``
+    100 MB. DCP saves through TorchTitan's ``CheckpointManager``; an ``async_mode``
     makes the backend's ``supports_async_save`` true (a synchronous save then waits).
     """
     import copy
+
+    import torch
 
     from baton.backends.torchtitan import TorchTitanBackend
     from baton.backends.torchtitan.configs import llama3_debug
@@ -75,7 +79,9 @@ def torchtitan_backend(quick: bool, scratch: Path) -> Any:
     )
     layers = config.model_spec.model.layers
     layers.extend(copy.deepcopy(layers[-1]) for _ in range(4))
-    config.checkpoint.async_mode = "async"
+    # pinned-memory staging overlaps the copy with the next step but needs an accelerator
+    # (DCP's DefaultStager copies non-blocking); on CPU, DCP's threaded async save
+    config.checkpoint.async_mode = "async_with_pinned_mem" if torch.cuda.is_available() else "async"
     return TorchTitanBackend(config)
 
 
@@ -185,6 +191,9 @@ class _SaveAndTime(Callback):
         """Time from the end of ``step`` to the start of the next one."""
         return self.step_start[step + 1] - self.step_end[step]
 
+    def duration(self, step: int) -> float:
+        return self.step_end[step] - self.step_start[step]
+
 
 def save_once(make: Callable[[], Any], run_dir: Path, asynchronous: bool) -> dict[str, float]:
     """Train SAVE_AT + 2 steps with a save at SAVE_AT; return blocked and total save time."""
@@ -196,11 +205,14 @@ def save_once(make: Callable[[], Any], run_dir: Path, asynchronous: bool) -> dic
     if timer.saved_at is None:
         raise RuntimeError("the checkpoint was never reported saved")
     ordinary = median([timer.gap(s) for s in range(1, SAVE_AT + 2) if s != SAVE_AT])
+    # steps 2 .. SAVE_AT (the first pays one-time costs) against the step after the save
+    ordinary_step = median([timer.duration(s) for s in range(2, SAVE_AT + 1)])
     (checkpoint,) = driver.saved
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     return {
         "blocked": max(timer.gap(SAVE_AT) - ordinary, 1e-6),
         "total": timer.saved_at - timer.step_end[SAVE_AT],
+        "next_step_extra": timer.duration(SAVE_AT + 1) - ordinary_step,
         "mb": size / 1e6,
         "async_supported": float(timer.async_supported),
     }
@@ -246,6 +258,7 @@ def measure(name: str, entry: Entry, quick: bool, scratch: Path) -> list[Row]:
         return rows
     ratio = paired_ratio(samples["async"], samples["sync"])
     total = median([r["total"] for r in results["async"]])
+    extra = median([r["next_step_extra"] for r in results["async"]])
     rows.append(
         Row(
             NAME,
@@ -256,7 +269,7 @@ def measure(name: str, entry: Entry, quick: bool, scratch: Path) -> list[Row]:
             baseline="sync",
             target=f"< {TARGET}",
             passed=at_most(ratio, TARGET),
-            note=f"save completes {total:.2f} s after the step",
+            note=f"save completes {total:.2f} s after the step; next step {extra:+.3f} s",
         )
     )
     return rows

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -448,24 +449,59 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
     def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
         directory = Path(directory)
         self._save_hf_config(directory)
+        self._wait_for_staging()  # an earlier save still copying the weights
         state = {**self._state(), **self._extra_state()}
         path = directory / STATE_FILE
         if not (asynchronous and self.supports_async_save):
             self.fabric.save(path, state)
             return None
-        # the same content fabric.save writes, copied to host memory now (so training may
-        # change the live tensors), then written by a background thread
+        # The same content fabric.save writes. Everything is copied to host memory now
+        # except the weights and the optimizer state, which only the optimizer step
+        # changes: a background thread copies those while the next step's forward and
+        # backward run, and that optimizer step waits for the copy (a pre-step hook).
+        # Code that writes the weights outside the optimizer step right after an async
+        # save (a callback editing parameters) should call _wait_for_staging() first.
         strategy = self.fabric.strategy
         state["model"] = strategy.get_module_state_dict(self.model.module)
         state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
         for key, value in state.items():
             if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
                 state[key] = value.state_dict()  # schedulers and other stateful objects
-        snapshot = _host_copy(state)
-        if not strategy.is_global_zero:
-            return ThreadedSave(lambda: None)  # every rank hands back a handle alike
-        # the file fabric.save writes through TorchCheckpointIO is this torch.save
-        return ThreadedSave(lambda: torch.save(snapshot, path))
+        staged = _host_copy(state, defer=self._step_owned_storage())
+        self._install_staging_wait()
+        self._staging = threading.Event()
+        write = self.fabric.strategy.is_global_zero
+
+        def copy_then_write(done: threading.Event = self._staging) -> None:
+            try:
+                snapshot = _finish_host_copy(staged)
+            finally:
+                done.set()  # the optimizer step may go on (an error surfaces in wait())
+            if write:  # the file fabric.save writes through TorchCheckpointIO
+                torch.save(snapshot, path)
+
+        return ThreadedSave(copy_then_write)  # every rank hands back a handle alike
+
+    def _step_owned_storage(self) -> set[int]:
+        """Storage addresses of the tensors only ``optimizer.step`` changes: parameters and
+        optimizer state (buffers such as batch-norm statistics change in forward)."""
+        tensors = list(self.model.parameters())
+        for per_param in self.optimizer.optimizer.state.values():
+            tensors += [v for v in per_param.values() if isinstance(v, torch.Tensor)]
+        return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+
+    def _install_staging_wait(self) -> None:
+        if not getattr(self, "_staging_hook", None):
+            self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
+                lambda *_: self._wait_for_staging()
+            )
+
+    def _wait_for_staging(self) -> None:
+        """Block until an asynchronous save has copied the weights and optimizer state."""
+        staging = getattr(self, "_staging", None)
+        if staging is not None:
+            staging.wait()
+            self._staging = None
 
     def _save_hf_config(self, directory: Path) -> None:
         """A model carrying a Hugging Face config gets it saved beside its weights, which
@@ -478,6 +514,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         config.save_pretrained(directory / HF_CONFIG_DIR)
 
     def load(self, directory: Path) -> None:
+        self._wait_for_staging()
         remainder = self.fabric.load(Path(directory) / STATE_FILE, self._state())
         self._load_extra_state(remainder)
 
@@ -553,14 +590,35 @@ def describe_batch(batch: Any) -> str:
     return type(batch).__name__
 
 
-def _host_copy(value: Any) -> Any:
-    """A deep copy with every tensor cloned into host memory."""
+def _host_copy(value: Any, defer: AbstractSet[int] = frozenset()) -> Any:
+    """A deep copy with every tensor cloned into host memory, except tensors whose storage
+    address is in ``defer``: those stay live, wrapped for ``_finish_host_copy``."""
     if isinstance(value, torch.Tensor):
+        if value.numel() and value.untyped_storage().data_ptr() in defer:
+            return _Deferred(value.detach())
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _host_copy(v) for k, v in value.items()}
+        return {k: _host_copy(v, defer) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_host_copy(v) for v in value)
+        return type(value)(_host_copy(v, defer) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A live tensor whose host copy ``_host_copy`` left for later."""
+
+    tensor: torch.Tensor
+
+
+def _finish_host_copy(value: Any) -> Any:
+    """``value`` with every ``_Deferred`` tensor copied into host memory."""
+    if isinstance(value, _Deferred):
+        return value.tensor.to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _finish_host_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_finish_host_copy(v) for v in value)
     return value
 
 

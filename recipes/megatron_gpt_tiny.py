@@ -60,8 +60,9 @@ def recipe(
     """Train a tiny Megatron-Core GPT on prepared data (``--data-path`` prefix or blend with
     its ``--tokenizer``) or, without them, on bytes of the Python language reference.
 
-    ``--llama`` builds Llama-style blocks instead of GPT's: RMSNorm, SwiGLU MLP of width
-    ``8/3 x hidden`` (rounded up to 64), no biases, rotary positions, untied output layer.
+    ``--llama`` builds Llama-style blocks instead of GPT's: RMSNorm, a SwiGLU MLP of width
+    ``8/3 x hidden`` rounded up to a multiple of 256 (as Llama 3), no biases, rotary
+    positions, an untied output layer.
     """
     import torch
     import torch.nn.functional as F
@@ -72,7 +73,7 @@ def recipe(
             gated_linear_unit=True,
             activation_func=F.silu,
             add_bias_linear=False,
-            ffn_hidden_size=-(-8 * hidden_size // 3 // 64) * 64,
+            ffn_hidden_size=-(-8 * hidden_size // 3 // 256) * 256,
         )
         if llama
         else dict(ffn_hidden_size=4 * hidden_size)

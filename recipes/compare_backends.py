@@ -1,7 +1,7 @@
 """The same small Llama-style model on Fabric, TorchTitan, Megatron-Core and MaxText, on
 identical tokens, with the four loss curves on one chart.
 
-uv run baton run recipes/compare_backends.py                      # zero setup, ~2 min on CPU
+uv run baton run recipes/compare_backends.py                      # zero setup, ~5 min on CPU
 uv run baton run recipes/compare_backends.py --steps 100 --backends megatron maxtext
 uv run baton run recipes/compare_backends.py --data-path data/corpus --tokenizer runs/tok
 
@@ -30,6 +30,9 @@ Where the four differ (each recipe keeps its backend's own choices):
   multiple of 64, MaxText to 128 (equal at 2048).
 - Initialisation, RoPE base, AdamW settings and the LR schedule (warmup, decay) are each
   backend's own; the peak learning rate ``--lr`` is shared.
+- Each backend's own data pipeline cuts and orders the samples (Megatron's ``GPTDataset``,
+  MaxText's Grain, TorchTitan's and Fabric's loaders): the same tokens, not the same
+  batches in the same order.
 """
 
 from __future__ import annotations

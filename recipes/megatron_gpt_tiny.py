@@ -5,6 +5,7 @@ uv run baton run recipes/megatron_gpt_tiny.py --max-steps 100 --resume auto
 uv run baton data tokenizer runs/tok && uv run baton data prepare corpus.jsonl \\
     --tokenizer runs/tok --output data/corpus
 uv run baton run recipes/megatron_gpt_tiny.py --data-path data/corpus --tokenizer runs/tok
+uv run baton run recipes/megatron_gpt_tiny.py --llama       # Llama-style blocks (RMSNorm, SwiGLU, RoPE)
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
     ... --pipeline-parallel 2                          # 1F1B over 2 stages
@@ -38,6 +39,7 @@ def recipe(
     seq_len: int = 64,
     micro_batch_size: int = 4,
     global_batch_size: int = 8,
+    llama: bool = False,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     virtual_pipeline: int = 1,
@@ -56,15 +58,33 @@ def recipe(
     progress: bool = True,
 ) -> Driver:
     """Train a tiny Megatron-Core GPT on prepared data (``--data-path`` prefix or blend with
-    its ``--tokenizer``) or, without them, on bytes of the Python language reference."""
+    its ``--tokenizer``) or, without them, on bytes of the Python language reference.
+
+    ``--llama`` builds Llama-style blocks instead of GPT's: RMSNorm, a SwiGLU MLP of width
+    ``8/3 x hidden`` rounded up to a multiple of 256 (as Llama 3), no biases, rotary
+    positions, an untied output layer.
+    """
     import torch
+    import torch.nn.functional as F
+
+    block = (
+        dict(
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            ffn_hidden_size=-(-8 * hidden_size // 3 // 256) * 256,
+        )
+        if llama
+        else dict(ffn_hidden_size=4 * hidden_size)
+    )
 
     config = MegatronConfig(
         model=tiny_transformer_config(
             num_layers=num_layers,
             hidden_size=hidden_size,
             num_attention_heads=num_attention_heads,
-            ffn_hidden_size=4 * hidden_size,
+            **block,
             tensor_model_parallel_size=tensor_parallel,
             pipeline_model_parallel_size=pipeline_parallel,
             virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
@@ -76,6 +96,8 @@ def recipe(
         global_batch_size=global_batch_size,
         warmup_steps=min(warmup_steps, max_steps),
         decay_steps=max_steps,
+        position_embedding_type="rope" if llama else "learned_absolute",
+        share_embeddings_and_output_weights=not llama,
         seed=seed,
     )
     config.optimizer.lr = lr

@@ -78,3 +78,28 @@ def test_a_longer_max_steps_rebuilds_the_schedule(
     meta = ckpt.read_meta(tmp_path / "checkpoints" / "step_000012")
     (change,) = meta["resume_changes"]
     assert change["changes"]["max_steps"]["applied_by"] == "backend and driver"
+
+
+def test_lightning_schedules_are_rebuilt_for_a_changed_lr(tmp_path: Path) -> None:
+    """A LightningModule's step and epoch schedules (``configure_optimizers``) continue
+    from the restored step at the new rate, as in a run started at that rate."""
+    from baton.core.recipe import build_driver
+
+    recipe = Path(__file__).parents[2] / "recipes" / "lightning_module.py"
+
+    def fit_lightning(run_dir: Path, *args: str):  # -> Driver
+        flags = ["--run-dir", str(run_dir), "--eval-every", "10", "--log-every", "1"]
+        driver = build_driver(recipe, [*flags, *args])
+        driver.fit()
+        return driver
+
+    full = fit_lightning(tmp_path / "full", "--max-steps", "20", "--lr", "2e-2")
+    fit_lightning(tmp_path / "run", "--max-steps", "10", "--lr", "1e-2")
+    resumed = fit_lightning(
+        tmp_path / "run",
+        *("--max-steps", "20", "--lr", "2e-2", "--resume", "auto"),
+        *("--allow-changed", "lr,max_steps"),
+    )
+    lr = resumed.backend.optimizer.param_groups[0]["lr"]  # half of it with the restored rate
+    assert lr == pytest.approx(full.backend.optimizer.param_groups[0]["lr"], rel=1e-9)
+    assert logged_lr(tmp_path / "run")[20] == pytest.approx(logged_lr(tmp_path / "full")[20])

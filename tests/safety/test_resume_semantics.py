@@ -47,8 +47,9 @@ def test_an_allowed_change_is_logged_and_recorded(tmp_path, capsys):
     ]
 
 
-def test_a_change_no_one_applies_is_said_and_recorded(tmp_path, capsys):
+def test_an_allowed_change_no_one_applies_is_refused(tmp_path, capsys):
     interrupted_run(capsys, tmp_path)
+    before = snapshot(tmp_path)
     status, err = run_recipe(
         capsys,
         tmp_path,
@@ -61,11 +62,11 @@ def test_a_change_no_one_applies_is_said_and_recorded(tmp_path, capsys):
         "--allow-changed",
         "batch_size",
     )
-    assert status == 0, err
-    assert "batch_size=4 is recorded as requested, but backend 'scalar' does not" in err
-    meta = ckpt.read_meta(tmp_path / "checkpoints" / "step_000005")
-    (change,) = meta["resume_changes"]
-    assert change["changes"] == {"batch_size": {"checkpoint": 2, "now": 4, "applied_by": None}}
+    assert status == 2, err
+    assert "with batch_size changed (2 -> 4): backend 'scalar' cannot apply" in err
+    assert "resume with the checkpoint's value (--batch-size 2)" in err
+    assert "start a new run in another run directory" in err
+    assert snapshot(tmp_path) == before
 
 
 def test_jsonl_rows_past_the_resumed_step_are_dropped(tmp_path, capsys):

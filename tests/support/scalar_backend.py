@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 class ScalarBackend(BackendBase):
     name = "scalar"
+    #: the learning rate lives in ``config``, which no checkpoint restores
+    changeable_settings = frozenset({"lr"})
 
     def __init__(
         self, lr: float = 0.1, seed: int = 0, fail_at: int | None = None, version: str = "1.0"
@@ -60,6 +62,10 @@ class ScalarBackend(BackendBase):
         state = json.loads((Path(directory) / "state.json").read_text())
         self.w = state["w"]
         self.rng.setstate((state["v"], tuple(state["rng"]), None))
+
+    def apply_changed_settings(self, changes: dict[str, Any]) -> set[str]:
+        """A changed ``lr`` is already the one ``train_step`` reads (``load`` keeps it)."""
+        return {"lr"} & set(changes)
 
     def describe(self) -> dict[str, Any]:
         return {"lr": self.config["lr"]}

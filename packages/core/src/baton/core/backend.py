@@ -23,6 +23,16 @@ A minimal backend (``tests/support/scalar_backend.py`` type-checks against ``Bac
         def save(self, directory: Path, *, asynchronous: bool = False) -> None: ...
         def load(self, directory: Path) -> None: ...
         def evaluate(self) -> dict[str, float]: ...      # optional: the evaluate ability
+
+A resume may change training settings the restored state depends on (an optimizer's
+learning rate, a schedule built for ``max_steps``). A backend that can re-apply them
+names them in ``changeable_settings`` and re-applies them after ``load`` in
+``apply_changed_settings(changes) -> applied names`` (``changes``: name -> (checkpoint's
+value, new value)); the driver refuses a change that nobody applies::
+
+        changeable_settings = frozenset({"lr"})
+
+        def apply_changed_settings(self, changes): ...   # returns {"lr"} once applied
 """
 
 from __future__ import annotations
@@ -212,6 +222,8 @@ class BackendBase:
     distribution: str | None = None
     #: whether ``save(asynchronous=True)`` really overlaps with training
     supports_async_save: bool = False
+    #: settings the restored state depends on that ``apply_changed_settings`` re-applies
+    changeable_settings: frozenset[str] = frozenset()
     config: Any = None
 
     @property

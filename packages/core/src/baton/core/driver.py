@@ -192,6 +192,7 @@ class Driver:
         self._fallbacks: list[Path] = []
         self._resume_failures: list[str] = []
         self._allowed_now: dict[str, tuple[Any, Any]] = {}
+        self._evaluating = False
         #: changes of training settings allowed on resume, recorded in each checkpoint
         self.resume_changes: list[dict[str, Any]] = []
         self._hasher: ThreadPoolExecutor | None = None
@@ -299,6 +300,7 @@ class Driver:
         """
         self.resume = str(path)
         self.allow_changed = {"all"}  # the weights are evaluated as they are
+        self._evaluating = True  # nothing trains: changed settings need no applying
         self._prepare()
         try:
             self.dispatch("on_configure")
@@ -596,7 +598,7 @@ class Driver:
                 log.warning("could not load checkpoint %s (%s); trying an older one", path, reason)
                 candidate = self._next_candidate()
                 continue
-            self._apply_allowed_changes()
+            self._apply_allowed_changes(path)
             self._restore(path, meta)
             return
         if tried:
@@ -620,12 +622,15 @@ class Driver:
 
         Only recipe settings are compared: the driver's own limits (``max_steps`` given
         to ``Driver``) are applied by the loop as they are and logged when they differ.
+        An allowed change that neither the backend nor the driver applies is refused.
         """
         names = self.training_settings | set(getattr(self.backend, "training_settings", ()))
         changes = changed_settings(meta.get("settings", {}), self.settings, names)
         allowed = check_changes(changes, self.allow_changed, path)
         self.resume_changes = list(meta.get("resume_changes", []))
         self._allowed_now = allowed
+        if not self._evaluating:  # refuse, before anything is built, what no one applies
+            self._appliers(allowed, path)
         if allowed:
             for name, (old, new) in allowed.items():
                 log.warning(
@@ -647,31 +652,50 @@ class Driver:
                     "resuming with the driver's %s %r (the checkpoint's run had %r)", name, new, old
                 )
 
-    def _apply_allowed_changes(self) -> None:
-        """After loading: a backend whose restored state would override an allowed change
-        (an optimizer's learning rate) re-applies it in ``apply_changed_settings(changes)``
-        and returns the names it applied; the driver applies its own limits; what nobody
-        applied is said and recorded (``"applied_by": null``)."""
-        if not self._allowed_now:
+    def _appliers(self, changes: dict[str, tuple[Any, Any]], path: Path) -> dict[str, str]:
+        """Who applies each allowed change: ``"backend"`` for the settings the backend
+        re-applies to the state it restores (its ``changeable_settings``), ``"driver"`` for
+        the driver's own limits (``max_steps`` given to ``Driver``) that no restored state
+        depends on; a change nobody applies is refused (``UsageError``)."""
+        backend_names = set(getattr(self.backend, "changeable_settings", ()))
+        limits = self._limits()
+        appliers: dict[str, str] = {}
+        for name, (old, new) in changes.items():
+            by_driver = name in limits and limits[name] == new
+            if name in backend_names:
+                appliers[name] = "backend and driver" if by_driver else "backend"
+            elif by_driver:
+                appliers[name] = "driver"
+            else:
+                self._refuse_unapplied(path, name, old, new)
+        return appliers
+
+    def _refuse_unapplied(self, path: Path, name: str, old: Any, new: Any) -> None:
+        flag = "--" + name.replace("_", "-")
+        raise UsageError(
+            f"resuming from {path} with {name} changed ({old!r} -> {new!r}): backend "
+            f"{self.backend.name!r} cannot apply a changed {name} to the state it restores "
+            f"from the checkpoint, so the run would not train as recorded; resume with the "
+            f"checkpoint's value ({flag} {old}) or start a new run in another run directory"
+        )
+
+    def _apply_allowed_changes(self, path: Path) -> None:
+        """After loading: the backend re-applies the allowed changes its restored state
+        would override (an optimizer's learning rate, a schedule built for another length)
+        in ``apply_changed_settings(changes) -> applied names``; the driver applies its
+        own limits. What is recorded (``"applied_by"``) was applied; a change the backend
+        claims but did not apply is refused."""
+        if not self._allowed_now or self._evaluating:
             return
+        appliers = self._appliers(self._allowed_now, path)
+        wanted = {k: v for k, v in self._allowed_now.items() if "backend" in appliers[k]}
         hook = getattr(self.backend, "apply_changed_settings", None)
-        applied = set(hook(dict(self._allowed_now))) if hook is not None else set()
+        applied = set(hook(dict(wanted))) if hook is not None and wanted else set()
         record = self.resume_changes[-1]["changes"]
         for name, (old, new) in self._allowed_now.items():
-            by_driver = name in self._limits() and self._limits()[name] == new
-            record[name]["applied_by"] = (
-                "backend" if name in applied else "driver" if by_driver else None
-            )
-            if record[name]["applied_by"] is None:
-                log.warning(
-                    "%s=%r is recorded as requested, but backend %r does not report "
-                    "re-applying it after loading: state restored from the checkpoint (an "
-                    "optimizer, a scheduler) may keep %r",
-                    name,
-                    new,
-                    self.backend.name,
-                    old,
-                )
+            if name in wanted and name not in applied:
+                self._refuse_unapplied(path, name, old, new)
+            record[name]["applied_by"] = appliers[name]
 
     def load_checkpoint(self, path: str | Path | None = None, *, callbacks: bool = False) -> Path:
         """Restore a complete checkpoint in the middle of a run (a rollback).

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from baton.backends import torch_distributed
+from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.stream import BatchStream, count_batch
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE, load_weights
 from baton.core.backend import BackendBase, PendingSave
@@ -158,6 +159,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self.stream: BatchStream | None = None
         self._num_params = 0
         self._checked = False
+        self._as_built: AsBuilt | None = None
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -206,6 +208,11 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             self.scheduler_source(self.optimizer) if self.scheduler_source is not None else None
         )
         self.stream = self._make_stream(self._training_data())
+        self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
+
+    def _schedulers(self) -> list[Any]:
+        """The learning-rate schedulers stepped with the optimizer."""
+        return [self.scheduler] if self.scheduler is not None else []
 
     def _fabric_class(self) -> type:
         from lightning.fabric import Fabric
@@ -517,6 +524,23 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self._wait_for_staging()
         remainder = self.fabric.load(Path(directory) / STATE_FILE, self._state())
         self._load_extra_state(remainder)
+
+    # -- resuming with changed settings ---------------------------------------------
+    @property
+    def changeable_settings(self) -> frozenset[str]:  # type: ignore[override]
+        """A changed learning rate is re-applied after loading; with a scheduler, so are
+        the schedule's settings (``max_steps``, ``decay_steps``...): it is rebuilt."""
+        return SCHEDULE_SETTINGS if self.scheduler_source is not None else LR_SETTINGS
+
+    def apply_changed_settings(self, changes: Mapping[str, Any]) -> set[str]:
+        """After ``load``: the learning rates and schedule the recipe built (with the new
+        settings) replace the restored ones; the schedule continues at the restored step.
+
+        Example: resumed at step 100 with ``max_steps`` 300 -> 600, the cosine schedule
+        built for 600 steps goes on from its step 100; with ``lr`` changed it continues
+        at the new peak. Returns the names applied."""
+        assert self._as_built is not None, "apply_changed_settings is called after setup"
+        return self._as_built.reapply(self.optimizer, self._schedulers(), changes)
 
 
 class BatchError(ValueError):

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from baton.backends.fabric.backend import FabricBackend, FabricConfig, split_loss
+from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
 HONOURED = frozenset(
@@ -218,6 +219,16 @@ class LightningBackend(FabricBackend):
         self.stream = self._make_stream(data_hooks.train_dataloader())
         if self.eval_data is None and _overrides(self.module, "validation_step"):
             self.eval_data = data_hooks.val_dataloader()
+        self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
+
+    def _schedulers(self) -> list[Any]:
+        return [config.scheduler for config in self.scheduler_configs]
+
+    @property
+    def changeable_settings(self) -> frozenset[str]:  # type: ignore[override]
+        """The schedules come from ``configure_optimizers``: rebuilt when one of their
+        settings changes (a module without one has nothing to rebuild)."""
+        return SCHEDULE_SETTINGS
 
     def _configure_optimizers(self) -> torch.optim.Optimizer:
         from lightning.pytorch.core.optimizer import (

@@ -135,9 +135,10 @@ CASES: dict[str, Case] = {
     "missing data file": Case(
         lambda t, r: quickstart("--data-path", str(t / "no.txt"))(t, r), 1, "is not a file"
     ),
-    "empty data file": Case(quickstart(data=b""), 1, "data.txt' is empty; give a UTF-8"),
+    # bad input found while the recipe builds its data: a usage error
+    "empty data file": Case(quickstart(data=b""), 2, "data.txt' is empty; give a UTF-8"),
     "binary data file": Case(
-        quickstart(data=bytes(range(256)) * 64), 1, "data.txt' is not UTF-8 text"
+        quickstart(data=bytes(range(256)) * 64), 2, "data.txt' is not UTF-8 text"
     ),
     # checkpoints
     "checkpoints without resume": Case(

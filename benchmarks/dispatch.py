@@ -7,9 +7,14 @@ callbacks that override every hook with a no-op, and with callbacks that overrid
 none. Target: 50 callbacks that override nothing cost the same as 0.
 
 One more case runs the standard stack a recipe uses (``standard_callbacks``: Checkpoint
-without a cadence, Preemption, ThroughputMonitor, CompositeLogger to JSONL; plus
-LossGuard) on the same no-op backend: the per-step cost baton adds around a real step.
-Target: at most 15 us per step.
+without a cadence, Preemption, ThroughputMonitor, CompositeLogger to JSONL and
+TensorBoard; plus LossGuard) on the same no-op backend: the per-step cost baton adds
+around a real step. Target: at most 15 us per step.
+
+Last, the cost of one write of a log step's metrics to each file sink (JSONL,
+TensorBoard), called directly: ``WRITES`` writes then ``close`` (which waits for
+everything written), divided by ``WRITES``, so work a sink does on a thread of its own
+is counted too.
 
 Run alone: ``uv run python benchmarks/run.py --only dispatch``.
 """
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.callbacks import LossGuard, standard_callbacks
+from baton.callbacks.sinks import build_sink
 from baton.core import HOOKS, BackendBase, Callback, Driver, StepOutput
 from baton.core.dispatch import overrides
 from benchmarks.harness import Row, at_most, interleave, median, paired_ratio
@@ -35,6 +41,20 @@ HOOK_CALLS_PER_STEP = 2 + 1 / LOG_EVERY
 STACK = "standard stack + LossGuard"
 #: the standard stack's per-step cost on a no-op backend, microseconds
 STACK_TARGET_US = 15.0
+#: file sinks whose cost per write is measured, and what one log step writes to them
+SINKS = ("jsonl", "tensorboard")
+LOG_STEP_METRICS = {
+    "loss": 2.3125,
+    "lr": 1e-3,
+    "grad_norm": 0.75,
+    "tokens": 40960.0,
+    "samples": 80.0,
+    "train_time_s": 12.5,
+    "throughput/tokens_per_s": 51200.0,
+    "throughput/samples_per_s": 100.0,
+    "throughput/step_time_s": 0.08,
+    "throughput/mfu": 0.41,
+}
 
 
 class NullBackend(BackendBase):
@@ -78,12 +98,30 @@ def seconds_per_step(callbacks: list[Callback], steps: int, run_dir: Path) -> fl
 def standard_stack() -> list[Callback]:
     """What a recipe runs, minus what needs a terminal or a real save."""
     return standard_callbacks(
-        save_on_stop=False, sinks=("jsonl",), console_keys=None, progress=False, extra=[LossGuard()]
+        save_on_stop=False,
+        sinks=("jsonl", "tensorboard"),
+        console_keys=None,
+        progress=False,
+        extra=[LossGuard()],
     )
+
+
+def seconds_per_write(sink_name: str, writes: int, run_dir: Path) -> float:
+    """``writes`` log steps' metrics to a fresh sink, then ``close``: the time per write."""
+    import time
+
+    sink = build_sink(sink_name)
+    sink.open(Driver(NullBackend(), [], max_steps=1, run_dir=run_dir))
+    started = time.perf_counter()
+    for step in range(1, writes + 1):
+        sink.write(step, dict(LOG_STEP_METRICS), "train")
+    sink.close()
+    return (time.perf_counter() - started) / writes
 
 
 def run(quick: bool = False) -> list[Row]:
     steps, rounds = (300, 2) if quick else (5_000, 25)
+    writes = 50 if quick else 1_000
     with tempfile.TemporaryDirectory(prefix="baton-bench-dispatch-") as tmp:
         run_dir = Path(tmp)
         cases = {"0 callbacks": lambda: seconds_per_step([], steps, run_dir)}
@@ -95,12 +133,27 @@ def run(quick: bool = False) -> list[Row]:
                 [OverridesEverything() for _ in range(n)], steps, run_dir
             )
         cases[STACK] = lambda: seconds_per_step(standard_stack(), steps, run_dir)
+        for sink in SINKS:
+            cases[_sink_case(sink)] = lambda sink=sink: seconds_per_write(
+                sink, writes, run_dir / sink
+            )
         samples = interleave(cases, rounds=rounds)
 
     base = samples["0 callbacks"]
     rows = [Row(NAME, "0 callbacks", median(base) * 1e6, "us/step", note=f"{steps} steps")]
     for name, values in samples.items():
         if name == "0 callbacks":
+            continue
+        if name in {_sink_case(sink) for sink in SINKS}:
+            rows.append(
+                Row(
+                    NAME,
+                    name,
+                    median(values) * 1e6,
+                    "us/write",
+                    note=f"{len(LOG_STEP_METRICS)} metrics, {writes} writes then close",
+                )
+            )
             continue
         if name == STACK:
             us = median(values) * 1e6
@@ -139,3 +192,7 @@ def run(quick: bool = False) -> list[Row]:
             )
         )
     return rows
+
+
+def _sink_case(sink: str) -> str:
+    return f"{sink} sink: one log write"

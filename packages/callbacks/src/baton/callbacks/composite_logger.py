@@ -12,9 +12,16 @@ Example::
 Sinks are given by name (``jsonl``, ``tensorboard``, ``wandb``, ``console``) or as
 objects. ``tensorboard`` and ``wandb`` need the ``baton-callbacks[tensorboard]`` /
 ``[wandb]`` extras: naming one that is not installed is an error that says so, and the
-default sinks leave TensorBoard out when it is missing. Only rank 0 logs unless ``rank_zero_only=False``. A sink that fails (W&B
-unreachable, a full disk) is reported once with a warning and training goes on; a
-sink that fails to open is dropped for the run.
+default sinks leave TensorBoard out when it is missing. Only rank 0 logs unless
+``rank_zero_only=False``. A sink that fails (W&B unreachable, a full disk) is reported
+once with a warning and training goes on; a sink that fails to open is dropped for the
+run.
+
+Sinks write on a background thread (``LogThread``): a log step only queues a copy of its
+metrics, and the sinks get them in order. The queue is emptied when training ends, when
+the run fails (``on_exception``) and on teardown, before the sinks close: when ``fit``
+returns, or raises, everything logged is in the sinks' files. ``threaded=False`` writes
+in the training thread instead.
 
 Metric keys logged: whatever ``on_log`` carries (the backend's ``loss``, ``lr``,
 ``grad_norm``; the monitors' keys) with phase ``"train"``, and what ``on_eval_end``
@@ -27,6 +34,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from baton.callbacks.log_thread import LogThread
 from baton.callbacks.sinks import MissingSinkPackage, Phase, Sink, build_sink, check_installed
 from baton.core.callback import LOGGER_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
@@ -55,13 +63,19 @@ class CompositeLogger(Callback):
     priority = LOGGER_PRIORITY
 
     def __init__(
-        self, sinks: Sequence[str | Sink] = DEFAULT_SINKS, *, rank_zero_only: bool = True
+        self,
+        sinks: Sequence[str | Sink] = DEFAULT_SINKS,
+        *,
+        rank_zero_only: bool = True,
+        threaded: bool = True,
     ) -> None:
         if sinks is DEFAULT_SINKS:  # the defaults leave out what is not installed
             sinks = [name for name in DEFAULT_SINKS if _installed(name)]
         self.sinks: list[Sink] = [build_sink(s) if isinstance(s, str) else s for s in sinks]
         self.rank_zero_only = rank_zero_only
+        self.threaded = threaded
         self._active: list[Sink] = []
+        self._thread: LogThread | None = None
         self._warned: set[str] = set()
 
     def _warn_once(self, sink: Sink, what: str, error: BaseException) -> None:
@@ -86,6 +100,8 @@ class CompositeLogger(Callback):
                 self._warn_once(sink, "open", error)
                 continue
             self._active.append(sink)
+        if self._active and self.threaded:
+            self._thread = LogThread(self._write_all)
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         self._write(driver.step, metrics, "train")
@@ -94,13 +110,35 @@ class CompositeLogger(Callback):
         self._write(driver.step, metrics, "eval")
 
     def _write(self, step: int, metrics: dict[str, float], phase: Phase) -> None:
+        if not self._active:
+            return
+        if self._thread is not None:  # a copy: later callbacks may change the dict
+            self._thread.submit(step, dict(metrics), phase)
+        else:
+            self._write_all(step, metrics, phase)
+
+    def _write_all(self, step: int, metrics: dict[str, float], phase: Phase) -> None:
         for sink in self._active:
             try:
                 sink.write(step, dict(metrics), phase)
             except Exception as error:
                 self._warn_once(sink, "write", error)
 
+    def flush(self) -> None:
+        """Return once every metric logged so far has been handed to the sinks."""
+        if self._thread is not None:
+            self._thread.flush()
+
+    def on_train_end(self, driver: Driver) -> None:
+        self.flush()  # before displays that finish after the loggers (exit hooks run last-first)
+
+    def on_exception(self, driver: Driver, error: BaseException) -> None:
+        self.flush()
+
     def on_teardown(self, driver: Driver) -> None:
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
         for sink in self._active:
             try:
                 sink.close()

@@ -44,10 +44,10 @@ SINKS.add_lazy("tensorboard", "baton.callbacks.sinks.tensorboard:TensorBoardSink
 SINKS.add_lazy("wandb", "baton.callbacks.sinks.wandb:WandbSink")
 SINKS.add_lazy("console", "baton.callbacks.sinks.console:ConsoleSink")
 
-#: sink name -> (the module it needs, the baton-callbacks extra that installs it)
-OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
+#: sink name -> (the modules it needs, the baton-callbacks extra that installs them)
+OPTIONAL_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "tensorboard": (("tensorboard", "crc32c"), "tensorboard"),
+    "wandb": (("wandb",), "wandb"),
 }
 
 
@@ -61,8 +61,10 @@ def check_installed(name: str) -> None:
 
     if name not in OPTIONAL_PACKAGES:
         return
-    module, extra = OPTIONAL_PACKAGES[name]
-    if importlib.util.find_spec(module) is None:
+    modules, extra = OPTIONAL_PACKAGES[name]
+    for module in modules:
+        if importlib.util.find_spec(module) is not None:
+            continue
         raise MissingSinkPackage(
             f"the {name!r} log sink needs the {module} package: install it with "
             f"`pip install 'baton-callbacks[{extra}]'` (or `pip install {module}`), or leave "

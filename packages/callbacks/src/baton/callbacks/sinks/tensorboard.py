@@ -1,4 +1,4 @@
-"""TensorBoard event files, written with the ``tensorboard`` package itself (no torch).
+"""TensorBoard event files: ``tensorboard``'s protos, framed with a C checksum (no torch).
 
 Example::
 
@@ -9,16 +9,22 @@ Every metric becomes a scalar whose tag is its key (``loss``, ``eval/loss``, ...
 recipe's settings are written once as hyperparameters (TensorBoard's HPARAMS tab). A
 resumed run writes a purge marker at its first step (TensorBoard's ``purge_step``), so
 events an earlier run logged after the resumed checkpoint are hidden, not doubled.
+
+Records are written by ``EventFile`` (TFRecord framing, checksums from the ``crc32c``
+package in C), in the calling thread: ``CompositeLogger`` calls sinks from its own writer
+thread, so the training loop does not wait for them. Each write reaches the file at once
+unless ``flush_secs`` says how long it may wait in the buffer.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
+    from baton.callbacks.sinks.event_file import EventFile
     from baton.core import Driver
 
 
@@ -27,54 +33,48 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self, log_dir: str | Path | None = None, flush_secs: int = 30) -> None:
+    def __init__(self, log_dir: str | Path | None = None, flush_secs: float = 0.0) -> None:
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.flush_secs = flush_secs
-        self._writer: Any = None
+        self._file: EventFile | None = None
+        self._protos: Any = None  # tensorboard's event_pb2 and summary_pb2, once opened
 
     def open(self, driver: Driver) -> None:
-        from tensorboard.compat.proto import event_pb2  # pyright: ignore[reportMissingTypeStubs]
-        from tensorboard.summary.writer.event_file_writer import (  # pyright: ignore[reportMissingTypeStubs]
-            EventFileWriter,
-        )
-
-        if self.log_dir is None:
-            self.log_dir = Path(driver.log_dir) / "tensorboard"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._writer = EventFileWriter(str(self.log_dir), flush_secs=self.flush_secs)
-        if driver.settings:
-            event: Any = cast(Any, event_pb2).Event
-            for summary in hparams_summaries(driver.settings):
-                self._writer.add_event(event(wall_time=time.time(), step=0, summary=summary))
-        if getattr(driver, "resumed_from", None) is not None:
-            self._purge_from(int(driver.step) + 1)
-
-    def _purge_from(self, step: int) -> None:
-        """TensorBoard drops earlier events at ``step`` and later when it reads this."""
-        from tensorboard.compat.proto import event_pb2  # pyright: ignore[reportMissingTypeStubs]
-
-        protos: Any = event_pb2
-        log = protos.SessionLog(status=protos.SessionLog.START)
-        self._writer.add_event(protos.Event(wall_time=time.time(), step=step, session_log=log))
-
-    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         from tensorboard.compat.proto import (  # pyright: ignore[reportMissingTypeStubs]
             event_pb2,
             summary_pb2,
         )
 
-        # generated protobuf modules declare their classes only at run time
-        Event: Any = cast(Any, event_pb2).Event
-        Summary: Any = cast(Any, summary_pb2).Summary
+        from baton.callbacks.sinks.event_file import EventFile
+
+        if self.log_dir is None:
+            self.log_dir = Path(driver.log_dir) / "tensorboard"
+        self._protos = (event_pb2, summary_pb2)
+        self._file = EventFile(self.log_dir, flush_secs=self.flush_secs)
+        if driver.settings:
+            for summary in hparams_summaries(driver.settings):
+                self._add(step=0, summary=summary)
+        if getattr(driver, "resumed_from", None) is not None:
+            self._purge_from(int(driver.step) + 1)
+
+    def _add(self, **fields: Any) -> None:
+        assert self._file is not None, "TensorBoardSink used before open"
+        self._file.add_event(self._protos[0].Event(wall_time=time.time(), **fields))
+
+    def _purge_from(self, step: int) -> None:
+        """TensorBoard drops earlier events at ``step`` and later when it reads this."""
+        SessionLog: Any = self._protos[0].SessionLog
+        self._add(step=step, session_log=SessionLog(status=SessionLog.START))
+
+    def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
+        Summary: Any = self._protos[1].Summary
         values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
-        self._writer.add_event(
-            Event(wall_time=time.time(), step=step, summary=Summary(value=values))
-        )
+        self._add(step=step, summary=Summary(value=values))
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def hparams_summaries(settings: dict[str, Any]) -> list[Any]:

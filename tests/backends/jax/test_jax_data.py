@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from baton.backends.jax import BatchStream, DataExhausted
+from baton.backends.jax import BatchStream, DataExhausted, DataUnavailable
 
 
 def numbers(n: int) -> list[dict[str, np.ndarray]]:
@@ -61,7 +61,7 @@ def test_end_of_data_and_bad_sources():
         stop.next()
     one_shot = BatchStream(iter(numbers(2)))
     drawn(one_shot, 2)
-    with pytest.raises(DataExhausted, match="one-shot iterator"):
+    with pytest.raises(DataUnavailable, match="one-shot iterator"):
         one_shot.next()
     with pytest.raises(ValueError, match="one-shot iterator; pass a factory"):
         BatchStream(iter(numbers(2))).load_state_dict({"epoch": 0, "consumed": 1})

@@ -5,11 +5,14 @@ on 127.0.0.1)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+
+from support.processes import free_port, run_together
+
+__all__ = ["free_port", "torchrun", "torchrun_nodes"]
 
 _ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
 
@@ -24,12 +27,6 @@ def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 600) -> 
         capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun_nodes(
@@ -49,20 +46,4 @@ def torchrun_nodes(
             *(str(script), *args),
         ]
 
-    agents = [
-        subprocess.Popen(
-            command(node), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        for node in range(nnodes)
-    ]
-    outputs = []
-    try:
-        for agent in agents:
-            outputs.append(agent.communicate(timeout=timeout)[0])
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    failed = [i for i, agent in enumerate(agents) if agent.returncode != 0]
-    assert not failed, "\n".join(f"node {i}:\n{outputs[i][-4000:]}" for i in failed)
+    run_together([command(node) for node in range(nnodes)], [env] * nnodes, timeout)

@@ -6,54 +6,22 @@ uninterrupted run's losses bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from backends.jax.test_jax_resume import ARGS, RECIPE, SAVE_AT, STEPS, WORKER
 
+from support.processes import baton_rank_envs, run_together
+
 #: no evaluation: each process compiles only the train step
 MP_ARGS = [a for a in ARGS if not a.startswith("--eval-every")] + ["--eval-every=0"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch_two(out: Path, *args: str) -> list[dict]:
     """The recipe as rank 0 and rank 1 of one job; both reports (fails with their output)."""
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {
-            **os.environ,
-            "JAX_PLATFORMS": "cpu",
-            "OMP_NUM_THREADS": "1",
-            "BATON_RANK": str(rank),
-            "BATON_WORLD_SIZE": "2",
-            "BATON_MASTER_ADDR": "127.0.0.1",
-            "BATON_MASTER_PORT": str(port),
-        }
-        cmd = [sys.executable, str(WORKER), str(out), str(RECIPE), *MP_ARGS, *args]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=300)[0].decode(errors="replace"))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, text in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, text[-6000:]
+    cmd = [sys.executable, str(WORKER), str(out), str(RECIPE), *MP_ARGS, *args]
+    run_together([cmd, cmd], baton_rank_envs(2), timeout=300)
     return [json.loads(Path(str(out).replace("{rank}", str(r))).read_text()) for r in (0, 1)]
 
 

@@ -6,14 +6,13 @@ processes that logs the uninterrupted run's losses bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.processes import baton_rank_envs, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -23,42 +22,11 @@ ARGS = ["--max-steps=6", "--log-every=1", "--eval-every=0", "--no-progress", "--
 SAVE_AT = 3
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch_two(out: Path, *args: str) -> list[dict[str, Any]]:
     """The recipe as rank 0 and rank 1 of one job; both reports (fails with their output)."""
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
-            "JAX_PLATFORMS": "cpu",
-            "OMP_NUM_THREADS": "1",
-            "BATON_RANK": str(rank),
-            "BATON_WORLD_SIZE": "2",
-            "BATON_MASTER_ADDR": "127.0.0.1",
-            "BATON_MASTER_PORT": str(port),
-        }
-        command = [sys.executable, str(HERE / "run_recipe.py"), str(out), str(RECIPE), *ARGS]
-        procs.append(
-            subprocess.Popen(
-                [*command, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=600)[0].decode(errors="replace"))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, text in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, text[-6000:]
+    command = [sys.executable, str(HERE / "run_recipe.py"), str(out), str(RECIPE), *ARGS, *args]
+    envs = [{k: v for k, v in env.items() if k != "XLA_FLAGS"} for env in baton_rank_envs(2)]
+    run_together([command, command], envs, timeout=600)
     return [json.loads(Path(str(out).replace("{rank}", str(r))).read_text()) for r in (0, 1)]
 
 

@@ -233,3 +233,11 @@ def test_set_overrides_maxtext_settings_by_name() -> None:
     assert config.data_seed == 7
     with pytest.raises(OverrideError, match="did you mean base_emb_dim"):
         apply_overrides(config, ["base_emb_dims=64"])
+
+
+def test_config_never_changes_the_dict_it_was_given() -> None:
+    given = dict(TINY_CPU)
+    config = MaxTextConfig(given)
+    config.update({"dataset_type": "grain"})
+    config["steps"] = 3
+    assert given == TINY_CPU and "dataset_type" not in given

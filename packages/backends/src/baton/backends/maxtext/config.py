@@ -110,6 +110,11 @@ class MaxTextConfig:
     eval_batches: int = 4
     host_devices: int | None = None
 
+    def __post_init__(self) -> None:
+        # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is
+        # never changed by later updates
+        self.overrides = dict(self.overrides)
+
     # dict-style access to the overrides, for on_configure callbacks
     def __getitem__(self, key: str) -> Any:
         return self.overrides[key]

@@ -122,8 +122,10 @@ def test_slurm_time_limit_saves_requeues_and_resumes(cluster, reference, tmp_pat
     """The job starts with a long limit; once it trains, its limit is cut to one minute
     (as an admin or a shorter QOS would): SLURM signals USR1 60 s before the end, the
     run saves and requeues itself, and the requeued job resumes and finishes."""
+    # 20 steps of 3 s: SLURM checks time limits every 30 s, so the signal after the cut
+    # at step 3 arrives well before the run could end on its own
     job = _submit(cluster, tmp_path, "--time", "00:10:00", "--signal-lead", "60",
-                  "--slow-ms", "1500")  # fmt: skip
+                  "--slow-ms", "3000")  # fmt: skip
     deadline = time.monotonic() + 180
     while "STEP 3 " not in _output(tmp_path, job):
         assert time.monotonic() < deadline, _output(tmp_path, job)[-3000:]

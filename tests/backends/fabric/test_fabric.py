@@ -12,17 +12,9 @@ import torch
 from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, CheckpointError, Driver
 from baton.core.recipe import build_driver
+from support.recording import Losses
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-class Losses(Callback):
-    def __init__(self) -> None:
-        self.values: dict[int, float] = {}
-
-    def on_log(self, driver, metrics):
-        if "loss" in metrics:
-            self.values[driver.step] = metrics["loss"]
 
 
 class SaveAt(Callback):

@@ -13,20 +13,12 @@ from baton.backends.fabric.text import Blended, TokenWindows
 from baton.backends.textdata import DataError, train_tokenizer
 from baton.core import Callback
 from baton.core.recipe import build_driver
+from support.recording import Losses
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "recipes" / "quickstart.py"
 TINY = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--seq-len", "32"]
 TINY += ["--batch-size", "4", "--log-every", "1", "--eval-every", "8", "--no-progress"]
-
-
-class Losses(Callback):
-    def __init__(self) -> None:
-        self.values: dict[int, float] = {}
-
-    def on_log(self, driver, metrics):
-        if "loss" in metrics:
-            self.values[driver.step] = metrics["loss"]
 
 
 class StopAt(Callback):

@@ -19,7 +19,10 @@ only if this backend created it.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
+import time
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -67,6 +70,69 @@ def barrier() -> None:
     """Wait for every rank (no-op without a group or with one rank)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+#: set by torchrun's agent when its workers share the agent's TCP store
+AGENT_STORE_FLAG = "TORCHELASTIC_USE_AGENT_STORE"
+#: the key in the agent's store under which rank 0 publishes its attempt's store
+ATTEMPT_STORE_KEY = "baton/attempt_store"
+#: how long a rank tries one published endpoint before reading the key again
+ATTEMPT_CONNECT_S = 3.0
+
+
+def attempt_store(launch: Launch, env: Mapping[str, str], wait: timedelta) -> dist.Store:
+    """A TCP store of this attempt's own, for a job under torchrun's shared agent store.
+
+    torchrun's agent keeps one TCP store for the whole job and its workers' ``env://``
+    groups write their addresses into it without a per-attempt namespace; after an
+    elastic restart a fast rank can read a dead rank's address from the previous attempt
+    and the new group fails to connect or hangs. (The restart count is no namespace:
+    each node's agent counts its own restarts.) So rank 0 starts a fresh store on a free
+    port, tagged with a random token, and publishes ``host:port:token`` in the agent's
+    store; every other rank reads it, connects, and checks the token, reading again
+    while what it found is a previous attempt's (its store is gone with its rank 0, or
+    the port now serves another token).
+    """
+    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    agent = dist.TCPStore(host, port, is_master=False, timeout=wait)
+    if launch.rank == 0:
+        token = uuid.uuid4().hex
+        store = dist.TCPStore(
+            host, 0, launch.world_size, is_master=True, timeout=wait, wait_for_workers=False
+        )
+        store.set("baton/token", token)
+        agent.set(ATTEMPT_STORE_KEY, f"{host}:{store.port}:{token}")
+        return store
+    deadline = time.monotonic() + wait.total_seconds()
+    while True:
+        published = agent.get(ATTEMPT_STORE_KEY).decode()  # waits until rank 0 wrote it
+        store_host, store_port, token = published.rsplit(":", 2)
+        if _listening(store_host, int(store_port)):  # else a previous attempt's: gone
+            try:
+                store = dist.TCPStore(
+                    store_host,
+                    int(store_port),
+                    is_master=False,
+                    timeout=timedelta(seconds=ATTEMPT_CONNECT_S),
+                )
+                if store.get("baton/token").decode() == token:
+                    store.set_timeout(wait)
+                    return store
+            except (RuntimeError, ValueError):  # closed while connecting
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no store of this attempt at {published} (torchrun restart)")
+        time.sleep(0.2)
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at ``host:port`` (a plain socket probe:
+    the TCP store's own client would log a C++ stack trace for every refusal)."""
+    try:
+        with socket.create_connection((host, port), timeout=ATTEMPT_CONNECT_S):
+            return True
+    except OSError:
+        return False
 
 
 class TorchDistributed:
@@ -124,9 +190,14 @@ class TorchDistributed:
             init = "env://" if launch.source == "torchrun" else f"tcp://{endpoint}"
             wait = timeout or timedelta(seconds=rendezvous_timeout_s())
             try:
+                if launch.source == "torchrun" and env.get(AGENT_STORE_FLAG) == "True":
+                    store = attempt_store(launch, env, wait)
+                    group_source: dict[str, Any] = {"store": store}
+                else:
+                    group_source = {"init_method": init}
                 dist.init_process_group(
                     backend,
-                    init_method=init,
+                    **group_source,
                     rank=launch.rank,
                     world_size=launch.world_size,
                     timeout=wait,

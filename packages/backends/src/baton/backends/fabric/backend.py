@@ -193,6 +193,9 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
     def setup(self) -> None:
         self.config.check()
         self.fabric = self._make_fabric()
+        if Launch.from_env().source == "torchrun":
+            # baton's group (safe across torchrun's elastic restarts); Fabric then uses it
+            self.init_process_group("nccl" if self.fabric.device.type == "cuda" else "gloo")
         self.fabric.launch()
         self._device = self.fabric.device
         if self.config.seed is not None:
@@ -209,6 +212,10 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         )
         self.stream = self._make_stream(self._training_data())
         self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
+
+    def teardown(self) -> None:
+        """Destroy the process group if this backend created it (under torchrun)."""
+        self.teardown_process_group()
 
     def _schedulers(self) -> list[Any]:
         """The learning-rate schedulers stepped with the optimizer."""

@@ -65,8 +65,6 @@ def torchtitan_backend(quick: bool, scratch: Path) -> Any:
     """
     import copy
 
-    import torch
-
     from baton.backends.torchtitan import TorchTitanBackend
     from baton.backends.torchtitan.configs import llama3_debug
 
@@ -79,9 +77,9 @@ def torchtitan_backend(quick: bool, scratch: Path) -> Any:
     )
     layers = config.model_spec.model.layers
     layers.extend(copy.deepcopy(layers[-1]) for _ in range(4))
-    # pinned-memory staging overlaps the copy with the next step but needs an accelerator
-    # (DCP's DefaultStager copies non-blocking); on CPU, DCP's threaded async save
-    config.checkpoint.async_mode = "async_with_pinned_mem" if torch.cuda.is_available() else "async"
+    # staging on its own thread, overlapped with the next step's forward and backward
+    # (pinned memory where an accelerator exists; the backend drops it on CPU)
+    config.checkpoint.async_mode = "async_with_pinned_mem"
     return TorchTitanBackend(config)
 
 

@@ -150,9 +150,10 @@ def test_resume_in_fresh_process_continues_the_same_losses(first_run, resumed_ru
     losses = {int(k): v for k, v in resumed["losses"].items()}
     expected = {k: v for k, v in first_run["losses"].items() if k > worker.SAVE_AT}
     assert losses == expected
-    # the resumed run saved step 8 asynchronously (checkpoint.async_mode="async"): the
-    # backend handed the driver a pending save, and resuming that checkpoint continues
-    # with the same losses
+    # the resumed run saved step 8 asynchronously (async_mode="async_with_pinned_mem":
+    # staged on a thread while step 9 ran): the backend handed the driver a pending save,
+    # and resuming that checkpoint continues with the same losses (a copy taken after
+    # step 9's optimizer step would not)
     assert resumed["save_handles"] == ["DcpSave"]
     assert resumed["again_resumed_from"].endswith("step_000008")
     again = {int(k): v for k, v in resumed["again_losses"].items()}

@@ -177,9 +177,10 @@ class RecordEval(Callback):
 def async_resume_run(run_dir: Path, data: Path) -> dict[str, Any]:
     """Resume RUN_DIR with async DCP saves and TorchTitan's validator, then resume again.
 
-    The first run resumes the step-5 checkpoint with ``checkpoint.async_mode="async"``;
-    the Checkpoint callback saves step 8 in the background (the driver's PendingSave
-    path) and the validator runs at step 8 through baton's eval hooks. A second run in
+    The first run resumes the step-5 checkpoint with
+    ``checkpoint.async_mode="async_with_pinned_mem"`` (on CPU: staged on a thread while
+    step 9 runs forward and backward, written by DCP's checkpoint process); the
+    Checkpoint callback saves step 8 in the background (the driver's PendingSave path) and the validator runs at step 8 through baton's eval hooks. A second run in
     the same process resumes that asynchronous checkpoint and trains steps 9-10.
     """
     from torchtitan.components.validate import Validator
@@ -188,7 +189,7 @@ def async_resume_run(run_dir: Path, data: Path) -> dict[str, Any]:
     from baton.callbacks import Checkpoint
 
     config = small_config(str(run_dir / "torchtitan"), data=data)
-    config.checkpoint.async_mode = "async"
+    config.checkpoint.async_mode = "async_with_pinned_mem"
     validation = dataloader_config(str(data / "corpus.jsonl"), infinite=False)
     config.validator = Validator.Config(enable=True, steps=2, dataloader=validation)
     evals = RecordEval()

@@ -25,7 +25,9 @@ as lazy values (``capture.StepCapture``); TorchTitan's own metric logging keeps 
 Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
 ``CheckpointManager`` with ``interval=1`` and ``keep_latest_k=0`` (baton keeps the
 history) and points it at baton's directory for each save. ``checkpoint.async_mode``
-(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous. A checkpoint
+(``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous; the second stages
+the copy on a thread while the next step runs forward and backward (on a CPU-only
+machine without pinned memory, see ``_stage_without_accelerator``). A checkpoint
 saved on another layout loads through DCP's resharding (see ``load``).
 
 Weights-only start (fine-tuning): ``config.checkpoint.initial_load_path`` names a baton
@@ -203,8 +205,33 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
                 "pick a model flavor with a larger vocab_size or a smaller tokenizer"
             )
         self._capture = StepCapture(trainer)
+        if cfg.checkpoint.async_mode == "async_with_pinned_mem":
+            self._stage_without_accelerator(trainer.checkpointer)
         if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
+
+    @staticmethod
+    def _stage_without_accelerator(checkpointer: Any) -> None:
+        """``async_with_pinned_mem`` on a machine with no accelerator.
+
+        TorchTitan's stager copies with pinned memory and non-blocking copies, which DCP
+        refuses without an accelerator. Given a stager of the same kind (staging on its
+        own thread, into shared memory for the writer process) minus those two, the copy
+        overlaps the next step's forward and backward exactly as on a GPU: TorchTitan's
+        ``train_step`` waits for it before the optimizer changes the weights.
+        """
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if torch.accelerator.is_available() or getattr(checkpointer, "stager", 0) is not None:
+            return
+        checkpointer.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=False,
+                use_shared_memory=True,
+                use_async_staging=True,
+                use_non_blocking_copy=False,
+            )
+        )
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
@@ -225,9 +252,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             "autograd multithreading",
             lambda: torch.autograd.set_multithreading_enabled(multithreading),
         )
-        self.init_process_group(
-            backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds)
-        )
+        self.init_process_group(backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds))
 
     # -- the step ---------------------------------------------------------------------
     def _counted_batches(self) -> Iterator[Any]:

@@ -59,6 +59,8 @@ METADATA_GLOBALS = (
     "torch.distributed.checkpoint.metadata:ChunkStorageMetadata",
     "torch.distributed.checkpoint.metadata:_MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.filesystem:_StorageInfo",
+    # a plan's file prefix (one string), in the plans Megatron's cached saves record
+    "torch.distributed.checkpoint.filesystem:_StoragePrefix",
     "torch.distributed.checkpoint.planner:SavePlan",
     "torch.distributed.checkpoint.planner:WriteItem",
     "torch.distributed.checkpoint.planner:WriteItemType",

@@ -10,7 +10,10 @@ in Megatron's ``DistributedDataParallel``, builds the optimizer with
 or interleaved) over the micro-batches, ``finalize_model_grads``, ``optimizer.step()``,
 scheduler step. Checkpoints are ``dist_checkpointing`` sharded state dicts (model,
 optimizer; scheduler, data position, layout and RNG alongside), saved asynchronously on
-request and resharded on load to another tensor/pipeline layout where Megatron can.
+request (a forked writer; from a process's second async save on, the save plans of the
+first are reused, checked by Megatron, and the sharding is not validated again, as
+Megatron-LM's ``--ckpt-assume-constant-structure`` does) and resharded on load to
+another tensor/pipeline layout where Megatron can.
 ``megatron.training`` (Megatron-LM's loop) is never imported.
 
 Example::
@@ -111,6 +114,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
         self.source: PreparedSource | None = None
         self._async_queue: Any = None
+        self._async_strategy: Any = None
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -560,11 +564,23 @@ class MegatronBackend(TorchDistributed, BackendBase):
             dist_checkpointing.save(state, str(directory))
             return None
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+        from megatron.core.dist_checkpointing.strategies.torch import (
+            TorchDistSaveShardedStrategy,
+        )
 
-        if self._async_queue is None:
+        first = self._async_queue is None
+        if first:
             self._async_queue = AsyncCallsQueue(persistent=False)
+            # the save plans of this process's first save, reused (checked by Megatron)
+            self._async_strategy = TorchDistSaveShardedStrategy(cached_metadata=True)
         request = dist_checkpointing.save(
-            state, str(directory), async_sharded_save=True, async_strategy="mcore"
+            state,
+            str(directory),
+            sharded_strategy=self._async_strategy,
+            # the layout cannot change within a process: its sharding is checked once
+            validate_access_integrity=first,
+            async_sharded_save=True,
+            async_strategy="mcore",
         )
         self._async_queue.schedule_async_request(request)
         return _AsyncSave(self._async_queue)
@@ -646,7 +662,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
 
         if self._async_queue is not None:
             self._async_queue.close()
-            self._async_queue = None
+            self._async_queue = self._async_strategy = None
         parallel_state.destroy_model_parallel()
         self.chunks, self.train_streams = [], []
         self.optimizer = self.scheduler = self.valid_dataset = None

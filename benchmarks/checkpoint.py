@@ -1,21 +1,24 @@
 """Checkpoint blocking: how long a save stops the step loop, synchronous vs async.
 
 For each backend, a model whose checkpoint (weights + optimizer state) is at least
-100 MB trains a few steps; at one step a callback requests a save. The loop is
-blocked for the gap between that step's ``on_step_end`` and the next step's
-``on_step_start``, less the gap of an ordinary step. Every step's device work is
-waited for before its end is stamped (one ``fetch`` of its metrics), so a save never
-absorbs a step still in flight (JAX and CUDA dispatch asynchronously). Synchronous
-and asynchronous saves run interleaved; where the backend does not support async
-save (``supports_async_save``, read after setup, is False) the row says so. Target:
-async blocks for under 10% of the synchronous time. The note also gives how much
-longer the step after the save took than an ordinary step (a backend may finish its
-staging copy there, and the writer competes for the cores).
+100 MB trains a few steps. A first save (``WARMUP_AT``) is waited for and not timed:
+it pays what a run pays once (a writer process started, save plans built and cached,
+sharding validated). The timed save (``SAVE_AT``) is the steady state of a run that
+saves many times. The loop is blocked for the gap between that step's ``on_step_end``
+and the next step's ``on_step_start``, less the gap of an ordinary step. Every step's
+device work is waited for before its end is stamped (one ``fetch`` of its metrics),
+so a save never absorbs a step still in flight (JAX and CUDA dispatch
+asynchronously). Synchronous and asynchronous runs alternate; where the backend does
+not support async save (``supports_async_save``, read after setup, is False) the row
+says so. Target: async blocks for under 10% of the synchronous time. The note also
+gives how much longer the step after the save took than an ordinary step (a backend
+may finish its staging copy there, and the writer competes for the cores).
 
-Adding a backend is one ``Entry`` in ``BACKENDS``: a function ``(quick, scratch) ->
-Backend`` building a backend whose state is >= 100 MB (``scratch`` is a directory for
-its data caches), with its rounds and whether ``--quick`` runs it. Entries whose
-module is missing are reported as skipped; heavy backends are skipped under ``--quick``.
+Adding a backend is one ``Entry`` in ``BACKENDS``: a function ``(quick, scratch,
+asynchronous) -> Backend`` building a backend whose state is >= 100 MB (``scratch`` is
+a directory for its data caches; ``asynchronous`` says which case it is built for),
+with its rounds and whether ``--quick`` runs it. Entries whose module is missing are
+reported as skipped; heavy backends are skipped under ``--quick``.
 
 Run alone: ``uv run python benchmarks/run.py --only checkpoint``.
 """
@@ -35,16 +38,22 @@ from pathlib import Path
 from typing import Any
 
 from baton.core import Callback, Driver
+from baton.core import checkpointing as ckpt
 from benchmarks.harness import Row, at_most, interleave, median, paired_ratio, skipped
 
 NAME = "checkpoint"
 MIN_STATE_MB = 100
 #: async save may block the loop for at most this fraction of the synchronous save
 TARGET = 0.1
-SAVE_AT = 3  # the optimizer state exists after the first step
+#: a first save, waited for and not timed: it pays each backend's one-time costs (a
+#: writer process or thread started, save plans built and cached, sharding validated)
+WARMUP_AT = 2  # the optimizer state exists after the first step
+#: the timed save: the steady state of a run that saves many times
+SAVE_AT = 4
+STEPS = SAVE_AT + 2
 
 
-def fabric_backend(quick: bool, scratch: Path) -> Any:
+def fabric_backend(quick: bool, scratch: Path, asynchronous: bool) -> Any:
     """A GPT whose weights + AdamW state are ~150 MB (quick: ~2 MB)."""
     from baton.backends.fabric.gpt import GPTConfig, GPTTraining
 
@@ -56,7 +65,7 @@ def fabric_backend(quick: bool, scratch: Path) -> Any:
     return GPTTraining(model=model, batch_size=2, warmup_steps=1).backend()
 
 
-def torchtitan_backend(quick: bool, scratch: Path) -> Any:
+def torchtitan_backend(quick: bool, scratch: Path, asynchronous: bool) -> Any:
     """TorchTitan's llama3 debug model grown from 6 to 10 layers: ~115 MB with AdamW state.
 
     The debug model alone saves ~72 MB; four more copies of its block (dim 256) pass
@@ -69,7 +78,7 @@ def torchtitan_backend(quick: bool, scratch: Path) -> Any:
     from baton.backends.torchtitan.configs import llama3_debug
 
     config = llama3_debug(
-        steps=SAVE_AT + 2,
+        steps=STEPS,
         seq_len=32,
         local_batch_size=2,
         dump_folder=str(scratch / "torchtitan"),
@@ -77,36 +86,49 @@ def torchtitan_backend(quick: bool, scratch: Path) -> Any:
     )
     layers = config.model_spec.model.layers
     layers.extend(copy.deepcopy(layers[-1]) for _ in range(4))
-    # staging on its own thread, overlapped with the next step's forward and backward
-    # (pinned memory where an accelerator exists; the backend drops it on CPU)
-    config.checkpoint.async_mode = "async_with_pinned_mem"
+    # async: staging on its own thread, overlapped with the next step's forward and
+    # backward (pinned memory where an accelerator exists; the backend drops it on CPU);
+    # sync: TorchTitan's synchronous DCP save, not an async one waited for
+    config.checkpoint.async_mode = "async_with_pinned_mem" if asynchronous else "disabled"
     return TorchTitanBackend(config)
 
 
-def megatron_backend(quick: bool, scratch: Path) -> Any:
+def megatron_backend(
+    quick: bool, scratch: Path, asynchronous: bool, layers: int = 3, hidden: int = 512
+) -> Any:
     """A Megatron-Core GPT, 3 layers of hidden 512: ~115 MB with Adam state.
 
     ``dist_checkpointing`` saves; asynchronous ones go through its ``AsyncCallsQueue``
-    (a writer process), synchronous ones write in the loop.
+    (a forked writer process), synchronous ones write in the loop.
     """
     from baton.backends.megatron import MegatronBackend, MegatronConfig
     from baton.backends.megatron.config import tiny_transformer_config
 
     config = MegatronConfig(
         model=tiny_transformer_config(
-            num_layers=3, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048
+            num_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=8,
+            ffn_hidden_size=4 * hidden,
         ),
         seq_len=32,
         micro_batch_size=2,
         global_batch_size=2,
         warmup_steps=1,
-        decay_steps=SAVE_AT + 2,
+        decay_steps=STEPS,
     )
     config.data.cache_dir = str(scratch / "megatron-data")
     return MegatronBackend(config)
 
 
-def maxtext_backend(quick: bool, scratch: Path) -> Any:
+def megatron_large_backend(quick: bool, scratch: Path, asynchronous: bool) -> Any:
+    """The same GPT at 6 layers of hidden 1024: ~0.9 GB with Adam state. Megatron's
+    async save has a per-save cost that does not grow with the state (the fork, the
+    sharded state dict); this row shows the ratio at a larger state per rank."""
+    return megatron_backend(quick, scratch, asynchronous, layers=6, hidden=1024)
+
+
+def maxtext_backend(quick: bool, scratch: Path, asynchronous: bool) -> Any:
     """A MaxText decoder, 4 layers of width 512: ~120 MB with AdamW state (orbax saves).
 
     The JAX compilation cache is shared across the benchmark's runs (one compile).
@@ -116,7 +138,7 @@ def maxtext_backend(quick: bool, scratch: Path) -> Any:
     d_model, heads = 512, 8
     settings = TINY_CPU | {
         "run_name": "bench_checkpoint",
-        "steps": SAVE_AT + 2,
+        "steps": STEPS,
         "per_device_batch_size": 2,
         "max_target_length": 32,
         "base_num_decoder_layers": 4,
@@ -135,7 +157,8 @@ class Entry:
     """One backend: the module that must exist and a factory of a >= 100 MB state."""
 
     module: str
-    make: Callable[[bool, Path], Any]  # (quick, scratch dir) -> a fresh backend
+    #: (quick, scratch dir, asynchronous) -> a fresh backend
+    make: Callable[[bool, Path, bool], Any]
     rounds: int = 3  # timed rounds of (sync, async), after one warm-up round
     warmup: int = 1
     #: run under ``--quick``? (a heavy backend's import and build take minutes)
@@ -148,6 +171,9 @@ BACKENDS: dict[str, Entry] = {
         "baton.backends.torchtitan.backend", torchtitan_backend, rounds=2, warmup=0
     ),
     "megatron": Entry("baton.backends.megatron.backend", megatron_backend, rounds=2, warmup=0),
+    "megatron 0.9 GB": Entry(
+        "baton.backends.megatron.backend", megatron_large_backend, rounds=2, warmup=0
+    ),
     "maxtext": Entry("baton.backends.maxtext.backend", maxtext_backend, rounds=2, warmup=0),
 }
 
@@ -159,7 +185,8 @@ def _synchronize_cuda() -> None:
 
 
 class _SaveAndTime(Callback):
-    """Requests a save at ``SAVE_AT`` and records step boundaries and save completion."""
+    """Requests the warm-up save and the timed one; records step boundaries and when
+    the timed save completed."""
 
     def __init__(self) -> None:
         self.step_end: dict[int, float] = {}
@@ -168,6 +195,8 @@ class _SaveAndTime(Callback):
         self.async_supported = False
 
     def on_step_start(self, driver: Any) -> None:
+        if driver.step == WARMUP_AT:
+            driver.wait_for_saves()  # the warm-up save is complete before timing goes on
         self.step_start[driver.step + 1] = time.perf_counter()
 
     def on_step_end(self, driver: Any, output: Any) -> None:
@@ -176,12 +205,13 @@ class _SaveAndTime(Callback):
         # that an ordinary step overlaps with the next one.
         driver.backend.fetch(output.lazy_values())
         _synchronize_cuda()
-        if driver.step == SAVE_AT:
+        if driver.step in (WARMUP_AT, SAVE_AT):
             driver.control.request_save("benchmark", all_ranks=True)
         self.step_end[driver.step] = time.perf_counter()
 
     def on_checkpoint_saved(self, driver: Any, path: Path) -> None:
-        self.saved_at = time.perf_counter()
+        if path.name == ckpt.checkpoint_name(SAVE_AT):
+            self.saved_at = time.perf_counter()
         # read on the set-up backend: support can depend on what setup built
         self.async_supported = bool(getattr(driver.backend, "supports_async_save", False))
 
@@ -193,19 +223,20 @@ class _SaveAndTime(Callback):
         return self.step_end[step] - self.step_start[step]
 
 
-def save_once(make: Callable[[], Any], run_dir: Path, asynchronous: bool) -> dict[str, float]:
-    """Train SAVE_AT + 2 steps with a save at SAVE_AT; return blocked and total save time."""
+def save_once(make: Callable[[bool], Any], run_dir: Path, asynchronous: bool) -> dict[str, float]:
+    """Train STEPS steps, saving at WARMUP_AT (untimed) and SAVE_AT; return the time the
+    SAVE_AT save blocked the loop, when it completed, and the next step's extra time."""
     shutil.rmtree(run_dir, ignore_errors=True)
     timer = _SaveAndTime()
-    driver = Driver(make(), [timer], max_steps=SAVE_AT + 2, log_every=1000, run_dir=run_dir)
+    driver = Driver(make(asynchronous), [timer], max_steps=STEPS, log_every=1000, run_dir=run_dir)
     driver.async_save = asynchronous
     driver.fit()
     if timer.saved_at is None:
         raise RuntimeError("the checkpoint was never reported saved")
-    ordinary = median([timer.gap(s) for s in range(1, SAVE_AT + 2) if s != SAVE_AT])
-    # steps 2 .. SAVE_AT (the first pays one-time costs) against the step after the save
-    ordinary_step = median([timer.duration(s) for s in range(2, SAVE_AT + 1)])
-    (checkpoint,) = driver.saved
+    ordinary = median([timer.gap(s) for s in range(1, STEPS) if s not in (WARMUP_AT, SAVE_AT)])
+    # steps before the timed save, none right after a save, against the step after it
+    ordinary_step = median([timer.duration(s) for s in range(2, SAVE_AT + 1) if s != WARMUP_AT + 1])
+    checkpoint = driver.saved[-1]
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     return {
         "blocked": max(timer.gap(SAVE_AT) - ordinary, 1e-6),
@@ -219,8 +250,8 @@ def save_once(make: Callable[[], Any], run_dir: Path, asynchronous: bool) -> dic
 def measure(name: str, entry: Entry, quick: bool, scratch: Path) -> list[Row]:
     """Interleaved sync and async runs of one backend: its two rows."""
 
-    def make() -> Any:
-        return entry.make(quick, scratch)
+    def make(asynchronous: bool) -> Any:
+        return entry.make(quick, scratch, asynchronous)
 
     probe = save_once(make, scratch / f"{name}-probe", asynchronous=True)
     supports_async = bool(probe["async_supported"])

@@ -101,6 +101,28 @@ def test_async_save_matches_sync_and_overlaps(tmp_path: Path) -> None:
         assert_bitwise_equal(a, b, name)
 
 
+def test_wait_for_saves_completes_an_async_save_in_flight(tmp_path: Path) -> None:
+    """``Driver.wait_for_saves`` returns once the asynchronous save is final: renamed,
+    ``latest`` updated and ``on_checkpoint_saved`` called."""
+    seen: dict[str, object] = {}
+
+    class SaveThenWait(Callback):
+        def on_step_end(self, driver, output) -> None:
+            if driver.step == 3:
+                driver.save_checkpoint("test")
+                seen["in flight"] = not driver.saved
+                driver.wait_for_saves()
+                seen["saved"] = [p.name for p in driver.saved]
+                seen["latest"] = ckpt.latest(driver.checkpoint_dir)
+
+    driver = tiny_driver(tmp_path, [SaveThenWait()], max_steps=4)
+    driver.async_save = True
+    driver.fit()
+    final = tmp_path / "checkpoints" / "step_000003"
+    assert seen == {"in flight": True, "saved": ["step_000003"], "latest": final.resolve()}
+    ckpt.read_meta(final)  # complete: its manifest matches
+
+
 def test_resume_with_a_different_model_fails_clearly(tmp_path: Path) -> None:
     tiny_driver(tmp_path, [Checkpoint(every_n_steps=5)], max_steps=5).fit()
     driver = tiny_driver(tmp_path, [Checkpoint()], max_steps=10, resume="auto")

@@ -451,6 +451,11 @@ class Driver:
         """Write a checkpoint of the current step now (``control.request_save`` defers it)."""
         self._save(reason)
 
+    def wait_for_saves(self) -> None:
+        """Block until every checkpoint still being written is complete (renamed,
+        ``latest`` updated, ``on_checkpoint_saved`` called). Call it on every rank."""
+        self._poll_pending(block=True)
+
     def _save(self, reason: str) -> None:
         name = ckpt.checkpoint_name(self.step)
         if any(p.final.name == name for p in self._pending) or (

@@ -122,7 +122,9 @@ def test_checkpoint_hooks_are_called(tmp_path):
         loaded: dict | None = None
 
         def on_save_checkpoint(self, checkpoint):
-            checkpoint["note"] = {"weights_sum": float(sum(p.sum() for p in self.parameters()))}
+            checkpoint["note"] = {
+                "weights_sum": float(sum(p.detach().sum() for p in self.parameters()))
+            }
 
         def on_load_checkpoint(self, checkpoint):
             WithHooks.loaded = checkpoint["note"]

@@ -188,6 +188,8 @@ QUIET_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     ("The pynvml package is deprecated", FutureWarning),
     # Lightning notices `srun` on a SLURM login node; baton reads the launch itself
     ("The `srun` command is available on your system but is not used", UserWarning),
+    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated
+    ("'set_vital' is deprecated", UserWarning),
 )
 
 

@@ -55,11 +55,12 @@ def test_restarted_ranks_meet_in_their_own_attempts_store() -> None:
     with socket.socket() as sock:  # the previous attempt's store: its port now closed
         sock.bind(("127.0.0.1", 0))
         gone = sock.getsockname()[1]
-    agent.set(ATTEMPT_STORE_KEY, f"127.0.0.1:{gone}:old-token")
+    key = f"{ATTEMPT_STORE_KEY}/0"  # this process's first group (both ranks are threads)
+    agent.set(key, f"127.0.0.1:{gone}:old-token")
     found: dict[str, object] = {}
 
     def rank_1() -> None:
-        store = attempt_store(Launch(rank=1, world_size=2, source="torchrun"), env, wait)
+        store = attempt_store(Launch(rank=1, world_size=2, source="torchrun"), env, wait, 0)
         found["value"] = store.get("from rank 0")
 
     joiner = threading.Thread(target=rank_1)
@@ -67,9 +68,9 @@ def test_restarted_ranks_meet_in_their_own_attempts_store() -> None:
     time.sleep(1.0)  # rank 1 is reading the stale endpoint
     alive = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     alive.set("baton/token", "another-token")  # a live store of another attempt
-    agent.set(ATTEMPT_STORE_KEY, f"127.0.0.1:{alive.port}:another-token-not-this")
+    agent.set(key, f"127.0.0.1:{alive.port}:another-token-not-this")
     time.sleep(1.0)
-    store = attempt_store(Launch(rank=0, world_size=2, source="torchrun"), env, wait)
+    store = attempt_store(Launch(rank=0, world_size=2, source="torchrun"), env, wait, 0)
     store.set("from rank 0", "hello")
     joiner.join(timeout=60)
     assert found.get("value") == b"hello"

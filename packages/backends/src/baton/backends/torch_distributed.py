@@ -18,6 +18,7 @@ only if this backend created it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import tempfile
@@ -74,13 +75,19 @@ def barrier() -> None:
 
 #: set by torchrun's agent when its workers share the agent's TCP store
 AGENT_STORE_FLAG = "TORCHELASTIC_USE_AGENT_STORE"
-#: the key in the agent's store under which rank 0 publishes its attempt's store
+#: the key in the agent's store under which rank 0 publishes its attempt's store (one
+#: key per group a process creates: ``attempt_store_key(n)``)
 ATTEMPT_STORE_KEY = "baton/attempt_store"
+#: how many groups this process has joined through ``attempt_store`` (every rank creates
+#: its groups in the same order, so the n-th group of each rank is the same group)
+_groups_joined = itertools.count()
 #: how long a rank tries one published endpoint before reading the key again
 ATTEMPT_CONNECT_S = 3.0
 
 
-def attempt_store(launch: Launch, env: Mapping[str, str], wait: timedelta) -> dist.Store:
+def attempt_store(
+    launch: Launch, env: Mapping[str, str], wait: timedelta, group: int | None = None
+) -> dist.Store:
     """A TCP store of this attempt's own, for a job under torchrun's shared agent store.
 
     torchrun's agent keeps one TCP store for the whole job and its workers' ``env://``
@@ -91,21 +98,24 @@ def attempt_store(launch: Launch, env: Mapping[str, str], wait: timedelta) -> di
     port, tagged with a random token, and publishes ``host:port:token`` in the agent's
     store; every other rank reads it, connects, and checks the token, reading again
     while what it found is a previous attempt's (its store is gone with its rank 0, or
-    the port now serves another token).
+    the port now serves another token). A process that creates several groups in turn
+    (one run after another) publishes each under a key of its own (``group``: which of
+    this process's groups, counted by default).
     """
     host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     agent = dist.TCPStore(host, port, is_master=False, timeout=wait)
+    key = f"{ATTEMPT_STORE_KEY}/{next(_groups_joined) if group is None else group}"
     if launch.rank == 0:
         token = uuid.uuid4().hex
         store = dist.TCPStore(
             host, 0, launch.world_size, is_master=True, timeout=wait, wait_for_workers=False
         )
         store.set("baton/token", token)
-        agent.set(ATTEMPT_STORE_KEY, f"{host}:{store.port}:{token}")
+        agent.set(key, f"{host}:{store.port}:{token}")
         return store
     deadline = time.monotonic() + wait.total_seconds()
     while True:
-        published = agent.get(ATTEMPT_STORE_KEY).decode()  # waits until rank 0 wrote it
+        published = agent.get(key).decode()  # waits until rank 0 wrote it
         store_host, store_port, token = published.rsplit(":", 2)
         if _listening(store_host, int(store_port)):  # else a previous attempt's: gone
             try:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from baton.core import checkpointing as ckpt
+from support.processes import run_job
 from support.slurm import SlurmCluster, slurm_available
 from support.states import assert_bitwise_equal, load_state
 from support.torchrun import torchrun_nodes
@@ -38,7 +39,7 @@ def _torchrun(run_dir: Path, *args: str, restarts: int = 0) -> subprocess.Comple
         "--max-restarts", str(restarts), "-m", "baton.core.cli", "run", str(RECIPE),
         "--run-dir", str(run_dir), "--max-steps", str(STEPS), *args,
     ]  # fmt: skip
-    return subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    return run_job(command, _env(), timeout=600)
 
 
 def _final_state(run_dir: Path) -> dict:

@@ -5,12 +5,11 @@ on 127.0.0.1)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-from support.processes import free_port, run_together
+from support.processes import free_port, run_job, run_together
 
 __all__ = ["free_port", "torchrun", "torchrun_nodes"]
 
@@ -21,10 +20,10 @@ def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 600) -> 
     """Run ``script args`` under ``torchrun --standalone`` (a free rendezvous port), one
     thread per rank; fail with the tail of its output when it does not exit 0."""
     env = {**os.environ, **_ENV}
-    done = subprocess.run(
+    done = run_job(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc-per-node", str(nproc), str(script), *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        env, timeout,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 

@@ -28,6 +28,7 @@ for the batch (``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, els
 
 from __future__ import annotations
 
+import atexit
 import copy
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +52,14 @@ ModelFactory = Callable[[], nn.Module]
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 StepFn = Callable[[nn.Module, Any], Any]
+
+
+def _destroy_process_group() -> None:
+    """Destroy the default process group if it still exists (at interpreter exit)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclass
@@ -194,8 +203,13 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self.config.check()
         self.fabric = self._make_fabric()
         if Launch.from_env().source == "torchrun":
-            # baton's group (safe across torchrun's elastic restarts); Fabric then uses it
-            self.init_process_group("nccl" if self.fabric.device.type == "cuda" else "gloo")
+            # baton's group (safe across torchrun's elastic restarts); Fabric then uses it.
+            # Like Fabric's own, it outlives the run (collectives after fit, a next run in
+            # the same process); an NCCL group is destroyed at exit, as Fabric does.
+            backend = "nccl" if self.fabric.device.type == "cuda" else "gloo"
+            self.init_process_group(backend)
+            if backend == "nccl":
+                atexit.register(_destroy_process_group)
         self.fabric.launch()
         self._device = self.fabric.device
         if self.config.seed is not None:
@@ -212,10 +226,6 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         )
         self.stream = self._make_stream(self._training_data())
         self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
-
-    def teardown(self) -> None:
-        """Destroy the process group if this backend created it (under torchrun)."""
-        self.teardown_process_group()
 
     def _schedulers(self) -> list[Any]:
         """The learning-rate schedulers stepped with the optimizer."""

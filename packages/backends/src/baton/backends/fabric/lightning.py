@@ -325,11 +325,11 @@ class LightningBackend(FabricBackend):
         self.module.on_load_checkpoint(checkpoint)
 
     def teardown(self) -> None:
-        if self.fabric is not None:
-            if self.datamodule is not None:
-                self.datamodule.teardown("fit")
-            self.module.teardown("fit")
-        super().teardown()
+        if self.fabric is None:
+            return
+        if self.datamodule is not None:
+            self.datamodule.teardown("fit")
+        self.module.teardown("fit")
 
 
 def _overrides(module: Any, name: str) -> bool:

@@ -171,6 +171,21 @@ class PackedTextDataset(IterableDataset, Stateful):
         self.window = int(state_dict["window"])
 
 
+def loader_options(
+    config: Any, local_batch_size: int, snapshot_every_n_steps: int | None
+) -> dict[str, Any]:
+    """``ParallelAwareDataloader``'s settings from a loader ``Config`` (the part every
+    baton loader passes on unchanged)."""
+    return {
+        "batch_size": local_batch_size,
+        "num_workers": config.num_workers,
+        "persistent_workers": config.persistent_workers,
+        "pin_memory": config.pin_memory,
+        "prefetch_factor": config.prefetch_factor,
+        "snapshot_every_n_steps": snapshot_every_n_steps,
+    }
+
+
 class LocalTextDataLoader(ParallelAwareDataloader):
     """TorchTitan data loader over a local text corpus (``PackedTextDataset``)."""
 
@@ -209,12 +224,7 @@ class LocalTextDataLoader(ParallelAwareDataloader):
             dataset,
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
-            batch_size=local_batch_size,
-            num_workers=config.num_workers,
-            persistent_workers=config.persistent_workers,
-            pin_memory=config.pin_memory,
-            prefetch_factor=config.prefetch_factor,
-            snapshot_every_n_steps=snapshot_every_n_steps,
+            **loader_options(config, local_batch_size, snapshot_every_n_steps),
         )
 
 
@@ -267,8 +277,10 @@ def dataloader_config(
     (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
     for plain text (or the Python language reference when ``data_path`` is ``None``)."""
     suffix = "" if data_path is None else Path(data_path).suffix.lower()
-    if data_path is not None and suffix not in (".jsonl", ".parquet") and (
-        Path(split_prefix(data_path) + ".idx").is_file()
+    if (
+        data_path is not None
+        and suffix not in (".jsonl", ".parquet")
+        and (Path(split_prefix(data_path) + ".idx").is_file())
     ):
         from baton.backends.torchtitan.prepared import PreparedDataLoader
 

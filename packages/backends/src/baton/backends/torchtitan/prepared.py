@@ -30,6 +30,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.textdata import PreparedDataset, load_tokenizer
+from baton.backends.torchtitan.data import loader_options
 
 
 def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
@@ -145,10 +146,5 @@ class PreparedDataLoader(ParallelAwareDataloader):
             dataset,
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
-            batch_size=local_batch_size,
-            num_workers=config.num_workers,
-            persistent_workers=config.persistent_workers,
-            pin_memory=config.pin_memory,
-            prefetch_factor=config.prefetch_factor,
-            snapshot_every_n_steps=snapshot_every_n_steps,
+            **loader_options(config, local_batch_size, snapshot_every_n_steps),
         )

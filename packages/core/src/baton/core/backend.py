@@ -37,6 +37,7 @@ value, new value)); the driver refuses a change that nobody applies::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -52,6 +53,23 @@ ABILITY_HINTS: dict[str, str] = {
     "async_save": "supports_async_save = True and save(asynchronous=True) returning a handle",
     "multi_rank": "barrier() and all_reduce_flags() that span every rank",
 }
+
+
+@functools.cache
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (``None`` if absent), read once per
+    process: every checkpoint records versions, and reading package metadata takes
+    milliseconds the training loop would wait for.
+
+    >>> installed_version("baton-core") is not None
+    True
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 class DataExhausted(Exception):
@@ -230,12 +248,7 @@ class BackendBase:
     def version(self) -> str:
         if self.distribution is None:
             return "0"
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return version(self.distribution)
-        except PackageNotFoundError:
-            return "0"
+        return installed_version(self.distribution) or "0"
 
     @property
     def rank(self) -> int:

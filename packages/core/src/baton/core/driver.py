@@ -27,7 +27,6 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from baton.core.backend import (
     Evaluates,
     PendingSave,
     check_abilities,
+    installed_version,
 )
 from baton.core.callback import Callback
 from baton.core.control import Control
@@ -988,10 +988,8 @@ def _git_state() -> dict[str, Any] | None:
 def _versions(backend: Backend) -> dict[str, str]:
     found = {"python": platform.python_version(), backend.name: backend.version}
     for dist in ("baton-core", "baton-callbacks", "baton-backends", "torch", "jax", "lightning"):
-        try:
-            found[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
+        if (installed := installed_version(dist)) is not None:
+            found[dist] = installed
     return found
 
 

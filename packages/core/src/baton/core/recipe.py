@@ -236,7 +236,11 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
     if options.print_config:
         resolved = {
             **kwargs,
-            **{k: v for k, v in dataclasses.asdict(options).items() if k not in ("config", "print_config", "set")},
+            **{
+                k: v
+                for k, v in dataclasses.asdict(options).items()
+                if k not in ("config", "print_config", "set")
+            },
         }
         if options.set:
             resolved["set"] = list(options.set)

@@ -218,20 +218,14 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         refuses without an accelerator. Given a stager of the same kind (staging on its
         own thread, into shared memory for the writer process) minus those two, the copy
         overlaps the next step's forward and backward exactly as on a GPU: TorchTitan's
-        ``train_step`` waits for it before the optimizer changes the weights.
+        ``train_step`` waits for it before the optimizer changes the weights. Its copies
+        release the interpreter lock (``cpu_staging``), so the loop is not held up.
         """
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from baton.backends.cpu_staging import cpu_stager
 
         if torch.accelerator.is_available() or getattr(checkpointer, "stager", 0) is not None:
             return
-        checkpointer.stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=False,
-                use_shared_memory=True,
-                use_async_staging=True,
-                use_non_blocking_copy=False,
-            )
-        )
+        checkpointer.stager = cpu_stager(shared_memory=True)
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);

@@ -81,8 +81,23 @@ def native_run(
 
     driver = build_driver(RECIPE, _argv(prepared, run_dir, f"--save-every={SAVE_AT}"))
     driver.callbacks.append(Record())
+    handles: list[str] = []
+    save = driver.backend.save
+
+    def recorded(directory: Path, **kwargs: Any) -> Any:
+        handle = save(directory, **kwargs)
+        handles.append(type(handle).__name__)
+        return handle
+
+    driver.backend.save = recorded
     result = driver.fit()
-    return {"driver": driver, "result": result, "losses": losses, "run_dir": run_dir}
+    return {
+        "driver": driver,
+        "result": result,
+        "losses": losses,
+        "run_dir": run_dir,
+        "save_handles": handles,
+    }
 
 
 def test_grain_mmap_run_trains_on_bpe_tokens(native_run: dict[str, Any]) -> None:
@@ -142,6 +157,9 @@ def test_resume_in_fresh_process_restores_the_grain_iterator(
     resumed = {int(k): v for k, v in json.loads(out.read_text())["losses"].items()}
     assert sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1))
     assert resumed == {s: native_run["losses"][s] for s in resumed}
+    # the step-5 save ran on the writer thread with the Grain iterator's position taken
+    # in the loop (FrozenIteratorState)
+    assert native_run["save_handles"] == ["FuturePendingSave", "FuturePendingSave"]
 
 
 def test_blend_becomes_maxtexts_mmap_mixture(prepared: dict[str, Path], tmp_path: Path) -> None:

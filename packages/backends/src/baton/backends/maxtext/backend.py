@@ -21,7 +21,9 @@ the data position, the data's fingerprint and the layout (mesh, scan_layers, pro
 Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
 orbax reshards a checkpoint saved on another mesh; a layout it cannot map (a different
 ``scan_layers``, a different number of Grain data processes) is refused naming both.
-Saves are asynchronous when the driver asks (``PendingSave`` over the checkpointer).
+Saves are asynchronous when the driver asks: on CPU the whole ``save_checkpoint`` call
+runs on a writer thread and the next step keeps the saved arrays (``background_save``);
+on accelerators orbax's own asynchronous save (``PendingSave`` over the checkpointer).
 
 Step numbers: after baton step ``n`` the optimizer has taken ``n`` updates
 (``state.optimizer.step == n``), while MaxText names the checkpoint written after that
@@ -49,6 +51,12 @@ from typing import Any
 import numpy as np
 
 from baton.backends.jax_distributed import JaxDistributed
+from baton.backends.maxtext.background_save import (
+    BackgroundSaves,
+    FuturePendingSave,
+    frozen_iterator,
+    train_step_keeping_state,
+)
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.native_data import native_data_fingerprint
@@ -191,6 +199,12 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         self._lr_at: Callable[[int], Any] | None = None
         self._graphdef: Any = None
         self._p_train: Any = None
+        #: the train step without donation, for the step after a background save
+        self._p_train_keeping: Any = None
+        self._keep_state_once = False  # the next step must leave self.state valid
+        self._state_shardings: Any = None
+        self._params_shardings: Any = None
+        self._background_saves = BackgroundSaves()
         self._p_eval: Any = None
         self._loader: Any = None
         self._rampup: Any = None
@@ -322,6 +336,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         if cfg.shard_optimizer_over_data:
             state = jax.device_put(state, state_shardings)
         self.state = state
+        self._state_shardings, self._params_shardings = state_shardings, params_shardings
 
         if self.config.byte_stream:
             corpus = TextCorpus.load(self.config.data_path)
@@ -367,8 +382,11 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         cfg = self.hparams
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
         self.consumed += 1
+        train = self._p_train
+        if self._keep_state_once:  # a background save still reads this state's arrays
+            train, self._keep_state_once = self._train_keeping_state(), False
         with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):
-            self.state, metrics = self._p_train(self.state, batch)
+            self.state, metrics = train(self.state, batch)
         scalars = metrics["scalar"]
         values: dict[str, Any] = {
             key.removeprefix("learning/"): value
@@ -454,7 +472,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
 
     def save(
         self, directory: Path, *, asynchronous: bool = False
-    ) -> CheckpointerPendingSave | None:
+    ) -> CheckpointerPendingSave | FuturePendingSave | None:
         """MaxText's ``save_checkpoint`` of the state (and its data iterator) into ``directory``."""
         import jax
         from maxtext.common import checkpointing
@@ -472,6 +490,8 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         }
         if jax.process_index() == 0:
             (directory / META_FILE).write_text(json.dumps(meta, indent=2))
+        if asynchronous and self._saves_in_background():
+            return self._save_in_background(directory / STATE_DIR, name)
         checkpointer = self._checkpointer(directory / STATE_DIR, asynchronous)
         checkpointing.save_checkpoint(
             checkpointer, name, self.state, self.hparams, self.data_iterator, force=True
@@ -480,6 +500,50 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             return CheckpointerPendingSave(checkpointer)
         checkpointer.close()
         return None
+
+    def _saves_in_background(self) -> bool:
+        """Whether an asynchronous save can run whole on the writer thread: on CPU (a
+        second state costs host memory only), with MaxText's step jitted here (not
+        loaded from ``compiled_trainstep_file``) and a data iterator whose position can
+        be taken in the loop."""
+        if self.device_type != "cpu" or self.hparams.compiled_trainstep_file:
+            return False
+        try:
+            frozen_iterator(self.data_iterator, int(self.hparams.expansion_factor_real_data))
+        except NotImplementedError:
+            return False
+        return True
+
+    def _save_in_background(self, root: Path, name: int) -> FuturePendingSave:
+        """MaxText's ``save_checkpoint`` of this step's state on the writer thread; the
+        next train step leaves these arrays valid (it does not donate them)."""
+        from maxtext.common import checkpointing
+
+        state, hparams = self.state, self.hparams
+        iterator = frozen_iterator(self.data_iterator, int(hparams.expansion_factor_real_data))
+        self._keep_state_once = True
+
+        def write() -> None:
+            checkpointer = self._checkpointer(root, asynchronous=False)
+            try:
+                checkpointing.save_checkpoint(
+                    checkpointer, name, state, hparams, iterator, force=True
+                )
+            finally:
+                checkpointer.close()
+
+        return self._background_saves.submit(write)
+
+    def _train_keeping_state(self) -> Any:
+        if self._p_train_keeping is None:
+            self._p_train_keeping = train_step_keeping_state(
+                self.hparams,
+                self._graphdef,
+                self.mesh,
+                self._state_shardings,
+                self._params_shardings,
+            )
+        return self._p_train_keeping
 
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by ``save``: state, data position, onto this layout."""
@@ -615,8 +679,10 @@ class MaxTextBackend(JaxDistributed, BackendBase):
 
     def teardown(self) -> None:
         """Drop the device state and compiled steps (patches restore process settings)."""
+        self._background_saves.close()  # the driver waited for them; the thread stops
         self.state = None
-        self._p_train = self._p_eval = self._loader = None
+        self._p_train = self._p_eval = self._p_train_keeping = self._loader = None
+        self._keep_state_once = False
         if self.data_iterator is not None and hasattr(self.data_iterator, "close"):
             self.data_iterator.close()  # stops Grain's worker processes
         self.data_iterator = None

@@ -475,3 +475,39 @@ def test_package_import_is_cheap_and_patches_are_listed() -> None:
     assert proc.returncode == 0, proc.stderr
     for name in ("megatron_cpu_rng_tracker", "megatron_cpu_device", "megatron_cpu_causal_mask"):
         assert name in proc.stdout
+
+
+def test_thread_writer_writes_the_state_of_the_save_and_reraises_its_errors() -> None:
+    """The thread caller copies the write buckets before the optimizer may step (the
+    write sees the state of the save, not a later one) and hands the write's error to
+    the training thread."""
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+
+    from baton.backends.megatron.thread_writer import ThreadAsyncCaller
+
+    weight = torch.zeros(4)
+    written: list[torch.Tensor] = []
+    release = threading.Event()
+
+    def write(rank: int, buckets: list[Any], results: Any) -> None:
+        release.wait()  # the write runs after the next optimizer step
+        (_file, _key, (_bytes, tensors)) = buckets[0]
+        written.append(tensors[0][1].clone())
+
+    buckets = [("file", "key", ([], [("item", weight)]))]
+    caller = ThreadAsyncCaller()
+    caller.schedule_async_call(AsyncRequest(write, (0, buckets, None), [], preload_fn=list))
+    caller.staged.wait()  # what train_step waits for before optimizer.step()
+    weight.add_(1.0)  # the optimizer's in-place update
+    release.set()
+    assert caller.is_current_async_call_done(blocking=True, no_dist=True)
+    assert torch.equal(written[0], torch.zeros(4))
+
+    def fail(rank: int, buckets: list[Any], results: Any) -> None:
+        raise OSError("No space left on device")
+
+    caller.schedule_async_call(AsyncRequest(fail, (0, [], None), [], preload_fn=list))
+    with pytest.raises(OSError, match="No space left"):
+        caller.is_current_async_call_done(blocking=True, no_dist=True)

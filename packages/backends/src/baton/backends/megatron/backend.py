@@ -46,6 +46,7 @@ from baton.backends.megatron.data import (
     build_indexed_dataset,
     open_prepared,
 )
+from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
@@ -403,6 +404,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
         lr = self.optimizer.param_groups[0]["lr"]
         reduced = self._run_schedule(self.train_streams, forward_only=False)
         finalize_model_grads(self.chunks)
+        if isinstance(self._async_queue, ThreadCallsQueue):
+            self._async_queue.wait_for_staging()  # a save still copies what the step changes
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
@@ -570,7 +573,9 @@ class MegatronBackend(TorchDistributed, BackendBase):
 
         first = self._async_queue is None
         if first:
-            self._async_queue = AsyncCallsQueue(persistent=False)
+            # CPU: the write on a thread (no fork per save); CUDA: Megatron's own caller
+            usable = ThreadCallsQueue.usable()
+            self._async_queue = ThreadCallsQueue() if usable else AsyncCallsQueue(persistent=False)
             # the save plans of this process's first save, reused (checked by Megatron)
             self._async_strategy = TorchDistSaveShardedStrategy(cached_metadata=True)
         request = dist_checkpointing.save(

@@ -1,0 +1,121 @@
+"""Megatron-Core's asynchronous checkpoint write on a thread instead of a forked process.
+
+``dist_checkpointing.save(..., async_sharded_save=True)`` returns an ``AsyncRequest``:
+a write function (Megatron's own ``write_preloaded_data_multithread``), its write
+buckets, and the finalize functions every rank runs when all writes are done. Megatron's
+``AsyncCallsQueue`` runs the write in a process forked per save (or a persistent worker,
+which needs CUDA). On a CPU machine the fork alone blocked the loop ~20 ms per save and
+leaned on copy-on-write for a snapshot of the state.
+
+``ThreadCallsQueue`` is Megatron's ``AsyncCallsQueue`` (same scheduling, same
+all-rank completion check, same finalize functions) whose caller runs the write on a
+thread. The thread first copies the tensors of the write buckets (``Tensor.clone``
+releases the interpreter lock, so the next step's forward and backward run meanwhile),
+then writes. The training state changes only in the optimizer step, so the backend
+calls ``wait_for_staging`` just before it, as TorchTitan waits for its staging copy::
+
+    queue = ThreadCallsQueue()
+    request = dist_checkpointing.save(state, path, async_sharded_save=True, async_strategy="mcore")
+    queue.schedule_async_request(request)
+    ...                      # forward and backward of the next step
+    queue.wait_for_staging()
+    optimizer.step()
+    queue.maybe_finalize_async_calls(blocking=True)  # on every rank
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from megatron.core.dist_checkpointing.strategies.async_utils import (
+    AsyncCaller,
+    AsyncCallsQueue,
+    AsyncRequest,
+)
+
+
+def stage_write_buckets(write_buckets: list[Any]) -> list[Any]:
+    """A copy of Megatron's write buckets with every tensor cloned (the files and keys
+    kept): what the write reads no longer changes when the optimizer steps."""
+    staged = []
+    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+        tensors = [(item, tensor.detach().clone()) for item, tensor in tensor_data]
+        staged.append((file_name, storage_key, (bytes_data, tensors)))
+    return staged
+
+
+class ThreadAsyncCaller(AsyncCaller):
+    """Runs one ``AsyncRequest``'s write on a thread: the staging copy, then the write."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.staged = threading.Event()
+        self.staged.set()
+
+    def schedule_async_call(self, async_req: AsyncRequest) -> None:
+        if async_req.async_fn is None:
+            return  # nothing to write on this rank
+        write, kwargs = async_req.async_fn, async_req.async_fn_kwargs
+        args = list(async_req.async_fn_args)
+        self.staged.clear()
+
+        def run() -> None:
+            try:
+                if async_req.preload_fn is not None:  # (rank, write buckets, results queue)
+                    args[1] = stage_write_buckets(args[1])
+                self.staged.set()
+                write(*args, **kwargs)
+            except BaseException as error:  # re-raised on the training thread
+                self._error = error
+            finally:
+                self.staged.set()
+
+        self._thread = threading.Thread(target=run, name="baton-megatron-save", daemon=True)
+        self._thread.start()
+
+    def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        alive = int(self._thread is not None and self._thread.is_alive())
+        done = not alive if no_dist else bool(self.sync_all_async_calls(alive))
+        if done or blocking:
+            self.close()
+            done = True
+        return done
+
+    def close(self, abort: bool = False) -> None:
+        """Wait for the write (a thread cannot be killed: ``abort`` waits too) and
+        re-raise what it raised."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def __del__(self) -> None:  # Megatron's base class raises here
+        pass
+
+
+class ThreadCallsQueue(AsyncCallsQueue):
+    """Megatron's ``AsyncCallsQueue`` with every write on a thread (``ThreadAsyncCaller``)."""
+
+    def __init__(self) -> None:
+        super().__init__(persistent=False)
+
+    def _get_async_caller(self) -> ThreadAsyncCaller:
+        return ThreadAsyncCaller()
+
+    def wait_for_staging(self) -> None:
+        """Block until every write in flight has copied the state it writes."""
+        for active in self.async_calls:
+            caller = active.async_caller
+            if isinstance(caller, ThreadAsyncCaller):
+                caller.staged.wait()
+
+    @staticmethod
+    def usable() -> bool:
+        """Whether writes go on a thread here: on CPU. With CUDA, Megatron's own callers
+        copy device tensors to host memory first and write from another process."""
+        return not torch.cuda.is_available()

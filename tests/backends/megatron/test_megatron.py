@@ -511,3 +511,27 @@ def test_thread_writer_writes_the_state_of_the_save_and_reraises_its_errors() ->
     caller.schedule_async_call(AsyncRequest(fail, (0, [], None), [], preload_fn=list))
     with pytest.raises(OSError, match="No space left"):
         caller.is_current_async_call_done(blocking=True, no_dist=True)
+
+
+def test_staging_buffers_are_reused_and_hold_each_saves_values() -> None:
+    from types import SimpleNamespace
+
+    from baton.backends.megatron.thread_writer import StagingBuffers
+
+    weight, bias = torch.arange(6.0).view(2, 3), torch.ones(3)
+    items = [SimpleNamespace(index=("w", 0)), SimpleNamespace(index=("b", 0))]
+
+    def buckets() -> list[Any]:
+        return [("file", "key", ([], [(items[0], weight), (items[1], bias)]))]
+
+    buffers = StagingBuffers()
+    first = buffers.stage(buckets())[0][2][1]
+    weight.mul_(10)  # the optimizer steps between two saves
+    second = buffers.stage(buckets())[0][2][1]
+    assert second[0][1].data_ptr() == first[0][1].data_ptr()  # the same buffer, refilled
+    assert torch.equal(second[0][1], torch.arange(6.0).view(2, 3) * 10)
+    weight.zero_()
+    assert torch.equal(second[0][1], torch.arange(6.0).view(2, 3) * 10)  # a private copy
+    bigger = torch.ones(4)  # a changed item gets a fresh buffer of its shape
+    third = buffers.stage([("file", "key", ([], [(items[1], bigger)]))])[0][2][1]
+    assert third[0][1].shape == (4,) and torch.equal(third[0][1], bigger)

@@ -9,9 +9,9 @@ leaned on copy-on-write for a snapshot of the state.
 
 ``ThreadCallsQueue`` is Megatron's ``AsyncCallsQueue`` (same scheduling, same
 all-rank completion check, same finalize functions) whose caller runs the write on a
-thread. The thread first copies the tensors of the write buckets (``Tensor.clone``
-releases the interpreter lock, so the next step's forward and backward run meanwhile),
-then writes. The training state changes only in the optimizer step, so the backend
+thread. The thread first copies the tensors of the write buckets into host buffers
+kept from one save to the next (``StagingBuffers``; ``Tensor.copy_`` releases the
+interpreter lock, so the next step's forward and backward run meanwhile), then writes. The training state changes only in the optimizer step, so the backend
 calls ``wait_for_staging`` just before it, as TorchTitan waits for its staging copy::
 
     queue = ThreadCallsQueue()
@@ -36,20 +36,50 @@ from megatron.core.dist_checkpointing.strategies.async_utils import (
 )
 
 
-def stage_write_buckets(write_buckets: list[Any]) -> list[Any]:
-    """A copy of Megatron's write buckets with every tensor cloned (the files and keys
-    kept): what the write reads no longer changes when the optimizer steps."""
-    staged = []
-    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
-        tensors = [(item, tensor.detach().clone()) for item, tensor in tensor_data]
-        staged.append((file_name, storage_key, (bytes_data, tensors)))
-    return staged
+class StagingBuffers:
+    """Copies of the write buckets' tensors, kept from one save to the next.
+
+    A save copies each tensor into the buffer the previous save used for the same
+    write item (same shape and dtype), so after the first save staging allocates
+    nothing; a new item, or a changed one, gets a fresh copy. Only one write may read
+    the buffers at a time (``ThreadCallsQueue`` hands them to a save only when no
+    earlier write is still running).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[Any, torch.Tensor] = {}
+
+    def stage(self, write_buckets: list[Any]) -> list[Any]:
+        """The write buckets (files and keys kept) with every tensor replaced by its
+        copy: what the write reads no longer changes when the optimizer steps."""
+        staged = []
+        for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+            tensors = [
+                (item, self._copy(item.index, tensor.detach())) for item, tensor in tensor_data
+            ]
+            staged.append((file_name, storage_key, (bytes_data, tensors)))
+        return staged
+
+    def _copy(self, key: Any, tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(key)
+        if (
+            buffer is None
+            or buffer.shape != tensor.shape
+            or buffer.dtype != tensor.dtype
+            or buffer.device != tensor.device
+        ):
+            buffer = self._buffers[key] = tensor.clone()
+        else:
+            buffer.copy_(tensor)
+        return buffer
 
 
 class ThreadAsyncCaller(AsyncCaller):
     """Runs one ``AsyncRequest``'s write on a thread: the staging copy, then the write."""
 
-    def __init__(self) -> None:
+    def __init__(self, buffers: StagingBuffers | None = None) -> None:
+        #: where the write's copies go (``None``: fresh copies, an earlier write still reads)
+        self._buffers = buffers
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.staged = threading.Event()
@@ -65,7 +95,7 @@ class ThreadAsyncCaller(AsyncCaller):
         def run() -> None:
             try:
                 if async_req.preload_fn is not None:  # (rank, write buckets, results queue)
-                    args[1] = stage_write_buckets(args[1])
+                    args[1] = (self._buffers or StagingBuffers()).stage(args[1])
                 self.staged.set()
                 write(*args, **kwargs)
             except BaseException as error:  # re-raised on the training thread
@@ -76,8 +106,11 @@ class ThreadAsyncCaller(AsyncCaller):
         self._thread = threading.Thread(target=run, name="baton-megatron-save", daemon=True)
         self._thread.start()
 
+    def writing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
-        alive = int(self._thread is not None and self._thread.is_alive())
+        alive = int(self.writing())
         done = not alive if no_dist else bool(self.sync_all_async_calls(alive))
         if done or blocking:
             self.close()
@@ -103,9 +136,14 @@ class ThreadCallsQueue(AsyncCallsQueue):
 
     def __init__(self) -> None:
         super().__init__(persistent=False)
+        self._buffers = StagingBuffers()
 
     def _get_async_caller(self) -> ThreadAsyncCaller:
-        return ThreadAsyncCaller()
+        busy = any(
+            isinstance(active.async_caller, ThreadAsyncCaller) and active.async_caller.writing()
+            for active in self.async_calls
+        )
+        return ThreadAsyncCaller(None if busy else self._buffers)
 
     def wait_for_staging(self) -> None:
         """Block until every write in flight has copied the state it writes."""

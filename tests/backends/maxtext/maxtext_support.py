@@ -1,10 +1,13 @@
-"""What baton's patches do for a Driver run, for MaxText code a test calls directly."""
+"""Helpers for the MaxText tests: what baton's patches do for a Driver run (for MaxText
+code a test calls directly), and a record of the kind of save a backend returned."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -25,3 +28,18 @@ def outside_driver() -> Iterator[None]:
             os.environ.pop("XLA_FLAGS", None)
         else:
             os.environ["XLA_FLAGS"] = flags
+
+
+def record_save_handles(backend: Any) -> list[str]:
+    """The kind of pending save each ``backend.save`` returns from now on, by class name
+    (``NoneType``: a synchronous save)."""
+    handles: list[str] = []
+    save = backend.save
+
+    def recorded(directory: Path, **kwargs: Any) -> Any:
+        handle = save(directory, **kwargs)
+        handles.append(type(handle).__name__)
+        return handle
+
+    backend.save = recorded
+    return handles

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backends.maxtext.maxtext_support import outside_driver
+from backends.maxtext.maxtext_support import outside_driver, record_save_handles
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +124,7 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ]
     driver = build_driver(RECIPE, argv)
     driver.callbacks.append(Record())
-    handles = _record_save_handles(driver.backend)
+    handles = record_save_handles(driver.backend)
     result = driver.fit()
     return {
         "save_handles": handles,
@@ -137,20 +137,6 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "run_dir": run_dir,
         "before": before,
     }
-
-
-def _record_save_handles(backend: Any) -> list[str]:
-    """The kind of pending save each ``backend.save`` returned (``None``: synchronous)."""
-    handles: list[str] = []
-    save = backend.save
-
-    def recorded(directory: Path, **kwargs: Any) -> Any:
-        handle = save(directory, **kwargs)
-        handles.append(type(handle).__name__)
-        return handle
-
-    backend.save = recorded
-    return handles
 
 
 def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backends.maxtext.maxtext_support import outside_driver
+from backends.maxtext.maxtext_support import outside_driver, record_save_handles
 
 from baton.backends.textdata import DataError
 
@@ -81,15 +81,7 @@ def native_run(
 
     driver = build_driver(RECIPE, _argv(prepared, run_dir, f"--save-every={SAVE_AT}"))
     driver.callbacks.append(Record())
-    handles: list[str] = []
-    save = driver.backend.save
-
-    def recorded(directory: Path, **kwargs: Any) -> Any:
-        handle = save(directory, **kwargs)
-        handles.append(type(handle).__name__)
-        return handle
-
-    driver.backend.save = recorded
+    handles = record_save_handles(driver.backend)
     result = driver.fit()
     return {
         "driver": driver,

@@ -21,9 +21,10 @@ the data position, the data's fingerprint and the layout (mesh, scan_layers, pro
 Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
 orbax reshards a checkpoint saved on another mesh; a layout it cannot map (a different
 ``scan_layers``, a different number of Grain data processes) is refused naming both.
-Saves are asynchronous when the driver asks: on CPU the whole ``save_checkpoint`` call
-runs on a writer thread and the next step keeps the saved arrays (``background_save``);
-on accelerators orbax's own asynchronous save (``PendingSave`` over the checkpointer).
+Saves are asynchronous when the driver asks: on CPU in one process the whole
+``save_checkpoint`` call runs on a writer thread and the next step keeps the saved
+arrays (``background_save``); otherwise orbax's own asynchronous save (``PendingSave``
+over the checkpointer).
 
 Step numbers: after baton step ``n`` the optimizer has taken ``n`` updates
 (``state.optimizer.step == n``), while MaxText names the checkpoint written after that
@@ -503,10 +504,16 @@ class MaxTextBackend(JaxDistributed, BackendBase):
 
     def _saves_in_background(self) -> bool:
         """Whether an asynchronous save can run whole on the writer thread: on CPU (a
-        second state costs host memory only), with MaxText's step jitted here (not
+        second state costs host memory only), in one JAX process (orbax synchronises
+        processes with collectives, which on a thread would interleave with the loop's
+        own in a different order on each process), with MaxText's step jitted here (not
         loaded from ``compiled_trainstep_file``) and a data iterator whose position can
         be taken in the loop."""
-        if self.device_type != "cpu" or self.hparams.compiled_trainstep_file:
+        import jax
+
+        if self.device_type != "cpu" or jax.process_count() > 1:
+            return False
+        if self.hparams.compiled_trainstep_file:
             return False
         try:
             frozen_iterator(self.data_iterator, int(self.hparams.expansion_factor_real_data))

@@ -10,8 +10,11 @@ long as it likes, provided the next train step does not donate them. The backend
 that one step through ``train_step_keeping_state`` (MaxText's train step jitted
 without donation, compiled once, at the first such save); every other step donates as
 MaxText's own loop does. The data iterator's position is taken in the loop
-(``frozen_iterator``). On accelerators, where keeping a second state costs device
-memory, the backend uses orbax's own asynchronous save instead.
+(``frozen_iterator``). The backend uses orbax's own asynchronous save instead on
+accelerators, where keeping a second state costs device memory, and with several JAX
+processes: orbax synchronises them with collectives, which on a thread interleave with
+the training loop's own collectives in a different order on each process (gloo then
+fails with "Received data size doesn't match expected size").
 
 Example::
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax_distributed import JaxDistributed
+from baton.backends.pending_save import FuturePendingSave
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 
@@ -132,30 +133,6 @@ def describe_batch(batch: Any) -> str:
         return f"{arr.dtype}{list(np.shape(arr))}"
 
     return str(jax.tree.map(one, batch))
-
-
-class OrbaxPendingSave:
-    """An orbax asynchronous save in flight (``PendingSave``): ``done`` polls, ``wait``
-    returns once it is written or raises what the background write raised."""
-
-    def __init__(self, response: Any) -> None:
-        self._response = response
-        self._finished = False
-
-    def done(self) -> bool:
-        if not self._finished:
-            try:
-                self._response.result(timeout=0)
-            except TimeoutError:
-                return False
-            except Exception:  # failed: ``wait`` raises it
-                pass
-            self._finished = True
-        return True
-
-    def wait(self) -> None:
-        self._response.result()
-        self._finished = True
 
 
 class JaxBackend(JaxDistributed, BackendBase):
@@ -376,7 +353,7 @@ class JaxBackend(JaxDistributed, BackendBase):
         self.data.skip(steps)
 
     # -- checkpoints ----------------------------------------------------------------
-    def save(self, directory: Path, *, asynchronous: bool = False) -> OrbaxPendingSave | None:
+    def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
         """Orbax save of the train state into ``directory/state``, plus each process's
         data position (``data_rank00000.json`` ...) and, from process 0, a summary."""
         from orbax.checkpoint import v1 as ocp
@@ -396,7 +373,7 @@ class JaxBackend(JaxDistributed, BackendBase):
         if not asynchronous:
             ocp.save(directory / STATE_DIR, self.state)
             return None
-        return OrbaxPendingSave(ocp.save_async(directory / STATE_DIR, self.state))
+        return FuturePendingSave(ocp.save_async(directory / STATE_DIR, self.state))
 
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by ``save``: the train state, then the data position."""

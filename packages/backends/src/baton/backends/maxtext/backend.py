@@ -52,16 +52,12 @@ from typing import Any
 import numpy as np
 
 from baton.backends.jax_distributed import JaxDistributed
-from baton.backends.maxtext.background_save import (
-    BackgroundSaves,
-    FuturePendingSave,
-    frozen_iterator,
-    train_step_keeping_state,
-)
+from baton.backends.maxtext.background_save import frozen_iterator, train_step_keeping_state
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.native_data import native_data_fingerprint
 from baton.backends.maxtext.patches import simulate_host_devices
+from baton.backends.pending_save import BackgroundSaves, FuturePendingSave
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder

@@ -18,7 +18,7 @@ fails with "Received data size doesn't match expected size").
 
 Example::
 
-    saves = BackgroundSaves()
+    saves = BackgroundSaves()  # baton.backends.pending_save
     pending = saves.submit(lambda: write(directory, state))
     ...                      # training continues; the next step must not donate state
     pending.wait()           # re-raises what the write raised
@@ -28,41 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
-
-
-class FuturePendingSave:
-    """A save running on the writer thread: ``done`` polls, ``wait`` re-raises its error."""
-
-    def __init__(self, future: Future[None]) -> None:
-        self._future = future
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def wait(self) -> None:
-        self._future.result()
-
-
-class BackgroundSaves:
-    """One writer thread: saves are written one after the other, in the order
-    submitted, so every JAX process meets orbax's cross-process barriers in the same
-    order."""
-
-    def __init__(self) -> None:
-        self._executor: ThreadPoolExecutor | None = None
-
-    def submit(self, write: Callable[[], None]) -> FuturePendingSave:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="baton-maxtext-save")
-        return FuturePendingSave(self._executor.submit(write))
-
-    def close(self) -> None:
-        """Wait for the saves still being written and stop the thread."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
 
 
 class FrozenIteratorState:

@@ -144,14 +144,25 @@ def test_fsync_order_files_and_dirs_before_rename_parent_and_latest_after(tmp_pa
 
 
 class AsyncScalar(ScalarBackend):
-    """Writes its state on a thread: an asynchronous save the driver must poll."""
+    """Writes its state on a thread: an asynchronous save the driver must poll. The
+    write is finished by the end of the next step (as a real backend's staging is), so
+    the driver sees it done then and not only at the end of a run of microsecond steps
+    that can outpace the writer thread's start on a busy machine."""
 
     supports_async_save = True
+    _writing: Future | None = None
+
+    def train_step(self, step):
+        if self._writing is not None:
+            self._writing.result(timeout=10)
+            self._writing = None
+        return super().train_step(step)
 
     def save(self, directory, *, asynchronous=False):
         if not asynchronous:
             return super().save(directory)
         future: Future = Future()
+        self._writing = future
         release = threading.Event()
 
         def write():

@@ -54,8 +54,9 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 0
     result = driver.fit()
     if launch.rank == 0:
+        counted = f"{result.tokens:,} tokens" if result.tokens else f"{result.samples:,} samples"
         Console(stderr=True, soft_wrap=True).print(  # one line, however long the path
-            f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
+            f"[bold]done[/]: step {result.step}, {counted}, "
             f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
         )
     return 0

@@ -29,7 +29,6 @@ for the batch (``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, els
 from __future__ import annotations
 
 import atexit
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,9 @@ import torch
 from torch import nn
 
 from baton.backends import torch_distributed
+from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
-    ThreadedSave,
     finish_host_copy,
     host_copy,
     save_hf_config,
@@ -142,6 +141,10 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self._num_params = 0
         self._checked = False
         self._as_built: AsBuilt | None = None
+        self._saves = BackgroundSaves()
+        #: holds the optimizer step while an asynchronous save copies the weights
+        self._staging = StagingGate()
+        self._staging_hook: Any = None
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -429,36 +432,35 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
                 state[key] = value.state_dict()  # schedulers and other stateful objects
         staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
         self._install_staging_wait()
-        self._staging = threading.Event()
+        copying = self._staging.begin()
         write = self.fabric.strategy.is_global_zero
 
-        def copy_then_write(done: threading.Event = self._staging) -> None:
-            try:
+        def copy_then_write() -> None:
+            with copying:  # the optimizer step may go on once the copy is taken
                 snapshot = finish_host_copy(staged)
-            finally:
-                done.set()  # the optimizer step may go on (an error surfaces in wait())
             if write:  # the file fabric.save writes through TorchCheckpointIO
                 torch.save(snapshot, path)
 
-        return ThreadedSave(copy_then_write)  # every rank hands back a handle alike
+        return self._saves.submit(copy_then_write)  # every rank hands back a handle alike
 
     def _install_staging_wait(self) -> None:
-        if not getattr(self, "_staging_hook", None):
+        if self._staging_hook is None:
             self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
                 lambda *_: self._wait_for_staging()
             )
 
     def _wait_for_staging(self) -> None:
         """Block until an asynchronous save has copied the weights and optimizer state."""
-        staging = getattr(self, "_staging", None)
-        if staging is not None:
-            staging.wait()
-            self._staging = None
+        self._staging.wait()
 
     def load(self, directory: Path) -> None:
         self._wait_for_staging()
         remainder = self.fabric.load(Path(directory) / STATE_FILE, self._state())
         self._load_extra_state(remainder)
+
+    def teardown(self) -> None:
+        """Wait for a save still being written and stop the writer thread."""
+        self._saves.close()
 
     # -- resuming with changed settings ---------------------------------------------
     @property

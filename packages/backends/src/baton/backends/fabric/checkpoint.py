@@ -15,8 +15,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import threading
-from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,36 +55,6 @@ def finish_host_copy(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(finish_host_copy(v) for v in value)
     return value
-
-
-class ThreadedSave:
-    """A write running on a background thread; ``wait`` re-raises what it raised.
-
-    Example::
-
-        pending = ThreadedSave(lambda: torch.save(state, path))
-        ...            # training continues
-        pending.wait()
-    """
-
-    def __init__(self, write: Callable[[], None]) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(write,), daemon=True)
-        self._thread.start()
-
-    def _run(self, write: Callable[[], None]) -> None:
-        try:
-            write()
-        except BaseException as error:
-            self._error = error
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def step_owned_storage(model: Any, optimizer: Any) -> set[int]:

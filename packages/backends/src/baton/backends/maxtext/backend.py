@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.async_save import BackgroundSaves, FuturePendingSave
 from baton.backends.jax_distributed import JaxDistributed
 from baton.backends.maxtext.background_save import (
     frozen_iterator,
@@ -73,7 +74,6 @@ from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.native_data import native_data_fingerprint
 from baton.backends.maxtext.patches import simulate_host_devices
 from baton.backends.maxtext.plan import Plan, dry_run
-from baton.backends.pending_save import BackgroundSaves, FuturePendingSave
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder

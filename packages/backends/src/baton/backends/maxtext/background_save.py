@@ -18,7 +18,7 @@ fails with "Received data size doesn't match expected size").
 
 Example::
 
-    saves = BackgroundSaves()  # baton.backends.pending_save
+    saves = BackgroundSaves()  # baton.backends.async_save
     pending = saves.submit(lambda: write(directory, state))
     ...                      # training continues; the next step must not donate state
     pending.wait()           # re-raises what the write raised

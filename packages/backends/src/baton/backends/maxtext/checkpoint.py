@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from baton.backends.async_save import SaveHandle
+
 STATE_DIR = "checkpoint"
 META_FILE = "baton_maxtext.json"
 
@@ -61,7 +63,7 @@ def dataset_type(hparams: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-class CheckpointerPendingSave:
+class CheckpointerPendingSave(SaveHandle):
     """An asynchronous save in flight on a MaxText (orbax) checkpointer.
 
     ``done`` turns true once the checkpointer has no save in progress (finished or
@@ -71,21 +73,15 @@ class CheckpointerPendingSave:
 
     def __init__(self, checkpointer: Any) -> None:
         self._checkpointer = checkpointer
-        self._finished = False
 
-    def done(self) -> bool:
-        if not self._finished:
-            if self._checkpointer.is_saving_in_progress():
-                return False
-            self._finished = True
-        return True
+    def _poll(self) -> bool:
+        return not self._checkpointer.is_saving_in_progress()
 
-    def wait(self) -> None:
+    def _join(self) -> None:
         try:
             self._checkpointer.wait()  # raises if the background write failed
         finally:
             self._checkpointer.close()
-            self._finished = True
 
 
 def open_checkpointer(hparams: Any, root: Path, asynchronous: bool = False) -> Any:

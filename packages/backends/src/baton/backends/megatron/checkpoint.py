@@ -24,24 +24,26 @@ from typing import Any
 
 import torch
 
+from baton.backends.async_save import SaveHandle
+
 log = logging.getLogger("baton")
 
 
-class MegatronSave:
-    """A ``dist_checkpointing`` async save in flight (``PendingSave``).
+class MegatronSave(SaveHandle):
+    """A ``dist_checkpointing`` async save in flight on Megatron's calls queue.
 
-    ``done`` asks every rank (one small all-reduce, as Megatron requires); the driver
-    polls it on every rank at the same steps, so the ranks agree.
+    Polling asks every rank (one small all-reduce, as Megatron requires); the driver
+    polls on every rank at the same steps, so the ranks agree.
     """
 
     def __init__(self, queue: Any) -> None:
         self.queue = queue
 
-    def done(self) -> bool:
+    def _poll(self) -> bool:
         self.queue.maybe_finalize_async_calls(blocking=False)
         return self.queue.get_num_unfinalized_calls() == 0
 
-    def wait(self) -> None:
+    def _join(self) -> None:
         self.queue.maybe_finalize_async_calls(blocking=True)
 
 

@@ -298,7 +298,8 @@ def test_weights_only_start_matches_source_model_on_the_same_batch(runs: Runs) -
 def test_load_failures_name_the_call_and_a_bare_assertion_its_source_line(tmp_path: Path) -> None:
     import importlib.util
 
-    from baton.backends.megatron.backend import CheckpointLoadError, _naming_failures
+    from baton.backends.megatron.checkpoint import CheckpointLoadError
+    from baton.backends.megatron.checkpoint import naming_failures as _naming_failures
 
     # a bare assert outside the test module (pytest rewrites asserts only in tests)
     source = tmp_path / "distrib_optimizer.py"

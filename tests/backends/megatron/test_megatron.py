@@ -345,6 +345,16 @@ def test_bad_data_input_is_refused_before_anything_is_built(runs: Runs, tmp_path
     assert "tokenizer" in check(data_path=prefix)
     assert "data path" in check(tokenizer=runs.tokenizer)
 
+    # a .txt file prepared whole is one document: the message says how to split it
+    from baton.tools.data.prepare import prepare
+
+    text = tmp_path / "notes.txt"
+    text.write_text("".join(f"Paragraph {i}: some words here.\n\n" for i in range(50)))
+    prepare([text], runs.tokenizer, tmp_path / "notes", workers=1)
+    message = check(data_path=str(tmp_path / "notes"), tokenizer=runs.tokenizer)
+    assert "1 document(s)" in message and "--txt-split paragraph" in message
+    assert "--set data.split=" in message
+
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_layouts_parity_and_resharding(runs: Runs, tmp_path: Path) -> None:

@@ -131,7 +131,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
     def check_data(self) -> None:
         """Open and check the configured data and tokenizer before anything is built:
         ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
-        data's, or one with more tokens than the model's vocabulary."""
+        data's, one with more tokens than the model's vocabulary, or a split share that
+        gets no document."""
         from baton.backends.textdata import DataError, check_model_vocab
 
         data = self.config.data
@@ -152,6 +153,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         self.source = open_prepared(data.data_path, data.tokenizer)
         if self.config.vocab_size is not None:
             check_model_vocab(self.source.info, self.config.vocab_size)
+        check_split_not_empty(self.source, data.split or "98,2,0")
 
     def setup(self) -> None:
         from megatron.core import parallel_state, tensor_parallel
@@ -250,7 +252,6 @@ class MegatronBackend(TorchDistributed, BackendBase):
                 * max(1, cfg.data_parallel_size(self.world_size))
             )
             sizes = [cfg.data.train_samples, eval_samples, eval_samples]
-            check_split_not_empty(source, cfg.data.split or "98,2,0")
         return build_gpt_datasets(
             source.blend,
             seq_len=cfg.seq_len,

@@ -309,6 +309,10 @@ def check_split_not_empty(source: PreparedSource, split: str) -> None:
             begin, end = (round(bound * documents) for bound in share)
             if end <= begin:
                 raise DataError(
-                    f"{prefix} has {documents} documents: its {name} share of split {split!r} "
-                    "is empty; prepare more documents or change config.data.split"
+                    f"{prefix} has {documents} document(s): its {name} share of split "
+                    f"{split!r} is empty (Megatron splits whole documents). Prepare more "
+                    "documents (a .txt file is one document unless prepared with "
+                    "`baton data prepare FILE.txt --txt-split paragraph` or `line`), or "
+                    "change the split (--set data.split=100,0,0 trains on all of it, "
+                    "without evaluation)"
                 )

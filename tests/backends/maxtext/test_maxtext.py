@@ -144,7 +144,12 @@ def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:
     assert result.step == STEPS
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1] - 1.0, losses  # real text: the loss falls
-    assert {"grad_norm", "lr", "param_norm"} <= set(baton_run["metrics"][1])
+    first = baton_run["metrics"][1]
+    assert {"grad_norm", "grad_norm_clipped", "lr", "param_norm"} <= set(first)
+    # grad_norm is measured before clipping, as on every backend (MaxText's raw_grad_norm)
+    assert "raw_grad_norm" not in first
+    assert first["grad_norm_clipped"] <= first["grad_norm"] + 1e-6
+    assert first["grad_norm"] > 1.0 >= first["grad_norm_clipped"] - 1e-6  # clipped at 1.0
     assert baton_run["lazy_types"] == {"ArrayImpl"}  # jax arrays, not host floats
     evals = baton_run["evals"]
     assert sorted(evals) == [SAVE_AT, STEPS] and evals[STEPS] < evals[SAVE_AT]

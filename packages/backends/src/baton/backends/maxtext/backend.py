@@ -89,6 +89,15 @@ class Deferred:
         return self.fn()
 
 
+#: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
+#: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
+#: ``grad_norm`` is measured after clipping
+_METRIC_NAMES = {
+    "learning/raw_grad_norm": "grad_norm",
+    "learning/grad_norm": "grad_norm_clipped",
+}
+
+
 class MaxTextBackend(JaxDistributed, BackendBase):
     """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
 
@@ -278,7 +287,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             self.state, metrics = train(self.state, batch)
         scalars = metrics["scalar"]
         values: dict[str, Any] = {
-            key.removeprefix("learning/"): value
+            _METRIC_NAMES.get(key, key.removeprefix("learning/")): value
             for key, value in scalars.items()
             if key != "learning/loss"
         }

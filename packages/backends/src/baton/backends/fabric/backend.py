@@ -20,10 +20,12 @@ Example::
     )
     Driver(backend, max_steps=1000, run_dir="runs/mine").fit()
 
-The loss of a step is, in this order: ``training_step(model, batch)`` (a loss, or a dict
-with ``"loss"`` and other metrics), ``loss_fn(model, batch)``, or what the model returns
-for the batch (``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else
-``model(batch)``): a scalar tensor, or an object with ``.loss`` (Hugging Face outputs).
+The loss of a step is, in this order: ``training_step(model, batch)``,
+``loss_fn(model, batch)``, or what the model returns for the batch (``model(**batch)``
+for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``). Each may return a
+scalar tensor, an object with ``.loss`` (Hugging Face outputs), a dict with ``"loss"``
+and other metrics, or ``(loss, {name: value})``: the other scalar metrics are logged
+under their own names beside ``loss`` (and averaged over evaluation batches).
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         if self.training_step is not None:
             return split_loss(self.training_step(self.model, batch))
         if self.loss_fn is not None:
-            return self.loss_fn(self.model, batch), {}
+            return split_loss(self.loss_fn(self.model, batch))
         return split_loss(call_model(self.model, batch))
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:

@@ -308,9 +308,13 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         from maxtext.utils import sharding
 
         if not self._eval or self._p_eval is None:
-            raise RuntimeError(
-                "no validation batches: the validation split is shorter than one eval batch"
+            why = (
+                "the validation split is shorter than one eval batch"
+                if self.config.has_eval_data
+                else "MaxText's own pipelines evaluate on separate files: pass eval_data_path "
+                "(--eval-data-path), or do not ask for evaluation"
             )
+            raise RuntimeError(f"no validation batches: {why}")
         cfg = self.hparams
         data_sharding = sharding.get_input_data_sharding(
             cfg, self.mesh, rules=cfg.logical_axis_rules_for_eval

@@ -60,8 +60,8 @@ def llama_ffn(hidden: int) -> int:
 
 def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
     """A tokenizer and a prepared dataset of the Python language reference, made once."""
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import train_tokenizer
+    from baton.data.corpus import reference_documents
+    from baton.data import train_tokenizer
     from baton.tools.data.prepare import prepare
 
     tokenizer, prefix = data_dir / "tokenizer", data_dir / "reference"

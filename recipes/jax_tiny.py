@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from baton.backends.corpus import load_text
+from baton.data.corpus import load_text
 from baton.backends.jax import JaxBackend
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink

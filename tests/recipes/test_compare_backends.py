@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.backends.textdata import PreparedDataset, load_tokenizer
+from baton.data import PreparedDataset, load_tokenizer
 from baton.callbacks.sinks.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

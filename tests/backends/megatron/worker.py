@@ -43,7 +43,7 @@ def main() -> None:
     from plain import Layout, plain_loop
 
     from baton.backends.megatron import MegatronBackend, MegatronConfig
-    from baton.backends.textdata import parse_blend
+    from baton.data import parse_blend
     from baton.core import Callback, Driver
 
     class Record(Callback):

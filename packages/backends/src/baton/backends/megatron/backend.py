@@ -107,7 +107,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
 
     def describe(self) -> dict[str, Any]:
         """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""
-        from baton.backends.textdata import fingerprint_file, load_tokenizer
+        from baton.data import fingerprint_file, load_tokenizer
 
         tokenizer = "bytes"
         if self.source is not None:
@@ -132,7 +132,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         """Open and check the configured data and tokenizer before anything is built:
         ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
         data's, or one with more tokens than the model's vocabulary."""
-        from baton.backends.textdata import DataError, check_model_vocab
+        from baton.data import DataError, check_model_vocab
 
         data = self.config.data
         if data.data_path is None:

@@ -38,9 +38,9 @@ import numpy
 import torch
 from megatron.core.tokenizers import MegatronTokenizerBase
 
-from baton.backends.corpus import reference_documents
-from baton.backends.textdata import Blend, DataError, TokenizerInfo, parse_blend
-from baton.backends.textdata import load_tokenizer as load_tokenizer_info
+from baton.data.corpus import reference_documents
+from baton.data import Blend, DataError, TokenizerInfo, parse_blend
+from baton.data import load_tokenizer as load_tokenizer_info
 
 #: the end-of-document token that follows every document
 EOD = 256
@@ -126,7 +126,7 @@ def open_prepared(data_path: str | Sequence[str], tokenizer_path: str | Path) ->
     """
     blend = parse_blend(data_path)
     tokenizer, info = load_tokenizer(tokenizer_path)
-    from baton.backends.textdata import PreparedDataset
+    from baton.data import PreparedDataset
 
     for prefix in blend.prefixes:
         PreparedDataset(prefix).check_tokenizer(info)
@@ -297,7 +297,7 @@ def check_split_not_empty(source: PreparedSource, split: str) -> None:
         parse_and_normalize_split,
     )
 
-    from baton.backends.textdata import DataError, PreparedDataset
+    from baton.data import DataError, PreparedDataset
 
     names = ("train", "valid", "test")
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))

@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.textdata import PreparedDataset, load_tokenizer
+from baton.data import PreparedDataset, load_tokenizer
 from baton.backends.torchtitan.data import loader_options
 
 

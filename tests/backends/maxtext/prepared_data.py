@@ -20,8 +20,8 @@ import numpy as np
 def build(out: Path, vocab_size: int = 512) -> tuple[Path, Path]:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    from baton.data.corpus import reference_documents
     from baton.data import Manifest, SourceFile, train_tokenizer
+    from baton.data.corpus import reference_documents
 
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(out / "tok", vocab_size=vocab_size)

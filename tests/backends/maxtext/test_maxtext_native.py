@@ -201,9 +201,9 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
     """MaxText's Hugging Face pipeline on a local JSON Lines file, tokenized on the fly by
     the same tokenizer; MaxText saves no state for it, so baton replays the stream's
     position on resume: the resumed steps repeat the uninterrupted run's losses."""
-    from baton.data.corpus import reference_documents
     from baton.core import Callback
     from baton.core.recipe import build_driver
+    from baton.data.corpus import reference_documents
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in reference_documents()))

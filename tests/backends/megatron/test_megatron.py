@@ -88,8 +88,8 @@ def global_state() -> dict[str, Any]:
 def prepare_data(root: Path) -> tuple[str, str]:
     """A byte-level BPE tokenizer trained offline and two prepared datasets (halves of the
     Python language reference) through ``baton data prepare``; returns (tokenizer, blend)."""
-    from baton.data.corpus import reference_documents
     from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
 
     tokenizer = root / "tokenizer"

@@ -30,8 +30,8 @@ def make_data(directory: Path) -> Path:
     ``train_tokenizer``, about a second), ``corpus.jsonl`` (one document per line under
     ``"text"``) and ``corpus.bin``/``.idx``, the same corpus prepared with that tokenizer
     (``baton data prepare``)."""
-    from baton.data.corpus import reference_documents
     from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
 
     tokenizer = train_tokenizer(directory / "tokenizer", vocab_size=VOCAB)

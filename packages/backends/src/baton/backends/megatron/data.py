@@ -38,9 +38,9 @@ import numpy
 import torch
 from megatron.core.tokenizers import MegatronTokenizerBase
 
-from baton.data.corpus import reference_documents
 from baton.data import Blend, DataError, TokenizerInfo, parse_blend
 from baton.data import load_tokenizer as load_tokenizer_info
+from baton.data.corpus import reference_documents
 
 #: the end-of-document token that follows every document
 EOD = 256

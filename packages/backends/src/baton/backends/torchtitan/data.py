@@ -39,8 +39,8 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.data.corpus import read_text, reference_documents
 from baton.data import split_prefix
+from baton.data.corpus import read_text, reference_documents
 
 
 class ByteTokenizer(BaseTokenizer):

@@ -185,7 +185,7 @@ def async_resume_run(run_dir: Path, data: Path) -> dict[str, Any]:
     """
     from torchtitan.components.validate import Validator
 
-    from baton.backends.torchtitan.data import dataloader_config
+    from baton.backends.torchtitan.configs import dataloader_config
     from baton.callbacks import Checkpoint
 
     config = small_config(str(run_dir / "torchtitan"), data=data)

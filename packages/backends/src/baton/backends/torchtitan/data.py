@@ -1,7 +1,7 @@
 """Offline data for TorchTitan: its Hugging Face pipeline over local files, a byte
 tokenizer and a packed local-text data loader.
 
-``dataloader_config("corpus.jsonl")`` / ``tokenizer_config("tok/")`` give TorchTitan's
+``configs.dataloader_config("corpus.jsonl")`` / ``configs.tokenizer_config("tok/")`` give TorchTitan's
 own ``HuggingFaceTextDataLoader`` (through its ``DATASETS`` registry, ``datasets`` reading
 the local JSON Lines or Parquet file) and its ``HuggingFaceTokenizer`` (``hf_assets_path``
 is the tokenizer directory); the loader's state is checkpointed by TorchTitan, so a
@@ -39,7 +39,6 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.data import split_prefix
 from baton.data.corpus import read_text, reference_documents
 
 
@@ -267,46 +266,3 @@ def register_local_dataset(path: str, text_key: str = "text") -> str:
         sample_processor=itemgetter(text_key),
     )
     return name
-
-
-def dataloader_config(
-    data_path: str | None, *, seed: int = 0, infinite: bool = True, text_key: str = "text"
-) -> Any:
-    """The data-loader config for ``data_path``: TorchTitan's Hugging Face text loader for
-    ``.jsonl``/``.json``/``.parquet`` files, ``PreparedDataLoader`` for a prepared prefix
-    (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
-    for plain text (or the Python language reference when ``data_path`` is ``None``)."""
-    suffix = "" if data_path is None else Path(data_path).suffix.lower()
-    if (
-        data_path is not None
-        and suffix not in (".jsonl", ".parquet")
-        and (Path(split_prefix(data_path) + ".idx").is_file())
-    ):
-        from baton.backends.torchtitan.prepared import PreparedDataLoader
-
-        return PreparedDataLoader.Config(dataset_path=split_prefix(data_path), infinite=infinite)
-    if data_path is not None and suffix in HF_FORMATS:
-        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-
-        name = register_local_dataset(data_path, text_key)
-        return HuggingFaceTextDataLoader.Config(
-            dataset=name, dataset_path=data_path, infinite=infinite
-        )
-    return LocalTextDataLoader.Config(dataset_path=data_path, seed=seed, infinite=infinite)
-
-
-def tokenizer_config(tokenizer: str | None) -> tuple[Any, str]:
-    """``(config.tokenizer, config.hf_assets_path)``: TorchTitan's ``HuggingFaceTokenizer``
-    over a local tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``), or
-    the byte tokenizer when ``tokenizer`` is ``None``."""
-    if tokenizer is None:
-        return ByteTokenizer.Config(), ""
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
-
-    directory = Path(tokenizer)
-    if not (directory / "tokenizer.json").is_file():
-        raise FileNotFoundError(
-            f"tokenizer directory {directory} has no tokenizer.json; pass a Hugging Face "
-            "tokenizer directory (make one with `baton data tokenizer --output DIR`)"
-        )
-    return HuggingFaceTokenizer.Config(), str(directory)

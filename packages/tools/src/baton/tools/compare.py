@@ -274,9 +274,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="runs/compare_backends", help="where results go")
     parser.add_argument("--recipes", default=str(RECIPES), help="the backends' tiny recipes")
     args = parser.parse_args(argv)
-    settings = vars(args) | {"backends": tuple(args.backends)}
     try:
-        compare(**settings)
+        compare(
+            steps=args.steps,
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            seq_len=args.seq_len,
+            batch=args.batch,
+            lr=args.lr,
+            vocab_size=args.vocab_size,
+            data_path=args.data_path,
+            tokenizer=args.tokenizer,
+            backends=tuple(args.backends),
+            run_dir=args.run_dir,
+            recipes=args.recipes,
+        )
     except ValueError as error:
         print(f"baton compare: {error}", file=sys.stderr)
         return 2

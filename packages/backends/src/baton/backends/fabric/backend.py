@@ -54,7 +54,7 @@ from baton.backends.fabric.step import (
     describe_batch,
     split_loss,
 )
-from baton.backends.fabric.stream import BatchStream, count_batch, shard_stream
+from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import STATE_FILE, load_weights
 from baton.core.backend import BackendBase, PendingSave
 from baton.core.launch import Launch
@@ -137,7 +137,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self.raw_model: nn.Module | None = None
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self.stream: BatchStream | None = None
+        self.stream: LoaderStream | None = None
         self._num_params = 0
         self._checked = False
         self._as_built: AsBuilt | None = None
@@ -262,7 +262,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             raise ValueError("FabricBackend needs training data: data=DataLoader(...) or a list")
         return self.data
 
-    def _make_stream(self, data: Iterable[Any]) -> BatchStream:
+    def _make_stream(self, data: Iterable[Any]) -> LoaderStream:
         return shard_stream(self.fabric, data, self.config.on_epoch_end, self._epoch_ended)
 
     def _epoch_ended(self, epoch: int) -> None:

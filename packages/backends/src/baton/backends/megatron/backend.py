@@ -50,7 +50,7 @@ from baton.backends.megatron.checkpoint import (
 )
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
-    ByteTokenizer,
+    ByteEodTokenizer,
     PreparedSource,
     SampleStream,
     build_gpt_datasets,
@@ -120,7 +120,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
     @property
     def tokenizer_vocab_size(self) -> int:
         """Tokens the tokenizer can produce (the prepared data's, else 257 bytes + eod)."""
-        return self.source.vocab_size if self.source else ByteTokenizer().vocab_size
+        return self.source.vocab_size if self.source else ByteEodTokenizer().vocab_size
 
     @property
     def padded_vocab_size(self) -> int:

@@ -122,9 +122,9 @@ def tokenizer_config(tokenizer: str | None) -> tuple[Any, str]:
     over a local tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``), or
     the byte tokenizer when ``tokenizer`` is ``None``."""
     if tokenizer is None:
-        from baton.backends.torchtitan.data import ByteTokenizer
+        from baton.backends.torchtitan.data import ByteBosEosTokenizer
 
-        return ByteTokenizer.Config(), ""
+        return ByteBosEosTokenizer.Config(), ""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     directory = Path(tokenizer)

@@ -8,7 +8,7 @@ is the tokenizer directory); the loader's state is checkpointed by TorchTitan, s
 resumed run continues with the same batches. Without a tokenizer or data file, the
 byte-level defaults below need no files at all.
 
-Both plug into TorchTitan through its own protocols: ``ByteTokenizer`` is a
+Both plug into TorchTitan through its own protocols: ``ByteBosEosTokenizer`` is a
 ``BaseTokenizer`` and ``LocalTextDataLoader`` a ``ParallelAwareDataloader`` (a
 ``torchdata`` ``StatefulDataLoader``), so TorchTitan's ``CheckpointManager`` saves
 the loader's position and a resumed run continues with the same batches.
@@ -20,7 +20,7 @@ UTF-8 text file instead (documents separated by blank lines). Nothing is downloa
 Example::
 
     cfg = llama3_debugmodel()
-    cfg.tokenizer = ByteTokenizer.Config()
+    cfg.tokenizer = ByteBosEosTokenizer.Config()
     cfg.dataloader = LocalTextDataLoader.Config(dataset_path="corpus.txt")
 """
 
@@ -42,7 +42,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from baton.data.corpus import read_text, reference_documents
 
 
-class ByteTokenizer(BaseTokenizer):
+class ByteBosEosTokenizer(BaseTokenizer):
     """UTF-8 bytes as token ids 0-255, plus BOS (256) and EOS (257): 258 ids, no files."""
 
     BOS = 256
@@ -69,8 +69,9 @@ class ByteTokenizer(BaseTokenizer):
         return 258
 
 
-def read_documents(path: str | None) -> list[str]:
-    """The corpus as a list of documents (see the module docstring)."""
+def paragraphs(path: str | None) -> list[str]:
+    """The corpus as documents, one per blank-line-separated paragraph of the file at
+    ``path`` (the built-in reference's topics when ``path`` is ``None``)."""
     if path is None:
         return [doc for doc in reference_documents() if doc.strip()]
     text = read_text(path, "dataloader.dataset_path")
@@ -211,7 +212,7 @@ class LocalTextDataLoader(ParallelAwareDataloader):
         **kwargs: Any,
     ) -> None:
         dataset = PackedTextDataset(
-            read_documents(config.dataset_path),
+            paragraphs(config.dataset_path),
             tokenizer,
             seq_len=seq_len,
             dp_rank=dp_rank,

@@ -418,12 +418,8 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         if not (asynchronous and self.supports_async_save):
             self.fabric.save(path, state)
             return None
-        # The same content fabric.save writes. Everything is copied to host memory now
-        # except the weights and the optimizer state, which only the optimizer step
-        # changes: a background thread copies those while the next step's forward and
-        # backward run, and that optimizer step waits for the copy (a pre-step hook).
-        # Code that writes the weights outside the optimizer step right after an async
-        # save (a callback editing parameters) should call _wait_for_staging() first.
+        # The content fabric.save writes, staged as fabric/checkpoint.py describes; code
+        # editing the weights outside the optimizer step calls _wait_for_staging() first.
         strategy = self.fabric.strategy
         state["model"] = strategy.get_module_state_dict(self.model.module)
         state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)

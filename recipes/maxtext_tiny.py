@@ -75,7 +75,7 @@ def recipe(
     (MaxText's load_parameters_path): fresh optimizer, step 0.
     """
     if tokenizer is not None and vocab_size is None:
-        from baton.backends.textdata import load_tokenizer
+        from baton.data import load_tokenizer
 
         size = load_tokenizer(tokenizer).vocab_size
         vocab_size = -(-size // 128) * 128  # the embedding rounded up to a multiple of 128

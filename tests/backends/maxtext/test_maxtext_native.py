@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from backends.maxtext.maxtext_support import outside_driver, record_save_handles
 
-from baton.backends.textdata import DataError
+from baton.data import DataError
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +182,7 @@ def test_tokenizer_other_than_the_datas_is_refused(
     prepared: dict[str, Path], tmp_path: Path
 ) -> None:
     from baton.backends.maxtext import MaxTextConfig
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
 
     other = train_tokenizer(tmp_path / "other", vocab_size=300)
     config = MaxTextConfig(
@@ -201,9 +201,9 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
     """MaxText's Hugging Face pipeline on a local JSON Lines file, tokenized on the fly by
     the same tokenizer; MaxText saves no state for it, so baton replays the stream's
     position on resume: the resumed steps repeat the uninterrupted run's losses."""
-    from baton.backends.corpus import reference_documents
     from baton.core import Callback
     from baton.core.recipe import build_driver
+    from baton.data.corpus import reference_documents
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in reference_documents()))

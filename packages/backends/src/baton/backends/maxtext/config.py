@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.maxtext.native_data import DATASET_TYPES, native_data_overrides
-from baton.backends.textdata import DataError
+from baton.data import DataError
 
 #: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
 TINY_CPU: dict[str, Any] = {

@@ -68,12 +68,17 @@ class Control:
         """The reasons given for ``flag``, joined; empty when none."""
         return "; ".join(self.reasons.get(flag, []))
 
+    def is_set(self, flag: str) -> bool:
+        """Whether ``flag`` (one of ``FLAGS``) is requested."""
+        value: bool = getattr(self, flag)
+        return value
+
     def as_list(self) -> list[bool]:
-        return [getattr(self, f) for f in FLAGS]
+        return [self.is_set(f) for f in FLAGS]
 
     def merge(self, reduced: list[bool]) -> None:
         """Adopt flags OR-reduced across ranks; a flag set elsewhere gets a reason here."""
         for flag, value in zip(FLAGS, reduced, strict=True):
-            if value and not getattr(self, flag):
+            if value and not self.is_set(flag):
                 setattr(self, flag, True)
                 self.reasons.setdefault(flag, []).append("requested on another rank")

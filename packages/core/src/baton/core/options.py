@@ -99,7 +99,7 @@ class RunOptions:
         # accept the looser forms callers pass (``"runs/x"``, ``"lr,max_steps"``, a
         # ``Path`` to resume from) and keep one form each
         resume: Any = self.resume
-        settings: dict[str, Any] | None = self.settings
+        settings: Any = self.settings
         object.__setattr__(self, "settings", {} if settings is None else settings)
         allowed: str | Iterable[str] | None = self.allow_changed
         extra: Iterable[str] = self.training_settings

@@ -29,7 +29,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 __all__ = [
     "RecipeError",  # kept importable from here: recipes raise it
@@ -134,7 +134,7 @@ def recipe_arguments(
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     defaults = defaults or {}
     fields: list[tuple[str, Any, Any]] = []
-    own = set()
+    own: set[str] = set()
     for param in signature.params:
         default = defaults.get(param.name, param.default)
         annotated = Annotated[param.annotation, tyro.conf.arg(help=param.help or None)]
@@ -159,6 +159,7 @@ def read_config_file(path: str | Path, known: set[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"--config {path}: no such file")
+    values: Any
     try:
         if path.suffix == ".toml":
             values = tomllib.loads(path.read_text())
@@ -171,7 +172,8 @@ def read_config_file(path: str | Path, known: set[str]) -> dict[str, Any]:
         raise RecipeError(f"--config {path} does not parse: {first}") from None
     if not isinstance(values, dict):
         raise RecipeError(f"--config {path}: expected a table of name: value pairs")
-    values = {str(k).replace("-", "_"): v for k, v in values.items()}
+    table = cast(dict[Any, Any], values)
+    values = {str(k).replace("-", "_"): v for k, v in table.items()}
     unknown = sorted(set(values) - known)
     if unknown:
         raise RecipeError(
@@ -200,8 +202,10 @@ def parse_recipe_args(
     known = own | {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
     defaults = read_config_file(config, known) if config else {}
     args_cls = recipe_arguments(signature, defaults)
-    parsed = tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
-    values = dataclasses.asdict(parsed)
+    parsed = cast(
+        Any, tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
+    )
+    values: dict[str, Any] = dataclasses.asdict(parsed)
     options = RecipeFlags(**{f.name: values[f.name] for f in dataclasses.fields(RecipeFlags)})
     kwargs = {k: v for k, v in values.items() if k in own}
     check_recipe_values(signature, kwargs)
@@ -293,7 +297,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v) for v in cast(Sequence[Any], value)]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v) for k, v in cast(dict[Any, Any], value).items()}
     return str(value)

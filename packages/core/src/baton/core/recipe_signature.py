@@ -26,7 +26,7 @@ import pathlib
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import docstring_parser
 
@@ -34,7 +34,7 @@ from baton.core.errors import RecipeError
 
 #: what an annotation may name when read from source
 _ANNOTATION_SCOPE: dict[str, Any] = {
-    **{name: getattr(typing, name) for name in typing.__all__},
+    **{name: getattr(typing, name) for name in cast(list[str], typing.__all__)},
     "Path": pathlib.Path,
     "pathlib": pathlib,
     "typing": typing,

@@ -260,9 +260,9 @@ class Resumer:
         the driver's own limits (``max_steps`` given to ``Driver``) that no restored state
         depends on; a change nobody applies is refused (``UsageError``)."""
         backend = self.backend
-        backend_names = (
-            backend.changeable_settings if isinstance(backend, ChangesSettings) else frozenset()
-        )
+        backend_names: frozenset[str] = frozenset()
+        if isinstance(backend, ChangesSettings):
+            backend_names = backend.changeable_settings
         limits = self.options.limits()
         appliers: dict[str, str] = {}
         for name, (old, new) in changes.items():

@@ -33,7 +33,7 @@ from typing import Any, Unpack
 
 from baton.core.backend import Ability, Backend, DataExhausted, Evaluates
 from baton.core.callback import Callback
-from baton.core.control import FLAGS, Control
+from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
 from baton.core.metrics import StepOutput
 from baton.core.options import Option, OptionKeywords, RunOptions
@@ -72,29 +72,12 @@ class Driver:
     Args:
         backend: a ``Backend`` (its native ``config`` is editable in ``on_configure``).
         callbacks: callbacks and patches; registered patches of the backend are added.
-        options: the run's ``RunOptions``; or give them as keywords:
-        max_steps / max_tokens / max_time_s: stop conditions (any that is set).
-        log_every: the log cadence; metrics reach the host only on log steps.
-        eval_every: evaluate every N steps (``None``: only when a callback asks);
-            evaluation is its own phase: its metrics reach ``on_eval_end``, not ``on_log``.
-        run_dir: where checkpoints and logs go (``runs/<name>``).
-        resume: ``"none"``, ``"auto"`` (``latest`` if valid, else the newest complete
-            checkpoint) or a checkpoint path. With ``"none"`` a run directory that holds
-            checkpoints is refused unless ``overwrite`` moves them aside.
-        patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``);
-            ``None`` reads ``BATON_PATCHES``.
-        settings: the recipe's parameters, recorded in each checkpoint and compared
-            with the checkpoint's on resume.
-        save_on_stop: write a checkpoint whenever the run stops (end, limits, signals).
-        async_save: save asynchronously where the backend can (``async_save`` ability).
-        verify: how resume checks a checkpoint: ``"full"`` (sizes and checksums) or
-            ``"size"`` (sizes only, for huge checkpoints).
-        overwrite: start fresh where checkpoints exist, renaming the old ``checkpoints``
-            and ``logs`` aside (never deleting them).
-        allow_changed: training settings (``"lr,max_steps"``, ``"all"``) that may differ
-            from the checkpoint's on resume; others are refused.
-        training_settings: more setting names whose change on resume is refused
-            (added to ``baton.core.resume_settings.TRAINING_SETTINGS``).
+        options: the run's ``RunOptions`` (``baton.core.options``), or give them as
+            keywords: ``max_steps`` / ``max_tokens`` / ``max_time_s`` (stop when any is
+            reached), ``log_every``, ``eval_every``, ``run_dir``, ``resume`` (``"none"``,
+            ``"auto"`` or a checkpoint path), ``patches``, ``settings`` (the recipe's
+            parameters), ``save_on_stop``, ``async_save``, ``verify``, ``overwrite``,
+            ``allow_changed``, ``training_settings``; ``RunOptions`` says what each does.
 
     Each option is also an attribute (``driver.max_steps``); setting one checks it
     again. The run directory is locked for the run (``baton.core.rundir``): a second
@@ -302,22 +285,26 @@ class Driver:
 
     def _handle_events(self, output: StepOutput) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
-        acting = self._actionable_flags()
-        if "log" in acting or self.step % self.log_every == 0:
+        ranks = self.backend.world_size
+        at_log_step = self.step % self.log_every == 0
+        ctl = self.control
+        acting = ctl.acting(
+            ranks=ranks, agree=self.backend.all_reduce_flags if at_log_step else None
+        )
+        if "log" in acting or at_log_step:
             self._log(output)
         if "eval" in acting or (self.eval_every and self.step % self.eval_every == 0):
             started = time.perf_counter()
             self._evaluate()
             self.eval_time_s += time.perf_counter() - started
-        acting = self._after_log_and_eval(acting)
+        acting = ctl.acting_after_events(acting, ranks=ranks)
         stop = "stop" in acting
-        vetoed = self.control.save_vetoed is not None
-        if not vetoed and ("save" in acting or (stop and self.save_on_stop)):
-            self._save(self.control.reason("save") or f"stop: {self.control.reason('stop')}")
+        if ctl.save_vetoed is None and ("save" in acting or (stop and self.save_on_stop)):
+            self._save(ctl.reason("save") or f"stop: {ctl.reason('stop')}")
         if stop:
-            self.stop_reason = self.control.reason("stop")
+            self.stop_reason = ctl.reason("stop")
             log.info("stopping at step %d: %s", self.step, self.stop_reason)
-        self._clear(acting)
+        ctl.clear(acting)
         return stop
 
     def _stop_at_data_end(self, reason: str) -> None:
@@ -326,7 +313,7 @@ class Driver:
         if self.save_on_stop and self.step > 0:
             self._save(f"stop: {reason}")
 
-    # -- stop conditions and control flags ----------------------------------------------
+    # -- stop conditions -----------------------------------------------------------------
     def _limit_reached_before_step(self) -> bool:
         """A step or token limit already reached (a resumed run, a zero limit)."""
         reasons = self.options.limits_reached(self.step, self.tokens)
@@ -344,33 +331,6 @@ class Driver:
         if (reason := self.options.time_limit_reached(self.train_time_s)) is not None:
             self.control.request_stop(reason)
             self.control.request_log("time limit")
-
-    def _actionable_flags(self) -> set[str]:
-        """Flags to act on now. With several ranks, flags not every rank raised wait
-        for the log cadence, where one OR-reduction makes every rank agree."""
-        ctl = self.control
-        if self.backend.world_size > 1:
-            if self.step % self.log_every == 0:
-                ctl.merge(self.backend.all_reduce_flags(ctl.as_list()))
-            else:
-                return {f for f in ctl.agreed if ctl.is_set(f)}
-        return {f for f in FLAGS if ctl.is_set(f)}
-
-    def _after_log_and_eval(self, acting: set[str]) -> set[str]:
-        """Stop and save requests made while logging or evaluating (a NaN guard, early
-        stopping) act at this step; a request withdrawn there (``control.withdraw``) does
-        not. With several ranks only requests every rank made (``all_ranks``) join now."""
-        ctl = self.control
-        acting = {f for f in acting if ctl.is_set(f)}
-        for flag in ("stop", "save"):
-            if ctl.is_set(flag) and (self.backend.world_size == 1 or flag in ctl.agreed):
-                acting.add(flag)
-        return acting
-
-    def _clear(self, flags: set[str]) -> None:
-        for flag in flags:
-            self.control.withdraw(flag)
-        self.control.save_vetoed = None
 
     # -- log and eval -----------------------------------------------------------------
     def _log(self, output: StepOutput) -> None:

@@ -52,24 +52,32 @@ class OptionKeywords(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The options of one run (see ``Driver`` for what each does).
+    """The options of one run.
 
     Attributes:
-        max_steps / max_tokens / max_time_s: stop conditions (at least one is set).
+        max_steps / max_tokens / max_time_s: stop conditions (at least one is set; the
+            run stops when any is reached).
         log_every: the log cadence; metrics reach the host only on log steps.
-        eval_every: evaluate every N steps (``None``: only when a callback asks).
-        run_dir: where checkpoints and logs go.
-        resume: ``"none"``, ``"auto"`` or a checkpoint path (kept as text).
-        patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``); ``None``
-            reads ``BATON_PATCHES``.
-        settings: the recipe's parameters, recorded in each checkpoint.
-        save_on_stop: write a checkpoint whenever the run stops.
-        async_save: save asynchronously where the backend can.
-        verify: ``"full"`` or ``"size"``: how resume checks a checkpoint.
-        overwrite: start fresh where checkpoints exist, moving them aside.
-        allow_changed: training settings that may differ from the checkpoint's.
-        training_settings: setting names whose change on resume is refused
-            (always including ``resume_settings.TRAINING_SETTINGS``).
+        eval_every: evaluate every N steps (``None``: only when a callback asks);
+            evaluation is its own phase: its metrics reach ``on_eval_end``, not ``on_log``.
+        run_dir: where checkpoints and logs go (``runs/<name>``).
+        resume: ``"none"``, ``"auto"`` (``latest`` if valid, else the newest complete
+            checkpoint) or a checkpoint path. With ``"none"`` a run directory that holds
+            checkpoints is refused unless ``overwrite`` moves them aside.
+        patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``);
+            ``None`` reads ``BATON_PATCHES``.
+        settings: the recipe's parameters, recorded in each checkpoint and compared
+            with the checkpoint's on resume.
+        save_on_stop: write a checkpoint whenever the run stops (end, limits, signals).
+        async_save: save asynchronously where the backend can (``async_save`` ability).
+        verify: how resume checks a checkpoint: ``"full"`` (sizes and checksums) or
+            ``"size"`` (sizes only, for huge checkpoints).
+        overwrite: start fresh where checkpoints exist, renaming the old ``checkpoints``
+            and ``logs`` aside (never deleting them).
+        allow_changed: training settings (``"lr,max_steps"``, ``"all"``) that may differ
+            from the checkpoint's on resume; others are refused.
+        training_settings: setting names whose change on resume is refused (always
+            including ``baton.core.resume_settings.TRAINING_SETTINGS``).
     """
 
     max_steps: int | None = None

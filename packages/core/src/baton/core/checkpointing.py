@@ -182,7 +182,7 @@ def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, A
     """
     good: list[tuple[Path, dict[str, Any]]] = []
     failures: list[str] = []
-    for path in ordered(root):
+    for path in resume_order(root):
         try:
             good.append((path, read_meta(path, verify)))
         except CheckpointError as error:
@@ -191,7 +191,7 @@ def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, A
     return good, failures
 
 
-def ordered(root: Path) -> list[Path]:
+def resume_order(root: Path) -> list[Path]:
     """Checkpoint directories in the order to resume from: the one ``latest`` points at,
     then the others newest first (none of them verified)."""
     found = list(reversed(list_checkpoints(root)))

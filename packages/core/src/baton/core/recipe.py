@@ -256,7 +256,7 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
         }
         if options.set:
             resolved["set"] = list(options.set)
-        print(yaml.safe_dump(_jsonable(resolved), sort_keys=False), end="")
+        print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
         return None
     try:
         driver = (fn or load_recipe(path))(**kwargs)
@@ -277,8 +277,8 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
             applied = apply_overrides(driver.backend.config, options.set)
         except OverrideError as error:
             raise RecipeError(str(error)) from None
-        settings["set"] = _jsonable(applied)
-    settings.update({k: _jsonable(v) for k, v in kwargs.items()})
+        settings["set"] = _setting_value(applied)
+    settings.update({k: _setting_value(v) for k, v in kwargs.items()})
     settings.setdefault("recipe", str(path))
     # the run's flags, where the recipe does not take a parameter of that name itself
     flags = {
@@ -293,11 +293,14 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     return driver
 
 
-def _jsonable(value: Any) -> Any:
+def _setting_value(value: Any) -> Any:
+    """A recipe parameter as ``settings`` records it: JSON values as they are, anything
+    else as its ``str`` (settings are compared on resume: this form must not change;
+    ``overrides.to_jsonable`` is the run record's fuller view of a native config)."""
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in cast(Sequence[Any], value)]
+        return [_setting_value(v) for v in cast(Sequence[Any], value)]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in cast(dict[Any, Any], value).items()}
+        return {str(k): _setting_value(v) for k, v in cast(dict[Any, Any], value).items()}
     return str(value)

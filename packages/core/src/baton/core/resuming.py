@@ -95,7 +95,7 @@ class Resumer:
             self._claim(rank_zero)
             return
         if self.options.resume == "auto":
-            self._fallbacks = ckpt.ordered(self.checkpoint_dir)
+            self._fallbacks = ckpt.resume_order(self.checkpoint_dir)
             self._first = self._next_candidate()
             if self._first is None and self._failures:
                 raise ckpt.CheckpointError(

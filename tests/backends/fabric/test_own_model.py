@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.backend import BatchError
+from baton.backends.fabric.step import BatchError
 from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
 

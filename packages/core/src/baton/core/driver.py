@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
@@ -36,19 +37,13 @@ from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
 from baton.core.metrics import StepOutput
-from baton.core.options import Option, OptionKeywords, RunOptions
+from baton.core.options import OptionAttributes, OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
 from baton.core.resuming import Resumer, restore_callback_states
 from baton.core.run_record import write_patch_report, write_run_record
 from baton.core.rundir import RunDirLock
 from baton.core.saving import CheckpointSaver, checkpoint_meta
-from baton.core.startup import (
-    after_restart,
-    check_needs,
-    launch_from_env,
-    lock_run_dir,
-    with_patches,
-)
+from baton.core.startup import check_needs, prepare
 
 log = logging.getLogger("baton")
 
@@ -66,7 +61,7 @@ class RunResult:
     checkpoints: list[Path] = field(default_factory=list[Path])
 
 
-class Driver:
+class Driver(OptionAttributes):
     """Owns the training loop; the backend supplies one optimizer step at a time.
 
     Args:
@@ -79,30 +74,13 @@ class Driver:
             parameters), ``save_on_stop``, ``async_save``, ``verify``, ``overwrite``,
             ``allow_changed``, ``training_settings``; ``RunOptions`` says what each does.
 
-    Each option is also an attribute (``driver.max_steps``); setting one checks it
-    again. The run directory is locked for the run (``baton.core.rundir``): a second
-    run on it fails at once naming the holder.
+    Each option is also an attribute (``driver.max_steps``), checked again when set.
+    The run directory is locked for the run: a second run on it fails naming the holder.
 
     Callbacks that own the save policy (``Checkpoint``) set it through
     ``configure_saving`` in ``on_configure``; a guard that must not let a broken state
     be saved calls ``control.veto_save``; a rollback is ``rollback(path)``.
     """
-
-    max_steps = Option[int | None]()
-    max_tokens = Option[int | None]()
-    max_time_s = Option[float | None]()
-    log_every = Option[int]()
-    eval_every = Option[int | None]()
-    run_dir = Option[Path]()
-    resume = Option[str]()
-    patch_selection = Option[str | None]("patches")
-    settings = Option[dict[str, Any]]()
-    save_on_stop = Option[bool]()
-    async_save = Option[bool]()
-    verify = Option[str]()
-    overwrite = Option[bool]()
-    allow_changed = Option[frozenset[str]]()
-    training_settings = Option[frozenset[str]]()
 
     def __init__(
         self,
@@ -167,11 +145,6 @@ class Driver:
         background write is not counted), for honest throughput."""
         return self._saver.blocking_s
 
-    @property
-    def resume_changes(self) -> list[dict[str, Any]]:
-        """Changes of training settings allowed on resume, recorded in each checkpoint."""
-        return self._resumer.changes
-
     def record(self, name: str, value: Any) -> None:
         """Add a lazy value to the next log step's single host transfer."""
         self._extra_lazy[name] = value
@@ -197,8 +170,7 @@ class Driver:
     # -- the loop ---------------------------------------------------------------------
     def fit(self) -> RunResult:
         """Run training to a stop condition; always tears down, even when it raises."""
-        self._prepare()
-        try:
+        with self._running():
             self.dispatch("on_configure")
             self.backend.setup()
             self._abilities = check_needs(self.backend, self.options, self.callbacks)
@@ -236,12 +208,6 @@ class Driver:
                 self._saver.poll(block=False, agree=self.step % self.log_every == 0)
             self._saver.poll(block=True)
             self.dispatch("on_train_end")
-        except BaseException as error:
-            self.stop_reason = self.stop_reason or f"error: {type(error).__name__}: {error}"
-            self._finish_after_error(error)
-            self._teardown(failed=True)
-            raise
-        self._teardown()
         return RunResult(
             step=self.step,
             tokens=self.tokens,
@@ -266,8 +232,7 @@ class Driver:
         # the weights are evaluated as they are: changed settings need no applying
         self.options = self.options.replace(resume=str(path), allow_changed={"all"})
         self._evaluating = True
-        self._prepare()
-        try:
+        with self._running():
             self.dispatch("on_configure")
             self.backend.setup()
             self.dispatch("on_setup")
@@ -276,11 +241,6 @@ class Driver:
             metrics = self._evaluate()
             self.stop_reason = f"evaluated {path}"
             self.dispatch("on_train_end")
-        except BaseException as error:
-            self._finish_after_error(error)
-            self._teardown(failed=True)
-            raise
-        self._teardown()
         return metrics
 
     def _handle_events(self, output: StepOutput) -> bool:
@@ -380,7 +340,7 @@ class Driver:
             backend=self.backend,
             callbacks=self.callbacks,
             options=self.options,
-            resume_changes=self.resume_changes,
+            resume_changes=self._resumer.changes,
             patches=[d.name for d in self.patch_report if d.applied],
         )
         self.dispatch("on_save_checkpoint", meta)
@@ -440,30 +400,26 @@ class Driver:
 
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
-        """Lock the run directory and decide what to resume from, before the backend
-        builds anything (the options were checked when they were made). A failure
-        leaves the run directory as it was (one this run created is removed again)."""
-        self.options = after_restart(self.options)
-        self._resumer = Resumer(self.backend, self.options, evaluating=self._evaluating)
-        self._saver = CheckpointSaver(self.backend, self.checkpoint_dir, self._announce_saved)
-        self._resumer.check_request()
-        launch = launch_from_env()
-        self.callbacks, self.patch_report = with_patches(
-            self.backend, self.callbacks, self.patch_selection
-        )
+        """Every check before the backend builds anything (``startup.prepare``)."""
+        start = prepare(self.backend, self.callbacks, self.options, evaluating=self._evaluating)
+        self.options, self.callbacks = start.options, start.callbacks
+        self.patch_report, self._lock, self._resumer = start.patch_report, start.lock, start.resumer
         self._dispatch = Dispatcher(self.callbacks)
-        if launch.rank == 0:
-            self._lock = lock_run_dir(RunDirLock(self.run_dir))
-        try:
-            self._resumer.plan(rank_zero=launch.rank == 0)
-        except BaseException:
-            self._release_lock(failed=True)
-            raise
+        self._saver = CheckpointSaver(self.backend, self.checkpoint_dir, self._announce_saved)
 
-    def _release_lock(self, *, failed: bool) -> None:
-        if self._lock is not None:
-            self._lock.release(remove_if_unused=failed)
-            self._lock = None
+    @contextmanager
+    def _running(self) -> Generator[None]:
+        """Prepare, run the body, and always tear down; an error first finishes the
+        saves in flight and reaches ``on_exception``."""
+        self._prepare()
+        try:
+            yield
+        except BaseException as error:
+            self.stop_reason = self.stop_reason or f"error: {type(error).__name__}: {error}"
+            self._finish_after_error(error)
+            self._teardown(failed=True)
+            raise
+        self._teardown()
 
     def _finish_after_error(self, error: BaseException) -> None:
         try:  # saves already in flight are complete work: keep them
@@ -487,4 +443,6 @@ class Driver:
             except Exception as error:
                 log.error("on_teardown handler %r raised %r", handler, error)
         self._saver.close()
-        self._release_lock(failed=failed)
+        if self._lock is not None:  # a run that failed at once leaves no run directory
+            self._lock.release(remove_if_unused=failed)
+            self._lock = None

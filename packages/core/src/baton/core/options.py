@@ -202,3 +202,25 @@ class Option[T]:
 
     def __set__(self, owner: HasOptions, value: T) -> None:
         owner.options = owner.options.replace(**{self.field_name: value})
+
+
+class OptionAttributes:
+    """Every field of ``options`` as an attribute of its own (``driver.max_steps``);
+    setting one replaces ``options`` with a checked copy."""
+
+    options: RunOptions
+    max_steps = Option[int | None]()
+    max_tokens = Option[int | None]()
+    max_time_s = Option[float | None]()
+    log_every = Option[int]()
+    eval_every = Option[int | None]()
+    run_dir = Option[Path]()
+    resume = Option[str]()
+    patch_selection = Option[str | None]("patches")
+    settings = Option[dict[str, Any]]()
+    save_on_stop = Option[bool]()
+    async_save = Option[bool]()
+    verify = Option[str]()
+    overwrite = Option[bool]()
+    allow_changed = Option[frozenset[str]]()
+    training_settings = Option[frozenset[str]]()

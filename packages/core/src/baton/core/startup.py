@@ -1,21 +1,23 @@
 """Checks a run makes before anything is built, and the abilities it needs after.
 
-``Driver.fit`` calls these in order; each raises a ``UsageError`` (or
+``Driver.fit`` calls ``prepare`` first: each step raises a ``UsageError`` (or
 ``CheckpointError``) naming the problem and the fix, before the backend builds
-anything or a file is written::
+anything or a file is written (a run directory this run created is removed again)::
 
-    options = after_restart(options)                  # a restarted job resumes
-    launch = launch_from_env()                        # rank and world from the engine
-    callbacks, report = with_patches(backend, callbacks, options.patches)
-    lock = lock_run_dir(options.run_dir)              # rank 0: one run per directory
+    start = prepare(backend, callbacks, options)
+    start.options        # a restarted job (torchrun, SLURM requeue) resumes "auto"
+    start.callbacks      # the backend's selected patches first, then the user's
+    start.lock           # rank 0 holds the run directory (one run per directory)
+    start.resumer        # the checkpoint to resume from, verified, settings checked
     ...backend.setup()...
-    have = check_needs(backend, options, callbacks)   # abilities, named per requester
+    have = check_needs(backend, start.options, start.callbacks)  # abilities, by requester
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from baton.core.backend import Ability, Backend, check_abilities
 from baton.core.callback import Callback
@@ -24,9 +26,46 @@ from baton.core.errors import UsageError
 from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.options import RunOptions
 from baton.core.patches import PatchDecision, select_patches
+from baton.core.resuming import Resumer
 from baton.core.rundir import RunDirLock
 
 log = logging.getLogger("baton")
+
+
+@dataclass
+class Start:
+    """What ``prepare`` decided: the final options and callbacks, the patch report,
+    the run directory's lock (rank 0; ``None`` elsewhere) and the planned resume."""
+
+    options: RunOptions
+    callbacks: list[Callback]
+    patch_report: list[PatchDecision]
+    lock: RunDirLock | None
+    resumer: Resumer
+
+
+def prepare(
+    backend: Backend,
+    callbacks: Sequence[Callback],
+    options: RunOptions,
+    *,
+    evaluating: bool = False,
+) -> Start:
+    """Every check before ``backend.setup``, in order: restart, the checkpoint named
+    to resume from, the launch, patches and state keys, the lock, the resume plan."""
+    options = after_restart(options)
+    resumer = Resumer(backend, options, evaluating=evaluating)
+    resumer.check_request()
+    launch = launch_from_env()
+    merged, report = with_patches(backend, callbacks, options.patches)
+    lock = lock_run_dir(RunDirLock(options.run_dir)) if launch.rank == 0 else None
+    try:
+        resumer.plan(rank_zero=launch.rank == 0)
+    except BaseException:
+        if lock is not None:  # leave the run directory as it was
+            lock.release(remove_if_unused=True)
+        raise
+    return Start(options, merged, report, lock, resumer)
 
 
 def after_restart(options: RunOptions) -> RunOptions:

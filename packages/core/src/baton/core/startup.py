@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from baton.core.backend import Ability, Backend, check_abilities
 from baton.core.callback import Callback
@@ -58,7 +59,7 @@ def prepare(
     resumer.check_request()
     launch = launch_from_env()
     merged, report = with_patches(backend, callbacks, options.patches)
-    lock = lock_run_dir(RunDirLock(options.run_dir)) if launch.rank == 0 else None
+    lock = lock_run_dir(options.run_dir) if launch.rank == 0 else None
     try:
         resumer.plan(rank_zero=launch.rank == 0)
     except BaseException:
@@ -114,16 +115,17 @@ def with_patches(
     return merged, report
 
 
-def lock_run_dir(run_dir_lock: RunDirLock) -> RunDirLock:
+def lock_run_dir(run_dir: Path) -> RunDirLock:
     """Take the run directory's lock (creating the directory), or say how to fix it."""
+    lock = RunDirLock(run_dir)
     try:
-        run_dir_lock.acquire()
+        lock.acquire()
     except OSError as error:
         raise UsageError(
-            f"cannot create or lock the run directory {run_dir_lock.run_dir} "
+            f"cannot create or lock the run directory {run_dir} "
             f"({error.strerror or error}); choose a writable --run-dir"
         ) from None
-    return run_dir_lock
+    return lock
 
 
 def check_needs(

@@ -204,7 +204,7 @@ def test_tokenizer_command_refuses_to_overwrite(tmp_path, tokenizer, capsys) -> 
 def test_tokenizer_trains_on_the_documents_of_jsonl_not_its_json(tmp_path, capsys) -> None:
     """`baton data tokenizer --input x.jsonl` reads the documents as `prepare` does: the
     tokenizer equals one trained on the same texts, and learns nothing of JSON escapes."""
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
 
     texts = [f"Line {i} of a note.\nDESCRIPTION: item {i % 7} costs {i * 3} units.\n" for i in range(300)]
     corpus = write(tmp_path / "notes.jsonl", "".join(json.dumps({"body": t}) + "\n" for t in texts))

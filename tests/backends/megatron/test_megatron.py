@@ -32,7 +32,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 from plain import Layout, plain_loop
 
-from baton.backends.textdata import parse_blend
+from baton.data import parse_blend
 
 STEPS = 12
 SAVE_AT = 6
@@ -88,8 +88,8 @@ def global_state() -> dict[str, Any]:
 def prepare_data(root: Path) -> tuple[str, str]:
     """A byte-level BPE tokenizer trained offline and two prepared datasets (halves of the
     Python language reference) through ``baton data prepare``; returns (tokenizer, blend)."""
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
 
     tokenizer = root / "tokenizer"
@@ -322,7 +322,7 @@ def test_load_failures_name_the_call_and_a_bare_assertion_its_source_line(tmp_pa
 
 def test_bad_data_input_is_refused_before_anything_is_built(runs: Runs, tmp_path: Path) -> None:
     from baton.backends.megatron import MegatronBackend, MegatronConfig
-    from baton.backends.textdata import DataError, train_tokenizer
+    from baton.data import DataError, train_tokenizer
 
     def check(**data: Any) -> str:
         config = MegatronConfig(vocab_size=data.pop("vocab_size", None))

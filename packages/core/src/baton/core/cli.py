@@ -187,6 +187,7 @@ TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("baton.tools.submit", "baton-tools"),
     "export": ("baton.tools.export", "baton-tools"),
     "data": ("baton.tools.data", "baton-tools[data]"),
+    "compare": ("baton.tools.compare", "baton-tools[data]"),
 }
 
 

@@ -10,7 +10,7 @@ Example::
     from baton.backends.fabric import LightningBackend     # an existing LightningModule
     backend = LightningBackend(MyLightningModule(), datamodule=MyDataModule())
 
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining   # the quickstart's GPT
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining   # the quickstart's GPT
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from baton.core.registry import BACKENDS
 if TYPE_CHECKING:
     from baton.backends.fabric.backend import FabricBackend
     from baton.backends.fabric.config import FabricConfig
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
     from baton.backends.fabric.lightning import LightningBackend
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 
 __all__ = ["FabricBackend", "FabricConfig", "GPTConfig", "GPTTraining", "LightningBackend"]
 
@@ -36,8 +36,8 @@ BACKENDS.add_lazy(
 _WHERE = {
     "FabricBackend": "backend",
     "FabricConfig": "config",
-    "GPTConfig": "gpt",
-    "GPTTraining": "gpt",
+    "GPTConfig": "models.gpt",
+    "GPTTraining": "models.gpt",
     "LightningBackend": "lightning",
 }
 

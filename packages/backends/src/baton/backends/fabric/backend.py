@@ -20,10 +20,12 @@ Example::
     )
     Driver(backend, max_steps=1000, run_dir="runs/mine").fit()
 
-The loss of a step is, in this order: ``training_step(model, batch)`` (a loss, or a dict
-with ``"loss"`` and other metrics), ``loss_fn(model, batch)``, or what the model returns
-for the batch (``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else
-``model(batch)``): a scalar tensor, or an object with ``.loss`` (Hugging Face outputs).
+The loss of a step is, in this order: ``training_step(model, batch)``,
+``loss_fn(model, batch)``, or what the model returns for the batch (``model(**batch)``
+for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``). Each may return a
+scalar tensor, an object with ``.loss`` (Hugging Face outputs), a dict with ``"loss"``
+and other metrics, or ``(loss, {name: value})``: the other scalar metrics are logged
+under their own names beside ``loss`` (and averaged over evaluation batches).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from baton.backends.fabric.step import (
     describe_batch,
     split_loss,
 )
-from baton.backends.fabric.stream import BatchStream, count_batch, shard_stream
+from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import STATE_FILE, load_weights
 from baton.core.backend import BackendBase, PendingSave
 from baton.core.launch import Launch
@@ -137,7 +139,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self.raw_model: nn.Module | None = None
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self.stream: BatchStream | None = None
+        self.stream: LoaderStream | None = None
         self._num_params = 0
         self._checked = False
         self._as_built: AsBuilt | None = None
@@ -262,7 +264,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             raise ValueError("FabricBackend needs training data: data=DataLoader(...) or a list")
         return self.data
 
-    def _make_stream(self, data: Iterable[Any]) -> BatchStream:
+    def _make_stream(self, data: Iterable[Any]) -> LoaderStream:
         return shard_stream(self.fabric, data, self.config.on_epoch_end, self._epoch_ended)
 
     def _epoch_ended(self, epoch: int) -> None:
@@ -327,7 +329,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         if self.training_step is not None:
             return split_loss(self.training_step(self.model, batch))
         if self.loss_fn is not None:
-            return self.loss_fn(self.model, batch), {}
+            return split_loss(self.loss_fn(self.model, batch))
         return split_loss(call_model(self.model, batch))
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
@@ -418,12 +420,8 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         if not (asynchronous and self.supports_async_save):
             self.fabric.save(path, state)
             return None
-        # The same content fabric.save writes. Everything is copied to host memory now
-        # except the weights and the optimizer state, which only the optimizer step
-        # changes: a background thread copies those while the next step's forward and
-        # backward run, and that optimizer step waits for the copy (a pre-step hook).
-        # Code that writes the weights outside the optimizer step right after an async
-        # save (a callback editing parameters) should call _wait_for_staging() first.
+        # The content fabric.save writes, staged as fabric/checkpoint.py describes; code
+        # editing the weights outside the optimizer step calls _wait_for_staging() first.
         strategy = self.fabric.strategy
         state["model"] = strategy.get_module_state_dict(self.model.module)
         state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)

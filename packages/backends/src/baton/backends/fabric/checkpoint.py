@@ -3,7 +3,10 @@
 Everything a save writes is copied to host memory when the save starts, except the
 tensors only the optimizer step changes (parameters, optimizer state): those are left
 as ``DeferredCopy`` and copied on the writer thread while the next step's forward and
-backward run.
+backward run; the optimizer step waits until that copy is taken (a pre-step hook on
+the optimizer and a ``StagingGate``). Code that writes the weights outside the
+optimizer step right after an asynchronous save (a callback editing parameters)
+calls the backend's ``_wait_for_staging()`` first.
 
 Example::
 

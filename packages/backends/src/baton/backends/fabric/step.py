@@ -30,7 +30,12 @@ def call_model(model: nn.Module, batch: Any) -> Any:
 
 
 def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
-    """``(loss, other metrics)`` from a tensor, an object with ``.loss`` or a dict with "loss"."""
+    """``(loss, other metrics)`` from a tensor, an object with ``.loss``, a dict with
+    "loss", or a ``(loss, {name: value})`` pair (the form the JAX backend's ``loss_fn``
+    returns too)."""
+    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Mapping):
+        loss, metrics = output
+        return loss, split_loss({**metrics, "loss": loss})[1]
     if isinstance(output, Mapping):
         if "loss" not in output:
             raise ValueError(
@@ -56,7 +61,7 @@ def check_loss(loss: Any, phase: str, *, need_grad: bool = True) -> None:
     """A loss is a floating-point scalar tensor (attached to the graph when training)."""
     fix = (
         "return a scalar loss from the model's forward (or its output's .loss), or pass "
-        "loss_fn(model, batch) -> loss / training_step(model, batch) -> loss"
+        "loss_fn(model, batch) -> loss or (loss, metrics) / training_step(model, batch) -> loss"
     )
     if not isinstance(loss, torch.Tensor):
         raise TypeError(

@@ -1,6 +1,6 @@
 """The training data as an endless, resumable stream of batches.
 
-``BatchStream`` wraps what the user gives (a ``DataLoader``, torchdata's
+``LoaderStream`` wraps what the user gives (a ``DataLoader``, torchdata's
 ``StatefulDataLoader``, or any re-iterable of batches) and hands out one batch at a
 time. Its position is part of every checkpoint:
 
@@ -20,7 +20,7 @@ yields nothing at all is an error, never a hang.
 
 Example::
 
-    stream = BatchStream(loader, on_epoch_end="continue")
+    stream = LoaderStream(loader, on_epoch_end="continue")
     batch = stream.next()
     state = stream.state_dict()        # {"epoch": 0, "batches": 1, "loader": {...}}
     stream.load_state_dict(state)      # the next batch is the one after `batch`
@@ -34,7 +34,7 @@ from typing import Any
 from baton.core.backend import DataExhausted
 
 
-class BatchStream:
+class LoaderStream:
     """One batch at a time from a re-iterable; the position survives checkpoints."""
 
     def __init__(
@@ -195,8 +195,8 @@ def shard_stream(
     data: Iterable[Any],
     on_epoch_end: str,
     epoch_ended: Callable[[int], None] | None = None,
-) -> BatchStream:
-    """The ``BatchStream`` of ``data`` for this rank of ``fabric``: with several ranks, a
+) -> LoaderStream:
+    """The ``LoaderStream`` of ``data`` for this rank of ``fabric``: with several ranks, a
     ``DataLoader`` over a map-style dataset without a ``DistributedSampler`` is re-made by
     Fabric so that each rank reads its own shard (seeded, per epoch); its position is
     then counted and skipped on resume (the re-made loader's own state does not restore
@@ -214,7 +214,7 @@ def shard_stream(
         wrapped = fabric.setup_dataloaders(data, move_to_device=False)
         data = getattr(wrapped, "_dataloader", wrapped)
         use_loader_state = False
-    return BatchStream(
+    return LoaderStream(
         data,
         on_epoch_end=on_epoch_end,
         epoch_ended=epoch_ended,

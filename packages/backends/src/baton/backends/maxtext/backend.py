@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +78,6 @@ from baton.backends.maxtext.plan import Plan, dry_run
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
-
-
-class Deferred:
-    """A host-side value computed only when a log step fetches it (e.g. the learning rate)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self) -> Any:
-        return self.fn()
-
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -292,7 +282,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             if key != "learning/loss"
         }
         schedule, index = self._lr_at, step - 1  # MaxText's 0-based step
-        values["lr"] = Deferred(lambda: schedule(index))
+        values["lr"] = partial(schedule, index)  # computed when a log step fetches it
         samples = int(cfg.global_batch_size_to_train_on)
         return StepOutput(
             loss=scalars["learning/loss"],
@@ -308,9 +298,13 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         from maxtext.utils import sharding
 
         if not self._eval or self._p_eval is None:
-            raise RuntimeError(
-                "no validation batches: the validation split is shorter than one eval batch"
+            why = (
+                "the validation split is shorter than one eval batch"
+                if self.config.has_eval_data
+                else "MaxText's own pipelines evaluate on separate files: pass eval_data_path "
+                "(--eval-data-path), or do not ask for evaluation"
             )
+            raise RuntimeError(f"no validation batches: {why}")
         cfg = self.hparams
         data_sharding = sharding.get_input_data_sharding(
             cfg, self.mesh, rules=cfg.logical_axis_rules_for_eval

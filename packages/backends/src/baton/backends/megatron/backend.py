@@ -50,7 +50,7 @@ from baton.backends.megatron.checkpoint import (
 )
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
-    ByteTokenizer,
+    ByteEodTokenizer,
     PreparedSource,
     SampleStream,
     build_gpt_datasets,
@@ -107,7 +107,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
 
     def describe(self) -> dict[str, Any]:
         """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""
-        from baton.backends.textdata import fingerprint_file, load_tokenizer
+        from baton.data import fingerprint_file, load_tokenizer
 
         tokenizer = "bytes"
         if self.source is not None:
@@ -120,7 +120,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
     @property
     def tokenizer_vocab_size(self) -> int:
         """Tokens the tokenizer can produce (the prepared data's, else 257 bytes + eod)."""
-        return self.source.vocab_size if self.source else ByteTokenizer().vocab_size
+        return self.source.vocab_size if self.source else ByteEodTokenizer().vocab_size
 
     @property
     def padded_vocab_size(self) -> int:
@@ -133,7 +133,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
         data's, one with more tokens than the model's vocabulary, or a split share that
         gets no document."""
-        from baton.backends.textdata import DataError, check_model_vocab
+        from baton.data import DataError, check_model_vocab
 
         data = self.config.data
         if data.data_path is None:

@@ -220,7 +220,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         ``train_step`` waits for it before the optimizer changes the weights. Its copies
         release the interpreter lock (``cpu_staging``), so the loop is not held up.
         """
-        from baton.backends.cpu_staging import cpu_stager
+        from baton.backends.torchtitan.cpu_staging import cpu_stager
 
         if torch.accelerator.is_available() or getattr(checkpointer, "stager", 0) is not None:
             return

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from baton.backends.textdata import DataError
+from baton.data import DataError
 
 
 def _fail(command: str, message: str) -> int:
@@ -32,7 +32,7 @@ def _fail(command: str, message: str) -> int:
 
 
 def cmd_tokenizer(argv: Sequence[str]) -> int:
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
     from baton.tools.data.sources import TXT_SPLITS, open_sources
 
     parser = argparse.ArgumentParser(

@@ -25,6 +25,7 @@ from baton.callbacks.progress import Progress
 from baton.callbacks.standard import CONSOLE_KEYS, standard_callbacks
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.callbacks.time_limit import TimeLimit
+from baton.callbacks.watchdog import Watchdog
 
 __all__ = [
     "CONSOLE_KEYS",
@@ -41,5 +42,6 @@ __all__ = [
     "Progress",
     "ThroughputMonitor",
     "TimeLimit",
+    "Watchdog",
     "standard_callbacks",
 ]

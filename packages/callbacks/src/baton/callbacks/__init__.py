@@ -13,6 +13,7 @@ Example::
 
 from baton.callbacks.checkpoint import Checkpoint
 from baton.callbacks.composite_logger import CompositeLogger
+from baton.callbacks.corruption_check import CorruptionCheck
 from baton.callbacks.early_stopping import EarlyStopping
 from baton.callbacks.gc_control import GarbageCollection
 from baton.callbacks.goodput import Goodput
@@ -31,6 +32,7 @@ __all__ = [
     "CONSOLE_KEYS",
     "Checkpoint",
     "CompositeLogger",
+    "CorruptionCheck",
     "EarlyStopping",
     "GarbageCollection",
     "Goodput",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
-from baton.backends.maxtext.backend import params_path
+from baton.backends.maxtext.checkpoint import params_path
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
-    from baton.backends.fabric.backend import FabricBackend, FabricConfig
+    from baton.backends.fabric.backend import FabricBackend
+    from baton.backends.fabric.config import FabricConfig
     from baton.backends.fabric.gpt import GPTConfig, GPTTraining
     from baton.backends.fabric.lightning import LightningBackend
 
@@ -34,7 +35,7 @@ BACKENDS.add_lazy(
 
 _WHERE = {
     "FabricBackend": "backend",
-    "FabricConfig": "backend",
+    "FabricConfig": "config",
     "GPTConfig": "gpt",
     "GPTTraining": "gpt",
     "LightningBackend": "lightning",

@@ -188,3 +188,35 @@ def _first_tensor(batch: Any) -> Any:
         if found is not None:
             return found
     return None
+
+
+def shard_stream(
+    fabric: Any,
+    data: Iterable[Any],
+    on_epoch_end: str,
+    epoch_ended: Callable[[int], None] | None = None,
+) -> BatchStream:
+    """The ``BatchStream`` of ``data`` for this rank of ``fabric``: with several ranks, a
+    ``DataLoader`` over a map-style dataset without a ``DistributedSampler`` is re-made by
+    Fabric so that each rank reads its own shard (seeded, per epoch); its position is
+    then counted and skipped on resume (the re-made loader's own state does not restore
+    exactly)."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    use_loader_state = True
+    if (
+        fabric.world_size > 1
+        and isinstance(data, DataLoader)
+        and not isinstance(data.sampler, DistributedSampler)
+        and not isinstance(data.dataset, torch.utils.data.IterableDataset)
+    ):
+        wrapped = fabric.setup_dataloaders(data, move_to_device=False)
+        data = getattr(wrapped, "_dataloader", wrapped)
+        use_loader_state = False
+    return BatchStream(
+        data,
+        on_epoch_end=on_epoch_end,
+        epoch_ended=epoch_ended,
+        use_loader_state=use_loader_state,
+    )

@@ -287,3 +287,32 @@ class SampleStream:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.consumed = int(state["consumed"])
+
+
+def check_split_not_empty(source: PreparedSource, split: str) -> None:
+    """Megatron's GPTDataset loops forever drawing samples from a split without documents;
+    refuse such a split (as Megatron's builder cuts it: rounded shares of the documents)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from baton.backends.textdata import DataError, PreparedDataset
+
+    names = ("train", "valid", "test")
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    for prefix in source.blend.prefixes:
+        documents = PreparedDataset(prefix).num_documents
+        for name, share in zip(names, matrix, strict=True):
+            if share is None:
+                continue
+            begin, end = (round(bound * documents) for bound in share)
+            if end <= begin:
+                raise DataError(
+                    f"{prefix} has {documents} document(s): its {name} share of split "
+                    f"{split!r} is empty (Megatron splits whole documents). Prepare more "
+                    "documents (a .txt file is one document unless prepared with "
+                    "`baton data prepare FILE.txt --txt-split paragraph` or `line`), or "
+                    "change the split (--set data.split=100,0,0 trains on all of it, "
+                    "without evaluation)"
+                )

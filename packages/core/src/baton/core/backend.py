@@ -50,13 +50,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from baton.core.metrics import StepOutput, to_float
 
 #: what a backend may or may not be able to do; see ``abilities``
-Ability = Literal["evaluate", "skip_data", "async_save", "multi_rank"]
+Ability = Literal["evaluate", "skip_data", "async_save", "multi_rank", "weight_checksums"]
 
 ABILITY_HINTS: dict[str, str] = {
     "evaluate": "an evaluate() method returning host or lazy metrics",
     "skip_data": "a skip_data(steps) method that advances the training data",
     "async_save": "supports_async_save = True and save(asynchronous=True) returning a handle",
     "multi_rank": "multi_rank = True: barrier() and all_reduce_flags() that span every rank",
+    "weight_checksums": "gather_weight_checksums() returning each rank's parameter checksums",
 }
 
 
@@ -217,6 +218,15 @@ class DescribesLayout(Protocol):
     def layout(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class ChecksumsWeights(Protocol):
+    """Ability ``weight_checksums``: a bitwise checksum of each parameter this rank holds
+    as a data-parallel replica, gathered from every rank (a collective: every rank calls
+    it at the same step). Entry ``r`` is rank ``r``'s ``{parameter name: checksum}``."""
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]: ...
+
+
 def abilities(backend: Backend) -> frozenset[Ability]:
     """The optional abilities of ``backend`` (the one place they are decided).
 
@@ -230,6 +240,8 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("skip_data")
     if isinstance(backend, SavesAsync) and backend.supports_async_save:
         found.add("async_save")
+    if isinstance(backend, ChecksumsWeights):
+        found.add("weight_checksums")
     if backend.multi_rank:
         found.add("multi_rank")
     return frozenset(found)

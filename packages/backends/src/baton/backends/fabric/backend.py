@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from baton.backends import torch_distributed
+from baton.backends import torch_distributed, weight_checksums
 from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
@@ -338,6 +338,17 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
         return torch_distributed.all_reduce_flags(flags, self._device)
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        """Every rank's parameter checksums (ability ``weight_checksums``); replicated
+        (DDP, single-device) models only: sharded parameters differ by design."""
+        if self._sharded():
+            raise RuntimeError(
+                "weight checksums compare data-parallel replicas, but this Fabric strategy "
+                "shards the parameters; use CorruptionCheck with DDP"
+            )
+        assert self.raw_model is not None
+        return weight_checksums.gather_weight_checksums(self.raw_model)
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""

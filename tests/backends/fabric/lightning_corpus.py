@@ -197,6 +197,60 @@ class ClippedClassifier(pl.LightningModule):
         return [optimizer], [{"scheduler": decay, "interval": "step", "frequency": 4}]
 
 
+class GAN(pl.LightningModule):
+    """Lightning's documented GAN step: manual optimization, two optimizers, noise drawn
+    from the global random state in training and in validation."""
+
+    def __init__(self, latent: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(latent, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.discriminator = nn.Sequential(
+            nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Dropout(0.2), nn.Linear(32, 1)
+        )
+
+    def adversarial_loss(self, logits, real: bool):
+        target = torch.ones_like(logits) if real else torch.zeros_like(logits)
+        return F.binary_cross_entropy_with_logits(logits, target)
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(x.size(0), self.hparams.latent, device=self.device)
+
+        self.toggle_optimizer(opt_g)
+        g_loss = self.adversarial_loss(self.discriminator(self.generator(z)), real=True)
+        self.log("g_loss", g_loss, prog_bar=True)
+        self.manual_backward(g_loss)
+        opt_g.step()
+        opt_g.zero_grad()
+        self.untoggle_optimizer(opt_g)
+
+        self.toggle_optimizer(opt_d)
+        real = self.adversarial_loss(self.discriminator(x), real=True)
+        fake = self.adversarial_loss(self.discriminator(self.generator(z).detach()), real=False)
+        d_loss = (real + fake) / 2
+        self.log("d_loss", d_loss, prog_bar=True)
+        self.manual_backward(d_loss)
+        opt_d.step()
+        opt_d.zero_grad()
+        self.untoggle_optimizer(opt_d)
+        return d_loss
+
+    def validation_step(self, batch, batch_idx):
+        x, _ = batch
+        z = torch.randn(x.size(0), self.hparams.latent, device=self.device)
+        fake = self.adversarial_loss(self.discriminator(self.generator(z)), real=False)
+        real = self.adversarial_loss(self.discriminator(x), real=True)
+        self.log("val_loss", (real + fake) / 2)
+
+    def configure_optimizers(self):
+        opt_g = torch.optim.Adam(self.generator.parameters(), lr=2e-3, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=2e-3, betas=(0.5, 0.999))
+        return [opt_g, opt_d]
+
+
 # -- the cases: Trainer settings and the equivalent baton run ----------------------------
 @dataclass
 class Case:
@@ -222,6 +276,13 @@ CASES = {
         fabric={"grad_accum": 3},
         backend={"max_epochs": 8},
         eval_every=4,
+    ),
+    "gan": Case(
+        GAN,
+        BlobsData,
+        32,  # two optimizer steps a batch: Trainer's global_step is 64
+        trainer={"max_steps": 64},
+        backend={"max_epochs": 4},
     ),
     "plateau": Case(PlateauClassifier, BlobsData, 40, trainer={"max_epochs": 5}),
     "clipping": Case(

@@ -21,7 +21,7 @@ import lightning_corpus as corpus  # noqa: E402
 
 #: where each case's first run saves: mid-epoch, or at an epoch's end (validation done,
 #: the epoch's end hooks and plateau schedulers still to run)
-SAVE_AT = {"batchnorm": 13, "lm": 12, "plateau": 16, "clipping": 18}
+SAVE_AT = {"batchnorm": 13, "lm": 12, "plateau": 16, "clipping": 18, "gan": 11}
 
 
 def resume_in_fresh_process(name: str, run_dir: Path, out: Path) -> dict:

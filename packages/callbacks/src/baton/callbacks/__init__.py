@@ -15,6 +15,7 @@ from baton.callbacks.checkpoint import Checkpoint
 from baton.callbacks.composite_logger import CompositeLogger
 from baton.callbacks.early_stopping import EarlyStopping
 from baton.callbacks.gc_control import GarbageCollection
+from baton.callbacks.gradient_norms import GradientNormMonitor
 from baton.callbacks.loss_guard import LossGuard
 from baton.callbacks.memory import MemoryMonitor
 from baton.callbacks.optimizer_monitor import OptimizerMonitor
@@ -31,6 +32,7 @@ __all__ = [
     "CompositeLogger",
     "EarlyStopping",
     "GarbageCollection",
+    "GradientNormMonitor",
     "LossGuard",
     "MemoryMonitor",
     "OptimizerMonitor",

@@ -7,8 +7,9 @@ function; baton never re-implements it.
 ``Backend`` lists everything the driver and the standard callbacks call. Abilities a
 backend may lack are small protocols of their own, found in one place
 (``abilities``): ``evaluate`` (``Evaluates``), ``skip_data`` (``SkipsData``),
-``async_save`` (``SavesAsync`` with ``supports_async_save`` true) and ``multi_rank``
-(flags and barriers that really span ranks). A callback that needs one says so in
+``async_save`` (``SavesAsync`` with ``supports_async_save`` true), ``multi_rank``
+(flags and barriers that really span ranks) and ``gradients`` (``ShowsGradients``: the
+gradients before each optimizer step). A callback that needs one says so in
 ``Callback.requires``; the driver checks after ``backend.setup`` and before the first
 step, and names the callback and the missing ability.
 
@@ -38,20 +39,21 @@ value, new value)); the driver refuses a change that nobody applies::
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from baton.core.metrics import StepOutput, to_float
 
 #: what a backend may or may not be able to do; see ``abilities``
-Ability = Literal["evaluate", "skip_data", "async_save", "multi_rank"]
+Ability = Literal["evaluate", "skip_data", "async_save", "multi_rank", "gradients"]
 
 ABILITY_HINTS: dict[str, str] = {
     "evaluate": "an evaluate() method returning host or lazy metrics",
     "skip_data": "a skip_data(steps) method that advances the training data",
     "async_save": "supports_async_save = True and save(asynchronous=True) returning a handle",
     "multi_rank": "barrier() and all_reduce_flags() that span every rank",
+    "gradients": "watch_gradients(watcher): the gradients shown before each optimizer step",
 }
 
 
@@ -177,6 +179,15 @@ class SavesAsync(Protocol):
     def supports_async_save(self) -> bool: ...
 
 
+@runtime_checkable
+class ShowsGradients(Protocol):
+    """Ability ``gradients``: before each optimizer step (after backward, before
+    clipping) the backend calls every watcher with ``{parameter name: gradient}``
+    (device arrays, for lazy arithmetic; parameters without a gradient are left out)."""
+
+    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None: ...
+
+
 def abilities(backend: Backend) -> frozenset[Ability]:
     """The optional abilities of ``backend`` (the one place they are decided).
 
@@ -190,6 +201,8 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("skip_data")
     if isinstance(backend, SavesAsync) and backend.supports_async_save:
         found.add("async_save")
+    if isinstance(backend, ShowsGradients):
+        found.add("gradients")
     single = isinstance(backend, BackendBase) and (
         type(backend).all_reduce_flags is BackendBase.all_reduce_flags
         or type(backend).barrier is BackendBase.barrier

@@ -42,6 +42,7 @@ from torch import nn
 
 from baton.backends import torch_distributed
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
+from baton.backends.fabric.gradients import GradientWatchers
 from baton.backends.fabric.stream import BatchStream, count_batch
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE, load_weights
 from baton.core.backend import BackendBase, PendingSave
@@ -105,7 +106,7 @@ class FabricConfig:
             )
 
 
-class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
+class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, BackendBase):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
     Args:
@@ -342,6 +343,8 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             total = loss.detach() if total is None else total + loss.detach()
             metrics.update(extra)
         assert total is not None
+        assert self.raw_model is not None
+        self.show_gradients(self.raw_model)
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
             # a non-finite loss or norm is the LossGuard callback's job, on log steps.

@@ -1,27 +1,27 @@
 """An existing ``LightningModule`` (and ``LightningDataModule``), unchanged, under baton.
 
-``LightningBackend`` runs what ``lightning.pytorch.Trainer.fit`` would run, one optimizer
-step at a time through Fabric: ``prepare_data``/``setup("fit")``/``configure_model``,
-``configure_optimizers`` (an optimizer, lists, or dicts with ``lr_scheduler`` configs:
-``interval`` ``"step"``/``"epoch"`` and ``frequency`` honoured as the Trainer does),
-``train_dataloader``/``val_dataloader`` (from the datamodule when given),
-``training_step(batch, batch_idx)``, ``validation_step`` for evaluation,
-``on_train_epoch_end``, ``on_save_checkpoint``/``on_load_checkpoint`` and ``teardown``.
-``self.log(...)`` values stay tensors until baton's log step (training: the step's
-value; evaluation: the mean over the evaluation batches).
+``LightningBackend`` runs what ``lightning.pytorch.Trainer.fit`` runs, one optimizer step
+at a time through Fabric, with the Trainer's loop semantics (``lightning_loop``): the
+module's and datamodule's data and setup hooks, ``configure_optimizers`` with scheduler
+``interval``/``frequency``/``monitor`` (``ReduceLROnPlateau``), automatic optimization
+with accumulation windows that close at each epoch's end, manual optimization with any
+number of optimizers (``lightning_manual``), the training and validation hooks, a sanity
+check, validation in the global random state, and ``self.log`` through Lightning's own
+result collection. ``self.trainer`` is a ``TrainerView`` (``lightning_trainer``).
 
 Trainer settings live in ``FabricConfig`` (``grad_clip`` is ``gradient_clip_val``,
-``grad_accum`` is ``accumulate_grad_batches``, ``precision``, ``strategy``). A hook the
-module overrides that baton does not call (``on_train_batch_end``,
-``configure_gradient_clipping``, manual optimization, ...) is an error listing them all,
-never silently skipped.
+``grad_accum`` is ``accumulate_grad_batches``, ``precision``, ``strategy``, ``eval_batches``
+is ``limit_val_batches``) and in the backend's own arguments (``max_steps``,
+``max_epochs``, ``num_sanity_val_steps``, Lightning ``callbacks``); the driver's
+``eval_every`` is ``val_check_interval`` in optimizer steps. A hook the module overrides
+that baton does not call is an error listing them all, never silently skipped.
 
 Example::
 
     from baton.backends.fabric import FabricConfig, LightningBackend
     from baton.core import Driver
 
-    backend = LightningBackend(LitModel(), datamodule=MNISTDataModule(),
+    backend = LightningBackend(LitModel(), datamodule=MNISTDataModule(), max_epochs=10,
                                config=FabricConfig(grad_clip=1.0))
     Driver(backend, max_steps=1000, eval_every=200, run_dir="runs/lit").fit()
 """
@@ -34,6 +34,7 @@ from typing import Any
 from baton.backends.fabric.backend import FabricBackend, FabricConfig
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.lightning_loop import LightningLoop
+from baton.backends.fabric.lightning_manual import check_manual
 from baton.backends.fabric.lightning_stream import EpochStream
 from baton.backends.fabric.stream import count_batch
 from baton.core.metrics import StepOutput
@@ -162,12 +163,6 @@ class LightningBackend(FabricBackend):
             )
         if datamodule is not None and not isinstance(datamodule, pl.LightningDataModule):
             raise TypeError(f"datamodule must be a LightningDataModule, got {type(datamodule)}")
-        if not module.automatic_optimization:
-            raise LightningHookError(
-                f"{type(module).__name__} uses manual optimization (automatic_optimization = "
-                "False); baton drives automatic optimization only: use FabricBackend with "
-                "training_step(model, batch) for a hand-written step"
-            )
         problems = [f"{type(module).__name__}.{h}" for h in unhonoured_hooks(module)]
         if datamodule is not None:
             problems += [f"{type(datamodule).__name__}.{h}" for h in unhonoured_hooks(datamodule)]
@@ -203,6 +198,8 @@ class LightningBackend(FabricBackend):
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
         self.config.check()
+        if not self.module.automatic_optimization:
+            check_manual(self.config)
         self.fabric = self._make_fabric()
         self.fabric.launch()
         self._device = self.fabric.device
@@ -250,17 +247,22 @@ class LightningBackend(FabricBackend):
             LightningOptimizer,
             _configure_optimizers,
             _configure_schedulers_automatic_opt,
+            _configure_schedulers_manual_opt,
         )
 
         loop = self.loop
         returned = loop.module_hook("configure_optimizers")
         optimizers, schedulers, monitor = _configure_optimizers(returned)
-        if len(optimizers) != 1:
+        if not self.module.automatic_optimization:
+            loop.scheduler_configs = _configure_schedulers_manual_opt(schedulers)
+        elif len(optimizers) != 1:
             raise LightningHookError(
                 f"configure_optimizers returned {len(optimizers)} optimizers; automatic "
-                "optimization steps exactly one (several need manual optimization)"
+                "optimization steps exactly one (set self.automatic_optimization = False "
+                "and step them in training_step)"
             )
-        loop.scheduler_configs = _configure_schedulers_automatic_opt(schedulers, monitor)
+        else:
+            loop.scheduler_configs = _configure_schedulers_automatic_opt(schedulers, monitor)
         loop.optimizers = [self.fabric.setup_optimizers(opt) for opt in optimizers]
         loop.lightning_optimizers = [
             LightningOptimizer._to_lightning_optimizer(opt, loop.trainer.strategy)  # type: ignore[arg-type]
@@ -358,8 +360,8 @@ def check_callbacks(callbacks: Sequence[Any]) -> list[Any]:
 
     equivalents = {
         "ModelCheckpoint": "baton.callbacks.Checkpoint",
-        "EarlyStopping": "a baton callback that calls driver.control.request_stop",
-        "LearningRateMonitor": "the 'lr' metric baton logs at each log step",
+        "EarlyStopping": "baton.callbacks.EarlyStopping",
+        "LearningRateMonitor": "baton.callbacks.OptimizerMonitor",
         "TQDMProgressBar": "baton's console sink",
         "RichProgressBar": "baton's console sink",
     }

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from baton.backends.fabric.lightning_manual import run_manual_batch
 from baton.backends.fabric.lightning_stream import EpochStream
 from baton.backends.fabric.lightning_trainer import TrainerView
 from baton.core.backend import DataExhausted
@@ -160,11 +161,14 @@ class LightningLoop:
         """``on_train_end`` and ``on_fit_end`` (the run stopped), if training started."""
         if self._started:
             self._started = False
+            if self.stream is not None and self.stream.started:
+                self._finish_pending(stopping=True)  # the Trainer ends the epoch it stops in
             self.hook("on_train_end")
             self.hook("on_fit_end")
 
-    def train_step(self) -> tuple[torch.Tensor, dict[str, Any]]:
-        """One optimizer step: ``(mean loss of its batches, lazy metrics)``."""
+    def train_step(self) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        """One optimizer step (manual optimization: one batch): ``(mean loss of its
+        batches, lazy metrics)``; no loss where a manual ``training_step`` returned none."""
         assert self.stream is not None
         if not self._started:
             self.start()
@@ -177,13 +181,17 @@ class LightningLoop:
                 self._start_epoch()
             batch, batch_idx, is_last = self.stream.next_batch()
             stepping = (batch_idx + 1) % self.config.grad_accum == 0 or is_last
-            losses.append(self._run_batch(batch, batch_idx, stepping, is_last))
+            loss = self._run_batch(batch, batch_idx, stepping, is_last)
+            if loss is not None:
+                losses.append(loss)
             if stepping:
                 break
         metrics.update(self.trainer._train_results.metrics(True)["log"])
         if self.grad_norm is not None:
             metrics["grad_norm"] = self.grad_norm
         self._pending_batch = batch_idx
+        if not losses:
+            return None, metrics
         total = losses[0]
         for loss in losses[1:]:
             total = total + loss
@@ -212,7 +220,9 @@ class LightningLoop:
             result.update(self._forward_backward(batch, batch_idx, stepping))
             return result["closure_loss"]
 
-        if stepping:
+        if not self.module.automatic_optimization:
+            result["extra"], result["loss"] = run_manual_batch(self, batch, batch_idx)
+        elif stepping:
             optimizer = self.lightning_optimizers[0]
             epoch = self.current_epoch
             self.module_hook("optimizer_step", epoch, batch_idx, optimizer, closure)
@@ -222,7 +232,9 @@ class LightningLoop:
                 self._step_schedulers("epoch", plateau=False, index=self.current_epoch + 1)
         else:
             closure()
-        outputs = {"loss": result["normalized"], **result["extra"]}
+        outputs = dict(result["extra"])
+        if "normalized" in result:
+            outputs = {"loss": result["normalized"], **outputs}
         self.hook("on_train_batch_end", outputs, batch, batch_idx)
         self.trainer._logger_connector.on_batch_end()
         return result["loss"]
@@ -271,6 +283,7 @@ class LightningLoop:
         def after_closure() -> Any:
             output = closure()
             self.hook("on_before_optimizer_step", raw)
+            self.backend.show_gradients(self.module)
             if self.module.automatic_optimization:
                 self.module_hook(
                     "configure_gradient_clipping",
@@ -303,20 +316,22 @@ class LightningLoop:
                     continue
             self.module_hook("lr_scheduler_step", config.scheduler, monitored)
 
-    def _finish_pending(self) -> dict[str, Any]:
-        """What the Trainer runs after validation: plateau schedulers, the epoch's end."""
+    def _finish_pending(self, stopping: bool = False) -> dict[str, Any]:
+        """What the Trainer runs after validation: plateau schedulers, the epoch's end
+        (also where the run stops mid-epoch)."""
         assert self.stream is not None
         if self._pending_batch is None:
             return {}
         batch_idx, self._pending_batch = self._pending_batch, None
         self._step_schedulers("step", plateau=True, index=batch_idx + 1)
-        if not self.stream.epoch_done:
+        if not (self.stream.epoch_done or stopping):
             return {}
         connector = self.trainer._logger_connector
         connector.epoch_end_reached()
         self.hook("on_train_epoch_end")
         connector.on_epoch_end()
-        self._step_schedulers("epoch", plateau=True, index=self.current_epoch + 1)
+        if self.stream.epoch_done:
+            self._step_schedulers("epoch", plateau=True, index=self.current_epoch + 1)
         epoch_metrics = dict(self.trainer._train_results.metrics(False)["log"])
         connector.reset_results()
         self.stream.end_epoch()

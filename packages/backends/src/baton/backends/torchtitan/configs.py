@@ -82,4 +82,3 @@ def set_layout(
     if pp_schedule is not None:
         par.pipeline_parallel_schedule = pp_schedule
     return config
-

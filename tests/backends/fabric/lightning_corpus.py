@@ -251,6 +251,37 @@ class GAN(pl.LightningModule):
         return [opt_g, opt_d]
 
 
+class SyncLogged(pl.LightningModule):
+    """Values averaged over ranks with ``self.log(..., sync_dist=True)``, per step and epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.net(x)
+        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
+        accuracy = (logits.argmax(dim=1) == y).float().mean()
+        self.log("val_acc", accuracy, on_epoch=True, sync_dist=True, reduce_fx="mean")
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+
+class SmallBatchBlobs(BlobsData):
+    """Batches of 16: each of 2 ranks reads 116 samples, 8 batches an epoch."""
+
+    def __init__(self) -> None:
+        super().__init__(batch_size=16)
+
+
 # -- the cases: Trainer settings and the equivalent baton run ----------------------------
 @dataclass
 class Case:
@@ -276,6 +307,13 @@ CASES = {
         fabric={"grad_accum": 3},
         backend={"max_epochs": 8},
         eval_every=4,
+    ),
+    "ddp": Case(
+        SyncLogged,
+        SmallBatchBlobs,
+        32,
+        trainer={"max_epochs": 4, "devices": 2, "strategy": "ddp"},
+        backend={"max_epochs": 4},
     ),
     "gan": Case(
         GAN,
@@ -309,12 +347,17 @@ class Record(pl.Callback):
         self.losses: list[float] = []
         self.validations: list[dict[str, float]] = []
         self.lrs: list[float] = []
+        self.epochs: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.losses.append(outputs["loss"].item())
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        metrics = trainer.callback_metrics
+        self.epochs.append({k: float(v) for k, v in metrics.items() if k.endswith("_epoch")})
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
@@ -329,17 +372,17 @@ def trainer_fit(name: str, root: Path) -> Record:
     pl.seed_everything(0, verbose=False)
     record = Record()
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-        callbacks=[record],
-        **case.trainer,
-    )
+    settings: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": root,
+        "callbacks": [record],
+    }
+    trainer = pl.Trainer(**{**settings, **case.trainer})
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         trainer.fit(case.module(), datamodule=case.data())
     return record

@@ -203,10 +203,13 @@ class LightningBackend(FabricBackend):
         self.fabric = self._make_fabric()
         self.fabric.launch()
         self._device = self.fabric.device
-        if self.config.seed is not None:
-            from lightning.fabric.utilities.seed import seed_everything
+        from lightning.fabric.strategies import ParallelStrategy
+        from lightning.fabric.utilities.seed import reset_seed, seed_everything
 
+        if self.config.seed is not None:
             seed_everything(self.config.seed, verbose=False)
+        elif isinstance(self.fabric.strategy, ParallelStrategy):
+            reset_seed()  # as the Trainer's parallel strategies do when they set up
         module, loop = self.module, self.loop
         module.trainer = loop.trainer
         data_hooks = self.datamodule if self.datamodule is not None else module
@@ -234,7 +237,7 @@ class LightningBackend(FabricBackend):
         module._fabric = None  # self.trainer, self.log, self.optimizers(): baton's TrainerView
         self.stream = loop.stream = EpochStream(self._loader(data_hooks.train_dataloader()))
         if self.eval_data is None and _overrides(module, "validation_step"):
-            self.eval_data = data_hooks.val_dataloader()
+            self.eval_data = self._loader(data_hooks.val_dataloader())
         self._setup_optimizers()
         self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
 
@@ -293,11 +296,9 @@ class LightningBackend(FabricBackend):
             loss=loss, metrics=metrics, tokens=tokens * world, samples=samples * world
         )
 
-    def skip_data(self, steps: int) -> None:
-        raise NotImplementedError(
-            "LightningBackend cannot skip training data without training on it (Trainer.fit "
-            "has no such step); use a guard action other than skipping"
-        )
+    #: no ``skip_data`` ability: Trainer.fit has no step that reads batches without
+    #: training on them (a guard that skips data is refused before the first step)
+    skip_data = None  # type: ignore[assignment]
 
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self) -> Mapping[str, Any]:

@@ -342,39 +342,45 @@ class LightningLoop:
         """``Trainer``'s validation loop over the evaluation data: the epoch-level values
         the module logged (``self.log`` in ``validation_step``/``on_validation_epoch_end``)."""
         data = self.backend.eval_data
-        trainer, module = self.trainer, self.module
+        trainer = self.trainer
         connector = trainer._logger_connector
         first_loop_iter = connector._first_loop_iter
         trainer.stage = stage
         try:
             if stage == "validate":
                 self.module_hook("on_validation_model_zero_grad")
-            modes = {name: m.training for name, m in module.named_modules()}
-            self.module_hook("on_validation_model_eval")
-            self.hook("on_validation_start")
-            self.hook("on_validation_epoch_start")
-            with torch.inference_mode():
-                for batch_idx, batch in enumerate(data):
-                    if limit is not None and batch_idx >= limit:
-                        break
-                    self._validation_batch(batch, batch_idx)
-            connector.epoch_end_reached()
-            logged = dict(connector.update_eval_epoch_metrics())
-            connector.epoch_end_reached()
-            connector._evaluation_epoch_end()
-            self.hook("on_validation_epoch_end")
-            connector.on_epoch_end()
-            logged.update(connector.update_eval_epoch_metrics())
-            self.hook("on_validation_end")
-            connector.reset_results()
-            if _overrides(module, "on_validation_model_train"):
-                self.module_hook("on_validation_model_train")
-            else:
-                for name, submodule in module.named_modules():
-                    submodule.train(modes.get(name, True))
+            with torch.inference_mode():  # the Trainer's whole validation loop
+                logged = self._validation_loop(data, limit)
         finally:
             trainer.stage = "train"
             connector._first_loop_iter = first_loop_iter
+        return logged
+
+    def _validation_loop(self, data: Any, limit: int | None) -> dict[str, Any]:
+        trainer, module = self.trainer, self.module
+        connector = trainer._logger_connector
+        modes = {name: m.training for name, m in module.named_modules()}
+        self.module_hook("on_validation_model_eval")
+        self.hook("on_validation_start")
+        self.hook("on_validation_epoch_start")
+        for batch_idx, batch in enumerate(data):
+            if limit is not None and batch_idx >= limit:
+                break
+            self._validation_batch(batch, batch_idx)
+        connector.epoch_end_reached()
+        logged = dict(connector.update_eval_epoch_metrics())
+        connector.epoch_end_reached()
+        connector._evaluation_epoch_end()
+        self.hook("on_validation_epoch_end")
+        connector.on_epoch_end()
+        logged.update(connector.update_eval_epoch_metrics())
+        self.hook("on_validation_end")
+        connector.reset_results()
+        if _overrides(module, "on_validation_model_train"):
+            self.module_hook("on_validation_model_train")
+        else:
+            for name, submodule in module.named_modules():
+                submodule.train(modes.get(name, True))
         return logged
 
     def _validation_batch(self, batch: Any, batch_idx: int) -> None:

@@ -31,8 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from baton.backends.fabric.backend import FabricBackend, FabricConfig
+from baton.backends.fabric.backend import FabricBackend
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
+from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.lightning_loop import LightningLoop
 from baton.backends.fabric.lightning_manual import check_manual
 from baton.backends.fabric.lightning_stream import EpochStream

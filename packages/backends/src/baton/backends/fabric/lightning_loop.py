@@ -240,7 +240,7 @@ class LightningLoop:
         return result["loss"]
 
     def _forward_backward(self, batch: Any, batch_idx: int, stepping: bool) -> dict[str, Any]:
-        from baton.backends.fabric.backend import split_loss
+        from baton.backends.fabric.step import split_loss
 
         accum = self.config.grad_accum
         module = self.module

@@ -4,7 +4,7 @@ Lightning's fit loop fetches each batch before running the previous one: it know
 batch is its epoch's last before training on it (the optimizer steps on a partial
 accumulation window there) and never starts the next epoch's iterator before the epoch's
 end hooks and validation have run. ``EpochStream`` reads the data the same way; its
-position is saved and restored like ``BatchStream``'s (the consumed batches of the
+position is saved and restored like ``LoaderStream``'s (the consumed batches of the
 epoch, skipped on resume from the epoch's starting RNG state).
 
 Example::
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from baton.backends.fabric.stream import BatchStream
+from baton.backends.fabric.stream import LoaderStream
 
 _END = object()
 
 
-class EpochStream(BatchStream):
+class EpochStream(LoaderStream):
     """One epoch at a time, one batch fetched ahead (``Trainer.fit``'s prefetch)."""
 
     def __init__(self, data: Any) -> None:

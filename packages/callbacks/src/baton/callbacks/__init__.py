@@ -17,6 +17,7 @@ from baton.callbacks.corruption_check import CorruptionCheck
 from baton.callbacks.early_stopping import EarlyStopping
 from baton.callbacks.gc_control import GarbageCollection
 from baton.callbacks.goodput import Goodput
+from baton.callbacks.gradient_norms import GradientNormMonitor
 from baton.callbacks.loss_guard import LossGuard
 from baton.callbacks.memory import MemoryMonitor
 from baton.callbacks.optimizer_monitor import OptimizerMonitor
@@ -36,6 +37,7 @@ __all__ = [
     "EarlyStopping",
     "GarbageCollection",
     "Goodput",
+    "GradientNormMonitor",
     "LossGuard",
     "MemoryMonitor",
     "OptimizerMonitor",

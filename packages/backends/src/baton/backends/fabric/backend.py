@@ -49,6 +49,7 @@ from baton.backends.fabric.checkpoint import (
     writes_whole_state,
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
+from baton.backends.fabric.gradients import GradientWatchers
 from baton.backends.fabric.step import (
     BatchError,
     call_model,
@@ -79,7 +80,7 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
+class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, BackendBase):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
     Args:
@@ -288,6 +289,8 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             total = loss.detach() if total is None else total + loss.detach()
             metrics.update(extra)
         assert total is not None
+        assert self.raw_model is not None
+        self.show_gradients(self.raw_model)
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
             # a non-finite loss or norm is the LossGuard callback's job, on log steps.

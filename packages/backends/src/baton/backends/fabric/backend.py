@@ -44,6 +44,9 @@ from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuil
 from baton.backends.fabric.checkpoint import (
     finish_host_copy,
     host_copy,
+    plain_state,
+    restore_rng_state,
+    rng_state,
     save_hf_config,
     step_owned_storage,
     writes_whole_state,
@@ -404,18 +407,12 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
     def _extra_state(self) -> dict[str, Any]:
         """Plain-data state saved next to the model (a subclass adds its own)."""
         assert self.stream is not None
-        state: dict[str, Any] = {"data": self.stream.state_dict(), "rng": {}}
-        state["rng"]["torch"] = torch.get_rng_state()
-        if self.fabric.device.type == "cuda":
-            state["rng"]["cuda"] = torch.cuda.get_rng_state(self.fabric.device)
-        return state
+        return {"data": self.stream.state_dict(), "rng": rng_state(self.fabric.device)}
 
     def _load_extra_state(self, remainder: dict[str, Any]) -> None:
         assert self.stream is not None
         self.stream.load_state_dict(remainder["data"])
-        torch.set_rng_state(remainder["rng"]["torch"])
-        if "cuda" in remainder["rng"] and self.fabric.device.type == "cuda":
-            torch.cuda.set_rng_state(remainder["rng"]["cuda"], self.fabric.device)
+        restore_rng_state(remainder["rng"], self.fabric.device)
 
     @property
     def supports_async_save(self) -> bool:
@@ -436,12 +433,7 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
             return None
         # The content fabric.save writes, staged as fabric/checkpoint.py describes; code
         # editing the weights outside the optimizer step calls _wait_for_staging() first.
-        strategy = self.fabric.strategy
-        state["model"] = strategy.get_module_state_dict(self.model.module)
-        state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
-        for key, value in state.items():
-            if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
-                state[key] = value.state_dict()  # schedulers and other stateful objects
+        state = plain_state(self.fabric.strategy, state, self.model, self.optimizer)
         staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
         self._install_staging_wait()
         copying = self._staging.begin()

@@ -56,6 +56,7 @@ def main() -> None:
     out, stop_at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     record = Record(stop_at)
     driver = build_driver(QUICKSTART, [*args, "--resume", "auto"])
+    assert driver is not None
     driver.callbacks.append(record)
     driver.fit()
     result = {"samples": record.samples, "read": record.read}

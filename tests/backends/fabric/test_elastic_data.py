@@ -41,7 +41,7 @@ def one_rank(out: Path, stop_at: int, args: list[str]) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 
-def reads(out: Path, ranks: int) -> list[list[int]]:
+def reads(out: Path, ranks: int) -> list[list[list[int]]]:
     return [json.loads(Path(f"{out}.rank{r}").read_text())["read"] for r in range(ranks)]
 
 

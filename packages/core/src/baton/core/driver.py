@@ -46,6 +46,7 @@ from baton.core.dispatch import Dispatcher
 from baton.core.errors import UsageError
 from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.metrics import StepOutput
+from baton.core.model_spec import check_same_architecture
 from baton.core.overrides import to_jsonable
 from baton.core.patches import PatchDecision, select_patches
 from baton.core.resume_settings import (
@@ -629,6 +630,11 @@ class Driver:
         to ``Driver``) are applied by the loop as they are and logged when they differ.
         An allowed change that neither the backend nor the driver applies is refused.
         """
+        check_same_architecture(
+            meta.get("settings", {}).get("model_spec"),
+            self.settings.get("model_spec"),
+            what=f"checkpoint {path}",
+        )
         names = self.training_settings | set(getattr(self.backend, "training_settings", ()))
         changes = changed_settings(meta.get("settings", {}), self.settings, names)
         allowed = check_changes(changes, self.allow_changed, path)

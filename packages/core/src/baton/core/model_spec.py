@@ -201,3 +201,21 @@ def is_hf_dir(path: str | Path) -> bool:
     checkpoint metadata), as opposed to a baton checkpoint."""
     folder = Path(path)
     return (folder / "config.json").is_file() and not (folder / "baton.json").is_file()
+
+
+def recorded_spec(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The spec a baton checkpoint recorded (``baton.json`` settings), if any."""
+    for meta in (Path(checkpoint) / "baton.json", Path(checkpoint).parent / "baton.json"):
+        if meta.is_file():
+            return json.loads(meta.read_text()).get("settings", {}).get("model_spec")
+    return None
+
+
+def check_init_from(init_from: str | None, spec: LlamaSpec | None) -> None:
+    """Refuse ``--init-from`` of a baton checkpoint whose recorded architecture differs
+    from ``spec``, naming the first differing field (a Hugging Face directory is read by
+    :func:`resolve_spec` instead)."""
+    if init_from and spec is not None and not is_hf_dir(init_from):
+        check_same_architecture(
+            recorded_spec(init_from), spec.to_dict(), what=f"--init-from {init_from}"
+        )

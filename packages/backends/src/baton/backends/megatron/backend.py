@@ -51,6 +51,7 @@ from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
+from baton.core.model_spec import is_hf_dir
 
 log = logging.getLogger("baton")
 
@@ -206,6 +207,13 @@ class MegatronBackend(TorchDistributed, BackendBase):
         data position stay fresh. ``directory`` is a baton checkpoint or its backend folder."""
         from megatron.core import dist_checkpointing
 
+        if is_hf_dir(directory):  # a save_pretrained directory: baton's Llama mapping
+            from baton.backends.megatron.hf import load_hf
+
+            with _naming_failures(f"loading Hugging Face weights from {directory}"):
+                load_hf(self.chunks, str(directory))
+                self.optimizer.reload_model_params()
+            return
         if (directory / "backend").is_dir():
             directory = directory / "backend"
         if not directory.is_dir():
@@ -269,6 +277,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
                 ),
                 share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
                 position_embedding_type=cfg.position_embedding_type,
+                rotary_base=cfg.rotary_base,  # pyright: ignore[reportArgumentType]
                 vp_stage=stage,
             )
             model.to(self._device)

@@ -67,3 +67,57 @@ def test_mapping_round_trips_bit_for_bit(tmp_path):
     back = megatron_to_hf(hf_to_megatron(weights, spec), spec)
     assert sorted(back) == sorted(weights)
     assert all(torch.equal(back[k], weights[k]) for k in weights)
+
+
+def _checkpoint_logits(checkpoint: Path, hf_dir: Path, run_dir: Path) -> torch.Tensor:
+    """Logits of a single-process Megatron model loaded from ``checkpoint`` by
+    dist_checkpointing (resharded from whatever layout saved it)."""
+    from baton.backends.megatron import cpu
+    from baton.core.patches import PatchRecorder
+
+    argv = [
+        "--model-config",
+        str(hf_dir),
+        "--init-from",
+        str(checkpoint),
+        "--run-dir",
+        str(run_dir),
+    ]
+    backend = build_driver(RECIPE, argv).backend
+    recorder = PatchRecorder()
+    if not torch.cuda.is_available():
+        cpu.install_all(recorder)
+    try:
+        backend.setup()
+        return _megatron_logits(backend, _tokens())
+    finally:
+        backend.teardown()
+        recorder.undo()
+
+
+@pytest.mark.parametrize("layout", ["single", "tp2", "pp2"])
+def test_export_loads_in_transformers_with_equal_logits(tmp_path, layout):
+    """Train 2 steps from a HF Llama (one process, or TP 2 / PP 2 under torchrun), export
+    with ``baton export``: transformers' logits equal the checkpoint's Megatron model's."""
+    from baton.tools.export import main as export_main
+
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB)
+    argv = [
+        "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "2",
+        "--no-async-save", "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ]  # fmt: skip
+    if layout == "single":
+        build_driver(RECIPE, argv).fit()
+    else:
+        from support.torchrun import torchrun
+
+        flag = {"tp2": "--tensor-parallel", "pp2": "--pipeline-parallel"}[layout]
+        torchrun(Path(__file__).with_name("hf_worker.py"), str(RECIPE), *argv, flag, "2")
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    with torch.no_grad():
+        got = load_llama(tmp_path / "out")(_tokens()).logits
+    expected = _checkpoint_logits(checkpoint, hf_dir, tmp_path / "ref")
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # trained: not the starting weights any more
+        assert not torch.allclose(got, load_llama(hf_dir)(_tokens()).logits, atol=1e-3)

@@ -49,3 +49,28 @@ def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     assert expected > 8.0
     assert record.losses[1] == pytest.approx(expected, rel=1e-4)
     assert driver.settings["model_spec"]["num_kv_heads"] == 2
+
+
+def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_path):
+    """Two steps, saved after the first: the exported model's loss on the second batch is
+    the loss MaxText logged at step 2 (computed with the step-1 weights)."""
+    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.tools.export import main as export_main
+
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512, initializer_range=0.3)
+    record = Losses()
+    driver = build_driver(RECIPE, [
+        "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "1",
+        "--no-async-save", "--log-every", "1", "--eval-every", "0",
+        "--per-device-batch-size", str(BATCH), "--seq-len", str(SEQ),
+        "--run-dir", str(tmp_path / "run"), "--no-progress", "--overrides", "dtype=float32",
+    ])  # fmt: skip
+    driver.callbacks.append(record)
+    driver.fit()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    batch = TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ).batch_at(1)
+    tokens, targets = (torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))
+    exported = hf_loss(load_llama(tmp_path / "out"), tokens, targets)
+    assert record.losses[2] == pytest.approx(exported, rel=1e-4)
+    assert exported != pytest.approx(hf_loss(load_llama(hf_dir), tokens, targets), rel=1e-4)

@@ -68,7 +68,7 @@ def export_hf(checkpoint: Path, out_dir: Path) -> Path:
 
 def _export_weights(checkpoint: Path, out_dir: Path, backend: dict[str, Any]) -> Path:
     name = backend.get("name")
-    if name in ("torchtitan", "megatron"):  # TorchTitan's state-dict adapter; baton's map
+    if name in ("torchtitan", "megatron", "maxtext"):  # TorchTitan's adapter; baton's maps
         module = importlib.import_module(f"baton.backends.{name}.export")
         try:
             return module.export_hf(checkpoint, out_dir)

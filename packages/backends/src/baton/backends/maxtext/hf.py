@@ -112,3 +112,34 @@ def write_params(hf_dir: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir).resolve()
     save_params_to_path(str(out), hf_to_maxtext(weights, spec))
     return out / "items"
+
+
+def maxtext_to_hf(params: dict[str, Any], spec: LlamaSpec) -> dict[str, np.ndarray]:
+    """Hugging Face ``LlamaForCausalLM`` tensors from MaxText's (scanned) ``params`` tree
+    (the inner collection: ``{"decoder": ..., "token_embedder": ...}``)."""
+    emb, hd = spec.hidden_size, spec.head_dim
+    decoder = params["decoder"]
+    layers = decoder["layers"]
+    attention, mlp = layers["self_attention"], layers["mlp"]
+    out = {
+        "model.embed_tokens.weight": params["token_embedder"]["embedding"],
+        "model.norm.weight": decoder["decoder_norm"]["scale"],
+    }
+    if not spec.tie_embeddings:
+        out["lm_head.weight"] = decoder["logits_dense"]["kernel"].T
+    for i in range(spec.num_layers):
+        name = f"model.layers.{i}."
+        query = attention["query"]["kernel"][:, i] * math.sqrt(hd)
+        out[name + "self_attn.q_proj.weight"] = query.reshape(emb, -1).T
+        out[name + "self_attn.k_proj.weight"] = attention["key"]["kernel"][:, i].reshape(emb, -1).T
+        value = attention["value"]["kernel"][:, i]
+        out[name + "self_attn.v_proj.weight"] = value.reshape(emb, -1).T
+        out[name + "self_attn.o_proj.weight"] = attention["out"]["kernel"][:, i].reshape(-1, emb).T
+        out[name + "mlp.gate_proj.weight"] = mlp["wi_0"]["kernel"][:, i].T
+        out[name + "mlp.up_proj.weight"] = mlp["wi_1"]["kernel"][:, i].T
+        out[name + "mlp.down_proj.weight"] = mlp["wo"]["kernel"][:, i].T
+        norm = layers["pre_self_attention_layer_norm"]["scale"][:, i]
+        out[name + "input_layernorm.weight"] = norm
+        norm = layers["post_self_attention_layer_norm"]["scale"][:, i]
+        out[name + "post_attention_layernorm.weight"] = norm
+    return {key: np.ascontiguousarray(value, dtype=np.float32) for key, value in out.items()}

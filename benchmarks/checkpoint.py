@@ -55,7 +55,7 @@ STEPS = SAVE_AT + 2
 
 def fabric_backend(quick: bool, scratch: Path, asynchronous: bool) -> Any:
     """A GPT whose weights + AdamW state are ~150 MB (quick: ~2 MB)."""
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 
     model = (
         GPTConfig(n_layer=1, d_model=64, n_head=2, seq_len=16)

@@ -210,7 +210,7 @@ def count_host_syncs(driver: Driver) -> SyncReport:
 def run(quick: bool = False) -> list[Row]:
     from rich.console import Console
 
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
     from baton.callbacks import Progress
 
     steps, log_every = (20, 10) if quick else (50, 10)

@@ -229,7 +229,7 @@ class _TimedBatches:
 
 # -- building backends -----------------------------------------------------------------------
 def fabric_tiny(steps: int) -> Any:
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 
     model = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32)
     return GPTTraining(model=model, batch_size=8, accelerator="auto").backend()

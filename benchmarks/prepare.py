@@ -37,7 +37,7 @@ VOCAB = 4096
 
 
 def _corpus(directory: Path, megabytes: float) -> tuple[Path, list[str]]:
-    from baton.backends.corpus import reference_documents
+    from baton.data.corpus import reference_documents
 
     topics = reference_documents()
     documents: list[str] = []
@@ -62,7 +62,7 @@ def _cpu_seconds() -> float:
 
 
 def run(quick: bool = False) -> list[Row]:
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
     from baton.tools.data.prepare import prepare
 
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # encode_batch on every core

@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "checkpoint": "benchmarks.checkpoint",
     "native": "benchmarks.native",
     "prepare": "benchmarks.prepare",
+    "startup": "benchmarks.startup",
 }
 
 

@@ -1,6 +1,6 @@
 """Against Lightning: one tiny GPT trained by a hand-written loop, by baton, by Lightning.
 
-The same model (``baton.backends.fabric.gpt``'s GPT), data (its byte windows in a seeded
+The same model (``baton.backends.fabric.models.gpt``'s GPT), data (its byte windows in a seeded
 ``StatefulDataLoader``), optimizer (AdamW, two parameter groups), gradient clipping (norm
 1.0) and warmup-cosine schedule, trained for N steps by:
 
@@ -41,7 +41,7 @@ import torch
 from rich.console import Console
 
 from baton.backends.fabric import FabricConfig, LightningBackend
-from baton.backends.fabric.gpt import (
+from baton.backends.fabric.models.gpt import (
     GPT,
     GPTConfig,
     GPTTraining,

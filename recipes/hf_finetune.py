@@ -25,7 +25,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.gpt import ByteWindows, byte_splits, eval_windows
+from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.text import text_loaders
 from baton.callbacks import Checkpoint, CompositeLogger, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from baton.backends.corpus import load_text
 from baton.backends.jax import JaxBackend
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
+from baton.data.corpus import load_text
 
 #: printed on every log step (the loss visibly falls in any terminal)
 CONSOLE_KEYS = ["loss", "eval/loss", "accuracy", "lr", "throughput/tokens_per_s"]

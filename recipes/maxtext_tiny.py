@@ -11,6 +11,8 @@ uv run baton run recipes/maxtext_tiny.py --max-steps 100 --resume auto
 uv run baton run recipes/maxtext_tiny.py --overrides base_num_decoder_layers=4 learning_rate=1e-3
 uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path data/corpus
 uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path "0.7 data/a 0.3 data/b"
+uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path data/corpus \
+    --eval-data-path data/heldout --eval-every 25   # MaxText's pipeline evaluates too
 uv run baton run recipes/maxtext_tiny.py --devices 4 --ici-fsdp-parallelism 2 \
     --ici-tensor-parallelism 2      # a mesh over 4 simulated CPU devices
 uv run baton run recipes/maxtext_tiny.py --init-from runs/maxtext_tiny/checkpoints/step_000050
@@ -21,9 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
-from baton.backends.maxtext.backend import params_path
+from baton.backends.maxtext.checkpoint import params_path
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
+from baton.core.errors import UsageError
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 
 
@@ -49,10 +52,11 @@ def recipe(
     seed: int = 0,
     data_seed: int = 0,
     log_every: int = 10,
-    eval_every: int = 25,
+    eval_every: int | None = None,
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
+    eval_data_path: str | None = None,
     tokenizer: str | None = None,
     vocab_size: int | None = None,
     devices: int | None = None,
@@ -76,7 +80,7 @@ def recipe(
     under the run directory).
     """
     if tokenizer is not None and vocab_size is None:
-        from baton.backends.textdata import load_tokenizer
+        from baton.data import load_tokenizer
 
         size = load_tokenizer(tokenizer).vocab_size
         vocab_size = -(-size // 128) * 128  # the embedding rounded up to a multiple of 128
@@ -101,7 +105,16 @@ def recipe(
         settings["vocab_size"] = vocab_size
     if tokenizer is not None:
         settings["grain_worker_count"] = 0  # read in this process: CPU-friendly
-        eval_every = 0  # MaxText evaluates its own pipelines only with eval files (overrides)
+        settings["grain_worker_count_eval"] = 0
+    has_eval_data = tokenizer is None or eval_data_path is not None
+    if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
+        eval_every = 25 if has_eval_data else 0
+    elif eval_every and not has_eval_data:
+        raise UsageError(
+            f"--eval-every {eval_every} with --data-path: MaxText's own pipelines evaluate "
+            "on separate data; pass --eval-data-path (a prepared prefix or JSON/Parquet "
+            "files like --data-path), or --eval-every 0"
+        )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     if spec is not None:
@@ -117,6 +130,7 @@ def recipe(
     config = MaxTextConfig(
         overrides=settings | parse_overrides(overrides),
         data_path=data_path,
+        eval_data_path=eval_data_path,
         tokenizer=tokenizer,
         data_seed=data_seed,
         host_devices=devices,

@@ -140,7 +140,7 @@ def recipe(
     micro_batch_size: int = 1,
     global_batch_size: int = 128,
     lr: float = 3e-4,
-    world_size: int = 0,
+    world_size: int | None = None,
     dry_run: bool = False,
     data_path: str | None = None,
     tokenizer: str | None = None,

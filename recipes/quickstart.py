@@ -10,13 +10,13 @@ language reference); with it, ``--data-path`` is a prepared dataset or blend (``
 data prepare``) or ``.jsonl``/``.parquet``/``.txt`` files tokenized with ``datasets``.
 
 The model, data and optimizer are ordinary PyTorch objects handed to ``FabricBackend``
-(``baton.backends.fabric.gpt`` holds them); bring your own the same way.
+(``baton.backends.fabric.models.gpt`` holds them); bring your own the same way.
 """
 
 from __future__ import annotations
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.gpt import GPT, GPTConfig, adamw, byte_loaders, warmup_cosine
+from baton.backends.fabric.models.gpt import GPT, GPTConfig, adamw, byte_loaders, warmup_cosine
 from baton.backends.fabric.text import text_loaders
 from baton.callbacks import standard_callbacks
 from baton.core import Driver

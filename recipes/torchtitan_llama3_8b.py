@@ -43,8 +43,7 @@ def recipe(
     """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave."""
     from torchtitan.models.llama3.config_registry import llama3_8b
 
-    from baton.backends.torchtitan.configs import set_layout
-    from baton.backends.torchtitan.data import dataloader_config, tokenizer_config
+    from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.plan import parallelism_plan
 
     config = llama3_8b()

@@ -5,7 +5,7 @@ import io
 import pytest
 from rich.console import Console
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Progress
 from baton.core import Callback, Driver
 from benchmarks.host_syncs import count_host_syncs

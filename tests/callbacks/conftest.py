@@ -67,7 +67,7 @@ def tiny_driver(run_dir: Path, callbacks: list, **driver_kwargs):  # -> Driver
     """A Driver over a tiny Fabric GPT on CPU (a step takes a few ms)."""
     import torch
 
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
     from baton.core import Driver
 
     torch.set_num_threads(1)

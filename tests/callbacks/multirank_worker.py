@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.callbacks import (
     Checkpoint,
     CompositeLogger,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.fabric import FabricBackend
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption, ThroughputMonitor
 from baton.core import Callback, Driver
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.backends.fabric.gpt import GPT, GPTConfig
+from baton.backends.fabric.models.gpt import GPT, GPTConfig
 from baton.callbacks import Checkpoint
 from baton.core import Callback, CheckpointError
 from baton.core import checkpointing as ckpt

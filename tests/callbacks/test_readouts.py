@@ -57,3 +57,38 @@ def test_throughput_leaves_evaluation_time_out(tmp_path: Path) -> None:
     step_time = seen.logs[-1]["throughput/step_time_s"]
     # two evaluations of 0.3 s fell into the window of four microsecond steps
     assert step_time < 0.05, step_time
+
+
+class SampleBackend(ScalarBackend):
+    """A model that is not a token model: its steps count samples, no tokens."""
+
+    def train_step(self, step: int):  # type: ignore[override]
+        output = super().train_step(step)
+        output.tokens = 0
+        return output
+
+
+def test_a_model_without_tokens_reports_samples_per_second(tmp_path: Path) -> None:
+    from baton.callbacks import CompositeLogger
+    from baton.callbacks.sinks.console import ConsoleSink
+    from baton.callbacks.standard import CONSOLE_KEYS
+
+    console = io.StringIO()
+    progress = Progress(console=Console(file=console, width=200, force_terminal=False))
+    recorder = Recorder()
+    line = io.StringIO()
+    logger = CompositeLogger([ConsoleSink(CONSOLE_KEYS, stream=line)])
+    callbacks = [ThroughputMonitor(), progress, logger, recorder]
+    Driver(SampleBackend(), callbacks, max_steps=20, log_every=10, run_dir=tmp_path).fit()
+    last = recorder.logs[-1]
+    assert last["throughput/samples_per_s"] > 0
+    assert "throughput/tokens_per_s" not in last and "throughput/tflops_per_device" not in last
+    assert "throughput/samples_per_s" in line.getvalue()
+    assert "tokens_per_s" not in line.getvalue()
+    assert "samples/s" in console.getvalue() and "tok/s" not in console.getvalue()
+
+    tokens = io.StringIO()  # a token model shows tokens/s, and only that rate
+    logger = CompositeLogger([ConsoleSink(CONSOLE_KEYS, stream=tokens)])
+    Driver(ScalarBackend(), [ThroughputMonitor(), logger], max_steps=10, run_dir=tmp_path / "t").fit()
+    assert "throughput/tokens_per_s" in tokens.getvalue()
+    assert "samples_per_s" not in tokens.getvalue()

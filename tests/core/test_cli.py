@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.cli import main
+from baton.core.cli import checkpoint_run_dir, main
 from baton.core.recipe import RecipeError, build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,9 +92,50 @@ def test_recipe_parameters_reach_the_driver_and_its_settings(tmp_path):
 def test_listings():
     out = baton("callbacks")
     assert out.returncode == 0 and "progress" in out.stdout
+    # a summary that spans lines is shown whole, not cut mid-sentence
+    assert "each tagged with its phase" in " ".join(out.stdout.split())
+    out = baton("patches", "--backend", "fabric")
+    assert out.returncode == 0 and "registers no patches" in out.stdout
     out = baton("backends")
     assert out.returncode == 0 and "fabric" in out.stdout
     out = baton("patches", "--backend", "nope")
     assert out.returncode == 2 and "unknown backend" in out.stderr
     out = baton("frobnicate")
     assert out.returncode == 2 and "unknown command" in out.stderr
+
+
+SCALAR = ROOT / "tests" / "safety" / "recipe_scalar.py"
+
+
+def test_eval_writes_into_the_checkpoints_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`baton eval` logs into the run that wrote the checkpoint, not the recipe's default
+    run directory (unless --run-dir is given); `baton eval --help` explains itself."""
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(
+        SCALAR.read_text().replace("    run_dir: str,", '    run_dir: str = "runs/default",')
+    )
+    trained = tmp_path / "trained"
+    assert main(["run", str(recipe), "--run-dir", str(trained), "--max-steps", "6"]) == 0
+    before = (trained / "logs" / "metrics.jsonl").read_text()
+    checkpoint = trained / "checkpoints" / "step_000006"
+    assert checkpoint_run_dir(checkpoint) == trained
+    capsys.readouterr()
+
+    assert main(["eval", str(recipe), "--checkpoint", str(checkpoint)]) == 0
+    assert "eval/" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists(), "eval wrote into the recipe's default run dir"
+    after = (trained / "logs" / "metrics.jsonl").read_text()
+    assert after.startswith(before) and '"eval"' in after[len(before) :]
+
+    other = tmp_path / "other"  # an explicit --run-dir is honoured
+    assert main(["eval", str(recipe), "--checkpoint", str(checkpoint), "--run-dir", str(other)]) == 0
+    assert (other / "logs" / "metrics.jsonl").is_file()
+
+    assert main(["eval", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--checkpoint" in text and "run directory" in text
+    assert main(["eval", str(recipe)]) == 2
+    assert "--checkpoint CHECKPOINT_DIR is required" in capsys.readouterr().err

@@ -43,6 +43,17 @@ def test_explicit_settings() -> None:
     assert (launch.rank, launch.source, launch.master_addr) == (1, "explicit", "127.0.0.1")
 
 
+def test_processes_lightning_starts_itself() -> None:
+    """Fabric(devices=2) without torchrun re-runs the command with LOCAL_RANK, WORLD_SIZE
+    and NODE_RANK but no RANK: the second process is rank 1, not a second rank 0."""
+    env = {"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4000"}  # fmt: skip
+    launch = Launch.from_env(env)
+    assert (launch.rank, launch.world_size, launch.source) == (1, 2, "lightning")
+    with pytest.raises(LaunchError, match="launch with torchrun or SLURM"):
+        Launch.from_env({**env, "NODE_RANK": "1"})
+
+
 @pytest.mark.parametrize(
     "env, message",
     [

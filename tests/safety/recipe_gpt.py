@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CompositeLogger
 from baton.core import Driver
 

@@ -16,7 +16,7 @@ import signal
 import time
 from typing import Any
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CompositeLogger, Preemption
 from baton.core import Callback, Driver
 from baton.core.launch import restart_count

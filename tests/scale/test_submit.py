@@ -93,3 +93,32 @@ def test_kubernetes_example_runs_a_recipe_baton_accepts() -> None:
     assert command[:4] == ["torchrun", "-m", "baton.core.cli", "run"]
     assert (root / command[4]).is_file() and command[-2:] == ["--resume", "auto"]
     assert job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"
+
+
+def test_a_gpu_job_trains_on_the_gpus(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A GPU job gets the recipe's --accelerator cuda, refuses a CPU accelerator, asks for
+    CPU cores and memory when told, and says that the nodes must share the filesystem."""
+    root = Path(__file__).parents[2]
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    quickstart = str(root / "recipes" / "quickstart.py")
+
+    def submit(recipe: str, *args: str) -> tuple[int, str, str]:
+        code = main([recipe, "--run-dir", str(tmp_path), "--dry-run", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = submit(quickstart, "--nodes", "2", "--gpus-per-node", "8",
+                            "--cpus-per-task", "64", "--mem", "480G")  # fmt: skip
+    assert code == 0, err
+    assert "--accelerator cuda" in out.splitlines()[-1]
+    assert "#SBATCH --cpus-per-task=64" in out and "#SBATCH --mem=480G" in out
+    assert "shared filesystem" in err
+    code, _, err = submit(quickstart, "--gpus-per-node", "8", "--accelerator", "cpu")
+    assert code == 2 and "train on the CPU" in err and "--accelerator cuda" in err
+    code, out, _ = submit(quickstart)  # a CPU job keeps the recipe's CPU default
+    assert code == 0 and "--accelerator" not in out
+    lightning = str(root / "recipes" / "lightning_module.py")  # accelerator fixed in code
+    code, _, err = submit(lightning, "--gpus-per-node", "4")
+    assert code == 2 and "accelerator='cpu'" in err
+    code, _, err = submit(quickstart, "--mem", "lots")
+    assert code == 2 and "--mem 'lots'" in err

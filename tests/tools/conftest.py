@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.backends.corpus import reference_documents
-from baton.backends.textdata import TokenizerInfo, train_tokenizer
+from baton.data import TokenizerInfo, train_tokenizer
+from baton.data.corpus import reference_documents
 
 
 @pytest.fixture(scope="session")

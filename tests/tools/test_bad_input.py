@@ -199,3 +199,26 @@ def test_tokenizer_command_refuses_to_overwrite(tmp_path, tokenizer, capsys) -> 
     assert status == 2 and "already exists; pass --force" in err
     status, err = run(capsys, "tokenizer", "--vocab-size", "100", "--output", str(tmp_path / "t2"))
     assert status == 2 and "vocab size 100 is too small" in err
+
+
+def test_tokenizer_trains_on_the_documents_of_jsonl_not_its_json(tmp_path, capsys) -> None:
+    """`baton data tokenizer --input x.jsonl` reads the documents as `prepare` does: the
+    tokenizer equals one trained on the same texts, and learns nothing of JSON escapes."""
+    from baton.data import train_tokenizer
+
+    texts = [f"Line {i} of a note.\nDESCRIPTION: item {i % 7} costs {i * 3} units.\n" for i in range(300)]
+    corpus = write(tmp_path / "notes.jsonl", "".join(json.dumps({"body": t}) + "\n" for t in texts))
+    status, err = run(
+        capsys, "tokenizer", "--input", str(corpus), "--text-key", "body",
+        "--vocab-size", "400", "--output", str(tmp_path / "tok"),
+    )  # fmt: skip
+    assert status == 0, err
+    expected = train_tokenizer(tmp_path / "direct", vocab_size=400, texts=texts)
+    learned = (tmp_path / "tok" / "tokenizer.json").read_text()
+    assert learned == (expected.path / "tokenizer.json").read_text()
+    assert '"body"' not in learned and "nDESCRIPTION" not in learned
+    status, err = run(
+        capsys, "tokenizer", "--input", str(corpus), "--vocab-size", "400",
+        "--output", str(tmp_path / "t3"),
+    )  # fmt: skip
+    assert status == 2 and "has no key 'text'" in err and "--text-key" in err

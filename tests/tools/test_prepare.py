@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from baton.backends.textdata import PreparedDataset, TokenizerInfo, read_manifest
+from baton.data import PreparedDataset, TokenizerInfo, read_manifest
 from baton.tools.data.prepare import prepare
 
 
@@ -132,7 +132,7 @@ def test_a_large_vocabulary_is_written_as_int32(tmp_path) -> None:
     """A vocabulary past uint16 (70,000 words) goes to int32 and reads back the same."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from baton.backends.textdata import load_tokenizer
+    from baton.data import load_tokenizer
 
     vocab = {"<|endoftext|>": 0, "[UNK]": 1} | {f"w{i}": i + 2 for i in range(70_000)}
     word_level = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))

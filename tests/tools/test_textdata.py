@@ -1,4 +1,4 @@
-"""baton.backends.textdata: tokenizers offline, the prepared-data reader's checks, blends."""
+"""baton.data: tokenizers offline, the prepared-data reader's checks, blends."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.backends.textdata import (
+from baton.data import (
     DataError,
     PreparedDataset,
     check_model_vocab,
@@ -201,7 +201,7 @@ def test_blends_parse_megatron_style(small) -> None:
 
 def test_importing_textdata_pulls_in_no_framework() -> None:
     script = (
-        "import sys, baton.backends.textdata\n"
+        "import sys, baton.data\n"
         "print(sorted(m for m in ('torch', 'jax', 'megatron', 'tokenizers', 'transformers') "
         "if m in sys.modules))"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, Driver
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, CheckpointError, Driver
 from baton.core.recipe import build_driver
 from support.recording import Losses

@@ -21,3 +21,28 @@ def test_two_ranks_agree_on_weights_and_stop(tmp_path):
     assert ranks[1]["reason"] == "rank 1 asked"
     assert ranks[0]["reason"] == "requested on another rank"
     assert ranks[0]["param_hash"] == ranks[1]["param_hash"]
+
+
+@pytest.mark.slow
+def test_fabric_starts_its_own_processes_without_torchrun(tmp_path: Path) -> None:
+    """FabricConfig(devices=2) under plain `baton run`: Fabric re-runs the command for
+    rank 1, which must not take the run directory's lock its parent holds."""
+    import os
+    import subprocess
+    import sys
+
+    recipe = Path(__file__).with_name("recipe_fabric_devices.py")
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "baton.core.cli", "run", str(recipe), "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "in use by another baton run" not in done.stderr
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["world_size"] == 2 and record["launch"]["source"] == "lightning"
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == [
+        "step_000004",
+        "step_000008",
+    ]

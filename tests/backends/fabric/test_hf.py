@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.backends.fabric.weights import WeightsError
 from baton.core import Callback, Driver
 from baton.core.cli import main as baton

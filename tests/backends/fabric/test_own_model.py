@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.backend import BatchError
+from baton.backends.fabric.step import BatchError
 from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
 
@@ -160,3 +160,38 @@ def test_bad_input_is_a_clear_error(tmp_path, model, data, message):
     )
     with pytest.raises((TypeError, ValueError, BatchError), match=message):
         Driver(backend, max_steps=2, run_dir=tmp_path).fit()
+
+
+def test_loss_fn_may_return_loss_and_metrics(tmp_path):
+    """`loss_fn` returning `(loss, {name: value})` (the JAX backend's form) logs each
+    metric under its own name, in training and evaluation; the loss is unchanged."""
+
+    def with_metrics(model, batch):
+        error = model(batch[0]) - batch[1]
+        loss = (error**2).mean()
+        return loss, {"mae": error.abs().mean(), "worst": error.abs().max().item()}
+
+    data = regression_batches()
+    plain, tupled = Record(), Record()
+    Driver(regression(data), [plain], max_steps=4, log_every=1, run_dir=tmp_path / "a").fit()
+    torch.manual_seed(0)
+    backend = FabricBackend(
+        model=nn.Linear(4, 1),
+        optimizer=lambda model: torch.optim.SGD(model.parameters(), lr=0.05),
+        data=data,
+        loss_fn=with_metrics,
+        eval_data=data[:2],
+        config=FabricConfig(accelerator="cpu"),
+    )
+    seen: list[dict[str, float]] = []
+
+    class Logs(Callback):
+        def on_log(self, driver, metrics):
+            seen.append(dict(metrics))
+
+    driver = Driver(backend, [tupled, Logs()], max_steps=4, log_every=1, eval_every=4,
+                    run_dir=tmp_path / "b")  # fmt: skip
+    driver.fit()
+    assert tupled.losses == plain.losses
+    assert all(m["mae"] > 0 and m["worst"] >= m["mae"] for m in seen)
+    assert {"eval/loss", "eval/mae", "eval/worst"} <= set(tupled.evals[0])

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from baton.backends.corpus import reference_documents
 from baton.backends.fabric.text import Blended, TokenWindows
-from baton.backends.textdata import DataError, train_tokenizer
 from baton.core import Callback
 from baton.core.recipe import build_driver
+from baton.data import DataError, train_tokenizer
+from baton.data.corpus import reference_documents
 from support.recording import Losses
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from baton.backends.corpus import load_text
+from baton.data.corpus import load_text
 
 SEQ = 16
 BATCH = 8

@@ -3,7 +3,7 @@
     python prepared_data.py OUT_DIR     # OUT_DIR/tok (HF tokenizer), OUT_DIR/corpus.{bin,idx,json}
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the Python language
-reference (``baton.backends.textdata.train_tokenizer``); the dataset is every topic of
+reference (``baton.data.train_tokenizer``); the dataset is every topic of
 that text tokenized, end-of-document appended, written by megatron-core's
 ``IndexedDatasetBuilder`` with a baton manifest (tokenizer fingerprint, counts). It runs
 in its own process so that the test process never imports torch (megatron-core needs it).
@@ -20,8 +20,8 @@ import numpy as np
 def build(out: Path, vocab_size: int = 512) -> tuple[Path, Path]:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import Manifest, SourceFile, train_tokenizer
+    from baton.data import Manifest, SourceFile, train_tokenizer
+    from baton.data.corpus import reference_documents
 
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(out / "tok", vocab_size=vocab_size)

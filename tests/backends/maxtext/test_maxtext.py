@@ -144,7 +144,12 @@ def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:
     assert result.step == STEPS
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1] - 1.0, losses  # real text: the loss falls
-    assert {"grad_norm", "lr", "param_norm"} <= set(baton_run["metrics"][1])
+    first = baton_run["metrics"][1]
+    assert {"grad_norm", "grad_norm_clipped", "lr", "param_norm"} <= set(first)
+    # grad_norm is measured before clipping, as on every backend (MaxText's raw_grad_norm)
+    assert "raw_grad_norm" not in first
+    assert first["grad_norm_clipped"] <= first["grad_norm"] + 1e-6
+    assert first["grad_norm"] > 1.0 >= first["grad_norm_clipped"] - 1e-6  # clipped at 1.0
     assert baton_run["lazy_types"] == {"ArrayImpl"}  # jax arrays, not host floats
     evals = baton_run["evals"]
     assert sorted(evals) == [SAVE_AT, STEPS] and evals[STEPS] < evals[SAVE_AT]
@@ -254,7 +259,8 @@ def test_continue_from_maxtext_checkpoint(
     baton_run: dict[str, Any], maxtext_reference: dict[str, Any], tmp_path: Path
 ) -> None:
     """MaxText's checkpoint '5' holds 6 updates: baton continues at step 7 on MaxText's losses."""
-    from baton.backends.maxtext.backend import MaxTextBackend, baton_step_of_maxtext_checkpoint
+    from baton.backends.maxtext.backend import MaxTextBackend
+    from baton.backends.maxtext.checkpoint import baton_step_of_maxtext_checkpoint
 
     checkpoints = maxtext_reference["checkpoints"]
     names = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
@@ -322,7 +328,7 @@ def test_pending_save_reports_checkpointer_completion(tmp_path: Path) -> None:
     import jax.numpy as jnp
     from maxtext.common import checkpointing
 
-    from baton.backends.maxtext.backend import CheckpointerPendingSave
+    from baton.backends.maxtext.checkpoint import CheckpointerPendingSave
 
     checkpointer = checkpointing.create_orbax_checkpoint_manager(str(tmp_path), True, True, 1)
     tree = {"w": jnp.arange(1024.0), "b": jnp.ones(8)}
@@ -338,7 +344,8 @@ def test_weights_only_start_gives_the_source_models_loss(
 ) -> None:
     """load_parameters_path from the step-6 checkpoint: fresh optimizer at step 0, and the
     first loss on the batch the source run saw at step 7 is the source run's step-7 loss."""
-    from baton.backends.maxtext.backend import MaxTextBackend, params_path
+    from baton.backends.maxtext.backend import MaxTextBackend
+    from baton.backends.maxtext.checkpoint import params_path
 
     checkpoint = baton_run["result"].checkpoints[0]
     config = copy.deepcopy(baton_run["driver"].backend.config)

@@ -172,13 +172,13 @@ def test_patch_decisions_follow_the_run(tmp_path: Path, monkeypatch: pytest.Monk
 # -- MaxText's own pipelines: bad input named before MaxText starts --------------------
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
 
     return train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400).path
 
 
 def test_tokenizer_larger_than_vocab_names_both(bpe: Path, tmp_path: Path) -> None:
-    from baton.backends.textdata import DataError
+    from baton.data import DataError
 
     config = MaxTextConfig(TINY_CPU, data_path=str(tmp_path / "corpus"), tokenizer=str(bpe))
     with pytest.raises(DataError, match=r"400 tokens.*256 rows"):
@@ -186,7 +186,7 @@ def test_tokenizer_larger_than_vocab_names_both(bpe: Path, tmp_path: Path) -> No
 
 
 def test_missing_index_and_missing_tokenizer_are_named(bpe: Path, tmp_path: Path) -> None:
-    from baton.backends.textdata import DataError
+    from baton.data import DataError
 
     (tmp_path / "corpus.bin").write_bytes(b"\0" * 16)
     config = MaxTextConfig(

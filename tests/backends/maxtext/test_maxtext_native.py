@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from backends.maxtext.maxtext_support import outside_driver, record_save_handles
 
-from baton.backends.textdata import DataError
+from baton.data import DataError
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +182,7 @@ def test_tokenizer_other_than_the_datas_is_refused(
     prepared: dict[str, Path], tmp_path: Path
 ) -> None:
     from baton.backends.maxtext import MaxTextConfig
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
 
     other = train_tokenizer(tmp_path / "other", vocab_size=300)
     config = MaxTextConfig(
@@ -201,9 +201,9 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
     """MaxText's Hugging Face pipeline on a local JSON Lines file, tokenized on the fly by
     the same tokenizer; MaxText saves no state for it, so baton replays the stream's
     position on resume: the resumed steps repeat the uninterrupted run's losses."""
-    from baton.backends.corpus import reference_documents
     from baton.core import Callback
     from baton.core.recipe import build_driver
+    from baton.data.corpus import reference_documents
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in reference_documents()))
@@ -237,3 +237,43 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
     assert meta["data"] == {"pipeline": "hf", "consumed": 2}
     _, resumed = run(tmp_path / "hf_resumed", "--save-every=0", f"--resume={first.checkpoints[0]}")
     assert resumed == {3: losses[3], 4: losses[4]}
+
+
+def test_evaluation_on_maxtexts_pipeline_or_refused(
+    native_run: dict[str, Any], prepared: dict[str, Path], tmp_path: Path
+) -> None:
+    """A requested evaluation is never skipped: with --eval-data-path MaxText's own
+    pipeline evaluates (a fixed set of its eval batches); without it the run is refused
+    before anything is built, naming the flag."""
+    from baton.core import Callback
+    from baton.core.errors import UsageError
+    from baton.core.recipe import build_driver
+
+    evals: dict[int, float] = {}
+
+    class Record(Callback):
+        def on_eval_end(self, driver: Any, metrics: dict[str, float]) -> None:
+            evals[driver.step] = metrics["eval/loss"]
+
+    cache = f"--overrides=jax_cache_dir={native_run['run_dir'] / 'jax_cache'}"
+    argv = [
+        f"--tokenizer={prepared['tokenizer']}",
+        f"--data-path={prepared['prefix']}",
+        "--max-steps=4",
+        "--no-progress",
+        "--no-print-loss",
+        "--save-every=0",
+        cache,
+    ]
+    with pytest.raises(UsageError, match="--eval-data-path"):
+        build_driver(RECIPE, [*argv, "--eval-every=2", f"--run-dir={tmp_path / 'no'}"])
+    driver = build_driver(
+        RECIPE,
+        [*argv, "--eval-every=2", f"--eval-data-path={prepared['prefix']}",
+         f"--run-dir={tmp_path / 'eval'}"],
+    )  # fmt: skip
+    assert driver.backend.config.merged()["grain_eval_files"] == str(prepared["prefix"])
+    driver.callbacks.append(Record())
+    driver.fit()
+    assert sorted(evals) == [2, 4] and all(0 < v < 20 for v in evals.values())
+    assert evals[4] < evals[2]

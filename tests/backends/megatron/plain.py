@@ -103,7 +103,7 @@ def plain_loop(
     from megatron.core.tokenizers import MegatronTokenizer
 
     from baton.backends.megatron import cpu
-    from baton.backends.megatron.data import ByteTokenizer
+    from baton.backends.megatron.data import ByteEodTokenizer
     from baton.core.patches import PatchRecorder
 
     recorder = PatchRecorder()
@@ -128,7 +128,7 @@ def plain_loop(
             )
             vocab = tok.vocab_size
         else:
-            tok = ByteTokenizer()
+            tok = ByteEodTokenizer()
             vocab = tok.vocab_size
         multiple = 64 * layout.tp
         padded = -(-vocab // multiple) * multiple

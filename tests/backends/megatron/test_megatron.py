@@ -32,7 +32,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 from plain import Layout, plain_loop
 
-from baton.backends.textdata import parse_blend
+from baton.data import parse_blend
 
 STEPS = 12
 SAVE_AT = 6
@@ -88,8 +88,8 @@ def global_state() -> dict[str, Any]:
 def prepare_data(root: Path) -> tuple[str, str]:
     """A byte-level BPE tokenizer trained offline and two prepared datasets (halves of the
     Python language reference) through ``baton data prepare``; returns (tokenizer, blend)."""
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
 
     tokenizer = root / "tokenizer"
@@ -298,7 +298,8 @@ def test_weights_only_start_matches_source_model_on_the_same_batch(runs: Runs) -
 def test_load_failures_name_the_call_and_a_bare_assertion_its_source_line(tmp_path: Path) -> None:
     import importlib.util
 
-    from baton.backends.megatron.backend import CheckpointLoadError, _naming_failures
+    from baton.backends.megatron.checkpoint import CheckpointLoadError
+    from baton.backends.megatron.checkpoint import naming_failures as _naming_failures
 
     # a bare assert outside the test module (pytest rewrites asserts only in tests)
     source = tmp_path / "distrib_optimizer.py"
@@ -321,7 +322,7 @@ def test_load_failures_name_the_call_and_a_bare_assertion_its_source_line(tmp_pa
 
 def test_bad_data_input_is_refused_before_anything_is_built(runs: Runs, tmp_path: Path) -> None:
     from baton.backends.megatron import MegatronBackend, MegatronConfig
-    from baton.backends.textdata import DataError, train_tokenizer
+    from baton.data import DataError, train_tokenizer
 
     def check(**data: Any) -> str:
         config = MegatronConfig(vocab_size=data.pop("vocab_size", None))
@@ -343,6 +344,16 @@ def test_bad_data_input_is_refused_before_anything_is_built(runs: Runs, tmp_path
     assert "lone" in check(data_path=str(lone), tokenizer=runs.tokenizer)
     assert "tokenizer" in check(data_path=prefix)
     assert "data path" in check(tokenizer=runs.tokenizer)
+
+    # a .txt file prepared whole is one document: the message says how to split it
+    from baton.tools.data.prepare import prepare
+
+    text = tmp_path / "notes.txt"
+    text.write_text("".join(f"Paragraph {i}: some words here.\n\n" for i in range(50)))
+    prepare([text], runs.tokenizer, tmp_path / "notes", workers=1)
+    message = check(data_path=str(tmp_path / "notes"), tokenizer=runs.tokenizer)
+    assert "1 document(s)" in message and "--txt-split paragraph" in message
+    assert "--set data.split=" in message
 
 
 @pytest.mark.slow

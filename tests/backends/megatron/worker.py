@@ -43,8 +43,8 @@ def main() -> None:
     from plain import Layout, plain_loop
 
     from baton.backends.megatron import MegatronBackend, MegatronConfig
-    from baton.backends.textdata import parse_blend
     from baton.core import Callback, Driver
+    from baton.data import parse_blend
 
     class Record(Callback):
         def __init__(self) -> None:

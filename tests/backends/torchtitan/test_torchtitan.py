@@ -266,7 +266,7 @@ def _first_batch(data: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first batch a fresh run reads: TorchTitan's HF loader and tokenizer."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from baton.backends.torchtitan.data import dataloader_config
+    from baton.backends.torchtitan.configs import dataloader_config
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(data / "tokenizer"))
     loader = dataloader_config(str(data / "corpus.jsonl")).build(
@@ -325,7 +325,7 @@ def test_prepared_dataset_trains_and_resumes_exactly(data, tmp_path):
     """The corpus prepared by ``baton data prepare`` (Megatron's .bin/.idx) on TorchTitan's
     data-loader protocol: the loss falls, and a resume from step 5 (weights, optimizer and
     the loader's window position from TorchTitan's checkpoint) repeats steps 6-10."""
-    from baton.backends.torchtitan.data import dataloader_config
+    from baton.backends.torchtitan.configs import dataloader_config
     from baton.backends.torchtitan.prepared import PreparedDataLoader
 
     def config(name: str) -> Any:

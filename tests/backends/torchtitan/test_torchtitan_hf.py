@@ -41,10 +41,11 @@ class FirstBatch(Callback):
 
 def _byte_batch() -> tuple[torch.Tensor, torch.Tensor]:
     """The first batch a fresh byte-level run reads (baton's packed reference text)."""
-    from baton.backends.torchtitan.data import ByteTokenizer, dataloader_config
+    from baton.backends.torchtitan.configs import dataloader_config
+    from baton.backends.torchtitan.data import ByteBosEosTokenizer
 
     loader = dataloader_config(None, seed=0).build(
-        dp_world_size=1, dp_rank=0, tokenizer=ByteTokenizer(), seq_len=SEQ,
+        dp_world_size=1, dp_rank=0, tokenizer=ByteBosEosTokenizer(), seq_len=SEQ,
         local_batch_size=BATCH,
     )  # fmt: skip
     inputs, labels = next(iter(loader))
@@ -134,9 +135,9 @@ def test_a_vocabulary_changed_by_set_alone_is_refused_before_build(tmp_path):
 
 def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     """The debug model's vocabulary follows ``--tokenizer`` (it has 2,048 rows)."""
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import train_tokenizer
     from baton.backends.torchtitan.hf import tokenizer_vocab
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
 
     tokenizer = str(train_tokenizer(tmp_path / "tok", vocab_size=4096).path)
     assert tokenizer_vocab(tokenizer) == 4096

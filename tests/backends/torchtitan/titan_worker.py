@@ -30,8 +30,8 @@ def make_data(directory: Path) -> Path:
     ``train_tokenizer``, about a second), ``corpus.jsonl`` (one document per line under
     ``"text"``) and ``corpus.bin``/``.idx``, the same corpus prepared with that tokenizer
     (``baton data prepare``)."""
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
 
     tokenizer = train_tokenizer(directory / "tokenizer", vocab_size=VOCAB)
@@ -185,7 +185,7 @@ def async_resume_run(run_dir: Path, data: Path) -> dict[str, Any]:
     """
     from torchtitan.components.validate import Validator
 
-    from baton.backends.torchtitan.data import dataloader_config
+    from baton.backends.torchtitan.configs import dataloader_config
     from baton.callbacks import Checkpoint
 
     config = small_config(str(run_dir / "torchtitan"), data=data)

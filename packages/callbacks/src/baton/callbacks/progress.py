@@ -1,12 +1,13 @@
-"""A live progress display: step, loss, tokens/s and ETA (rich), on rank 0.
+"""A live progress display: step, loss, tokens/s (samples/s) and ETA (rich), on rank 0.
 
 Example::
 
     Driver(backend, callbacks=[Progress()], max_steps=300)
 
 The bar advances every step from host counters (no device value is read between log
-steps); the loss and tokens/s come from log steps and ``eval/loss`` from evaluations.
-Logs nothing.
+steps); the loss and the rate come from log steps and ``eval/loss`` from evaluations.
+The rate is tokens/s for a model whose steps count tokens, samples/s otherwise. Logs
+nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("progress")
 class Progress(Callback):
-    """Live progress bar with step, loss, tokens/s and ETA (rank 0 only)."""
+    """Live progress bar with step, loss, tokens/s (or samples/s) and ETA (rank 0 only)."""
 
     priority = DISPLAY_PRIORITY
 
@@ -37,8 +38,8 @@ class Progress(Callback):
         self._bar: RichProgress | None = None
         self._task: Any = None
         self._last = (0.0, 0)
-        self._loss = float("nan")
-        self._rate = 0.0
+        self._loss: float | None = None
+        self._rate: tuple[float, str] | None = None
         self._eval_loss: float | None = None
 
     def on_train_start(self, driver: Driver) -> None:
@@ -58,7 +59,12 @@ class Progress(Callback):
         self._task = self._bar.add_task(
             "train", total=driver.max_steps, completed=driver.step, info=""
         )
-        self._last = (time.monotonic(), driver.tokens)
+        self._last = (time.monotonic(), self._count(driver)[0])
+
+    @staticmethod
+    def _count(driver: Driver) -> tuple[int, str]:
+        """Tokens for a token model, else samples: what the rate counts."""
+        return (driver.tokens, "tok/s") if driver.tokens else (driver.samples, "samples/s")
 
     def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         # host counters only (no device value is read): the bar moves every step
@@ -67,10 +73,11 @@ class Progress(Callback):
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         now = time.monotonic()
-        then, tokens_then = self._last
-        if driver.tokens > tokens_then:
-            self._rate = (driver.tokens - tokens_then) / max(now - then, 1e-9)
-            self._last = (now, driver.tokens)
+        then, count_then = self._last
+        count, unit = self._count(driver)
+        if count > count_then:
+            self._rate = ((count - count_then) / max(now - then, 1e-9), unit)
+            self._last = (now, count)
         self._loss = metrics.get("loss", self._loss)
         self._show(driver)
 
@@ -81,9 +88,13 @@ class Progress(Callback):
     def _show(self, driver: Driver) -> None:
         if self._bar is None:
             return
-        info = f"loss {self._loss:.4f}  {self._rate:,.0f} tok/s"
+        parts = [] if self._loss is None else [f"loss {self._loss:.4f}"]
+        if self._rate is not None:
+            rate, unit = self._rate
+            parts.append(f"{rate:,.0f} {unit}" if rate >= 100 else f"{rate:.3g} {unit}")
         if self._eval_loss is not None:
-            info += f"  eval {self._eval_loss:.4f}"
+            parts.append(f"eval {self._eval_loss:.4f}")
+        info = "  ".join(parts)
         self._bar.update(self._task, completed=driver.step, info=info)
 
     def on_train_end(self, driver: Driver) -> None:

@@ -29,8 +29,15 @@ from baton.callbacks.sinks.wandb import WandbSink
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.core.callback import Callback
 
-#: printed on every log step and evaluation (the loss visibly falls in any terminal)
-CONSOLE_KEYS: tuple[str, ...] = ("loss", "eval/loss", "grad_norm", "lr", "throughput/tokens_per_s")
+#: printed on every log step and evaluation (the loss visibly falls in any terminal);
+#: ``a|b`` shows ``a``, else ``b`` (tokens/s for token models, else samples/s)
+CONSOLE_KEYS: tuple[str, ...] = (
+    "loss",
+    "eval/loss",
+    "grad_norm",
+    "lr",
+    "throughput/tokens_per_s|throughput/samples_per_s",
+)
 
 
 def standard_callbacks(

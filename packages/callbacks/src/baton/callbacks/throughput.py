@@ -12,9 +12,11 @@ peak from ``baton.callbacks.device_flops`` for the ``precision`` in use (NVIDIA 
 through Lightning's table, TPU v4/v5e/v5p/v6e, AMD MI300) or the ``peak_flops``
 argument; on a CPU (no known peak) MFU is not logged.
 
-Metric keys logged: ``throughput/tokens_per_s``, ``throughput/samples_per_s``,
-``throughput/step_time_s``, ``throughput/tflops_per_device`` (when the backend
-reports flops per token) and ``throughput/mfu`` (when the peak is known).
+Metric keys logged: ``throughput/samples_per_s``, ``throughput/step_time_s``, and for
+a model whose steps count tokens ``throughput/tokens_per_s``,
+``throughput/tflops_per_device`` (when the backend reports flops per token) and
+``throughput/mfu`` (when the peak is known). A model that counts no tokens (a regressor,
+an image classifier) gets no token rate: samples per second is its throughput.
 """
 
 from __future__ import annotations
@@ -76,10 +78,13 @@ class ThroughputMonitor(Callback):
         # training time only: evaluation and the blocking part of saves are left out
         paused = self._paused(driver) - paused0
         seconds = max(time.perf_counter() - then - paused, 1e-9)
-        tokens_per_s = (driver.tokens - tokens0) / seconds
-        metrics["throughput/tokens_per_s"] = tokens_per_s
         metrics["throughput/samples_per_s"] = (driver.samples - samples0) / seconds
         metrics["throughput/step_time_s"] = seconds / steps
+        if driver.tokens == 0:  # not a token model: no token rate, no MFU from tokens
+            self._reset(driver)
+            return
+        tokens_per_s = (driver.tokens - tokens0) / seconds
+        metrics["throughput/tokens_per_s"] = tokens_per_s
         flops_per_token = driver.backend.flops_per_token
         if flops_per_token:
             per_device = tokens_per_s * flops_per_token / driver.backend.world_size

@@ -21,6 +21,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -32,8 +33,9 @@ from baton.core.registry import BACKENDS, CALLBACKS
 
 
 def _doc_line(obj: object) -> str:
+    """The docstring's first paragraph on one line (a summary may span lines)."""
     doc = (getattr(obj, "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else ""
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def cmd_run(argv: Sequence[str]) -> int:
@@ -52,11 +54,34 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 0
     result = driver.fit()
     if launch.rank == 0:
-        Console(stderr=True).print(
-            f"[bold]done[/]: step {result.step}, {result.tokens:,} tokens, "
+        counted = f"{result.tokens:,} tokens" if result.tokens else f"{result.samples:,} samples"
+        Console(stderr=True, soft_wrap=True).print(  # one line, however long the path
+            f"[bold]done[/]: step {result.step}, {counted}, "
             f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
         )
     return 0
+
+
+EVAL_USAGE = """usage: baton eval RECIPE.py --checkpoint CHECKPOINT_DIR [--param value ...]
+
+Evaluate a checkpoint once, without training: the recipe builds the backend (its flags
+as for `baton run`), the checkpoint's weights are loaded (verified like a resume) and
+the evaluation metrics are printed and logged into the checkpoint's own run directory
+(the folder that holds its `checkpoints/`), at the checkpoint's step.
+
+  --checkpoint DIR   a checkpoint directory, e.g. runs/quickstart/checkpoints/latest
+  RECIPE.py --help   the recipe's own flags"""
+
+
+def checkpoint_run_dir(checkpoint: str | Path) -> Path:
+    """The run directory a checkpoint belongs to: the parent of its ``checkpoints/``.
+
+    >>> checkpoint_run_dir("runs/a/checkpoints/step_000100").as_posix()
+    'runs/a'
+    """
+    path = Path(checkpoint)
+    parent = path.parent
+    return parent.parent if parent.name == "checkpoints" else parent
 
 
 def cmd_eval(argv: Sequence[str]) -> int:
@@ -65,20 +90,27 @@ def cmd_eval(argv: Sequence[str]) -> int:
     from baton.core.recipe import build_driver
 
     args = list(argv)
-    if "--checkpoint" in args[:-1] and args and not args[0].startswith("-"):
+    if not args or args[0] in ("-h", "--help"):
+        print(EVAL_USAGE)
+        return 0 if args else 2
+    if "--checkpoint" in args[:-1] and not args[0].startswith("-"):
         at = args.index("--checkpoint")
         checkpoint = args[at + 1]
         del args[at : at + 2]
+    elif any(a in ("-h", "--help") for a in args[1:]):
+        checkpoint = ""  # the recipe's own help, printed by build_driver
     else:
-        print(
-            "usage: baton eval RECIPE.py --checkpoint CHECKPOINT_DIR [--param value ...]",
-            file=sys.stderr,
-        )
+        print(EVAL_USAGE.splitlines()[0], file=sys.stderr)
+        print("baton eval: --checkpoint CHECKPOINT_DIR is required (--help explains)", file=sys.stderr)
         return 2
     setup_logging()
     driver = build_driver(args[0], args[1:])  # errors are reported by main()
     if driver is None:
         return 0
+    if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in args):
+        # the evaluation's logs belong to the run that wrote the checkpoint, not to the
+        # run directory the recipe defaults to (another run's)
+        driver.run_dir = checkpoint_run_dir(checkpoint)
     try:
         metrics = driver.evaluate_checkpoint(checkpoint)
     except (CheckpointError, FileNotFoundError) as error:
@@ -135,6 +167,10 @@ def cmd_patches(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if not rows:
+        which = f"backend {args.backend!r}" if args.backend else "no backend"
+        print(f"{which} registers no patches: it runs as installed, nothing to fix")
+        return 0
     table = _table("patch", "backend", "versions", "phase", "what it fixes")
     for cls in rows:
         table.add_row(cls.name, cls.backend, cls.versions or "any", cls.phase, cls.summary())
@@ -149,6 +185,7 @@ TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("baton.tools.submit", "baton-tools"),
     "export": ("baton.tools.export", "baton-tools"),
     "data": ("baton.tools.data", "baton-tools[data]"),
+    "compare": ("baton.tools.compare", "baton-tools[data]"),
 }
 
 

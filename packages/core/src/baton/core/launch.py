@@ -15,7 +15,10 @@ baton has no launcher of its own; every backend reads its place the same way::
 Precedence: torchrun's variables (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, which torchrun
 sets also when it runs inside a SLURM allocation), then SLURM's task variables
 (``SLURM_PROCID``/``SLURM_NTASKS``... of an ``srun`` step with more than one task), then
-``BATON_*`` settings, else a single process. This module imports neither torch nor jax.
+``BATON_*`` settings, then the processes Lightning Fabric starts itself on one node
+(``FabricConfig(devices=2)`` without torchrun: it re-runs the command with
+``LOCAL_RANK``, ``WORLD_SIZE`` and ``NODE_RANK`` but no ``RANK``), else a single process.
+This module imports neither torch nor jax.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class Launch:
     #: rendezvous host and port of rank 0 (``None`` for a single process)
     master_addr: str | None = None
     master_port: int | None = None
-    #: ``torchrun``, ``slurm``, ``explicit`` or ``single``
+    #: ``torchrun``, ``slurm``, ``explicit``, ``lightning`` or ``single``
     source: str = "single"
 
     @property
@@ -65,6 +68,8 @@ class Launch:
             return _from_slurm(env)
         if "BATON_WORLD_SIZE" in env:
             return _from_explicit(env)
+        if {"LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"} <= env.keys():
+            return _from_lightning(env)
         return cls()
 
     def torch_env(self) -> dict[str, str]:
@@ -147,6 +152,27 @@ def _from_slurm(env: Mapping[str, str]) -> Launch:
             master_addr=addr,
             master_port=port,
             source="slurm",
+        )
+    )
+
+
+def _from_lightning(env: Mapping[str, str]) -> Launch:
+    """A process Lightning's subprocess launcher started (``devices=N``, no torchrun)."""
+    if _int(env, "NODE_RANK", 0) != 0:
+        raise LaunchError(
+            "Lightning started this process on node "
+            f"{env['NODE_RANK']}: for several nodes launch with torchrun or SLURM"
+        )
+    world = _int(env, "WORLD_SIZE", 1)
+    return _check(
+        Launch(
+            rank=_int(env, "LOCAL_RANK", 0),
+            world_size=world,
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            local_world_size=world,
+            master_addr=env.get("MASTER_ADDR"),
+            master_port=_int(env, "MASTER_PORT", 0) or None,
+            source="lightning",
         )
     )
 

@@ -12,7 +12,7 @@ and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
 Example ``recipes/tiny.py``::
 
     from baton.core import Driver
-    from baton.backends.fabric.gpt import GPTTraining
+    from baton.backends.fabric.models.gpt import GPTTraining
 
     def recipe(max_steps: int = 100, lr: float = 3e-4) -> Driver:
         '''Train a tiny GPT.'''

@@ -16,6 +16,15 @@ The job is an ``sbatch`` script (``--dry-run`` prints it and submits nothing):
   default 1 per host); each reads its rank from SLURM and joins ``jax.distributed``
   with the first node as coordinator.
 
+The job's nodes must share a filesystem that holds the working directory, the recipe,
+the Python environment and the run directory (checkpoints written by one node are read
+by all after a requeue): the script ``cd``s into the submitting directory on every node.
+
+With ``--gpus-per-node`` the recipe must train on the GPUs: a recipe with an
+``accelerator`` parameter gets ``--accelerator cuda`` unless the flags name one, and a
+backend configured for the CPU (``FabricConfig(accelerator="cpu")``) is refused.
+``--cpus-per-task`` and ``--mem`` ask SLURM for CPU cores and memory per task.
+
 Every run gets ``--resume auto``. ``#SBATCH --signal=USR1@LEAD`` makes SLURM signal the
 training processes ``LEAD`` seconds before the time limit; the ``Preemption`` callback
 finishes the step, saves, requeues the job (``scontrol requeue``) and exits, and the
@@ -67,6 +76,8 @@ class JobSpec:
     account: str | None = None
     job_name: str = "baton"
     signal_lead_s: int = 120
+    cpus_per_task: int | None = None
+    mem: str | None = None
     output_dir: str = "."
     workdir: str = "."
     python: str = sys.executable
@@ -108,6 +119,10 @@ def batch_script(spec: JobSpec) -> str:
     ]
     if spec.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
+    if spec.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={spec.cpus_per_task}")
+    if spec.mem:
+        lines.append(f"#SBATCH --mem={spec.mem}")
     if spec.partition:
         lines.append(f"#SBATCH --partition={spec.partition}")
     if spec.account:
@@ -164,6 +179,12 @@ def _parser() -> argparse.ArgumentParser:
         help="processes per node when there are no GPUs (and JAX processes per host)",
     )
     parser.add_argument("--time", default="01:00:00", help="time limit [D-]HH:MM:SS")
+    parser.add_argument(
+        "--cpus-per-task",
+        type=int,
+        help="CPU cores per task (a torchrun task per node serves all its GPU workers)",
+    )
+    parser.add_argument("--mem", help="memory per node, SLURM syntax (e.g. 480G, 0 for all)")
     parser.add_argument("--partition", help="SLURM partition")
     parser.add_argument("--account", help="SLURM account")
     parser.add_argument("--job-name", help="job name (default: the recipe's name)")
@@ -183,7 +204,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_recipe(recipe: str, recipe_args: list[str]) -> tuple[str, str]:
+_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+def _gpu_flags(recipe: str, recipe_args: list[str], gpus_per_node: int) -> list[str]:
+    """The recipe's flags for a GPU job: ``--accelerator cuda`` added where the recipe
+    has that parameter and the flags do not name one; a CPU accelerator is refused."""
+    from baton.core.recipe_signature import read_signature
+
+    if not gpus_per_node:
+        return recipe_args
+    given = [a for a in recipe_args if a == "--accelerator" or a.startswith("--accelerator=")]
+    if given:
+        at = recipe_args.index(given[0])
+        value = given[0].partition("=")[2] or (recipe_args[at + 1:at + 2] or [""])[0]
+        if value == "cpu":
+            raise SubmitError(
+                f"--gpus-per-node {gpus_per_node} with --accelerator cpu: the job would hold "
+                "GPUs and train on the CPU; pass --accelerator cuda (or auto), or drop "
+                "--gpus-per-node for a CPU job"
+            )
+        return recipe_args
+    signature = read_signature(Path(recipe))
+    if signature is not None and any(p.name == "accelerator" for p in signature.params):
+        return [*recipe_args, "--accelerator", "cuda"]
+    return recipe_args
+
+
+def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -> tuple[str, str]:
     """Build the recipe's driver as ``baton run`` would (nothing trains): returns the
     backend name and run directory, or raises with the recipe's own message."""
     from baton.core.recipe import RecipeError, build_driver
@@ -196,6 +244,13 @@ def _check_recipe(recipe: str, recipe_args: list[str]) -> tuple[str, str]:
         raise SubmitError(str(error)) from None
     if driver is None:
         raise SubmitError(f"{recipe} built no Driver (a --dry-run recipe?): nothing to submit")
+    accelerator = getattr(driver.backend.config, "accelerator", None)
+    if gpus_per_node and accelerator == "cpu":
+        raise SubmitError(
+            f"--gpus-per-node {gpus_per_node}, but {recipe} configures its backend with "
+            "accelerator='cpu': the job would train on the CPU; give the recipe an "
+            "accelerator parameter (or set it to 'cuda'/'auto'), or drop --gpus-per-node"
+        )
     return driver.backend.name, str(driver.run_dir)
 
 
@@ -211,13 +266,18 @@ def main(argv: Sequence[str]) -> int:
         time_limit_seconds(args.time)
         if "--resume" in recipe_args:
             raise SubmitError("drop --resume: a SLURM job always runs with --resume auto")
+        if args.cpus_per_task is not None and args.cpus_per_task < 1:
+            raise SubmitError("--cpus-per-task must be >= 1")
+        if args.mem is not None and not _MEM.match(args.mem):
+            raise SubmitError(f"--mem {args.mem!r} is not SLURM's size syntax (e.g. 480G, 0)")
+        recipe_args = _gpu_flags(args.recipe, recipe_args, args.gpus_per_node)
         sbatch = shutil.which("sbatch")
         if sbatch is None and not args.dry_run:
             raise SubmitError(
                 "sbatch is not on PATH: no SLURM client here. Run on a SLURM login node, "
                 "or use --dry-run to print the script"
             )
-        backend, run_dir = _check_recipe(args.recipe, recipe_args)
+        backend, run_dir = _check_recipe(args.recipe, recipe_args, args.gpus_per_node)
         if backend not in TORCH_BACKENDS | JAX_BACKENDS:
             raise SubmitError(f"backend {backend!r} has no SLURM launch; known: fabric, "
                               "torchtitan, megatron (torchrun), maxtext, jax (jax.distributed)")  # fmt: skip
@@ -235,6 +295,8 @@ def main(argv: Sequence[str]) -> int:
             account=args.account,
             job_name=args.job_name or Path(args.recipe).stem,
             signal_lead_s=args.signal_lead,
+            cpus_per_task=args.cpus_per_task,
+            mem=args.mem,
             output_dir=str(output_dir),
             workdir=str(Path.cwd()),
             extra_sbatch=tuple(args.sbatch_arg),
@@ -243,9 +305,17 @@ def main(argv: Sequence[str]) -> int:
     except SubmitError as error:
         print(f"baton submit: {error}", file=sys.stderr)
         return 2
+    shared = (
+        f"baton submit: every node reads and writes {spec.workdir} and {run_dir} (a shared "
+        "filesystem, as on most SLURM clusters): check that all nodes see them"
+    )
     if args.dry_run:
         print(script, end="")
+        if args.nodes > 1:
+            print(shared, file=sys.stderr)
         return 0
+    if args.nodes > 1:
+        print(shared, file=sys.stderr)
     output_dir.mkdir(parents=True, exist_ok=True)
     script_path = output_dir / f"{spec.job_name}.sbatch"
     script_path.write_text(script)

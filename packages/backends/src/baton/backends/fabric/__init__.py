@@ -10,7 +10,7 @@ Example::
     from baton.backends.fabric import LightningBackend     # an existing LightningModule
     backend = LightningBackend(MyLightningModule(), datamodule=MyDataModule())
 
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining   # the quickstart's GPT
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining   # the quickstart's GPT
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
-    from baton.backends.fabric.backend import FabricBackend, FabricConfig
-    from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+    from baton.backends.fabric.backend import FabricBackend
+    from baton.backends.fabric.config import FabricConfig
     from baton.backends.fabric.lightning import LightningBackend
+    from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 
 __all__ = ["FabricBackend", "FabricConfig", "GPTConfig", "GPTTraining", "LightningBackend"]
 
@@ -34,9 +35,9 @@ BACKENDS.add_lazy(
 
 _WHERE = {
     "FabricBackend": "backend",
-    "FabricConfig": "backend",
-    "GPTConfig": "gpt",
-    "GPTTraining": "gpt",
+    "FabricConfig": "config",
+    "GPTConfig": "models.gpt",
+    "GPTTraining": "models.gpt",
     "LightningBackend": "lightning",
 }
 

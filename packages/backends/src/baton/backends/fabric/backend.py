@@ -20,20 +20,18 @@ Example::
     )
     Driver(backend, max_steps=1000, run_dir="runs/mine").fit()
 
-The loss of a step is, in this order: ``training_step(model, batch)`` (a loss, or a dict
-with ``"loss"`` and other metrics), ``loss_fn(model, batch)``, or what the model returns
-for the batch (``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else
-``model(batch)``): a scalar tensor, or an object with ``.loss`` (Hugging Face outputs).
+The loss of a step is, in this order: ``training_step(model, batch)``,
+``loss_fn(model, batch)``, or what the model returns for the batch (``model(**batch)``
+for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``). Each may return a
+scalar tensor, an object with ``.loss`` (Hugging Face outputs), a dict with ``"loss"``
+and other metrics, or ``(loss, {name: value})``: the other scalar metrics are logged
+under their own names beside ``loss`` (and averaged over evaluation batches).
 """
 
 from __future__ import annotations
 
 import atexit
-import copy
-import threading
 from collections.abc import Callable, Iterable, Mapping
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +39,25 @@ import torch
 from torch import nn
 
 from baton.backends import torch_distributed
+from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
-from baton.backends.fabric.stream import BatchStream, count_batch
-from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE, load_weights
+from baton.backends.fabric.checkpoint import (
+    finish_host_copy,
+    host_copy,
+    save_hf_config,
+    step_owned_storage,
+    writes_whole_state,
+)
+from baton.backends.fabric.config import FabricConfig, fabric_arguments
+from baton.backends.fabric.step import (
+    BatchError,
+    call_model,
+    check_loss,
+    describe_batch,
+    split_loss,
+)
+from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
+from baton.backends.fabric.weights import STATE_FILE, load_weights
 from baton.core.backend import BackendBase, PendingSave
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
@@ -53,6 +67,9 @@ OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 StepFn = Callable[[nn.Module, Any], Any]
 
+#: also importable from here (``LightningBackend`` and older code import them so)
+__all__ = ["BatchError", "FabricBackend", "FabricConfig", "split_loss"]
+
 
 def _destroy_process_group() -> None:
     """Destroy the default process group if it still exists (at interpreter exit)."""
@@ -60,49 +77,6 @@ def _destroy_process_group() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@dataclass
-class FabricConfig:
-    """How the user's model is trained (the backend's native config, editable in
-    ``on_configure``). ``devices``/``num_nodes`` left ``None`` come from the launcher
-    (torchrun, SLURM, ``BATON_*``); ``strategy="auto"`` is DDP when there are several
-    processes."""
-
-    accelerator: str = "auto"
-    devices: int | str | None = None
-    num_nodes: int | None = None
-    #: ``auto``, ``ddp``, ``fsdp`` or any strategy name Fabric knows
-    strategy: str = "auto"
-    #: ``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``, ...
-    precision: str = "32-true"
-    grad_accum: int = 1
-    grad_clip: float | None = None
-    #: seeds torch, numpy and random before the model is built (``None``: leave as is)
-    seed: int | None = None
-    #: at the end of the training data: ``continue`` (next epoch) or ``stop`` the run
-    on_epoch_end: str = "continue"
-    #: evaluate on at most this many batches of the evaluation data (``None``: all)
-    eval_batches: int | None = None
-    #: weights to start from (a Hugging Face model directory, a baton checkpoint, a
-    #: ``.safetensors``/``.pt`` file): weights only, fresh optimizer, step 0
-    init_from: str | None = None
-
-    def check(self) -> None:
-        if self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(
-                f"grad_clip must be > 0 (or None for no clipping), got {self.grad_clip}"
-            )
-        if self.on_epoch_end not in ("continue", "stop"):
-            raise ValueError(
-                f"on_epoch_end must be 'continue' or 'stop', got {self.on_epoch_end!r}"
-            )
-        if self.eval_batches is not None and self.eval_batches < 1:
-            raise ValueError(
-                f"eval_batches must be >= 1 (or None for all), got {self.eval_batches}"
-            )
 
 
 class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
@@ -165,10 +139,14 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         self.raw_model: nn.Module | None = None
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self.stream: BatchStream | None = None
+        self.stream: LoaderStream | None = None
         self._num_params = 0
         self._checked = False
         self._as_built: AsBuilt | None = None
+        self._saves = BackgroundSaves()
+        #: holds the optimizer step while an asynchronous save copies the weights
+        self._staging = StagingGate()
+        self._staging_hook: Any = None
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -237,19 +215,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         return Fabric
 
     def _make_fabric(self) -> Any:
-        cfg, launch = self.config, Launch.from_env()
-        devices = cfg.devices if cfg.devices is not None else launch.local_world_size
-        num_nodes = cfg.num_nodes if cfg.num_nodes is not None else launch.num_nodes
-        strategy = cfg.strategy
-        if strategy == "auto" and launch.distributed:
-            strategy = "ddp"
-        return self._fabric_class()(
-            accelerator=cfg.accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            strategy=strategy,
-            precision=cfg.precision,  # type: ignore[arg-type]
-        )
+        return self._fabric_class()(**fabric_arguments(self.config, Launch.from_env()))
 
     def _sharded(self) -> bool:
         from lightning.fabric.strategies import FSDPStrategy, ModelParallelStrategy
@@ -298,28 +264,8 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             raise ValueError("FabricBackend needs training data: data=DataLoader(...) or a list")
         return self.data
 
-    def _make_stream(self, data: Iterable[Any]) -> BatchStream:
-        from torch.utils.data import DataLoader, DistributedSampler
-
-        use_loader_state = True
-        if (
-            self.fabric.world_size > 1
-            and isinstance(data, DataLoader)
-            and not isinstance(data.sampler, DistributedSampler)
-            and not isinstance(data.dataset, torch.utils.data.IterableDataset)
-        ):
-            # each rank reads its own shard: Fabric re-makes the loader with a
-            # DistributedSampler (seeded, per epoch). Its position is then counted and
-            # skipped on resume: the re-made loader's own state did not restore exactly.
-            wrapped = self.fabric.setup_dataloaders(data, move_to_device=False)
-            data = getattr(wrapped, "_dataloader", wrapped)
-            use_loader_state = False
-        return BatchStream(
-            data,
-            on_epoch_end=self.config.on_epoch_end,
-            epoch_ended=self._epoch_ended,
-            use_loader_state=use_loader_state,
-        )
+    def _make_stream(self, data: Iterable[Any]) -> LoaderStream:
+        return shard_stream(self.fabric, data, self.config.on_epoch_end, self._epoch_ended)
 
     def _epoch_ended(self, epoch: int) -> None:
         """Called when epoch ``epoch`` of the training data is used up."""
@@ -383,7 +329,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         if self.training_step is not None:
             return split_loss(self.training_step(self.model, batch))
         if self.loss_fn is not None:
-            return self.loss_fn(self.model, batch), {}
+            return split_loss(self.loss_fn(self.model, batch))
         return split_loss(call_model(self.model, batch))
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
@@ -462,85 +408,57 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         """Single-device and DDP states are whole on rank 0: a host copy is written by a
         thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
         Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
-        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-        from lightning.fabric.strategies import DDPStrategy, SingleDeviceStrategy
-
-        strategy = self.fabric.strategy
-        return isinstance(strategy, SingleDeviceStrategy | DDPStrategy) and (
-            type(strategy.checkpoint_io) is TorchCheckpointIO
-        )
+        return writes_whole_state(self.fabric.strategy)
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
         directory = Path(directory)
-        self._save_hf_config(directory)
+        if self.rank == 0:
+            save_hf_config(self.raw_model, directory)
         self._wait_for_staging()  # an earlier save still copying the weights
         state = {**self._state(), **self._extra_state()}
         path = directory / STATE_FILE
         if not (asynchronous and self.supports_async_save):
             self.fabric.save(path, state)
             return None
-        # The same content fabric.save writes. Everything is copied to host memory now
-        # except the weights and the optimizer state, which only the optimizer step
-        # changes: a background thread copies those while the next step's forward and
-        # backward run, and that optimizer step waits for the copy (a pre-step hook).
-        # Code that writes the weights outside the optimizer step right after an async
-        # save (a callback editing parameters) should call _wait_for_staging() first.
+        # The content fabric.save writes, staged as fabric/checkpoint.py describes; code
+        # editing the weights outside the optimizer step calls _wait_for_staging() first.
         strategy = self.fabric.strategy
         state["model"] = strategy.get_module_state_dict(self.model.module)
         state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
         for key, value in state.items():
             if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
                 state[key] = value.state_dict()  # schedulers and other stateful objects
-        staged = _host_copy(state, defer=self._step_owned_storage())
+        staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
         self._install_staging_wait()
-        self._staging = threading.Event()
+        copying = self._staging.begin()
         write = self.fabric.strategy.is_global_zero
 
-        def copy_then_write(done: threading.Event = self._staging) -> None:
-            try:
-                snapshot = _finish_host_copy(staged)
-            finally:
-                done.set()  # the optimizer step may go on (an error surfaces in wait())
+        def copy_then_write() -> None:
+            with copying:  # the optimizer step may go on once the copy is taken
+                snapshot = finish_host_copy(staged)
             if write:  # the file fabric.save writes through TorchCheckpointIO
                 torch.save(snapshot, path)
 
-        return ThreadedSave(copy_then_write)  # every rank hands back a handle alike
-
-    def _step_owned_storage(self) -> set[int]:
-        """Storage addresses of the tensors only ``optimizer.step`` changes: parameters and
-        optimizer state (buffers such as batch-norm statistics change in forward)."""
-        tensors = list(self.model.parameters())
-        for per_param in self.optimizer.optimizer.state.values():
-            tensors += [v for v in per_param.values() if isinstance(v, torch.Tensor)]
-        return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+        return self._saves.submit(copy_then_write)  # every rank hands back a handle alike
 
     def _install_staging_wait(self) -> None:
-        if not getattr(self, "_staging_hook", None):
+        if self._staging_hook is None:
             self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
                 lambda *_: self._wait_for_staging()
             )
 
     def _wait_for_staging(self) -> None:
         """Block until an asynchronous save has copied the weights and optimizer state."""
-        staging = getattr(self, "_staging", None)
-        if staging is not None:
-            staging.wait()
-            self._staging = None
-
-    def _save_hf_config(self, directory: Path) -> None:
-        """A model carrying a Hugging Face config gets it saved beside its weights, which
-        is what ``baton export --format hf`` needs."""
-        config = getattr(self.raw_model, "config", None)
-        if self.rank != 0 or not hasattr(config, "save_pretrained"):
-            return
-        config = copy.deepcopy(config)
-        config.architectures = [type(self.raw_model).__name__]
-        config.save_pretrained(directory / HF_CONFIG_DIR)
+        self._staging.wait()
 
     def load(self, directory: Path) -> None:
         self._wait_for_staging()
         remainder = self.fabric.load(Path(directory) / STATE_FILE, self._state())
         self._load_extra_state(remainder)
+
+    def teardown(self) -> None:
+        """Wait for a save still being written and stop the writer thread."""
+        self._saves.close()
 
     # -- resuming with changed settings ---------------------------------------------
     @property
@@ -558,136 +476,3 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
         at the new peak. Returns the names applied."""
         assert self._as_built is not None, "apply_changed_settings is called after setup"
         return self._as_built.reapply(self.optimizer, self._schedulers(), changes)
-
-
-class BatchError(ValueError):
-    """A training batch the model (or the loss function) cannot take."""
-
-
-def call_model(model: nn.Module, batch: Any) -> Any:
-    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    if isinstance(batch, list | tuple):
-        return model(*batch)
-    return model(batch)
-
-
-def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
-    """``(loss, other metrics)`` from a tensor, an object with ``.loss`` or a dict with "loss"."""
-    if isinstance(output, Mapping):
-        if "loss" not in output:
-            raise ValueError(
-                f"the step returned a dict without 'loss' (keys: {sorted(output)}); "
-                "return the loss under 'loss'"
-            )
-        extra = {
-            k: v.detach() if isinstance(v, torch.Tensor) else v
-            for k, v in output.items()
-            if k != "loss" and isinstance(v, torch.Tensor | int | float) and _is_scalar(v)
-        }
-        return output["loss"], extra
-    if not isinstance(output, torch.Tensor) and getattr(output, "loss", None) is not None:
-        return output.loss, {}
-    return output, {}
-
-
-def _is_scalar(value: Any) -> bool:
-    return not isinstance(value, torch.Tensor) or value.numel() == 1
-
-
-def check_loss(loss: Any, phase: str, *, need_grad: bool = True) -> None:
-    """A loss is a floating-point scalar tensor (attached to the graph when training)."""
-    fix = (
-        "return a scalar loss from the model's forward (or its output's .loss), or pass "
-        "loss_fn(model, batch) -> loss / training_step(model, batch) -> loss"
-    )
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(
-            f"the {phase} step produced {type(loss).__name__}, not a loss tensor; {fix}"
-        )
-    if loss.numel() != 1 or not torch.is_floating_point(loss):
-        raise TypeError(
-            f"the {phase} step produced a {loss.dtype} tensor of shape {tuple(loss.shape)}, "
-            f"not a scalar loss; {fix}"
-        )
-    if need_grad and not loss.requires_grad:
-        raise ValueError(
-            f"the {phase} loss does not depend on any trainable parameter (requires_grad is "
-            "False): was it computed under torch.no_grad() or from detached values?"
-        )
-
-
-def describe_batch(batch: Any) -> str:
-    """A short description of a batch: types, shapes and dtypes."""
-    if isinstance(batch, torch.Tensor):
-        return f"Tensor{list(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
-    if isinstance(batch, Mapping):
-        inner = ", ".join(f"{k}: {describe_batch(v)}" for k, v in list(batch.items())[:6])
-        return f"dict({inner})"
-    if isinstance(batch, list | tuple):
-        inner = ", ".join(describe_batch(v) for v in batch[:6])
-        return f"{type(batch).__name__}({inner})"
-    return type(batch).__name__
-
-
-def _host_copy(value: Any, defer: AbstractSet[int] = frozenset()) -> Any:
-    """A deep copy with every tensor cloned into host memory, except tensors whose storage
-    address is in ``defer``: those stay live, wrapped for ``_finish_host_copy``."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() and value.untyped_storage().data_ptr() in defer:
-            return _Deferred(value.detach())
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _host_copy(v, defer) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_host_copy(v, defer) for v in value)
-    return value
-
-
-@dataclass(frozen=True)
-class _Deferred:
-    """A live tensor whose host copy ``_host_copy`` left for later."""
-
-    tensor: torch.Tensor
-
-
-def _finish_host_copy(value: Any) -> Any:
-    """``value`` with every ``_Deferred`` tensor copied into host memory."""
-    if isinstance(value, _Deferred):
-        return value.tensor.to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _finish_host_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_finish_host_copy(v) for v in value)
-    return value
-
-
-class ThreadedSave:
-    """A write running on a background thread; ``wait`` re-raises what it raised.
-
-    Example::
-
-        pending = ThreadedSave(lambda: torch.save(state, path))
-        ...            # training continues
-        pending.wait()
-    """
-
-    def __init__(self, write: Callable[[], None]) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(write,), daemon=True)
-        self._thread.start()
-
-    def _run(self, write: Callable[[], None]) -> None:
-        try:
-            write()
-        except BaseException as error:
-            self._error = error
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error

@@ -1,6 +1,6 @@
 """The training data as an endless, resumable stream of batches.
 
-``BatchStream`` wraps what the user gives (a ``DataLoader``, torchdata's
+``LoaderStream`` wraps what the user gives (a ``DataLoader``, torchdata's
 ``StatefulDataLoader``, or any re-iterable of batches) and hands out one batch at a
 time. Its position is part of every checkpoint:
 
@@ -20,7 +20,7 @@ yields nothing at all is an error, never a hang.
 
 Example::
 
-    stream = BatchStream(loader, on_epoch_end="continue")
+    stream = LoaderStream(loader, on_epoch_end="continue")
     batch = stream.next()
     state = stream.state_dict()        # {"epoch": 0, "batches": 1, "loader": {...}}
     stream.load_state_dict(state)      # the next batch is the one after `batch`
@@ -34,7 +34,7 @@ from typing import Any
 from baton.core.backend import DataExhausted
 
 
-class BatchStream:
+class LoaderStream:
     """One batch at a time from a re-iterable; the position survives checkpoints."""
 
     def __init__(
@@ -188,3 +188,35 @@ def _first_tensor(batch: Any) -> Any:
         if found is not None:
             return found
     return None
+
+
+def shard_stream(
+    fabric: Any,
+    data: Iterable[Any],
+    on_epoch_end: str,
+    epoch_ended: Callable[[int], None] | None = None,
+) -> LoaderStream:
+    """The ``LoaderStream`` of ``data`` for this rank of ``fabric``: with several ranks, a
+    ``DataLoader`` over a map-style dataset without a ``DistributedSampler`` is re-made by
+    Fabric so that each rank reads its own shard (seeded, per epoch); its position is
+    then counted and skipped on resume (the re-made loader's own state does not restore
+    exactly)."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    use_loader_state = True
+    if (
+        fabric.world_size > 1
+        and isinstance(data, DataLoader)
+        and not isinstance(data.sampler, DistributedSampler)
+        and not isinstance(data.dataset, torch.utils.data.IterableDataset)
+    ):
+        wrapped = fabric.setup_dataloaders(data, move_to_device=False)
+        data = getattr(wrapped, "_dataloader", wrapped)
+        use_loader_state = False
+    return LoaderStream(
+        data,
+        on_epoch_end=on_epoch_end,
+        epoch_ended=epoch_ended,
+        use_loader_state=use_loader_state,
+    )

@@ -5,7 +5,7 @@ shifted by one (next-token targets), cut from documents packed back to back (eac
 with the tokenizer's end-of-document id).
 
 - a prepared dataset (``baton data prepare``: Megatron's ``PREFIX.bin`` + ``PREFIX.idx``),
-  memory-mapped through ``baton.backends.textdata.PreparedDataset``; a blend
+  memory-mapped through ``baton.data.PreparedDataset``; a blend
   (``"0.7 PREFIX_A 0.3 PREFIX_B"``) interleaves the datasets' windows in proportion;
 - local ``.jsonl``/``.json``/``.parquet``/``.txt`` files read with ``datasets`` and
   tokenized with the tokenizer directory (``datasets.map``, cached by ``datasets``).
@@ -82,7 +82,7 @@ class Blended(Dataset):
 def prepared_windows(spec: str, tokenizer: Any, seq_len: int) -> Dataset:
     """Windows of a prepared dataset or blend; the data must have been prepared with
     ``tokenizer`` (its fingerprint is checked against the manifest)."""
-    from baton.backends.textdata import PreparedDataset, parse_blend
+    from baton.data import PreparedDataset, parse_blend
 
     blend = parse_blend(spec)
     parts: list[Dataset] = []
@@ -143,7 +143,7 @@ def text_loaders(
     from torch.utils.data import Subset
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from baton.backends.textdata import load_tokenizer
+    from baton.data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     files = data_path.split(",")

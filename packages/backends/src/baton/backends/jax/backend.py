@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.async_save import FuturePendingSave
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax_distributed import JaxDistributed
-from baton.backends.pending_save import FuturePendingSave
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 

@@ -45,119 +45,47 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from baton.backends.async_save import BackgroundSaves, FuturePendingSave
 from baton.backends.jax_distributed import JaxDistributed
-from baton.backends.maxtext.background_save import frozen_iterator, train_step_keeping_state
+from baton.backends.maxtext.background_save import (
+    frozen_iterator,
+    train_step_keeping_state,
+    whole_save_on_thread,
+)
+from baton.backends.maxtext.checkpoint import (
+    META_FILE,
+    STATE_DIR,
+    CheckpointerPendingSave,
+    baton_step_of_maxtext_checkpoint,
+    check_layout,
+    dataset_type,
+    maxtext_checkpoint_name,
+    open_checkpointer,
+    read_meta,
+    restore_state,
+)
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.native_data import native_data_fingerprint
 from baton.backends.maxtext.patches import simulate_host_devices
-from baton.backends.pending_save import BackgroundSaves, FuturePendingSave
+from baton.backends.maxtext.plan import Plan, dry_run
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
 
-STATE_DIR = "checkpoint"
-META_FILE = "baton_maxtext.json"
-
-
-def maxtext_checkpoint_name(baton_step: int) -> int:
-    """The step MaxText names a checkpoint with after ``baton_step`` optimizer updates."""
-    return baton_step - 1
-
-
-def baton_step_of_maxtext_checkpoint(name: int) -> int:
-    """The number of optimizer updates in MaxText's checkpoint ``<checkpoint_dir>/<name>``."""
-    return name + 1
-
-
-def params_path(checkpoint: str | Path) -> Path:
-    """The orbax ``items`` directory MaxText's ``load_parameters_path`` reads (weights only).
-
-    ``checkpoint`` is a baton checkpoint (``runs/x/checkpoints/step_000050``), its
-    ``backend`` part, a MaxText step directory (``.../checkpoints/5``) or its ``items``.
-    """
-    checkpoint = Path(checkpoint).resolve()
-    for base in (checkpoint / "backend", checkpoint):
-        meta = base / META_FILE
-        if meta.is_file():
-            name = json.loads(meta.read_text())["maxtext_checkpoint_name"]
-            return base / STATE_DIR / str(name) / "items"
-    if checkpoint.name == "items" and checkpoint.is_dir():
-        return checkpoint
-    if (checkpoint / "items").is_dir():
-        return checkpoint / "items"
-    raise FileNotFoundError(
-        f"{checkpoint} is neither a baton MaxText checkpoint (backend/{META_FILE}) nor a "
-        "MaxText checkpoint step directory (with items/); pass one of those"
-    )
-
-
-@dataclass
-class Plan:
-    """What a MaxText config would build, found without allocating the model (a dry run)."""
-
-    mesh_shape: dict[str, int]
-    devices: str
-    params: int
-    tflops_per_device_step: float
-    global_batch: int
-    seq_len: int
-
-    def summary(self) -> str:
-        axes = {k: v for k, v in self.mesh_shape.items() if v > 1} or {"(all axes)": 1}
-        return "\n".join(
-            [
-                f"devices      {self.devices}",
-                "mesh         " + "  ".join(f"{k}={v}" for k, v in axes.items()),
-                f"mesh (full)  {self.mesh_shape}",
-                f"parameters   {self.params:,} ({self.params / 1e9:.2f} B)",
-                f"batch        {self.global_batch} x {self.seq_len} tokens per step",
-                f"TFLOPs       {self.tflops_per_device_step:,.1f} per device per step",
-            ]
-        )
-
-
-class Deferred:
-    """A host-side value computed only when a log step fetches it (e.g. the learning rate)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self) -> Any:
-        return self.fn()
-
-
-class CheckpointerPendingSave:
-    """An asynchronous save in flight on a MaxText (orbax) checkpointer.
-
-    ``done`` turns true once the checkpointer has no save in progress (finished or
-    failed); ``wait`` then returns, or raises the background write's error, and closes
-    the checkpointer (the driver renames the directory after ``wait``).
-    """
-
-    def __init__(self, checkpointer: Any) -> None:
-        self._checkpointer = checkpointer
-        self._finished = False
-
-    def done(self) -> bool:
-        if not self._finished:
-            if self._checkpointer.is_saving_in_progress():
-                return False
-            self._finished = True
-        return True
-
-    def wait(self) -> None:
-        try:
-            self._checkpointer.wait()  # raises if the background write failed
-        finally:
-            self._checkpointer.close()
-            self._finished = True
+#: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
+#: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
+#: ``grad_norm`` is measured after clipping
+_METRIC_NAMES = {
+    "learning/raw_grad_norm": "grad_norm",
+    "learning/grad_norm": "grad_norm_clipped",
+}
 
 
 class MaxTextBackend(JaxDistributed, BackendBase):
@@ -254,46 +182,9 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         if simulate_devices:
             simulate_host_devices(recorder, simulate_devices)
         try:
-            return self._plan(simulate_devices)
+            return dry_run(self.config, simulate_devices)
         finally:
             recorder.undo()  # JAX has read the settings; the process gets its own back
-
-    def _plan(self, simulate_devices: int | None) -> Plan:
-        import jax
-        from flax import nnx
-        from maxtext.trainers.pre_train import train
-        from maxtext.utils import max_utils, maxtext_utils, model_creation_utils
-
-        if simulate_devices and jax.device_count() != simulate_devices:
-            raise RuntimeError(
-                f"JAX already started with {jax.device_count()} devices; run the dry run in a "
-                f"fresh process to simulate {simulate_devices}"
-            )
-        cfg, _recorder = train.initialize(self.config.argv())
-        try:
-            mesh = maxtext_utils.get_mesh_from_config(cfg)
-        except (AssertionError, ValueError) as error:
-            layout = {
-                key: value
-                for key, value in self.config.overrides.items()
-                if key.startswith(("ici_", "dcn_")) and value != 1
-            }
-            raise ValueError(
-                f"layout {layout or '(defaults)'} does not fit {jax.device_count()} devices "
-                f"({jax.process_count()} processes): {error}"
-            ) from None
-        _create, abstract_model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
-        params = max_utils.calculate_num_params_from_pytree(nnx.state(abstract_model, nnx.Param))
-        tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
-        first = jax.devices()[0]
-        return Plan(
-            mesh_shape=dict(mesh.shape),
-            devices=f"{jax.device_count()} x {first.platform} ({cfg.hardware} config)",
-            params=int(params),
-            tflops_per_device_step=float(tflops),
-            global_batch=int(cfg.global_batch_size_to_train_on),
-            seq_len=int(cfg.max_target_length),
-        )
 
     def setup(self) -> None:
         import jax
@@ -386,12 +277,12 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             self.state, metrics = train(self.state, batch)
         scalars = metrics["scalar"]
         values: dict[str, Any] = {
-            key.removeprefix("learning/"): value
+            _METRIC_NAMES.get(key, key.removeprefix("learning/")): value
             for key, value in scalars.items()
             if key != "learning/loss"
         }
         schedule, index = self._lr_at, step - 1  # MaxText's 0-based step
-        values["lr"] = Deferred(lambda: schedule(index))
+        values["lr"] = partial(schedule, index)  # computed when a log step fetches it
         samples = int(cfg.global_batch_size_to_train_on)
         return StepOutput(
             loss=scalars["learning/loss"],
@@ -407,9 +298,13 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         from maxtext.utils import sharding
 
         if not self._eval or self._p_eval is None:
-            raise RuntimeError(
-                "no validation batches: the validation split is shorter than one eval batch"
+            why = (
+                "the validation split is shorter than one eval batch"
+                if self.config.has_eval_data
+                else "MaxText's own pipelines evaluate on separate files: pass eval_data_path "
+                "(--eval-data-path), or do not ask for evaluation"
             )
+            raise RuntimeError(f"no validation batches: {why}")
         cfg = self.hparams
         data_sharding = sharding.get_input_data_sharding(
             cfg, self.mesh, rules=cfg.logical_axis_rules_for_eval
@@ -433,8 +328,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
     @property
     def dataset_type(self) -> str:
         """MaxText's ``dataset_type`` as text: synthetic (baton's bytes), grain or hf."""
-        value = self.hparams.dataset_type
-        return str(getattr(value, "value", value))
+        return dataset_type(self.hparams)
 
     def layout(self) -> dict[str, Any]:
         """How the state is laid out: the mesh, the stacking of layers, the processes."""
@@ -446,21 +340,6 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             "processes": int(jax.process_count()),
             "scan_layers": bool(self.hparams.scan_layers),
         }
-
-    def _checkpointer(self, root: Path, asynchronous: bool = False) -> Any:
-        """MaxText's orbax checkpointer over ``root`` (its settings from this run's config)."""
-        from maxtext.common import checkpointing
-
-        cfg = self.hparams
-        return checkpointing.create_orbax_checkpoint_manager(
-            str(root),
-            True,
-            asynchronous,
-            1,
-            use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
-            use_zarr3=cfg.checkpoint_storage_use_zarr3,
-            checkpoint_storage_concurrent_gb=cfg.checkpoint_storage_concurrent_gb,
-        )
 
     def _data_state(self) -> dict[str, Any]:
         if self.batches is not None:
@@ -489,7 +368,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             (directory / META_FILE).write_text(json.dumps(meta, indent=2))
         if asynchronous and self._saves_in_background():
             return self._save_in_background(directory / STATE_DIR, name)
-        checkpointer = self._checkpointer(directory / STATE_DIR, asynchronous)
+        checkpointer = open_checkpointer(self.hparams, directory / STATE_DIR, asynchronous)
         checkpointing.save_checkpoint(
             checkpointer, name, self.state, self.hparams, self.data_iterator, force=True
         )
@@ -499,23 +378,9 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         return None
 
     def _saves_in_background(self) -> bool:
-        """Whether an asynchronous save can run whole on the writer thread: on CPU (a
-        second state costs host memory only), in one JAX process (orbax synchronises
-        processes with collectives, which on a thread would interleave with the loop's
-        own in a different order on each process), with MaxText's step jitted here (not
-        loaded from ``compiled_trainstep_file``) and a data iterator whose position can
-        be taken in the loop."""
-        import jax
-
-        if self.device_type != "cpu" or jax.process_count() > 1:
-            return False
-        if self.hparams.compiled_trainstep_file:
-            return False
-        try:
-            frozen_iterator(self.data_iterator, int(self.hparams.expansion_factor_real_data))
-        except NotImplementedError:
-            return False
-        return True
+        """Whether an asynchronous save can run whole on the writer thread
+        (``background_save.whole_save_on_thread``)."""
+        return whole_save_on_thread(self.device_type, self.hparams, self.data_iterator)
 
     def _save_in_background(self, root: Path, name: int) -> FuturePendingSave:
         """MaxText's ``save_checkpoint`` of this step's state on the writer thread; the
@@ -527,7 +392,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         self._keep_state_once = True
 
         def write() -> None:
-            checkpointer = self._checkpointer(root, asynchronous=False)
+            checkpointer = open_checkpointer(self.hparams, root, asynchronous=False)
             try:
                 checkpointing.save_checkpoint(
                     checkpointer, name, state, hparams, iterator, force=True
@@ -551,26 +416,8 @@ class MaxTextBackend(JaxDistributed, BackendBase):
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by ``save``: state, data position, onto this layout."""
         directory = Path(directory).resolve()
-        meta_path = directory / META_FILE
-        if not meta_path.is_file():
-            raise FileNotFoundError(
-                f"{meta_path} is missing: not a baton MaxText checkpoint (for one written by "
-                "MaxText's own loop use restore_maxtext_checkpoint)"
-            )
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != "maxtext-orbax-v2":
-            raise ValueError(
-                f"{directory} has baton's earlier MaxText layout ({meta.get('layout')}, state in "
-                f"{STATE_DIR}/items); start from its weights with load_parameters_path="
-                f"{directory / STATE_DIR / 'items'}"
-            )
-        saved = meta.get("data_fingerprint", self._data_fingerprint)
-        if saved != self._data_fingerprint:
-            raise ValueError(
-                f"{directory} was trained on other data (fingerprint {saved}, this run "
-                f"{self._data_fingerprint}); resume with the same data_path and tokenizer"
-            )
-        self.check_layout(meta.get("layout", {}), str(directory))
+        meta = read_meta(directory, self._data_fingerprint)
+        check_layout(meta.get("layout", {}), self.layout(), self.hparams, str(directory))
         updates = self._restore(directory / STATE_DIR, int(meta["maxtext_checkpoint_name"]))
         if updates != meta["optimizer_step"]:
             raise ValueError(
@@ -578,26 +425,6 @@ class MaxTextBackend(JaxDistributed, BackendBase):
                 f"{meta['optimizer_step']}; the checkpoint is inconsistent"
             )
         self._restore_data_position(meta["data"])
-
-    def check_layout(self, saved: Mapping[str, Any], where: str) -> None:
-        """Refuse a layout change orbax cannot reshard; a mesh change alone is fine."""
-        mine = self.layout()
-        problems = []
-        if "scan_layers" in saved and saved["scan_layers"] != mine["scan_layers"]:
-            problems.append("scan_layers (stacked vs per-layer parameters)")
-        if (
-            self.dataset_type == "grain"
-            and "processes" in saved
-            and saved["processes"] != mine["processes"]
-            and int(self.hparams.expansion_factor_real_data) <= 1
-        ):
-            problems.append("the number of processes holding Grain iterator state")
-        if problems:
-            raise ValueError(
-                f"cannot reshard {where}: saved with layout {saved}, this run has {mine}; "
-                f"{' and '.join(problems)} differ, which orbax cannot map. Resume with the "
-                "saved setting (the mesh itself may change)"
-            )
 
     def _restore_data_position(self, data: Mapping[str, Any]) -> None:
         if self.batches is not None:
@@ -645,39 +472,8 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         return updates
 
     def _restore(self, root: Path, name: int) -> int:
-        """MaxText's ``load_state_if_possible`` of step ``name`` under ``root`` onto the live
-        state's shardings (and the Grain iterator, if saved); returns the optimizer step."""
-        import jax
-        from flax import nnx
-        from maxtext.common import checkpointing
-
-        if not (root / str(name)).is_dir():
-            raise FileNotFoundError(f"{root / str(name)} does not exist: no orbax state here")
-        cfg = self.hparams
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
-        )
-        checkpointer = self._checkpointer(root)
-        try:
-            restored, _ = checkpointing.load_state_if_possible(
-                checkpointer,
-                self.data_iterator,
-                "",
-                "",
-                cfg.checkpoint_storage_concurrent_gb,
-                abstract,
-                dataset_type=cfg.dataset_type,
-                step=name,
-                use_ocdbt=cfg.checkpoint_storage_use_ocdbt,
-                use_zarr3=cfg.checkpoint_storage_use_zarr3,
-                expansion_factor_real_data=cfg.expansion_factor_real_data,
-                maxtext_config=cfg,
-            )
-        finally:
-            checkpointer.close()
-        overlay = restored["items"]
-        pure = overlay.to_pure_dict() if hasattr(overlay, "to_pure_dict") else overlay
-        nnx.replace_by_pure_dict(self.state, pure)
+        """Step ``name`` under ``root`` onto the live state; returns the optimizer step."""
+        restore_state(self.hparams, self.state, self.data_iterator, root, name)
         return self.optimizer_step()
 
     def teardown(self) -> None:

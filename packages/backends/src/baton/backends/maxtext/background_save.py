@@ -18,7 +18,7 @@ fails with "Received data size doesn't match expected size").
 
 Example::
 
-    saves = BackgroundSaves()  # baton.backends.pending_save
+    saves = BackgroundSaves()  # baton.backends.async_save
     pending = saves.submit(lambda: write(directory, state))
     ...                      # training continues; the next step must not donate state
     pending.wait()           # re-raises what the write raised
@@ -98,3 +98,23 @@ def train_step_keeping_state(
         out_shardings=out_shardings,
         static_argnums=static_argnums,
     )
+
+
+def whole_save_on_thread(device_type: str, hparams: Any, data_iterator: Any) -> bool:
+    """Whether an asynchronous save can run whole on the writer thread: on CPU (a
+    second state costs host memory only), in one JAX process (orbax synchronises
+    processes with collectives, which on a thread would interleave with the loop's
+    own in a different order on each process), with MaxText's step jitted here (not
+    loaded from ``compiled_trainstep_file``) and a data iterator whose position can
+    be taken in the loop."""
+    import jax
+
+    if device_type != "cpu" or jax.process_count() > 1:
+        return False
+    if hparams.compiled_trainstep_file:
+        return False
+    try:
+        frozen_iterator(data_iterator, int(hparams.expansion_factor_real_data))
+    except NotImplementedError:
+        return False
+    return True

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.maxtext.native_data import DATASET_TYPES, native_data_overrides
+from baton.data import DataError
 
 #: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
 TINY_CPU: dict[str, Any] = {
@@ -63,6 +64,23 @@ _WHY_FORCED = {
 }
 
 
+def eval_data_overrides(
+    train: Mapping[str, Any], eval_data_path: str, tokenizer: str, vocab: Any
+) -> dict[str, Any]:
+    """The MaxText keys that make its pipeline build an evaluation iterator over
+    ``eval_data_path`` (the same kind of data as training: one pipeline per run)."""
+    native = native_data_overrides(eval_data_path, tokenizer, vocab)
+    if native["dataset_type"] != train["dataset_type"]:
+        raise DataError(
+            f"evaluation data {eval_data_path!r} is read by MaxText's {native['dataset_type']} "
+            f"pipeline, the training data by its {train['dataset_type']} pipeline: MaxText "
+            "runs one pipeline; pass evaluation data of the training data's kind"
+        )
+    if native["dataset_type"] == "hf":
+        return {"hf_eval_files": native["hf_train_files"], "eval_interval": 1}
+    return {"grain_eval_files": native["grain_train_files"], "eval_interval": 1}
+
+
 def packaged_base_yml() -> str:
     """Path of ``maxtext/configs/base.yml`` in the installed maxtext (found without importing it)."""
     spec = importlib.util.find_spec("maxtext")
@@ -96,6 +114,10 @@ class MaxTextConfig:
             dataset prefix or blend (MaxText's Grain ``mmap`` pipeline) or local
             JSON/Parquet files (MaxText's Hugging Face pipeline); see ``native_data``.
         tokenizer: a Hugging Face tokenizer directory: MaxText's own pipelines read the data.
+        eval_data_path: with ``tokenizer``: the evaluation data (a prepared prefix or
+            JSON/Parquet files, the same kind as ``data_path``), read by MaxText's own
+            pipeline (``grain_eval_files`` / ``hf_eval_files``). Without it a run on
+            MaxText's pipelines has nothing to evaluate on.
         data_seed: the shuffling seed of the byte stream (MaxText's ``data_shuffle_seed``
             for its own pipelines).
         eval_batches: fixed validation batches per evaluation (byte stream).
@@ -106,6 +128,7 @@ class MaxTextConfig:
     base_config: str | None = None
     data_path: str | None = None
     tokenizer: str | None = None
+    eval_data_path: str | None = None
     data_seed: int = 0
     eval_batches: int = 4
     host_devices: int | None = None
@@ -196,7 +219,15 @@ class MaxTextConfig:
             )
         vocab = self.overrides.get("vocab_size")
         native = native_data_overrides(self.data_path, self.tokenizer, vocab)
+        if self.eval_data_path:
+            native |= eval_data_overrides(native, self.eval_data_path, self.tokenizer, vocab)
         return native | {"data_shuffle_seed": self.data_seed}
+
+    @property
+    def has_eval_data(self) -> bool:
+        """Whether evaluation has data: the byte stream's held-out part, MaxText's
+        synthetic batches, or ``eval_data_path`` for MaxText's own pipelines."""
+        return self.tokenizer is None or bool(self.eval_data_path)
 
     def merged(self) -> dict[str, Any]:
         """The overrides MaxText gets: the data pipeline's, the user's, then baton's forced keys."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from baton.backends.corpus import load_text
+from baton.data.corpus import load_text
 
 BYTE_VOCAB = 256
 

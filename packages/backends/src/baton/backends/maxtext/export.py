@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from baton.backends.maxtext.backend import params_path
+from baton.backends.maxtext.checkpoint import params_path
 from baton.backends.maxtext.hf import maxtext_to_hf
 from baton.core.model_spec import LlamaSpec, recorded_spec
 

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from baton.backends.textdata import (
+from baton.data import (
     DataError,
     PreparedDataset,
     check_model_vocab,

@@ -28,25 +28,37 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from baton.backends.megatron.build import build_model, build_optimizer
+from baton.backends.megatron.checkpoint import (
+    MegatronSave,
+    check_layout,
+    init_optimizer_state,
+    load_model_state,
+    model_sharded_state,
+    naming_failures,
+    restore_optimizer_steps,
+    rng_state,
+    set_rng_state,
+)
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
-    ByteTokenizer,
+    ByteEodTokenizer,
     PreparedSource,
     SampleStream,
     build_gpt_datasets,
     build_indexed_dataset,
+    check_split_not_empty,
     open_prepared,
 )
+from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
@@ -54,43 +66,6 @@ from baton.core.metrics import StepOutput
 from baton.core.model_spec import is_hf_dir
 
 log = logging.getLogger("baton")
-
-
-def gpt_loss(
-    loss_mask: torch.Tensor, output: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Megatron's three-value loss: summed token losses, token count, and a (sum, count)
-    pair for reporting (a copy: the schedule divides the first value in place)."""
-    losses = output.float().view(-1)
-    mask = loss_mask.view(-1).float()
-    total = torch.sum(losses * mask)
-    count = mask.sum().to(torch.int)
-    return total, count, {"lm loss": torch.stack([total.detach().clone(), count.float()])}
-
-
-def gpt_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: Any) -> Any:
-    """The ``forward_step_func`` Megatron's schedules call once per micro-batch."""
-    batch = next(data_iterator)
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return output, partial(gpt_loss, batch["loss_mask"])
-
-
-class _AsyncSave:
-    """A ``dist_checkpointing`` async save in flight (``PendingSave``).
-
-    ``done`` asks every rank (one small all-reduce, as Megatron requires); the driver
-    polls it on every rank at the same steps, so the ranks agree.
-    """
-
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
-
-    def done(self) -> bool:
-        self.queue.maybe_finalize_async_calls(blocking=False)
-        return self.queue.get_num_unfinalized_calls() == 0
-
-    def wait(self) -> None:
-        self.queue.maybe_finalize_async_calls(blocking=True)
 
 
 class MegatronBackend(TorchDistributed, BackendBase):
@@ -133,7 +108,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
 
     def describe(self) -> dict[str, Any]:
         """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""
-        from baton.backends.textdata import fingerprint_file, load_tokenizer
+        from baton.data import fingerprint_file, load_tokenizer
 
         tokenizer = "bytes"
         if self.source is not None:
@@ -146,7 +121,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
     @property
     def tokenizer_vocab_size(self) -> int:
         """Tokens the tokenizer can produce (the prepared data's, else 257 bytes + eod)."""
-        return self.source.vocab_size if self.source else ByteTokenizer().vocab_size
+        return self.source.vocab_size if self.source else ByteEodTokenizer().vocab_size
 
     @property
     def padded_vocab_size(self) -> int:
@@ -157,8 +132,9 @@ class MegatronBackend(TorchDistributed, BackendBase):
     def check_data(self) -> None:
         """Open and check the configured data and tokenizer before anything is built:
         ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
-        data's, or one with more tokens than the model's vocabulary."""
-        from baton.backends.textdata import DataError, check_model_vocab
+        data's, one with more tokens than the model's vocabulary, or a split share that
+        gets no document."""
+        from baton.data import DataError, check_model_vocab
 
         data = self.config.data
         if data.data_path is None:
@@ -178,6 +154,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         self.source = open_prepared(data.data_path, data.tokenizer)
         if self.config.vocab_size is not None:
             check_model_vocab(self.source.info, self.config.vocab_size)
+        check_split_not_empty(self.source, data.split or "98,2,0")
 
     def setup(self) -> None:
         from megatron.core import parallel_state, tensor_parallel
@@ -195,8 +172,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
         )
         torch.manual_seed(cfg.seed)
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
-        self.chunks = self._build_model()
-        self.optimizer, self.scheduler = self._build_optimizer()
+        self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
+        self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
         self._build_data()
         if cfg.init_from is not None:
             self.load_weights(Path(cfg.init_from))
@@ -210,7 +187,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         if is_hf_dir(directory):  # a save_pretrained directory: baton's Llama mapping
             from baton.backends.megatron.hf import load_hf
 
-            with _naming_failures(f"loading Hugging Face weights from {directory}"):
+            with naming_failures(f"loading Hugging Face weights from {directory}"):
                 load_hf(self.chunks, str(directory))
                 self.optimizer.reload_model_params()
             return
@@ -221,29 +198,15 @@ class MegatronBackend(TorchDistributed, BackendBase):
                 f"init_from {directory} is not a checkpoint directory; pass a checkpoint "
                 "step directory (runs/NAME/checkpoints/step_000100) or its backend/ folder"
             )
-        with _naming_failures(f"dist_checkpointing.load of the model from {directory}"):
-            state = dist_checkpointing.load({"model": self._model_sharded_state()}, str(directory))
-        with _naming_failures("restoring the model weights"), torch.no_grad():
-            self._load_model_state(state["model"])
+        with naming_failures(f"dist_checkpointing.load of the model from {directory}"):
+            state = dist_checkpointing.load(
+                {"model": model_sharded_state(self.chunks)}, str(directory)
+            )
+        with naming_failures("restoring the model weights"), torch.no_grad():
+            load_model_state(self.chunks, state["model"])
             self.optimizer.reload_model_params()  # main (fp32) copies follow the weights
         log.info("started from the weights of %s", directory)
 
-    def _layer_spec(self) -> Any:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        choice = self.config.layer_spec
-        if choice == "auto":
-            te = _transformer_engine_available() and torch.cuda.is_available()
-            choice = "transformer_engine" if te else "local"
-        if choice == "transformer_engine":
-            from megatron.core.models.gpt.gpt_layer_specs import (
-                get_gpt_layer_with_transformer_engine_spec,
-            )
-
-            return get_gpt_layer_with_transformer_engine_spec()
-        return get_gpt_layer_local_spec(normalization=self.config.model.normalization)
-
-    @property
     def model(self) -> Any:
         """The first (usually the only) DDP-wrapped model chunk."""
         return self.chunks[0] if self.chunks else None
@@ -251,71 +214,6 @@ class MegatronBackend(TorchDistributed, BackendBase):
     @property
     def train_stream(self) -> SampleStream | None:
         return self.train_streams[0] if self.train_streams else None
-
-    def _build_model(self) -> list[Any]:
-        """This rank's GPTModel chunks, each in Megatron's DDP (one chunk per virtual
-        pipeline stage; bucketing only on the first, as Megatron-LM does)."""
-        from megatron.core import parallel_state
-        from megatron.core.distributed import DistributedDataParallel
-        from megatron.core.models.gpt import GPTModel
-
-        cfg = self.config
-        virtual = cfg.model.virtual_pipeline_model_parallel_size
-        stages: list[int | None] = list(range(virtual)) if virtual else [None]
-        chunks = []
-        for stage in stages:
-            model = GPTModel(
-                config=cfg.model,
-                transformer_layer_spec=self._layer_spec(),
-                vocab_size=self.padded_vocab_size,
-                max_sequence_length=cfg.seq_len,
-                pre_process=parallel_state.is_pipeline_first_stage(
-                    ignore_virtual=False, vp_stage=stage
-                ),
-                post_process=parallel_state.is_pipeline_last_stage(
-                    ignore_virtual=False, vp_stage=stage
-                ),
-                share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
-                position_embedding_type=cfg.position_embedding_type,
-                rotary_base=cfg.rotary_base,  # pyright: ignore[reportArgumentType]
-                vp_stage=stage,
-            )
-            model.to(self._device)
-            chunks.append(
-                DistributedDataParallel(cfg.model, cfg.ddp, model, disable_bucketing=bool(stage))
-            )
-        return chunks
-
-    def _build_optimizer(self) -> tuple[Any, Any]:
-        from megatron.core.optimizer import get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-        cfg = self.config
-        opt = cfg.optimizer
-        if opt.lr is None or opt.min_lr is None:
-            raise ValueError(
-                "config.optimizer needs lr and min_lr (the schedule's peak and floor), "
-                f"got lr={opt.lr}, min_lr={opt.min_lr}"
-            )
-        if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
-            opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer
-        optimizer = get_megatron_optimizer(opt, self.chunks)
-        decay = cfg.decay_steps
-        style = cfg.decay_style if decay is not None else "constant"
-        scheduler = OptimizerParamScheduler(
-            optimizer,
-            init_lr=0.0,
-            max_lr=opt.lr,
-            min_lr=opt.min_lr,
-            lr_warmup_steps=cfg.warmup_steps,
-            lr_decay_steps=max(decay or 0, cfg.warmup_steps + 1),
-            lr_decay_style=style,
-            start_wd=opt.weight_decay,
-            end_wd=opt.weight_decay,
-            wd_incr_steps=1,
-            wd_incr_style="constant",
-        )
-        return optimizer, scheduler
 
     def _build_data(self) -> None:
         from megatron.core import parallel_state
@@ -362,7 +260,6 @@ class MegatronBackend(TorchDistributed, BackendBase):
                 * max(1, cfg.data_parallel_size(self.world_size))
             )
             sizes = [cfg.data.train_samples, eval_samples, eval_samples]
-            _check_split_not_empty(source, cfg.data.split or "98,2,0")
         return build_gpt_datasets(
             source.blend,
             seq_len=cfg.seq_len,
@@ -471,56 +368,12 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "padded_vocab_size": self.padded_vocab_size,
         }
 
-    def _check_layout(self, saved: dict[str, Any] | None) -> bool:
-        """Whether the checkpoint's shards match this layout (``True``: same model-parallel
-        layout, RNG states load too). A change ``dist_checkpointing`` cannot reshard here
-        raises ``LayoutError`` naming both layouts."""
-        current = self.layout()
-        if saved is None or saved == current:
-            return True
-        model_parallel = ("tensor", "pipeline", "virtual_pipeline")
-        same_model_parallel = all(saved.get(k) == current[k] for k in model_parallel)
-        problem = None
-        if (
-            saved.get("padded_vocab_size", current["padded_vocab_size"])
-            != (current["padded_vocab_size"])
-        ):
-            problem = (
-                f"the embedding has {saved['padded_vocab_size']} rows there and "
-                f"{current['padded_vocab_size']} here (the vocabulary is padded to a multiple "
-                "of make_vocab_size_divisible_by x tensor parallel); set config.vocab_size to "
-                "a multiple of that for both tensor sizes"
-            )
-        elif saved.get("distributed_optimizer") != current["distributed_optimizer"]:
-            problem = (
-                "the optimizer state is sharded differently with and without the "
-                "distributed optimizer"
-            )
-        elif current["distributed_optimizer"] and not same_model_parallel:
-            problem = (
-                "the distributed optimizer's dp_reshardable state reshards only over "
-                "data parallel ranks"
-            )
-        if problem:
-            raise LayoutError(
-                f"checkpoint layout {_show_layout(saved)} cannot be resumed as "
-                f"{_show_layout(current)}: {problem}; resume with the saved layout, or "
-                "start from its weights only"
-            )
-        if not same_model_parallel:
-            log.info(
-                "resharding checkpoint from %s to %s (RNG states start fresh)",
-                _show_layout(saved),
-                _show_layout(current),
-            )
-        return same_model_parallel
-
     def _sharded_state(self, *, loading: bool, rng: bool = True) -> dict[str, Any]:
         from megatron.core import parallel_state
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         assert self.train_stream is not None
-        model_state = self._model_sharded_state()
+        model_state = model_sharded_state(self.chunks)
         metadata = None
         if self.config.ddp.use_distributed_optimizer:
             metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
@@ -540,36 +393,14 @@ class MegatronBackend(TorchDistributed, BackendBase):
         if rng:
             state["rng"] = ShardedObject(
                 "rng_state",
-                _rng_state(),
+                rng_state(),
                 (pp, tp),
                 (pp_rank, tp_rank),
                 replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
             )
         return state
 
-    def _model_sharded_state(self) -> dict[str, Any]:
-        """The chunks' sharded state: ``model`` for one chunk, ``model0``, ``model1``...
-        under a virtual pipeline (Megatron-LM's names). Tensors are keyed by their global
-        names, so a checkpoint loads under another pipeline or tensor layout."""
-        if len(self.chunks) == 1:
-            return self.chunks[0].module.sharded_state_dict()
-        merged: dict[str, Any] = {}
-        for index, chunk in enumerate(self.chunks):
-            merged.update(
-                {f"model{index}.{k}": v for k, v in chunk.module.sharded_state_dict().items()}
-            )
-        return merged
-
-    def _load_model_state(self, state: dict[str, Any]) -> None:
-        if len(self.chunks) == 1:
-            self.chunks[0].module.load_state_dict(state, strict=True)
-            return
-        for index, chunk in enumerate(self.chunks):
-            prefix = f"model{index}."
-            own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-            chunk.module.load_state_dict(own, strict=True)
-
-    def save(self, directory: Path, *, asynchronous: bool = False) -> _AsyncSave | None:
+    def save(self, directory: Path, *, asynchronous: bool = False) -> MegatronSave | None:
         from megatron.core import dist_checkpointing
 
         state = self._sharded_state(loading=False)
@@ -598,7 +429,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             async_strategy="mcore",
         )
         self._async_queue.schedule_async_request(request)
-        return _AsyncSave(self._async_queue)
+        return MegatronSave(self._async_queue)
 
     def load(self, directory: Path) -> None:
         """Restore model, optimizer, scheduler, data position and RNG from ``directory``.
@@ -609,65 +440,24 @@ class MegatronBackend(TorchDistributed, BackendBase):
         from megatron.core import dist_checkpointing
 
         assert self.train_stream is not None, "setup() must run before load()"
-        with _naming_failures(f"dist_checkpointing.load_common_state_dict({directory})"):
+        with naming_failures(f"dist_checkpointing.load_common_state_dict({directory})"):
             saved_layout = dist_checkpointing.load_common_state_dict(str(directory)).get("layout")
-        same_shards = self._check_layout(saved_layout)
-        with _naming_failures("building the sharded state dict to load into"):
-            self._init_optimizer_state()
+        same_shards = check_layout(saved_layout, self.layout())
+        with naming_failures("building the sharded state dict to load into"):
+            init_optimizer_state(self.optimizer)
             request = self._sharded_state(loading=True, rng=same_shards)
-        with _naming_failures(f"dist_checkpointing.load({directory})"):
+        with naming_failures(f"dist_checkpointing.load({directory})"):
             state = dist_checkpointing.load(request, str(directory))
         # copying into the optimizer's fp32 shards (views of parameters) is not autograd work
-        with _naming_failures("restoring the loaded state"), torch.no_grad():
-            self._load_model_state(state["model"])
+        with naming_failures("restoring the loaded state"), torch.no_grad():
+            load_model_state(self.chunks, state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self._restore_optimizer_steps(state["optimizer"])
+            restore_optimizer_steps(self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             for stream in self.train_streams:
                 stream.load_state_dict(state["data"])
             if "rng" in state:
-                _set_rng_state(state["rng"])
-
-    def _init_optimizer_state(self) -> None:
-        """Give a distributed optimizer that has not stepped yet its state tensors.
-
-        Its sharded state dict reads every parameter's Adam state (and, without Apex or
-        Transformer Engine, the common ``step``), which exist only after a step; a fresh
-        process has none. Megatron-Core's ``_init_optimizer_states_with_dummy_values`` (its
-        own preparation before loading into an unstepped distributed optimizer) steps
-        the inner optimizer once on zero gradients; loading then overwrites every value.
-        """
-        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            if isinstance(optimizer, DistributedOptimizer) and not optimizer.optimizer.state:
-                optimizer._init_optimizer_states_with_dummy_values()
-
-    def _restore_optimizer_steps(self, loaded: Any) -> None:
-        """Each parameter's Adam ``step`` from the checkpoint, as its own tensor.
-
-        Without Apex or Transformer Engine, Megatron-Core's distributed optimizer saves
-        the common step in its param groups and, on load, hands every parameter the same
-        step tensor, then copies the per-parameter value from the pre-load state over it;
-        torch's Adam increments each parameter's step in place. The resumed update would
-        use a wrong bias correction; this sets the saved step, one tensor per parameter.
-        """
-        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-        chained = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
-        states = [loaded] if len(chained) == 1 else [loaded[k] for k in sorted(loaded)]
-        for optimizer, state in zip(chained, states, strict=True):
-            if not isinstance(optimizer, DistributedOptimizer):
-                continue
-            groups = state.get("optimizer", {}).get("param_groups", [])
-            steps = {g["step"] for g in groups if g.get("step") is not None}
-            if len(steps) != 1:
-                continue
-            step = float(steps.pop())
-            for param_state in optimizer.optimizer.state.values():
-                if isinstance(param_state.get("step"), torch.Tensor):
-                    old = param_state["step"]
-                    param_state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device)
+                set_rng_state(state["rng"])
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:
@@ -682,107 +472,3 @@ class MegatronBackend(TorchDistributed, BackendBase):
         self.chunks, self.train_streams = [], []
         self.optimizer = self.scheduler = self.valid_dataset = None
         self.teardown_process_group()
-
-
-def _check_split_not_empty(source: PreparedSource, split: str) -> None:
-    """Megatron's GPTDataset loops forever drawing samples from a split without documents;
-    refuse such a split (as Megatron's builder cuts it: rounded shares of the documents)."""
-    from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix,
-        parse_and_normalize_split,
-    )
-
-    from baton.backends.textdata import DataError, PreparedDataset
-
-    names = ("train", "valid", "test")
-    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
-    for prefix in source.blend.prefixes:
-        documents = PreparedDataset(prefix).num_documents
-        for name, share in zip(names, matrix, strict=True):
-            if share is None:
-                continue
-            begin, end = (round(bound * documents) for bound in share)
-            if end <= begin:
-                raise DataError(
-                    f"{prefix} has {documents} documents: its {name} share of split {split!r} "
-                    "is empty; prepare more documents or change config.data.split"
-                )
-
-
-class LayoutError(ValueError):
-    """A checkpoint's parallel layout cannot be resharded to this run's."""
-
-
-def _show_layout(layout: dict[str, Any]) -> str:
-    text = (
-        f"tensor {layout.get('tensor')} x pipeline {layout.get('pipeline')}"
-        f" (virtual {layout.get('virtual_pipeline', 1)}) x data {layout.get('data')}"
-    )
-    return text + (", distributed optimizer" if layout.get("distributed_optimizer") else "")
-
-
-class CheckpointLoadError(RuntimeError):
-    """A Megatron checkpoint could not be loaded; the message names the call and the cause."""
-
-
-def describe_error(error: BaseException) -> str:
-    """``Type: message``; for an exception without a message (a bare ``assert``), the
-    file, line and source text where it was raised instead."""
-    import traceback
-
-    text = str(error).strip()
-    if text:
-        return f"{type(error).__name__}: {text}"
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return type(error).__name__
-    last = frames[-1]
-    where = f"{Path(last.filename).name}:{last.lineno} in {last.name}"
-    return f"{type(error).__name__} at {where}: {(last.line or '').strip()}"
-
-
-@contextlib.contextmanager
-def _naming_failures(what: str) -> Iterator[None]:
-    try:
-        yield
-    except CheckpointLoadError:
-        raise
-    except Exception as error:
-        raise CheckpointLoadError(f"{what} failed: {describe_error(error)}") from error
-
-
-def _transformer_engine_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
-def _rng_state() -> dict[str, Any]:
-    import random
-
-    import numpy
-    from megatron.core import tensor_parallel
-
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": numpy.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy
-    from megatron.core import tensor_parallel
-
-    random.setstate(state["python"])
-    numpy.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

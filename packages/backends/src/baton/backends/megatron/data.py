@@ -3,7 +3,7 @@
 Two sources of tokens. A prepared dataset (``baton data prepare``) or a blend of them,
 read with a Hugging Face tokenizer from a local directory through
 ``megatron.core.tokenizers`` (``load_tokenizer``); or, with no setup at all, the bytes
-of a local text. ``ByteTokenizer`` implements Megatron's tokenizer interface over UTF-8 bytes (no
+of a local text. ``ByteEodTokenizer`` implements Megatron's tokenizer interface over UTF-8 bytes (no
 files, no download). ``build_indexed_dataset`` writes Megatron's indexed dataset
 (``<prefix>.bin`` + ``<prefix>.idx``) from a text, one document per paragraph group;
 ``build_gpt_datasets`` builds the train/valid/test ``GPTDataset`` splits through
@@ -38,15 +38,15 @@ import numpy
 import torch
 from megatron.core.tokenizers import MegatronTokenizerBase
 
-from baton.backends.corpus import reference_documents
-from baton.backends.textdata import Blend, DataError, TokenizerInfo, parse_blend
-from baton.backends.textdata import load_tokenizer as load_tokenizer_info
+from baton.data import Blend, DataError, TokenizerInfo, parse_blend
+from baton.data import load_tokenizer as load_tokenizer_info
+from baton.data.corpus import reference_documents
 
 #: the end-of-document token that follows every document
 EOD = 256
 
 
-class ByteTokenizer(MegatronTokenizerBase):
+class ByteEodTokenizer(MegatronTokenizerBase):
     """UTF-8 bytes as token ids 0-255 plus an end-of-document id 256.
 
     Satisfies what Megatron's datasets read from a tokenizer (``vocab_size``, ``eod``);
@@ -55,7 +55,8 @@ class ByteTokenizer(MegatronTokenizerBase):
 
     def __init__(self) -> None:
         super().__init__(path="", config={})
-        #: what Megatron's dataset cache keys record about the tokenizer
+        #: what Megatron's dataset cache keys record about the tokenizer (the class's
+        #: earlier name, kept so existing dataset caches still match)
         self.unique_identifiers = {"class": "baton.ByteTokenizer", "eod": EOD}
 
     def tokenize(self, text: str) -> list[int]:
@@ -77,7 +78,7 @@ class ByteTokenizer(MegatronTokenizerBase):
         return EOD
 
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("ByteTokenizer has no chat template")
+        raise NotImplementedError("ByteEodTokenizer has no chat template")
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def open_prepared(data_path: str | Sequence[str], tokenizer_path: str | Path) ->
     """
     blend = parse_blend(data_path)
     tokenizer, info = load_tokenizer(tokenizer_path)
-    from baton.backends.textdata import PreparedDataset
+    from baton.data import PreparedDataset
 
     for prefix in blend.prefixes:
         PreparedDataset(prefix).check_tokenizer(info)
@@ -138,7 +139,7 @@ def default_text() -> tuple[str, list[str]]:
     return "pydoc_data.topics", reference_documents()
 
 
-def read_documents(path: str | Path) -> list[str]:
+def paragraph_groups(path: str | Path) -> list[str]:
     """A UTF-8 text file split into documents at blank-line-separated paragraph groups
     of about 4 kB (so documents are neither single lines nor the whole file)."""
     text = Path(path).read_text(encoding="utf-8")
@@ -157,7 +158,7 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def build_indexed_dataset(
-    prefix: str | Path, text_path: str | Path | None = None, tokenizer: ByteTokenizer | None = None
+    prefix: str | Path, text_path: str | Path | None = None, tokenizer: ByteEodTokenizer | None = None
 ) -> str:
     """Write ``<prefix>.bin`` / ``<prefix>.idx`` from a text (default: the Python reference).
 
@@ -166,7 +167,7 @@ def build_indexed_dataset(
     """
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    tokenizer = tokenizer or ByteTokenizer()
+    tokenizer = tokenizer or ByteEodTokenizer()
     if text_path is None:
         _, documents = default_text()
     else:
@@ -175,7 +176,7 @@ def build_indexed_dataset(
                 f"data text file {text_path} does not exist; pass a UTF-8 text file or None "
                 "for the built-in Python language reference"
             )
-        documents = read_documents(text_path)
+        documents = paragraph_groups(text_path)
     digest = hashlib.sha256("\0".join(documents).encode("utf-8")).hexdigest()[:16]
     prefix = str(prefix)
     stamp = Path(prefix + ".sha")
@@ -232,7 +233,7 @@ def build_gpt_datasets(
         sequence_length=seq_len,
         blend=None if mock else blend,
         split=split,
-        tokenizer=tokenizer or ByteTokenizer(),
+        tokenizer=tokenizer or ByteEodTokenizer(),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
@@ -287,3 +288,32 @@ class SampleStream:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.consumed = int(state["consumed"])
+
+
+def check_split_not_empty(source: PreparedSource, split: str) -> None:
+    """Megatron's GPTDataset loops forever drawing samples from a split without documents;
+    refuse such a split (as Megatron's builder cuts it: rounded shares of the documents)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from baton.data import DataError, PreparedDataset
+
+    names = ("train", "valid", "test")
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    for prefix in source.blend.prefixes:
+        documents = PreparedDataset(prefix).num_documents
+        for name, share in zip(names, matrix, strict=True):
+            if share is None:
+                continue
+            begin, end = (round(bound * documents) for bound in share)
+            if end <= begin:
+                raise DataError(
+                    f"{prefix} has {documents} document(s): its {name} share of split "
+                    f"{split!r} is empty (Megatron splits whole documents). Prepare more "
+                    "documents (a .txt file is one document unless prepared with "
+                    "`baton data prepare FILE.txt --txt-split paragraph` or `line`), or "
+                    "change the split (--set data.split=100,0,0 trains on all of it, "
+                    "without evaluation)"
+                )

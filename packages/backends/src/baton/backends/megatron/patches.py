@@ -38,7 +38,7 @@ class _CpuPatch(Patch):
         return True, "no CUDA GPU"
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
-        from baton.backends.megatron import cpu
+        import baton.backends.megatron.cpu as cpu
 
         getattr(cpu, self.installer)(recorder)
 

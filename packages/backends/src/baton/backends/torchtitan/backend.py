@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from baton.backends import torch_distributed
+from baton.backends.async_save import FuturePendingSave
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
 from baton.backends.torchtitan.hf import vocab_mismatch
@@ -81,19 +82,17 @@ def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-class DcpSave:
-    """An asynchronous DCP save in flight (``PendingSave``)."""
+class DcpSave(FuturePendingSave):
+    """An asynchronous DCP save in flight through TorchTitan's ``CheckpointManager``:
+    its future, and the manager's own wait (staging, the writer process) on ``wait``."""
 
     def __init__(self, future: Future[Any], checkpointer: Any) -> None:
-        self.future = future
+        super().__init__(future)
         self.checkpointer = checkpointer
 
-    def done(self) -> bool:
-        return self.future.done()
-
-    def wait(self) -> None:
+    def _join(self) -> None:
         self.checkpointer.maybe_wait_for_saving()
-        self.future.result()
+        super()._join()
 
 
 #: what ``load`` does when the data-parallel degree changed: TorchTitan's data loader
@@ -229,7 +228,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         ``train_step`` waits for it before the optimizer changes the weights. Its copies
         release the interpreter lock (``cpu_staging``), so the loop is not held up.
         """
-        from baton.backends.cpu_staging import cpu_stager
+        from baton.backends.torchtitan.cpu_staging import cpu_stager
 
         if torch.accelerator.is_available() or getattr(checkpointer, "stager", 0) is not None:
             return

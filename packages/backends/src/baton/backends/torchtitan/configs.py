@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -39,7 +40,6 @@ def llama3_debug(
     """
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    from baton.backends.torchtitan.data import dataloader_config, tokenizer_config
 
     config = llama3_debugmodel()
     config.dump_folder = dump_folder
@@ -83,3 +83,54 @@ def set_layout(
         par.pipeline_parallel_schedule = pp_schedule
     return config
 
+
+def dataloader_config(
+    data_path: str | None, *, seed: int = 0, infinite: bool = True, text_key: str = "text"
+) -> Any:
+    """The data-loader config for ``data_path``: TorchTitan's Hugging Face text loader for
+    ``.jsonl``/``.json``/``.parquet`` files, ``PreparedDataLoader`` for a prepared prefix
+    (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
+    for plain text (or the Python language reference when ``data_path`` is ``None``)."""
+    from baton.backends.torchtitan.data import (
+        HF_FORMATS,
+        LocalTextDataLoader,
+        register_local_dataset,
+    )
+    from baton.data import split_prefix
+
+    suffix = "" if data_path is None else Path(data_path).suffix.lower()
+    if (
+        data_path is not None
+        and suffix not in (".jsonl", ".parquet")
+        and (Path(split_prefix(data_path) + ".idx").is_file())
+    ):
+        from baton.backends.torchtitan.prepared import PreparedDataLoader
+
+        return PreparedDataLoader.Config(dataset_path=split_prefix(data_path), infinite=infinite)
+    if data_path is not None and suffix in HF_FORMATS:
+        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+        name = register_local_dataset(data_path, text_key)
+        return HuggingFaceTextDataLoader.Config(
+            dataset=name, dataset_path=data_path, infinite=infinite
+        )
+    return LocalTextDataLoader.Config(dataset_path=data_path, seed=seed, infinite=infinite)
+
+
+def tokenizer_config(tokenizer: str | None) -> tuple[Any, str]:
+    """``(config.tokenizer, config.hf_assets_path)``: TorchTitan's ``HuggingFaceTokenizer``
+    over a local tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``), or
+    the byte tokenizer when ``tokenizer`` is ``None``."""
+    if tokenizer is None:
+        from baton.backends.torchtitan.data import ByteBosEosTokenizer
+
+        return ByteBosEosTokenizer.Config(), ""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    directory = Path(tokenizer)
+    if not (directory / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"tokenizer directory {directory} has no tokenizer.json; pass a Hugging Face "
+            "tokenizer directory (make one with `baton data tokenizer --output DIR`)"
+        )
+    return HuggingFaceTokenizer.Config(), str(directory)

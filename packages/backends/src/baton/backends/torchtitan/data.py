@@ -1,14 +1,14 @@
 """Offline data for TorchTitan: its Hugging Face pipeline over local files, a byte
 tokenizer and a packed local-text data loader.
 
-``dataloader_config("corpus.jsonl")`` / ``tokenizer_config("tok/")`` give TorchTitan's
+``configs.dataloader_config("corpus.jsonl")`` / ``configs.tokenizer_config("tok/")`` give TorchTitan's
 own ``HuggingFaceTextDataLoader`` (through its ``DATASETS`` registry, ``datasets`` reading
 the local JSON Lines or Parquet file) and its ``HuggingFaceTokenizer`` (``hf_assets_path``
 is the tokenizer directory); the loader's state is checkpointed by TorchTitan, so a
 resumed run continues with the same batches. Without a tokenizer or data file, the
 byte-level defaults below need no files at all.
 
-Both plug into TorchTitan through its own protocols: ``ByteTokenizer`` is a
+Both plug into TorchTitan through its own protocols: ``ByteBosEosTokenizer`` is a
 ``BaseTokenizer`` and ``LocalTextDataLoader`` a ``ParallelAwareDataloader`` (a
 ``torchdata`` ``StatefulDataLoader``), so TorchTitan's ``CheckpointManager`` saves
 the loader's position and a resumed run continues with the same batches.
@@ -20,7 +20,7 @@ UTF-8 text file instead (documents separated by blank lines). Nothing is downloa
 Example::
 
     cfg = llama3_debugmodel()
-    cfg.tokenizer = ByteTokenizer.Config()
+    cfg.tokenizer = ByteBosEosTokenizer.Config()
     cfg.dataloader = LocalTextDataLoader.Config(dataset_path="corpus.txt")
 """
 
@@ -39,11 +39,10 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.corpus import read_text, reference_documents
-from baton.backends.textdata import split_prefix
+from baton.data.corpus import read_text, reference_documents
 
 
-class ByteTokenizer(BaseTokenizer):
+class ByteBosEosTokenizer(BaseTokenizer):
     """UTF-8 bytes as token ids 0-255, plus BOS (256) and EOS (257): 258 ids, no files."""
 
     BOS = 256
@@ -70,8 +69,9 @@ class ByteTokenizer(BaseTokenizer):
         return 258
 
 
-def read_documents(path: str | None) -> list[str]:
-    """The corpus as a list of documents (see the module docstring)."""
+def paragraphs(path: str | None) -> list[str]:
+    """The corpus as documents, one per blank-line-separated paragraph of the file at
+    ``path`` (the built-in reference's topics when ``path`` is ``None``)."""
     if path is None:
         return [doc for doc in reference_documents() if doc.strip()]
     text = read_text(path, "dataloader.dataset_path")
@@ -212,7 +212,7 @@ class LocalTextDataLoader(ParallelAwareDataloader):
         **kwargs: Any,
     ) -> None:
         dataset = PackedTextDataset(
-            read_documents(config.dataset_path),
+            paragraphs(config.dataset_path),
             tokenizer,
             seq_len=seq_len,
             dp_rank=dp_rank,
@@ -267,46 +267,3 @@ def register_local_dataset(path: str, text_key: str = "text") -> str:
         sample_processor=itemgetter(text_key),
     )
     return name
-
-
-def dataloader_config(
-    data_path: str | None, *, seed: int = 0, infinite: bool = True, text_key: str = "text"
-) -> Any:
-    """The data-loader config for ``data_path``: TorchTitan's Hugging Face text loader for
-    ``.jsonl``/``.json``/``.parquet`` files, ``PreparedDataLoader`` for a prepared prefix
-    (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
-    for plain text (or the Python language reference when ``data_path`` is ``None``)."""
-    suffix = "" if data_path is None else Path(data_path).suffix.lower()
-    if (
-        data_path is not None
-        and suffix not in (".jsonl", ".parquet")
-        and (Path(split_prefix(data_path) + ".idx").is_file())
-    ):
-        from baton.backends.torchtitan.prepared import PreparedDataLoader
-
-        return PreparedDataLoader.Config(dataset_path=split_prefix(data_path), infinite=infinite)
-    if data_path is not None and suffix in HF_FORMATS:
-        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-
-        name = register_local_dataset(data_path, text_key)
-        return HuggingFaceTextDataLoader.Config(
-            dataset=name, dataset_path=data_path, infinite=infinite
-        )
-    return LocalTextDataLoader.Config(dataset_path=data_path, seed=seed, infinite=infinite)
-
-
-def tokenizer_config(tokenizer: str | None) -> tuple[Any, str]:
-    """``(config.tokenizer, config.hf_assets_path)``: TorchTitan's ``HuggingFaceTokenizer``
-    over a local tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``), or
-    the byte tokenizer when ``tokenizer`` is ``None``."""
-    if tokenizer is None:
-        return ByteTokenizer.Config(), ""
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
-
-    directory = Path(tokenizer)
-    if not (directory / "tokenizer.json").is_file():
-        raise FileNotFoundError(
-            f"tokenizer directory {directory} has no tokenizer.json; pass a Hugging Face "
-            "tokenizer directory (make one with `baton data tokenizer --output DIR`)"
-        )
-    return HuggingFaceTokenizer.Config(), str(directory)

@@ -29,8 +29,8 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.textdata import PreparedDataset, load_tokenizer
 from baton.backends.torchtitan.data import loader_options
+from baton.data import PreparedDataset, load_tokenizer
 
 
 def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:

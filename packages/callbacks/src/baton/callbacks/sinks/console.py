@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 class ConsoleSink:
     """Print ``step N | key value | ...`` lines (``eval N | ...`` for evaluation),
-    optionally only some keys."""
+    optionally only some keys; a key ``a|b`` shows ``a`` when logged, else ``b``."""
 
     name = "console"
 
@@ -33,7 +33,8 @@ class ConsoleSink:
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:
         keys = self.keys if self.keys is not None else sorted(metrics)
-        parts = [f"{k} {_format(metrics[k])}" for k in keys if k in metrics]
+        shown = (_first_logged(k, metrics) for k in keys)
+        parts = [f"{k} {_format(metrics[k])}" for k in shown if k is not None]
         if not parts:
             return
         label = "step" if phase == "train" else phase
@@ -45,6 +46,11 @@ class ConsoleSink:
 
     def close(self) -> None:
         pass
+
+
+def _first_logged(key: str, metrics: dict[str, float]) -> str | None:
+    """The first of ``key``'s ``|``-separated alternatives that was logged."""
+    return next((k for k in key.split("|") if k in metrics), None)
 
 
 def _format(value: float) -> str:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from baton.backends.textdata import DataError
+from baton.data import DataError
 
 
 def _fail(command: str, message: str) -> int:
@@ -32,14 +32,23 @@ def _fail(command: str, message: str) -> int:
 
 
 def cmd_tokenizer(argv: Sequence[str]) -> int:
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
+    from baton.tools.data.sources import TXT_SPLITS, open_sources
 
     parser = argparse.ArgumentParser(
         prog="baton data tokenizer",
         description="Train a byte-level BPE offline; save a Hugging Face tokenizer directory.",
     )
     parser.add_argument(
-        "--input", nargs="+", type=Path, help="UTF-8 text files (default: CPython's reference)"
+        "--input",
+        nargs="+",
+        type=Path,
+        help=".txt, .jsonl, .parquet files or saved dataset dirs, read as `baton data prepare` "
+        "reads them (default: CPython's language reference)",
+    )
+    parser.add_argument("--text-key", default="text", help="JSON key / column of the text")
+    parser.add_argument(
+        "--txt-split", choices=TXT_SPLITS, default="file", help="documents of a .txt file"
     )
     parser.add_argument("--vocab-size", type=int, required=True, help="tokens, specials included")
     parser.add_argument("--output", type=Path, required=True, help="the directory to write")
@@ -51,7 +60,11 @@ def cmd_tokenizer(argv: Sequence[str]) -> int:
             f"{args.output / 'tokenizer.json'} already exists; pass --force to replace it",
         )
     try:
-        info = train_tokenizer(args.output, vocab_size=args.vocab_size, files=args.input)
+        texts = None
+        if args.input:  # the documents' texts, never the raw JSON or Parquet bytes
+            sources = open_sources(args.input, args.text_key, args.txt_split)
+            texts = (text for source in sources for text in source.documents())
+        info = train_tokenizer(args.output, vocab_size=args.vocab_size, texts=texts)
     except DataError as error:
         return _fail("tokenizer", str(error))
     print(

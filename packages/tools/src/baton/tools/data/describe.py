@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baton.backends.textdata import DataError, PreparedDataset, TokenizerInfo, load_tokenizer
+from baton.data import DataError, PreparedDataset, TokenizerInfo, load_tokenizer
 
 
 def describe(

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from baton.backends.textdata import (
+from baton.data import (
     DataError,
     Manifest,
     SourceFile,

@@ -15,7 +15,7 @@ Example::
 * a directory written by ``datasets.Dataset.save_to_disk``: its ``text_key`` column.
 
 Every problem (a missing file, a missing key, bytes that are not UTF-8, a line that is
-not JSON) raises :class:`~baton.backends.textdata.DataError` naming the file and line.
+not JSON) raises :class:`~baton.data.DataError` naming the file and line.
 A null value counts as an empty document; empty documents are left out by ``prepare``.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton.backends.textdata import DataError
+from baton.data import DataError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from baton.backends.corpus import load_text
+from baton.data.corpus import load_text
 
 
 @dataclass
@@ -137,7 +137,7 @@ class ByteWindows(Dataset):
 
 
 def byte_splits(path: str | Path | None = None, val_fraction: float = 0.05) -> tuple[Any, Any]:
-    """``(train, val)`` byte tensors (int64) of the corpus (``baton.backends.corpus``)."""
+    """``(train, val)`` byte tensors (int64) of the corpus (``baton.data.corpus``)."""
     _, text = load_text(path)
     data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
     split = int(len(data) * (1 - val_fraction))

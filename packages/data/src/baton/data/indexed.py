@@ -6,7 +6,7 @@ read. This reader needs only numpy, so any backend can use it.
 
 Example::
 
-    from baton.backends.textdata import PreparedDataset
+    from baton.data import PreparedDataset
 
     data = PreparedDataset("data/corpus")          # data/corpus.bin + data/corpus.idx
     len(data), data.num_tokens, data.dtype          # sequences (= documents), tokens, uint16
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from baton.backends.textdata.errors import DataError
-from baton.backends.textdata.manifest import Manifest, check_tokenizer, read_manifest, split_prefix
-from baton.backends.textdata.tokenizer import TokenizerInfo
+from baton.data.errors import DataError
+from baton.data.manifest import Manifest, check_tokenizer, read_manifest, split_prefix
+from baton.data.tokenizer import TokenizerInfo
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 #: megatron-core's dtype codes (``megatron.core.datasets.indexed_dataset.DType``)

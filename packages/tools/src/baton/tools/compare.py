@@ -1,15 +1,15 @@
 """The same small Llama-style model on Fabric, TorchTitan, Megatron-Core and MaxText, on
 identical tokens, with the four loss curves on one chart.
 
-uv run baton run recipes/compare_backends.py                      # zero setup, ~5 min on CPU
-uv run baton run recipes/compare_backends.py --steps 100 --backends megatron maxtext
-uv run baton run recipes/compare_backends.py --data-path data/corpus --tokenizer runs/tok
+uv run baton compare                                  # zero setup, ~5 min on CPU
+uv run baton compare --steps 100 --backends megatron maxtext
+uv run baton compare --data-path data/corpus --tokenizer runs/tok
 
 Without ``--data-path``/``--tokenizer`` it trains a byte-level BPE (``--vocab-size``
 tokens) on the Python language reference and prepares that text once with it
 (``baton data prepare``), under ``<run-dir>/data``; a second run reuses both. Each
-backend then runs its own tiny recipe in its own process (``baton run``: a backend owns
-its process group or JAX runtime) on that dataset and tokenizer with the same steps,
+backend then runs its own tiny recipe from ``--recipes`` (the project's ``recipes/``) in
+its own process (``baton run``: a backend owns its process group or JAX runtime) on that dataset and tokenizer with the same steps,
 batch, sequence length, learning rate and model shape, into ``<run-dir>/<backend>``
 (its output in ``<run-dir>/<backend>.log``). The loss curves land in
 ``<run-dir>/comparison/loss.png`` (``baton plot`` with the four run directories) and a
@@ -37,16 +37,19 @@ Where the four differ (each recipe keeps its backend's own choices):
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 
-RECIPES = Path(__file__).resolve().parent
+#: where the backends' tiny recipes are found unless ``--recipes`` says otherwise
+RECIPES = Path("recipes")
 BACKENDS = ("fabric", "torchtitan", "megatron", "maxtext")
 #: TorchTitan's llama3 debug model, the one shape its recipe trains
 TITAN_SHAPE = {"layers": 6, "hidden": 256, "heads": 16}
@@ -60,8 +63,8 @@ def llama_ffn(hidden: int) -> int:
 
 def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
     """A tokenizer and a prepared dataset of the Python language reference, made once."""
-    from baton.backends.corpus import reference_documents
-    from baton.backends.textdata import train_tokenizer
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
 
     tokenizer, prefix = data_dir / "tokenizer", data_dir / "reference"
@@ -89,6 +92,7 @@ def backend_command(
     seq_len: int,
     batch: int,
     lr: float,
+    recipes: Path = RECIPES,
 ) -> list[str]:
     """``python -m baton.core.cli run <backend's tiny recipe> ...`` with the shared settings."""
     no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
@@ -139,7 +143,7 @@ def backend_command(
         ],
     }[backend]
     recipe, flags = own[0], own[1:]
-    return [sys.executable, "-m", "baton.core.cli", "run", str(RECIPES / recipe), *common, *flags]
+    return [sys.executable, "-m", "baton.core.cli", "run", str(recipes / recipe), *common, *flags]
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -147,7 +151,7 @@ def losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_jsonl(run_dir / "logs" / FILE_NAME) if "loss" in r]
 
 
-def recipe(
+def compare(
     steps: int = 50,
     layers: int = 6,
     hidden: int = 256,
@@ -160,6 +164,7 @@ def recipe(
     tokenizer: str | None = None,
     backends: tuple[str, ...] = BACKENDS,
     run_dir: str = "runs/compare_backends",
+    recipes: str | Path = RECIPES,
 ) -> None:
     """Train one small Llama-style model on each backend on the same tokens; plot the losses.
 
@@ -177,6 +182,7 @@ def recipe(
         tokenizer: the tokenizer directory the data was prepared with.
         backends: which backends to run, in order.
         run_dir: where the data, each backend's run and the chart go.
+        recipes: the directory holding each backend's tiny recipe.
     """
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
@@ -187,6 +193,12 @@ def recipe(
         raise ValueError(
             "pass both --data-path (a `baton data prepare` prefix) and --tokenizer (the "
             "directory it was prepared with), or neither to prepare the Python reference"
+        )
+    recipes = Path(recipes)
+    if not (recipes / "quickstart.py").is_file():
+        raise ValueError(
+            f"--recipes {recipes} holds no baton recipes (quickstart.py, ...); run from the "
+            "project's root or pass --recipes PATH/TO/recipes"
         )
     root = Path(run_dir)
     if data_path is None or tokenizer is None:
@@ -213,6 +225,7 @@ def recipe(
             seq_len=seq_len,
             batch=batch,
             lr=lr,
+            recipes=recipes,
             **shape,
         )
         log = root / f"{backend}.log"
@@ -241,3 +254,46 @@ def recipe(
         print("charts: " + ", ".join(str(path) for path in charts))
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``baton compare``: the arguments of ``compare`` as flags; 2 on bad input, 1 when a
+    backend's run failed."""
+    parser = argparse.ArgumentParser(prog="baton compare", description=compare.__doc__)
+    parser.add_argument("--steps", type=int, default=50, help="optimizer steps on each backend")
+    parser.add_argument("--layers", type=int, default=6, help="transformer layers")
+    parser.add_argument("--hidden", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=16, help="attention heads")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample")
+    parser.add_argument("--batch", type=int, default=4, help="samples per step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument("--vocab-size", type=int, default=2048, help="the BPE trained if needed")
+    parser.add_argument("--data-path", default=None, help="a `baton data prepare` prefix")
+    parser.add_argument("--tokenizer", default=None, help="the tokenizer it was prepared with")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help="which, in order")
+    parser.add_argument("--run-dir", default="runs/compare_backends", help="where results go")
+    parser.add_argument("--recipes", default=str(RECIPES), help="the backends' tiny recipes")
+    args = parser.parse_args(argv)
+    try:
+        compare(
+            steps=args.steps,
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            seq_len=args.seq_len,
+            batch=args.batch,
+            lr=args.lr,
+            vocab_size=args.vocab_size,
+            data_path=args.data_path,
+            tokenizer=args.tokenizer,
+            backends=tuple(args.backends),
+            run_dir=args.run_dir,
+            recipes=args.recipes,
+        )
+    except ValueError as error:
+        print(f"baton compare: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        print(f"baton compare: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -5,7 +5,7 @@ or weight/prefix pairs. Weights are relative (they need not sum to 1).
 
 Example::
 
-    from baton.backends.textdata import parse_blend
+    from baton.data import parse_blend
 
     blend = parse_blend("0.7 data/web 0.3 data/code")
     blend.prefixes, blend.weights        # ("data/web", "data/code"), (0.7, 0.3)
@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from baton.backends.textdata.errors import DataError
-from baton.backends.textdata.manifest import split_prefix
+from baton.data.errors import DataError
+from baton.data.manifest import split_prefix
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Blend:
 
     def check_exists(self) -> None:
         """Open each prefix's index and data; :class:`DataError` names the first that fails."""
-        from baton.backends.textdata.indexed import PreparedDataset
+        from baton.data.indexed import PreparedDataset
 
         for prefix in self.prefixes:
             PreparedDataset(prefix)

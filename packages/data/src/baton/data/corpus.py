@@ -6,7 +6,7 @@ path reads any UTF-8 text file instead. Backends tokenize it their own way (byte
 
 Example::
 
-    from baton.backends.corpus import load_text, reference_documents
+    from baton.data.corpus import load_text, reference_documents
 
     source, text = load_text(None)        # ("pydoc_data.topics (Python language reference)", "...")
     docs = reference_documents()          # one string per topic, in a fixed order

@@ -7,7 +7,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from baton.backends.cpu_staging import LockReleasingStateDictStager, cpu_stager
+from baton.backends.torchtitan.cpu_staging import LockReleasingStateDictStager, cpu_stager
 
 
 def _state() -> dict:

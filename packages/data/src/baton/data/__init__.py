@@ -9,7 +9,7 @@ another backend's framework.
 
 Example::
 
-    from baton.backends.textdata import (
+    from baton.data import (
         DataError, PreparedDataset, check_model_vocab, load_tokenizer, parse_blend,
         train_tokenizer,
     )
@@ -34,10 +34,10 @@ Every bad input raises :class:`DataError` (a ``ValueError``) whose message names
 and the fix.
 """
 
-from baton.backends.textdata.blend import Blend, parse_blend
-from baton.backends.textdata.errors import DataError
-from baton.backends.textdata.indexed import DTYPE_CODES, INDEX_HEADER, PreparedDataset
-from baton.backends.textdata.manifest import (
+from baton.data.blend import Blend, parse_blend
+from baton.data.errors import DataError
+from baton.data.indexed import DTYPE_CODES, INDEX_HEADER, PreparedDataset
+from baton.data.manifest import (
     MANIFEST_FORMAT,
     Manifest,
     SourceFile,
@@ -46,7 +46,7 @@ from baton.backends.textdata.manifest import (
     read_manifest,
     split_prefix,
 )
-from baton.backends.textdata.tokenizer import (
+from baton.data.tokenizer import (
     END_OF_TEXT,
     PAD,
     TokenizerInfo,

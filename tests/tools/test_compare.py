@@ -1,4 +1,4 @@
-"""``recipes/compare_backends.py``: the four backends on one tokenizer and one prepared
+"""``baton compare``: the four backends on one tokenizer and one prepared
 dataset, four steps each in their own processes, and the loss chart over all of them."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.backends.textdata import PreparedDataset, load_tokenizer
 from baton.callbacks.sinks.jsonl import read_jsonl
+from baton.data import PreparedDataset, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("fabric", "torchtitan", "megatron", "maxtext")
@@ -24,7 +24,7 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
     run_dir = tmp_path / "compare"
     env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
     command = [
-        sys.executable, "-m", "baton.core.cli", "run", str(ROOT / "recipes" / "compare_backends.py"),
+        sys.executable, "-m", "baton.core.cli", "compare", f"--recipes={ROOT / 'recipes'}",
         f"--steps={STEPS}", "--layers=2", "--hidden=64", "--heads=4", "--seq-len=32",
         "--batch=2", f"--run-dir={run_dir}",
     ]  # fmt: skip

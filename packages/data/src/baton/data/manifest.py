@@ -6,7 +6,7 @@ with another.
 
 Example::
 
-    from baton.backends.textdata import check_tokenizer, load_tokenizer, read_manifest
+    from baton.data import check_tokenizer, load_tokenizer, read_manifest
 
     manifest = read_manifest("data/corpus")        # None for data without a manifest
     manifest.documents, manifest.tokens, manifest.tokenizer_fingerprint
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baton.backends.textdata.errors import DataError
-from baton.backends.textdata.tokenizer import TokenizerInfo
+from baton.data.errors import DataError
+from baton.data.tokenizer import TokenizerInfo
 
 #: the ``format`` field of manifests this code writes and reads
 MANIFEST_FORMAT = "baton-prepared-data/1"

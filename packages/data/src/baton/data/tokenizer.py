@@ -2,7 +2,7 @@
 
 Example::
 
-    from baton.backends.textdata import load_tokenizer, train_tokenizer
+    from baton.data import load_tokenizer, train_tokenizer
 
     info = train_tokenizer("runs/tok", vocab_size=1024)   # byte-level BPE on the CPython reference
     info = load_tokenizer("runs/tok")
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baton.backends.textdata.errors import DataError
+from baton.data.errors import DataError
 
 #: the end-of-document token of tokenizers made by :func:`train_tokenizer`
 END_OF_TEXT = "<|endoftext|>"
@@ -212,7 +212,7 @@ def train_tokenizer(
     elif files is not None:
         corpus = _read_training_files(files)
     else:
-        from baton.backends.corpus import reference_documents
+        from baton.data.corpus import reference_documents
 
         corpus = reference_documents()
     if not any(text.strip() for text in corpus):

@@ -1,0 +1,78 @@
+"""A dry run of a MaxText config: its mesh, parameter count and FLOPs, without
+allocating the model (``MaxTextBackend.plan`` runs it, on simulated host devices if
+asked).
+
+Example::
+
+    print(MaxTextBackend(overrides=overrides).plan(simulate_devices=8).summary())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from baton.backends.maxtext.config import MaxTextConfig
+
+
+@dataclass
+class Plan:
+    """What a MaxText config would build, found without allocating the model (a dry run)."""
+
+    mesh_shape: dict[str, int]
+    devices: str
+    params: int
+    tflops_per_device_step: float
+    global_batch: int
+    seq_len: int
+
+    def summary(self) -> str:
+        axes = {k: v for k, v in self.mesh_shape.items() if v > 1} or {"(all axes)": 1}
+        return "\n".join(
+            [
+                f"devices      {self.devices}",
+                "mesh         " + "  ".join(f"{k}={v}" for k, v in axes.items()),
+                f"mesh (full)  {self.mesh_shape}",
+                f"parameters   {self.params:,} ({self.params / 1e9:.2f} B)",
+                f"batch        {self.global_batch} x {self.seq_len} tokens per step",
+                f"TFLOPs       {self.tflops_per_device_step:,.1f} per device per step",
+            ]
+        )
+
+
+def dry_run(config: MaxTextConfig, simulate_devices: int | None = None) -> Plan:
+    """Validate ``config`` with MaxText and build its mesh and abstract model (no arrays)."""
+    import jax
+    from flax import nnx
+    from maxtext.trainers.pre_train import train
+    from maxtext.utils import max_utils, maxtext_utils, model_creation_utils
+
+    if simulate_devices and jax.device_count() != simulate_devices:
+        raise RuntimeError(
+            f"JAX already started with {jax.device_count()} devices; run the dry run in a "
+            f"fresh process to simulate {simulate_devices}"
+        )
+    cfg, _recorder = train.initialize(config.argv())
+    try:
+        mesh = maxtext_utils.get_mesh_from_config(cfg)
+    except (AssertionError, ValueError) as error:
+        layout = {
+            key: value
+            for key, value in config.overrides.items()
+            if key.startswith(("ici_", "dcn_")) and value != 1
+        }
+        raise ValueError(
+            f"layout {layout or '(defaults)'} does not fit {jax.device_count()} devices "
+            f"({jax.process_count()} processes): {error}"
+        ) from None
+    _create, abstract_model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
+    params = max_utils.calculate_num_params_from_pytree(nnx.state(abstract_model, nnx.Param))
+    tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
+    first = jax.devices()[0]
+    return Plan(
+        mesh_shape=dict(mesh.shape),
+        devices=f"{jax.device_count()} x {first.platform} ({cfg.hardware} config)",
+        params=int(params),
+        tflops_per_device_step=float(tflops),
+        global_batch=int(cfg.global_batch_size_to_train_on),
+        seq_len=int(cfg.max_target_length),
+    )

@@ -1,0 +1,109 @@
+"""Building Megatron-Core's pieces from a ``MegatronConfig``: the layer spec, the
+DDP-wrapped ``GPTModel`` chunks of this rank, the optimizer and its LR scheduler.
+
+Example::
+
+    chunks = build_model(config, vocab_size=50304, device=torch.device("cpu"))
+    optimizer, scheduler = build_optimizer(config, chunks)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from baton.backends.megatron.config import MegatronConfig
+
+
+def transformer_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def layer_spec(config: MegatronConfig) -> Any:
+    """The transformer layer spec ``config.layer_spec`` names (``auto``: Transformer
+    Engine's where it is installed and a GPU is present, else Megatron's local one)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    choice = config.layer_spec
+    if choice == "auto":
+        te = transformer_engine_available() and torch.cuda.is_available()
+        choice = "transformer_engine" if te else "local"
+    if choice == "transformer_engine":
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization=config.model.normalization)
+
+
+def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list[Any]:
+    """This rank's GPTModel chunks, each in Megatron's DDP (one chunk per virtual
+    pipeline stage; bucketing only on the first, as Megatron-LM does)."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.models.gpt import GPTModel
+
+    cfg = config
+    virtual = cfg.model.virtual_pipeline_model_parallel_size
+    stages: list[int | None] = list(range(virtual)) if virtual else [None]
+    chunks = []
+    for stage in stages:
+        model = GPTModel(
+            config=cfg.model,
+            transformer_layer_spec=layer_spec(cfg),
+            vocab_size=vocab_size,
+            max_sequence_length=cfg.seq_len,
+            pre_process=parallel_state.is_pipeline_first_stage(
+                ignore_virtual=False, vp_stage=stage
+            ),
+            post_process=parallel_state.is_pipeline_last_stage(
+                ignore_virtual=False, vp_stage=stage
+            ),
+            share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
+            position_embedding_type=cfg.position_embedding_type,
+            rotary_base=cfg.rotary_base,  # pyright: ignore[reportArgumentType]
+            vp_stage=stage,
+        )
+        model.to(device)
+        chunks.append(
+            DistributedDataParallel(cfg.model, cfg.ddp, model, disable_bucketing=bool(stage))
+        )
+    return chunks
+
+
+def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any]:
+    """``get_megatron_optimizer`` over ``chunks`` and its ``OptimizerParamScheduler``
+    (warmup, then the decay style over ``decay_steps``; constant without them)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    cfg = config
+    opt = cfg.optimizer
+    if opt.lr is None or opt.min_lr is None:
+        raise ValueError(
+            "config.optimizer needs lr and min_lr (the schedule's peak and floor), "
+            f"got lr={opt.lr}, min_lr={opt.min_lr}"
+        )
+    if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
+        opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer
+    optimizer = get_megatron_optimizer(opt, chunks)
+    decay = cfg.decay_steps
+    style = cfg.decay_style if decay is not None else "constant"
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=cfg.warmup_steps,
+        lr_decay_steps=max(decay or 0, cfg.warmup_steps + 1),
+        lr_decay_style=style,
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+    )
+    return optimizer, scheduler

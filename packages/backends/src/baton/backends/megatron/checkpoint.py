@@ -1,0 +1,230 @@
+"""Megatron checkpoints: ``dist_checkpointing`` layouts, RNG and optimizer-state repairs,
+and clear errors when a load fails.
+
+What the backend's ``save`` and ``load`` call besides ``dist_checkpointing`` itself:
+``check_layout`` (whether a saved tensor/pipeline/data layout can be resharded here),
+``model_sharded_state`` / ``load_model_state`` (one or several model chunks),
+``rng_state`` / ``set_rng_state``, ``init_optimizer_state`` and
+``restore_optimizer_steps`` (a distributed optimizer before and after loading), and
+``naming_failures`` (re-raises a failure as ``CheckpointLoadError`` naming the call).
+
+Example::
+
+    with naming_failures(f"dist_checkpointing.load({directory})"):
+        state = dist_checkpointing.load(request, str(directory))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from baton.backends.async_save import SaveHandle
+
+log = logging.getLogger("baton")
+
+
+class MegatronSave(SaveHandle):
+    """A ``dist_checkpointing`` async save in flight on Megatron's calls queue.
+
+    Polling asks every rank (one small all-reduce, as Megatron requires); the driver
+    polls on every rank at the same steps, so the ranks agree.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def _poll(self) -> bool:
+        self.queue.maybe_finalize_async_calls(blocking=False)
+        return self.queue.get_num_unfinalized_calls() == 0
+
+    def _join(self) -> None:
+        self.queue.maybe_finalize_async_calls(blocking=True)
+
+
+class LayoutError(ValueError):
+    """A checkpoint's parallel layout cannot be resharded to this run's."""
+
+
+def show_layout(layout: dict[str, Any]) -> str:
+    text = (
+        f"tensor {layout.get('tensor')} x pipeline {layout.get('pipeline')}"
+        f" (virtual {layout.get('virtual_pipeline', 1)}) x data {layout.get('data')}"
+    )
+    return text + (", distributed optimizer" if layout.get("distributed_optimizer") else "")
+
+
+class CheckpointLoadError(RuntimeError):
+    """A Megatron checkpoint could not be loaded; the message names the call and the cause."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``; for an exception without a message (a bare ``assert``), the
+    file, line and source text where it was raised instead."""
+    import traceback
+
+    text = str(error).strip()
+    if text:
+        return f"{type(error).__name__}: {text}"
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return type(error).__name__
+    last = frames[-1]
+    where = f"{Path(last.filename).name}:{last.lineno} in {last.name}"
+    return f"{type(error).__name__} at {where}: {(last.line or '').strip()}"
+
+
+@contextlib.contextmanager
+def naming_failures(what: str) -> Iterator[None]:
+    try:
+        yield
+    except CheckpointLoadError:
+        raise
+    except Exception as error:
+        raise CheckpointLoadError(f"{what} failed: {describe_error(error)}") from error
+
+
+def rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy
+    from megatron.core import tensor_parallel
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": numpy.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    numpy.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def check_layout(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
+    """Whether the checkpoint's shards match this layout (``True``: same model-parallel
+    layout, RNG states load too). A change ``dist_checkpointing`` cannot reshard here
+    raises ``LayoutError`` naming both layouts."""
+    if saved is None or saved == current:
+        return True
+    model_parallel = ("tensor", "pipeline", "virtual_pipeline")
+    same_model_parallel = all(saved.get(k) == current[k] for k in model_parallel)
+    problem = None
+    if (
+        saved.get("padded_vocab_size", current["padded_vocab_size"])
+        != (current["padded_vocab_size"])
+    ):
+        problem = (
+            f"the embedding has {saved['padded_vocab_size']} rows there and "
+            f"{current['padded_vocab_size']} here (the vocabulary is padded to a multiple "
+            "of make_vocab_size_divisible_by x tensor parallel); set config.vocab_size to "
+            "a multiple of that for both tensor sizes"
+        )
+    elif saved.get("distributed_optimizer") != current["distributed_optimizer"]:
+        problem = (
+            "the optimizer state is sharded differently with and without the distributed optimizer"
+        )
+    elif current["distributed_optimizer"] and not same_model_parallel:
+        problem = (
+            "the distributed optimizer's dp_reshardable state reshards only over "
+            "data parallel ranks"
+        )
+    if problem:
+        raise LayoutError(
+            f"checkpoint layout {show_layout(saved)} cannot be resumed as "
+            f"{show_layout(current)}: {problem}; resume with the saved layout, or "
+            "start from its weights only"
+        )
+    if not same_model_parallel:
+        log.info(
+            "resharding checkpoint from %s to %s (RNG states start fresh)",
+            show_layout(saved),
+            show_layout(current),
+        )
+    return same_model_parallel
+
+
+def model_sharded_state(chunks: list[Any]) -> dict[str, Any]:
+    """The chunks' sharded state: ``model`` for one chunk, ``model0``, ``model1``...
+    under a virtual pipeline (Megatron-LM's names). Tensors are keyed by their global
+    names, so a checkpoint loads under another pipeline or tensor layout."""
+    if len(chunks) == 1:
+        return chunks[0].module.sharded_state_dict()
+    merged: dict[str, Any] = {}
+    for index, chunk in enumerate(chunks):
+        merged.update(
+            {f"model{index}.{k}": v for k, v in chunk.module.sharded_state_dict().items()}
+        )
+    return merged
+
+
+def load_model_state(chunks: list[Any], state: dict[str, Any]) -> None:
+    if len(chunks) == 1:
+        chunks[0].module.load_state_dict(state, strict=True)
+        return
+    for index, chunk in enumerate(chunks):
+        prefix = f"model{index}."
+        own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        chunk.module.load_state_dict(own, strict=True)
+
+
+def init_optimizer_state(optimizer: Any) -> None:
+    """Give a distributed optimizer that has not stepped yet its state tensors.
+
+    Its sharded state dict reads every parameter's Adam state (and, without Apex or
+    Transformer Engine, the common ``step``), which exist only after a step; a fresh
+    process has none. Megatron-Core's ``_init_optimizer_states_with_dummy_values`` (its
+    own preparation before loading into an unstepped distributed optimizer) steps
+    the inner optimizer once on zero gradients; loading then overwrites every value.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(inner, DistributedOptimizer) and not inner.optimizer.state:
+            inner._init_optimizer_states_with_dummy_values()
+
+
+def restore_optimizer_steps(optimizer: Any, loaded: Any) -> None:
+    """Each parameter's Adam ``step`` from the checkpoint, as its own tensor.
+
+    Without Apex or Transformer Engine, Megatron-Core's distributed optimizer saves
+    the common step in its param groups and, on load, hands every parameter the same
+    step tensor, then copies the per-parameter value from the pre-load state over it;
+    torch's Adam increments each parameter's step in place. The resumed update would
+    use a wrong bias correction; this sets the saved step, one tensor per parameter.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = [loaded] if len(chained) == 1 else [loaded[k] for k in sorted(loaded)]
+    for inner, state in zip(chained, states, strict=True):
+        if not isinstance(inner, DistributedOptimizer):
+            continue
+        groups = state.get("optimizer", {}).get("param_groups", [])
+        steps = {g["step"] for g in groups if g.get("step") is not None}
+        if len(steps) != 1:
+            continue
+        step = float(steps.pop())
+        for param_state in inner.optimizer.state.values():
+            if isinstance(param_state.get("step"), torch.Tensor):
+                old = param_state["step"]
+                param_state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device)

@@ -95,7 +95,14 @@ def _checkpoint_logits(checkpoint: Path, hf_dir: Path, run_dir: Path) -> torch.T
         recorder.undo()
 
 
-@pytest.mark.parametrize("layout", ["single", "tp2", "pp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "single",
+        pytest.param("tp2", marks=pytest.mark.slow),
+        pytest.param("pp2", marks=pytest.mark.slow),
+    ],
+)
 def test_export_loads_in_transformers_with_equal_logits(tmp_path, layout):
     """Train 2 steps from a HF Llama (one process, or TP 2 / PP 2 under torchrun), export
     with ``baton export``: transformers' logits equal the checkpoint's Megatron model's."""

@@ -152,3 +152,12 @@ def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     driver.callbacks.append(record)
     driver.fit()
     assert sorted(record.losses) == [1, 2] and all(v == v for v in record.losses.values())
+    # the export carries the run's tokenizer: AutoTokenizer loads it from the export folder
+    from transformers import AutoTokenizer
+
+    from baton.tools.export import main as export_main
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert export_main([str(checkpoint), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "hf")) == 4096
+    assert load_llama(tmp_path / "hf").config.vocab_size == 4096

@@ -128,3 +128,24 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, layout):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     with torch.no_grad():  # trained: not the starting weights any more
         assert not torch.allclose(got, load_llama(hf_dir)(_tokens()).logits, atol=1e-3)
+
+
+def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
+    """The model's vocabulary follows the tokenizer of the prepared data."""
+    import json
+
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
+    from baton.tools.data.prepare import prepare
+
+    tokenizer = train_tokenizer(tmp_path / "tok", vocab_size=4096)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()))
+    prepare([corpus], tokenizer, tmp_path / "corpus", workers=1)
+    driver = build_driver(RECIPE, [
+        "--data-path", str(tmp_path / "corpus"), "--tokenizer", str(tokenizer.path),
+        "--max-steps", "2", "--eval-every", "2", "--save-every", "0", "--log-every", "1",
+        "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ])  # fmt: skip
+    result = driver.fit()
+    assert result.step == 2 and driver.backend.padded_vocab_size >= 4096

@@ -74,3 +74,25 @@ def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_
     exported = hf_loss(load_llama(tmp_path / "out"), tokens, targets)
     assert record.losses[2] == pytest.approx(exported, rel=1e-4)
     assert exported != pytest.approx(hf_loss(load_llama(hf_dir), tokens, targets), rel=1e-4)
+
+
+def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
+    """The model's vocabulary follows the tokenizer (rounded up to a multiple of 128)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "prepared_data", Path(__file__).with_name("prepared_data.py")
+    )
+    assert spec is not None and spec.loader is not None
+    prepared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepared)
+    prepared.build(tmp_path / "data", vocab_size=4096)
+    record = Losses()
+    driver = build_driver(RECIPE, [
+        "--tokenizer", str(tmp_path / "data" / "tok"), "--data-path",
+        str(tmp_path / "data" / "corpus"), "--max-steps", "2", "--log-every", "1",
+        "--save-every", "0", "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ])  # fmt: skip
+    driver.callbacks.append(record)
+    driver.fit()
+    assert sorted(record.losses) == [1, 2]

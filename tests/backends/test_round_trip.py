@@ -1,10 +1,12 @@
 """Checkpoints that move: train on backend X from one Hugging Face Llama, export with
 ``baton export --format hf``, load the export on backend Y; Y's logits equal the exported
 model's (``transformers``). X and Y range over TorchTitan, Megatron-Core and Fabric
-(whose model is ``transformers``' own); MaxText is not part of the matrix yet."""
+(whose model is ``transformers``' own), and MaxText as a source (X = MaxText, scanned
+layers, fp32; as a target its first loss is checked in tests/backends/maxtext)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 
 pytest.importorskip("torchtitan")
 pytest.importorskip("megatron.core")
+pytest.importorskip("maxtext")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import torch
 
@@ -24,7 +28,11 @@ TRAIN = {
     "torchtitan": ("torchtitan_llama3_debug.py", ["--seq-len", "64", "--batch-size", "2"]),
     "megatron": ("megatron_gpt_tiny.py", ["--no-async-save"]),
     "fabric": ("hf_finetune.py", ["--eval-every", "50"]),
-}
+    "maxtext": ("maxtext_tiny.py", [
+        "--per-device-batch-size", "2", "--eval-every", "0", "--no-async-save",
+        "--no-progress", "--overrides", "dtype=float32",
+    ]),
+}  # fmt: skip
 
 
 def _tokens() -> torch.Tensor:

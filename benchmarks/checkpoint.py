@@ -213,7 +213,7 @@ class _SaveAndTime(Callback):
         if path.name == ckpt.checkpoint_name(SAVE_AT):
             self.saved_at = time.perf_counter()
         # read on the set-up backend: support can depend on what setup built
-        self.async_supported = bool(getattr(driver.backend, "supports_async_save", False))
+        self.async_supported = "async_save" in driver.abilities
 
     def gap(self, step: int) -> float:
         """Time from the end of ``step`` to the start of the next one."""

@@ -19,7 +19,9 @@ from baton.core.backend import (
     Ability,
     Backend,
     BackendBase,
+    ChangesSettings,
     DataExhausted,
+    DescribesLayout,
     Evaluates,
     MissingAbilityError,
     PendingSave,
@@ -43,6 +45,7 @@ from baton.core.driver import Driver, RunResult
 from baton.core.errors import BatonError, RunError, UsageError
 from baton.core.hooks import EXIT_HOOKS, HOOKS
 from baton.core.metrics import StepOutput
+from baton.core.options import RunOptions
 from baton.core.patches import PATCHES, Patch, PatchRecorder, register_patch
 from baton.core.registry import BACKENDS, CALLBACKS, Registry, UnknownNameError
 
@@ -64,9 +67,11 @@ __all__ = [
     "BackendBase",
     "BatonError",
     "Callback",
+    "ChangesSettings",
     "CheckpointError",
     "Control",
     "DataExhausted",
+    "DescribesLayout",
     "Driver",
     "Evaluates",
     "MissingAbilityError",
@@ -75,6 +80,7 @@ __all__ = [
     "PendingSave",
     "Registry",
     "RunError",
+    "RunOptions",
     "RunResult",
     "SavesAsync",
     "SkipsData",

@@ -8,9 +8,9 @@ function; baton never re-implements it.
 backend may lack are small protocols of their own, found in one place
 (``abilities``): ``evaluate`` (``Evaluates``), ``skip_data`` (``SkipsData``),
 ``async_save`` (``SavesAsync`` with ``supports_async_save`` true) and ``multi_rank``
-(flags and barriers that really span ranks). A callback that needs one says so in
-``Callback.requires``; the driver checks after ``backend.setup`` and before the first
-step, and names the callback and the missing ability.
+(``multi_rank`` true: flags and barriers that really span ranks). A callback that
+needs one says so in ``Callback.requires``; the driver checks after ``backend.setup``
+and before the first step, and names the callback and the missing ability.
 
 ``BackendBase`` supplies single-process defaults; a backend overrides what differs.
 A minimal backend (``tests/support/scalar_backend.py`` type-checks against ``Backend``)::
@@ -28,11 +28,16 @@ A resume may change training settings the restored state depends on (an optimize
 learning rate, a schedule built for ``max_steps``). A backend that can re-apply them
 names them in ``changeable_settings`` and re-applies them after ``load`` in
 ``apply_changed_settings(changes) -> applied names`` (``changes``: name -> (checkpoint's
-value, new value)); the driver refuses a change that nobody applies::
+value, new value)): the ``ChangesSettings`` protocol. The driver refuses a change that
+nobody applies::
 
         changeable_settings = frozenset({"lr"})
 
         def apply_changed_settings(self, changes): ...   # returns {"lr"} once applied
+
+A backend that shards its state over a parallel layout (tensor, pipeline, data
+degrees, a device mesh) describes it in ``layout()`` (the ``DescribesLayout``
+protocol): the facts it records in each checkpoint and compares on load.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ ABILITY_HINTS: dict[str, str] = {
     "evaluate": "an evaluate() method returning host or lazy metrics",
     "skip_data": "a skip_data(steps) method that advances the training data",
     "async_save": "supports_async_save = True and save(asynchronous=True) returning a handle",
-    "multi_rank": "barrier() and all_reduce_flags() that span every rank",
+    "multi_rank": "multi_rank = True: barrier() and all_reduce_flags() that span every rank",
 }
 
 
@@ -95,6 +100,18 @@ class Backend(Protocol):
     name: str
     #: the native config, editable by callbacks in ``on_configure``
     config: Any
+
+    @property
+    def multi_rank(self) -> bool:
+        """Whether ``barrier`` and ``all_reduce_flags`` really span every rank (the
+        ``multi_rank`` ability: a run on several ranks needs it)."""
+        ...
+
+    @property
+    def training_settings(self) -> frozenset[str]:
+        """More setting names whose change on resume alters training (refused unless
+        allowed), beside ``resume_settings.TRAINING_SETTINGS``."""
+        ...
 
     @property
     def version(self) -> str:
@@ -177,6 +194,29 @@ class SavesAsync(Protocol):
     def supports_async_save(self) -> bool: ...
 
 
+@runtime_checkable
+class ChangesSettings(Protocol):
+    """Re-applies settings a resume changed that its restored state depends on.
+
+    ``changeable_settings`` names them; after ``load`` the driver calls
+    ``apply_changed_settings({"lr": (0.002, 0.001)})`` and gets back the names applied.
+    """
+
+    @property
+    def changeable_settings(self) -> frozenset[str]: ...
+
+    def apply_changed_settings(self, changes: Mapping[str, tuple[Any, Any]]) -> set[str]: ...
+
+
+@runtime_checkable
+class DescribesLayout(Protocol):
+    """A backend whose state is sharded over a parallel layout: ``layout()`` returns its
+    facts (degrees, mesh, world size) as JSON-ready values, recorded in each checkpoint
+    and compared on load."""
+
+    def layout(self) -> dict[str, Any]: ...
+
+
 def abilities(backend: Backend) -> frozenset[Ability]:
     """The optional abilities of ``backend`` (the one place they are decided).
 
@@ -190,11 +230,7 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("skip_data")
     if isinstance(backend, SavesAsync) and backend.supports_async_save:
         found.add("async_save")
-    single = isinstance(backend, BackendBase) and (
-        type(backend).all_reduce_flags is BackendBase.all_reduce_flags
-        or type(backend).barrier is BackendBase.barrier
-    )
-    if not single:
+    if backend.multi_rank:
         found.add("multi_rank")
     return frozenset(found)
 
@@ -231,17 +267,18 @@ def check_abilities(
 class BackendBase:
     """Defaults for a single-process backend. Subclasses set ``name`` and the rest.
 
-    Optional abilities are not defaulted here: a subclass that defines ``evaluate``
-    or ``skip_data`` has them; ``supports_async_save`` says whether saves overlap.
+    Optional abilities are not defaulted here: a subclass that defines ``evaluate``,
+    ``skip_data``, ``supports_async_save`` (whether saves overlap), or
+    ``changeable_settings`` with ``apply_changed_settings`` has them.
     """
 
     name: str = "base"
     #: distribution whose installed version is this backend's ``version``
     distribution: str | None = None
-    #: whether ``save(asynchronous=True)`` really overlaps with training
-    supports_async_save: bool = False
-    #: settings the restored state depends on that ``apply_changed_settings`` re-applies
-    changeable_settings: frozenset[str] = frozenset()
+    #: one process: ``barrier`` and ``all_reduce_flags`` span nothing
+    multi_rank: bool = False
+    #: no setting names of its own beside ``resume_settings.TRAINING_SETTINGS``
+    training_settings: frozenset[str] = frozenset()
     config: Any = None
 
     @property

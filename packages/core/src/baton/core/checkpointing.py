@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import xxhash
 
@@ -147,14 +147,17 @@ def read_meta(path: Path, verify: str = "full") -> dict[str, Any]:
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: no {META_FILE}; the save did not finish")
     try:
-        meta = json.loads(meta_path.read_text())
-        if not isinstance(meta, dict):
+        loaded: Any = json.loads(meta_path.read_text())
+        if not isinstance(loaded, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: {META_FILE} is unreadable ({error})") from error
+    meta = cast(dict[str, Any], loaded)
     backend_dir = path / BACKEND_DIR
-    for rel, entry in dict(meta.get("files", {})).items():
-        expected = entry if isinstance(entry, dict) else {"size": entry}  # format 1: sizes
+    files: dict[str, Any] = dict(meta.get("files", {}))
+    for rel, entry in files.items():
+        # format 1 recorded sizes only
+        expected = cast(dict[str, Any], entry) if isinstance(entry, dict) else {"size": entry}
         file = backend_dir / rel
         if not file.is_file():
             raise CheckpointError(f"{path}: backend file {rel} is missing")
@@ -179,7 +182,7 @@ def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, A
     """
     good: list[tuple[Path, dict[str, Any]]] = []
     failures: list[str] = []
-    for path in ordered(root):
+    for path in resume_order(root):
         try:
             good.append((path, read_meta(path, verify)))
         except CheckpointError as error:
@@ -188,7 +191,7 @@ def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, A
     return good, failures
 
 
-def ordered(root: Path) -> list[Path]:
+def resume_order(root: Path) -> list[Path]:
     """Checkpoint directories in the order to resume from: the one ``latest`` points at,
     then the others newest first (none of them verified)."""
     found = list(reversed(list_checkpoints(root)))

@@ -101,7 +101,9 @@ def cmd_eval(argv: Sequence[str]) -> int:
         checkpoint = ""  # the recipe's own help, printed by build_driver
     else:
         print(EVAL_USAGE.splitlines()[0], file=sys.stderr)
-        print("baton eval: --checkpoint CHECKPOINT_DIR is required (--help explains)", file=sys.stderr)
+        print(
+            "baton eval: --checkpoint CHECKPOINT_DIR is required (--help explains)", file=sys.stderr
+        )
         return 2
     setup_logging()
     driver = build_driver(args[0], args[1:])  # errors are reported by main()

@@ -9,6 +9,7 @@ same reason (a fixed schedule) passes ``all_ranks=True`` and is acted on at once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 FLAGS = ("stop", "save", "eval", "log")
@@ -68,12 +69,44 @@ class Control:
         """The reasons given for ``flag``, joined; empty when none."""
         return "; ".join(self.reasons.get(flag, []))
 
+    def is_set(self, flag: str) -> bool:
+        """Whether ``flag`` (one of ``FLAGS``) is requested."""
+        value: bool = getattr(self, flag)
+        return value
+
     def as_list(self) -> list[bool]:
-        return [getattr(self, f) for f in FLAGS]
+        return [self.is_set(f) for f in FLAGS]
 
     def merge(self, reduced: list[bool]) -> None:
         """Adopt flags OR-reduced across ranks; a flag set elsewhere gets a reason here."""
         for flag, value in zip(FLAGS, reduced, strict=True):
-            if value and not getattr(self, flag):
+            if value and not self.is_set(flag):
                 setattr(self, flag, True)
                 self.reasons.setdefault(flag, []).append("requested on another rank")
+
+    # -- how the loop reads the flags (``Driver`` after each step) --------------------
+    def acting(self, *, ranks: int, agree: Callable[[list[bool]], list[bool]] | None) -> set[str]:
+        """Flags to act on now. With several ranks, flags not every rank raised wait
+        for the log cadence, where the loop passes ``agree`` (an OR-reduction over the
+        ranks) and every rank adopts the union."""
+        if ranks > 1:
+            if agree is None:
+                return {f for f in self.agreed if self.is_set(f)}
+            self.merge(agree(self.as_list()))
+        return {f for f in FLAGS if self.is_set(f)}
+
+    def acting_after_events(self, acting: set[str], *, ranks: int) -> set[str]:
+        """Stop and save requests made while logging or evaluating (a NaN guard, early
+        stopping) act at this step; a request withdrawn there (``withdraw``) does not.
+        With several ranks only requests every rank made (``all_ranks``) join now."""
+        acting = {f for f in acting if self.is_set(f)}
+        for flag in ("stop", "save"):
+            if self.is_set(flag) and (ranks == 1 or flag in self.agreed):
+                acting.add(flag)
+        return acting
+
+    def clear(self, flags: set[str]) -> None:
+        """Reset the flags acted on, and this step's save veto."""
+        for flag in flags:
+            self.withdraw(flag)
+        self.save_vetoed = None

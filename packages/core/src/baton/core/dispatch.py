@@ -14,7 +14,7 @@ def overrides(callback: Callback, hook: str) -> bool:
     return getattr(type(callback), hook) is not getattr(Callback, hook)
 
 
-def ordered(callbacks: Iterable[Callback]) -> list[Callback]:
+def in_dispatch_order(callbacks: Iterable[Callback]) -> list[Callback]:
     """Sort by ``priority`` (lower first), keeping list order among equals."""
     return sorted(callbacks, key=lambda cb: cb.priority)
 
@@ -23,7 +23,7 @@ class Dispatcher:
     """Per hook, the bound methods of the callbacks that override it, in call order."""
 
     def __init__(self, callbacks: Sequence[Callback]) -> None:
-        self.callbacks = ordered(callbacks)
+        self.callbacks = in_dispatch_order(callbacks)
         self._table: dict[str, tuple[Callable[..., Any], ...]] = {}
         for hook in HOOKS:
             handlers = [getattr(cb, hook) for cb in self.callbacks if overrides(cb, hook)]

@@ -4,6 +4,8 @@ returns for them (no traceback unless ``BATON_DEBUG=1``).
 - ``UsageError`` (exit 2): the command, recipe or settings ask for something baton
   will not do (a negative step count, a missing ``--resume`` path, checkpoints that
   would be replaced); the message names the fix.
+- ``RecipeError`` (exit 2): a recipe file that cannot be used (missing, no ``recipe``
+  function, a parameter without a type); a ``UsageError``.
 - ``RunError`` (exit 1): the run could not go on (its run directory is in use, no
   checkpoint can be loaded).
 
@@ -33,3 +35,7 @@ class RunError(BatonError, RuntimeError):
     """The run cannot go on; the message says why and what to do (exit status 1)."""
 
     exit_status = 1
+
+
+class RecipeError(UsageError):
+    """The recipe file cannot be used; the message says why and what to change."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -36,10 +36,14 @@ def parse_value(text: str) -> Any:
 
 def _names(obj: Any) -> list[str]:
     if isinstance(obj, MutableMapping):
-        return sorted(map(str, obj))
+        keys: Iterable[Any] = cast(MutableMapping[Any, Any], obj)
+        return sorted(map(str, keys))
     if dataclasses.is_dataclass(obj):
         return [f.name for f in dataclasses.fields(obj)]
-    return sorted(k for k in vars(obj) if not k.startswith("_")) if hasattr(obj, "__dict__") else []
+    if not hasattr(obj, "__dict__"):
+        return []
+    attributes = cast(dict[str, Any], vars(obj))
+    return sorted(k for k in attributes if not k.startswith("_"))
 
 
 def _has(obj: Any, name: str) -> bool:
@@ -49,7 +53,9 @@ def _has(obj: Any, name: str) -> bool:
 
 
 def _get(obj: Any, name: str) -> Any:
-    return obj[name] if isinstance(obj, MutableMapping) else getattr(obj, name)
+    if isinstance(obj, MutableMapping):
+        return cast(MutableMapping[str, Any], obj)[name]
+    return getattr(obj, name)
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
@@ -73,7 +79,7 @@ def _coerce(key: str, old: Any, new: Any) -> Any:
             f"--set {key}: expected a {type(old).__name__} like the current {old!r}, got {new!r}"
         )
     if isinstance(old, tuple) and isinstance(new, list):
-        return tuple(new)
+        return tuple(cast(list[Any], new))
     return new
 
 
@@ -122,7 +128,9 @@ def to_jsonable(value: Any, depth: int = 0) -> Any:
             for f in dataclasses.fields(value)
         }
     if isinstance(value, MutableMapping) or isinstance(value, dict):
-        return {str(k): to_jsonable(v, depth + 1) for k, v in value.items()}
+        mapping = cast(MutableMapping[Any, Any], value)
+        return {str(k): to_jsonable(v, depth + 1) for k, v in mapping.items()}
     if isinstance(value, list | tuple | set | frozenset):
-        return [to_jsonable(v, depth + 1) for v in value]
+        items = cast(Iterable[Any], value)
+        return [to_jsonable(v, depth + 1) for v in items]
     return repr(value)

@@ -29,12 +29,23 @@ import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
+
+__all__ = [
+    "RecipeError",  # kept importable from here: recipes raise it
+    "RecipeFlags",
+    "build_driver",
+    "load_recipe",
+    "parse_recipe_args",
+    "read_config_file",
+    "recipe_arguments",
+]
 
 import tyro
 import yaml
 
-from baton.core.errors import UsageError
+from baton.core.driver import Driver
+from baton.core.errors import RecipeError, UsageError
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
 
@@ -46,13 +57,10 @@ POSITIVE = re.compile(r"^(n_.+|.+_(size|len|length|layers|heads|dim)|d_model|lr|
 NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
 
 
-class RecipeError(UsageError):
-    """The recipe file cannot be used; the message says why and what to change."""
-
-
 @dataclasses.dataclass
-class RunOptions:
-    """Options every recipe gets from ``baton run``."""
+class RecipeFlags:
+    """Flags every recipe gets from ``baton run`` (beside its own parameters); the
+    run's ones replace the returned driver's ``RunOptions`` fields of the same name."""
 
     resume: str = "none"
     """'auto' (latest valid checkpoint), 'none', or a checkpoint directory."""
@@ -121,18 +129,18 @@ def load_recipe(path: str | Path) -> Callable[..., Any]:
 def recipe_arguments(
     recipe: Callable[..., Any] | Signature, defaults: dict[str, Any] | None = None
 ) -> type:
-    """A dataclass whose fields are the recipe's parameters plus the ``RunOptions``;
+    """A dataclass whose fields are the recipe's parameters plus the ``RecipeFlags``;
     ``defaults`` (a ``--config`` file's values) replace the recipe's own defaults."""
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     defaults = defaults or {}
     fields: list[tuple[str, Any, Any]] = []
-    own = set()
+    own: set[str] = set()
     for param in signature.params:
         default = defaults.get(param.name, param.default)
         annotated = Annotated[param.annotation, tyro.conf.arg(help=param.help or None)]
         fields.append((param.name, annotated, dataclasses.field(default=default)))
         own.add(param.name)
-    for f in dataclasses.fields(RunOptions):
+    for f in dataclasses.fields(RecipeFlags):
         if f.name not in own:
             kind: Any = f.type if f.name != "set" else tuple[str, ...]
             if f.name == "set":
@@ -151,6 +159,7 @@ def read_config_file(path: str | Path, known: set[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"--config {path}: no such file")
+    values: Any
     try:
         if path.suffix == ".toml":
             values = tomllib.loads(path.read_text())
@@ -163,7 +172,8 @@ def read_config_file(path: str | Path, known: set[str]) -> dict[str, Any]:
         raise RecipeError(f"--config {path} does not parse: {first}") from None
     if not isinstance(values, dict):
         raise RecipeError(f"--config {path}: expected a table of name: value pairs")
-    values = {str(k).replace("-", "_"): v for k, v in values.items()}
+    table = cast(dict[Any, Any], values)
+    values = {str(k).replace("-", "_"): v for k, v in table.items()}
     unknown = sorted(set(values) - known)
     if unknown:
         raise RecipeError(
@@ -184,17 +194,19 @@ def _config_path(argv: Sequence[str]) -> str | None:
 
 def parse_recipe_args(
     recipe: Callable[..., Any] | Signature, argv: Sequence[str], prog: str
-) -> tuple[dict[str, Any], RunOptions]:
+) -> tuple[dict[str, Any], RecipeFlags]:
     """Parse ``argv`` against the recipe's signature; exits 2 with a message on bad input."""
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     own = {p.name for p in signature.params}
     config = _config_path(argv)
-    known = own | {f.name for f in dataclasses.fields(RunOptions)} - {"config", "print_config"}
+    known = own | {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
     defaults = read_config_file(config, known) if config else {}
     args_cls = recipe_arguments(signature, defaults)
-    parsed = tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
-    values = dataclasses.asdict(parsed)
-    options = RunOptions(**{f.name: values[f.name] for f in dataclasses.fields(RunOptions)})
+    parsed = cast(
+        Any, tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
+    )
+    values: dict[str, Any] = dataclasses.asdict(parsed)
+    options = RecipeFlags(**{f.name: values[f.name] for f in dataclasses.fields(RecipeFlags)})
     kwargs = {k: v for k, v in values.items() if k in own}
     check_recipe_values(signature, kwargs)
     return kwargs, options
@@ -221,7 +233,7 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be >= 0, got {value}")
 
 
-def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
+def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     """Parse the flags (before the recipe imports anything heavy), call the recipe and
     return its ``Driver`` configured by the options; ``None`` when it printed and is done."""
     path = Path(path)
@@ -244,7 +256,7 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
         }
         if options.set:
             resolved["set"] = list(options.set)
-        print(yaml.safe_dump(_jsonable(resolved), sort_keys=False), end="")
+        print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
         return None
     try:
         driver = (fn or load_recipe(path))(**kwargs)
@@ -254,34 +266,41 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Any:
         raise UsageError(f"recipe {path}: {error}") from None
     if driver is None:
         return None
-    if not all(hasattr(driver, a) for a in ("fit", "settings", "resume")):
+    if not isinstance(driver, Driver):
         raise RecipeError(
             f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
             "end it with `return Driver(...)`"
         )
-    if "resume" not in kwargs:
-        driver.resume = options.resume
-    if "patches" not in kwargs:
-        driver.patch_selection = options.patches
-    for option in ("overwrite", "allow_changed", "verify"):
-        if option not in kwargs:
-            setattr(driver, option, getattr(options, option))
+    settings = dict(driver.settings)
     if options.set:
         try:
             applied = apply_overrides(driver.backend.config, options.set)
         except OverrideError as error:
             raise RecipeError(str(error)) from None
-        driver.settings["set"] = _jsonable(applied)
-    driver.settings.update({k: _jsonable(v) for k, v in kwargs.items()})
-    driver.settings.setdefault("recipe", str(path))
+        settings["set"] = _setting_value(applied)
+    settings.update({k: _setting_value(v) for k, v in kwargs.items()})
+    settings.setdefault("recipe", str(path))
+    # the run's flags, where the recipe does not take a parameter of that name itself
+    flags = {
+        "resume": options.resume,
+        "patches": options.patches,
+        "overwrite": options.overwrite,
+        "allow_changed": options.allow_changed,
+        "verify": options.verify,
+    }
+    flags = {k: v for k, v in flags.items() if k not in kwargs}
+    driver.options = driver.options.replace(**flags, settings=settings)
     return driver
 
 
-def _jsonable(value: Any) -> Any:
+def _setting_value(value: Any) -> Any:
+    """A recipe parameter as ``settings`` records it: JSON values as they are, anything
+    else as its ``str`` (settings are compared on resume: this form must not change;
+    ``overrides.to_jsonable`` is the run record's fuller view of a native config)."""
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_setting_value(v) for v in cast(Sequence[Any], value)]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _setting_value(v) for k, v in cast(dict[Any, Any], value).items()}
     return str(value)

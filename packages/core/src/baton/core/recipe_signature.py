@@ -26,13 +26,15 @@ import pathlib
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import docstring_parser
 
+from baton.core.errors import RecipeError
+
 #: what an annotation may name when read from source
 _ANNOTATION_SCOPE: dict[str, Any] = {
-    **{name: getattr(typing, name) for name in typing.__all__},
+    **{name: getattr(typing, name) for name in cast(list[str], typing.__all__)},
     "Path": pathlib.Path,
     "pathlib": pathlib,
     "typing": typing,
@@ -121,8 +123,6 @@ def read_signature(path: Path, function: str = "recipe") -> Signature | None:
 
 def signature_of(fn: Callable[..., Any]) -> Signature:
     """The same, from an imported function (any defaults and annotations)."""
-    from baton.core.recipe import RecipeError
-
     hints = typing.get_type_hints(fn, include_extras=True)
     doc = inspect.getdoc(fn) or ""
     helps = _help_by_name(doc)

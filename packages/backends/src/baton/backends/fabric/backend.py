@@ -404,7 +404,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             torch.cuda.set_rng_state(remainder["rng"]["cuda"], self.fabric.device)
 
     @property
-    def supports_async_save(self) -> bool:  # type: ignore[override]
+    def supports_async_save(self) -> bool:
         """Single-device and DDP states are whole on rank 0: a host copy is written by a
         thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
         Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
@@ -462,7 +462,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
 
     # -- resuming with changed settings ---------------------------------------------
     @property
-    def changeable_settings(self) -> frozenset[str]:  # type: ignore[override]
+    def changeable_settings(self) -> frozenset[str]:
         """A changed learning rate is re-applied after loading; with a scheduler, so are
         the schedule's settings (``max_steps``, ``decay_steps``...): it is rebuilt."""
         return SCHEDULE_SETTINGS if self.scheduler_source is not None else LR_SETTINGS

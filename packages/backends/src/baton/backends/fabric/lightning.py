@@ -225,7 +225,7 @@ class LightningBackend(FabricBackend):
         return [config.scheduler for config in self.scheduler_configs]
 
     @property
-    def changeable_settings(self) -> frozenset[str]:  # type: ignore[override]
+    def changeable_settings(self) -> frozenset[str]:
         """The schedules come from ``configure_optimizers``: rebuilt when one of their
         settings changes (a module without one has nothing to rebuild)."""
         return SCHEDULE_SETTINGS

@@ -82,7 +82,7 @@ from baton.core.patches import PatchRecorder
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
 #: ``grad_norm`` is measured after clipping
-_METRIC_NAMES = {
+_METRIC_NAMES: dict[str, str] = {
     "learning/raw_grad_norm": "grad_norm",
     "learning/grad_norm": "grad_norm_clipped",
 }
@@ -276,11 +276,10 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):
             self.state, metrics = train(self.state, batch)
         scalars = metrics["scalar"]
-        values: dict[str, Any] = {
-            _METRIC_NAMES.get(key, key.removeprefix("learning/")): value
-            for key, value in scalars.items()
-            if key != "learning/loss"
-        }
+        values: dict[str, Any] = {}
+        for key, value in scalars.items():
+            if key != "learning/loss":
+                values[_METRIC_NAMES.get(str(key), str(key).removeprefix("learning/"))] = value
         schedule, index = self._lr_at, step - 1  # MaxText's 0-based step
         values["lr"] = partial(schedule, index)  # computed when a log step fetches it
         samples = int(cfg.global_batch_size_to_train_on)

@@ -146,7 +146,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
 
     # -- facts ------------------------------------------------------------------------
     @property
-    def supports_async_save(self) -> bool:  # type: ignore[override]
+    def supports_async_save(self) -> bool:
         return getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
 
     @property
@@ -351,7 +351,6 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         return seen
 
     # -- checkpoints ------------------------------------------------------------------
-    @property
     def layout(self) -> dict[str, int]:
         """This run's parallel layout as TorchTitan resolved it, and its world size."""
         dims = self.trainer.parallel_dims
@@ -364,7 +363,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         checkpointer = self.trainer.checkpointer
         checkpointer.maybe_wait_for_saving()
         if self.rank == 0:
-            (Path(directory) / LAYOUT_FILE).write_text(json.dumps(self.layout))
+            (Path(directory) / LAYOUT_FILE).write_text(json.dumps(self.layout()))
         checkpointer.folder = str(directory)
         checkpointer.save(curr_step=self.trainer.step, last_step=False)
         future = checkpointer.save_future
@@ -404,7 +403,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         file = directory / LAYOUT_FILE
         if not file.is_file():  # saved before layouts were recorded: same layout assumed
             return True
-        saved, now = json.loads(file.read_text()), self.layout
+        saved, now = json.loads(file.read_text()), self.layout()
         if saved == now:
             return True
         before = saved["dp_replicate"] * saved["dp_shard"]

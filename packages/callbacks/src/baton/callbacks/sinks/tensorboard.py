@@ -54,7 +54,7 @@ class TensorBoardSink:
         if driver.settings:
             for summary in hparams_summaries(driver.settings):
                 self._add(step=0, summary=summary)
-        if getattr(driver, "resumed_from", None) is not None:
+        if driver.resumed_from is not None:
             self._purge_from(int(driver.step) + 1)
 
     def _add(self, **fields: Any) -> None:

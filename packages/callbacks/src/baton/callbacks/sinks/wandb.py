@@ -70,7 +70,7 @@ class WandbSink:
     def resume_arguments(self, run_id: str, known: bool, driver: Any) -> dict[str, Any]:
         """``wandb.init`` arguments that continue ``run_id`` at the driver's step."""
         mode = self.mode or os.environ.get("WANDB_MODE", "online")
-        resumed = known and getattr(driver, "resumed_from", None) is not None
+        resumed = known and driver.resumed_from is not None
         if resumed and mode == "online":
             return {"resume_from": f"{run_id}?_step={int(driver.step)}"}
         return {"id": run_id, "resume": "allow"}

@@ -1,0 +1,226 @@
+"""How one run is driven: its limits, cadences, run directory, resume and save policy,
+as one dataclass checked once, when it is made.
+
+``Driver(backend, max_steps=100, log_every=10)`` builds a ``RunOptions`` from its
+keywords; a recipe or a command line may build one and pass it whole::
+
+    options = RunOptions(max_steps=100, run_dir="runs/tiny", resume="auto")
+    driver = Driver(backend, callbacks, options=options)
+    options.limits_reached(step=100, tokens=0)      # ['max_steps=100 reached']
+
+A bad value is a ``UsageError`` naming the option and what it accepts. Changing one
+option later (``driver.log_every = 5``) replaces the dataclass, so the new value is
+checked like the first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Self, TypedDict, Unpack, overload
+
+from baton.core.checkpointing import check_verify
+from baton.core.errors import UsageError
+from baton.core.resume_settings import TRAINING_SETTINGS, parse_allowed
+
+#: ``resume`` values that start a fresh run
+NO_RESUME = ("", "none")
+
+
+class OptionKeywords(TypedDict, total=False):
+    """The options as keywords (``Driver(backend, max_steps=100, run_dir="runs/x")``),
+    in the looser forms people write them."""
+
+    max_steps: int | None
+    max_tokens: int | None
+    max_time_s: float | None
+    log_every: int
+    eval_every: int | None
+    run_dir: str | Path
+    resume: str | Path
+    patches: str | None
+    settings: dict[str, Any] | None
+    save_on_stop: bool
+    async_save: bool
+    verify: str
+    overwrite: bool
+    allow_changed: str | Iterable[str]
+    training_settings: Iterable[str]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of one run.
+
+    Attributes:
+        max_steps / max_tokens / max_time_s: stop conditions (at least one is set; the
+            run stops when any is reached).
+        log_every: the log cadence; metrics reach the host only on log steps.
+        eval_every: evaluate every N steps (``None``: only when a callback asks);
+            evaluation is its own phase: its metrics reach ``on_eval_end``, not ``on_log``.
+        run_dir: where checkpoints and logs go (``runs/<name>``).
+        resume: ``"none"``, ``"auto"`` (``latest`` if valid, else the newest complete
+            checkpoint) or a checkpoint path. With ``"none"`` a run directory that holds
+            checkpoints is refused unless ``overwrite`` moves them aside.
+        patches: patch selection (``all``, ``none``, ``a,b``, ``all,-a``);
+            ``None`` reads ``BATON_PATCHES``.
+        settings: the recipe's parameters, recorded in each checkpoint and compared
+            with the checkpoint's on resume.
+        save_on_stop: write a checkpoint whenever the run stops (end, limits, signals).
+        async_save: save asynchronously where the backend can (``async_save`` ability).
+        verify: how resume checks a checkpoint: ``"full"`` (sizes and checksums) or
+            ``"size"`` (sizes only, for huge checkpoints).
+        overwrite: start fresh where checkpoints exist, renaming the old ``checkpoints``
+            and ``logs`` aside (never deleting them).
+        allow_changed: training settings (``"lr,max_steps"``, ``"all"``) that may differ
+            from the checkpoint's on resume; others are refused.
+        training_settings: setting names whose change on resume is refused (always
+            including ``baton.core.resume_settings.TRAINING_SETTINGS``).
+    """
+
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_time_s: float | None = None
+    log_every: int = 10
+    eval_every: int | None = None
+    run_dir: Path = Path("runs/baton")
+    resume: str = "none"
+    patches: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict[str, Any])
+    save_on_stop: bool = False
+    async_save: bool = False
+    verify: str = "full"
+    overwrite: bool = False
+    allow_changed: frozenset[str] = frozenset()
+    training_settings: frozenset[str] = TRAINING_SETTINGS
+
+    @classmethod
+    def from_keywords(cls, **given: Unpack[OptionKeywords]) -> RunOptions:
+        """``RunOptions`` from keywords in their looser forms (a copy of ``settings``)."""
+        loose: dict[str, Any] = dict(given)
+        loose["settings"] = dict(given.get("settings") or {})
+        return cls(**loose)
+
+    def __post_init__(self) -> None:
+        # accept the looser forms callers pass (``"runs/x"``, ``"lr,max_steps"``, a
+        # ``Path`` to resume from) and keep one form each
+        resume: Any = self.resume
+        settings: Any = self.settings
+        object.__setattr__(self, "settings", {} if settings is None else settings)
+        allowed: str | Iterable[str] | None = self.allow_changed
+        extra: Iterable[str] = self.training_settings
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+        object.__setattr__(self, "resume", "none" if resume in (None, "") else str(resume))
+        object.__setattr__(self, "allow_changed", frozenset(parse_allowed(allowed)))
+        object.__setattr__(self, "training_settings", TRAINING_SETTINGS | frozenset(extra))
+        self._check()
+
+    def _check(self) -> None:
+        """Reject impossible loop settings before anything is created."""
+        if self.max_steps is None and self.max_tokens is None and self.max_time_s is None:
+            raise UsageError("set at least one of max_steps, max_tokens, max_time_s")
+        for name, value, least in (
+            ("max_steps", self.max_steps, 0),
+            ("max_tokens", self.max_tokens, 0),
+            ("log_every", self.log_every, 1),
+            ("eval_every", self.eval_every, 1),
+        ):
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if value is not None and not whole:
+                raise UsageError(f"{name} must be a whole number, got {value!r}")
+            if value is not None and value < least:
+                raise UsageError(f"{name} must be >= {least}, got {value}")
+        if self.max_time_s is not None and not self.max_time_s > 0:
+            raise UsageError(f"max_time_s must be > 0 seconds, got {self.max_time_s}")
+        check_verify(self.verify)
+
+    @property
+    def resumes(self) -> bool:
+        """Whether the run continues a checkpoint (``resume`` is not ``"none"``)."""
+        return self.resume not in NO_RESUME
+
+    def replace(self, **changes: Any) -> RunOptions:
+        """A copy with ``changes``, checked like a new one."""
+        return dataclasses.replace(self, **changes)
+
+    def limits(self) -> dict[str, Any]:
+        """The stop limits, as each checkpoint records them (``"driver"``)."""
+        return {
+            "max_steps": self.max_steps,
+            "max_tokens": self.max_tokens,
+            "max_time_s": self.max_time_s,
+        }
+
+    def limits_reached(self, step: int, tokens: int) -> list[str]:
+        """Why the step and token limits stop the run at these counts (empty: they do
+        not). Every rank counts alike, so every rank reaches them at the same step."""
+        reasons: list[str] = []
+        if self.max_steps is not None and step >= self.max_steps:
+            reasons.append(f"max_steps={self.max_steps} reached")
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            reasons.append(f"max_tokens={self.max_tokens} reached")
+        return reasons
+
+    def time_limit_reached(self, train_time_s: float) -> str | None:
+        """Why the time limit stops the run, or ``None`` (wall clocks differ by rank)."""
+        if self.max_time_s is not None and train_time_s >= self.max_time_s:
+            return f"max_time_s={self.max_time_s:g} reached"
+        return None
+
+
+class HasOptions(Protocol):
+    options: RunOptions
+
+
+class Option[T]:
+    """An attribute that reads one field of its owner's ``options`` and, when set,
+    replaces ``options`` with a copy checked like a new one::
+
+        class Driver:
+            log_every = Option[int]()
+
+        driver.log_every = 0    # UsageError: log_every must be >= 1, got 0
+    """
+
+    def __init__(self, field_name: str = "") -> None:
+        self.field_name = field_name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field_name = self.field_name or name
+
+    @overload
+    def __get__(self, owner: None, owner_type: type) -> Self: ...
+    @overload
+    def __get__(self, owner: HasOptions, owner_type: type) -> T: ...
+    def __get__(self, owner: HasOptions | None, owner_type: type) -> T | Self:
+        if owner is None:
+            return self
+        value: T = getattr(owner.options, self.field_name)
+        return value
+
+    def __set__(self, owner: HasOptions, value: T) -> None:
+        owner.options = owner.options.replace(**{self.field_name: value})
+
+
+class OptionAttributes:
+    """Every field of ``options`` as an attribute of its own (``driver.max_steps``);
+    setting one replaces ``options`` with a checked copy."""
+
+    options: RunOptions
+    max_steps = Option[int | None]()
+    max_tokens = Option[int | None]()
+    max_time_s = Option[float | None]()
+    log_every = Option[int]()
+    eval_every = Option[int | None]()
+    run_dir = Option[Path]()
+    resume = Option[str]()
+    patch_selection = Option[str | None]("patches")
+    settings = Option[dict[str, Any]]()
+    save_on_stop = Option[bool]()
+    async_save = Option[bool]()
+    verify = Option[str]()
+    overwrite = Option[bool]()
+    allow_changed = Option[frozenset[str]]()
+    training_settings = Option[frozenset[str]]()

@@ -5,6 +5,7 @@ run record every run leaves."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -164,3 +165,49 @@ def test_every_run_leaves_a_run_record_and_tensorboard_hparams(recipe_file, tmp_
     events = next((run_dir / "logs" / "tensorboard").glob("events.*"))
     tags = {v.tag for e in EventFileLoader(str(events)).Load() for v in e.summary.value}
     assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= tags
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [("max_steps: forty\n", "max_steps is 'forty', not a whole number"),
+     ("lr: fast\n", "lr is 'fast', not a number"),
+     ("max-steps = 2.5\n", "max_steps is 2.5, not a whole number"),
+     ("name: [a, b]\n", "name is ['a', 'b'], not text"),
+     ("overwrite: maybe\n", "overwrite is 'maybe', not true or false")],
+)  # fmt: skip
+def test_config_values_of_the_wrong_type_are_named(recipe_file, tmp_path, config, message) -> None:
+    """A file's value of the wrong type is refused before the recipe runs (and by
+    --print-config), naming the parameter, the value and the type."""
+    path = tmp_path / ("bad.toml" if "=" in config else "bad.yaml")
+    path.write_text(config)
+    argv = ["--run-dir", str(tmp_path / "r"), "--config", str(path)]
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        build_driver(recipe_file, argv)
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        build_driver(recipe_file, [*argv, "--print-config"])
+
+
+def test_config_numbers_yaml_leaves_as_text_are_numbers(recipe_file, tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-3\n")  # YAML 1.1 reads this as a string
+    driver = build_driver(recipe_file, ["--run-dir", str(tmp_path / "r"), "--config", str(path)])
+    assert driver.settings["lr"] == 0.001 and driver.backend.config["lr"] == 0.001
+
+
+def test_eval_every_zero_turns_evaluation_off(recipe_file, tmp_path) -> None:
+    from baton.core import Driver
+    from support.scalar_backend import ScalarBackend
+
+    driver = Driver(ScalarBackend(), max_steps=4, eval_every=0, run_dir=tmp_path / "r")
+    assert driver.eval_every is None
+    seen: list[int] = []
+
+    from baton.core import Callback
+
+    class Evals(Callback):
+        def on_eval_end(self, driver, metrics):
+            seen.append(driver.step)
+
+    driver.callbacks.append(Evals())
+    driver.fit()
+    assert seen == []

@@ -13,8 +13,11 @@ Example::
 
 from baton.callbacks.checkpoint import Checkpoint
 from baton.callbacks.composite_logger import CompositeLogger
+from baton.callbacks.corruption_check import CorruptionCheck
 from baton.callbacks.early_stopping import EarlyStopping
 from baton.callbacks.gc_control import GarbageCollection
+from baton.callbacks.goodput import Goodput
+from baton.callbacks.gradient_norms import GradientNormMonitor
 from baton.callbacks.loss_guard import LossGuard
 from baton.callbacks.memory import MemoryMonitor
 from baton.callbacks.optimizer_monitor import OptimizerMonitor
@@ -24,13 +27,17 @@ from baton.callbacks.progress import Progress
 from baton.callbacks.standard import CONSOLE_KEYS, standard_callbacks
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.callbacks.time_limit import TimeLimit
+from baton.callbacks.watchdog import Watchdog
 
 __all__ = [
     "CONSOLE_KEYS",
     "Checkpoint",
     "CompositeLogger",
+    "CorruptionCheck",
     "EarlyStopping",
     "GarbageCollection",
+    "Goodput",
+    "GradientNormMonitor",
     "LossGuard",
     "MemoryMonitor",
     "OptimizerMonitor",
@@ -39,5 +46,6 @@ __all__ = [
     "Progress",
     "ThroughputMonitor",
     "TimeLimit",
+    "Watchdog",
     "standard_callbacks",
 ]

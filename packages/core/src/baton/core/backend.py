@@ -7,10 +7,12 @@ function; baton never re-implements it.
 ``Backend`` lists everything the driver and the standard callbacks call. Abilities a
 backend may lack are small protocols of their own, found in one place
 (``abilities``): ``evaluate`` (``Evaluates``), ``skip_data`` (``SkipsData``),
-``async_save`` (``SavesAsync`` with ``supports_async_save`` true) and ``multi_rank``
-(``multi_rank`` true: flags and barriers that really span ranks). A callback that
-needs one says so in ``Callback.requires``; the driver checks after ``backend.setup``
-and before the first step, and names the callback and the missing ability.
+``async_save`` (``SavesAsync`` with ``supports_async_save`` true), ``multi_rank``
+(``multi_rank`` true: flags and barriers that really span ranks), ``gradients``
+(``ShowsGradients``: the gradients before each optimizer step) and ``weight_checksums``
+(``ChecksumsWeights``). A callback that needs one says so in ``Callback.requires``; the
+driver checks after ``backend.setup`` and before the first step, and names the callback
+and the missing ability.
 
 ``BackendBase`` supplies single-process defaults; a backend overrides what differs.
 A minimal backend (``tests/support/scalar_backend.py`` type-checks against ``Backend``)::
@@ -43,20 +45,24 @@ protocol): the facts it records in each checkpoint and compares on load.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from baton.core.metrics import StepOutput, to_float
 
 #: what a backend may or may not be able to do; see ``abilities``
-Ability = Literal["evaluate", "skip_data", "async_save", "multi_rank"]
+Ability = Literal[
+    "evaluate", "skip_data", "async_save", "multi_rank", "gradients", "weight_checksums"
+]
 
 ABILITY_HINTS: dict[str, str] = {
     "evaluate": "an evaluate() method returning host or lazy metrics",
     "skip_data": "a skip_data(steps) method that advances the training data",
     "async_save": "supports_async_save = True and save(asynchronous=True) returning a handle",
     "multi_rank": "multi_rank = True: barrier() and all_reduce_flags() that span every rank",
+    "gradients": "watch_gradients(watcher): the gradients shown before each optimizer step",
+    "weight_checksums": "gather_weight_checksums() returning each rank's parameter checksums",
 }
 
 
@@ -217,6 +223,24 @@ class DescribesLayout(Protocol):
     def layout(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class ChecksumsWeights(Protocol):
+    """Ability ``weight_checksums``: a bitwise checksum of each parameter this rank holds
+    as a data-parallel replica, gathered from every rank (a collective: every rank calls
+    it at the same step). Entry ``r`` is rank ``r``'s ``{parameter name: checksum}``."""
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]: ...
+
+
+@runtime_checkable
+class ShowsGradients(Protocol):
+    """Ability ``gradients``: before each optimizer step (after backward, before
+    clipping) the backend calls every watcher with ``{parameter name: gradient}``
+    (device arrays, for lazy arithmetic; parameters without a gradient are left out)."""
+
+    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None: ...
+
+
 def abilities(backend: Backend) -> frozenset[Ability]:
     """The optional abilities of ``backend`` (the one place they are decided).
 
@@ -230,6 +254,10 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("skip_data")
     if isinstance(backend, SavesAsync) and backend.supports_async_save:
         found.add("async_save")
+    if isinstance(backend, ShowsGradients):
+        found.add("gradients")
+    if isinstance(backend, ChecksumsWeights):
+        found.add("weight_checksums")
     if backend.multi_rank:
         found.add("multi_rank")
     return frozenset(found)

@@ -72,7 +72,8 @@ class Callback:
 
     def requires(self) -> frozenset[Ability]:
         """Optional backend abilities this callback needs (``"skip_data"``, ``"evaluate"``,
-        ``"async_save"``, ``"multi_rank"``); checked once before the first step."""
+        ``"async_save"``, ``"multi_rank"``, ``"gradients"``); checked once before the
+        first step."""
         return frozenset()
 
     # -- hooks -----------------------------------------------------------------

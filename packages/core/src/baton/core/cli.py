@@ -7,6 +7,7 @@ baton callbacks
 baton backends
 baton patches --backend torchtitan
 baton plot runs/quickstart
+baton goodput runs/quickstart
 baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus
 
 A user error prints one line naming the problem and the fix and exits 2 (bad command,
@@ -184,6 +185,7 @@ def cmd_patches(argv: Sequence[str]) -> int:
 #: Each module has ``main(argv) -> int`` and is imported only when its command runs.
 TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("baton.tools.plot", "baton-tools"),
+    "goodput": ("baton.tools.goodput", "baton-tools"),
     "submit": ("baton.tools.submit", "baton-tools"),
     "export": ("baton.tools.export", "baton-tools"),
     "data": ("baton.tools.data", "baton-tools[data]"),

@@ -58,7 +58,7 @@ class RunOptions:
         max_steps / max_tokens / max_time_s: stop conditions (at least one is set; the
             run stops when any is reached).
         log_every: the log cadence; metrics reach the host only on log steps.
-        eval_every: evaluate every N steps (``None``: only when a callback asks);
+        eval_every: evaluate every N steps (``None`` or 0: only when a callback asks);
             evaluation is its own phase: its metrics reach ``on_eval_end``, not ``on_log``.
         run_dir: where checkpoints and logs go (``runs/<name>``).
         resume: ``"none"``, ``"auto"`` (``latest`` if valid, else the newest complete
@@ -109,6 +109,9 @@ class RunOptions:
         resume: Any = self.resume
         settings: Any = self.settings
         object.__setattr__(self, "settings", {} if settings is None else settings)
+        eval_every: Any = self.eval_every
+        if type(eval_every) is int and eval_every == 0:
+            object.__setattr__(self, "eval_every", None)  # 0 turns evaluation off
         allowed: str | Iterable[str] | None = self.allow_changed
         extra: Iterable[str] = self.training_settings
         object.__setattr__(self, "run_dir", Path(self.run_dir))

@@ -27,6 +27,7 @@ import math
 import re
 import sys
 import tomllib
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, cast
@@ -44,6 +45,7 @@ __all__ = [
 import tyro
 import yaml
 
+from baton.core.config_values import conform
 from baton.core.driver import Driver
 from baton.core.errors import RecipeError, UsageError
 from baton.core.overrides import OverrideError, apply_overrides
@@ -201,6 +203,10 @@ def parse_recipe_args(
     config = _config_path(argv)
     known = own | {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
     defaults = read_config_file(config, known) if config else {}
+    if config:
+        types = {p.name: p.annotation for p in signature.params}
+        types |= {k: v for k, v in typing.get_type_hints(RecipeFlags).items() if k not in types}
+        defaults = {k: conform(k, v, types[k], config) for k, v in defaults.items()}
     args_cls = recipe_arguments(signature, defaults)
     parsed = cast(
         Any, tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)

@@ -38,17 +38,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from baton.backends import torch_distributed
+from baton.backends import torch_distributed, weight_checksums
 from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
     finish_host_copy,
     host_copy,
+    plain_state,
+    restore_rng_state,
+    rng_state,
     save_hf_config,
     step_owned_storage,
     writes_whole_state,
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
+from baton.backends.fabric.gradients import GradientWatchers
 from baton.backends.fabric.step import (
     BatchError,
     call_model,
@@ -79,7 +83,7 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
+class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, BackendBase):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
     Args:
@@ -288,6 +292,8 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             total = loss.detach() if total is None else total + loss.detach()
             metrics.update(extra)
         assert total is not None
+        assert self.raw_model is not None
+        self.show_gradients(self.raw_model)
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
             # a non-finite loss or norm is the LossGuard callback's job, on log steps.
@@ -338,6 +344,17 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
         return torch_distributed.all_reduce_flags(flags, self._device)
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        """Every rank's parameter checksums (ability ``weight_checksums``); replicated
+        (DDP, single-device) models only: sharded parameters differ by design."""
+        if self._sharded():
+            raise RuntimeError(
+                "weight checksums compare data-parallel replicas, but this Fabric strategy "
+                "shards the parameters; use CorruptionCheck with DDP"
+            )
+        assert self.raw_model is not None
+        return weight_checksums.gather_weight_checksums(self.raw_model)
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""
@@ -390,18 +407,12 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
     def _extra_state(self) -> dict[str, Any]:
         """Plain-data state saved next to the model (a subclass adds its own)."""
         assert self.stream is not None
-        state: dict[str, Any] = {"data": self.stream.state_dict(), "rng": {}}
-        state["rng"]["torch"] = torch.get_rng_state()
-        if self.fabric.device.type == "cuda":
-            state["rng"]["cuda"] = torch.cuda.get_rng_state(self.fabric.device)
-        return state
+        return {"data": self.stream.state_dict(), "rng": rng_state(self.fabric.device)}
 
     def _load_extra_state(self, remainder: dict[str, Any]) -> None:
         assert self.stream is not None
         self.stream.load_state_dict(remainder["data"])
-        torch.set_rng_state(remainder["rng"]["torch"])
-        if "cuda" in remainder["rng"] and self.fabric.device.type == "cuda":
-            torch.cuda.set_rng_state(remainder["rng"]["cuda"], self.fabric.device)
+        restore_rng_state(remainder["rng"], self.fabric.device)
 
     @property
     def supports_async_save(self) -> bool:
@@ -422,12 +433,7 @@ class FabricBackend(torch_distributed.TorchDistributed, BackendBase):
             return None
         # The content fabric.save writes, staged as fabric/checkpoint.py describes; code
         # editing the weights outside the optimizer step calls _wait_for_staging() first.
-        strategy = self.fabric.strategy
-        state["model"] = strategy.get_module_state_dict(self.model.module)
-        state["optimizer"] = strategy.get_optimizer_state(self.optimizer.optimizer)
-        for key, value in state.items():
-            if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
-                state[key] = value.state_dict()  # schedulers and other stateful objects
+        state = plain_state(self.fabric.strategy, state, self.model, self.optimizer)
         staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
         self._install_staging_wait()
         copying = self._staging.begin()

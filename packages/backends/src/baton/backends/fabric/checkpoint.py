@@ -91,3 +91,30 @@ def save_hf_config(model: Any, directory: Path) -> None:
     config = copy.deepcopy(config)
     config.architectures = [type(model).__name__]
     config.save_pretrained(directory / HF_CONFIG_DIR)
+
+
+def plain_state(strategy: Any, state: dict[str, Any], model: Any, optimizer: Any) -> dict[str, Any]:
+    """``state`` as ``fabric.save`` would write it: the wrapped model's and optimizer's
+    state dicts through the strategy, and the state dicts of other stateful objects
+    (schedulers); plain values as they are."""
+    plain = dict(state)
+    plain["model"] = strategy.get_module_state_dict(model.module)
+    plain["optimizer"] = strategy.get_optimizer_state(optimizer.optimizer)
+    for key, value in state.items():
+        if key not in ("model", "optimizer") and hasattr(value, "state_dict"):
+            plain[key] = value.state_dict()
+    return plain
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The random state a resume restores: torch's CPU generator, and CUDA's on a GPU."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)

@@ -1,40 +1,44 @@
 """An existing ``LightningModule`` (and ``LightningDataModule``), unchanged, under baton.
 
-``LightningBackend`` runs what ``lightning.pytorch.Trainer.fit`` would run, one optimizer
-step at a time through Fabric: ``prepare_data``/``setup("fit")``/``configure_model``,
-``configure_optimizers`` (an optimizer, lists, or dicts with ``lr_scheduler`` configs:
-``interval`` ``"step"``/``"epoch"`` and ``frequency`` honoured as the Trainer does),
-``train_dataloader``/``val_dataloader`` (from the datamodule when given),
-``training_step(batch, batch_idx)``, ``validation_step`` for evaluation,
-``on_train_epoch_end``, ``on_save_checkpoint``/``on_load_checkpoint`` and ``teardown``.
-``self.log(...)`` values stay tensors until baton's log step (training: the step's
-value; evaluation: the mean over the evaluation batches).
+``LightningBackend`` runs what ``lightning.pytorch.Trainer.fit`` runs, one optimizer step
+at a time through Fabric, with the Trainer's loop semantics (``lightning_loop``): the
+module's and datamodule's data and setup hooks, ``configure_optimizers`` with scheduler
+``interval``/``frequency``/``monitor`` (``ReduceLROnPlateau``), automatic optimization
+with accumulation windows that close at each epoch's end, manual optimization with any
+number of optimizers (``lightning_manual``), the training and validation hooks, a sanity
+check, validation in the global random state, and ``self.log`` through Lightning's own
+result collection. ``self.trainer`` is a ``TrainerView`` (``lightning_trainer``).
 
 Trainer settings live in ``FabricConfig`` (``grad_clip`` is ``gradient_clip_val``,
-``grad_accum`` is ``accumulate_grad_batches``, ``precision``, ``strategy``). A hook the
-module overrides that baton does not call (``on_train_batch_end``,
-``configure_gradient_clipping``, manual optimization, ...) is an error listing them all,
-never silently skipped.
+``grad_accum`` is ``accumulate_grad_batches``, ``precision``, ``strategy``, ``eval_batches``
+is ``limit_val_batches``) and in the backend's own arguments (``max_steps``,
+``max_epochs``, ``num_sanity_val_steps``, Lightning ``callbacks``); the driver's
+``eval_every`` is ``val_check_interval`` in optimizer steps. A hook the module overrides
+that baton does not call is an error listing them all, never silently skipped.
 
 Example::
 
     from baton.backends.fabric import FabricConfig, LightningBackend
     from baton.core import Driver
 
-    backend = LightningBackend(LitModel(), datamodule=MNISTDataModule(),
+    backend = LightningBackend(LitModel(), datamodule=MNISTDataModule(), max_epochs=10,
                                config=FabricConfig(grad_clip=1.0))
     Driver(backend, max_steps=1000, eval_every=200, run_dir="runs/lit").fit()
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
-from baton.backends.fabric.backend import FabricBackend, FabricConfig, split_loss
+from baton.backends.fabric.backend import FabricBackend
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
+from baton.backends.fabric.config import FabricConfig
+from baton.backends.fabric.lightning_loop import LightningLoop
+from baton.backends.fabric.lightning_manual import check_manual
+from baton.backends.fabric.lightning_stream import EpochStream
+from baton.backends.fabric.stream import count_batch
+from baton.core.metrics import StepOutput
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
 HONOURED = frozenset(
@@ -47,7 +51,31 @@ HONOURED = frozenset(
         "val_dataloader",
         "training_step",
         "validation_step",
+        "on_fit_start",
+        "on_fit_end",
+        "on_train_start",
+        "on_train_end",
+        "on_train_epoch_start",
+        "on_train_batch_start",
+        "on_train_batch_end",
         "on_train_epoch_end",
+        "on_validation_start",
+        "on_validation_epoch_start",
+        "on_validation_batch_start",
+        "on_validation_batch_end",
+        "on_validation_epoch_end",
+        "on_validation_end",
+        "on_validation_model_eval",
+        "on_validation_model_train",
+        "on_validation_model_zero_grad",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "optimizer_zero_grad",
+        "optimizer_step",
+        "configure_gradient_clipping",
+        "lr_scheduler_step",
         "on_save_checkpoint",
         "on_load_checkpoint",
         "state_dict",
@@ -96,35 +124,6 @@ def unhonoured_hooks(obj: Any) -> list[str]:
     return found
 
 
-class _LazyLogs:
-    """Where ``self.log`` values go: kept as detached tensors until read."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def take(self) -> dict[str, Any]:
-        values, self.values = self.values, {}
-        return values
-
-
-def _lazy_fabric_class() -> type:
-    from lightning.fabric import Fabric
-
-    class LazyLogFabric(Fabric):
-        """Fabric whose ``log_dict`` (where ``LightningModule.log`` goes) keeps tensors
-        instead of converting them to numbers (a device sync per call)."""
-
-        logs: _LazyLogs
-
-        def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-            for name, value in metrics.items():
-                self.logs.values[name] = (
-                    value.detach() if isinstance(value, torch.Tensor) else float(value)
-                )
-
-    return LazyLogFabric
-
-
 class LightningBackend(FabricBackend):
     """A ``lightning.pytorch.LightningModule`` (+ optional ``LightningDataModule``) through Fabric.
 
@@ -132,6 +131,13 @@ class LightningBackend(FabricBackend):
         module: the LightningModule, as written for ``Trainer.fit``.
         datamodule: its data, if not the module's own ``train_dataloader``.
         config: Fabric and loop settings (gradient clipping, accumulation, precision...).
+        callbacks: ``lightning.pytorch.Callback`` objects, run at the Trainer's points.
+        max_steps / max_epochs: the run's length as ``Trainer(max_steps=, max_epochs=)``
+            states it (``self.trainer.estimated_stepping_batches``); ``max_epochs`` also
+            ends the run when that many epochs are done. Give the driver the same
+            ``max_steps``.
+        num_sanity_val_steps: validation batches run before training (``Trainer``'s
+            default 2; 0 turns the sanity check off).
         count_tokens / flops_per_token / describe: as for ``FabricBackend``.
     """
 
@@ -141,6 +147,10 @@ class LightningBackend(FabricBackend):
         datamodule: Any = None,
         *,
         config: FabricConfig | None = None,
+        callbacks: Sequence[Any] = (),
+        max_steps: int | None = None,
+        max_epochs: int | None = None,
+        num_sanity_val_steps: int = 2,
         count_tokens: Any = None,
         flops_per_token: float | None = None,
         describe: Mapping[str, Any] | None = None,
@@ -154,12 +164,6 @@ class LightningBackend(FabricBackend):
             )
         if datamodule is not None and not isinstance(datamodule, pl.LightningDataModule):
             raise TypeError(f"datamodule must be a LightningDataModule, got {type(datamodule)}")
-        if not module.automatic_optimization:
-            raise LightningHookError(
-                f"{type(module).__name__} uses manual optimization (automatic_optimization = "
-                "False); baton drives automatic optimization only: use FabricBackend with "
-                "training_step(model, batch) for a hand-written step"
-            )
         problems = [f"{type(module).__name__}.{h}" for h in unhonoured_hooks(module)]
         if datamodule is not None:
             problems += [f"{type(datamodule).__name__}.{h}" for h in unhonoured_hooks(datamodule)]
@@ -180,49 +184,98 @@ class LightningBackend(FabricBackend):
         )
         self.module = module
         self.datamodule = datamodule
-        self.logs = _LazyLogs()
-        self.scheduler_configs: list[Any] = []
+        self.loop = LightningLoop(
+            self,
+            callbacks=check_callbacks(callbacks),
+            max_steps=max_steps,
+            max_epochs=max_epochs,
+            num_sanity_val_steps=num_sanity_val_steps,
+        )
 
-    def _fabric_class(self) -> type:
-        return _lazy_fabric_class()
+    @property
+    def scheduler_configs(self) -> list[Any]:
+        return self.loop.scheduler_configs
 
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
         self.config.check()
+        if not self.module.automatic_optimization:
+            check_manual(self.config)
         self.fabric = self._make_fabric()
-        self.fabric.logs = self.logs
         self.fabric.launch()
         self._device = self.fabric.device
-        if self.config.seed is not None:
-            from lightning.fabric.utilities.seed import seed_everything
+        from lightning.fabric.strategies import ParallelStrategy
+        from lightning.fabric.utilities.seed import reset_seed, seed_everything
 
+        if self.config.seed is not None:
             seed_everything(self.config.seed, verbose=False)
-        data_hooks = self.datamodule if self.datamodule is not None else self.module
+        elif isinstance(self.fabric.strategy, ParallelStrategy):
+            reset_seed()  # as the Trainer's parallel strategies do when they set up
+        module, loop = self.module, self.loop
+        module.trainer = loop.trainer
+        data_hooks = self.datamodule if self.datamodule is not None else module
+        if self.datamodule is not None:
+            self.datamodule.trainer = loop.trainer
         if self.fabric.local_rank == 0:
             if self.datamodule is not None:
                 self.datamodule.prepare_data()
-            self.module.prepare_data()
+            module.prepare_data()
         self.fabric.barrier()
+        for callback in loop.callbacks:
+            callback.setup(loop.trainer, module, "fit")
         if self.datamodule is not None:
             self.datamodule.setup("fit")
-        self.module.setup("fit")
+        module.setup("fit")
         with self.fabric.init_module(empty_init=self._sharded()):
-            self.module.configure_model()
-        self.raw_model = self.module
-        self._num_params = sum(p.numel() for p in self.module.parameters())
+            module.configure_model()
+        self.raw_model = module
+        self._num_params = sum(p.numel() for p in module.parameters())
         if self.config.init_from:
             from baton.backends.fabric.weights import load_weights
 
-            load_weights(self.module, self.config.init_from)
-        self.model = self.fabric.setup_module(self.module)
-        self.optimizer = self.fabric.setup_optimizers(self._configure_optimizers())
-        self.stream = self._make_stream(data_hooks.train_dataloader())
-        if self.eval_data is None and _overrides(self.module, "validation_step"):
-            self.eval_data = data_hooks.val_dataloader()
+            load_weights(module, self.config.init_from)
+        self.model = self.fabric.setup_module(module)
+        module._fabric = None  # self.trainer, self.log, self.optimizers(): baton's TrainerView
+        self.stream = loop.stream = EpochStream(self._loader(data_hooks.train_dataloader()))
+        if self.eval_data is None and _overrides(module, "validation_step"):
+            self.eval_data = self._loader(data_hooks.val_dataloader())
+        self._setup_optimizers()
         self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
 
+    def _loader(self, data: Any) -> Any:
+        """Each rank's shard of the training data (a DistributedSampler) with several ranks."""
+        return self._make_stream(data).data
+
+    def _setup_optimizers(self) -> None:
+        from lightning.pytorch.core.optimizer import (
+            LightningOptimizer,
+            _configure_optimizers,
+            _configure_schedulers_automatic_opt,
+            _configure_schedulers_manual_opt,
+        )
+
+        loop = self.loop
+        returned = loop.module_hook("configure_optimizers")
+        optimizers, schedulers, monitor = _configure_optimizers(returned)
+        if not self.module.automatic_optimization:
+            loop.scheduler_configs = _configure_schedulers_manual_opt(schedulers)
+        elif len(optimizers) != 1:
+            raise LightningHookError(
+                f"configure_optimizers returned {len(optimizers)} optimizers; automatic "
+                "optimization steps exactly one (set self.automatic_optimization = False "
+                "and step them in training_step)"
+            )
+        else:
+            loop.scheduler_configs = _configure_schedulers_automatic_opt(schedulers, monitor)
+        loop.optimizers = [self.fabric.setup_optimizers(opt) for opt in optimizers]
+        loop.lightning_optimizers = [
+            LightningOptimizer._to_lightning_optimizer(opt, loop.trainer.strategy)  # type: ignore[arg-type]
+            for opt in loop.optimizers
+        ]
+        self.optimizer = loop.optimizers[0]
+
     def _schedulers(self) -> list[Any]:
-        return [config.scheduler for config in self.scheduler_configs]
+        return [config.scheduler for config in self.loop.scheduler_configs]
 
     @property
     def changeable_settings(self) -> frozenset[str]:
@@ -230,78 +283,45 @@ class LightningBackend(FabricBackend):
         settings changes (a module without one has nothing to rebuild)."""
         return SCHEDULE_SETTINGS
 
-    def _configure_optimizers(self) -> torch.optim.Optimizer:
-        from lightning.pytorch.core.optimizer import (
-            _configure_optimizers,
-            _configure_schedulers_automatic_opt,
+    # -- the step ---------------------------------------------------------------------
+    def train_step(self, step: int) -> StepOutput:
+        loss, metrics = self.loop.train_step()
+        metrics.setdefault("lr", self.optimizer.param_groups[0]["lr"])
+        samples = tokens = 0
+        for batch in self.loop.step_batches:
+            n_samples, n_tokens = count_batch(batch)
+            samples += n_samples
+            tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
+        world = self.fabric.world_size
+        return StepOutput(
+            loss=loss, metrics=metrics, tokens=tokens * world, samples=samples * world
         )
 
-        optimizers, schedulers, monitor = _configure_optimizers(self.module.configure_optimizers())
-        if len(optimizers) != 1:
-            raise LightningHookError(
-                f"configure_optimizers returned {len(optimizers)} optimizers; baton's automatic "
-                "optimization steps exactly one (several need manual optimization)"
+    #: no ``skip_data`` ability: Trainer.fit has no step that reads batches without
+    #: training on them (a guard that skips data is refused before the first step)
+    skip_data = None  # type: ignore[assignment]
+
+    # -- evaluation -------------------------------------------------------------------
+    def evaluate(self) -> Mapping[str, Any]:
+        """Lightning's validation loop: the epoch values the module logged, by their names."""
+        if self.eval_data is None:
+            raise ValueError(
+                "no validation data: give the module (or datamodule) val_dataloader() and "
+                "validation_step() to evaluate"
             )
-        configs = _configure_schedulers_automatic_opt(schedulers, monitor)
-        for config in configs:
-            if config.reduce_on_plateau:
-                raise LightningHookError(
-                    f"the ReduceLROnPlateau scheduler (monitor {config.monitor!r}) needs a "
-                    "validation metric at each step; baton cannot honour it: use a step or "
-                    "epoch schedule"
-                )
-        self.scheduler_configs = configs
-        return optimizers[0]
-
-    # -- the step ---------------------------------------------------------------------
-    def _compute_loss(self, batch: Any, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        assert self.stream is not None
-        output = self.model.training_step(batch, self.stream.batches - 1)
-        if output is None:
-            raise LightningHookError(
-                "training_step returned None (Lightning skips the step); baton needs the loss: "
-                "return it (or a dict with 'loss')"
-            )
-        loss, _ = split_loss(output)
-        return loss, self.logs.take()
-
-    def _optimizer_step(self) -> None:
-        assert self.stream is not None
-        self.optimizer.step()
-        for config in self.scheduler_configs:
-            # as the Trainer: a step schedule advances when the batch count in the epoch
-            # (1-based) is a multiple of its frequency
-            if config.interval == "step" and self.stream.batches % config.frequency == 0:
-                config.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _epoch_ended(self, epoch: int) -> None:
-        if _overrides(self.module, "on_train_epoch_end"):
-            self.module.on_train_epoch_end()
-            self.logs.take()  # epoch-level logs have no step to belong to
-        for config in self.scheduler_configs:
-            if config.interval == "epoch" and (epoch + 1) % config.frequency == 0:
-                config.scheduler.step()
-
-    def _eval_values(self, batch: Any, index: int) -> dict[str, Any]:
-        output = self.model.validation_step(batch, index)
-        values = self.logs.take()
-        if output is not None:
-            loss, extra = split_loss(output)
-            if isinstance(loss, torch.Tensor):
-                values.setdefault("loss", loss.detach())
-            for key, value in extra.items():
-                values.setdefault(key, value)
+        values = self.loop.validate(self.config.eval_batches)
         if not values:
             raise ValueError(
-                "validation_step neither logged (self.log) nor returned a value to evaluate"
+                "validation_step logged nothing (self.log): log the values to evaluate"
             )
         return values
 
     # -- checkpoints ----------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
-        for i, config in enumerate(self.scheduler_configs):
+        state: dict[str, Any] = {"model": self.model}
+        for i, optimizer in enumerate(self.loop.optimizers):
+            state["optimizer" if i == 0 else f"optimizer_{i}"] = optimizer
+        for i, config in enumerate(self.loop.scheduler_configs):
             state[f"scheduler_{i}"] = config.scheduler
         return state
 
@@ -313,6 +333,7 @@ class LightningBackend(FabricBackend):
             checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
         self.module.on_save_checkpoint(checkpoint)
         state["lightning"] = checkpoint
+        state["lightning_loop"] = self.loop.state_dict()
         return state
 
     def _load_extra_state(self, remainder: dict[str, Any]) -> None:
@@ -323,13 +344,44 @@ class LightningBackend(FabricBackend):
             if key in checkpoint:
                 self.datamodule.load_state_dict(checkpoint[key])
         self.module.on_load_checkpoint(checkpoint)
+        if "lightning_loop" in remainder:
+            self.loop.load_state_dict(remainder["lightning_loop"])
 
     def teardown(self) -> None:
         if self.fabric is None:
             return
+        self.loop.finish()
         if self.datamodule is not None:
             self.datamodule.teardown("fit")
         self.module.teardown("fit")
+
+
+def check_callbacks(callbacks: Sequence[Any]) -> list[Any]:
+    """Lightning callbacks baton can run; those with a baton equivalent are refused, naming it."""
+    import lightning.pytorch as pl
+
+    equivalents = {
+        "ModelCheckpoint": "baton.callbacks.Checkpoint",
+        "EarlyStopping": "baton.callbacks.EarlyStopping",
+        "LearningRateMonitor": "baton.callbacks.OptimizerMonitor",
+        "TQDMProgressBar": "baton's console sink",
+        "RichProgressBar": "baton's console sink",
+    }
+    accepted = []
+    for callback in callbacks:
+        if not isinstance(callback, pl.Callback):
+            raise TypeError(
+                f"callbacks= takes lightning.pytorch.Callback objects, got "
+                f"{type(callback).__name__}; baton callbacks go to the Driver"
+            )
+        for base in type(callback).__mro__:
+            if base.__name__ in equivalents and base.__module__.startswith("lightning"):
+                raise LightningHookError(
+                    f"{type(callback).__name__} is a Trainer callback baton does not run: use "
+                    f"{equivalents[base.__name__]} instead"
+                )
+        accepted.append(callback)
+    return accepted
 
 
 def _overrides(module: Any, name: str) -> bool:

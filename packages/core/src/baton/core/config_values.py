@@ -1,0 +1,120 @@
+"""Values from a ``--config`` file, checked against the recipe's parameter types.
+
+A YAML or TOML file says ``max_steps: forty`` as easily as ``max_steps: 40``; the
+command line's parser checks flags but not a file's values, so they are checked here,
+before the recipe runs, naming the parameter, the value and the type it takes::
+
+    conform("max_steps", "forty", int, "exp.yaml")
+    # RecipeError: --config exp.yaml: max_steps is 'forty', not a whole number ...
+
+Numbers written as text that YAML 1.1 leaves a string (``lr: 1e-3``) become numbers.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from baton.core.errors import RecipeError
+
+_NAMES: dict[Any, str] = {
+    int: "a whole number",
+    float: "a number",
+    str: "text",
+    bool: "true or false",
+    Path: "a path",
+    type(None): "null",
+}
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def conform(name: str, value: Any, annotation: Any, source: str | Path) -> Any:
+    """``value`` as ``annotation`` takes it, or a ``RecipeError`` that names the file,
+    the parameter, the value and what it should be."""
+    try:
+        return _conform(value, annotation)
+    except _Mismatch:
+        raise RecipeError(
+            f"--config {source}: {name} is {value!r}, not {describe(annotation)}; "
+            f"fix the value in the file (or pass --{name.replace('_', '-')} on the command line)"
+        ) from None
+
+
+def describe(annotation: Any) -> str:
+    """What a type accepts, in words: ``int | None`` -> "a whole number or null"."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return describe(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(a) for a in typing.get_args(annotation))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if origin in (tuple, list):
+        return "a list"
+    return _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _conform(value: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin is typing.Annotated:
+        return _conform(value, args[0])
+    if origin in (typing.Union, types.UnionType):
+        for option in sorted(args, key=lambda a: a is str):  # text last: "1e-3" is a number
+            try:
+                return _conform(value, option)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin is Literal:
+        if value in args:
+            return value
+        raise _Mismatch
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        items = cast(list[Any] | tuple[Any, ...], value)
+        item = args[0] if args else Any
+        conformed = [_conform(v, item) for v in items]
+        return tuple(conformed) if origin is tuple else conformed
+    return _scalar(value, annotation)
+
+
+def _scalar(value: Any, annotation: Any) -> Any:
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if annotation is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    if annotation is Path:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    return value  # a type the file cannot spell differently: the recipe checks it

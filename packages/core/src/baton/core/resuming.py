@@ -35,6 +35,7 @@ import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend, ChangesSettings
 from baton.core.callback import Callback
 from baton.core.errors import UsageError
+from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
 from baton.core.resume_settings import changed_settings, check_changes
 from baton.core.rundir import set_aside
@@ -227,6 +228,11 @@ class Resumer:
         """
         options = self.options
         names = options.training_settings | self.backend.training_settings
+        check_same_architecture(
+            meta.get("settings", {}).get("model_spec"),
+            options.settings.get("model_spec"),
+            what=f"checkpoint {path}",
+        )
         changes = changed_settings(meta.get("settings", {}), options.settings, names)
         allowed = check_changes(changes, set(options.allow_changed), path)
         self.changes = list(meta.get("resume_changes", []))

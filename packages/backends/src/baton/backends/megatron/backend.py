@@ -63,6 +63,7 @@ from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
+from baton.core.model_spec import is_hf_dir
 
 log = logging.getLogger("baton")
 
@@ -183,6 +184,13 @@ class MegatronBackend(TorchDistributed, BackendBase):
         data position stay fresh. ``directory`` is a baton checkpoint or its backend folder."""
         from megatron.core import dist_checkpointing
 
+        if is_hf_dir(directory):  # a save_pretrained directory: baton's Llama mapping
+            from baton.backends.megatron.hf import load_hf
+
+            with naming_failures(f"loading Hugging Face weights from {directory}"):
+                load_hf(self.chunks, str(directory))
+                self.optimizer.reload_model_params()
+            return
         if (directory / "backend").is_dir():
             directory = directory / "backend"
         if not directory.is_dir():

@@ -42,6 +42,7 @@ from baton.backends.megatron.checkpoint import (
     check_layout,
     init_optimizer_state,
     load_model_state,
+    load_weights,
     model_sharded_state,
     naming_failures,
     restore_optimizer_steps,
@@ -63,7 +64,6 @@ from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
-from baton.core.model_spec import is_hf_dir
 
 log = logging.getLogger("baton")
 
@@ -179,33 +179,9 @@ class MegatronBackend(TorchDistributed, BackendBase):
             self.load_weights(Path(cfg.init_from))
 
     def load_weights(self, directory: Path) -> None:
-        """Load only the model's weights from a checkpoint (``dist_checkpointing``'s
-        model-only load, under any layout it can reshard); the optimizer, schedule and
-        data position stay fresh. ``directory`` is a baton checkpoint or its backend folder."""
-        from megatron.core import dist_checkpointing
-
-        if is_hf_dir(directory):  # a save_pretrained directory: baton's Llama mapping
-            from baton.backends.megatron.hf import load_hf
-
-            with naming_failures(f"loading Hugging Face weights from {directory}"):
-                load_hf(self.chunks, str(directory))
-                self.optimizer.reload_model_params()
-            return
-        if (directory / "backend").is_dir():
-            directory = directory / "backend"
-        if not directory.is_dir():
-            raise FileNotFoundError(
-                f"init_from {directory} is not a checkpoint directory; pass a checkpoint "
-                "step directory (runs/NAME/checkpoints/step_000100) or its backend/ folder"
-            )
-        with naming_failures(f"dist_checkpointing.load of the model from {directory}"):
-            state = dist_checkpointing.load(
-                {"model": model_sharded_state(self.chunks)}, str(directory)
-            )
-        with naming_failures("restoring the model weights"), torch.no_grad():
-            load_model_state(self.chunks, state["model"])
-            self.optimizer.reload_model_params()  # main (fp32) copies follow the weights
-        log.info("started from the weights of %s", directory)
+        """Load only the model's weights (a checkpoint under any layout it can reshard,
+        or a Hugging Face directory); optimizer, schedule and data position stay fresh."""
+        load_weights(self.chunks, self.optimizer, Path(directory))
 
     def model(self) -> Any:
         """The first (usually the only) DDP-wrapped model chunk."""

@@ -8,6 +8,7 @@ anything or a file is written (a run directory this run created is removed again
     start.options        # a restarted job (torchrun, SLURM requeue) resumes "auto"
     start.callbacks      # the backend's selected patches first, then the user's
     start.lock           # rank 0 holds the run directory (one run per directory)
+                         # remote checkpoints (``remote``): store checked, newest fetched
     start.resumer        # the checkpoint to resume from, verified, settings checked
     ...backend.setup()...
     have = check_needs(backend, start.options, start.callbacks)  # abilities, by requester
@@ -27,6 +28,7 @@ from baton.core.errors import UsageError
 from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.options import RunOptions
 from baton.core.patches import PatchDecision, select_patches
+from baton.core.remote import prepare_remotes, with_upload
 from baton.core.resuming import Resumer
 from baton.core.rundir import RunDirLock
 
@@ -53,14 +55,17 @@ def prepare(
     evaluating: bool = False,
 ) -> Start:
     """Every check before ``backend.setup``, in order: restart, the checkpoint named
-    to resume from, the launch, patches and state keys, the lock, the resume plan."""
+    to resume from, the launch, patches and state keys, the lock, remote checkpoint
+    stores (checked; the newest checkpoint fetched for ``resume="auto"``), the resume
+    plan."""
     options = after_restart(options)
     resumer = Resumer(backend, options, evaluating=evaluating)
     resumer.check_request()
     launch = launch_from_env()
-    merged, report = with_patches(backend, callbacks, options.patches)
+    merged, report = with_patches(backend, with_upload(callbacks, options), options.patches)
     lock = lock_run_dir(options.run_dir) if launch.rank == 0 else None
     try:
+        prepare_remotes(merged, options, rank_zero=launch.rank == 0)
         resumer.plan(rank_zero=launch.rank == 0)
     except BaseException:
         if lock is not None:  # leave the run directory as it was

@@ -91,6 +91,7 @@ class CheckpointUpload(Callback):
         self._queue: queue.Queue[tuple[str, str, Path | None] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._removed: set[str] = set()
+        self._deferred: set[str] = set()
 
     def __repr__(self) -> str:
         return f"CheckpointUpload({self.url!r})"
@@ -205,16 +206,20 @@ class CheckpointUpload(Callback):
 
     def _upload(self, name: str, staged: Path) -> None:
         if name in self._removed:
-            return  # rotated away before its turn came
-        self.store.upload(staged, self.verify)
+            return  # rotated away before its turn came: a newer one is queued
+        self.store.upload(staged, self.verify, name)
         self.store.set_latest(name)
         self.uploaded.append(name)
         log.info("checkpoint %s uploaded to %s (verified)", name, self.url)
+        for waiting in sorted(self._deferred):
+            self._remove(waiting)
 
     def _remove(self, name: str) -> None:
         if self.store.latest() == name:
-            log.warning("not deleting %s/%s: the bucket's latest names it", self.url, name)
+            # rotated before a newer upload took ``latest`` over: deleted after that one
+            self._deferred.add(name)
             return
+        self._deferred.discard(name)
         self.store.remove(name)
         log.info("removed old checkpoint %s/%s", self.url, name)
 

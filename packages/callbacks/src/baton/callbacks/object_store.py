@@ -145,14 +145,14 @@ class ObjectStore:
         return order
 
     # -- writing -------------------------------------------------------------------
-    def upload(self, local: Path, verify: str = "full") -> None:
-        """Upload the complete checkpoint ``local``: its backend files, each checked
+    def upload(self, local: Path, verify: str = "full", name: str | None = None) -> None:
+        """Upload the complete checkpoint ``local`` (as ``name``, by default its own): its backend files, each checked
         against its ``baton.json`` entry (size; with ``verify="full"`` the xxh3-128 of
         the object read back), then ``baton.json`` itself, checked the same way.
         Raises ``UploadError`` on a mismatch (``latest`` is not moved)."""
         meta = json.loads((local / ckpt.META_FILE).read_text())
         files: dict[str, Any] = meta.get("files", {})
-        name = local.name
+        name = name or local.name
         for rel, entry in sorted(files.items()):
             target = self._path(name, ckpt.BACKEND_DIR, rel)
             self.put_file(local / ckpt.BACKEND_DIR / rel, target)

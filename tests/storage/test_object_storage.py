@@ -142,3 +142,16 @@ def test_bad_storage_is_a_usage_error_before_training(s3, tmp_path, problem):
     assert "setup" not in backend.events  # nothing was built
     assert not (tmp_path / "run").exists()
     assert len(str(raised.value)) < 600
+
+
+def test_the_checkpoint_upload_flag_adds_the_callback_to_any_recipe(s3, tmp_path):
+    from baton.core.cli import main
+
+    url = f"s3://{s3.new_bucket()}/flag"
+    recipe = Path(__file__).parents[1] / "safety" / "recipe_scalar.py"
+    args = ["run", str(recipe), "--run-dir", str(tmp_path / "run"), "--max-steps", "4",
+            "--save-every", "2", "--checkpoint-upload", url]  # fmt: skip
+    assert main(args) == 0
+    store = ObjectStore.open(url)
+    assert store.latest() == "step_000004"
+    assert store.names() == ["step_000002", "step_000004"]  # recipe_scalar keeps all

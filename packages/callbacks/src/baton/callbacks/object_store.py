@@ -81,7 +81,13 @@ class ObjectStore:
         options = dict(storage_options or {})
         if protocol in ("s3", "s3a"):
             options.setdefault(
-                "config_kwargs", {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": 60}
+                "config_kwargs",
+                # botocore's attempts on top of s3fs's own retries (5 per call)
+                {
+                    "connect_timeout": CONNECT_TIMEOUT_S,
+                    "read_timeout": 60,
+                    "retries": {"max_attempts": 2},
+                },
             )
         try:
             fs, root = fsspec_core.url_to_fs(url, **options)
@@ -102,7 +108,10 @@ class ObjectStore:
         """List the store once: a ``UsageError`` saying what to fix when the endpoint
         is unreachable, the credentials are missing or wrong, or the bucket is absent."""
         bucket = self.root.split("/")[0]
+        retries = getattr(self.fs, "retries", None)
         try:
+            if retries is not None:
+                self.fs.retries = 1  # an unreachable endpoint is reported at once
             self.fs.invalidate_cache()
             self.fs.ls(bucket, detail=False)
         except Exception as error:
@@ -112,6 +121,9 @@ class ObjectStore:
                 "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and the endpoint (AWS_ENDPOINT_URL "
                 "for an S3-compatible server)"
             ) from None
+        finally:
+            if retries is not None:
+                self.fs.retries = retries
 
     def names(self) -> list[str]:
         """Checkpoint directories in the store (finished or not), oldest first."""

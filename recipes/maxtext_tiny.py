@@ -27,6 +27,7 @@ from baton.backends.maxtext.checkpoint import params_path
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
+from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -63,6 +64,7 @@ def recipe(
     ici_fsdp_parallelism: int = -1,
     ici_tensor_parallelism: int = 1,
     init_from: str | None = None,
+    model_config: str | None = None,
     run_dir: str = "runs/maxtext_tiny",
     progress: bool = True,
     print_loss: bool = True,
@@ -72,7 +74,10 @@ def recipe(
 
     --devices N simulates N CPU devices (a fresh process); the ici_* flags lay the mesh
     out over them (-1: the rest). --init-from starts from a checkpoint's weights only
-    (MaxText's load_parameters_path): fresh optimizer, step 0.
+    (MaxText's load_parameters_path): fresh optimizer, step 0. --model-config (a Hugging
+    Face Llama config.json) builds that architecture; --init-from HF_DIR builds the
+    directory's and starts from its weights (converted to a MaxText parameter checkpoint
+    under the run directory).
     """
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer
@@ -110,7 +115,17 @@ def recipe(
             "on separate data; pass --eval-data-path (a prepared prefix or JSON/Parquet "
             "files like --data-path), or --eval-every 0"
         )
-    if init_from is not None:
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
+    if spec is not None:
+        from baton.backends.maxtext.hf import maxtext_settings
+
+        settings |= maxtext_settings(spec)
+    if init_from is not None and is_hf_dir(init_from):
+        from baton.backends.maxtext.hf import write_params
+
+        settings["load_parameters_path"] = str(write_params(init_from, f"{run_dir}/hf-params"))
+    elif init_from is not None:
         settings["load_parameters_path"] = str(params_path(Path(init_from)))
     config = MaxTextConfig(
         overrides=settings | parse_overrides(overrides),
@@ -134,4 +149,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

@@ -65,9 +65,9 @@ def test_resume_from_the_bucket_on_an_empty_run_directory_is_bitwise(s3, tmp_pat
     assert "fetched checkpoint" in out and "resumed from" in out and "step 6" in out
     assert final_state(run_dir, 10) == reference
     assert store.latest() == "step_000010"
-    # rotation goes on in the bucket (step 6 rotated away); step 4, which this machine
-    # never had, is left there (a known limit: rotation knows the local checkpoints)
-    assert store.names() == ["step_000004", "step_000008", "step_000010"]
+    # rotation goes on in the bucket: step 6 rotated away, and step 4, which only the
+    # bucket held, with it
+    assert store.names() == ["step_000008", "step_000010"]
 
 
 def test_a_kill_during_an_upload_leaves_latest_on_the_previous_checkpoint(s3, tmp_path, reference):

@@ -20,7 +20,8 @@ or, for any recipe, ``baton run recipe.py --checkpoint-upload s3://bucket/runs/x
   and only then does the bucket's ``latest`` name the checkpoint: a process killed
   mid-upload leaves ``latest`` on the previous complete checkpoint.
 - Rotation (``Checkpoint(keep_last=...)``) deletes in the bucket too, after the
-  uploads queued before it.
+  uploads queued before it; after a fetch, older checkpoints only the bucket holds go
+  with the first one rotation drops (scored ones stay: ``keep_best`` may want them).
 - Before the resume plan, the store is checked (a bad URL, missing credentials or an
   unreachable endpoint is a ``UsageError`` before anything is built), and with
   ``resume="auto"`` the bucket's newest complete checkpoint is downloaded and verified
@@ -92,6 +93,7 @@ class CheckpointUpload(Callback):
         self._worker: threading.Thread | None = None
         self._removed: set[str] = set()
         self._deferred: set[str] = set()
+        self._remote_only: list[str] = []
 
     def __repr__(self) -> str:
         return f"CheckpointUpload({self.url!r})"
@@ -156,11 +158,34 @@ class CheckpointUpload(Callback):
         self._removed.discard(path.name)
         self._submit(("upload", path.name, staged))
 
+    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+        if not driver.is_global_zero:
+            return
+        # older checkpoints only the bucket holds (this machine fetched the newest one):
+        # rotation knows the local ones, so they follow the first one it drops; scored
+        # ones (keep_best may protect them) stay
+        restored = int(checkpoint["step"])
+        state: dict[str, Any] = checkpoint.get("callbacks", {}).get("checkpoint", {})
+        scored = set(state.get("scores", {}))
+        try:
+            remote = self.store.names()
+        except Exception as error:  # rotation in the bucket is not worth failing the run
+            log.warning("cannot list %s (%r): older remote checkpoints stay", self.url, error)
+            remote = []
+        self._remote_only = [
+            n
+            for n in remote
+            if _step(n) < restored and n not in scored and not (driver.checkpoint_dir / n).is_dir()
+        ]
+
     def on_checkpoint_removed(self, driver: Driver, path: Path) -> None:
         if not driver.is_global_zero:
             return
-        self._removed.add(path.name)
-        self._submit(("remove", path.name, None))
+        older = [n for n in self._remote_only if _step(n) < _step(path.name)]
+        self._remote_only = [n for n in self._remote_only if n not in older]
+        for name in [*older, path.name]:
+            self._removed.add(name)
+            self._submit(("remove", name, None))
 
     def on_train_end(self, driver: Driver) -> None:
         self.wait()
@@ -222,6 +247,10 @@ class CheckpointUpload(Callback):
         self._deferred.discard(name)
         self.store.remove(name)
         log.info("removed old checkpoint %s/%s", self.url, name)
+
+
+def _step(name: str) -> int:
+    return ckpt.checkpoint_step(Path(name)) or 0
 
 
 def link_tree(source: Path, target: Path) -> None:

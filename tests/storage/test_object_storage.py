@@ -155,3 +155,19 @@ def test_the_checkpoint_upload_flag_adds_the_callback_to_any_recipe(s3, tmp_path
     store = ObjectStore.open(url)
     assert store.latest() == "step_000004"
     assert store.names() == ["step_000002", "step_000004"]  # recipe_scalar keeps all
+
+
+def test_a_requeued_job_on_a_machine_without_its_run_directory_resumes_from_the_bucket(
+    s3, tmp_path, monkeypatch
+):
+    url = f"s3://{s3.new_bucket()}/requeue"
+    run_dir = tmp_path / "run"
+    Driver(ScalarBackend(), [Checkpoint(every_n_steps=2), CheckpointUpload(url)],
+           max_steps=4, run_dir=run_dir).fit()  # fmt: skip
+    shutil.rmtree(run_dir)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeue resumes "auto"
+    driver = Driver(ScalarBackend(), [Checkpoint(every_n_steps=2), CheckpointUpload(url)],
+                    max_steps=6, allow_changed="max_steps", run_dir=run_dir)  # fmt: skip
+    result = driver.fit()
+    assert result.resumed_from == run_dir / "checkpoints" / "step_000004"
+    assert result.step == 6

@@ -28,7 +28,7 @@ from baton.core.errors import UsageError
 from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.options import RunOptions
 from baton.core.patches import PatchDecision, select_patches
-from baton.core.remote import prepare_remotes, with_upload
+from baton.core.remote import RemoteCheckpoints, prepare_remotes, with_upload
 from baton.core.resuming import Resumer
 from baton.core.rundir import RunDirLock
 
@@ -58,7 +58,10 @@ def prepare(
     to resume from, the launch, patches and state keys, the lock, remote checkpoint
     stores (checked; the newest checkpoint fetched for ``resume="auto"``), the resume
     plan."""
-    options = after_restart(options)
+    remote = bool(options.checkpoint_upload) or any(
+        isinstance(cb, RemoteCheckpoints) for cb in callbacks
+    )
+    options = after_restart(options, remote=remote)
     resumer = Resumer(backend, options, evaluating=evaluating)
     resumer.check_request()
     launch = launch_from_env()
@@ -74,13 +77,14 @@ def prepare(
     return Start(options, merged, report, lock, resumer)
 
 
-def after_restart(options: RunOptions) -> RunOptions:
+def after_restart(options: RunOptions, *, remote: bool = False) -> RunOptions:
     """A job the engine restarted (torchrun elastic, SLURM requeue) resumes from its
-    newest checkpoint; one whose run directory is gone has nothing to resume from."""
+    newest checkpoint; one whose run directory is gone has nothing to resume from,
+    unless its checkpoints are kept remotely as well (``remote``)."""
     restarts = restart_count()
     if not restarts:
         return options
-    if not options.run_dir.exists():
+    if not options.run_dir.exists() and not remote:
         raise CheckpointError(
             f"this is restart {restarts} of the job, but its run directory {options.run_dir} "
             "is gone: nothing to resume. Restore it, or submit a new job to start fresh"

@@ -79,6 +79,9 @@ class ObjectStore:
                 "s3://bucket/prefix (a prefix per run)"
             )
         options = dict(storage_options or {})
+        # a filesystem of its own: fsspec's shared instances keep the endpoint and
+        # credentials of the environment they were first made in
+        options.setdefault("skip_instance_cache", True)
         if protocol in ("s3", "s3a"):
             options.setdefault(
                 "config_kwargs",

@@ -103,7 +103,31 @@ def recipe(
     run_dir: str = "runs/hf_finetune",
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
-    --model-config architecture from scratch)."""
+    --model-config architecture from scratch).
+
+    Args:
+        init_from: a save_pretrained directory whose weights start the run (step 0).
+        model_config: the architecture: a config.json or its directory (None: --init-from's).
+        make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
+        max_steps: optimizer steps to train.
+        lr: AdamW learning rate (constant, no weight decay).
+        batch_size: sequences per step and rank.
+        seq_len: tokens per sequence.
+        grad_accum: micro-batches accumulated per optimizer step.
+        grad_clip: gradient norm clipping threshold.
+        precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
+        accelerator: cpu, cuda or auto.
+        strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
+        seed: seed of the data order and of new weights (--make-tiny-model, from scratch).
+        data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
+            .jsonl/.parquet/.txt files (None: the Python language reference).
+        tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
+        text_key: the text field of .jsonl/.parquet records.
+        log_every: steps between log lines.
+        eval_every: steps between evaluations (0: none).
+        save_every: steps between checkpoints (also one at the end).
+        run_dir: where checkpoints and logs go.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if init_from is None and model_config is None:

@@ -78,6 +78,35 @@ def recipe(
     Face Llama config.json) builds that architecture; --init-from HF_DIR builds the
     directory's and starts from its weights (converted to a MaxText parameter checkpoint
     under the run directory).
+
+    Args:
+        max_steps: optimizer steps to train (MaxText's schedule length).
+        lr: peak learning rate.
+        per_device_batch_size: sequences per step and device.
+        seq_len: tokens per sequence.
+        layers: decoder layers.
+        d_model: model width (the MLP is twice as wide).
+        heads: attention heads (query and key/value).
+        seed: seed of the initial weights.
+        data_seed: seed of the data order.
+        log_every: steps between log lines.
+        eval_every: steps between evaluations (0: none; None: 25 where there is eval data).
+        save_every: steps between checkpoints (0: no checkpoints, not even at the end).
+        async_save: write checkpoints in the background.
+        data_path: with --tokenizer: a prepared prefix or blend, or JSON/Parquet files.
+        eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
+        tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
+        vocab_size: embedding rows (None: the tokenizer's rounded up to 128, or 256).
+        devices: CPU devices to simulate (None: the real ones).
+        ici_data_parallelism: data parallel degree of the mesh.
+        ici_fsdp_parallelism: FSDP degree of the mesh (-1: the devices left).
+        ici_tensor_parallelism: tensor parallel degree of the mesh.
+        init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
+        print_loss: print the loss line on log steps.
+        overrides: further MaxText settings as key=value, applied last.
     """
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer

@@ -70,6 +70,36 @@ def recipe(
     positions, an untied output layer. ``--model-config`` (a Hugging Face Llama
     ``config.json`` or its directory) builds that architecture instead, and
     ``--init-from HF_DIR`` that directory's architecture with its weights.
+
+    Args:
+        max_steps: optimizer steps to train (the cosine decay spans them).
+        lr: peak learning rate (after warmup).
+        min_lr: the learning rate the cosine decay ends at.
+        warmup_steps: steps of linear warmup (at most --max-steps).
+        num_layers: transformer layers.
+        hidden_size: model width.
+        num_attention_heads: attention heads.
+        seq_len: tokens per sequence.
+        micro_batch_size: sequences per forward pass and data-parallel rank.
+        global_batch_size: sequences per optimizer step over all ranks.
+        llama: Llama-style blocks (RMSNorm, SwiGLU, RoPE, untied output layer).
+        tensor_parallel: tensor parallel degree.
+        pipeline_parallel: pipeline parallel stages.
+        virtual_pipeline: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        sequence_parallel: Megatron's sequence parallelism (with --tensor-parallel).
+        distributed_optimizer: shard optimizer state over data-parallel ranks.
+        seed: seed of the weights and of the data order.
+        log_every: steps between log lines.
+        eval_every: steps between evaluations (0: none).
+        save_every: steps between checkpoints (0: only at the end).
+        async_save: write checkpoints in the background.
+        text_path: a UTF-8 text file to train on as bytes (None: the Python reference).
+        data_path: a prepared prefix or blend "0.7 A 0.3 B" (needs --tokenizer).
+        tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
+        init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        run_dir: where checkpoints, logs and the byte dataset go.
+        progress: show the progress bar.
     """
     import torch
     import torch.nn.functional as F

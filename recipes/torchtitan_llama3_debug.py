@@ -59,7 +59,29 @@ def recipe(
     run_dir: str = "runs/torchtitan_llama3_debug",
     progress: bool = True,
 ) -> Driver:
-    """Train TorchTitan's llama3 debug model on CPU (or GPU) with TorchTitan's own train step."""
+    """Train TorchTitan's llama3 debug model on CPU (or GPU) with TorchTitan's own train step.
+
+    Args:
+        max_steps: optimizer steps to train.
+        lr: peak learning rate.
+        batch_size: sequences per step and data-parallel rank.
+        seq_len: tokens per sequence.
+        seed: seed of the weights and of the data order.
+        log_every: steps between log lines.
+        save_every: steps between checkpoints (0: only at the end).
+        async_checkpoint: TorchTitan's async mode: disabled, async, async_with_pinned_mem.
+        data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
+        tokenizer: a Hugging Face tokenizer directory (None: bytes).
+        dp_shard: FSDP degree (-1: the ranks the other degrees leave).
+        tp: tensor parallel degree.
+        pp: pipeline parallel stages.
+        pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
+        init_from: a checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        reshard_data: when the data-parallel degree changed on resume: refuse or restart.
+        run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
+    """
     config = llama3_debug(
         steps=max_steps,
         seq_len=seq_len,

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from baton.core.errors import UsageError
+from baton.core.errors import ExportError, UsageError
 
 #: ``config.json`` values a Llama spec cannot express, with the value it requires
 _REQUIRED = {
@@ -209,6 +209,17 @@ def recorded_spec(checkpoint: str | Path) -> dict[str, Any] | None:
         if meta.is_file():
             return json.loads(meta.read_text()).get("settings", {}).get("model_spec")
     return None
+
+
+def exported_spec(checkpoint: str | Path) -> LlamaSpec:
+    """The Llama spec a checkpoint must record to be exported to Hugging Face format."""
+    recorded = recorded_spec(checkpoint)
+    if recorded is None:
+        raise ExportError(
+            f"{checkpoint} records no Llama model spec: only runs built from a Hugging Face "
+            "config (--model-config or --init-from HF_DIR) export to Hugging Face format"
+        )
+    return LlamaSpec.from_dict(recorded)
 
 
 def check_init_from(init_from: str | None, spec: LlamaSpec | None) -> None:

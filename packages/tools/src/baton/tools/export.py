@@ -31,15 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from baton.core.checkpointing import BACKEND_DIR, CheckpointError, read_meta
+from baton.core.errors import ExportError
 
 FORMATS = ("hf",)
 #: the Fabric backend's files inside a checkpoint's ``backend/`` directory
 STATE_FILE = "state.pt"
 HF_CONFIG_DIR = "hf"
 
-
-class ExportError(RuntimeError):
-    """The checkpoint cannot be exported in the asked format; the message says why."""
 
 
 #: a run's tokenizer files copied beside the exported weights
@@ -70,10 +68,7 @@ def _export_weights(checkpoint: Path, out_dir: Path, backend: dict[str, Any]) ->
     name = backend.get("name")
     if name in ("torchtitan", "megatron", "maxtext"):  # TorchTitan's adapter; baton's maps
         module = importlib.import_module(f"baton.backends.{name}.export")
-        try:
-            return module.export_hf(checkpoint, out_dir)
-        except module.ExportError as error:
-            raise ExportError(str(error)) from None
+        return module.export_hf(checkpoint, out_dir)
     hf_config = checkpoint / BACKEND_DIR / HF_CONFIG_DIR
     if backend.get("name") != "fabric" or not (hf_config / "config.json").is_file():
         model = backend.get("model", "unknown")

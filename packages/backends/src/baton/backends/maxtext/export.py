@@ -21,11 +21,8 @@ from typing import Any
 
 from baton.backends.maxtext.checkpoint import params_path
 from baton.backends.maxtext.hf import maxtext_to_hf
-from baton.core.model_spec import LlamaSpec, recorded_spec
-
-
-class ExportError(ValueError):
-    """The checkpoint cannot be exported; the message names the problem and the fix."""
+from baton.core.errors import ExportError
+from baton.core.model_spec import exported_spec
 
 
 def read_params(items: Path) -> dict[str, Any]:
@@ -48,13 +45,7 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     from safetensors.numpy import save_file
 
     checkpoint = Path(checkpoint_dir)
-    recorded = recorded_spec(checkpoint)
-    if recorded is None:
-        raise ExportError(
-            f"{checkpoint} records no Llama model spec: only runs built from a Hugging Face "
-            "config (--model-config or --init-from HF_DIR) export to Hugging Face format"
-        )
-    spec = LlamaSpec.from_dict(recorded)
+    spec = exported_spec(checkpoint)
     try:
         hf = maxtext_to_hf(read_params(params_path(checkpoint)), spec)
     except KeyError as error:

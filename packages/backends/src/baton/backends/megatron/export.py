@@ -24,14 +24,12 @@ from pathlib import Path
 import torch
 
 from baton.backends.megatron.hf import TE_NORMS, megatron_to_hf
-from baton.core.model_spec import LlamaSpec, recorded_spec
+from baton.core.errors import ExportError
+from baton.core.model_spec import exported_spec
 
 #: keys of a baton Megatron checkpoint that are not model weights
 NON_MODEL = ("optimizer.", "rng_state", "common_state")
 
-
-class ExportError(ValueError):
-    """The checkpoint cannot be exported; the message names the problem and the fix."""
 
 
 def read_global_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -77,13 +75,7 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     from safetensors.torch import save_file
 
     checkpoint = Path(checkpoint_dir)
-    recorded = recorded_spec(checkpoint)
-    if recorded is None:
-        raise ExportError(
-            f"{checkpoint} records no Llama model spec: only runs built from a Hugging Face "
-            "config (--model-config or --init-from HF_DIR) export to Hugging Face format"
-        )
-    spec = LlamaSpec.from_dict(recorded)
+    spec = exported_spec(checkpoint)
     folder = checkpoint / "backend" if (checkpoint / "backend").is_dir() else checkpoint
     weights = unstack_layers(read_global_weights(folder))
     try:

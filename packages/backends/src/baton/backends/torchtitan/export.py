@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.torchtitan.hf import FLAVOR_PREFIX, register
+from baton.core.errors import ExportError
 from baton.core.model_spec import LlamaSpec, recorded_spec
 
 #: DCP keys of a TorchTitan checkpoint that are not model weights
@@ -33,9 +34,6 @@ NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
 #: model families whose Hugging Face architecture this module writes
 ARCHITECTURES = {"llama3": ("LlamaForCausalLM", "llama")}
 
-
-class ExportError(ValueError):
-    """The checkpoint cannot be exported; the message names the problem and the fix."""
 
 
 def dcp_folder(checkpoint_dir: str | Path) -> Path:

@@ -30,6 +30,7 @@ from rich.table import Table
 from baton.core.errors import BatonError
 from baton.core.launch import Launch, LaunchError
 from baton.core.logs import setup_logging
+from baton.core.quiet import quiet_imports
 from baton.core.registry import BACKENDS, CALLBACKS
 
 
@@ -50,6 +51,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 2
     launch = Launch.from_env()
     setup_logging(launch)
+    quiet_imports()  # the recipe imports its framework next
     driver = build_driver(argv[0], argv[1:])
     if driver is None:
         return 0
@@ -107,6 +109,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
         )
         return 2
     setup_logging()
+    quiet_imports()
     driver = build_driver(args[0], args[1:])  # errors are reported by main()
     if driver is None:
         return 0

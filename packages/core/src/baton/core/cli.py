@@ -40,6 +40,10 @@ def _doc_line(obj: object) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
+def _asks_help(argv: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
+
+
 def cmd_run(argv: Sequence[str]) -> int:
     from baton.core.recipe import build_driver
 
@@ -51,7 +55,8 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 2
     launch = Launch.from_env()
     setup_logging(launch)
-    quiet_imports()  # the recipe imports its framework next
+    if not _asks_help(argv):  # (help stays fast: it imports no framework)
+        quiet_imports()  # the recipe imports its framework next
     driver = build_driver(argv[0], argv[1:])
     if driver is None:
         return 0
@@ -109,7 +114,8 @@ def cmd_eval(argv: Sequence[str]) -> int:
         )
         return 2
     setup_logging()
-    quiet_imports()
+    if not _asks_help(args):
+        quiet_imports()
     driver = build_driver(args[0], args[1:])  # errors are reported by main()
     if driver is None:
         return 0

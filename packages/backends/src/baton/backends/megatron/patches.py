@@ -130,6 +130,24 @@ class MegatronQuiet(QuietPatch):
             "the parameter layout, the same one it would pass",
         ),
         Quiet(
+            "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed",
+            category=UserWarning,
+            # on CPU the call runs through baton's device mode (megatron/cpu.py)
+            module=r"megatron\.|baton\.backends\.megatron\.cpu",
+            reason="the distributed optimizer's gradient hooks read .grad of parameter views "
+            "in Megatron-Core's own code",
+        ),
+        *(
+            Quiet(
+                f"`torch.distributed.{collective}` is deprecated",
+                category=FutureWarning,
+                module=r"torch\.distributed\.c10d_logger",
+                reason="Megatron-Core's distributed optimizer calls the collective torch "
+                "renamed; baton calls neither",
+            )
+            for collective in ("reduce_scatter_tensor", "all_gather_into_tensor")
+        ),
+        Quiet(
             "The pynvml package is deprecated",
             category=FutureWarning,
             reason="Megatron's save starts a helper process that imports torch afresh, outside "

@@ -53,7 +53,7 @@ class Quiet:
 
     ``message`` is the message's exact beginning; ``module`` (a regex over the warning's
     module, warnings only) narrows where it comes from; ``reason`` says why a baton user
-    does not need it (shown by ``baton patches``' docs and kept next to the filter).
+    does not need it (it stays next to the filter for whoever looks for a hidden message).
     """
 
     message: str
@@ -181,7 +181,8 @@ def no_nvidia_device() -> bool:
 def quiet_imports() -> None:
     """Install, for this process, the filters of every quiet patch that applies to the
     installed frameworks (and that ``BATON_PATCHES`` selects), before a recipe imports
-    them. ``baton run`` and ``baton eval`` call it; libraries using baton need not."""
+    them. ``baton run``, ``baton eval`` and ``baton submit`` call it; a program that drives
+    baton from Python gets the filters when its run configures."""
     from baton.core.backend import installed_version
     from baton.core.registry import load_plugins
 

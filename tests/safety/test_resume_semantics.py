@@ -47,6 +47,19 @@ def test_an_allowed_change_is_logged_and_recorded(tmp_path, capsys):
     ]
 
 
+def test_an_allowed_change_is_announced_once(tmp_path, capsys):
+    assert run_recipe(capsys, tmp_path, "--max-steps", "3")[0] == 0
+    status, out = run_recipe(
+        capsys, tmp_path, "--resume", "auto", "--max-steps", "6", "--allow-changed", "max_steps"
+    )
+    assert status == 0, out
+    lines = out.splitlines()
+    warned = [line for line in lines if "resuming with max_steps changed from 3 to 6" in line]
+    assert len(warned) == 1, out
+    assert "WARNING" in warned[0]
+    assert len([line for line in lines if "resuming with the driver's max_steps 6" in line]) == 1
+
+
 def test_an_allowed_change_no_one_applies_is_refused(tmp_path, capsys):
     interrupted_run(capsys, tmp_path)
     before = snapshot(tmp_path)

@@ -38,6 +38,7 @@ def test_import_registers_backend_and_patches_without_jax() -> None:
         "maxtext_jax_settings",
         "maxtext_no_hlo_dump",
         "maxtext_output_dir",
+        "maxtext_quiet",
         "maxtext_root_logger",
     ]
     assert heavy.strip() == "[]"

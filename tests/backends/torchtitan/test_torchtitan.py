@@ -123,6 +123,7 @@ def test_patches_undone_after_teardown(first_run):
         "torchtitan_gloo_fsdp_sum_reduction": True,  # no FSDP group on gloo: nothing to do
         "torchtitan_pg_set_timeout": True,
         "torchtitan_pipeline_microbatch_step": False,  # no pipeline parallelism
+        "torchtitan_quiet": True,
         "torchtitan_restore_process_state": True,
     }
 
@@ -190,6 +191,7 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
         "torchtitan_fsdp_partial_dtensor",
         "torchtitan_gloo_fsdp_sum_reduction",
         "torchtitan_pipeline_microbatch_step",
+        "torchtitan_quiet",
     ):
         assert name in out
 

@@ -30,6 +30,7 @@ from rich.table import Table
 from baton.core.errors import BatonError
 from baton.core.launch import Launch, LaunchError
 from baton.core.logs import setup_logging
+from baton.core.quiet import quiet_imports
 from baton.core.registry import BACKENDS, CALLBACKS
 
 
@@ -37,6 +38,10 @@ def _doc_line(obj: object) -> str:
     """The docstring's first paragraph on one line (a summary may span lines)."""
     doc = (getattr(obj, "__doc__", None) or "").strip()
     return " ".join(doc.split("\n\n")[0].split())
+
+
+def _asks_help(argv: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
 
 
 def cmd_run(argv: Sequence[str]) -> int:
@@ -50,6 +55,8 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 2
     launch = Launch.from_env()
     setup_logging(launch)
+    if not _asks_help(argv):  # (help stays fast: it imports no framework)
+        quiet_imports()  # the recipe imports its framework next
     driver = build_driver(argv[0], argv[1:])
     if driver is None:
         return 0
@@ -107,6 +114,8 @@ def cmd_eval(argv: Sequence[str]) -> int:
         )
         return 2
     setup_logging()
+    if not _asks_help(args):
+        quiet_imports()
     driver = build_driver(args[0], args[1:])  # errors are reported by main()
     if driver is None:
         return 0

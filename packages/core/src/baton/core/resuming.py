@@ -69,6 +69,8 @@ class Resumer:
         self._fallbacks: list[Path] = []
         self._failures: list[str] = []
         self._allowed_now: dict[str, tuple[Any, Any]] = {}
+        #: the checkpoint whose settings were checked (and their changes logged) last
+        self._settings_checked: Path | None = None
 
     # -- before anything is built ---------------------------------------------------
     def requested_path(self) -> Path:
@@ -150,7 +152,8 @@ class Resumer:
             path, meta = candidate
             tried = True
             self.check_compatible(path, meta)
-            self._check_settings(path, meta)
+            if path != self._settings_checked:  # the planned one was checked (and logged)
+                self._check_settings(path, meta)
             try:
                 self.backend.load(path / ckpt.BACKEND_DIR)
             except (KeyboardInterrupt, SystemExit):
@@ -226,6 +229,7 @@ class Resumer:
         to ``Driver``) are applied by the loop as they are and logged when they differ.
         An allowed change that neither the backend nor the driver applies is refused.
         """
+        self._settings_checked = path
         options = self.options
         names = options.training_settings | self.backend.training_settings
         check_same_architecture(

@@ -234,8 +234,10 @@ def _gpu_flags(recipe: str, recipe_args: list[str], gpus_per_node: int) -> list[
 def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -> tuple[str, str]:
     """Build the recipe's driver as ``baton run`` would (nothing trains): returns the
     backend name and run directory, or raises with the recipe's own message."""
+    from baton.core.quiet import quiet_imports
     from baton.core.recipe import RecipeError, build_driver
 
+    quiet_imports()  # as ``baton run``: the recipe imports its framework next
     try:
         driver = build_driver(recipe, recipe_args)
     except SystemExit as exit_:  # tyro printed why the flags are wrong

@@ -19,6 +19,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from baton.core.patches import Patch, PatchRecorder, register_patch
+from baton.core.quiet import Quiet, QuietPatch
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
@@ -244,3 +245,23 @@ class MaxTextRootLogger(Patch):
             root.setLevel(level)
 
         recorder.on_undo("restore root logger handlers and level", restore)
+
+
+@register_patch
+class MaxTextQuiet(QuietPatch):
+    """Hide the notes MaxText's imports print about models a baton run does not use."""
+
+    name = "maxtext_quiet"
+    backend = "maxtext"
+    distribution = "maxtext"
+    versions = VERSIONS
+    quiet = tuple(
+        Quiet(
+            f"{config} got `key=rope_scaling` in kwargs but hasn't set it as attribute",
+            logger="transformers.configuration_utils",
+            reason="MaxText builds Hugging Face configs of the DeepSeek models it can convert "
+            "when it is imported; transformers notes their legacy RoPE keys, which no MaxText "
+            "model baton trains reads",
+        )
+        for config in ("DeepseekV32Config", "DeepseekV4Config")
+    )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from baton.backends.dcp_safety import dcp_safe_loading
 from baton.core.patches import Patch, PatchRecorder, register_patch
+from baton.core.quiet import Quiet, QuietPatch
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
@@ -439,6 +440,51 @@ class TorchTitanPipelineMicrobatchStep(Patch):
         schedule = getattr(trainer, "pp_schedule", None)
         if schedule is not None:
             recorder.setattr(schedule, "step", _microbatch_step(schedule))
+
+
+#: TorchTitan logs on the root logger (``torchtitan.tools.logging``)
+TORCHTITAN_LOGGER = "root"
+
+
+@register_patch
+class TorchTitanQuiet(QuietPatch):
+    """Hide TorchTitan's notes about settings baton owns (each with its reason)."""
+
+    name = "torchtitan_quiet"
+    backend = "torchtitan"
+    distribution = "torchtitan"
+    versions = VERSIONS
+    quiet = (
+        Quiet(
+            "initial_load_model_only=True has no effect without an initial_load_path",
+            logger=TORCHTITAN_LOGGER,
+            reason="TorchTitan's own checkpoint default; baton starts from a checkpoint with "
+            "--resume or --init-from, not through initial_load_path",
+        ),
+        Quiet(
+            "torch.distributed is already initialized. Skipping init_distributed.",
+            logger=TORCHTITAN_LOGGER,
+            reason="baton creates the process group from the launch before TorchTitan builds",
+        ),
+        Quiet(
+            "Error running lspci:",
+            logger=TORCHTITAN_LOGGER,
+            reason="TorchTitan asks lspci for the GPU model to estimate MFU; without lspci it "
+            "uses the device name, which is what baton reports",
+        ),
+        Quiet(
+            "Peak flops undefined for: cpu,",
+            logger=TORCHTITAN_LOGGER,
+            reason="a CPU has no peak-flops entry: MFU on CPU means nothing either way "
+            "(an unknown GPU still shows the note)",
+        ),
+        Quiet(
+            "DTensor random operators may not have complete support on cpu device mesh",
+            category=UserWarning,
+            module=r"torch\.distributed\.tensor",
+            reason="torch's note for a CPU mesh; baton seeds and checkpoints the RNG itself",
+        ),
+    )
 
 
 register_patch(dcp_safe_loading("torchtitan"))

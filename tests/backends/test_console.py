@@ -1,0 +1,97 @@
+"""What a short run of each backend's tiny recipe prints: baton's own lines, nothing else.
+
+Each recipe runs through the real CLI (``python -m baton.core.cli run``) in a fresh
+process, its stdout and stderr captured together, without the progress bar. Every line
+must be one of baton's: its log lines (``[HH:MM:SS] LEVEL message``, the format of
+``baton.core.logs`` on a pipe), the step metrics and the final ``done:`` line. A
+framework line fails the test unless ``LEFT_VISIBLE`` names it with its reason: the
+quiet patches (``baton patches``) hide the framework notes that concern baton's code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: backend -> (recipe, extra flags)
+RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "fabric": ("quickstart.py", ()),
+    "torchtitan": ("torchtitan_llama3_debug.py", ()),
+    # the distributed optimizer also has Megatron compute the parameter layout
+    "megatron": ("megatron_gpt_tiny.py", ("--distributed-optimizer",)),
+    "maxtext": ("maxtext_tiny.py", ()),
+    "jax": ("jax_tiny.py", ()),
+}
+
+BATON_LOG_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (INFO|WARNING|ERROR|CRITICAL) ")
+STEP_LINE = re.compile(r"^step +\d+ \| ")
+DONE_LINE = re.compile(r"^done: step \d+, ")
+
+#: framework lines deliberately left visible -> why the user should see them
+LEFT_VISIBLE: dict[re.Pattern[str], str] = {
+    re.compile(r"^Warmup \(\d+\) \+ decay \(\d+\) steps exceed total steps \(\d+\)\. "): (
+        "TorchTitan shortens the LR decay to fit the run: the schedule the user asked for "
+        "is not the one that runs"
+    ),
+}
+
+
+def foreign_lines(output: str) -> list[str]:
+    """The lines of ``output`` that baton did not choose to show."""
+    return [
+        line
+        for line in output.splitlines()
+        if line.strip()
+        and not BATON_LOG_LINE.match(line)
+        and not STEP_LINE.match(line)
+        and not DONE_LINE.match(line)
+        and not any(pattern.match(line) for pattern in LEFT_VISIBLE)
+    ]
+
+
+def run_recipe(recipe: str, run_dir: Path, *flags: str) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu", COLUMNS="300")
+    env.pop("PYTHONWARNINGS", None)
+    env.pop("BATON_PATCHES", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "baton.core.cli", "run", str(ROOT / "recipes" / recipe),
+         "--max-steps", "2", "--no-progress", "--run-dir", str(run_dir), *flags],
+        env=env, capture_output=True, text=True, timeout=900, cwd=run_dir.parent,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    return output
+
+
+def test_baton_log_lines_are_told_apart_from_framework_lines() -> None:
+    output = "\n".join(
+        [
+            "[23:30:50] INFO    patch megatron_quiet                   applied (...)",
+            "[23:30:50] WARNING resuming with max_steps changed from 3 to 6",
+            "step      2 | loss 5.68 | grad_norm 3.316",
+            "done: step 2, 1,024 tokens, 0.5 s (max_steps=2 reached); run dir /tmp/x",
+            "GPTModel IS DEPRECATED. GPTModel is only accepting critical bug fixes",
+            "W1123 23:24:37.497000 4743 torch/utils/cpp_extension.py:178] No CUDA runtime",
+            "Warmup (2) + decay (2) steps exceed total steps (2). Adjusting decay steps to 0.",
+        ]
+    )
+    assert foreign_lines(output) == [
+        "GPTModel IS DEPRECATED. GPTModel is only accepting critical bug fixes",
+        "W1123 23:24:37.497000 4743 torch/utils/cpp_extension.py:178] No CUDA runtime",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", list(RECIPES))
+def test_a_tiny_run_prints_only_what_baton_chose_to_show(backend: str, tmp_path: Path) -> None:
+    recipe, flags = RECIPES[backend]
+    output = run_recipe(recipe, tmp_path / "run", *flags)
+    assert foreign_lines(output) == [], output
+    assert re.search(r"^done: step 2, ", output, re.M), output

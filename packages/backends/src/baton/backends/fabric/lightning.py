@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from baton.backends.fabric.backend import FabricBackend
@@ -38,7 +39,7 @@ from baton.backends.fabric.lightning_loop import LightningLoop
 from baton.backends.fabric.lightning_manual import check_manual
 from baton.backends.fabric.lightning_stream import EpochStream
 from baton.backends.fabric.stream import count_batch
-from baton.core.metrics import StepOutput
+from baton.core.metrics import NamedMetrics, StepOutput
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
 HONOURED = frozenset(
@@ -302,8 +303,15 @@ class LightningBackend(FabricBackend):
     skip_data = None  # type: ignore[assignment]
 
     # -- evaluation -------------------------------------------------------------------
+    def use_run_dir(self, run_dir: Path) -> None:
+        """The driver's run directory (before ``setup``): ``self.trainer.log_dir`` is
+        ``<run_dir>/logs`` and ``default_root_dir`` the run directory, where baton's
+        loggers and checkpoints write."""
+        self.loop.run_dir = Path(run_dir)
+
     def evaluate(self) -> Mapping[str, Any]:
-        """Lightning's validation loop: the epoch values the module logged, by their names."""
+        """Lightning's validation loop: the epoch values the module logged, under the
+        names it logged them (``NamedMetrics``: ``val_loss`` stays ``val_loss``)."""
         if self.eval_data is None:
             raise ValueError(
                 "no validation data: give the module (or datamodule) val_dataloader() and "
@@ -314,7 +322,7 @@ class LightningBackend(FabricBackend):
             raise ValueError(
                 "validation_step logged nothing (self.log): log the values to evaluate"
             )
-        return values
+        return NamedMetrics(values)
 
     # -- checkpoints ----------------------------------------------------------------
     def _state(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.callbacks.monitor import Monitored, evaluates
+from baton.callbacks.monitor import Monitored, evaluation_may_name
 from baton.core import checkpointing as ckpt
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
@@ -176,7 +176,9 @@ class Checkpoint(Callback):
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         if self._monitored is not None:
-            value = self._monitored.read("train", driver.step, metrics, evaluates=evaluates(driver))
+            value = self._monitored.read(
+                "train", driver.step, metrics, named_eval=evaluation_may_name(driver)
+            )
             self._value = value if value is not None else self._value
 
     def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:

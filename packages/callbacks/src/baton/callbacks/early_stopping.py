@@ -22,7 +22,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.callbacks.monitor import Monitored, evaluates
+from baton.callbacks.monitor import Monitored, evaluation_may_name
 from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
@@ -94,7 +94,9 @@ class EarlyStopping(Callback):
         self._check(driver, "eval", metrics)
 
     def _check(self, driver: Driver, phase: Phase, metrics: dict[str, float]) -> None:
-        value = self._monitored.read(phase, driver.step, metrics, evaluates=evaluates(driver))
+        value = self._monitored.read(
+            phase, driver.step, metrics, named_eval=evaluation_may_name(driver)
+        )
         if value is None:
             return
         if self.improved(value):

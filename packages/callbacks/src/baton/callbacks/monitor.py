@@ -17,10 +17,10 @@ evaluation metric a backend returns under its author's name (a LightningModule's
     watched.read("train", 10, {"loss": 2.3})         # None: not a training metric
     watched.read("eval", 20, {"val_loss": 2.2})      # 2.2; from now on an eval metric
 
-A key missing from the first metrics of its phase (for a key without ``eval/``: from
-the first training metrics and the first evaluation, or from the first training
-metrics of a run that does not evaluate) is a mistyped ``monitor=``: the run stops
-with an error listing the keys that exist instead of silently never acting.
+A key missing from the first metrics of its phase (where evaluation keeps names, a key
+without ``eval/`` missing from the first training metrics and the first evaluation) is
+a mistyped ``monitor=``: the run stops with an error listing the keys that exist
+instead of silently never acting.
 """
 
 from __future__ import annotations
@@ -32,9 +32,14 @@ if TYPE_CHECKING:
     from baton.core import Driver
 
 
-def evaluates(driver: Driver) -> bool:
-    """Whether ``driver``'s run evaluates on a cadence (its backend can evaluate)."""
-    return bool(driver.eval_every) and "evaluate" in driver.abilities
+def evaluation_may_name(driver: Driver) -> bool:
+    """Whether ``driver``'s run evaluates on a cadence with a backend whose evaluation
+    keeps its author's names (``names_evaluation_metrics``: a LightningModule's)."""
+    return (
+        bool(driver.eval_every)
+        and "evaluate" in driver.abilities
+        and bool(getattr(driver.backend, "names_evaluation_metrics", False))
+    )
 
 
 class Monitored:
@@ -54,12 +59,12 @@ class Monitored:
         return self.found_in or "train"
 
     def read(
-        self, phase: Phase, step: int, metrics: dict[str, float], *, evaluates: bool = True
+        self, phase: Phase, step: int, metrics: dict[str, float], *, named_eval: bool = False
     ) -> float | None:
         """The value in ``metrics`` of ``phase``; ``None`` for the other phase.
 
-        ``evaluates``: whether the run evaluates at all (else a key missing from the
-        first training metrics fails at once)."""
+        ``named_eval``: the run's evaluation may carry the key under its author's name
+        (``evaluation_may_name``); else a key without ``eval/`` is a training metric."""
         if self.found_in is None and self.key in metrics:
             self.found_in = phase
         if self.found_in is not None:
@@ -68,7 +73,7 @@ class Monitored:
             if self.key not in metrics:
                 self._refuse(phase, step, metrics)
             return float(metrics[self.key])
-        if phase == "eval" or not evaluates:
+        if phase == "eval" or not named_eval:
             self._refuse(phase, step, metrics)
         if self._missing_in_training is None:
             self._missing_in_training = sorted(metrics)

@@ -321,6 +321,9 @@ class BackendBase:
     multi_rank: bool = False
     #: no setting names of its own beside ``resume_settings.TRAINING_SETTINGS``
     training_settings: frozenset[str] = frozenset()
+    #: ``evaluate`` returns the backend's own keys (``eval/<key>`` for callbacks), not
+    #: names its user chose (``NamedMetrics``, see ``baton.core.metrics``)
+    names_evaluation_metrics: bool = False
     config: Any = None
 
     @property

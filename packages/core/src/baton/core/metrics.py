@@ -38,6 +38,9 @@ class NamedMetrics(dict[str, Any]):
     LightningModule's ``self.log("val_loss", ...)``): the driver hands them to
     callbacks and sinks unchanged. The keys of any other mapping ``evaluate`` returns
     are the backend's own (``loss``) and become ``eval/<key>`` (``eval/loss``).
+    A backend that returns them sets ``names_evaluation_metrics = True``: a callback
+    monitoring ``val_loss`` then waits for the first evaluation before calling the
+    key unknown.
 
     Example::
 

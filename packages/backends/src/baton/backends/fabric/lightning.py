@@ -140,7 +140,14 @@ class LightningBackend(FabricBackend):
         num_sanity_val_steps: validation batches run before training (``Trainer``'s
             default 2; 0 turns the sanity check off).
         count_tokens / flops_per_token / describe: as for ``FabricBackend``.
+
+    Validation values keep the names the module logged them under (``val_loss``, not
+    ``eval/val_loss``): ``EarlyStopping("val_loss")`` and ``Checkpoint(monitor="val_loss")``
+    read them in the evaluation phase.
     """
+
+    #: evaluate() returns the module's own names (``baton.core.NamedMetrics``)
+    names_evaluation_metrics = True
 
     def __init__(
         self,

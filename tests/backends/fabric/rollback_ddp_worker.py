@@ -5,7 +5,8 @@ start of step 7 the run rolls back to the step-4 checkpoint and replays to step 
 Each rank writes its final weights' hash and every logged loss to
 ``<out>/<mode>_rank<r>.json``.
 
-The GPT has dropout (torch's random state) and its shuffled loader draws its order from
+The GPT has dropout (torch's random state, seeded differently on each rank when
+training starts) and its shuffled loader draws its order from
 its own ``torch.Generator``; Fabric re-makes it with a sampler per rank, so the data
 position is counted and replayed on load.
 """
@@ -34,6 +35,14 @@ class RollbackOnce(Callback):
             driver.rollback(driver.checkpoint_dir / "step_000004")
 
 
+class SeedPerRank(Callback):
+    """Each rank its own random stream (dropout masks differ between ranks): a restore
+    must give every rank its own random state back, not rank 0's."""
+
+    def on_train_start(self, driver):
+        torch.manual_seed(100 + driver.backend.rank)
+
+
 class RecordLosses(Callback):
     def __init__(self) -> None:
         self.losses: list[tuple[int, float]] = []
@@ -55,7 +64,7 @@ def main() -> None:
     )
     backend = cfg.backend()
     losses = RecordLosses()
-    callbacks: list[Callback] = [losses]
+    callbacks: list[Callback] = [SeedPerRank(), losses]
     if mode == "rollback":
         callbacks += [Checkpoint(every_n_steps=2, keep_last=None), RollbackOnce()]
     result = Driver(backend, callbacks, max_steps=8, log_every=1, run_dir=out / mode).fit()

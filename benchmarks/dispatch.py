@@ -6,10 +6,10 @@ and the log-step fetch every ``log_every`` steps. Each callback count runs twice
 callbacks that override every hook with a no-op, and with callbacks that override
 none. Target: 50 callbacks that override nothing cost the same as 0.
 
-One more case runs the standard stack a recipe uses (``standard_callbacks``: Checkpoint
-without a cadence, Preemption, ThroughputMonitor, CompositeLogger to JSONL and
-TensorBoard; plus LossGuard) on the same no-op backend: the per-step cost baton adds
-around a real step. Target: at most 15 us per step.
+One more case runs the usual stack of a run (``standard_callbacks``: Checkpoint without
+a cadence, Preemption, ThroughputMonitor, CompositeLogger to JSONL and TensorBoard; plus
+LossGuard, EarlyStopping and TimeLimit) on the same no-op backend: the per-step cost
+baton adds around a real step. Target: at most 15 us per step.
 
 Last, the cost of one write of a log step's metrics to each file sink (JSONL,
 TensorBoard), called directly: ``WRITES`` writes then ``close`` (which waits for
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from baton.callbacks import LossGuard, standard_callbacks
+from baton.callbacks import EarlyStopping, LossGuard, TimeLimit, standard_callbacks
 from baton.callbacks.sinks import build_sink
 from baton.core import HOOKS, BackendBase, Callback, Driver, StepOutput
 from baton.core.dispatch import overrides
@@ -38,7 +38,7 @@ TARGET = 1.05
 LOG_EVERY = 10
 #: on_step_start and on_step_end every step, on_log every LOG_EVERY steps
 HOOK_CALLS_PER_STEP = 2 + 1 / LOG_EVERY
-STACK = "standard stack + LossGuard"
+STACK = "standard stack + LossGuard, EarlyStopping, TimeLimit"
 #: the standard stack's per-step cost on a no-op backend, microseconds
 STACK_TARGET_US = 15.0
 #: file sinks whose cost per write is measured, and what one log step writes to them
@@ -102,7 +102,7 @@ def standard_stack() -> list[Callback]:
         sinks=("jsonl", "tensorboard"),
         console_keys=None,
         progress=False,
-        extra=[LossGuard()],
+        extra=[LossGuard(), EarlyStopping(monitor="loss", patience=10**9), TimeLimit(600)],
     )
 
 

@@ -2,6 +2,7 @@
 
 uv run baton run recipes/hf_finetune.py --init-from tiny-llama --make-tiny-model
 uv run baton run recipes/hf_finetune.py --init-from path/to/hf_model_dir --max-steps 200
+uv run baton run recipes/hf_finetune.py --model-config tiny-llama/config.json  # from scratch
 uv run baton export runs/hf_finetune/checkpoints/latest --format hf exported/
 
 ``--init-from DIR`` is a directory written by ``save_pretrained`` (``config.json`` and
@@ -29,6 +30,8 @@ from baton.backends.fabric.text import text_loaders
 from baton.callbacks import Checkpoint, CompositeLogger, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
+from baton.core.errors import UsageError
+from baton.core.model_spec import LlamaSpec, check_init_from
 
 
 def save_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
@@ -78,7 +81,7 @@ def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> 
 
 
 def recipe(
-    init_from: str,
+    init_from: str | None = None,
     model_config: str | None = None,
     make_tiny_model: bool = False,
     max_steps: int = 100,
@@ -99,17 +102,49 @@ def recipe(
     save_every: int = 50,
     run_dir: str = "runs/hf_finetune",
 ) -> Driver:
-    """Fine-tune the Hugging Face causal LM in --init-from on local text."""
+    """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
+    --model-config architecture from scratch).
+
+    Args:
+        init_from: a save_pretrained directory whose weights start the run (step 0).
+        model_config: the architecture: a config.json or its directory (None: --init-from's).
+        make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
+        max_steps: optimizer steps to train.
+        lr: AdamW learning rate (constant, no weight decay).
+        batch_size: sequences per step and rank.
+        seq_len: tokens per sequence.
+        grad_accum: micro-batches accumulated per optimizer step.
+        grad_clip: gradient norm clipping threshold.
+        precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
+        accelerator: cpu, cuda or auto.
+        strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
+        seed: seed of the data order and of new weights (--make-tiny-model, from scratch).
+        data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
+            .jsonl/.parquet/.txt files (None: the Python language reference).
+        tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
+        text_key: the text field of .jsonl/.parquet records.
+        log_every: steps between log lines.
+        eval_every: steps between evaluations (0: none).
+        save_every: steps between checkpoints (also one at the end).
+        run_dir: where checkpoints and logs go.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if make_tiny_model and not Path(init_from).exists():
+    if init_from is None and model_config is None:
+        raise UsageError("pass --init-from HF_DIR (weights) or --model-config DIR_OR_FILE")
+    if make_tiny_model and init_from is not None and not Path(init_from).exists():
         save_tiny_llama(init_from, seed)
-    if not (Path(model_config or init_from) / "config.json").is_file():
+    source = str(model_config or init_from)
+    if not (Path(source) / "config.json").is_file() and not source.endswith(".json"):
         raise FileNotFoundError(
-            f"{model_config or init_from} has no config.json: give a directory written by "
+            f"{source} has no config.json: give a directory written by "
             "save_pretrained (or add --make-tiny-model to create a tiny Llama there)"
         )
-    config = AutoConfig.from_pretrained(model_config or init_from)
+    config = AutoConfig.from_pretrained(source)
+    spec = None  # a Llama is recorded as baton's model spec; a different one is refused
+    if config.model_type == "llama":  # (HF weights of another shape: WeightsError on load)
+        spec = LlamaSpec.from_hf(source)
+        check_init_from(init_from, spec)
     loss_fn = None  # byte batches are dicts: the model's own output.loss
     if tokenizer is None:
         vocab = 256
@@ -160,4 +195,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

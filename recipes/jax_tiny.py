@@ -101,7 +101,26 @@ def recipe(
     progress: bool = True,
     print_loss: bool = True,
 ) -> Driver:
-    """Train a small nnx transformer on bytes of real English text, on CPU."""
+    """Train a small nnx transformer on bytes of real English text, on CPU.
+
+    Args:
+        max_steps: optimizer steps to train (the warmup-cosine schedule spans them).
+        lr: peak learning rate (after warmup).
+        batch_size: sequences per step and process.
+        seq_len: bytes per sequence.
+        layers: transformer blocks.
+        d_model: model width.
+        heads: attention heads.
+        seed: seed of the weights and of the data order.
+        log_every: steps between log lines (metrics reach the host only then).
+        eval_every: steps between evaluations (0: none).
+        save_every: steps between checkpoints (0: no checkpoints, not even at the end).
+        async_save: write checkpoints in the background.
+        data_path: a UTF-8 text file to train on (None: the Python language reference).
+        run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
+        print_loss: print the loss line on log steps.
+    """
     import optax
 
     _source, text = load_text(data_path)

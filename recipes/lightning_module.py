@@ -91,7 +91,18 @@ def recipe(
     eval_every: int = 100,
     run_dir: str = "runs/lightning_module",
 ) -> Driver:
-    """Train LitClassifier on BlobsDataModule through baton."""
+    """Train LitClassifier on BlobsDataModule through baton.
+
+    Args:
+        max_steps: optimizer steps to train.
+        lr: AdamW learning rate (the module's schedulers decay it).
+        batch_size: samples per batch.
+        grad_clip: gradient norm clipping threshold.
+        seed: seed of the weights and of the data order (pl.seed_everything).
+        log_every: steps between log lines.
+        eval_every: steps between evaluations, and between checkpoints.
+        run_dir: where checkpoints and logs go.
+    """
     pl.seed_everything(seed, verbose=False)
     backend = LightningBackend(
         LitClassifier(lr=lr),

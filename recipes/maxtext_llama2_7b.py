@@ -58,6 +58,25 @@ def recipe(
     """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU.
 
     The ici_* flags lay the mesh out over each host's devices (-1: the rest).
+
+    Args:
+        hardware: gpu or tpu (attention kernel and remat policy).
+        max_steps: optimizer steps to train (MaxText's schedule length).
+        per_device_batch_size: sequences per step and device.
+        seq_len: tokens per sequence.
+        lr: peak learning rate.
+        ici_fsdp_parallelism: FSDP degree within a host (-1: the devices left).
+        ici_tensor_parallelism: tensor parallel degree within a host.
+        ici_data_parallelism: data parallel degree within a host.
+        dcn_data_parallelism: data parallel degree across hosts (-1: the rest).
+        data_path: a prepared prefix or blend, or JSON/Parquet files (required to train).
+        tokenizer: a Hugging Face tokenizer directory (required to train).
+        vocab_size: the model's vocabulary rows (at least the tokenizer's size).
+        log_every: steps between log lines.
+        save_every: steps between checkpoints (0: only at the end).
+        run_dir: where checkpoints and logs go.
+        dry_run: check the config and print the mesh on CPU, without training.
+        devices: CPU devices simulated by --dry-run.
     """
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")

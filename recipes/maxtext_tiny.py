@@ -27,6 +27,7 @@ from baton.backends.maxtext.checkpoint import params_path
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
+from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -63,6 +64,7 @@ def recipe(
     ici_fsdp_parallelism: int = -1,
     ici_tensor_parallelism: int = 1,
     init_from: str | None = None,
+    model_config: str | None = None,
     run_dir: str = "runs/maxtext_tiny",
     progress: bool = True,
     print_loss: bool = True,
@@ -72,7 +74,39 @@ def recipe(
 
     --devices N simulates N CPU devices (a fresh process); the ici_* flags lay the mesh
     out over them (-1: the rest). --init-from starts from a checkpoint's weights only
-    (MaxText's load_parameters_path): fresh optimizer, step 0.
+    (MaxText's load_parameters_path): fresh optimizer, step 0. --model-config (a Hugging
+    Face Llama config.json) builds that architecture; --init-from HF_DIR builds the
+    directory's and starts from its weights (converted to a MaxText parameter checkpoint
+    under the run directory).
+
+    Args:
+        max_steps: optimizer steps to train (MaxText's schedule length).
+        lr: peak learning rate.
+        per_device_batch_size: sequences per step and device.
+        seq_len: tokens per sequence.
+        layers: decoder layers.
+        d_model: model width (the MLP is twice as wide).
+        heads: attention heads (query and key/value).
+        seed: seed of the initial weights.
+        data_seed: seed of the data order.
+        log_every: steps between log lines.
+        eval_every: steps between evaluations (0: none; None: 25 where there is eval data).
+        save_every: steps between checkpoints (0: no checkpoints, not even at the end).
+        async_save: write checkpoints in the background.
+        data_path: with --tokenizer: a prepared prefix or blend, or JSON/Parquet files.
+        eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
+        tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
+        vocab_size: embedding rows (None: the tokenizer's rounded up to 128, or 256).
+        devices: CPU devices to simulate (None: the real ones).
+        ici_data_parallelism: data parallel degree of the mesh.
+        ici_fsdp_parallelism: FSDP degree of the mesh (-1: the devices left).
+        ici_tensor_parallelism: tensor parallel degree of the mesh.
+        init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
+        print_loss: print the loss line on log steps.
+        overrides: further MaxText settings as key=value, applied last.
     """
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer
@@ -110,7 +144,17 @@ def recipe(
             "on separate data; pass --eval-data-path (a prepared prefix or JSON/Parquet "
             "files like --data-path), or --eval-every 0"
         )
-    if init_from is not None:
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
+    if spec is not None:
+        from baton.backends.maxtext.hf import maxtext_settings
+
+        settings |= maxtext_settings(spec)
+    if init_from is not None and is_hf_dir(init_from):
+        from baton.backends.maxtext.hf import write_params
+
+        settings["load_parameters_path"] = str(write_params(init_from, f"{run_dir}/hf-params"))
+    elif init_from is not None:
         settings["load_parameters_path"] = str(params_path(Path(init_from)))
     config = MaxTextConfig(
         overrides=settings | parse_overrides(overrides),
@@ -134,4 +178,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

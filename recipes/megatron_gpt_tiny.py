@@ -6,6 +6,8 @@ uv run baton data tokenizer runs/tok && uv run baton data prepare corpus.jsonl \
     --tokenizer runs/tok --output data/corpus
 uv run baton run recipes/megatron_gpt_tiny.py --data-path data/corpus --tokenizer runs/tok
 uv run baton run recipes/megatron_gpt_tiny.py --llama       # Llama-style blocks (RMSNorm, SwiGLU, RoPE)
+uv run baton run recipes/megatron_gpt_tiny.py --model-config tiny-llama/   # any Llama config.json
+uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-llama/      # + its HF weights
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
     ... --pipeline-parallel 2                          # 1F1B over 2 stages
@@ -24,8 +26,10 @@ from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
+from baton.backends.megatron.hf import transformer_fields, use_spec
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.model_spec import check_init_from, resolve_spec
 
 
 def recipe(
@@ -54,6 +58,7 @@ def recipe(
     data_path: str | None = None,
     tokenizer: str | None = None,
     init_from: str | None = None,
+    model_config: str | None = None,
     run_dir: str = "runs/megatron_gpt_tiny",
     progress: bool = True,
 ) -> Driver:
@@ -62,7 +67,39 @@ def recipe(
 
     ``--llama`` builds Llama-style blocks instead of GPT's: RMSNorm, a SwiGLU MLP of width
     ``8/3 x hidden`` rounded up to a multiple of 256 (as Llama 3), no biases, rotary
-    positions, an untied output layer.
+    positions, an untied output layer. ``--model-config`` (a Hugging Face Llama
+    ``config.json`` or its directory) builds that architecture instead, and
+    ``--init-from HF_DIR`` that directory's architecture with its weights.
+
+    Args:
+        max_steps: optimizer steps to train (the cosine decay spans them).
+        lr: peak learning rate (after warmup).
+        min_lr: the learning rate the cosine decay ends at.
+        warmup_steps: steps of linear warmup (at most --max-steps).
+        num_layers: transformer layers.
+        hidden_size: model width.
+        num_attention_heads: attention heads.
+        seq_len: tokens per sequence.
+        micro_batch_size: sequences per forward pass and data-parallel rank.
+        global_batch_size: sequences per optimizer step over all ranks.
+        llama: Llama-style blocks (RMSNorm, SwiGLU, RoPE, untied output layer).
+        tensor_parallel: tensor parallel degree.
+        pipeline_parallel: pipeline parallel stages.
+        virtual_pipeline: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        sequence_parallel: Megatron's sequence parallelism (with --tensor-parallel).
+        distributed_optimizer: shard optimizer state over data-parallel ranks.
+        seed: seed of the weights and of the data order.
+        log_every: steps between log lines.
+        eval_every: steps between evaluations (0: none).
+        save_every: steps between checkpoints (0: only at the end).
+        async_save: write checkpoints in the background.
+        text_path: a UTF-8 text file to train on as bytes (None: the Python reference).
+        data_path: a prepared prefix or blend "0.7 A 0.3 B" (needs --tokenizer).
+        tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
+        init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        run_dir: where checkpoints, logs and the byte dataset go.
+        progress: show the progress bar.
     """
     import torch
     import torch.nn.functional as F
@@ -79,11 +116,16 @@ def recipe(
         else dict(ffn_hidden_size=4 * hidden_size)
     )
 
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
+    shape: dict[str, object] = dict(
+        num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads
+    )
+    if spec is not None:
+        shape, block = transformer_fields(spec), {}
     config = MegatronConfig(
         model=tiny_transformer_config(
-            num_layers=num_layers,
-            hidden_size=hidden_size,
-            num_attention_heads=num_attention_heads,
+            **shape,
             **block,
             tensor_model_parallel_size=tensor_parallel,
             pipeline_model_parallel_size=pipeline_parallel,
@@ -100,6 +142,8 @@ def recipe(
         share_embeddings_and_output_weights=not llama,
         seed=seed,
     )
+    if spec is not None:
+        use_spec(config, spec)
     config.optimizer.lr = lr
     config.optimizer.min_lr = min_lr
     config.ddp.use_distributed_optimizer = distributed_optimizer
@@ -115,4 +159,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

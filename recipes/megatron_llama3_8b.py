@@ -147,7 +147,24 @@ def recipe(
     save_every: int = 500,
     run_dir: str = "runs/megatron_llama3_8b",
 ) -> Driver | None:
-    """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout)."""
+    """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout).
+
+    Args:
+        max_steps: optimizer steps to train.
+        tensor_parallel: tensor parallel degree (above 1: sequence parallel too).
+        pipeline_parallel: pipeline parallel stages.
+        virtual_pipeline: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        seq_len: tokens per sequence.
+        micro_batch_size: sequences per forward pass and data-parallel rank.
+        global_batch_size: sequences per optimizer step over all ranks.
+        lr: peak learning rate (decays to a tenth).
+        world_size: ranks --dry-run plans for (None: $WORLD_SIZE, else tensor x pipeline).
+        dry_run: validate the configuration and print the layout, without training.
+        data_path: a prepared prefix or blend "0.7 A 0.3 B" (required to train).
+        tokenizer: the Llama 3 tokenizer directory the data was prepared with.
+        save_every: steps between checkpoints (0: only at the end).
+        run_dir: where checkpoints, logs and the dataset index cache go.
+    """
     config = llama3_8b_config(
         tensor_parallel,
         pipeline_parallel,

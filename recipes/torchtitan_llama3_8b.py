@@ -40,7 +40,27 @@ def recipe(
     run_dir: str = "runs/torchtitan_llama3_8b",
     dry_run: bool = False,
 ) -> Driver | None:
-    """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave."""
+    """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave.
+
+    Args:
+        data_path: a local .jsonl or .parquet file with a "text" key (required to train).
+        tokenizer: a Hugging Face tokenizer directory (required to train).
+        max_steps: optimizer steps to train.
+        gpus: ranks --dry-run plans for.
+        dp_replicate: replicated data-parallel degree (HSDP).
+        dp_shard: FSDP degree (-1: the ranks the other degrees leave).
+        tp: tensor parallel degree.
+        pp: pipeline parallel stages.
+        pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
+        batch_size: sequences per step and data-parallel rank.
+        seq_len: tokens per sequence.
+        lr: peak learning rate.
+        compile: compile the model with torch.compile.
+        async_checkpoint: TorchTitan's async mode: disabled, async, async_with_pinned_mem.
+        log_every: steps between log lines.
+        run_dir: where checkpoints and logs go.
+        dry_run: check the layout and print the plan, without training.
+    """
     from torchtitan.models.llama3.config_registry import llama3_8b
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config

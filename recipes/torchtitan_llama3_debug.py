@@ -16,6 +16,14 @@ another layout resumes through DCP's resharding (``--reshard-data restart`` when
 data-parallel degree changed: the data loader then starts over). ``--init-from CKPT``
 starts from a checkpoint's weights only (step 0, fresh optimizer).
 
+Model: TorchTitan's debug model (its vocabulary follows ``--tokenizer``), or any Llama
+``config.json`` with ``--model-config DIR_OR_FILE`` (registered as a flavour of
+TorchTitan's llama3 registry). ``--init-from HF_DIR`` (a ``save_pretrained`` directory)
+trains that directory's architecture from its weights through TorchTitan's
+``Llama3StateDictAdapter.from_hf``::
+
+    uv run baton run recipes/torchtitan_llama3_debug.py --init-from tiny-llama/ --tokenizer tok/
+
 Checkpoints: TorchTitan's DCP CheckpointManager under ``<run-dir>/checkpoints/step_NNNNNN``,
 every ``--save-every`` steps and at the end.
 """
@@ -24,8 +32,10 @@ from __future__ import annotations
 
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_layout
+from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 
 
 def recipe(
@@ -44,11 +54,34 @@ def recipe(
     pp: int = 1,
     pp_schedule: str = "1F1B",
     init_from: str | None = None,
+    model_config: str | None = None,
     reshard_data: str = "refuse",
     run_dir: str = "runs/torchtitan_llama3_debug",
     progress: bool = True,
 ) -> Driver:
-    """Train TorchTitan's llama3 debug model on CPU (or GPU) with TorchTitan's own train step."""
+    """Train TorchTitan's llama3 debug model on CPU (or GPU) with TorchTitan's own train step.
+
+    Args:
+        max_steps: optimizer steps to train.
+        lr: peak learning rate.
+        batch_size: sequences per step and data-parallel rank.
+        seq_len: tokens per sequence.
+        seed: seed of the weights and of the data order.
+        log_every: steps between log lines.
+        save_every: steps between checkpoints (0: only at the end).
+        async_checkpoint: TorchTitan's async mode: disabled, async, async_with_pinned_mem.
+        data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
+        tokenizer: a Hugging Face tokenizer directory (None: bytes).
+        dp_shard: FSDP degree (-1: the ranks the other degrees leave).
+        tp: tensor parallel degree.
+        pp: pipeline parallel stages.
+        pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
+        init_from: a checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        reshard_data: when the data-parallel degree changed on resume: refuse or restart.
+        run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
+    """
     config = llama3_debug(
         steps=max_steps,
         seq_len=seq_len,
@@ -60,7 +93,15 @@ def recipe(
         log_freq=log_every,
     )
     set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule)
-    if init_from is not None:  # weights only, through TorchTitan's initial load path
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
+    if spec is not None:
+        use_spec(config, spec)
+    elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
+        set_vocab(config, tokenizer_vocab(tokenizer))
+    if init_from is not None and is_hf_dir(init_from):
+        init_from_hf(config, init_from)
+    elif init_from is not None:  # weights only, through TorchTitan's initial load path
         config.checkpoint.initial_load_path = init_from
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
@@ -73,4 +114,5 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

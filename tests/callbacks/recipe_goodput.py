@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CompositeLogger, Goodput
 from baton.core import Callback, Driver
 from baton.core.callback import METRIC_PRIORITY

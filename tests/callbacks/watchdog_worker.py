@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from baton.backends.fabric.gpt import GPTConfig, GPTTraining
+from baton.backends.fabric import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, Watchdog
 from baton.core import Callback, Driver
 

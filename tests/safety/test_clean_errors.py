@@ -161,7 +161,7 @@ CASES: dict[str, Case] = {
     ),
     "checkpoint of another setup": Case(
         scalar("--resume", "auto", "--lr", "0.5", "--allow-changed", "lr"),
-        1,
+        2,
         "was written by a different setup",
         state="checkpoints",
     ),

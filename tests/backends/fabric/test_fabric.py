@@ -99,7 +99,8 @@ def test_resume_into_a_different_model_shape_fails_clearly(tmp_path):
     try:
         Driver(bigger.backend(), max_steps=4, run_dir=tmp_path, resume="auto").fit()
     except CheckpointError as error:
-        assert "n_layer" in str(error) and "different setup" in str(error)
+        assert "different setup" in str(error) and error.exit_status == 2  # bad input
+        assert "model.n_layer: checkpoint has 1, this run has 2" in str(error)
     else:
         raise AssertionError("resume into another shape did not fail")
 

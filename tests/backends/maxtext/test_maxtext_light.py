@@ -241,3 +241,27 @@ def test_config_never_changes_the_dict_it_was_given() -> None:
     config.update({"dataset_type": "grain"})
     config["steps"] = 3
     assert given == TINY_CPU and "dataset_type" not in given
+
+
+def test_stream_resumes_at_the_next_window_with_another_global_batch() -> None:
+    """Saved at global batch 8 (two processes), resumed at 4 (one), then at 8 again: every
+    window of the epoch is read exactly once, a checkpoint of the old format too."""
+    data = np.arange(16 * 100 + 1, dtype=np.int32)  # window i starts with token 16 * i
+
+    def windows(stream: TextBatches, batches: int) -> list[int]:
+        return [int(w) // 16 for _ in range(batches) for w in next(stream)["inputs"][:, 0]]
+
+    two = TextBatches(data, batch_size=8, seq_len=16, seed=5)
+    read = windows(two, 3)
+    one = TextBatches(data, batch_size=4, seq_len=16, seed=5)
+    one.load_state_dict(two.state_dict())
+    read += windows(one, 3)
+    again = TextBatches(data, batch_size=8, seq_len=16, seed=5)
+    again.load_state_dict(one.state_dict())
+    read += windows(again, (100 - 36) // 8)
+    assert len(read) == len(set(read)) == 100 and set(read) == set(range(100))
+    assert again.epoch == 0 and windows(again, 1) and again.epoch == 1
+    old_format = {k: v for k, v in two.state_dict().items() if k not in ("epoch", "position")}
+    resumed = TextBatches(data, batch_size=4, seq_len=16, seed=5)
+    resumed.load_state_dict(old_format)
+    assert windows(resumed, 1) == read[24:28]

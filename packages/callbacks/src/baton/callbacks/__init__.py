@@ -12,6 +12,7 @@ Example::
 """
 
 from baton.callbacks.checkpoint import Checkpoint
+from baton.callbacks.checkpoint_upload import CheckpointUpload
 from baton.callbacks.composite_logger import CompositeLogger
 from baton.callbacks.corruption_check import CorruptionCheck
 from baton.callbacks.early_stopping import EarlyStopping
@@ -32,6 +33,7 @@ from baton.callbacks.watchdog import Watchdog
 __all__ = [
     "CONSOLE_KEYS",
     "Checkpoint",
+    "CheckpointUpload",
     "CompositeLogger",
     "CorruptionCheck",
     "EarlyStopping",

@@ -11,7 +11,8 @@ Example::
 
 The driver writes each checkpoint under a temporary name, renames it when complete
 and only then points ``checkpoints/latest`` at it; this callback decides *when* to
-save and, once a save is complete, which older checkpoints to delete (on rank 0).
+save and, once a save is complete, which older checkpoints to delete (on rank 0;
+``on_checkpoint_removed`` then tells callbacks that keep copies, ``CheckpointUpload``).
 It never deletes the newest complete checkpoint or a kept best one, and a save that
 fails part-way deletes nothing. The kept list and best scores travel in every
 checkpoint, so rotation carries on correctly after a resume.
@@ -233,6 +234,7 @@ class Checkpoint(Callback):
             if driver.is_global_zero and path.is_dir():
                 ckpt.remove_checkpoint(path)
                 log.info("removed old checkpoint %s", path)
+            driver.dispatch("on_checkpoint_removed", path)  # copies elsewhere follow
 
 
 def _step(name: str) -> int:

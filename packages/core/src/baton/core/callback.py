@@ -112,6 +112,10 @@ class Callback:
     def on_checkpoint_saved(self, driver: Driver, path: Path) -> None:
         """The checkpoint at ``path`` is complete on disk (and is now ``latest``)."""
 
+    def on_checkpoint_removed(self, driver: Driver, path: Path) -> None:
+        """Rotation dropped the checkpoint at ``path`` (deleted on rank 0); copies kept
+        elsewhere (object storage) follow."""
+
     def on_train_end(self, driver: Driver) -> None:
         """The loop ended normally (stop condition or stop request)."""
 

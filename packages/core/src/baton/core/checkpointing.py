@@ -48,6 +48,13 @@ class CheckpointError(RunError):
     """A checkpoint that cannot be used, with the reason and what to do."""
 
 
+class CheckpointMismatch(CheckpointError, UsageError):
+    """A sound checkpoint that this run's settings do not fit (another model size,
+    backend or layout): bad input, exit status 2 like the other mismatches."""
+
+    exit_status = 2
+
+
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 

@@ -39,3 +39,8 @@ class RunError(BatonError, RuntimeError):
 
 class RecipeError(UsageError):
     """The recipe file cannot be used; the message says why and what to change."""
+
+
+class ExportError(UsageError):
+    """A checkpoint that cannot be exported in the asked format (``baton export``); the
+    message names the problem and the fix (exit status 2)."""

@@ -19,6 +19,7 @@ HOOKS: tuple[str, ...] = (
     "on_eval_end",
     "on_save_checkpoint",
     "on_checkpoint_saved",
+    "on_checkpoint_removed",
     "on_train_end",
     "on_exception",
     "on_teardown",

@@ -48,6 +48,7 @@ class OptionKeywords(TypedDict, total=False):
     overwrite: bool
     allow_changed: str | Iterable[str]
     training_settings: Iterable[str]
+    checkpoint_upload: str | None
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class RunOptions:
             from the checkpoint's on resume; others are refused.
         training_settings: setting names whose change on resume is refused (always
             including ``baton.core.resume_settings.TRAINING_SETTINGS``).
+        checkpoint_upload: a URL (``s3://bucket/prefix``) where every complete
+            checkpoint is also uploaded, in the background, and from which
+            ``resume="auto"`` fetches the newest one when the run directory has none
+            (the ``checkpoint_upload`` callback, ``baton-callbacks[s3]``).
     """
 
     max_steps: int | None = None
@@ -95,6 +100,7 @@ class RunOptions:
     overwrite: bool = False
     allow_changed: frozenset[str] = frozenset()
     training_settings: frozenset[str] = TRAINING_SETTINGS
+    checkpoint_upload: str | None = None
 
     @classmethod
     def from_keywords(cls, **given: Unpack[OptionKeywords]) -> RunOptions:
@@ -227,3 +233,4 @@ class OptionAttributes:
     overwrite = Option[bool]()
     allow_changed = Option[frozenset[str]]()
     training_settings = Option[frozenset[str]]()
+    checkpoint_upload = Option[str | None]()

@@ -74,6 +74,8 @@ class RecipeFlags:
     """Training settings that may differ from the checkpoint's on resume: 'lr,max_steps'."""
     verify: str = "full"
     """Checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)."""
+    checkpoint_upload: str | None = None
+    """Also keep checkpoints in object storage: 's3://bucket/prefix' (uploaded in the background)."""
     config: str | None = None
     """YAML or TOML file of parameter values; flags given here override it."""
     print_config: bool = False
@@ -88,6 +90,8 @@ _RUN_OPTION_HELP = {
     "overwrite": "start fresh where checkpoints exist: move the old checkpoints and logs aside",
     "allow_changed": "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'",
     "verify": "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)",
+    "checkpoint_upload": "also keep checkpoints in object storage, uploaded in the background "
+    "and resumed from with --resume auto: 's3://bucket/prefix'",
     "config": "YAML or TOML file of parameter values; flags given here override it",
     "print_config": "print the resolved parameters (YAML) and exit without training",
     "set": "override a field of the backend's native config: --set KEY.PATH=VALUE (repeatable)",
@@ -293,6 +297,7 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
         "overwrite": options.overwrite,
         "allow_changed": options.allow_changed,
         "verify": options.verify,
+        "checkpoint_upload": options.checkpoint_upload,
     }
     flags = {k: v for k, v in flags.items() if k not in kwargs}
     driver.options = driver.options.replace(**flags, settings=settings)

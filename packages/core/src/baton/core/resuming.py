@@ -29,12 +29,13 @@ import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend, ChangesSettings
 from baton.core.callback import Callback
 from baton.core.errors import UsageError
+from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
 from baton.core.resume_settings import changed_settings, check_changes
 from baton.core.rundir import set_aside
@@ -205,12 +206,13 @@ class Resumer:
         saved: dict[str, Any] = meta.get("backend", {})
         current = {"name": self.backend.name, **self.backend.describe()}
         diffs = [
-            f"{k}: checkpoint has {saved.get(k)!r}, this run has {v!r}"
+            line
             for k, v in current.items()
             if k in saved and saved[k] != v
+            for line in _differences(k, saved[k], v)
         ]
         if diffs:
-            raise ckpt.CheckpointError(
+            raise ckpt.CheckpointMismatch(
                 f"checkpoint {path} was written by a different setup:\n  "
                 + "\n  ".join(diffs)
                 + "\nresume with the settings it was saved with, or start a new run_dir"
@@ -226,6 +228,11 @@ class Resumer:
         """
         options = self.options
         names = options.training_settings | self.backend.training_settings
+        check_same_architecture(
+            meta.get("settings", {}).get("model_spec"),
+            options.settings.get("model_spec"),
+            what=f"checkpoint {path}",
+        )
         changes = changed_settings(meta.get("settings", {}), options.settings, names)
         allowed = check_changes(changes, set(options.allow_changed), path)
         self.changes = list(meta.get("resume_changes", []))
@@ -325,3 +332,18 @@ def error_summary(error: BaseException, limit: int = 600) -> str:
     named = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", line)]
     text = named[-1] if named else f"{type(error).__name__}: {lines[-1] if lines else ''}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _differences(name: str, saved: Any, current: Any) -> list[str]:
+    """Where two recorded values differ, field by field for tables:
+    ``model.d_model: checkpoint has 128, this run has 64``."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        old = cast(dict[str, Any], saved)
+        new = cast(dict[str, Any], current)
+        return [
+            line
+            for key in sorted(old.keys() | new.keys(), key=str)
+            if old.get(key) != new.get(key)
+            for line in _differences(f"{name}.{key}", old.get(key), new.get(key))
+        ]
+    return [f"{name}: checkpoint has {saved!r}, this run has {current!r}"]

@@ -8,6 +8,7 @@ anything or a file is written (a run directory this run created is removed again
     start.options        # a restarted job (torchrun, SLURM requeue) resumes "auto"
     start.callbacks      # the backend's selected patches first, then the user's
     start.lock           # rank 0 holds the run directory (one run per directory)
+                         # remote checkpoints (``remote``): store checked, newest fetched
     start.resumer        # the checkpoint to resume from, verified, settings checked
     ...backend.setup()...
     have = check_needs(backend, start.options, start.callbacks)  # abilities, by requester
@@ -27,6 +28,7 @@ from baton.core.errors import UsageError
 from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.options import RunOptions
 from baton.core.patches import PatchDecision, select_patches
+from baton.core.remote import RemoteCheckpoints, prepare_remotes, with_upload
 from baton.core.resuming import Resumer
 from baton.core.rundir import RunDirLock
 
@@ -53,14 +55,20 @@ def prepare(
     evaluating: bool = False,
 ) -> Start:
     """Every check before ``backend.setup``, in order: restart, the checkpoint named
-    to resume from, the launch, patches and state keys, the lock, the resume plan."""
-    options = after_restart(options)
+    to resume from, the launch, patches and state keys, the lock, remote checkpoint
+    stores (checked; the newest checkpoint fetched for ``resume="auto"``), the resume
+    plan."""
+    remote = bool(options.checkpoint_upload) or any(
+        isinstance(cb, RemoteCheckpoints) for cb in callbacks
+    )
+    options = after_restart(options, remote=remote)
     resumer = Resumer(backend, options, evaluating=evaluating)
     resumer.check_request()
     launch = launch_from_env()
-    merged, report = with_patches(backend, callbacks, options.patches)
+    merged, report = with_patches(backend, with_upload(callbacks, options), options.patches)
     lock = lock_run_dir(options.run_dir) if launch.rank == 0 else None
     try:
+        prepare_remotes(merged, options, rank_zero=launch.rank == 0)
         resumer.plan(rank_zero=launch.rank == 0)
     except BaseException:
         if lock is not None:  # leave the run directory as it was
@@ -69,13 +77,14 @@ def prepare(
     return Start(options, merged, report, lock, resumer)
 
 
-def after_restart(options: RunOptions) -> RunOptions:
+def after_restart(options: RunOptions, *, remote: bool = False) -> RunOptions:
     """A job the engine restarted (torchrun elastic, SLURM requeue) resumes from its
-    newest checkpoint; one whose run directory is gone has nothing to resume from."""
+    newest checkpoint; one whose run directory is gone has nothing to resume from,
+    unless its checkpoints are kept remotely as well (``remote``)."""
     restarts = restart_count()
     if not restarts:
         return options
-    if not options.run_dir.exists():
+    if not options.run_dir.exists() and not remote:
         raise CheckpointError(
             f"this is restart {restarts} of the job, but its run directory {options.run_dir} "
             "is gone: nothing to resume. Restore it, or submit a new job to start fresh"

@@ -4,12 +4,14 @@ baton export CHECKPOINT --format hf OUT_DIR
 
 ``--format hf`` writes a Hugging Face model directory (``model.safetensors`` +
 ``config.json``) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)``
-loads. It works for checkpoints of the ``fabric`` backend whose model is a
+loads, with the run's tokenizer files when it trained with a tokenizer directory. It
+works for checkpoints of the ``fabric`` backend whose model is a
 ``transformers`` model: the backend saves the model's config beside its weights
 (``backend/hf/config.json``); the weights are loaded into the architecture that config
 names and saved with ``save_pretrained``. TorchTitan Llama checkpoints go through
-TorchTitan's own state-dict adapter (``baton.backends.torchtitan.export``). Any other
-checkpoint is refused with the reason.
+TorchTitan's own state-dict adapter (``baton.backends.torchtitan.export``); Megatron-Core
+checkpoints of a Llama spec (any tensor/pipeline layout) through baton's mapping
+(``baton.backends.megatron.export``). Any other checkpoint is refused with the reason.
 
 Example::
 
@@ -21,11 +23,15 @@ Example::
 from __future__ import annotations
 
 import argparse
+import importlib
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from baton.core.checkpointing import BACKEND_DIR, CheckpointError, read_meta
+from baton.core.errors import ExportError
 
 FORMATS = ("hf",)
 #: the Fabric backend's files inside a checkpoint's ``backend/`` directory
@@ -33,22 +39,36 @@ STATE_FILE = "state.pt"
 HF_CONFIG_DIR = "hf"
 
 
-class ExportError(RuntimeError):
-    """The checkpoint cannot be exported in the asked format; the message says why."""
+
+#: a run's tokenizer files copied beside the exported weights
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def export_hf(checkpoint: Path, out_dir: Path) -> Path:
-    """Write the checkpoint's model as a Hugging Face directory; returns ``out_dir``."""
+    """Write the checkpoint's model as a Hugging Face directory (with the run's tokenizer
+    files when it used a tokenizer directory); returns ``out_dir``."""
     meta = read_meta(checkpoint)
-    backend = meta.get("backend", {})
-    if backend.get("name") == "torchtitan":  # TorchTitan's own state-dict adapter (Llama)
-        from baton.backends.torchtitan.export import ExportError as TitanExportError
-        from baton.backends.torchtitan.export import export_hf as torchtitan_export_hf
+    out = _export_weights(checkpoint, out_dir, meta.get("backend", {}))
+    tokenizer = meta.get("settings", {}).get("tokenizer")
+    if isinstance(tokenizer, str) and Path(tokenizer).is_dir():
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer) / name).is_file():
+                shutil.copyfile(Path(tokenizer) / name, out / name)
+    return out
 
-        try:
-            return torchtitan_export_hf(checkpoint, out_dir)
-        except TitanExportError as error:
-            raise ExportError(str(error)) from None
+
+def _export_weights(checkpoint: Path, out_dir: Path, backend: dict[str, Any]) -> Path:
+    name = backend.get("name")
+    if name in ("torchtitan", "megatron", "maxtext"):  # TorchTitan's adapter; baton's maps
+        module = importlib.import_module(f"baton.backends.{name}.export")
+        return module.export_hf(checkpoint, out_dir)
     hf_config = checkpoint / BACKEND_DIR / HF_CONFIG_DIR
     if backend.get("name") != "fabric" or not (hf_config / "config.json").is_file():
         model = backend.get("model", "unknown")

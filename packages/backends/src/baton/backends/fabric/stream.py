@@ -34,7 +34,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from baton.backends.fabric.elastic import GlobalBatches
 from baton.core.backend import DataExhausted
+from baton.core.errors import UsageError
 
 
 class LoaderStream:
@@ -47,6 +49,7 @@ class LoaderStream:
         on_epoch_end: str = "continue",
         epoch_ended: Callable[[int], None] | None = None,
         use_loader_state: bool = True,
+        world_size: int = 1,
     ) -> None:
         if on_epoch_end not in ("continue", "stop"):
             raise ValueError(f"on_epoch_end must be 'continue' or 'stop', got {on_epoch_end!r}")
@@ -57,6 +60,10 @@ class LoaderStream:
                 "StatefulDataLoader, a list, or an object whose __iter__ starts over"
             )
         self.data = data
+        #: ranks reading their own shards (a position counted per rank is theirs only)
+        self.world_size = world_size
+        #: the position is global (``GlobalBatches``): it resumes on any number of ranks
+        self.elastic = isinstance(data, GlobalBatches)
         self.on_epoch_end = on_epoch_end
         self.epoch_ended = epoch_ended
         #: epochs completed
@@ -108,7 +115,11 @@ class LoaderStream:
         self._iterator = iter(self.data)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"epoch": self.epoch, "batches": self.batches}
+        state: dict[str, Any] = {
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "world_size": self.world_size,
+        }
         if self._stateful:
             state["loader"] = self.data.state_dict()  # type: ignore[attr-defined]
             return state
@@ -120,7 +131,21 @@ class LoaderStream:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` was taken: restore the loader, or skip what was consumed."""
+        """Continue where ``state`` was taken: restore the loader, or skip what was consumed.
+
+        A position saved on another number of ranks is refused (``UsageError`` naming both)
+        unless the data is ``GlobalBatches``, whose position is global."""
+        saved_ranks = int(state.get("world_size", self.world_size))
+        if saved_ranks != self.world_size and not self.elastic:
+            raise UsageError(
+                f"the checkpoint's data position was taken on {saved_ranks} rank(s), this run "
+                f"has {self.world_size}: {type(self.data).__name__} keeps a position per rank "
+                "(each rank its own shard), which does not continue at the same sample on "
+                f"another number of ranks. Resume on {saved_ranks} rank(s); or read the data "
+                "through baton.backends.fabric.elastic.GlobalBatches (the recipes' prepared "
+                "data does), whose position is global; or start from the weights only "
+                "(FabricConfig.init_from)"
+            )
         self.epoch = int(state["epoch"])
         self.batches = int(state["batches"])
         _set_epoch(self.data, self.epoch)
@@ -258,12 +283,15 @@ def shard_stream(
     ``DataLoader`` over a map-style dataset without a ``DistributedSampler`` is re-made by
     Fabric so that each rank reads its own shard (seeded, per epoch); its position is
     then counted and skipped on resume (the re-made loader's own state does not restore
-    exactly)."""
+    exactly). ``GlobalBatches`` shards itself: rank ``r`` of ``n`` reads its slice of each
+    global batch, and its position resumes on any number of ranks."""
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
     use_loader_state = True
-    if (
+    if isinstance(data, GlobalBatches):
+        data = data.shard(fabric.global_rank, fabric.world_size)
+    elif (
         fabric.world_size > 1
         and isinstance(data, DataLoader)
         and not isinstance(data.sampler, DistributedSampler)
@@ -277,4 +305,5 @@ def shard_stream(
         on_epoch_end=on_epoch_end,
         epoch_ended=epoch_ended,
         use_loader_state=use_loader_state,
+        world_size=fabric.world_size,
     )

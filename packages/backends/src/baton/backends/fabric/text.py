@@ -10,8 +10,9 @@ with the tokenizer's end-of-document id).
 - local ``.jsonl``/``.json``/``.parquet``/``.txt`` files read with ``datasets`` and
   tokenized with the tokenizer directory (``datasets.map``, cached by ``datasets``).
 
-``text_loaders`` wraps either in torchdata's ``StatefulDataLoader`` (its position is in
-every checkpoint) and keeps a fixed tail of windows for evaluation.
+``text_loaders`` wraps either in ``GlobalBatches`` (one seeded global order; its global
+position is in every checkpoint, so a run resumes on another number of ranks at the next
+sample) and keeps a fixed tail of windows for evaluation.
 
 Example::
 
@@ -138,11 +139,12 @@ def text_loaders(
     eval_batches: int = 4,
     text_key: str = "text",
 ) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]], int]:
-    """``(train loader, validation batches, tokenizer vocabulary size)``: a shuffled
-    ``StatefulDataLoader`` over all windows but a fixed tail kept for evaluation."""
+    """``(train loader, validation batches, tokenizer vocabulary size)``: shuffled
+    ``GlobalBatches`` of ``batch_size`` per rank over all windows but a fixed tail kept for
+    evaluation."""
     from torch.utils.data import Subset
-    from torchdata.stateful_dataloader import StatefulDataLoader
 
+    from baton.backends.fabric.elastic import GlobalBatches
     from baton.data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -158,13 +160,7 @@ def text_loaders(
             f"{data_path} holds {total} windows of {seq_len} tokens, too few for batches of "
             f"{batch_size} plus evaluation; use a smaller --seq-len or --batch-size, or more data"
         )
-    train = StatefulDataLoader(
-        Subset(windows, range(total - held)),
-        batch_size=batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    train = GlobalBatches(Subset(windows, range(total - held)), batch_size=batch_size, seed=seed)
     tail = [windows[i] for i in range(total - held, total)]
     val = []
     for start in range(0, len(tail), batch_size):

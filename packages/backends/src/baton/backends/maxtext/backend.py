@@ -464,7 +464,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
                 f"expected {baton_step_of_maxtext_checkpoint(int(step_dir.name))}"
             )
         if self.batches is not None:
-            self.batches.consumed = updates
+            self.batches.skip_to(updates)
         elif self.dataset_type != "grain":
             self._restore_data_position({"pipeline": self.dataset_type, "consumed": updates})
         self.consumed = updates

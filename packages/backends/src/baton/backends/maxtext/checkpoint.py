@@ -114,6 +114,15 @@ def check_layout(
         and int(hparams.expansion_factor_real_data) <= 1
     ):
         problems.append("the number of processes holding Grain iterator state")
+    if problems == ["the number of processes holding Grain iterator state"]:
+        raise ValueError(
+            f"cannot resume {where} on {mine['processes']} process(es): it was saved on "
+            f"{saved['processes']} (layout {saved}, this run {mine}), and MaxText's Grain "
+            "pipeline keeps one iterator state per process, which cannot be split over "
+            f"another number of processes. Resume on {saved['processes']} process(es); or "
+            "train on baton's byte stream (no data path), whose global position resumes on "
+            "any number of processes"
+        )
     if problems:
         raise ValueError(
             f"cannot reshard {where}: saved with layout {saved}, this run has {mine}; "

@@ -82,10 +82,13 @@ def make_batch(windows: np.ndarray) -> dict[str, np.ndarray]:
 class TextBatches:
     """Shuffled non-overlapping windows of ``seq_len + 1`` tokens as MaxText batches.
 
-    Every epoch is a fresh permutation drawn from ``seed + epoch``; the state is the
-    number of batches consumed, so batch ``n`` is the same in every run and a resumed
-    run continues exactly where the saved one stopped. ``batch_size`` is the global
-    batch (every process builds it; ``jax.device_put`` keeps each device's part).
+    Every epoch is a fresh permutation drawn from ``seed + epoch``; the position is the
+    epoch and the windows of its order consumed so far, so batch ``n`` is the same in
+    every run and a resumed run continues exactly where the saved one stopped, also
+    with another global batch (a run resumed on fewer or more processes): the next
+    batch starts at the next window of the order. ``batch_size`` is the global batch
+    (every process builds it; ``jax.device_put`` keeps each device's part); a tail of an
+    epoch's order shorter than a batch is left out.
     """
 
     def __init__(self, data: np.ndarray, *, batch_size: int, seq_len: int, seed: int = 0) -> None:
@@ -101,7 +104,11 @@ class TextBatches:
                 "or per_device_batch_size, or a larger text"
             )
         self.batches_per_epoch = self.num_windows // batch_size
+        #: batches handed out (over every resume)
         self.consumed = 0
+        #: the current epoch and the windows of its order consumed so far
+        self.epoch = 0
+        self.position = 0
         self._epoch = -1
         self._order = np.empty(0, dtype=np.int64)
 
@@ -109,36 +116,52 @@ class TextBatches:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = self.batch_at(self.consumed)
+        if self.position + self.batch_size > self.num_windows:
+            self.epoch, self.position = self.epoch + 1, 0
+        chosen = self.order(self.epoch)[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
         self.consumed += 1
-        return batch
+        offsets = chosen[:, None] * self.seq_len + np.arange(self.seq_len + 1)
+        return make_batch(self.data[offsets])
 
-    def batch_at(self, index: int) -> dict[str, np.ndarray]:
-        """The ``index``-th batch of the stream (0-based), without moving the position."""
-        epoch, within = divmod(index, self.batches_per_epoch)
+    def order(self, epoch: int) -> np.ndarray:
+        """The windows of epoch ``epoch`` in the order they are read."""
         if epoch != self._epoch:
             self._order = np.random.default_rng(self.seed + epoch).permutation(self.num_windows)
             self._epoch = epoch
-        chosen = self._order[within * self.batch_size : (within + 1) * self.batch_size]
-        offsets = chosen[:, None] * self.seq_len + np.arange(self.seq_len + 1)
-        return make_batch(self.data[offsets])
+        return self._order
+
+    def skip_to(self, batches: int) -> None:
+        """The position after ``batches`` batches of this size from the start."""
+        epoch, within = divmod(batches, self.batches_per_epoch)
+        self.consumed, self.epoch, self.position = batches, epoch, within * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "consumed": self.consumed,
+            "epoch": self.epoch,
+            "position": self.position,
             "seed": self.seed,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("seed", "batch_size", "seq_len"):
+        """Continue at the saved window of the saved epoch (any global batch size)."""
+        for key in ("seed", "seq_len"):
             if int(state[key]) != getattr(self, key):
                 raise ValueError(
                     f"data stream {key}={state[key]} in the checkpoint differs from this run's "
                     f"{getattr(self, key)}; resume with the same data settings"
                 )
+        if "position" not in state:  # written before positions were kept: batches of its size
+            saved = TextBatches(
+                self.data, batch_size=int(state["batch_size"]), seq_len=self.seq_len
+            )
+            saved.skip_to(int(state["consumed"]))
+            state = {**state, "epoch": saved.epoch, "position": saved.position}
         self.consumed = int(state["consumed"])
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 def eval_batches(data: np.ndarray, *, batch_size: int, seq_len: int, num_batches: int) -> list:

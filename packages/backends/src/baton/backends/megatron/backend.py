@@ -42,6 +42,7 @@ from baton.backends.megatron.checkpoint import (
     check_layout,
     init_optimizer_state,
     load_model_state,
+    load_weights,
     model_sharded_state,
     naming_failures,
     restore_optimizer_steps,
@@ -178,26 +179,9 @@ class MegatronBackend(TorchDistributed, BackendBase):
             self.load_weights(Path(cfg.init_from))
 
     def load_weights(self, directory: Path) -> None:
-        """Load only the model's weights from a checkpoint (``dist_checkpointing``'s
-        model-only load, under any layout it can reshard); the optimizer, schedule and
-        data position stay fresh. ``directory`` is a baton checkpoint or its backend folder."""
-        from megatron.core import dist_checkpointing
-
-        if (directory / "backend").is_dir():
-            directory = directory / "backend"
-        if not directory.is_dir():
-            raise FileNotFoundError(
-                f"init_from {directory} is not a checkpoint directory; pass a checkpoint "
-                "step directory (runs/NAME/checkpoints/step_000100) or its backend/ folder"
-            )
-        with naming_failures(f"dist_checkpointing.load of the model from {directory}"):
-            state = dist_checkpointing.load(
-                {"model": model_sharded_state(self.chunks)}, str(directory)
-            )
-        with naming_failures("restoring the model weights"), torch.no_grad():
-            load_model_state(self.chunks, state["model"])
-            self.optimizer.reload_model_params()  # main (fp32) copies follow the weights
-        log.info("started from the weights of %s", directory)
+        """Load only the model's weights (a checkpoint under any layout it can reshard,
+        or a Hugging Face directory); optimizer, schedule and data position stay fresh."""
+        load_weights(self.chunks, self.optimizer, Path(directory))
 
     def model(self) -> Any:
         """The first (usually the only) DDP-wrapped model chunk."""

@@ -228,3 +228,33 @@ def restore_optimizer_steps(optimizer: Any, loaded: Any) -> None:
             if isinstance(param_state.get("step"), torch.Tensor):
                 old = param_state["step"]
                 param_state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device)
+
+
+def load_weights(chunks: list[Any], optimizer: Any, directory: Path) -> None:
+    """Only the model's weights from ``directory``: a baton checkpoint (or its backend
+    folder) through ``dist_checkpointing``'s model-only load, under any layout it can
+    reshard, or a ``save_pretrained`` directory through baton's Llama mapping."""
+    from megatron.core import dist_checkpointing
+
+    from baton.core.model_spec import is_hf_dir
+
+    if is_hf_dir(directory):
+        from baton.backends.megatron.hf import load_hf
+
+        with naming_failures(f"loading Hugging Face weights from {directory}"):
+            load_hf(chunks, str(directory))
+            optimizer.reload_model_params()
+        return
+    if (directory / "backend").is_dir():
+        directory = directory / "backend"
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"init_from {directory} is not a checkpoint directory; pass a checkpoint "
+            "step directory (runs/NAME/checkpoints/step_000100) or its backend/ folder"
+        )
+    with naming_failures(f"dist_checkpointing.load of the model from {directory}"):
+        state = dist_checkpointing.load({"model": model_sharded_state(chunks)}, str(directory))
+    with naming_failures("restoring the model weights"), torch.no_grad():
+        load_model_state(chunks, state["model"])
+        optimizer.reload_model_params()  # main (fp32) copies follow the weights
+    log.info("started from the weights of %s", directory)

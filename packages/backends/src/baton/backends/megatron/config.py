@@ -109,6 +109,8 @@ class MegatronConfig:
     layer_spec: Literal["auto", "local", "transformer_engine"] = "auto"
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
     share_embeddings_and_output_weights: bool = True
+    #: rotary base (theta) of ``position_embedding_type="rope"``
+    rotary_base: float = 10000.0
     warmup_steps: int = 10
     #: steps over which the LR decays to ``optimizer.min_lr`` (``None``: constant after warmup)
     decay_steps: int | None = None

@@ -54,7 +54,9 @@ from baton.backends import torch_distributed
 from baton.backends.async_save import FuturePendingSave
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
+from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.core.backend import BackendBase
+from baton.core.errors import UsageError
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
@@ -192,6 +194,12 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
 
             folder = dcp_folder(cfg.checkpoint.initial_load_path).resolve()
             cfg.checkpoint.initial_load_path = str(folder)
+        mismatch = vocab_mismatch(cfg)
+        if mismatch is not None:  # an IndexError at step 1 otherwise
+            raise UsageError(
+                f"the model's vocabulary sizes disagree ({mismatch}); change the vocabulary "
+                "with --model-config (a config.json) or a --tokenizer, not one field by --set"
+            )
         self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer
@@ -201,7 +209,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         if model_vocab is not None and vocab > model_vocab:
             raise ValueError(
                 f"the tokenizer has {vocab} ids but the model's vocabulary has {model_vocab}; "
-                "pick a model flavor with a larger vocab_size or a smaller tokenizer"
+                "pass --model-config with a larger vocab_size or a smaller tokenizer"
             )
         self._capture = StepCapture(trainer)
         if cfg.checkpoint.async_mode == "async_with_pinned_mem":

@@ -25,14 +25,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from baton.backends.torchtitan.hf import FLAVOR_PREFIX, register
+from baton.core.errors import ExportError
+from baton.core.model_spec import LlamaSpec, recorded_spec
+
 #: DCP keys of a TorchTitan checkpoint that are not model weights
 NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
 #: model families whose Hugging Face architecture this module writes
 ARCHITECTURES = {"llama3": ("LlamaForCausalLM", "llama")}
 
-
-class ExportError(ValueError):
-    """The checkpoint cannot be exported; the message names the problem and the fix."""
 
 
 def dcp_folder(checkpoint_dir: str | Path) -> Path:
@@ -142,6 +143,11 @@ def export_hf(
             f"TorchTitan model {name!r} has no Hugging Face export here; exportable: "
             f"{sorted(ARCHITECTURES)}"
         )
+    if flavor.startswith(FLAVOR_PREFIX):  # a --model-config spec: register it again
+        recorded = recorded_spec(checkpoint_dir)
+        if recorded is None:
+            raise ExportError(f"{checkpoint_dir}: model {flavor!r} but no recorded model_spec")
+        flavor = register(LlamaSpec.from_dict(recorded))
     spec = importlib.import_module(f"torchtitan.models.{name}").model_registry(flavor)
     adapter = spec.state_dict_adapter(spec.model, None)
     hf_weights = adapter.to_hf(read_model_weights(folder))

@@ -1,0 +1,145 @@
+"""A :class:`~baton.core.model_spec.LlamaSpec` as MaxText config keys, and Hugging Face
+Llama weights into MaxText's parameter layout.
+
+MaxText builds the model (``decoder_block: llama2``, SwiGLU ``mlp_activations``, RMSNorm,
+rotary positions of the default type, which rotate halves as Hugging Face does).
+MaxText's own converters (``maxtext.checkpoint_conversion``) target its named model
+configs (their hooks reorder rotary dimensions for ``llama3.1`` rope), so the mapping for
+the default rope is written here: kernels transposed to ``[in, ...out]``, the query kernel
+divided by ``sqrt(head_dim)`` (MaxText folds the attention scale into it), layers stacked
+on axis 1 (``scan_layers``). The weights are written with MaxText's
+``save_params_to_path`` and loaded through ``load_parameters_path`` (weights only).
+
+Example::
+
+    settings |= maxtext_settings(spec)                  # MaxText config keys
+    items = write_params("tiny-llama/", "runs/x/hf-params")
+    settings["load_parameters_path"] = str(items)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from baton.core.model_spec import LlamaSpec
+
+
+def maxtext_settings(spec: LlamaSpec) -> dict[str, Any]:
+    """MaxText config keys that build ``spec``."""
+    return {
+        "decoder_block": "llama2",
+        "base_emb_dim": spec.hidden_size,
+        "base_num_query_heads": spec.num_heads,
+        "base_num_kv_heads": spec.num_kv_heads,
+        "base_mlp_dim": spec.ffn_hidden_size,
+        "base_num_decoder_layers": spec.num_layers,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "mlp_activations": ["silu", "linear"],
+        "normalization_layer_epsilon": spec.norm_eps,
+        "rope_type": "default",
+        "rope_max_timescale": spec.rope_theta,
+        "logits_via_embedding": spec.tie_embeddings,
+        "normalize_embedding_logits": False,
+        "enable_dropout": False,
+        "scan_layers": True,
+        "fused_qkv": False,
+        "fused_mlp": False,
+    }
+
+
+def hf_to_maxtext(hf: dict[str, np.ndarray], spec: LlamaSpec) -> dict[str, Any]:
+    """MaxText's (scanned) parameter tree ``{"params": {...}}`` from HF tensors."""
+    emb, hd = spec.hidden_size, spec.head_dim
+
+    def stack(name: str, convert: Any) -> np.ndarray:
+        layers = [convert(hf[name.format(i)]) for i in range(spec.num_layers)]
+        return np.stack(layers, axis=1)  # MaxText's param_scan_axis
+
+    def heads(count: int, scale: float = 1.0) -> Any:
+        return lambda w: (w.T * scale).reshape(emb, count, hd)
+
+    layer = "model.layers.{}."
+    layers = {
+        "self_attention": {
+            "query": {"kernel": stack(layer + "self_attn.q_proj.weight",
+                                      heads(spec.num_heads, 1 / math.sqrt(hd)))},
+            "key": {"kernel": stack(layer + "self_attn.k_proj.weight", heads(spec.num_kv_heads))},
+            "value": {"kernel": stack(layer + "self_attn.v_proj.weight",
+                                      heads(spec.num_kv_heads))},
+            "out": {"kernel": stack(layer + "self_attn.o_proj.weight",
+                                    lambda w: w.T.reshape(spec.num_heads, hd, emb))},
+        },
+        "mlp": {
+            "wi_0": {"kernel": stack(layer + "mlp.gate_proj.weight", lambda w: w.T)},
+            "wi_1": {"kernel": stack(layer + "mlp.up_proj.weight", lambda w: w.T)},
+            "wo": {"kernel": stack(layer + "mlp.down_proj.weight", lambda w: w.T)},
+        },
+        "pre_self_attention_layer_norm": {
+            "scale": stack(layer + "input_layernorm.weight", lambda w: w)
+        },
+        "post_self_attention_layer_norm": {
+            "scale": stack(layer + "post_attention_layernorm.weight", lambda w: w)
+        },
+    }  # fmt: skip
+    decoder: dict[str, Any] = {"layers": layers, "decoder_norm": {"scale": hf["model.norm.weight"]}}
+    if not spec.tie_embeddings:
+        decoder["logits_dense"] = {"kernel": hf["lm_head.weight"].T}
+    tree = {"token_embedder": {"embedding": hf["model.embed_tokens.weight"]}, "decoder": decoder}
+    return {"params": _contiguous(tree)}
+
+
+def _contiguous(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: _contiguous(value) for key, value in tree.items()}
+    return np.ascontiguousarray(tree, dtype=np.float32)
+
+
+def write_params(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """Convert a ``save_pretrained`` directory into a MaxText parameter checkpoint under
+    ``out_dir``; returns the path for ``load_parameters_path``."""
+    from maxtext.common.checkpointing import save_params_to_path
+    from safetensors.numpy import load_file
+
+    spec = LlamaSpec.from_hf(hf_dir)
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(Path(hf_dir).glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    out = Path(out_dir).resolve()
+    save_params_to_path(str(out), hf_to_maxtext(weights, spec))
+    return out / "items"
+
+
+def maxtext_to_hf(params: dict[str, Any], spec: LlamaSpec) -> dict[str, np.ndarray]:
+    """Hugging Face ``LlamaForCausalLM`` tensors from MaxText's (scanned) ``params`` tree
+    (the inner collection: ``{"decoder": ..., "token_embedder": ...}``)."""
+    emb, hd = spec.hidden_size, spec.head_dim
+    decoder = params["decoder"]
+    layers = decoder["layers"]
+    attention, mlp = layers["self_attention"], layers["mlp"]
+    out = {
+        "model.embed_tokens.weight": params["token_embedder"]["embedding"],
+        "model.norm.weight": decoder["decoder_norm"]["scale"],
+    }
+    if not spec.tie_embeddings:
+        out["lm_head.weight"] = decoder["logits_dense"]["kernel"].T
+    for i in range(spec.num_layers):
+        name = f"model.layers.{i}."
+        query = attention["query"]["kernel"][:, i] * math.sqrt(hd)
+        out[name + "self_attn.q_proj.weight"] = query.reshape(emb, -1).T
+        out[name + "self_attn.k_proj.weight"] = attention["key"]["kernel"][:, i].reshape(emb, -1).T
+        value = attention["value"]["kernel"][:, i]
+        out[name + "self_attn.v_proj.weight"] = value.reshape(emb, -1).T
+        out[name + "self_attn.o_proj.weight"] = attention["out"]["kernel"][:, i].reshape(-1, emb).T
+        out[name + "mlp.gate_proj.weight"] = mlp["wi_0"]["kernel"][:, i].T
+        out[name + "mlp.up_proj.weight"] = mlp["wi_1"]["kernel"][:, i].T
+        out[name + "mlp.down_proj.weight"] = mlp["wo"]["kernel"][:, i].T
+        norm = layers["pre_self_attention_layer_norm"]["scale"][:, i]
+        out[name + "input_layernorm.weight"] = norm
+        norm = layers["post_self_attention_layer_norm"]["scale"][:, i]
+        out[name + "post_attention_layernorm.weight"] = norm
+    return {key: np.ascontiguousarray(value, dtype=np.float32) for key, value in out.items()}

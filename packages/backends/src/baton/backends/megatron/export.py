@@ -1,0 +1,90 @@
+"""Export a Megatron-Core checkpoint written by baton as a Hugging Face Llama directory.
+
+A ``dist_checkpointing`` save (``torch_dist``) stores each weight as one global tensor,
+whatever tensor- or pipeline-parallel layout wrote it (the layers stacked along a first
+dimension, the fused QKV by query group, ``linear_fc1`` as gate over up). This module
+reads those global tensors in one process with ``torch.distributed.checkpoint`` (no
+model is built, no process group), unstacks the layers and maps them with
+:func:`baton.backends.megatron.hf.megatron_to_hf`. The architecture is the model spec
+the run recorded (``--model-config`` or ``--init-from HF_DIR``).
+
+Example::
+
+    from baton.backends.megatron.export import export_hf
+
+    export_hf("runs/megatron_gpt_tiny/checkpoints/step_000050", "exports/megatron-hf")
+    # transformers.LlamaForCausalLM.from_pretrained("exports/megatron-hf")
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from baton.backends.megatron.hf import TE_NORMS, megatron_to_hf
+from baton.core.errors import ExportError
+from baton.core.model_spec import exported_spec
+
+#: keys of a baton Megatron checkpoint that are not model weights
+NON_MODEL = ("optimizer.", "rng_state", "common_state")
+
+
+
+def read_global_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The model's global tensors of a ``torch_dist`` checkpoint, by Megatron's sharded
+    key (layers stacked: ``decoder.layers.self_attention.linear_qkv.weight`` is
+    ``[num_layers, ...]``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    if not (folder / ".metadata").is_file():
+        raise ExportError(
+            f"{folder} holds no Megatron torch_dist checkpoint (no .metadata); pass a baton "
+            "checkpoint directory such as runs/NAME/checkpoints/step_000100"
+        )
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    weights = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if isinstance(meta, TensorStorageMetadata) and not key.startswith(NON_MODEL)
+    }
+    dcp.load(weights, checkpoint_id=str(folder), no_dist=True)
+    return weights
+
+
+def unstack_layers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``decoder.layers.X`` of shape ``[L, ...]`` -> ``decoder.layers.{i}.X`` (local-spec
+    names: Transformer Engine's fused layer norms become the separate norms)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in weights.items():
+        if not key.startswith("decoder.layers."):
+            out[key] = tensor
+            continue
+        rest = key.removeprefix("decoder.layers.")
+        rest = TE_NORMS.get(rest, rest)
+        for index, layer in enumerate(tensor.unbind(0)):
+            out[f"decoder.layers.{index}.{rest}"] = layer
+    return out
+
+
+def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a baton Megatron checkpoint's weights as a Hugging Face Llama directory
+    (``model.safetensors`` + ``config.json``); returns ``out_dir``."""
+    from safetensors.torch import save_file
+
+    checkpoint = Path(checkpoint_dir)
+    spec = exported_spec(checkpoint)
+    folder = checkpoint / "backend" if (checkpoint / "backend").is_dir() else checkpoint
+    weights = unstack_layers(read_global_weights(folder))
+    try:
+        hf = megatron_to_hf(weights, spec)
+    except KeyError as error:
+        raise ExportError(f"{checkpoint}: no Megatron weight {error.args[0]!r}") from None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(hf, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = spec.to_hf_config(dtype=str(hf["model.embed_tokens.weight"].dtype).split(".")[-1])
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out

@@ -1,0 +1,195 @@
+"""A :class:`~baton.core.model_spec.LlamaSpec` as a Megatron-Core ``GPTModel``, and
+Hugging Face Llama weights in and out of it.
+
+The architecture is built by Megatron-Core itself (``TransformerConfig`` with RMSNorm,
+a SwiGLU MLP, rotary positions, grouped-query attention, no biases; the local or
+Transformer Engine layer spec). Megatron Bridge (NVIDIA's converter) needs Transformer
+Engine and a GPU, so the weight mapping is written here, once per direction:
+
+- ``linear_qkv``: per query group, that group's query heads, then its key, then its value;
+- ``linear_fc1``: the gate projection stacked over the up projection;
+- layer norms: ``input_layernorm`` / ``pre_mlp_layernorm`` (fused into ``linear_qkv`` /
+  ``linear_fc1`` as ``layer_norm_weight`` under Transformer Engine).
+
+Megatron's rotary embedding rotates halves, as Hugging Face's does: no permutation.
+
+Example::
+
+    from baton.backends.megatron.hf import hf_to_megatron, megatron_to_hf, transformer_fields
+
+    spec = LlamaSpec.from_hf("tiny-llama/")
+    tiny_transformer_config(**transformer_fields(spec))    # Megatron's TransformerConfig
+    full = hf_to_megatron(hf_state_dict, spec)            # global Megatron names
+    hf = megatron_to_hf(full, spec)                        # and back, bit for bit
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from baton.core.model_spec import LlamaSpec
+
+#: Hugging Face name -> Megatron name, per layer (``{}`` is the layer index)
+LAYER_NAMES = {
+    "model.layers.{}.input_layernorm.weight": "decoder.layers.{}.input_layernorm.weight",
+    "model.layers.{}.self_attn.o_proj.weight": "decoder.layers.{}.self_attention.linear_proj.weight",
+    "model.layers.{}.post_attention_layernorm.weight": "decoder.layers.{}.pre_mlp_layernorm.weight",
+    "model.layers.{}.mlp.down_proj.weight": "decoder.layers.{}.mlp.linear_fc2.weight",
+}
+#: Megatron names of Transformer Engine's fused layer norms -> the local spec's names
+TE_NORMS = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+#: tensor-parallel layers split along their input dimension (the rest along the output)
+ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
+    """``TransformerConfig`` fields that build ``spec``: the shape, RMSNorm, SwiGLU,
+    grouped-query attention, no biases."""
+    import torch.nn.functional as F
+
+    return dict(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        bias_activation_fusion=False,
+    )
+
+
+def use_spec(config: Any, spec: LlamaSpec) -> Any:
+    """Set a ``MegatronConfig``'s model-level fields for ``spec`` (its ``model`` is built
+    from :func:`transformer_fields`): vocabulary, RoPE, tying."""
+    config.vocab_size = spec.vocab_size
+    config.make_vocab_size_divisible_by = 1  # no padded rows: the logits are the model's
+    config.position_embedding_type = "rope"
+    config.rotary_base = spec.rope_theta
+    config.share_embeddings_and_output_weights = spec.tie_embeddings
+    return config
+
+
+def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
+    """Full (unsharded) Megatron ``GPTModel`` tensors, by global layer index."""
+    group = spec.num_heads // spec.num_kv_heads
+    hd, hidden = spec.head_dim, spec.hidden_size
+    out = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+    }
+    # tied: the last pipeline stage keeps its own copy of the embedding as output layer
+    out["output_layer.weight"] = hf["model.embed_tokens.weight" if spec.tie_embeddings
+                                    else "lm_head.weight"]  # fmt: skip
+    for i in range(spec.num_layers):
+        for hf_name, mg_name in LAYER_NAMES.items():
+            out[mg_name.format(i)] = hf[hf_name.format(i)]
+        attn = f"model.layers.{i}.self_attn."
+        q = hf[attn + "q_proj.weight"].reshape(spec.num_kv_heads, group * hd, hidden)
+        k = hf[attn + "k_proj.weight"].reshape(spec.num_kv_heads, hd, hidden)
+        v = hf[attn + "v_proj.weight"].reshape(spec.num_kv_heads, hd, hidden)
+        qkv = torch.cat([q, k, v], dim=1).reshape(-1, hidden)
+        out[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = qkv
+        mlp = f"model.layers.{i}.mlp."
+        fc1 = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]], dim=0)
+        out[f"decoder.layers.{i}.mlp.linear_fc1.weight"] = fc1
+    return out
+
+
+def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
+    """Hugging Face ``LlamaForCausalLM`` tensors from full Megatron tensors."""
+    group = spec.num_heads // spec.num_kv_heads
+    hd, hidden = spec.head_dim, spec.hidden_size
+    out = {
+        "model.embed_tokens.weight": mg["embedding.word_embeddings.weight"],
+        "model.norm.weight": mg["decoder.final_layernorm.weight"],
+    }
+    if not spec.tie_embeddings:
+        out["lm_head.weight"] = mg["output_layer.weight"]
+    for i in range(spec.num_layers):
+        for hf_name, mg_name in LAYER_NAMES.items():
+            out[hf_name.format(i)] = mg[mg_name.format(i)]
+        qkv = mg[f"decoder.layers.{i}.self_attention.linear_qkv.weight"]
+        q, k, v = qkv.reshape(spec.num_kv_heads, (group + 2) * hd, hidden).split(
+            [group * hd, hd, hd], dim=1
+        )
+        attn = f"model.layers.{i}.self_attn."
+        out[attn + "q_proj.weight"] = q.reshape(-1, hidden)
+        out[attn + "k_proj.weight"] = k.reshape(-1, hidden)
+        out[attn + "v_proj.weight"] = v.reshape(-1, hidden)
+        gate, up = mg[f"decoder.layers.{i}.mlp.linear_fc1.weight"].chunk(2, dim=0)
+        out[f"model.layers.{i}.mlp.gate_proj.weight"] = gate
+        out[f"model.layers.{i}.mlp.up_proj.weight"] = up
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def local_shard(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """This tensor-parallel rank's part of a full tensor (``size`` ranks)."""
+    if size == 1 or full.dim() == 1:  # norms are replicated
+        return full
+    if name.endswith("linear_fc1.weight"):  # gate and up are split separately
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
+    dim = 1 if name.endswith(ROW_PARALLEL) else 0
+    return full.chunk(size, dim=dim)[rank]
+
+
+def load_full_weights(chunks: list[Any], full: dict[str, torch.Tensor]) -> None:
+    """Copy full Megatron tensors into this rank's model chunks (DDP-wrapped or not):
+    each chunk's layers by their global number, each tensor's tensor-parallel part."""
+    from megatron.core import parallel_state
+
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    size = parallel_state.get_tensor_model_parallel_world_size()
+    for chunk in chunks:
+        module = getattr(chunk, "module", chunk)
+        numbers = [layer.layer_number - 1 for layer in module.decoder.layers]
+        for name, param in module.state_dict(keep_vars=True).items():
+            if name.endswith("_extra_state") or not isinstance(param, torch.Tensor):
+                continue
+            source = _global_name(name, numbers)
+            if source not in full:
+                raise KeyError(f"no Hugging Face weight maps to Megatron's {name} ({source})")
+            with torch.no_grad():
+                param.copy_(local_shard(name, full[source], rank, size))
+
+
+def _global_name(local: str, numbers: list[int]) -> str:
+    """``decoder.layers.<local>.x`` -> ``decoder.layers.<global>.x``, fused norms unfused."""
+    match = re.match(r"decoder\.layers\.(\d+)\.(.*)", local)
+    if match is None:
+        return local
+    rest = TE_NORMS.get(match.group(2), match.group(2))
+    return f"decoder.layers.{numbers[int(match.group(1))]}.{rest}"
+
+
+def read_hf_weights(hf_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``save_pretrained`` directory (one or several safetensors files)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(hf_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{hf_dir} has no .safetensors weights (save_pretrained)")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    return weights
+
+
+def load_hf(chunks: list[Any], hf_dir: str) -> None:
+    """Load a Hugging Face Llama directory's weights into this rank's model chunks."""
+    spec = LlamaSpec.from_hf(hf_dir)
+    load_full_weights(chunks, hf_to_megatron(read_hf_weights(hf_dir), spec))

@@ -1,0 +1,151 @@
+"""One model, Megatron-Core: a Hugging Face Llama built as a Megatron ``GPTModel``
+(RMSNorm, SwiGLU, RoPE, GQA, local layer spec), its weights loaded by baton's mapping,
+trained through baton, exported back to a directory ``transformers`` loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import torch
+
+from baton.core.recipe import build_driver
+from support.tiny_llama import load_llama, save_tiny_llama
+
+RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
+VOCAB = 512
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+
+
+def _megatron_logits(backend: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of the backend's (single-stage) GPTModel, causal attention, eval mode."""
+    model = backend.chunks[0].module.eval()
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    mask = torch.triu(torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool), 1)
+    with torch.no_grad():
+        return model(tokens, positions, mask[None, None])
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_init_from_hf_logits_equal_transformers(tmp_path, tie):
+    from baton.backends.megatron import cpu
+    from baton.core.patches import PatchRecorder
+
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, tie=tie)
+    driver = build_driver(RECIPE, ["--init-from", str(hf_dir), "--run-dir", str(tmp_path / "r")])
+    assert driver.settings["model_spec"]["tie_embeddings"] is tie
+    recorder = PatchRecorder()
+    if not torch.cuda.is_available():
+        cpu.install_all(recorder)
+    backend = driver.backend
+    try:
+        backend.setup()
+        got = _megatron_logits(backend, _tokens())
+    finally:
+        backend.teardown()
+        recorder.undo()
+    with torch.no_grad():
+        expected = load_llama(hf_dir)(_tokens()).logits
+    assert got.shape == expected.shape == (2, 32, VOCAB)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_mapping_round_trips_bit_for_bit(tmp_path):
+    from baton.backends.megatron.hf import hf_to_megatron, megatron_to_hf, read_hf_weights
+    from baton.core.model_spec import LlamaSpec
+
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB)
+    spec = LlamaSpec.from_hf(hf_dir)
+    weights = read_hf_weights(str(hf_dir))
+    back = megatron_to_hf(hf_to_megatron(weights, spec), spec)
+    assert sorted(back) == sorted(weights)
+    assert all(torch.equal(back[k], weights[k]) for k in weights)
+
+
+def _checkpoint_logits(checkpoint: Path, hf_dir: Path, run_dir: Path) -> torch.Tensor:
+    """Logits of a single-process Megatron model loaded from ``checkpoint`` by
+    dist_checkpointing (resharded from whatever layout saved it)."""
+    from baton.backends.megatron import cpu
+    from baton.core.patches import PatchRecorder
+
+    argv = [
+        "--model-config",
+        str(hf_dir),
+        "--init-from",
+        str(checkpoint),
+        "--run-dir",
+        str(run_dir),
+    ]
+    backend = build_driver(RECIPE, argv).backend
+    recorder = PatchRecorder()
+    if not torch.cuda.is_available():
+        cpu.install_all(recorder)
+    try:
+        backend.setup()
+        return _megatron_logits(backend, _tokens())
+    finally:
+        backend.teardown()
+        recorder.undo()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "single",
+        pytest.param("tp2", marks=pytest.mark.slow),
+        pytest.param("pp2", marks=pytest.mark.slow),
+    ],
+)
+def test_export_loads_in_transformers_with_equal_logits(tmp_path, layout):
+    """Train 2 steps from a HF Llama (one process, or TP 2 / PP 2 under torchrun), export
+    with ``baton export``: transformers' logits equal the checkpoint's Megatron model's."""
+    from baton.tools.export import main as export_main
+
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB)
+    argv = [
+        "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "2",
+        "--no-async-save", "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ]  # fmt: skip
+    if layout == "single":
+        build_driver(RECIPE, argv).fit()
+    else:
+        from support.torchrun import torchrun
+
+        flag = {"tp2": "--tensor-parallel", "pp2": "--pipeline-parallel"}[layout]
+        torchrun(Path(__file__).with_name("hf_worker.py"), str(RECIPE), *argv, flag, "2")
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    with torch.no_grad():
+        got = load_llama(tmp_path / "out")(_tokens()).logits
+    expected = _checkpoint_logits(checkpoint, hf_dir, tmp_path / "ref")
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # trained: not the starting weights any more
+        assert not torch.allclose(got, load_llama(hf_dir)(_tokens()).logits, atol=1e-3)
+
+
+def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
+    """The model's vocabulary follows the tokenizer of the prepared data."""
+    import json
+
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
+    from baton.tools.data.prepare import prepare
+
+    tokenizer = train_tokenizer(tmp_path / "tok", vocab_size=4096)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()))
+    prepare([corpus], tokenizer, tmp_path / "corpus", workers=1)
+    driver = build_driver(RECIPE, [
+        "--data-path", str(tmp_path / "corpus"), "--tokenizer", str(tokenizer.path),
+        "--max-steps", "2", "--eval-every", "2", "--save-every", "0", "--log-every", "1",
+        "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ])  # fmt: skip
+    result = driver.fit()
+    assert result.step == 2 and driver.backend.padded_vocab_size >= 4096

@@ -46,3 +46,21 @@ def test_fabric_starts_its_own_processes_without_torchrun(tmp_path: Path) -> Non
         "step_000004",
         "step_000008",
     ]
+
+
+@pytest.mark.slow
+def test_rollback_under_ddp_replays_bitwise(tmp_path: Path) -> None:
+    """8 steps straight vs. 6 steps, a rollback to step 4 and a replay to 8: the same
+    weights on both ranks, and the replayed steps' losses equal the originals."""
+    worker = Path(__file__).with_name("rollback_ddp_worker.py")
+    for mode in ("uninterrupted", "rollback"):
+        torchrun(worker, str(tmp_path), mode)
+    for rank in (0, 1):
+        straight = json.loads((tmp_path / f"uninterrupted_rank{rank}.json").read_text())
+        replayed = json.loads((tmp_path / f"rollback_rank{rank}.json").read_text())
+        assert straight["step"] == replayed["step"] == 8
+        steps = [step for step, _ in replayed["losses"]]
+        assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # the rollback happened
+        assert replayed["losses"][:6] + replayed["losses"][8:] == straight["losses"]
+        assert replayed["losses"][4:6] == replayed["losses"][6:8]
+        assert replayed["param_hash"] == straight["param_hash"]

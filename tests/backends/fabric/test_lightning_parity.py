@@ -49,7 +49,7 @@ def test_equals_trainer_fit_and_again_after_a_resume_in_a_fresh_process(name, tm
     # the driver's evaluation phase carries the same values, under the module's names
     steps = sorted(seen.evals)
     assert steps == list(range(case.eval_every, case.steps + 1, case.eval_every))
-    assert [seen.evals[s]["eval/val_loss"] for s in steps] == [
+    assert [seen.evals[s]["val_loss"] for s in steps] == [
         v["val_loss"] for v in expected.validations
     ]
 

@@ -22,9 +22,11 @@ The save policy (``save_on_stop``, ``async_save``) is handed to the driver in
 writes in the background where it has the ``async_save`` ability; the step loop
 continues meanwhile.
 
-``monitor`` is read from training metrics (``on_log``), or from evaluation results
-(``on_eval_end``) when it starts with ``eval/``; a key missing from the first metrics of
-its phase stops the run with an error listing the keys that exist.
+``monitor`` is read from evaluation results (``on_eval_end``) when it starts with
+``eval/`` or evaluation carries it under its author's name (a LightningModule's
+``val_loss``), else from training metrics (``on_log``); a key missing from the first
+metrics of its phase stops the run with an error listing the keys that exist
+(``baton.callbacks.monitor``).
 
 Metric keys logged: none (``checkpoint_score`` is recorded in ``baton.json``).
 """
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.callbacks.monitor import Monitored
+from baton.callbacks.monitor import Monitored, evaluation_may_name
 from baton.core import checkpointing as ckpt
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
@@ -175,7 +177,9 @@ class Checkpoint(Callback):
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
         if self._monitored is not None:
-            value = self._monitored.read("train", driver.step, metrics)
+            value = self._monitored.read(
+                "train", driver.step, metrics, named_eval=evaluation_may_name(driver)
+            )
             self._value = value if value is not None else self._value
 
     def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:

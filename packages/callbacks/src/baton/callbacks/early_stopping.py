@@ -5,7 +5,8 @@ Example::
     Driver(backend, callbacks=[EarlyStopping("eval/loss", patience=3, min_delta=1e-3)],
            eval_every=200)
 
-Each evaluation (for ``eval/...`` keys) or each log step (for training keys) is one
+Each evaluation (for ``eval/...`` keys and names a backend's evaluation keeps, such as
+a LightningModule's ``val_loss``) or each log step (for training keys) is one
 check; a ``monitor`` key missing from the first metrics of its phase stops the run with
 an error listing the keys that exist. The best value and the count
 of checks without improvement are saved in checkpoints, so a resumed run keeps its
@@ -21,7 +22,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.callbacks.monitor import Monitored
+from baton.callbacks.monitor import Monitored, evaluation_may_name
 from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
@@ -93,7 +94,9 @@ class EarlyStopping(Callback):
         self._check(driver, "eval", metrics)
 
     def _check(self, driver: Driver, phase: Phase, metrics: dict[str, float]) -> None:
-        value = self._monitored.read(phase, driver.step, metrics)
+        value = self._monitored.read(
+            phase, driver.step, metrics, named_eval=evaluation_may_name(driver)
+        )
         if value is None:
             return
         if self.improved(value):

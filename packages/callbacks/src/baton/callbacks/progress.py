@@ -82,7 +82,7 @@ class Progress(Callback):
         self._show(driver)
 
     def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
-        self._eval_loss = metrics.get("eval/loss", self._eval_loss)
+        self._eval_loss = metrics.get("eval/loss", metrics.get("val_loss", self._eval_loss))
         self._show(driver)
 
     def _show(self, driver: Driver) -> None:

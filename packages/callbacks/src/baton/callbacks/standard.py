@@ -30,10 +30,11 @@ from baton.callbacks.throughput import ThroughputMonitor
 from baton.core.callback import Callback
 
 #: printed on every log step and evaluation (the loss visibly falls in any terminal);
-#: ``a|b`` shows ``a``, else ``b`` (tokens/s for token models, else samples/s)
+#: ``a|b`` shows ``a``, else ``b`` (tokens/s for token models, else samples/s; a
+#: LightningModule's ``val_loss`` where evaluation keeps the module's names)
 CONSOLE_KEYS: tuple[str, ...] = (
     "loss",
-    "eval/loss",
+    "eval/loss|val_loss",
     "grad_norm",
     "lr",
     "throughput/tokens_per_s|throughput/samples_per_s",

@@ -27,6 +27,7 @@ from baton.core.backend import (
     PendingSave,
     SavesAsync,
     SkipsData,
+    UsesRunDir,
     abilities,
 )
 from baton.core.callback import (
@@ -44,7 +45,7 @@ from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
 from baton.core.errors import BatonError, RunError, UsageError
 from baton.core.hooks import EXIT_HOOKS, HOOKS
-from baton.core.metrics import StepOutput
+from baton.core.metrics import NamedMetrics, StepOutput
 from baton.core.options import RunOptions
 from baton.core.patches import PATCHES, Patch, PatchRecorder, register_patch
 from baton.core.registry import BACKENDS, CALLBACKS, Registry, UnknownNameError
@@ -75,6 +76,7 @@ __all__ = [
     "Driver",
     "Evaluates",
     "MissingAbilityError",
+    "NamedMetrics",
     "Patch",
     "PatchRecorder",
     "PendingSave",
@@ -87,6 +89,7 @@ __all__ = [
     "StepOutput",
     "UnknownNameError",
     "UsageError",
+    "UsesRunDir",
     "abilities",
     "register_patch",
 ]

@@ -37,6 +37,10 @@ nobody applies::
 
         def apply_changed_settings(self, changes): ...   # returns {"lr"} once applied
 
+A backend that tells its user where the run writes (``self.trainer.log_dir`` of a
+LightningModule) learns the run directory before ``setup`` through
+``use_run_dir(run_dir)`` (the ``UsesRunDir`` protocol).
+
 A backend that shards its state over a parallel layout (tensor, pipeline, data
 degrees, a device mesh) describes it in ``layout()`` (the ``DescribesLayout``
 protocol): the facts it records in each checkpoint and compares on load.
@@ -224,6 +228,16 @@ class DescribesLayout(Protocol):
 
 
 @runtime_checkable
+class UsesRunDir(Protocol):
+    """A backend that shows its user the run directory (a LightningModule reads
+    ``self.trainer.log_dir``): the driver calls ``use_run_dir(run_dir)`` after
+    ``on_configure`` and before ``setup``; the log directory is ``run_dir / "logs"``
+    (``Driver.log_dir``), the checkpoints are under ``run_dir / "checkpoints"``."""
+
+    def use_run_dir(self, run_dir: Path) -> None: ...
+
+
+@runtime_checkable
 class ChecksumsWeights(Protocol):
     """Ability ``weight_checksums``: a bitwise checksum of each parameter this rank holds
     as a data-parallel replica, gathered from every rank (a collective: every rank calls
@@ -307,6 +321,9 @@ class BackendBase:
     multi_rank: bool = False
     #: no setting names of its own beside ``resume_settings.TRAINING_SETTINGS``
     training_settings: frozenset[str] = frozenset()
+    #: ``evaluate`` returns the backend's own keys (``eval/<key>`` for callbacks), not
+    #: names its user chose (``NamedMetrics``, see ``baton.core.metrics``)
+    names_evaluation_metrics: bool = False
     config: Any = None
 
     @property

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
-from baton.core.backend import Ability, Backend, DataExhausted, Evaluates
+from baton.core.backend import Ability, Backend, DataExhausted, Evaluates, UsesRunDir
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
-from baton.core.metrics import StepOutput
+from baton.core.metrics import StepOutput, evaluation_keys
 from baton.core.options import OptionAttributes, OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
 from baton.core.resuming import Resumer, restore_callback_states
@@ -172,7 +172,7 @@ class Driver(OptionAttributes):
         """Run training to a stop condition; always tears down, even when it raises."""
         with self._running():
             self.dispatch("on_configure")
-            self.backend.setup()
+            self._setup_backend()
             self._abilities = check_needs(self.backend, self.options, self.callbacks)
             write_patch_report(
                 self.run_dir, self.backend, self.patch_report, write=self.is_global_zero
@@ -234,7 +234,7 @@ class Driver(OptionAttributes):
         self._evaluating = True
         with self._running():
             self.dispatch("on_configure")
-            self.backend.setup()
+            self._setup_backend()
             self.dispatch("on_setup")
             self._resume()
             self.dispatch("on_train_start")
@@ -242,6 +242,12 @@ class Driver(OptionAttributes):
             self.stop_reason = f"evaluated {path}"
             self.dispatch("on_train_end")
         return metrics
+
+    def _setup_backend(self) -> None:
+        """``backend.setup``, the run directory told first where the backend uses it."""
+        if isinstance(self.backend, UsesRunDir):
+            self.backend.use_run_dir(self.run_dir)
+        self.backend.setup()
 
     def _handle_events(self, output: StepOutput) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
@@ -304,13 +310,13 @@ class Driver(OptionAttributes):
         self.dispatch("on_log", metrics)
 
     def _evaluate(self) -> dict[str, float]:
-        """The evaluation phase: its metrics (keys ``eval/...``) go to ``on_eval_end``."""
+        """The evaluation phase: its metrics go to ``on_eval_end``, the backend's own keys
+        as ``eval/<key>``, names a user chose (``NamedMetrics``: ``val_loss``) as they are."""
         backend = self.backend
         if not isinstance(backend, Evaluates):
             raise RuntimeError(f"backend {backend.name!r} cannot evaluate (no evaluate())")
         self.dispatch("on_eval_start")
-        values = backend.fetch(dict(backend.evaluate()))
-        metrics = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in values.items()}
+        metrics = backend.fetch(evaluation_keys(backend.evaluate()))
         self.dispatch("on_eval_end", metrics)
         return metrics
 

@@ -8,6 +8,7 @@ transfer and returns floats.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,36 @@ class StepOutput:
         if self.loss is not None:
             values["loss"] = self.loss
         return values
+
+
+class NamedMetrics(dict[str, Any]):
+    """Evaluation metrics a backend returns under the names their author chose (a
+    LightningModule's ``self.log("val_loss", ...)``): the driver hands them to
+    callbacks and sinks unchanged. The keys of any other mapping ``evaluate`` returns
+    are the backend's own (``loss``) and become ``eval/<key>`` (``eval/loss``).
+    A backend that returns them sets ``names_evaluation_metrics = True``: a callback
+    monitoring ``val_loss`` then waits for the first evaluation before calling the
+    key unknown.
+
+    Example::
+
+        def evaluate(self):
+            return NamedMetrics(val_loss=loss, val_acc=acc)   # on_eval_end: val_loss, val_acc
+    """
+
+
+def evaluation_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` under the names callbacks see: as they are for ``NamedMetrics``,
+    otherwise each key prefixed with ``eval/`` (where it is not already).
+
+    >>> evaluation_keys({"loss": 2.0})
+    {'eval/loss': 2.0}
+    >>> evaluation_keys(NamedMetrics(val_loss=2.0))
+    {'val_loss': 2.0}
+    """
+    if isinstance(values, NamedMetrics):
+        return dict(values)
+    return {k if k.startswith("eval/") else f"eval/{k}": v for k, v in values.items()}
 
 
 def to_float(value: Any) -> float:

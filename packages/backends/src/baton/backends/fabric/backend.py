@@ -44,11 +44,13 @@ from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuil
 from baton.backends.fabric.checkpoint import (
     finish_host_copy,
     host_copy,
+    own_rank_state,
     plain_state,
     restore_rng_state,
     rng_state,
     save_hf_config,
     step_owned_storage,
+    with_every_rank,
     writes_whole_state,
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
@@ -407,12 +409,14 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
     def _extra_state(self) -> dict[str, Any]:
         """Plain-data state saved next to the model (a subclass adds its own)."""
         assert self.stream is not None
-        return {"data": self.stream.state_dict(), "rng": rng_state(self.fabric.device)}
+        own = {"data": self.stream.state_dict(), "rng": rng_state(self.fabric.device)}
+        return with_every_rank(own, self.fabric.world_size)  # fabric.save writes rank 0's
 
     def _load_extra_state(self, remainder: dict[str, Any]) -> None:
         assert self.stream is not None
-        self.stream.load_state_dict(remainder["data"])
-        restore_rng_state(remainder["rng"], self.fabric.device)
+        own = own_rank_state(remainder, self.fabric.global_rank, self.fabric.world_size)
+        self.stream.load_state_dict(own["data"])
+        restore_rng_state(own["rng"], self.fabric.device)
 
     @property
     def supports_async_save(self) -> bool:

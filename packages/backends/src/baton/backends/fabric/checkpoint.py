@@ -118,3 +118,28 @@ def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def with_every_rank(own: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """``own`` (this rank's data position and random state) to save, and under several
+    ranks ``"ranks"``: every rank's, gathered (a collective: every rank saves). With DDP,
+    ``fabric.save`` writes rank 0's file alone, while ranks' random streams and data
+    positions may differ (seeded per rank, a sampler per rank): each rank must get its
+    own back (``own_rank_state``)."""
+    if world_size == 1:
+        return dict(own)
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, host_copy(own))
+    return {**own, "ranks": every}
+
+
+def own_rank_state(remainder: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """This rank's part of what ``with_every_rank`` saved: its own entry of ``"ranks"``,
+    else the top level (rank 0's: a checkpoint of one process, one written before
+    ``"ranks"`` existed, or one from a different number of ranks)."""
+    ranks: list[dict[str, Any]] | None = remainder.get("ranks")
+    if ranks is not None and len(ranks) == world_size:
+        return ranks[rank]
+    return remainder

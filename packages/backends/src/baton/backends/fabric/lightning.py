@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from baton.backends.fabric.backend import FabricBackend
@@ -38,7 +39,7 @@ from baton.backends.fabric.lightning_loop import LightningLoop
 from baton.backends.fabric.lightning_manual import check_manual
 from baton.backends.fabric.lightning_stream import EpochStream
 from baton.backends.fabric.stream import count_batch
-from baton.core.metrics import StepOutput
+from baton.core.metrics import NamedMetrics, StepOutput
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
 HONOURED = frozenset(
@@ -139,7 +140,14 @@ class LightningBackend(FabricBackend):
         num_sanity_val_steps: validation batches run before training (``Trainer``'s
             default 2; 0 turns the sanity check off).
         count_tokens / flops_per_token / describe: as for ``FabricBackend``.
+
+    Validation values keep the names the module logged them under (``val_loss``, not
+    ``eval/val_loss``): ``EarlyStopping("val_loss")`` and ``Checkpoint(monitor="val_loss")``
+    read them in the evaluation phase.
     """
+
+    #: evaluate() returns the module's own names (``baton.core.NamedMetrics``)
+    names_evaluation_metrics = True
 
     def __init__(
         self,
@@ -302,8 +310,15 @@ class LightningBackend(FabricBackend):
     skip_data = None  # type: ignore[assignment]
 
     # -- evaluation -------------------------------------------------------------------
+    def use_run_dir(self, run_dir: Path) -> None:
+        """The driver's run directory (before ``setup``): ``self.trainer.log_dir`` is
+        ``<run_dir>/logs`` and ``default_root_dir`` the run directory, where baton's
+        loggers and checkpoints write."""
+        self.loop.run_dir = Path(run_dir)
+
     def evaluate(self) -> Mapping[str, Any]:
-        """Lightning's validation loop: the epoch values the module logged, by their names."""
+        """Lightning's validation loop: the epoch values the module logged, under the
+        names it logged them (``NamedMetrics``: ``val_loss`` stays ``val_loss``)."""
         if self.eval_data is None:
             raise ValueError(
                 "no validation data: give the module (or datamodule) val_dataloader() and "
@@ -314,7 +329,7 @@ class LightningBackend(FabricBackend):
             raise ValueError(
                 "validation_step logged nothing (self.log): log the values to evaluate"
             )
-        return values
+        return NamedMetrics(values)
 
     # -- checkpoints ----------------------------------------------------------------
     def _state(self) -> dict[str, Any]:

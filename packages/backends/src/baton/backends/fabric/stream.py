@@ -7,11 +7,14 @@ time. Its position is part of every checkpoint:
 - a loader with ``state_dict`` / ``load_state_dict`` (``StatefulDataLoader``) restores
   its own state: a resumed run sees exactly the batches an uninterrupted run would;
 - anything else is counted: on resume the stream calls ``set_epoch`` on the sampler
-  (if it has one), starts the epoch again from the torch RNG state it started with
-  (so a ``DataLoader(shuffle=True)`` draws the same order) and skips the batches
-  already consumed. That is exact when the data's order depends only on those (a
-  shuffled DataLoader, a seeded sampler, a fixed list); it costs one pass over the
-  skipped batches.
+  (if it has one), starts the epoch again from the random state it started with (the
+  torch RNG and every ``torch.Generator`` the loader draws its order from: its
+  ``generator=``, its samplers', a sampler Fabric wrapped for a rank's shard), so a
+  ``DataLoader(shuffle=True)`` draws the same order, and skips the batches already
+  consumed. That is exact when the data's order depends only on those (a shuffled
+  DataLoader, a seeded sampler, a fixed list); it costs one pass over the skipped
+  batches. The loader's generators are left as an uninterrupted run would have them:
+  a rollback in the same process replays as exactly as a resume in a fresh one.
 
 At the end of the data (an epoch) the stream either starts the next epoch
 (``on_epoch_end="continue"``) or raises ``DataExhausted`` (``"stop"``: the driver
@@ -73,6 +76,10 @@ class LoaderStream:
         )
         #: the torch RNG state when this epoch's iterator was made (a shuffle's seed)
         self._epoch_rng: Any = None
+        #: the loader's own generators (its shuffle's randomness), and their states
+        #: when this epoch's iterator was made
+        self._generators = [] if self._stateful else order_generators(data)
+        self._epoch_generators: list[Any] = []
 
     def next(self) -> Any:
         """The next batch; at the end of the data, the next epoch's first (or ``DataExhausted``)."""
@@ -104,6 +111,7 @@ class LoaderStream:
         _set_epoch(self.data, self.epoch)  # a DistributedSampler reshuffles per epoch
         if not self._stateful:
             self._epoch_rng = torch.get_rng_state()
+            self._epoch_generators = [g.get_state() for g in self._generators]
         self._iterator = iter(self.data)
 
     def state_dict(self) -> dict[str, Any]:
@@ -114,8 +122,12 @@ class LoaderStream:
         }
         if self._stateful:
             state["loader"] = self.data.state_dict()  # type: ignore[attr-defined]
-        elif self._epoch_rng is not None:
+            return state
+        if self._iterator is not None and self._epoch_rng is not None:
             state["epoch_rng"] = self._epoch_rng
+            state["generators"] = self._epoch_generators
+        elif self._generators:  # the epoch starts at the next batch, from these states
+            state["generators"] = [g.get_state() for g in self._generators]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -143,6 +155,16 @@ class LoaderStream:
             return
         import torch
 
+        saved_generators: list[Any] = state.get("generators") or []
+        if saved_generators and len(saved_generators) != len(self._generators):
+            raise ValueError(
+                f"cannot resume the data position: the checkpoint recorded "
+                f"{len(saved_generators)} random generator(s) of the training data's order, "
+                f"this loader has {len(self._generators)}; resume with the data loader the "
+                "run was saved with"
+            )
+        for generator, saved in zip(self._generators, saved_generators, strict=False):
+            generator.set_state(saved)
         if self.batches == 0:
             self._iterator = None  # the epoch starts at the next batch, as it would have
             return
@@ -165,6 +187,42 @@ class LoaderStream:
                     ) from None
         finally:
             torch.set_rng_state(now)
+
+
+#: where a loader keeps what draws its order: its samplers, and a sampler wrapped in
+#: another (Fabric's ``DistributedSamplerWrapper`` holds the user's in ``dataset._sampler``)
+_ORDER_ATTRIBUTES = ("generator", "sampler", "batch_sampler", "_sampler")
+
+
+def order_generators(data: Any) -> list[Any]:
+    """The ``torch.Generator`` objects ``data`` draws its order from: the loader's
+    ``generator=`` and its samplers' (followed through wrapping samplers), each once.
+
+    >>> import torch
+    >>> from torch.utils.data import DataLoader
+    >>> g = torch.Generator().manual_seed(0)
+    >>> order_generators(DataLoader(range(8), shuffle=True, generator=g)) == [g]
+    True
+    """
+    import torch
+    from torch.utils.data import Sampler
+
+    found: dict[int, Any] = {}
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Generator):
+            found.setdefault(id(value), value)
+            return
+        if value is None or depth > 4:
+            return
+        names = _ORDER_ATTRIBUTES + (("dataset",) if isinstance(value, Sampler) else ())
+        for name in names:
+            inner = getattr(value, name, None)
+            if isinstance(inner, torch.Generator | Sampler) or hasattr(inner, "_sampler"):
+                visit(inner, depth + 1)
+
+    visit(data, 0)
+    return list(found.values())
 
 
 def _set_epoch(data: Any, epoch: int) -> None:

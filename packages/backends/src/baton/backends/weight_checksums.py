@@ -38,9 +38,15 @@ def weight_checksums(model: nn.Module) -> dict[str, str]:
     return {name: f"{value & (2**64 - 1):016x}" for name, value in zip(names, values, strict=True)}
 
 
-def gather_weight_checksums(model: nn.Module) -> list[dict[str, str]]:
+def gather_weight_checksums(model: nn.Module, *, sharded: bool = False) -> list[dict[str, str]]:
     """Every rank's ``weight_checksums(model)``, indexed by rank (one small all-gather of
-    Python objects; the local result alone without a process group)."""
+    Python objects; the local result alone without a process group). A ``sharded``
+    model (FSDP) is refused: its ranks hold different parts by design."""
+    if sharded:
+        raise RuntimeError(
+            "weight checksums compare data-parallel replicas, but this strategy shards "
+            "the parameters; use CorruptionCheck with DDP"
+        )
     local = weight_checksums(model)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [local]

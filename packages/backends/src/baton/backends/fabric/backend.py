@@ -350,13 +350,8 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
     def gather_weight_checksums(self) -> list[dict[str, str]]:
         """Every rank's parameter checksums (ability ``weight_checksums``); replicated
         (DDP, single-device) models only: sharded parameters differ by design."""
-        if self._sharded():
-            raise RuntimeError(
-                "weight checksums compare data-parallel replicas, but this Fabric strategy "
-                "shards the parameters; use CorruptionCheck with DDP"
-            )
         assert self.raw_model is not None
-        return weight_checksums.gather_weight_checksums(self.raw_model)
+        return weight_checksums.gather_weight_checksums(self.raw_model, sharded=self._sharded())
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""

@@ -126,6 +126,7 @@ def main(out: str, work_dir: str) -> None:
     from maxtext_support import outside_driver
 
     from baton.backends.maxtext.backend import MaxTextBackend
+    from baton.backends.maxtext.checkpoint import check_layout
 
     work = Path(work_dir)
     driver, losses, checkpoints = baton_run(work)
@@ -147,7 +148,8 @@ def main(out: str, work_dir: str) -> None:
     values = other.fetch({str(i): v for i, v in enumerate(continued)})
     other_losses = {SAVE_AT + 1 + i: values[str(i)] for i in range(len(continued))}
     try:
-        other.check_layout({**other.layout(), "scan_layers": False}, str(checkpoints[0]))
+        saved = {**other.layout(), "scan_layers": False}
+        check_layout(saved, other.layout(), other.hparams, str(checkpoints[0]))
         refused = ""
     except ValueError as error:
         refused = str(error)

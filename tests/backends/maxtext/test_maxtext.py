@@ -358,7 +358,7 @@ def test_weights_only_start_gives_the_source_models_loss(
         try:
             assert backend.optimizer_step() == 0  # weights only: a fresh optimizer
             assert backend.batches is not None
-            backend.batches.consumed = SAVE_AT  # the batch the source model saw next
+            backend.batches.skip_to(SAVE_AT)  # the batch the source model saw next
             loss = backend.fetch({"loss": backend.train_step(1).loss})["loss"]
         finally:
             backend.teardown()

@@ -5,6 +5,7 @@ from its weights (``recipes/maxtext_tiny.py --init-from HF_DIR``): the first los
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,12 @@ class Losses(Callback):
         self.losses[driver.step] = metrics["loss"]
 
 
+def nth_batch(batches: Any, index: int) -> Any:
+    """The batch the run reads at its step ``index + 1`` (0-based batch ``index``)."""
+    batches.skip_to(index)
+    return next(batches)
+
+
 def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     """fp32 activations (MaxText's default is bfloat16); weights far from a fresh model's
     (initializer_range 0.3: a loss of about 9 against ln 512 = 6.2 for a fresh one)."""
@@ -43,7 +50,7 @@ def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     ])  # fmt: skip
     driver.callbacks.append(record)
     driver.fit()
-    batch = TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ).batch_at(0)
+    batch = nth_batch(TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ), 0)
     tokens, targets = (torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))
     expected = hf_loss(load_llama(hf_dir), tokens, targets)
     assert expected > 8.0
@@ -69,7 +76,7 @@ def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_
     driver.fit()
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
-    batch = TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ).batch_at(1)
+    batch = nth_batch(TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ), 1)
     tokens, targets = (torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))
     exported = hf_loss(load_llama(tmp_path / "out"), tokens, targets)
     assert record.losses[2] == pytest.approx(exported, rel=1e-4)

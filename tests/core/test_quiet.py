@@ -100,6 +100,10 @@ def test_quiet_imports_installs_the_selected_frameworks_filters_before_a_recipe_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     logger = logging.getLogger("megatron.core.models.gpt.gpt_model")
+    # a fresh process's state: an in-process `baton run` earlier in this test session
+    # (tests/core/test_cli.py) installed these filters for the rest of the process
+    for f in [f for f in logger.filters if isinstance(f, QuietRecords)]:
+        logger.removeFilter(f)
     monkeypatch.setenv("BATON_PATCHES", "all,-megatron_quiet")
     with warnings.catch_warnings():
         quiet_imports()

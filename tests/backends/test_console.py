@@ -60,6 +60,10 @@ def run_recipe(recipe: str, run_dir: Path, *flags: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu", COLUMNS="300")
     env.pop("PYTHONWARNINGS", None)
     env.pop("BATON_PATCHES", None)
+    # a user's shell, not this test process's: importing maxtext in-process (earlier
+    # tests) sets TF_CPP_MIN_LOG_LEVEL=0 for the whole process, which turns on XLA's C++
+    # INFO lines in every child
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     done = subprocess.run(
         [sys.executable, "-m", "baton.core.cli", "run", str(ROOT / "recipes" / recipe),
          "--max-steps", "2", "--no-progress", "--run-dir", str(run_dir), *flags],

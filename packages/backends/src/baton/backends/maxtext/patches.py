@@ -46,6 +46,9 @@ MAXTEXT_ENV = (
     "TFDS_DATA_DIR",
     "HF_DATASETS_DISABLE_DILL",
     "JAX_PLATFORMS",
+    # maxtext/__init__.py: setdefault("TF_CPP_MIN_LOG_LEVEL", "0") turns on XLA's C++
+    # INFO logging in this process and every child it starts
+    "TF_CPP_MIN_LOG_LEVEL",
 )
 
 

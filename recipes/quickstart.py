@@ -64,8 +64,8 @@ def recipe(
         accelerator: cpu, cuda or auto.
         strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
         log_every: steps between log lines (metrics reach the host only then).
-        eval_every: steps between evaluations.
-        save_every: steps between checkpoints.
+        eval_every: steps between evaluations (0: none).
+        save_every: steps between checkpoints (0: only when the run stops).
         data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
             .jsonl/.parquet/.txt files.
         tokenizer: a Hugging Face tokenizer directory (baton data tokenizer).

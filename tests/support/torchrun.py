@@ -13,7 +13,24 @@ from support.processes import free_port, run_job, run_together
 
 __all__ = ["free_port", "torchrun", "torchrun_nodes"]
 
-_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+    "COLUMNS": "200",
+    "PYTHONFAULTHANDLER": "1",  # a rank killed by a signal prints every thread's stack
+}
+_NOISE = ("FutureWarning: The pynvml package", "import pynvml")
+
+
+def failure_report(stdout: str, stderr: str) -> str:
+    """What a failed job printed, the ranks' own lines first: the agent's
+    ``ChildFailedError`` traceback (which only says which rank died) is cut to its
+    summary, and the deprecation notes every rank prints on import are left out."""
+    agent = stderr.find("Traceback (most recent call last):\n  File \"<frozen runpy>\"")
+    ranks, summary = (stderr, "") if agent < 0 else (stderr[:agent], stderr[agent:])
+    summary = summary[summary.find("Failures:") :] if "Failures:" in summary else summary
+    lines = [line for line in ranks.splitlines() if not any(n in line for n in _NOISE)]
+    return stdout[-2000:] + "\n".join(lines)[-8000:] + "\n" + summary[-1500:]
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 600) -> None:
@@ -25,7 +42,7 @@ def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 600) -> 
          "--nproc-per-node", str(nproc), str(script), *args],
         env, timeout,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.returncode == 0, failure_report(done.stdout, done.stderr)
 
 
 def torchrun_nodes(

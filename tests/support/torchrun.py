@@ -26,7 +26,7 @@ def failure_report(stdout: str, stderr: str) -> str:
     """What a failed job printed, the ranks' own lines first: the agent's
     ``ChildFailedError`` traceback (which only says which rank died) is cut to its
     summary, and the deprecation notes every rank prints on import are left out."""
-    agent = stderr.find("Traceback (most recent call last):\n  File \"<frozen runpy>\"")
+    agent = stderr.find('Traceback (most recent call last):\n  File "<frozen runpy>"')
     ranks, summary = (stderr, "") if agent < 0 else (stderr[:agent], stderr[agent:])
     summary = summary[summary.find("Failures:") :] if "Failures:" in summary else summary
     lines = [line for line in ranks.splitlines() if not any(n in line for n in _NOISE)]

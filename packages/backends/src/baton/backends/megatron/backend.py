@@ -50,6 +50,7 @@ from baton.backends.megatron.checkpoint import (
     set_rng_state,
 )
 from baton.backends.megatron.config import MegatronConfig
+from baton.backends.megatron.cpu import device_mode_paused
 from baton.backends.megatron.data import (
     ByteEodTokenizer,
     PreparedSource,
@@ -379,10 +380,17 @@ class MegatronBackend(TorchDistributed, BackendBase):
     def save(self, directory: Path, *, asynchronous: bool = False) -> MegatronSave | None:
         from megatron.core import dist_checkpointing
 
-        state = self._sharded_state(loading=False)
         if not asynchronous:
-            dist_checkpointing.save(state, str(directory))
+            dist_checkpointing.save(self._sharded_state(loading=False), str(directory))
             return None
+        # what blocks the loop: the state's description and the save plan (the write
+        # and its staging copy run in the background); no CUDA call, so without the
+        # per-call cost of the CPU device mode
+        with device_mode_paused():
+            return self._start_async_save(directory)
+
+    def _start_async_save(self, directory: Path) -> MegatronSave:
+        from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
         from megatron.core.dist_checkpointing.strategies.torch import (
             TorchDistSaveShardedStrategy,
@@ -396,7 +404,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             # the save plans of this process's first save, reused (checked by Megatron)
             self._async_strategy = TorchDistSaveShardedStrategy(cached_metadata=True)
         request = dist_checkpointing.save(
-            state,
+            self._sharded_state(loading=False),
             str(directory),
             sharded_strategy=self._async_strategy,
             # the layout cannot change within a process: its sharding is checked once

@@ -150,8 +150,11 @@ class Driver(OptionAttributes):
         self._extra_lazy[name] = value
 
     def dispatch(self, hook: str, *args: Any) -> None:
-        for handler in self._dispatch.table[hook]:
-            handler(self, *args)
+        handlers = self._dispatch.table[hook]
+        if handlers:
+            args = (self, *args)  # built once for all handlers
+            for handler in handlers:
+                handler(*args)
 
     def configure_saving(
         self, *, on_stop: bool | None = None, asynchronous: bool | None = None

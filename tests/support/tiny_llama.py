@@ -21,6 +21,19 @@ TINY_SHAPE = {
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-5,
 }
+#: Llama 3.1's own ``rope_scaling`` (every backend builds it); with 8,192 original positions
+#: it changes only a 16-wide head's lowest frequencies: pass ``max_position_embeddings``
+#: above 8,192 and weights large enough (``initializer_range=0.3``) for it to show
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+#: llama3 scaling of a 32-position original context: most frequencies of the tiny model
+#: change (TorchTitan and Fabric build any llama3 values; Megatron-Core and MaxText do not)
+SHORT_CONTEXT_ROPE = {**LLAMA31_ROPE, "original_max_position_embeddings": 32}
 
 
 def save_tiny_llama(

@@ -2,11 +2,13 @@
 ``--init-from`` and export tests start from and compare against.
 
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512)
+    scaled = save_tiny_llama(tmp_path / "scaled", rope_scaling=SHORT_CONTEXT_ROPE)
     model = load_llama(hf_dir)                   # LlamaForCausalLM, fp32, eval mode
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +45,8 @@ def save_tiny_llama(
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=vocab_size, tie_word_embeddings=tie, **{**TINY_SHAPE, **shape}
-    )
+    fields = copy.deepcopy({**TINY_SHAPE, **shape})  # transformers edits rope_scaling in place
+    config = transformers.LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=tie, **fields)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).float()
     model.save_pretrained(directory, safe_serialization=True)

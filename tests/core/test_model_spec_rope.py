@@ -95,7 +95,9 @@ def test_a_backend_that_fixes_scaling_values_names_each_one():
     scaling = RopeScaling(32.0, 1.0, 4.0, 32)
     scaling.refuse_unless({"low_freq_factor": 1.0}, backend="X")
     with pytest.raises(UsageError) as error:
-        scaling.refuse_unless({"factor": 8.0, "original_max_position_embeddings": 8192}, backend="X")
+        scaling.refuse_unless(
+            {"factor": 8.0, "original_max_position_embeddings": 8192}, backend="X"
+        )
     message = str(error.value)
     assert "factor=32.0, original_max_position_embeddings=32" in message
     assert "factor=8.0, original_max_position_embeddings=8192" in message

@@ -52,13 +52,15 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if not self.factor > 0:
-            raise UsageError(f"model spec: rope_scaling factor must be positive, got {self.factor!r}")
+            raise UsageError(
+                f"model spec: rope_scaling factor must be positive, got {self.factor!r}"
+            )
         if not self.high_freq_factor > self.low_freq_factor > 0:
             raise UsageError(
                 "model spec: rope_scaling needs high_freq_factor > low_freq_factor > 0, got "
                 f"{self.high_freq_factor!r} and {self.low_freq_factor!r}"
             )
-        original = self.original_max_position_embeddings
+        original: Any = self.original_max_position_embeddings  # as read from JSON
         if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
             raise UsageError(
                 "model spec: rope_scaling original_max_position_embeddings must be a positive "
@@ -80,9 +82,7 @@ class RopeScaling:
             return None
         missing = [field.name for field in fields(cls) if field.name not in scaling]
         if missing:
-            raise UsageError(
-                f"{source}: rope_scaling of type 'llama3' needs {', '.join(missing)}"
-            )
+            raise UsageError(f"{source}: rope_scaling of type 'llama3' needs {', '.join(missing)}")
         return cls(
             factor=float(scaling["factor"]),
             low_freq_factor=float(scaling["low_freq_factor"]),
@@ -174,11 +174,10 @@ class LlamaSpec:
                 raise UsageError(f"{source}: {key} is {config[key]!r}; supported: {required!r}")
         # transformers 5 writes rope_parameters (theta inside); earlier versions and the
         # hub's Llama 3.x configs write rope_theta and rope_scaling
-        parameters = config.get("rope_parameters") or {}
-        theta = config.get("rope_theta") or parameters.get("rope_theta") or 10000.0
-        scaling = RopeScaling.from_hf_dict(
-            config.get("rope_scaling") or parameters, source=source
-        )
+        parameters: dict[str, Any] = config.get("rope_parameters") or {}
+        scaling_entry: dict[str, Any] = config.get("rope_scaling") or parameters
+        theta: Any = config.get("rope_theta") or parameters.get("rope_theta") or 10000.0
+        scaling = RopeScaling.from_hf_dict(scaling_entry, source=source)
         try:
             hidden = int(config["hidden_size"])
             heads = int(config["num_attention_heads"])
@@ -201,7 +200,7 @@ class LlamaSpec:
 
     def to_hf_config(self, *, dtype: str = "float32") -> dict[str, Any]:
         """A ``config.json`` that ``transformers.LlamaConfig`` reads back to this spec."""
-        config = {
+        config: dict[str, Any] = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": self.vocab_size,

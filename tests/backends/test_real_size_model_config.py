@@ -1,8 +1,9 @@
 """The real-size recipes take ``--model-config`` and ``--init-from`` like the tiny ones:
 given a tiny Llama (Llama 3.1's ``rope_scaling`` included) they build that architecture
 with their own settings. TorchTitan's 8B recipe trains it 2 steps on CPU from the
-directory's weights; Megatron-Core's and MaxText's recipes are checked as configured
-(their 8B/7B settings need bf16 kernels, flash attention or prepared data on a GPU)."""
+directory's weights, and so does Megatron-Core's (bf16, the distributed optimizer);
+MaxText's is checked as configured (its 7B settings need flash attention on a GPU or
+a TPU)."""
 
 from __future__ import annotations
 
@@ -66,28 +67,43 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     assert LlamaSpec.from_dict(driver.settings["model_spec"]) == spec
 
 
-def test_megatron_8b_recipe_builds_a_model_config(tmp_path, capsys):
+def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
+    """Its own settings (bf16, the distributed optimizer, async saves) on CPU."""
     pytest.importorskip("megatron.core")
     from baton.backends.megatron.hf import transformer_fields
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
+    from baton.tools.data.prepare import prepare
 
     recipe = RECIPES / "megatron_llama3_8b.py"
-    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512, **SHAPE)
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
     argv = ["--model-config", str(hf_dir), "--tensor-parallel", "1", "--world-size", "2"]
     assert build_driver(recipe, ["--dry-run", *argv]) is None
     out = capsys.readouterr().out
-    assert "model 2 layers, hidden 64, FFN 176, 4 heads x 16 (2 KV groups), vocab 512" in out
+    assert "model 2 layers, hidden 64, FFN 176, 4 heads x 16 (2 KV groups), vocab 4096" in out
     assert "rope base 10000, rope scaling x8" in out
     assert "world size 2 = tensor 1 x pipeline 1 x data 2" in out
 
-    data = ["--data-path", "data/web", "--tokenizer", "tok/"]
-    driver = build_driver(recipe, ["--init-from", str(hf_dir), *data, "--run-dir", str(tmp_path)])
+    tokenizer = train_tokenizer(tmp_path / "tok", vocab_size=4096)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()[:200]))
+    prepare([corpus], tokenizer, tmp_path / "data" / "corpus", workers=1)
+    driver = build_driver(recipe, [
+        "--init-from", str(hf_dir), "--tokenizer", str(tokenizer.path), "--data-path",
+        str(tmp_path / "data" / "corpus"), "--max-steps", "2", "--seq-len", "64",
+        "--global-batch-size", "2", "--tensor-parallel", "1", "--run-dir", str(tmp_path / "run"),
+    ])  # fmt: skip
     assert driver is not None
     config = driver.backend.config
     fields = transformer_fields(spec)
     assert {name: getattr(config.model, name) for name in fields} == fields
-    assert (config.vocab_size, config.rotary_base, config.rope_scaling) == (512, 10000.0, True)
+    assert (config.vocab_size, config.rotary_base, config.rope_scaling) == (4096, 10000.0, True)
     assert config.init_from == str(hf_dir) and config.model.bf16
+    record = Losses()
+    driver.callbacks.append(record)
+    assert driver.fit().step == 2
+    assert record.losses[2] > math.log(4096) + 1  # the directory's large weights
     assert driver.settings["model_spec"] == spec.to_dict()
 
 

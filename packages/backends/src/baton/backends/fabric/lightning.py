@@ -291,6 +291,11 @@ class LightningBackend(FabricBackend):
         settings changes (a module without one has nothing to rebuild)."""
         return SCHEDULE_SETTINGS
 
+    @property
+    def supports_step_replay(self) -> bool:
+        """No: Lightning's loop draws the batches and runs the step (not replayable)."""
+        return False
+
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
         loss, metrics = self.loop.train_step()

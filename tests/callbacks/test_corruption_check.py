@@ -80,3 +80,19 @@ def test_majority_names_the_odd_rank_and_two_replicas_name_both():
     assert disagreements([{"w": "a"}, {"w": "b"}]) == [("w", [0, 1])]
     with pytest.raises(ValueError, match="action must be"):
         CorruptionCheck(action="explode")  # pyright: ignore[reportArgumentType]
+
+
+def test_a_refused_ability_is_named_up_front_with_its_reason():
+    from baton.core.backend import MissingAbilityError, check_abilities
+    from support.scalar_backend import ScalarBackend
+
+    class NoReplica(ScalarBackend):
+        refused_abilities = {"weight_checksums": "every parameter is sharded; use DDP"}  # pyright: ignore[reportAssignmentType]
+
+        def gather_weight_checksums(self) -> list[dict[str, str]]:
+            return [{}]
+
+    with pytest.raises(MissingAbilityError, match="refused: every parameter is sharded; use DDP"):
+        check_abilities(NoReplica(), {"CorruptionCheck()": CorruptionCheck().requires()})
+    with_it = type("WithReplica", (NoReplica,), {"refused_abilities": {}})
+    assert "weight_checksums" in check_abilities(with_it(), {})

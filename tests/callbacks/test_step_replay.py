@@ -63,7 +63,9 @@ def train(
 ) -> tuple[Driver, Losses]:
     losses = Losses()
     callbacks = [Checkpoint(every_n_steps=2, keep_last=None, save_on_stop=False), losses, *extra]
-    driver = Driver(backend(grad_clip), callbacks, max_steps=7, log_every=7, run_dir=tmp_path / name)
+    driver = Driver(
+        backend(grad_clip), callbacks, max_steps=7, log_every=7, run_dir=tmp_path / name
+    )
     driver.fit()
     return driver, losses
 

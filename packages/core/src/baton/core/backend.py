@@ -272,11 +272,7 @@ class ReplaysSteps(Protocol):
     replayed (a caller asks again before a later step). After that step,
     ``gather_replay_mismatches()`` (a collective) returns per rank the names (as in
     ``ChecksumsWeights``) whose checksums differed between the two runs: a fault of
-    that rank's hardware, since a healthy step is deterministic. A backend has the
-    ability where ``supports_step_replay`` is true (read after ``setup``)."""
-
-    @property
-    def supports_step_replay(self) -> bool: ...
+    that rank's hardware, since a healthy step is deterministic."""
 
     def replay_next_step(self) -> bool: ...
 
@@ -309,11 +305,22 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("gradients")
     if isinstance(backend, ChecksumsWeights):
         found.add("weight_checksums")
-    if isinstance(backend, ReplaysSteps) and backend.supports_step_replay:
+    if isinstance(backend, ReplaysSteps):
         found.add("step_replay")
     if backend.multi_rank:
         found.add("multi_rank")
-    return frozenset(found)
+    return frozenset(found - refused_abilities(backend).keys())
+
+
+def refused_abilities(backend: Backend) -> Mapping[str, str]:
+    """The abilities ``backend`` has the methods for but cannot offer in the run it built,
+    each with the reason and the fix (a backend's ``refused_abilities`` property, read
+    after ``setup``; none if it has no such property).
+
+    Example: a Fabric run sharded by FSDP refuses ``weight_checksums``: ``{"weight_checksums":
+    "FSDP shards every parameter: no replica to compare; use strategy='ddp'"}``.
+    """
+    return getattr(backend, "refused_abilities", None) or {}
 
 
 class MissingAbilityError(ValueError):
@@ -329,8 +336,11 @@ def check_abilities(
     to the abilities it needs. Returns the backend's abilities.
     """
     have = abilities(backend)
+    refused = refused_abilities(backend)
     problems = [
-        f"{who} needs {ability!r} ({ABILITY_HINTS[ability]})"
+        f"{who} needs {ability!r} ("
+        + (f"refused: {refused[ability]}" if ability in refused else ABILITY_HINTS[ability])
+        + ")"
         for who, wanted in needs.items()
         for ability in sorted(wanted)
         if ability not in have
@@ -415,4 +425,10 @@ class BackendBase:
 
     def describe(self) -> dict[str, Any]:
         """Facts recorded in each checkpoint so a mismatched resume fails clearly."""
+        return {}
+
+    @property
+    def refused_abilities(self) -> Mapping[str, str]:
+        """Abilities this backend's methods offer but its built run cannot, with why
+        (``refused_abilities(backend)``); none by default."""
         return {}

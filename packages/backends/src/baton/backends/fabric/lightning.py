@@ -292,9 +292,13 @@ class LightningBackend(FabricBackend):
         return SCHEDULE_SETTINGS
 
     @property
-    def supports_step_replay(self) -> bool:
-        """No: Lightning's loop draws the batches and runs the step (not replayable)."""
-        return False
+    def refused_abilities(self) -> dict[str, str]:
+        """Step replay: Lightning's loop draws the batches and runs the step itself."""
+        return {
+            **super().refused_abilities,
+            "step_replay": "a LightningModule's step runs in Lightning's own loop, which "
+            "baton cannot run twice on the same batches; use FabricBackend to replay steps",
+        }
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:

@@ -43,17 +43,26 @@ class Snapshot:
         scaler: Any,
         device: torch.device,
     ) -> None:
-        self.model, self.optimizer, self.schedulers, self.scaler = model, optimizer, schedulers, scaler
+        self.model, self.optimizer, self.schedulers, self.scaler = (
+            model,
+            optimizer,
+            schedulers,
+            scaler,
+        )
         self.device = device
         with torch.no_grad():
             self.tensors = [t.detach().clone() for t in self._tensors()]
         self.optimizer_state = {
-            param: {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                    for k, v in state.items()}
+            param: {
+                k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                for k, v in state.items()
+            }
             for param, state in optimizer.state.items()
         }
-        self.groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-                       for g in optimizer.param_groups]
+        self.groups = [
+            {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+            for g in optimizer.param_groups
+        ]
         self.scheduler_states = [copy.deepcopy(s.state_dict()) for s in schedulers]
         self.scaler_state = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
         self.rng = rng_state(device)
@@ -127,8 +136,9 @@ class StepReplay:
         finally:
             self._run, self._kept = 0, []
         second = state_checksums(model, optimizer)
-        self.mismatches = sorted(n for n in first.keys() | second.keys()
-                                 if first.get(n) != second.get(n))
+        self.mismatches = sorted(
+            n for n in first.keys() | second.keys() if first.get(n) != second.get(n)
+        )
         return output
 
 
@@ -150,10 +160,15 @@ class ReplaysFabricSteps:
     def _wait_for_staging(self) -> None: ...
 
     @property
-    def supports_step_replay(self) -> bool:
-        """Single-device and DDP runs; not sharded ones (FSDP: the checksums compare
-        whole tensors), nor a subclass with a step of its own (it says no)."""
-        return not self._sharded()
+    def refused_abilities(self) -> dict[str, str]:
+        """Under a sharded strategy (FSDP) no rank holds a replica of a whole tensor."""
+        if self.fabric is None or not self._sharded():
+            return {}
+        why = "this strategy shards every parameter: no rank holds a whole replica to "
+        return {
+            "weight_checksums": why + "compare; use strategy='ddp' to check replicas",
+            "step_replay": why + "checksum; use strategy='ddp' to replay steps",
+        }
 
     def _replayed_step(self, run_step: Callable[[], Any]) -> Any:
         """``run_step()`` run twice through ``self.replay`` (armed)."""

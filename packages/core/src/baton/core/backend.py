@@ -312,15 +312,20 @@ def abilities(backend: Backend) -> frozenset[Ability]:
     return frozenset(found - refused_abilities(backend).keys())
 
 
-def refused_abilities(backend: Backend) -> Mapping[str, str]:
-    """The abilities ``backend`` has the methods for but cannot offer in the run it built,
-    each with the reason and the fix (a backend's ``refused_abilities`` property, read
-    after ``setup``; none if it has no such property).
+@runtime_checkable
+class RefusesAbilities(Protocol):
+    """A backend that has an ability's methods but cannot offer it in the run it built
+    says so, with the reason and the fix, in ``refused_abilities`` (read after ``setup``;
+    ``BackendBase``: none). Example: a Fabric run sharded by FSDP gives
+    ``{"weight_checksums": "this strategy shards every parameter: ...; use strategy='ddp'"}``."""
 
-    Example: a Fabric run sharded by FSDP refuses ``weight_checksums``: ``{"weight_checksums":
-    "FSDP shards every parameter: no replica to compare; use strategy='ddp'"}``.
-    """
-    return getattr(backend, "refused_abilities", None) or {}
+    @property
+    def refused_abilities(self) -> Mapping[str, str]: ...
+
+
+def refused_abilities(backend: Backend) -> Mapping[str, str]:
+    """``backend.refused_abilities`` (``{ability: why}``), or none."""
+    return backend.refused_abilities if isinstance(backend, RefusesAbilities) else {}
 
 
 class MissingAbilityError(ValueError):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from baton.backends import torch_distributed, weight_checksums
+from baton.backends import torch_distributed
 from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
@@ -55,7 +55,7 @@ from baton.backends.fabric.checkpoint import (
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
 from baton.backends.fabric.gradients import GradientWatchers
-from baton.backends.fabric.replay import ReplaysFabricSteps, StepReplay
+from baton.backends.fabric.replay import FabricCorruptionChecks, StepReplay
 from baton.backends.fabric.step import (
     BatchError,
     call_model,
@@ -87,7 +87,7 @@ def _destroy_process_group() -> None:
 
 
 class FabricBackend(
-    torch_distributed.TorchDistributed, GradientWatchers, ReplaysFabricSteps, BackendBase
+    torch_distributed.TorchDistributed, GradientWatchers, FabricCorruptionChecks, BackendBase
 ):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
@@ -354,15 +354,6 @@ class FabricBackend(
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
         return torch_distributed.all_reduce_flags(flags, self._device)
-
-    def gather_weight_checksums(self) -> list[dict[str, str]]:
-        """Every rank's checksums of parameters and optimizer state (ability
-        ``weight_checksums``); replicated (DDP, single-device) models only: sharded
-        parameters differ by design."""
-        assert self.raw_model is not None
-        return weight_checksums.gather_weight_checksums(
-            self.raw_model, self.optimizer, sharded=self._sharded()
-        )
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""

@@ -1,5 +1,6 @@
 """Step replay for the Fabric backend (ability ``step_replay``): one optimizer step run
-twice from the same state, the two results compared bitwise.
+twice from the same state, the two results compared bitwise; and the mixin that gives
+``FabricBackend`` this ability and ``weight_checksums``.
 
 Example (what ``FabricBackend.train_step`` does once ``replay_next_step()`` armed it)::
 
@@ -28,7 +29,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from baton.backends.fabric.checkpoint import restore_rng_state, rng_state
-from baton.backends.weight_checksums import gather, state_checksums
+from baton.backends.weight_checksums import gather, gather_weight_checksums, state_checksums
 
 
 class Snapshot:
@@ -142,10 +143,11 @@ class StepReplay:
         return output
 
 
-class ReplaysFabricSteps:
-    """Mixed into ``FabricBackend``: the ``step_replay`` ability's methods. The backend's
-    ``train_step`` draws each batch through ``self.replay.draw`` and, when
-    ``self.replay.armed``, runs its step through ``self.replay.run``."""
+class FabricCorruptionChecks:
+    """Mixed into ``FabricBackend``: the ``weight_checksums`` and ``step_replay``
+    abilities' methods. The backend's ``train_step`` draws each batch through
+    ``self.replay.draw`` and, when ``self.replay.armed``, runs its step through
+    ``self.replay.run``."""
 
     replay: StepReplay
     #: optimizer steps this process has run (counted by the backend's ``train_step``)
@@ -158,6 +160,11 @@ class ReplaysFabricSteps:
     def _sharded(self) -> bool: ...
     def _schedulers(self) -> list[Any]: ...
     def _wait_for_staging(self) -> None: ...
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        """Every rank's checksums of parameters and optimizer state (ability
+        ``weight_checksums``); replicated (DDP, single-device) models only."""
+        return gather_weight_checksums(self.raw_model, self.optimizer, sharded=self._sharded())
 
     @property
     def refused_abilities(self) -> dict[str, str]:

@@ -272,7 +272,8 @@ class ReplaysSteps(Protocol):
     replayed (a caller asks again before a later step). After that step,
     ``gather_replay_mismatches()`` (a collective) returns per rank the names (as in
     ``ChecksumsWeights``) whose checksums differed between the two runs: a fault of
-    that rank's hardware, since a healthy step is deterministic."""
+    that rank's hardware, since a healthy step is deterministic. Gradient watchers
+    (``ShowsGradients``) see both runs of a replayed step."""
 
     def replay_next_step(self) -> bool: ...
 

@@ -5,7 +5,7 @@ Runs (one process group, each a new Driver), 8 steps with checkpoints every 2:
 while a bit of one parameter flips on rank 2 before step 5, with
 ``CorruptionCheck(every_n_steps=2)``; ``optimizer`` flips a bit of that parameter's
 Adam ``exp_avg`` instead (and stops); ``plain`` trains unhindered and ``replay`` with
-``replay_every_n_steps=3`` too. Each rank writes ``<out>/rank<r>.json``: per run, the
+``replay_every_n_steps=1`` too. Each rank writes ``<out>/rank<r>.json``: per run, the
 findings, the steps replayed, the last step, the losses and a hash of its parameters.
 """
 
@@ -85,7 +85,7 @@ def run(out: Path, name: str, flipped: str) -> dict[str, Any]:
     check = CorruptionCheck(
         every_n_steps=2,
         action="rollback" if name == "rollback" else "stop",
-        replay_every_n_steps=3 if name == "replay" else None,
+        replay_every_n_steps=1 if name == "replay" else None,
     )
     losses = Losses()
     callbacks = [Checkpoint(every_n_steps=2, keep_last=None, save_on_stop=False), losses]

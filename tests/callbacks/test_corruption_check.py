@@ -68,7 +68,8 @@ def test_a_flipped_bit_in_one_ranks_optimizer_state_is_named_with_the_state(ran)
 def test_replayed_steps_under_ddp_match_and_change_nothing(ran):
     _, ranks = ran
     for seen in ranks:
-        assert seen["replay"]["replayed"] == [3, 6]
+        # every step but the process's first (DDP regroups its buckets after it)
+        assert seen["replay"]["replayed"] == [2, 3, 4, 5, 6, 7, 8]
         assert seen["replay"]["findings"] == []
         assert seen["replay"]["losses"] == seen["plain"]["losses"]  # bitwise
         assert seen["replay"]["param_hash"] == seen["plain"]["param_hash"]

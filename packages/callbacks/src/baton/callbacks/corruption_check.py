@@ -22,7 +22,8 @@ A fault in the computation itself (a unit that sometimes computes wrong) need no
 replicas apart. With ``replay_every_n_steps`` the backend runs such a step twice from
 the same state on the same batches (ability ``step_replay``) and compares the two
 results bitwise on each rank: a healthy step is deterministic, so any difference names
-that rank and the tensors. The replayed step's second run is the one kept, so the check
+that rank and the tensors. On a GPU that needs deterministic kernels
+(``torch.use_deterministic_algorithms(True)``): atomic adds would differ run to run. The replayed step's second run is the one kept, so the check
 changes nothing in a healthy run; it costs one more step each time.
 
 On a finding the state is never saved (``control.veto_save``) and, per ``action``, the

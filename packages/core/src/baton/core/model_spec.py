@@ -109,8 +109,9 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class LlamaSpec:
-    """A decoder-only Llama model: RMSNorm, SwiGLU MLP, rotary positions, grouped-query
-    attention, no biases. Field names follow the architecture, not one framework."""
+    """A decoder-only Llama model: RMSNorm, SwiGLU MLP, rotary positions (optionally
+    Llama 3.1-style scaled), grouped-query attention, no biases. Field names follow the
+    architecture, not one framework."""
 
     vocab_size: int
     hidden_size: int

@@ -31,6 +31,7 @@ under their own names beside ``loss`` (and averaged over evaluation batches).
 from __future__ import annotations
 
 import atexit
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -283,8 +284,12 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
         metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
         total: torch.Tensor | None = None
         samples = tokens = 0
+        waited = 0.0
         for micro in range(cfg.grad_accum):
-            batch = fabric.to_device(self.stream.next())
+            started = time.perf_counter()
+            host_batch = self.stream.next()
+            waited += time.perf_counter() - started
+            batch = fabric.to_device(host_batch)
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
@@ -309,6 +314,7 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
             metrics=metrics,
             tokens=tokens * world,
             samples=samples * world,
+            data_wait_s=waited,
         )
 
     def _optimizer_step(self) -> None:

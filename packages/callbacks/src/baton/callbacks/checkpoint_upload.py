@@ -161,7 +161,8 @@ class CheckpointUpload(Callback):
         """
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with _exclusive(checkpoint_dir / FETCH_LOCK):
-            for name in store.resume_order():
+            names = store.resume_order()
+            for name in names:
                 try:
                     path = self._local_copy(store, checkpoint_dir / name)
                     if path is None:
@@ -185,7 +186,8 @@ class CheckpointUpload(Callback):
                         ", ".join(newer),
                     )
                 return path
-        log.warning("%s holds no complete checkpoint: each rank resumes from its own", self.url)
+        if names:
+            log.warning("%s holds no complete checkpoint: ranks plan from their own", self.url)
         return None
 
     def _local_copy(self, store: ObjectStore, local: Path) -> Path | None:

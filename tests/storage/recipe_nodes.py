@@ -1,6 +1,7 @@
 """Test recipe for node-local run directories: the scale-out GPT (Fabric DDP on the
 launched CPU ranks) whose run directory is ``RUN_DIR/node<N>``, N the torchrun agent's
-node (``GROUP_RANK``), as each node of a cluster would have its own local disk.
+node (``GROUP_RANK``), as each node of a cluster would have its own local disk
+(``--dir-per rank``: ``RUN_DIR/rank<R>``, a directory per rank).
 
 uv run torchrun --nnodes 2 --node-rank I ... -m baton.core.cli run \\
     tests/storage/recipe_nodes.py --run-dir /tmp/r --checkpoint-upload s3://bucket/run
@@ -16,8 +17,11 @@ from baton.callbacks import Checkpoint
 from baton.core import Driver
 
 
-def recipe(run_dir: str, max_steps: int = 10, every_n_steps: int = 5) -> Driver:
-    """Tiny GPT, data parallel, checkpoints every ``every_n_steps`` in a per-node directory."""
+def recipe(
+    run_dir: str, max_steps: int = 10, every_n_steps: int = 5, dir_per: str = "node"
+) -> Driver:
+    """Tiny GPT, data parallel, checkpoints every ``every_n_steps`` in a directory of
+    its own per node (or per rank)."""
     config = GPTTraining(
         model=GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32),
         batch_size=4,
@@ -26,7 +30,8 @@ def recipe(run_dir: str, max_steps: int = 10, every_n_steps: int = 5) -> Driver:
         decay_steps=20,
         accelerator="cpu",
     )
-    node_dir = Path(run_dir) / f"node{os.environ.get('GROUP_RANK', '0')}"
+    variable = {"node": "GROUP_RANK", "rank": "RANK"}[dir_per]
+    node_dir = Path(run_dir) / f"{dir_per}{os.environ.get(variable, '0')}"
     return Driver(
         config.backend(),
         [Checkpoint(every_n_steps=every_n_steps, keep_last=2)],

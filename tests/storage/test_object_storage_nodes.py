@@ -6,14 +6,17 @@ its own directory, and the ranks continue bitwise as the run that was never stop
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from baton.callbacks.object_store import ObjectStore
 from baton.core import checkpointing as ckpt
+from support.processes import run_job
 from support.states import assert_bitwise_equal, load_state
-from support.torchrun import torchrun_nodes
+from support.torchrun import failure_report, torchrun_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +46,30 @@ def test_every_node_fetches_the_buckets_checkpoint_and_resumes_bitwise(s3, tmp_p
     assert ckpt.read_meta(node1 / "step_000005")["step"] == 5
     assert_bitwise_equal(uninterrupted, load_state(node0 / "step_000010"), "resumed on 2 nodes")
     assert store.latest() == "step_000010"
+
+
+def test_ranks_whose_directories_hold_different_checkpoints_are_refused(tmp_path):
+    """Without object storage, rank 0's directory holds step 5 and rank 1's nothing:
+    both ranks stop before loading, naming the fix, instead of mixing states."""
+    import torch
+
+    from baton.core.recipe import build_driver
+
+    torch.set_num_threads(1)
+    args = ["--run-dir", str(tmp_path), "--dir-per", "rank", "--every-n-steps", "5"]
+    driver = build_driver(RECIPE, [*args, "--max-steps", "5"])  # rank 0's directory
+    assert driver is not None
+    driver.fit()
+    assert ckpt.latest(tmp_path / "rank0" / "checkpoints") is not None
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = run_job(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "-m", "baton.core.cli", "run", str(RECIPE), *args, "--max-steps", "10",
+         "--resume", "auto", "--allow-changed", "max_steps"],
+        env, 300,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, failure_report(done.stdout, done.stderr)
+    assert "planned to resume from different checkpoints (rank 0:" in out, out[-4000:]
+    assert "(rank 1: no checkpoint)" in out and "--checkpoint-upload" in out, out[-4000:]

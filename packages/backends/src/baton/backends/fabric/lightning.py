@@ -291,6 +291,15 @@ class LightningBackend(FabricBackend):
         settings changes (a module without one has nothing to rebuild)."""
         return SCHEDULE_SETTINGS
 
+    @property
+    def refused_abilities(self) -> dict[str, str]:
+        """Step replay: Lightning's loop draws the batches and runs the step itself."""
+        return {
+            **super().refused_abilities,
+            "step_replay": "a LightningModule's step runs in Lightning's own loop, which "
+            "baton cannot run twice on the same batches; use FabricBackend to replay steps",
+        }
+
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
         loss, metrics = self.loop.train_step()
@@ -301,8 +310,13 @@ class LightningBackend(FabricBackend):
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
         world = self.fabric.world_size
+        assert self.loop.stream is not None
         return StepOutput(
-            loss=loss, metrics=metrics, tokens=tokens * world, samples=samples * world
+            loss=loss,
+            metrics=metrics,
+            tokens=tokens * world,
+            samples=samples * world,
+            data_wait_s=self.loop.stream.take_wait(),
         )
 
     #: no ``skip_data`` ability: Trainer.fit has no step that reads batches without

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -54,7 +55,9 @@ from baton.backends import torch_distributed
 from baton.backends.async_save import FuturePendingSave
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
+from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.hf import vocab_mismatch
+from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
@@ -142,6 +145,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         self._steps_run = 0
         self._step_tokens = 0
         self._step_samples = 0
+        self._step_wait_s = 0.0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
 
     # -- facts ------------------------------------------------------------------------
@@ -258,7 +262,15 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
     # -- the step ---------------------------------------------------------------------
     def _counted_batches(self) -> Iterator[Any]:
         trainer = self.trainer
-        for input_dict, labels in trainer.batch_generator(trainer.dataloader):
+        batches = trainer.batch_generator(trainer.dataloader)
+        while True:
+            started = time.perf_counter()
+            try:
+                input_dict, labels = next(batches)
+            except StopIteration:
+                return
+            finally:
+                self._step_wait_s += time.perf_counter() - started
             self._step_tokens += labels.numel()
             self._step_samples += labels.shape[0]
             yield input_dict, labels
@@ -276,6 +288,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         trainer.gc_handler.run(step)
         lrs = trainer.lr_schedulers.get_metrics()
         self._step_tokens = self._step_samples = 0
+        self._step_wait_s = 0.0
         with capture.step():
             trainer.train_step(self._batches)
         self._profiler.step()
@@ -304,6 +317,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             metrics=metrics,
             tokens=self._step_tokens * degree,
             samples=self._step_samples * degree,
+            data_wait_s=self._step_wait_s,
         )
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
@@ -349,6 +363,18 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         finally:
             del processor.log_validation
         return seen
+
+    # -- silent-corruption checks ------------------------------------------------------
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        """Every rank's checksums of its parameters' and optimizer state's local parts
+        (ability ``weight_checksums``; see ``torchtitan/checksums.py``)."""
+        return [entry or {} for entry in gather(replica_checksums(self.trainer, self.rank))]
+
+    @property
+    def refused_abilities(self) -> dict[str, str]:
+        """Checksums need a ``dp_replicate`` dimension to compare replicas along."""
+        why = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
+        return {"weight_checksums": why} if why else {}
 
     # -- checkpoints ------------------------------------------------------------------
     def layout(self) -> dict[str, int]:

@@ -11,9 +11,9 @@ or interleaved) over the micro-batches, ``finalize_model_grads``, ``optimizer.st
 scheduler step. Checkpoints are ``dist_checkpointing`` sharded state dicts (model,
 optimizer; scheduler, data position, layout and RNG alongside), saved asynchronously on
 request (the write on a thread on CPU, ``thread_writer``; Megatron's forked writer with
-CUDA; from a process's second async save on, the save plans of the first are reused,
-checked by Megatron, and the sharding is not validated again, as Megatron-LM's
-``--ckpt-assume-constant-structure`` does) and resharded on load to
+CUDA; the sharding is validated at a process's first async save only, and Megatron
+reuses the cached save plans from its third on, once the second has checked them, as
+Megatron-LM's ``--ckpt-assume-constant-structure`` does) and resharded on load to
 another tensor/pipeline layout where Megatron can.
 ``megatron.training`` (Megatron-LM's loop) is never imported.
 

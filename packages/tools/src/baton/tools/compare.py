@@ -109,9 +109,14 @@ def tiny_llama_spec(
 
 def save_llama(spec: LlamaSpec, directory: Path, seed: int = 0) -> Path:
     """A randomly initialised fp32 ``LlamaForCausalLM`` of ``spec``, with ``save_pretrained``."""
-    import torch
-    import transformers
-
+    try:
+        import torch
+        import transformers
+    except ImportError as error:
+        raise UsageError(
+            f"building the model to compare needs torch and transformers ({error}): install "
+            "baton-tools[export], or pass --init-from a Hugging Face Llama directory"
+        ) from None
     config = transformers.LlamaConfig(**spec.to_hf_config())
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(config).float().save_pretrained(directory)

@@ -3,8 +3,10 @@
 Runs (one process group, each a new Driver), 8 steps with checkpoints every 2:
 ``plain_rollback`` is rolled back to step 4 before step 7; ``stop`` and ``rollback`` train
 while a bit of one parameter flips on rank 2 before step 5, with
-``CorruptionCheck(every_n_steps=2)``. Each rank writes ``<out>/rank<r>.json``: per run,
-the findings, the last step and a hash of its parameters.
+``CorruptionCheck(every_n_steps=2)``; ``optimizer`` flips a bit of that parameter's
+Adam ``exp_avg`` instead (and stops); ``plain`` trains unhindered and ``replay`` with
+``replay_every_n_steps=1`` too. Each rank writes ``<out>/rank<r>.json``: per run, the
+findings, the steps replayed, the last step, the losses and a hash of its parameters.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from baton.core import checkpointing as ckpt
 
 
 class FlipBit(Callback):
-    """Flip one bit of parameter ``name`` on rank ``rank`` before step ``at`` (once)."""
+    """Flip one bit of parameter ``name`` (or of its optimizer ``state``) on rank
+    ``rank`` before step ``at`` (once)."""
 
-    def __init__(self, rank: int, at: int, name: str) -> None:
+    def __init__(self, rank: int, at: int, name: str, state: str | None = None) -> None:
         self.rank, self.at, self.name, self.done = rank, at, name, False
+        self.state = state
 
     def on_step_start(self, driver: Driver) -> None:
         backend: Any = driver.backend
@@ -36,6 +40,8 @@ class FlipBit(Callback):
             return
         self.done = True
         param = dict(backend.raw_model.named_parameters())[self.name]
+        if self.state is not None:
+            param = backend.optimizer.state[param][self.state]
         with torch.no_grad():
             param.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 12)
 
@@ -67,12 +73,29 @@ def backend() -> Any:
     ).backend()
 
 
-def run(out: Path, name: str, extra: list[Callback], flipped: str) -> dict[str, Any]:
-    check = CorruptionCheck(every_n_steps=2, action="rollback" if name == "rollback" else "stop")
-    callbacks = [Checkpoint(every_n_steps=2, keep_last=None, save_on_stop=False), *extra]
+class Losses(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_step_end(self, driver: Driver, output: Any) -> None:
+        self.losses.append(float(output.loss))
+
+
+def run(out: Path, name: str, flipped: str) -> dict[str, Any]:
+    check = CorruptionCheck(
+        every_n_steps=2,
+        action="rollback" if name == "rollback" else "stop",
+        replay_every_n_steps=1 if name == "replay" else None,
+    )
+    losses = Losses()
+    callbacks = [Checkpoint(every_n_steps=2, keep_last=None, save_on_stop=False), losses]
     if name == "plain_rollback":
         callbacks.append(RollBackOnce(at=7, to=4))
-    else:
+    elif name == "optimizer":
+        callbacks += [check, FlipBit(rank=2, at=5, name=flipped, state="exp_avg")]
+    elif name == "replay":
+        callbacks.append(check)
+    elif name != "plain":
         callbacks += [check, FlipBit(rank=2, at=5, name=flipped)]
     driver = Driver(backend(), callbacks, max_steps=8, log_every=2, run_dir=out / name)
     driver.fit()
@@ -80,6 +103,8 @@ def run(out: Path, name: str, extra: list[Callback], flipped: str) -> dict[str, 
     flat = torch.cat([p.detach().flatten() for p in model.raw_model.parameters()])
     return {
         "findings": check.findings,
+        "replayed": check.replayed,
+        "losses": losses.losses,
         "step": driver.step,
         "param_hash": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
     }
@@ -90,8 +115,8 @@ def main() -> None:
     torch.set_num_threads(1)
     flipped = "blocks.0.mlp.0.weight"
     results: dict[str, Any] = {"flipped": flipped}
-    for name in ("plain_rollback", "stop", "rollback"):
-        results[name] = run(out, name, [], flipped)
+    for name in ("plain_rollback", "stop", "rollback", "optimizer", "plain", "replay"):
+        results[name] = run(out, name, flipped)
     rank = int(os.environ["RANK"])
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 

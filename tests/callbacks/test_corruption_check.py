@@ -1,11 +1,14 @@
 """CorruptionCheck under torchrun with 3 CPU ranks: a bit flipped in one parameter on
 rank 2 is found at the next check, naming that rank and parameter; the run stops
-unsaved, or rolls back and ends bitwise equal to the same rollback without the flip."""
+unsaved, or rolls back and ends bitwise equal to the same rollback without the flip. A
+bit flipped in one rank's optimizer state is named with the state; replayed steps under
+DDP match themselves and leave the run as it was without the check."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +20,16 @@ from support.torchrun import torchrun
 WORKER = Path(__file__).with_name("corruption_worker.py")
 
 
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("corruption")
+    torchrun(WORKER, str(out), nproc=3, timeout=400)
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
+
+
 @pytest.mark.slow
-def test_a_flipped_bit_on_one_rank_is_named_then_stopped_or_rolled_back(tmp_path):
-    torchrun(WORKER, str(tmp_path), nproc=3, timeout=400)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+def test_a_flipped_bit_on_one_rank_is_named_then_stopped_or_rolled_back(ran):
+    tmp_path, ranks = ran
     flipped = ranks[0]["flipped"]
     for seen in ranks:
         # every rank found the same thing at the first check after the flip (step 6)
@@ -42,9 +51,49 @@ def test_a_flipped_bit_on_one_rank_is_named_then_stopped_or_rolled_back(tmp_path
     assert rolled == [ckpt.checkpoint_name(s) for s in (2, 4, 6, 8)]
 
 
+@pytest.mark.slow
+def test_a_flipped_bit_in_one_ranks_optimizer_state_is_named_with_the_state(ran):
+    _, ranks = ran
+    flipped = ranks[0]["flipped"]
+    for seen in ranks:
+        # the flipped moment also moved that rank's weight in step 5; both name rank 2
+        assert seen["optimizer"]["findings"] == [
+            {"step": 6, "parameter": flipped, "ranks": [2]},
+            {"step": 6, "parameter": flipped, "ranks": [2], "state": "exp_avg"},
+        ]
+        assert seen["optimizer"]["step"] == 6
+
+
+@pytest.mark.slow
+def test_replayed_steps_under_ddp_match_and_change_nothing(ran):
+    _, ranks = ran
+    for seen in ranks:
+        # every step but the process's first (DDP regroups its buckets after it)
+        assert seen["replay"]["replayed"] == [2, 3, 4, 5, 6, 7, 8]
+        assert seen["replay"]["findings"] == []
+        assert seen["replay"]["losses"] == seen["plain"]["losses"]  # bitwise
+        assert seen["replay"]["param_hash"] == seen["plain"]["param_hash"]
+
+
 def test_majority_names_the_odd_rank_and_two_replicas_name_both():
     assert disagreements([{"w": "a", "b": "x"}] * 4) == []
     assert disagreements([{"w": "a"}, {"w": "b"}, {"w": "a"}]) == [("w", [1])]
     assert disagreements([{"w": "a"}, {"w": "b"}]) == [("w", [0, 1])]
     with pytest.raises(ValueError, match="action must be"):
         CorruptionCheck(action="explode")  # pyright: ignore[reportArgumentType]
+
+
+def test_a_refused_ability_is_named_up_front_with_its_reason():
+    from baton.core.backend import MissingAbilityError, check_abilities
+    from support.scalar_backend import ScalarBackend
+
+    class NoReplica(ScalarBackend):
+        refused_abilities = {"weight_checksums": "every parameter is sharded; use DDP"}  # pyright: ignore[reportAssignmentType]
+
+        def gather_weight_checksums(self) -> list[dict[str, str]]:
+            return [{}]
+
+    with pytest.raises(MissingAbilityError, match="refused: every parameter is sharded; use DDP"):
+        check_abilities(NoReplica(), {"CorruptionCheck()": CorruptionCheck().requires()})
+    with_it = type("WithReplica", (NoReplica,), {"refused_abilities": {}})
+    assert "weight_checksums" in check_abilities(with_it(), {})

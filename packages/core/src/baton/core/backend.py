@@ -9,8 +9,8 @@ backend may lack are small protocols of their own, found in one place
 (``abilities``): ``evaluate`` (``Evaluates``), ``skip_data`` (``SkipsData``),
 ``async_save`` (``SavesAsync`` with ``supports_async_save`` true), ``multi_rank``
 (``multi_rank`` true: flags and barriers that really span ranks), ``gradients``
-(``ShowsGradients``: the gradients before each optimizer step) and ``weight_checksums``
-(``ChecksumsWeights``). A callback that needs one says so in ``Callback.requires``; the
+(``ShowsGradients``: the gradients before each optimizer step), ``weight_checksums``
+(``ChecksumsWeights``) and ``step_replay`` (``ReplaysSteps``). A callback that needs one says so in ``Callback.requires``; the
 driver checks after ``backend.setup`` and before the first step, and names the callback
 and the missing ability.
 
@@ -57,7 +57,13 @@ from baton.core.metrics import StepOutput, to_float
 
 #: what a backend may or may not be able to do; see ``abilities``
 Ability = Literal[
-    "evaluate", "skip_data", "async_save", "multi_rank", "gradients", "weight_checksums"
+    "evaluate",
+    "skip_data",
+    "async_save",
+    "multi_rank",
+    "gradients",
+    "weight_checksums",
+    "step_replay",
 ]
 
 ABILITY_HINTS: dict[str, str] = {
@@ -67,6 +73,7 @@ ABILITY_HINTS: dict[str, str] = {
     "multi_rank": "multi_rank = True: barrier() and all_reduce_flags() that span every rank",
     "gradients": "watch_gradients(watcher): the gradients shown before each optimizer step",
     "weight_checksums": "gather_weight_checksums() returning each rank's parameter checksums",
+    "step_replay": "replay_next_step() and gather_replay_mismatches(): a step run twice, compared",
 }
 
 
@@ -240,10 +247,37 @@ class UsesRunDir(Protocol):
 @runtime_checkable
 class ChecksumsWeights(Protocol):
     """Ability ``weight_checksums``: a bitwise checksum of each parameter this rank holds
-    as a data-parallel replica, gathered from every rank (a collective: every rank calls
-    it at the same step). Entry ``r`` is rank ``r``'s ``{parameter name: checksum}``."""
+    as a data-parallel replica, and of the optimizer state of those parameters where it
+    is replicated too, gathered from every rank (a collective: every rank calls it at
+    the same step). Entry ``r`` is rank ``r``'s ``{name: checksum}``; a parameter is
+    keyed by its name, its optimizer state ``"<parameter>:<state>"``
+    (``"layer.weight:exp_avg"``). Ranks are compared on the names they hold: a backend
+    whose ranks hold different shards under one name keys them apart
+    (``"layer.weight@tp1"``). A backend that cannot (every parameter sharded, no
+    replica) raises a clear error when called and says so in its docs."""
 
     def gather_weight_checksums(self) -> list[dict[str, str]]: ...
+
+
+@runtime_checkable
+class ReplaysSteps(Protocol):
+    """Ability ``step_replay``: a step run twice from the same state, compared bitwise.
+
+    ``replay_next_step()`` (called before a step, on every rank alike) asks that the next
+    ``train_step`` snapshot the state (weights, optimizer, schedule, random state), run
+    the step, take the checksums of weights and optimizer state, restore the snapshot,
+    run the step again on the same batches without drawing new ones, and take the
+    checksums again; the second run's result stands, so a healthy replay leaves training
+    exactly as it would have been. It returns ``False`` when the next step cannot be
+    replayed (a caller asks again before a later step). After that step,
+    ``gather_replay_mismatches()`` (a collective) returns per rank the names (as in
+    ``ChecksumsWeights``) whose checksums differed between the two runs: a fault of
+    that rank's hardware, since a healthy step is deterministic. Gradient watchers
+    (``ShowsGradients``) see both runs of a replayed step."""
+
+    def replay_next_step(self) -> bool: ...
+
+    def gather_replay_mismatches(self) -> list[list[str]]: ...
 
 
 @runtime_checkable
@@ -272,9 +306,27 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("gradients")
     if isinstance(backend, ChecksumsWeights):
         found.add("weight_checksums")
+    if isinstance(backend, ReplaysSteps):
+        found.add("step_replay")
     if backend.multi_rank:
         found.add("multi_rank")
-    return frozenset(found)
+    return frozenset(found - refused_abilities(backend).keys())
+
+
+@runtime_checkable
+class RefusesAbilities(Protocol):
+    """A backend that has an ability's methods but cannot offer it in the run it built
+    says so, with the reason and the fix, in ``refused_abilities`` (read after ``setup``;
+    ``BackendBase``: none). Example: a Fabric run sharded by FSDP gives
+    ``{"weight_checksums": "this strategy shards every parameter: ...; use strategy='ddp'"}``."""
+
+    @property
+    def refused_abilities(self) -> Mapping[str, str]: ...
+
+
+def refused_abilities(backend: Backend) -> Mapping[str, str]:
+    """``backend.refused_abilities`` (``{ability: why}``), or none."""
+    return backend.refused_abilities if isinstance(backend, RefusesAbilities) else {}
 
 
 class MissingAbilityError(ValueError):
@@ -290,8 +342,11 @@ def check_abilities(
     to the abilities it needs. Returns the backend's abilities.
     """
     have = abilities(backend)
+    refused = refused_abilities(backend)
     problems = [
-        f"{who} needs {ability!r} ({ABILITY_HINTS[ability]})"
+        f"{who} needs {ability!r} ("
+        + (f"refused: {refused[ability]}" if ability in refused else ABILITY_HINTS[ability])
+        + ")"
         for who, wanted in needs.items()
         for ability in sorted(wanted)
         if ability not in have
@@ -376,4 +431,10 @@ class BackendBase:
 
     def describe(self) -> dict[str, Any]:
         """Facts recorded in each checkpoint so a mismatched resume fails clearly."""
+        return {}
+
+    @property
+    def refused_abilities(self) -> Mapping[str, str]:
+        """Abilities this backend's methods offer but its built run cannot, with why
+        (``refused_abilities(backend)``); none by default."""
         return {}

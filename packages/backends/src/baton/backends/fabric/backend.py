@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from baton.backends import torch_distributed, weight_checksums
+from baton.backends import torch_distributed
 from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
@@ -55,6 +55,7 @@ from baton.backends.fabric.checkpoint import (
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
 from baton.backends.fabric.gradients import GradientWatchers
+from baton.backends.fabric.replay import FabricCorruptionChecks, StepReplay
 from baton.backends.fabric.step import (
     BatchError,
     call_model,
@@ -85,7 +86,9 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, BackendBase):
+class FabricBackend(
+    torch_distributed.TorchDistributed, GradientWatchers, FabricCorruptionChecks, BackendBase
+):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
     Args:
@@ -153,6 +156,7 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
         #: holds the optimizer step while an asynchronous save copies the weights
         self._staging = StagingGate()
         self._staging_hook: Any = None
+        self.replay = StepReplay()
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -278,13 +282,17 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
+        self.steps_run += 1
+        return self._replayed_step(self._step) if self.replay.armed else self._step()
+
+    def _step(self) -> StepOutput:
         assert self.stream is not None and self.optimizer is not None
         fabric, cfg = self.fabric, self.config
         metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
         total: torch.Tensor | None = None
         samples = tokens = 0
         for micro in range(cfg.grad_accum):
-            batch = fabric.to_device(self.stream.next())
+            batch = fabric.to_device(self.replay.draw(self.stream.next))
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
@@ -346,12 +354,6 @@ class FabricBackend(torch_distributed.TorchDistributed, GradientWatchers, Backen
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
         return torch_distributed.all_reduce_flags(flags, self._device)
-
-    def gather_weight_checksums(self) -> list[dict[str, str]]:
-        """Every rank's parameter checksums (ability ``weight_checksums``); replicated
-        (DDP, single-device) models only: sharded parameters differ by design."""
-        assert self.raw_model is not None
-        return weight_checksums.gather_weight_checksums(self.raw_model, sharded=self._sharded())
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""

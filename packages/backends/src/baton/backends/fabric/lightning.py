@@ -291,6 +291,15 @@ class LightningBackend(FabricBackend):
         settings changes (a module without one has nothing to rebuild)."""
         return SCHEDULE_SETTINGS
 
+    @property
+    def refused_abilities(self) -> dict[str, str]:
+        """Step replay: Lightning's loop draws the batches and runs the step itself."""
+        return {
+            **super().refused_abilities,
+            "step_replay": "a LightningModule's step runs in Lightning's own loop, which "
+            "baton cannot run twice on the same batches; use FabricBackend to replay steps",
+        }
+
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
         loss, metrics = self.loop.train_step()

@@ -49,6 +49,7 @@ from baton.backends.megatron.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
     ByteEodTokenizer,
@@ -62,6 +63,7 @@ from baton.backends.megatron.data import (
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
+from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
 
@@ -329,6 +331,22 @@ class MegatronBackend(TorchDistributed, BackendBase):
             for chunk in self.chunks:
                 chunk.train()
         return {"loss": self._mean_loss(reduced)}
+
+    # -- silent-corruption checks ------------------------------------------------------
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        """Every rank's checksums of its parameters and replicated optimizer state
+        (ability ``weight_checksums``; see ``megatron/checksums.py``)."""
+        return [entry or {} for entry in gather(replica_checksums(self.chunks, self.optimizer))]
+
+    @property
+    def refused_abilities(self) -> dict[str, str]:
+        """Checksums need data-parallel replicas to compare."""
+        if not self.chunks or self.config.data_parallel_size(self.world_size) > 1:
+            return {}
+        return {
+            "weight_checksums": "data-parallel size 1: every rank holds its own shard, no "
+            "replica to compare; launch more ranks than tensor x pipeline parallel"
+        }
 
     # -- checkpoints ----------------------------------------------------------------
     def layout(self) -> dict[str, Any]:

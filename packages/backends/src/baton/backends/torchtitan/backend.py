@@ -54,7 +54,9 @@ from baton.backends import torch_distributed
 from baton.backends.async_save import FuturePendingSave
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
+from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.hf import vocab_mismatch
+from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
@@ -349,6 +351,18 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         finally:
             del processor.log_validation
         return seen
+
+    # -- silent-corruption checks ------------------------------------------------------
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        """Every rank's checksums of its parameters' and optimizer state's local parts
+        (ability ``weight_checksums``; see ``torchtitan/checksums.py``)."""
+        return [entry or {} for entry in gather(replica_checksums(self.trainer, self.rank))]
+
+    @property
+    def refused_abilities(self) -> dict[str, str]:
+        """Checksums need a ``dp_replicate`` dimension to compare replicas along."""
+        why = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
+        return {"weight_checksums": why} if why else {}
 
     # -- checkpoints ------------------------------------------------------------------
     def layout(self) -> dict[str, int]:

@@ -190,12 +190,14 @@ def test_first_step_losses_of_the_four_backends_agree(exports, maxtext_target, t
     backend's data path: those cut and order the prepared tokens differently (Megatron's
     ``GPTDataset`` shuffles samples, MaxText's Grain reads its own order, TorchTitan
     restarts positions after each end-of-document token), so their step-1 batches
-    differ. Measured: all four agree within 3e-7 relative (fp32). The remaining
-    differences are floating-point order only: matmul and softmax reductions in
-    different kernels (PyTorch SDPA, the eager attention of transformers and
-    Megatron-Core, XLA's dot_product attention), MaxText's attention scale folded into
-    the query kernel (``hf_to_maxtext``) instead of applied to the scores, and the
-    rotary tables computed in complex form (TorchTitan) or with cos/sin (the others)."""
+    differ. Measured (fp32): Megatron-Core's loss equals transformers' to the bit,
+    TorchTitan's differs by 8e-8 relative, MaxText's by 2.4e-7. The remaining
+    differences are floating-point order only: attention in different kernels (PyTorch
+    SDPA in TorchTitan and transformers, Megatron-Core's DotProductAttention, XLA's
+    ``dot_product`` attention in MaxText), MaxText's attention scale folded into the
+    query kernel (``hf_to_maxtext``) instead of applied to the scores, XLA's own matmul
+    and reduction order, and TorchTitan's rotary tables in complex form (cos/sin in the
+    others)."""
     from torchtitan.components.loss import cross_entropy_loss
 
     from baton.backends.megatron.step import gpt_loss

@@ -275,8 +275,10 @@ def compare(
             f"--recipes {recipes} lacks {', '.join(missing)}; run from the project's root "
             "or pass --recipes PATH/TO/recipes"
         )
-    if init_from is not None:
-        check_model(init_from, 0)  # before any data is prepared
+    if init_from is not None:  # the model checked before any data is prepared
+        check_model(init_from, 0)
+    else:
+        tiny_llama_spec(layers=layers, hidden=hidden, heads=heads, vocab_size=1, seq_len=seq_len)
     root = Path(run_dir)
     if data_path is None or tokenizer is None:
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)

@@ -53,7 +53,7 @@ def logits(backend: Any, tokens: Any) -> np.ndarray:
             decoder_segment_ids=batch["inputs_segmentation"],
             enable_dropout=False,
         )
-    return np.asarray(jax.device_get(out), dtype=np.float32)
+    return np.array(jax.device_get(out), dtype=np.float32)  # a writable copy
 
 
 def loss(backend: Any, tokens: Any, targets: Any) -> float:

@@ -16,13 +16,24 @@ MaxText would build, no training:
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 8
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 16 \
         --ici-fsdp-parallelism 4 --ici-tensor-parallelism 2 --ici-data-parallelism 2
+
+Model: Llama 2 7B (MaxText's ``llama2-7b``), or any Llama ``config.json`` with
+``--model-config DIR_OR_FILE`` (MaxText config keys, scanned layers; Llama 3.1's
+``rope_scaling`` as MaxText's ``llama3.1`` rope); ``--init-from HF_DIR`` (a
+``save_pretrained`` directory) trains that directory's architecture from its weights,
+converted once into ``<run-dir>/hf-params`` (a baton checkpoint: its weights), step 0:
+    uv run baton run recipes/maxtext_llama2_7b.py --init-from hf/Llama-2-7b \
+        --tokenizer hf/Llama-2-7b --data-path data/corpus
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from baton.backends.maxtext import MaxTextBackend, MaxTextConfig
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 
 HARDWARE = {
     "gpu": {
@@ -54,6 +65,8 @@ def recipe(
     run_dir: str = "runs/maxtext_llama2_7b",
     dry_run: bool = False,
     devices: int = 8,
+    init_from: str | None = None,
+    model_config: str | None = None,
 ) -> Driver | None:
     """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU.
 
@@ -71,12 +84,14 @@ def recipe(
         dcn_data_parallelism: data parallel degree across hosts (-1: the rest).
         data_path: a prepared prefix or blend, or JSON/Parquet files (required to train).
         tokenizer: a Hugging Face tokenizer directory (required to train).
-        vocab_size: the model's vocabulary rows (at least the tokenizer's size).
+        vocab_size: the model's vocabulary rows (at least the tokenizer's; --model-config sets it).
         log_every: steps between log lines.
         save_every: steps between checkpoints (0: only at the end).
         run_dir: where checkpoints and logs go.
         dry_run: check the config and print the mesh on CPU, without training.
         devices: CPU devices simulated by --dry-run.
+        init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
     """
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
@@ -102,6 +117,14 @@ def recipe(
         "log_config": False,
         **HARDWARE[hardware],
     }
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
+    if spec is not None:  # that architecture instead of llama2-7b's (vocabulary included)
+        from baton.backends.maxtext.hf import maxtext_settings
+
+        overrides |= {"model_name": "default"} | maxtext_settings(spec)
+    if init_from is not None and not dry_run:
+        overrides["load_parameters_path"] = str(_parameters(init_from, run_dir))
     config = MaxTextConfig(overrides=overrides, data_path=data_path, tokenizer=tokenizer)
     backend = MaxTextBackend(config)
     if dry_run:
@@ -118,4 +141,17 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )
+
+
+def _parameters(init_from: str, run_dir: str) -> Path:
+    """MaxText's ``load_parameters_path`` for ``--init-from``: a Hugging Face directory
+    converted under the run directory, or a baton checkpoint's parameters."""
+    if is_hf_dir(init_from):
+        from baton.backends.maxtext.hf import write_params
+
+        return write_params(init_from, f"{run_dir}/hf-params")
+    from baton.backends.maxtext.checkpoint import params_path
+
+    return params_path(Path(init_from))

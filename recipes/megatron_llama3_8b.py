@@ -16,6 +16,14 @@ Data: prepared datasets (``baton data prepare``; a prefix or a blend such as
 ``"0.7 data/web 0.3 data/code"``) read with the Llama 3 tokenizer directory they were
 prepared with, through Megatron's GPTDataset. Without ``--data-path`` and ``--tokenizer``
 the recipe refuses to start. The model keeps Llama 3's 128256-row vocabulary.
+
+Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE`` (built
+through ``TransformerConfig``; Llama 3.x ``rope_scaling`` as Megatron's ``rope_scaling``);
+``--init-from HF_DIR`` (a ``save_pretrained`` directory, e.g. Llama-3.1-8B) trains that
+directory's architecture from its weights (a baton checkpoint: its weights), step 0::
+
+    torchrun --nproc-per-node 8 -m baton.core.cli run recipes/megatron_llama3_8b.py \\
+        --init-from hf/Llama-3.1-8B --data-path data/web --tokenizer hf/Llama-3.1-8B
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.model_spec import LlamaSpec, check_init_from, resolve_spec
 
 
 def llama3_8b_config(
@@ -35,12 +44,16 @@ def llama3_8b_config(
     micro_batch_size: int,
     global_batch_size: int,
     lr: float,
+    spec: LlamaSpec | None = None,
 ) -> MegatronConfig:
+    """The 8B run's Megatron configuration; ``spec``: that architecture instead of 8B's."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
-    model = TransformerConfig(
+    from baton.backends.megatron.hf import transformer_fields, use_spec
+
+    architecture = dict(
         num_layers=32,
         hidden_size=4096,
         ffn_hidden_size=14336,
@@ -52,6 +65,11 @@ def llama3_8b_config(
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
+    )
+    if spec is not None:
+        architecture = transformer_fields(spec)
+    model = TransformerConfig(
+        **architecture,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bf16=True,
@@ -73,9 +91,12 @@ def llama3_8b_config(
         layer_spec="auto",
         position_embedding_type="rope",
         share_embeddings_and_output_weights=False,
+        rotary_base=500000.0,
         warmup_steps=2000,
         decay_steps=100_000,
     )
+    if spec is not None:
+        use_spec(config, spec)
     config.optimizer.lr, config.optimizer.min_lr = lr, lr / 10
     config.optimizer.bf16 = True
     config.optimizer.params_dtype = torch.bfloat16
@@ -112,6 +133,12 @@ def print_layout(config: MegatronConfig, world_size: int) -> None:
             f"the interleaved schedule needs micro-batches ({micro}) divisible by pipeline "
             f"parallel {pp}; change the global or micro batch size"
         )
+    print(
+        f"model {m.num_layers} layers, hidden {m.hidden_size}, FFN {m.ffn_hidden_size}, "
+        f"{m.num_attention_heads} heads x {m.kv_channels} ({m.num_query_groups} KV groups), "
+        f"vocab {vocab}, rope base {config.rotary_base:g}"
+        + (f", rope scaling x{config.rope_scaling_factor:g}" if config.rope_scaling else "")
+    )
     print(f"world size {world_size} = tensor {tp} x pipeline {pp} x data {dp}")
     print(
         f"layers per pipeline stage {m.num_layers // pp} ({vpp} virtual stage(s) of "
@@ -146,6 +173,8 @@ def recipe(
     tokenizer: str | None = None,
     save_every: int = 500,
     run_dir: str = "runs/megatron_llama3_8b",
+    init_from: str | None = None,
+    model_config: str | None = None,
 ) -> Driver | None:
     """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout).
 
@@ -164,7 +193,11 @@ def recipe(
         tokenizer: the Llama 3 tokenizer directory the data was prepared with.
         save_every: steps between checkpoints (0: only at the end).
         run_dir: where checkpoints, logs and the dataset index cache go.
+        init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
     """
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
     config = llama3_8b_config(
         tensor_parallel,
         pipeline_parallel,
@@ -173,6 +206,7 @@ def recipe(
         micro_batch_size,
         global_batch_size,
         lr,
+        spec,
     )
     world = world_size or int(os.environ.get("WORLD_SIZE", tensor_parallel * pipeline_parallel))
     if dry_run:
@@ -187,10 +221,12 @@ def recipe(
     config.data.data_path, config.data.tokenizer = data_path, tokenizer
     config.data.train_samples = max_steps * global_batch_size
     config.data.cache_dir = f"{run_dir}/data"
+    config.init_from = init_from  # weights only: fresh optimizer, step 0
     return Driver(
         MegatronBackend(config),
         standard_callbacks(save_every=save_every, async_save=True),
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

@@ -11,6 +11,15 @@ local Hugging Face directory (``tokenizer.json``; the Llama 3.1 one for real run
 ``--dry-run`` needs neither: it checks the layout (``--dp-shard`` x ``--tp`` x ``--pp``,
 ``--dp-replicate``) against ``--gpus`` ranks, builds the model on the meta device and
 prints the plan, then returns without training.
+
+Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE``
+(Llama 3.1's ``rope_scaling`` included); ``--init-from HF_DIR`` (a ``save_pretrained``
+directory, e.g. Llama-3.1-8B) trains that directory's architecture from its weights
+through TorchTitan's ``Llama3StateDictAdapter.from_hf`` (a baton checkpoint: its weights)::
+
+    torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
+        --init-from ./assets/hf/Llama-3.1-8B --tokenizer ./assets/hf/Llama-3.1-8B \\
+        --data-path corpus.jsonl
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.recipe import RecipeError
 
 
@@ -39,6 +49,8 @@ def recipe(
     log_every: int = 10,
     run_dir: str = "runs/torchtitan_llama3_8b",
     dry_run: bool = False,
+    init_from: str | None = None,
+    model_config: str | None = None,
 ) -> Driver | None:
     """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave.
 
@@ -60,13 +72,24 @@ def recipe(
         log_every: steps between log lines.
         run_dir: where checkpoints and logs go.
         dry_run: check the layout and print the plan, without training.
+        init_from: a checkpoint or Hugging Face directory whose weights start the run.
+        model_config: a Hugging Face Llama config.json (or its directory) to build.
     """
     from torchtitan.models.llama3.config_registry import llama3_8b
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
+    from baton.backends.torchtitan.hf import init_from_hf, use_spec
     from baton.backends.torchtitan.plan import parallelism_plan
 
     config = llama3_8b()
+    spec = resolve_spec(model_config, init_from)
+    check_init_from(init_from, spec)
+    if spec is not None:
+        use_spec(config, spec)
+    if init_from is not None and is_hf_dir(init_from):
+        init_from_hf(config, init_from)
+    elif init_from is not None:  # weights only, through TorchTitan's initial load path
+        config.checkpoint.initial_load_path = init_from
     config.dump_folder = f"{run_dir}/torchtitan"
     config.training.steps = max_steps
     config.training.local_batch_size = batch_size
@@ -103,4 +126,5 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
+        settings={"model_spec": spec.to_dict()} if spec is not None else None,
     )

@@ -96,3 +96,23 @@ def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
     assert meta["versions"]["scalar"] == "1.0"
     assert meta["callbacks"]["losses"] == {"count": 3}
     assert meta["backend"] == {"name": "scalar", "version": "1.0", "world_size": 1, "lr": 0.1}
+
+
+def test_ranks_compare_the_checkpoint_they_planned_with_one_or_reduction():
+    from baton.core.resuming import same_on_every_rank
+
+    def ranks(*values: int) -> list[bool]:
+        """Each rank's answer when ``values`` are the ranks' own (flags OR-reduced)."""
+        flags: list[list[bool]] = []
+        for value in values:
+            same_on_every_rank(value, lambda mine: flags.append(mine) or mine)
+        reduced = [any(column) for column in zip(*flags, strict=True)]
+        return [same_on_every_rank(v, lambda _mine: reduced) for v in values]
+
+    assert ranks(11, 11, 11) == [True, True, True]
+    assert ranks(0, 0) == [True, True]
+    assert ranks(11, 6) == [False, False]  # step 10 on one rank, 5 on the other
+    assert ranks(0, 1) == [False, False]  # a fresh start beside a checkpoint
+    assert ranks(2**40 + 1, 1) == [False, False]
+    with pytest.raises(ValueError, match="outside"):
+        same_on_every_rank(-1, lambda flags: flags)

@@ -2,11 +2,13 @@
 ``--init-from`` and export tests start from and compare against.
 
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512)
+    scaled = save_tiny_llama(tmp_path / "scaled", rope_scaling=SHORT_CONTEXT_ROPE)
     model = load_llama(hf_dir)                   # LlamaForCausalLM, fp32, eval mode
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,19 @@ TINY_SHAPE = {
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-5,
 }
+#: Llama 3.1's own ``rope_scaling`` (every backend builds it); with 8,192 original positions
+#: it changes only a 16-wide head's lowest frequencies: pass ``max_position_embeddings``
+#: above 8,192 and weights large enough (``initializer_range=0.3``) for it to show
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+#: llama3 scaling of a 32-position original context: most frequencies of the tiny model
+#: change (TorchTitan and Fabric build any llama3 values; Megatron-Core and MaxText do not)
+SHORT_CONTEXT_ROPE = {**LLAMA31_ROPE, "original_max_position_embeddings": 32}
 
 
 def save_tiny_llama(
@@ -30,9 +45,8 @@ def save_tiny_llama(
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=vocab_size, tie_word_embeddings=tie, **{**TINY_SHAPE, **shape}
-    )
+    fields = copy.deepcopy({**TINY_SHAPE, **shape})  # transformers edits rope_scaling in place
+    config = transformers.LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=tie, **fields)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).float()
     model.save_pretrained(directory, safe_serialization=True)

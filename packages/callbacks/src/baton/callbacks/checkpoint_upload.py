@@ -27,6 +27,11 @@ or, for any recipe, ``baton run recipe.py --checkpoint-upload s3://bucket/runs/x
   ``resume="auto"`` the bucket's newest complete checkpoint is downloaded and verified
   when the local run directory holds nothing as new. A fresh run (``resume="none"``)
   into a prefix that holds checkpoints is refused unless ``overwrite``.
+- With several ranks the run directories need not be shared: every rank makes sure its
+  run directory holds the bucket's newest complete checkpoint (``fetch_for_every_rank``:
+  ranks sharing a directory, on one node or a shared filesystem, take turns on a file
+  lock and download it once) and points ``latest`` at it, so all ranks plan the same
+  checkpoint (the driver checks that they do before loading).
 - The run's end waits for the uploads in flight; an upload that fails is logged as an
   error and the run goes on (the local checkpoint is complete).
 
@@ -35,11 +40,14 @@ Metric keys logged: none.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
 import shutil
 import threading
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +55,7 @@ import baton.core.checkpointing as ckpt
 from baton.callbacks.object_store import ObjectStore
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.errors import UsageError
+from baton.core.launch import Launch
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
@@ -57,6 +66,8 @@ log = logging.getLogger("baton")
 #: staging directories (hard links of checkpoints being uploaded) under ``checkpoints/``;
 #: the ``.tmp-`` prefix makes them leftovers that ``Checkpoint`` cleans after a crash
 STAGING_PREFIX = f"{ckpt.TMP_PREFIX}upload-"
+#: the lock ranks sharing a run directory take in turn to fetch from the store
+FETCH_LOCK = ".baton-fetch.lock"
 
 
 @CALLBACKS.register("checkpoint_upload")
@@ -110,15 +121,17 @@ class CheckpointUpload(Callback):
 
     # -- before the resume plan (``baton.core.remote``) --------------------------------
     def prepare_remote(self, options: RunOptions, *, rank_zero: bool) -> None:
-        """Check the store; with ``resume="auto"`` fetch its newest complete checkpoint
-        where the local directory has nothing as new (rank 0)."""
-        if not rank_zero:
+        """Check the store; with ``resume="auto"`` fetch its newest complete checkpoint:
+        one process fetches it where its directory has nothing as new; with several
+        ranks every rank fetches it into its directory where that lacks it."""
+        several = options.resume == "auto" and Launch.from_env().world_size > 1
+        if not (rank_zero or several):
             return
         store = self.store
         store.check()
         checkpoint_dir = options.run_dir / "checkpoints"
-        remote = store.names()
-        if not options.resumes:
+        if rank_zero and not options.resumes:
+            remote = store.names()
             if remote and not options.overwrite:
                 raise UsageError(
                     f"{self.url} already holds checkpoints (newest {remote[-1]}); continue "
@@ -128,7 +141,66 @@ class CheckpointUpload(Callback):
             return
         if options.resume != "auto":
             return
-        self._fetch_newest(store, checkpoint_dir)
+        if several:
+            self.fetch_for_every_rank(store, checkpoint_dir)
+        else:
+            self._fetch_newest(store, checkpoint_dir)
+
+    def fetch_for_every_rank(self, store: ObjectStore, checkpoint_dir: Path) -> Path | None:
+        """Several ranks: put the bucket's newest complete checkpoint in
+        ``checkpoint_dir`` and point ``latest`` at it; returns its local path (``None``
+        when the bucket holds none: the local checkpoints stay as they are).
+
+        Every node reads the same bucket, and no rank writes to it before this attempt
+        saves, so every rank picks the same checkpoint without talking to the others
+        (the driver compares the ranks' choices before loading). A local copy is used
+        where its ``baton.json`` is the bucket's, byte for byte; ranks sharing the
+        directory (one node, a shared filesystem) take turns on ``FETCH_LOCK`` and only
+        the first downloads. A local checkpoint newer than the bucket's (its upload was
+        cut short) is not resumed from: the other nodes do not have it.
+        """
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive(checkpoint_dir / FETCH_LOCK):
+            names = store.resume_order()
+            for name in names:
+                try:
+                    path = self._local_copy(store, checkpoint_dir / name)
+                    if path is None:
+                        path = store.download(name, checkpoint_dir, self.verify)
+                        log.info("fetched checkpoint %s from %s", path, self.url)
+                except ckpt.CheckpointError as error:
+                    log.warning("skipping remote checkpoint: %s", error)
+                    continue
+                ckpt.update_latest(checkpoint_dir, path)
+                newer = [
+                    p.name
+                    for p in ckpt.list_checkpoints(checkpoint_dir)
+                    if _step(p.name) > _step(name)
+                ]
+                if newer:
+                    log.warning(
+                        "resuming from %s, the newest complete checkpoint in %s: the newer "
+                        "local %s never reached the bucket, so other nodes cannot load it",
+                        name,
+                        self.url,
+                        ", ".join(newer),
+                    )
+                return path
+        if names:
+            log.warning("%s holds no complete checkpoint: ranks plan from their own", self.url)
+        return None
+
+    def _local_copy(self, store: ObjectStore, local: Path) -> Path | None:
+        """``local`` where it is complete and the bucket's checkpoint of that name."""
+        if not (local / ckpt.META_FILE).is_file():
+            return None
+        if (local / ckpt.META_FILE).read_bytes() != store.meta_bytes(local.name):
+            return None
+        try:
+            ckpt.read_meta(local, "size")  # the full check is the resume plan's
+        except ckpt.CheckpointError:
+            return None
+        return local
 
     def _fetch_newest(self, store: ObjectStore, checkpoint_dir: Path) -> None:
         local = ckpt.list_checkpoints(checkpoint_dir)
@@ -251,6 +323,17 @@ class CheckpointUpload(Callback):
 
 def _step(name: str) -> int:
     return ckpt.checkpoint_step(Path(name)) or 0
+
+
+@contextmanager
+def _exclusive(path: Path) -> Generator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing), waiting for it."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing drops the lock
 
 
 def link_tree(source: Path, target: Path) -> None:

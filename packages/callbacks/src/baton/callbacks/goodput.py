@@ -15,8 +15,12 @@ fsynced, so a SIGKILL loses at most the interval in progress; that time then cou
 - ``startup``: from the process's start (read from ``/proc``, so interpreter start and
   imports count) to ``on_setup``, plus each attempt's first step (compilation, warm-up);
 - ``restore``: ``on_setup`` to ``on_train_start`` (checkpoint load, run record);
-- ``productive``: steps whose number no earlier attempt completed, less evaluation and
-  checkpoint blocking (``driver.eval_time_s``, ``driver.save_blocking_s``);
+- ``productive``: steps whose number no earlier attempt completed, less the time they
+  waited for data, evaluation and checkpoint blocking (``driver.eval_time_s``,
+  ``driver.save_blocking_s``);
+- ``data_waiting``: the time those steps waited for their batches, as the backend
+  reports it (``StepOutput.data_wait_s``: Fabric, Lightning, JAX, Megatron-Core, MaxText
+  and TorchTitan time their fetch; a backend that does not leaves it in ``productive``);
 - ``redone``: steps whose number an earlier attempt (or a rollback) had completed,
   each counted once as badput;
 - ``evaluation``, ``checkpoint``: the driver's evaluation time and save blocking time;
@@ -24,8 +28,8 @@ fsynced, so a SIGKILL loses at most the interval in progress; that time then cou
 - ``between_attempts``: from an attempt's last line to the next attempt's process start.
 
 Within an attempt the categories tile its time exactly, so over the run they add up to
-the wall time from the first process start to the last line. Time spent waiting for
-data is part of the step (the driver does not time the data fetch apart).
+the wall time from the first process start to the last line. A redone step or an
+attempt's first step stays whole in ``redone`` or ``startup``, its data wait included.
 
 Metric keys logged: ``goodput`` (productive seconds over wall seconds so far, all
 attempts included).
@@ -131,6 +135,10 @@ class Goodput(Callback):
             self._first_step = False
         else:
             category = "productive" if new else "redone"
+        if category == "productive" and output.data_wait_s:
+            waited = min(output.data_wait_s, step_time)
+            self._add("data_waiting", waited)
+            step_time -= waited
         self._add(category, step_time)
         if category == "productive":
             self._productive += step_time

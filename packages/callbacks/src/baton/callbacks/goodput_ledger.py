@@ -28,6 +28,7 @@ LEDGER_FILE = "goodput.jsonl"
 #: every category of wall time, in the order tables and charts show them
 CATEGORIES: tuple[str, ...] = (
     "productive",
+    "data_waiting",
     "startup",
     "restore",
     "evaluation",
@@ -39,7 +40,8 @@ CATEGORIES: tuple[str, ...] = (
 
 #: what each category holds, for tables and documentation
 MEANING: dict[str, str] = {
-    "productive": "steps first completed (step time, less evaluation and save blocking)",
+    "productive": "steps first completed (less data waiting, evaluation, save blocking)",
+    "data_waiting": "those steps waiting for their batches (where the backend times it)",
     "startup": "process start to setup done, and each attempt's first step (compilation)",
     "restore": "loading the checkpoint and the run record (setup to the first step)",
     "evaluation": "evaluation phases",

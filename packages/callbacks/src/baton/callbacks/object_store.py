@@ -216,6 +216,13 @@ class ObjectStore:
         self.fs.invalidate_cache()
 
     # -- reading -------------------------------------------------------------------
+    def meta_bytes(self, name: str) -> bytes | None:
+        """The bytes of checkpoint ``name``'s ``baton.json`` (``None``: unfinished)."""
+        try:
+            return self.fs.cat_file(self._path(name, ckpt.META_FILE))
+        except FileNotFoundError:
+            return None
+
     def download(self, name: str, checkpoint_dir: Path, verify: str = "full") -> Path:
         """Download checkpoint ``name`` into ``checkpoint_dir`` (under a temporary name,
         verified like a local resume by ``checkpointing.read_meta``, then renamed and

@@ -37,6 +37,19 @@ nobody applies::
 
         def apply_changed_settings(self, changes): ...   # returns {"lr"} once applied
 
+A backend that fetches its own batches reports how long each step waited for them in
+``StepOutput.data_wait_s`` (seconds, a host float: one ``time.perf_counter()`` pair
+around the fetch, nothing synchronised with the device); the ``Goodput`` callback counts
+it as ``data_waiting`` instead of productive time. It is optional: ``0.0`` (the default)
+means the backend does not time its fetch, and the wait stays part of the step::
+
+        def train_step(self, step: int) -> StepOutput:
+            started = time.perf_counter()
+            batch = next(self.batches)
+            waited = time.perf_counter() - started
+            ...
+            return StepOutput(loss=loss, tokens=n, data_wait_s=waited)
+
 A backend that tells its user where the run writes (``self.trainer.log_dir`` of a
 LightningModule) learns the run directory before ``setup`` through
 ``use_run_dir(run_dir)`` (the ``UsesRunDir`` protocol).

@@ -19,12 +19,16 @@ class StepOutput:
 
     ``loss`` and ``metrics`` values may be device arrays; ``tokens`` and ``samples``
     are host integers (the backend knows its batch shape without a sync).
+    ``data_wait_s`` is the wall time the step spent waiting for its batches, where the
+    backend fetches them itself and times the fetch (one ``perf_counter`` pair around
+    it); ``0.0`` where it does not (the ``Goodput`` callback's ``data_waiting``).
     """
 
     loss: Any = None
     metrics: dict[str, Any] = field(default_factory=dict)
     tokens: int = 0
     samples: int = 0
+    data_wait_s: float = 0.0
 
     def lazy_values(self) -> dict[str, Any]:
         values = dict(self.metrics)

@@ -11,6 +11,7 @@ Example::
     spec = LlamaSpec.from_hf("tiny-llama/")         # a directory or its config.json
     spec.to_dict()                                   # recorded in run.json and checkpoints
     spec.to_hf_config()                              # config.json for an export
+    spec.rope_scaling                                # RopeScaling(factor=8.0, ...) or None
     check_same_architecture(spec.to_dict(), other.to_dict(), what="--init-from tiny/")
     # UsageError: --init-from tiny/ has a different architecture: num_layers is 4 there, 2 here ...
 """
@@ -30,12 +31,87 @@ _REQUIRED = {
     "attention_bias": False,
     "mlp_bias": False,
 }
+#: the rotary types a Llama spec builds (Hugging Face's ``rope_type``)
+ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1-style rotary frequency scaling (Hugging Face ``rope_type: "llama3"``):
+    frequencies whose wavelength exceeds ``original_max_position_embeddings /
+    low_freq_factor`` are divided by ``factor``, those under ``original_max_position_embeddings
+    / high_freq_factor`` are kept, and the band between is interpolated.
+
+    Llama 3.1's values are ``RopeScaling(8.0, 1.0, 4.0, 8192)``; Llama 3.2's factor is 32.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise UsageError(
+                f"model spec: rope_scaling factor must be positive, got {self.factor!r}"
+            )
+        if not self.high_freq_factor > self.low_freq_factor > 0:
+            raise UsageError(
+                "model spec: rope_scaling needs high_freq_factor > low_freq_factor > 0, got "
+                f"{self.high_freq_factor!r} and {self.low_freq_factor!r}"
+            )
+        original: Any = self.original_max_position_embeddings  # as read from JSON
+        if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
+            raise UsageError(
+                "model spec: rope_scaling original_max_position_embeddings must be a positive "
+                f"integer, got {original!r}"
+            )
+
+    @classmethod
+    def from_hf_dict(cls, scaling: dict[str, Any], *, source: str) -> RopeScaling | None:
+        """The scaling of a ``config.json``'s ``rope_scaling`` or ``rope_parameters``
+        (``None`` for plain rotary positions); any other ``rope_type`` is a ``UsageError``
+        naming it."""
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise UsageError(
+                f"{source}: rope_type {rope_type!r} is not supported; supported: 'default' "
+                "(plain rotary positions) and 'llama3' (Llama 3.1-style rope_scaling)"
+            )
+        if rope_type == "default":
+            return None
+        missing = [field.name for field in fields(cls) if field.name not in scaling]
+        if missing:
+            raise UsageError(f"{source}: rope_scaling of type 'llama3' needs {', '.join(missing)}")
+        return cls(
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
+            high_freq_factor=float(scaling["high_freq_factor"]),
+            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``rope_scaling`` entry of a ``config.json``."""
+        return {"rope_type": "llama3", **asdict(self)}
+
+    def refuse_unless(self, fixed: dict[str, Any], *, backend: str) -> None:
+        """Raise ``UsageError`` naming every value that differs from ``fixed``: the values
+        ``backend`` cannot set (they are constants of its rotary embedding)."""
+        differ = [name for name, value in fixed.items() if getattr(self, name) != value]
+        if differ:
+            have = ", ".join(f"{name}={getattr(self, name)!r}" for name in differ)
+            need = ", ".join(f"{name}={fixed[name]!r}" for name in differ)
+            raise UsageError(
+                f"{backend} cannot build this rope_scaling: it has {have}, and {backend} "
+                f"fixes {need}; train this model on TorchTitan or Fabric (any llama3 scaling)"
+            )
 
 
 @dataclass(frozen=True)
 class LlamaSpec:
-    """A decoder-only Llama model: RMSNorm, SwiGLU MLP, rotary positions, grouped-query
-    attention, no biases. Field names follow the architecture, not one framework."""
+    """A decoder-only Llama model: RMSNorm, SwiGLU MLP, rotary positions (optionally
+    Llama 3.1-style scaled), grouped-query attention, no biases. Field names follow the
+    architecture, not one framework."""
 
     vocab_size: int
     hidden_size: int
@@ -48,6 +124,8 @@ class LlamaSpec:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     max_seq_len: int = 2048
+    #: Llama 3.1-style rotary scaling; ``None``: plain rotary positions
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -67,7 +145,8 @@ class LlamaSpec:
     def from_hf(cls, path: str | Path) -> LlamaSpec:
         """The spec of a Hugging Face Llama ``config.json`` (``path`` is the file or its
         directory). Raises ``UsageError`` naming the field for anything a Llama spec cannot
-        build (another model type, rotary scaling, biases, another activation)."""
+        build (another model type, a rotary type other than ``default`` and ``llama3``,
+        biases, another activation)."""
         file = Path(path)
         if file.is_dir():
             file = file / "config.json"
@@ -94,12 +173,12 @@ class LlamaSpec:
         for key, required in _REQUIRED.items():
             if key in config and config[key] != required:
                 raise UsageError(f"{source}: {key} is {config[key]!r}; supported: {required!r}")
-        scaling = config.get("rope_scaling")
-        if scaling:
-            raise UsageError(
-                f"{source}: rope_scaling {scaling!r} is not supported; remove it to train "
-                "with plain rotary positions"
-            )
+        # transformers 5 writes rope_parameters (theta inside); earlier versions and the
+        # hub's Llama 3.x configs write rope_theta and rope_scaling
+        parameters: dict[str, Any] = config.get("rope_parameters") or {}
+        scaling_entry: dict[str, Any] = config.get("rope_scaling") or parameters
+        theta: Any = config.get("rope_theta") or parameters.get("rope_theta") or 10000.0
+        scaling = RopeScaling.from_hf_dict(scaling_entry, source=source)
         try:
             hidden = int(config["hidden_size"])
             heads = int(config["num_attention_heads"])
@@ -111,17 +190,18 @@ class LlamaSpec:
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
                 ffn_hidden_size=int(config["intermediate_size"]),
                 head_dim=int(config.get("head_dim") or hidden // heads),
-                rope_theta=float(config.get("rope_theta", 10000.0)),
+                rope_theta=float(theta),
                 norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                 tie_embeddings=bool(config.get("tie_word_embeddings", False)),
                 max_seq_len=int(config.get("max_position_embeddings", 2048)),
+                rope_scaling=scaling,
             )
         except KeyError as error:
             raise UsageError(f"{source}: missing {error.args[0]!r}") from None
 
     def to_hf_config(self, *, dtype: str = "float32") -> dict[str, Any]:
         """A ``config.json`` that ``transformers.LlamaConfig`` reads back to this spec."""
-        return {
+        config: dict[str, Any] = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": self.vocab_size,
@@ -140,6 +220,9 @@ class LlamaSpec:
             "mlp_bias": False,
             "torch_dtype": dtype,
         }
+        if self.rope_scaling is not None:
+            config["rope_scaling"] = self.rope_scaling.to_hf()
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (recorded in ``run.json`` and every checkpoint)."""
@@ -149,7 +232,10 @@ class LlamaSpec:
     def from_dict(cls, data: dict[str, Any]) -> LlamaSpec:
         """The spec :meth:`to_dict` wrote."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        if isinstance(values.get("rope_scaling"), dict):
+            values["rope_scaling"] = RopeScaling(**values["rope_scaling"])
+        return cls(**values)
 
     def with_vocab(self, vocab_size: int) -> LlamaSpec:
         """The same architecture with another vocabulary size."""

@@ -38,7 +38,10 @@ class RemoteCheckpoints(Protocol):
         """Before the resume plan: check the store is reachable (a ``UsageError``
         naming the fix otherwise) and, with ``options.resume == "auto"``, bring its
         newest complete checkpoint into ``options.run_dir / "checkpoints"`` where that
-        holds nothing newer (verified against its ``baton.json``)."""
+        holds nothing newer (verified against its ``baton.json``). It is called on
+        every rank (``rank_zero`` says which is rank 0); the ranks' run directories may
+        differ (a local disk per node), but each must then plan the same checkpoint
+        first: ``Resumer.resume`` compares them before loading."""
         ...
 
 

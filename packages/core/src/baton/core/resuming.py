@@ -8,8 +8,10 @@ The driver calls a ``Resumer`` at three moments::
     resumer.plan(rank_zero=True)       # before setup: refuse or move aside old
                                        #   checkpoints, verify the first candidate and
                                        #   refuse changed settings nobody can apply
-    loaded = resumer.resume()          # after setup: load it (older ones as fallbacks),
-                                       #   the backend re-applies allowed changes
+    loaded = resumer.resume()          # after setup: with several ranks, check they
+                                       #   planned the same checkpoint; load it (older
+                                       #   ones as fallbacks), the backend re-applies
+                                       #   allowed changes
     path, meta = loaded                # the driver restores its counters and callbacks
 
 Mid-run, ``load(path)`` restores a complete checkpoint (a rollback) and ``rewind(path)``
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -147,6 +149,7 @@ class Resumer:
         """Load the planned checkpoint into the backend, an older one where it fails to
         load (``auto``); ``None`` when the run starts fresh. Raises ``CheckpointError``
         when none loads."""
+        self._check_ranks_agree()
         candidate, tried = self._first, False
         while candidate is not None:
             path, meta = candidate
@@ -175,6 +178,25 @@ class Resumer:
                 "--overwrite"
             )
         return None
+
+    def _check_ranks_agree(self) -> None:
+        """With several ranks, each planned its checkpoint from its own run directory:
+        they must have planned the same step (one all-reduce of flags), or loading would
+        mix states. A difference is a ``CheckpointError`` on every rank."""
+        backend = self.backend
+        if backend.world_size <= 1 or not self.options.resumes:
+            return
+        planned = self._first
+        step = int(planned[1].get("step", 0)) if planned is not None else -1
+        if same_on_every_rank(step + 1, backend.all_reduce_flags):
+            return
+        mine = f"{planned[0]} (step {step})" if planned is not None else "no checkpoint"
+        raise ckpt.CheckpointError(
+            f"the ranks planned to resume from different checkpoints (rank {backend.rank}: "
+            f"{mine}): their run directories hold different checkpoints. Give every rank "
+            "the same run directory (a shared filesystem), or keep the checkpoints in object "
+            "storage too (--checkpoint-upload s3://...) so every node fetches the same one"
+        )
 
     # -- in the middle of a run -------------------------------------------------------
     def load(self, path: Path | None) -> Candidate:
@@ -313,6 +335,25 @@ class Resumer:
             if name in wanted and name not in applied:
                 self._refuse_unapplied(path, name, old, new)
             record[name]["applied_by"] = appliers[name]
+
+
+def same_on_every_rank(
+    value: int, all_reduce_flags: Callable[[list[bool]], list[bool]], bits: int = 64
+) -> bool:
+    """Whether every rank passed the same ``value`` (``0 <= value < 2**bits``), with one
+    OR-reduction of ``2 * bits`` flags: a bit set on one rank and clear on another
+    means the values differ.
+
+    >>> same_on_every_rank(7, lambda flags: flags)   # one rank
+    True
+    >>> same_on_every_rank(6, lambda flags: [a or b for a, b in zip(flags, [True] * 128)])
+    False
+    """
+    if not 0 <= value < 1 << bits:
+        raise ValueError(f"value {value} is outside 0 .. 2**{bits} - 1")
+    mine = [bool(value >> i & 1) for i in range(bits)]
+    reduced = all_reduce_flags(mine + [not bit for bit in mine])
+    return not any(reduced[i] and reduced[bits + i] for i in range(bits))
 
 
 def restore_callback_states(

@@ -31,6 +31,7 @@ under their own names beside ``loss`` (and averaged over evaluation batches).
 from __future__ import annotations
 
 import atexit
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -291,8 +292,12 @@ class FabricBackend(
         metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
         total: torch.Tensor | None = None
         samples = tokens = 0
+        waited = 0.0
         for micro in range(cfg.grad_accum):
-            batch = fabric.to_device(self.replay.draw(self.stream.next))
+            started = time.perf_counter()
+            host_batch = self.replay.draw(self.stream.next)
+            waited += time.perf_counter() - started
+            batch = fabric.to_device(host_batch)
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
@@ -317,6 +322,7 @@ class FabricBackend(
             metrics=metrics,
             tokens=tokens * world,
             samples=samples * world,
+            data_wait_s=waited,
         )
 
     def _optimizer_step(self) -> None:

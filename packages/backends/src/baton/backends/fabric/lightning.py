@@ -310,8 +310,13 @@ class LightningBackend(FabricBackend):
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
         world = self.fabric.world_size
+        assert self.loop.stream is not None
         return StepOutput(
-            loss=loss, metrics=metrics, tokens=tokens * world, samples=samples * world
+            loss=loss,
+            metrics=metrics,
+            tokens=tokens * world,
+            samples=samples * world,
+            data_wait_s=self.loop.stream.take_wait(),
         )
 
     #: no ``skip_data`` ability: Trainer.fit has no step that reads batches without

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from baton.backends.fabric.stream import LoaderStream
@@ -31,6 +32,8 @@ class EpochStream(LoaderStream):
     def __init__(self, data: Any) -> None:
         super().__init__(data, use_loader_state=False)
         self._ahead: Any = _END
+        #: seconds spent fetching batches since the last ``take_wait``
+        self.waited_s = 0.0
 
     @property
     def started(self) -> bool:
@@ -67,12 +70,20 @@ class EpochStream(LoaderStream):
         self._iterator = None
         self._ahead = _END
 
+    def take_wait(self) -> float:
+        """Seconds spent fetching batches since the last call (a step's data wait)."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
+
     def _fetch(self) -> Any:
         assert self._iterator is not None
+        started = time.perf_counter()
         try:
             return next(self._iterator)
         except StopIteration:
             return _END
+        finally:
+            self.waited_s += time.perf_counter() - started
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

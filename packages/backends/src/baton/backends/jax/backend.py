@@ -41,6 +41,7 @@ not right. No torch is imported on this path.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,7 +300,9 @@ class JaxBackend(JaxDistributed, BackendBase):
 
     def train_step(self, step: int) -> StepOutput:
         assert self.data is not None and self.state is not None
+        started = time.perf_counter()
         batch = self.data.next()
+        waited = time.perf_counter() - started
         tokens, samples = self._count(batch)
         try:
             self.state, (loss, aux) = self._step(self.state, self._place(batch))
@@ -315,7 +318,9 @@ class JaxBackend(JaxDistributed, BackendBase):
         if schedule is not None:
             index = self.steps_done - 1  # the update just made used schedule(count before it)
             metrics["lr"] = lambda: schedule(index)
-        return StepOutput(loss=loss, metrics=metrics, tokens=tokens, samples=samples)
+        return StepOutput(
+            loss=loss, metrics=metrics, tokens=tokens, samples=samples, data_wait_s=waited
+        )
 
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss (and mean metrics) over the evaluation batches, as device values."""

@@ -44,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -273,7 +274,9 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         from flax.core.spmd import logical_axis_rules
 
         cfg = self.hparams
+        started = time.perf_counter()
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
+        waited = time.perf_counter() - started
         self.consumed += 1
         train = self._p_train
         if self._keep_state_once:  # a background save still reads this state's arrays
@@ -293,6 +296,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             metrics=values,
             tokens=samples * int(cfg.max_target_length),
             samples=samples,
+            data_wait_s=waited,
         )
 
     def evaluate(self) -> Mapping[str, Any]:

@@ -10,6 +10,13 @@ divided by ``sqrt(head_dim)`` (MaxText folds the attention scale into it), layer
 on axis 1 (``scan_layers``). The weights are written with MaxText's
 ``save_params_to_path`` and loaded through ``load_parameters_path`` (weights only).
 
+A Llama 3.1-style ``rope_scaling`` is MaxText's ``rope_type: llama3.1`` (its
+``LLaMARotaryEmbedding``), whose scaling values are Llama 3.1's constants
+(:data:`FIXED_ROPE_SCALING`; others are refused naming them) and which rotates adjacent
+pairs: the query and key kernels' head dimensions are then reordered as MaxText's own
+``llama3.1`` converter does (Hugging Face's first half to even positions, second half to
+odd ones).
+
 Example::
 
     settings |= maxtext_settings(spec)                  # MaxText config keys
@@ -27,10 +34,46 @@ import numpy as np
 
 from baton.core.model_spec import LlamaSpec
 
+#: the Llama 3.1 rotary scaling MaxText's ``llama3.1`` rope fixes (all of its values)
+FIXED_ROPE_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def rope_settings(spec: LlamaSpec) -> dict[str, Any]:
+    """MaxText's rotary keys for ``spec``: the default rope, or ``llama3.1`` for Llama 3.1's
+    scaling (any other scaling is a ``UsageError`` naming its values)."""
+    if spec.rope_scaling is None:
+        return {"rope_type": "default", "rope_max_timescale": spec.rope_theta}
+    spec.rope_scaling.refuse_unless(FIXED_ROPE_SCALING, backend="MaxText")
+    return {"rope_type": "llama3.1", "rope_use_scale": True, "rope_max_timescale": spec.rope_theta}
+
+
+def interleaves_rope(spec: LlamaSpec) -> bool:
+    """Whether MaxText rotates adjacent pairs for ``spec`` (its ``llama3.1`` rope), so the
+    query and key kernels' head dimensions are reordered from Hugging Face's halves."""
+    return spec.rope_scaling is not None
+
+
+def halves_to_pairs(kernel: np.ndarray) -> np.ndarray:
+    """Reorder the last (head) dimension from rotated halves (Hugging Face) to rotated
+    adjacent pairs: ``[x0..x(h/2-1), y0..]`` -> ``[x0, y0, x1, y1, ...]``."""
+    *rest, head_dim = kernel.shape
+    halves = kernel.reshape(*rest, 2, head_dim // 2)
+    return np.swapaxes(halves, -1, -2).reshape(*rest, head_dim)
+
+
+def pairs_to_halves(kernel: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`halves_to_pairs` (MaxText's own ``llama3.1`` export order)."""
+    return np.concatenate([kernel[..., ::2], kernel[..., 1::2]], axis=-1)
+
 
 def maxtext_settings(spec: LlamaSpec) -> dict[str, Any]:
     """MaxText config keys that build ``spec``."""
-    return {
+    return rope_settings(spec) | {
         "decoder_block": "llama2",
         "base_emb_dim": spec.hidden_size,
         "base_num_query_heads": spec.num_heads,
@@ -41,8 +84,6 @@ def maxtext_settings(spec: LlamaSpec) -> dict[str, Any]:
         "vocab_size": spec.vocab_size,
         "mlp_activations": ["silu", "linear"],
         "normalization_layer_epsilon": spec.norm_eps,
-        "rope_type": "default",
-        "rope_max_timescale": spec.rope_theta,
         "logits_via_embedding": spec.tie_embeddings,
         "normalize_embedding_logits": False,
         "enable_dropout": False,
@@ -60,15 +101,22 @@ def hf_to_maxtext(hf: dict[str, np.ndarray], spec: LlamaSpec) -> dict[str, Any]:
         layers = [convert(hf[name.format(i)]) for i in range(spec.num_layers)]
         return np.stack(layers, axis=1)  # MaxText's param_scan_axis
 
-    def heads(count: int, scale: float = 1.0) -> Any:
-        return lambda w: (w.T * scale).reshape(emb, count, hd)
+    pairs = interleaves_rope(spec)
+
+    def heads(count: int, scale: float = 1.0, rotated: bool = False) -> Any:
+        def convert(w: np.ndarray) -> np.ndarray:
+            kernel = (w.T * scale).reshape(emb, count, hd)
+            return halves_to_pairs(kernel) if rotated and pairs else kernel
+
+        return convert
 
     layer = "model.layers.{}."
     layers = {
         "self_attention": {
             "query": {"kernel": stack(layer + "self_attn.q_proj.weight",
-                                      heads(spec.num_heads, 1 / math.sqrt(hd)))},
-            "key": {"kernel": stack(layer + "self_attn.k_proj.weight", heads(spec.num_kv_heads))},
+                                      heads(spec.num_heads, 1 / math.sqrt(hd), rotated=True))},
+            "key": {"kernel": stack(layer + "self_attn.k_proj.weight",
+                                    heads(spec.num_kv_heads, rotated=True))},
             "value": {"kernel": stack(layer + "self_attn.v_proj.weight",
                                       heads(spec.num_kv_heads))},
             "out": {"kernel": stack(layer + "self_attn.o_proj.weight",
@@ -127,11 +175,17 @@ def maxtext_to_hf(params: dict[str, Any], spec: LlamaSpec) -> dict[str, np.ndarr
     }
     if not spec.tie_embeddings:
         out["lm_head.weight"] = decoder["logits_dense"]["kernel"].T
+    pairs = interleaves_rope(spec)
+
+    def rotated(kernel: Any) -> Any:
+        return pairs_to_halves(np.asarray(kernel)) if pairs else kernel
+
     for i in range(spec.num_layers):
         name = f"model.layers.{i}."
-        query = attention["query"]["kernel"][:, i] * math.sqrt(hd)
+        query = rotated(attention["query"]["kernel"][:, i]) * math.sqrt(hd)
         out[name + "self_attn.q_proj.weight"] = query.reshape(emb, -1).T
-        out[name + "self_attn.k_proj.weight"] = attention["key"]["kernel"][:, i].reshape(emb, -1).T
+        key = rotated(attention["key"]["kernel"][:, i])
+        out[name + "self_attn.k_proj.weight"] = key.reshape(emb, -1).T
         value = attention["value"]["kernel"][:, i]
         out[name + "self_attn.v_proj.weight"] = value.reshape(emb, -1).T
         out[name + "self_attn.o_proj.weight"] = attention["out"]["kernel"][:, i].reshape(-1, emb).T

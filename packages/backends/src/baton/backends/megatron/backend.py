@@ -302,6 +302,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             metrics=metrics,
             tokens=cfg.global_batch_size * cfg.seq_len,
             samples=cfg.global_batch_size,
+            data_wait_s=sum(stream.take_wait() for stream in self.train_streams),
         )
 
     @torch.no_grad()

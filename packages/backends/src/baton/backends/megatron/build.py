@@ -66,6 +66,8 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
             share_embeddings_and_output_weights=cfg.share_embeddings_and_output_weights,
             position_embedding_type=cfg.position_embedding_type,
             rotary_base=cfg.rotary_base,  # pyright: ignore[reportArgumentType]
+            rope_scaling=cfg.rope_scaling,
+            rope_scaling_factor=cfg.rope_scaling_factor,
             vp_stage=stage,
         )
         model.to(device)

@@ -111,6 +111,10 @@ class MegatronConfig:
     share_embeddings_and_output_weights: bool = True
     #: rotary base (theta) of ``position_embedding_type="rope"``
     rotary_base: float = 10000.0
+    #: Llama 3.x rotary scaling (Megatron's ``rope_scaling``; its low/high frequency
+    #: factors and original length are Llama 3.1's 1, 4 and 8192) by ``rope_scaling_factor``
+    rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
     warmup_steps: int = 10
     #: steps over which the LR decays to ``optimizer.min_lr`` (``None``: constant after warmup)
     decay_steps: int | None = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,15 +268,25 @@ class SampleStream:
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.consumed = 0
+        #: seconds spent reading micro-batches since the last ``take_wait``
+        self.waited_s = 0.0
 
     def next_micro_batch(self) -> dict[str, torch.Tensor]:
+        started = time.perf_counter()
         start = self.consumed + self.dp_rank * self.micro_batch_size
         samples = [
             self.dataset[(start + i) % len(self.dataset)] for i in range(self.micro_batch_size)
         ]
         self.consumed += self.micro_batch_size * self.dp_size
         # torch.as_tensor: a BlendedDataset adds a numpy "dataset_id" to each sample
-        return {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in samples[0]}
+        batch = {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in samples[0]}
+        self.waited_s += time.perf_counter() - started
+        return batch
+
+    def take_wait(self) -> float:
+        """Seconds spent reading micro-batches since the last call (a step's data wait)."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
 
     def __iter__(self) -> SampleStream:
         return self

@@ -12,6 +12,9 @@ Engine and a GPU, so the weight mapping is written here, once per direction:
   ``linear_fc1`` as ``layer_norm_weight`` under Transformer Engine).
 
 Megatron's rotary embedding rotates halves, as Hugging Face's does: no permutation.
+A Llama 3.1-style ``rope_scaling`` is Megatron's own ``rope_scaling`` with
+``rope_scaling_factor``; its other values are constants there (:data:`FIXED_ROPE_SCALING`),
+so a spec with others is refused naming them.
 
 Example::
 
@@ -46,6 +49,12 @@ TE_NORMS = {
 }
 #: tensor-parallel layers split along their input dimension (the rest along the output)
 ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
+#: the Llama 3.1 rotary scaling values Megatron-Core's ``RotaryEmbedding`` fixes
+FIXED_ROPE_SCALING = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
@@ -72,7 +81,13 @@ def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
 
 def use_spec(config: Any, spec: LlamaSpec) -> Any:
     """Set a ``MegatronConfig``'s model-level fields for ``spec`` (its ``model`` is built
-    from :func:`transformer_fields`): vocabulary, RoPE, tying."""
+    from :func:`transformer_fields`): vocabulary, RoPE and its scaling, tying. A rotary
+    scaling Megatron-Core cannot build is a ``UsageError`` naming its values."""
+    scaling = spec.rope_scaling
+    if scaling is not None:
+        scaling.refuse_unless(FIXED_ROPE_SCALING, backend="Megatron-Core")
+    config.rope_scaling = scaling is not None
+    config.rope_scaling_factor = scaling.factor if scaling is not None else 8.0
     config.vocab_size = spec.vocab_size
     config.make_vocab_size_divisible_by = 1  # no padded rows: the logits are the model's
     config.position_embedding_type = "rope"

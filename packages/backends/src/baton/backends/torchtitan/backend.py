@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -144,6 +145,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         self._steps_run = 0
         self._step_tokens = 0
         self._step_samples = 0
+        self._step_wait_s = 0.0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
 
     # -- facts ------------------------------------------------------------------------
@@ -260,7 +262,15 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
     # -- the step ---------------------------------------------------------------------
     def _counted_batches(self) -> Iterator[Any]:
         trainer = self.trainer
-        for input_dict, labels in trainer.batch_generator(trainer.dataloader):
+        batches = trainer.batch_generator(trainer.dataloader)
+        while True:
+            started = time.perf_counter()
+            try:
+                input_dict, labels = next(batches)
+            except StopIteration:
+                return
+            finally:
+                self._step_wait_s += time.perf_counter() - started
             self._step_tokens += labels.numel()
             self._step_samples += labels.shape[0]
             yield input_dict, labels
@@ -278,6 +288,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         trainer.gc_handler.run(step)
         lrs = trainer.lr_schedulers.get_metrics()
         self._step_tokens = self._step_samples = 0
+        self._step_wait_s = 0.0
         with capture.step():
             trainer.train_step(self._batches)
         self._profiler.step()
@@ -306,6 +317,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             metrics=metrics,
             tokens=self._step_tokens * degree,
             samples=self._step_samples * degree,
+            data_wait_s=self._step_wait_s,
         )
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:

@@ -3,7 +3,8 @@ weights into it.
 
 The spec becomes a flavour of TorchTitan's own llama3 model registry
 (``torchtitan.models.llama3.llama3_configs``), made of TorchTitan's public config
-pieces (``make_gqa_config``, ``make_ffn_config``, ``RMSNorm``, ``ComplexRoPE``), so the
+pieces (``make_gqa_config``, ``make_ffn_config``, ``RMSNorm``, ``ComplexRoPE`` with its
+``llama`` scaling for a Llama 3.1-style ``rope_scaling``), so the
 model, its parallelization, pipelining and its state-dict adapter are TorchTitan's.
 Hugging Face weights load through TorchTitan's initial-load path
 (``checkpoint.initial_load_in_hf``), i.e. ``Llama3StateDictAdapter.from_hf``.
@@ -53,7 +54,7 @@ def model_config(spec: LlamaSpec, attn_backend: str = "flex", **_: Any) -> Any:
     linear = {"weight": partial(nn.init.trunc_normal_, std=0.02), "bias": nn.init.zeros_}
     ones = {"weight": nn.init.ones_}
     rope = ComplexRoPE.Config(
-        dim=spec.head_dim, max_seq_len=spec.max_seq_len, theta=spec.rope_theta, scaling="none"
+        dim=spec.head_dim, max_seq_len=spec.max_seq_len, theta=spec.rope_theta, **rope_scaling(spec)
     )
 
     def norm() -> Any:
@@ -96,6 +97,21 @@ def model_config(spec: LlamaSpec, attn_backend: str = "flex", **_: Any) -> Any:
         lm_head=Linear.Config(in_features=dim, out_features=spec.vocab_size, param_init=linear),
         layers=layers,
     )
+
+
+def rope_scaling(spec: LlamaSpec) -> dict[str, Any]:
+    """TorchTitan's ``RoPE.Config`` scaling fields for ``spec``: its ``llama`` scaling
+    takes every Llama 3.1-style value (factor, both frequency factors, original length)."""
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return {"scaling": "none"}
+    return {
+        "scaling": "llama",
+        "scaling_factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_max_position_embeddings,
+    }
 
 
 def register(spec: LlamaSpec) -> str:

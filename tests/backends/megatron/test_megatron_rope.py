@@ -1,0 +1,64 @@
+"""Llama 3.x ``rope_scaling`` on Megatron-Core: its ``GPTModel`` scales rotary frequencies
+by ``rope_scaling_factor`` with Llama 3.1's other values built in. ``--init-from`` a tiny
+Llama with Llama 3.2's scaling (factor 32) computes the ``transformers`` model's logits;
+a scaling Megatron-Core cannot express is refused by name before anything is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import torch
+
+from baton.core.errors import UsageError
+from baton.core.recipe import build_driver
+from support.tiny_llama import LLAMA31_ROPE, SHORT_CONTEXT_ROPE, load_llama, save_tiny_llama
+
+RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
+VOCAB, SEQ = 512, 64
+#: Llama 3.2 1B/3B's rope_scaling: Llama 3.1's with a factor of 32
+LLAMA32_ROPE = {**LLAMA31_ROPE, "factor": 32.0}
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def test_init_from_llama32_scaling_logits_equal_transformers(tmp_path):
+    from baton.backends.megatron import cpu
+    from baton.core.patches import PatchRecorder
+
+    shape = {"initializer_range": 0.3, "max_position_embeddings": 16384}
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, rope_scaling=LLAMA32_ROPE, **shape)
+    argv = ["--init-from", str(hf_dir), "--seq-len", str(SEQ), "--run-dir", str(tmp_path / "r")]
+    backend = build_driver(RECIPE, argv).backend
+    assert (backend.config.rope_scaling, backend.config.rope_scaling_factor) == (True, 32.0)
+    recorder = PatchRecorder()
+    if not torch.cuda.is_available():
+        cpu.install_all(recorder)
+    try:
+        backend.setup()
+        model = backend.chunks[0].module.eval()
+        tokens = _tokens()
+        positions = torch.arange(SEQ).unsqueeze(0).expand_as(tokens)
+        mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None]
+        with torch.no_grad():
+            got = model(tokens, positions, mask)
+    finally:
+        backend.teardown()
+        recorder.undo()
+    with torch.no_grad():
+        expected = load_llama(hf_dir)(tokens).logits
+        plain = save_tiny_llama(tmp_path / "plain", vocab_size=VOCAB, **shape)
+        unscaled = load_llama(plain)(tokens).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(unscaled, expected, rtol=1e-2, atol=1e-2)  # scaling shows
+
+
+def test_scaling_values_megatron_fixes_are_refused_by_name(tmp_path):
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, rope_scaling=SHORT_CONTEXT_ROPE)
+    with pytest.raises(UsageError, match=r"original_max_position_embeddings=32.*8192"):
+        build_driver(RECIPE, ["--model-config", str(hf_dir), "--run-dir", str(tmp_path / "r")])

@@ -125,7 +125,7 @@ def recipe(
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
         eval_every: steps between evaluations (0: none).
-        save_every: steps between checkpoints (also one at the end).
+        save_every: steps between checkpoints, and one at the end (0: no checkpoints).
         run_dir: where checkpoints and logs go.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -187,7 +187,7 @@ def recipe(
     return Driver(
         backend,
         [
-            Checkpoint(every_n_steps=save_every, keep_last=2),
+            Checkpoint(every_n_steps=save_every or None, save_on_stop=save_every > 0, keep_last=2),
             ThroughputMonitor(),
             CompositeLogger(["jsonl", ConsoleSink(keys)]),
         ],

@@ -1,8 +1,10 @@
 """Checkpoints that move: train on backend X from one Hugging Face Llama, export with
 ``baton export --format hf``, load the export on backend Y; Y's logits equal the exported
-model's (``transformers``). X and Y range over TorchTitan, Megatron-Core and Fabric
-(whose model is ``transformers``' own), and MaxText as a source (X = MaxText, scanned
-layers, fp32; as a target its first loss is checked in tests/backends/maxtext)."""
+model's (``transformers``). X and Y range over TorchTitan, Megatron-Core, Fabric (whose
+model is ``transformers``' own) and MaxText (scanned layers, fp32). MaxText as a target
+is set up once (``maxtext_tiny.py --init-from`` the source Llama, stopped before its
+first step); each export then goes through the conversion ``--init-from`` runs
+(``hf.write_params``) and MaxText's own ``load_params_from_path`` into that model."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import torch
 
+from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
 from support.tiny_llama import load_llama, save_tiny_llama
 
@@ -33,10 +36,20 @@ TRAIN = {
         "--no-progress", "--overrides", "dtype=float32",
     ]),
 }  # fmt: skip
+TARGETS = ["torchtitan", "megatron", "fabric", "maxtext"]
+
+
+def _window() -> torch.Tensor:
+    """A fixed batch of 2 x 33 token ids: inputs are the first 32, targets the last 32."""
+    return torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(1))
 
 
 def _tokens() -> torch.Tensor:
-    return torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    return _window()[:, :-1]
+
+
+def _targets() -> torch.Tensor:
+    return _window()[:, 1:]
 
 
 def titan_logits(hf_dir: Path) -> torch.Tensor:
@@ -61,8 +74,11 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
         return model.eval()(_tokens())
 
 
-def megatron_logits(hf_dir: Path, run_dir: Path) -> torch.Tensor:
-    """Megatron-Core's GPTModel built by the recipe from ``--init-from hf_dir``."""
+def megatron_logits(
+    hf_dir: Path, run_dir: Path, labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Megatron-Core's GPTModel built by the recipe from ``--init-from hf_dir``; with
+    ``labels``, its per-token losses (Megatron's own cross entropy) instead of logits."""
     from baton.backends.megatron import cpu
     from baton.core.patches import PatchRecorder
 
@@ -78,10 +94,49 @@ def megatron_logits(hf_dir: Path, run_dir: Path) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
         mask = torch.triu(torch.ones(32, 32, dtype=torch.bool), 1)[None, None]
         with torch.no_grad():
-            return model(tokens, positions, mask)
+            return model(tokens, positions, mask, labels=labels)
     finally:
         backend.teardown()
         recorder.undo()
+
+
+class MaxTextLoads(Callback):
+    """Once MaxText's setup has loaded ``--init-from`` (the recipe's conversion, then
+    MaxText's ``load_parameters_path``): the model's loss and logits on the fixed batch.
+    Then each other Hugging Face directory through the same conversion
+    (``hf.write_params``) and MaxText's ``load_params_from_path``, and its logits."""
+
+    def __init__(self, others: dict[str, Path], work: Path) -> None:
+        self.others, self.work = others, work
+        self.logits: dict[str, torch.Tensor] = {}
+        self.loss = float("nan")  # by MaxText's eval_step on the fixed batch
+
+    def on_train_start(self, driver: Driver) -> None:
+        from baton.backends.maxtext.forward import load_params, logits, loss
+        from baton.backends.maxtext.hf import write_params
+
+        backend, tokens = driver.backend, _tokens().numpy()
+        self.loss = loss(backend, tokens, _targets().numpy())
+        self.logits["init-from"] = torch.from_numpy(logits(backend, tokens))
+        for name, hf_dir in self.others.items():
+            load_params(backend, write_params(hf_dir, self.work / name))
+            self.logits[name] = torch.from_numpy(logits(backend, tokens))
+
+
+@pytest.fixture(scope="module")
+def maxtext_target(exports) -> MaxTextLoads:
+    """One MaxText model (fp32), built by ``maxtext_tiny.py --init-from`` the source Llama
+    and stopped before its first step, then loaded with each backend's export."""
+    root = exports["root"]
+    argv = ["--init-from", str(root / "source"), "--run-dir", str(root / "maxtext-target")]
+    argv += ["--max-steps", "1", "--per-device-batch-size", "2", "--seq-len", "32"]
+    argv += ["--eval-every", "0", "--save-every", "0", "--no-progress"]
+    driver = build_driver(RECIPES / "maxtext_tiny.py", [*argv, "--overrides", "dtype=float32"])
+    driver.max_steps = 0  # setup (which loads --init-from) and the callbacks, no step
+    loads = MaxTextLoads({name: exports[name] for name in TRAIN}, root / "maxtext-params")
+    driver.callbacks.append(loads)
+    driver.fit()
+    return loads
 
 
 def fabric_logits(hf_dir: Path, _run_dir: Path | None = None) -> torch.Tensor:
@@ -110,14 +165,59 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("source", list(TRAIN))
-@pytest.mark.parametrize("target", ["torchtitan", "megatron", "fabric"])
-def test_x_to_hf_to_y_computes_the_same_function(exports, source, target, tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_x_to_hf_to_y_computes_the_same_function(exports, source, target, request, tmp_path):
     hf_dir = exports[source]
     expected = fabric_logits(hf_dir)
     if target == "torchtitan":
         got = titan_logits(hf_dir)
     elif target == "megatron":
         got = megatron_logits(hf_dir, tmp_path / "m")
+    elif target == "maxtext":
+        got = request.getfixturevalue("maxtext_target").logits[source]
     else:
         got = fabric_logits(hf_dir)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_first_step_losses_of_the_four_backends_agree(exports, maxtext_target, tmp_path):
+    """From the same Hugging Face weights, on the same batch, each backend's model and
+    loss code give the loss of its first step: transformers' ``ForCausalLMLoss`` (Fabric
+    trains ``transformers``' model), TorchTitan's ``cross_entropy_loss`` over its llama3
+    model, Megatron-Core's GPTModel with its own cross entropy (``gpt_loss`` reduces it
+    as the backend's step does), MaxText's ``eval_step`` (``train.loss_fn``) after its
+    ``--init-from`` load. The batch is fixed here rather than read through each
+    backend's data path: those cut and order the prepared tokens differently (Megatron's
+    ``GPTDataset`` shuffles samples, MaxText's Grain reads its own order, TorchTitan
+    restarts positions after each end-of-document token), so their step-1 batches
+    differ. Measured (fp32): Megatron-Core's loss equals transformers' to the bit,
+    TorchTitan's differs by 8e-8 relative, MaxText's by 2.4e-7. The remaining
+    differences are floating-point order only: attention in different kernels (PyTorch
+    SDPA in TorchTitan and transformers, Megatron-Core's DotProductAttention, XLA's
+    ``dot_product`` attention in MaxText), MaxText's attention scale folded into the
+    query kernel (``hf_to_maxtext``) instead of applied to the scores, XLA's own matmul
+    and reduction order, and TorchTitan's rotary tables in complex form (cos/sin in the
+    others)."""
+    from torchtitan.components.loss import cross_entropy_loss
+
+    from baton.backends.megatron.step import gpt_loss
+
+    source = exports["root"] / "source"
+    window, targets = _window(), _targets()
+    with torch.no_grad():
+        fabric = float(load_llama(source)(input_ids=window, labels=window).loss)
+    titan = float(cross_entropy_loss(titan_logits(source), targets)) / targets.numel()
+    per_token = megatron_logits(source, tmp_path / "m", labels=targets)
+    total, count, _ = gpt_loss(torch.ones_like(targets), per_token)
+    losses = {
+        "fabric": fabric,
+        "torchtitan": titan,
+        "megatron": float(total) / int(count),
+        "maxtext": maxtext_target.loss,
+    }
+    expected = fabric_logits(source)
+    torch.testing.assert_close(maxtext_target.logits["init-from"], expected, rtol=1e-4, atol=1e-4)
+    print("first-step losses:", losses)
+    assert losses["fabric"] > 6.0  # ln 512 = 6.24: an untrained model, a real loss
+    for backend, value in losses.items():
+        assert value == pytest.approx(losses["fabric"], rel=1e-4), (backend, losses)

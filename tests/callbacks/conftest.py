@@ -56,8 +56,6 @@ def fit_in_process(run_dir: Path, *args: str):  # -> Driver
     return driver
 
 
-
-
 @pytest.fixture(autouse=True)
 def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -89,6 +89,8 @@ def test_a_model_without_tokens_reports_samples_per_second(tmp_path: Path) -> No
 
     tokens = io.StringIO()  # a token model shows tokens/s, and only that rate
     logger = CompositeLogger([ConsoleSink(CONSOLE_KEYS, stream=tokens)])
-    Driver(ScalarBackend(), [ThroughputMonitor(), logger], max_steps=10, run_dir=tmp_path / "t").fit()
+    Driver(
+        ScalarBackend(), [ThroughputMonitor(), logger], max_steps=10, run_dir=tmp_path / "t"
+    ).fit()
     assert "throughput/tokens_per_s" in tokens.getvalue()
     assert "samples_per_s" not in tokens.getvalue()

@@ -131,7 +131,9 @@ def test_eval_writes_into_the_checkpoints_run(
     assert after.startswith(before) and '"eval"' in after[len(before) :]
 
     other = tmp_path / "other"  # an explicit --run-dir is honoured
-    assert main(["eval", str(recipe), "--checkpoint", str(checkpoint), "--run-dir", str(other)]) == 0
+    assert (
+        main(["eval", str(recipe), "--checkpoint", str(checkpoint), "--run-dir", str(other)]) == 0
+    )
     assert (other / "logs" / "metrics.jsonl").is_file()
 
     assert main(["eval", "--help"]) == 0

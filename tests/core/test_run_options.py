@@ -138,7 +138,8 @@ def test_set_walks_nested_dataclasses() -> None:
 
     config = Config()
     applied = apply_overrides(
-        config, ["training.seq_len=4096", "training.lr=3", "compile=true", "training.betas=[0.8, 0.9]"]
+        config,
+        ["training.seq_len=4096", "training.lr=3", "compile=true", "training.betas=[0.8, 0.9]"],
     )
     assert config.training == Training(seq_len=4096, lr=3.0, betas=(0.8, 0.9)) and config.compile
     assert applied["training.seq_len"] == 4096

@@ -74,6 +74,4 @@ def recipe(
     ]
     if die_at_step:
         callbacks.append(DieAtStep(die_at_step, die_rank))
-    return Driver(
-        config.backend(), callbacks, max_steps=max_steps, log_every=5, run_dir=run_dir
-    )
+    return Driver(config.backend(), callbacks, max_steps=max_steps, log_every=5, run_dir=run_dir)

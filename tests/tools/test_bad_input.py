@@ -206,7 +206,9 @@ def test_tokenizer_trains_on_the_documents_of_jsonl_not_its_json(tmp_path, capsy
     tokenizer equals one trained on the same texts, and learns nothing of JSON escapes."""
     from baton.data import train_tokenizer
 
-    texts = [f"Line {i} of a note.\nDESCRIPTION: item {i % 7} costs {i * 3} units.\n" for i in range(300)]
+    texts = [
+        f"Line {i} of a note.\nDESCRIPTION: item {i % 7} costs {i * 3} units.\n" for i in range(300)
+    ]
     corpus = write(tmp_path / "notes.jsonl", "".join(json.dumps({"body": t}) + "\n" for t in texts))
     status, err = run(
         capsys, "tokenizer", "--input", str(corpus), "--text-key", "body",

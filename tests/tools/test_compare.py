@@ -1,5 +1,6 @@
-"""``baton compare``: the four backends on one tokenizer and one prepared
-dataset, four steps each in their own processes, and the loss chart over all of them."""
+"""``baton compare``: the four backends from one Hugging Face Llama (built from the
+flags), on one tokenizer and one prepared dataset, four steps each in their own
+processes; the agreement table and the loss chart over all of them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks.sinks.jsonl import read_jsonl
+from baton.core.model_spec import LlamaSpec
 from baton.data import PreparedDataset, load_tokenizer
+from baton.tools.compare import main, max_relative_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("fabric", "torchtitan", "megatron", "maxtext")
@@ -40,7 +43,10 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
     tokenizer = load_tokenizer(run_dir / "data" / "tokenizer")  # trained by the recipe
     data = PreparedDataset(str(run_dir / "data" / "reference"))  # prepared once with it
     data.check_tokenizer(tokenizer)
-    finals = {}
+    spec = LlamaSpec.from_hf(run_dir / "model")  # the one model all four start from
+    assert (spec.num_layers, spec.hidden_size, spec.num_heads) == (2, 64, 4)
+    assert spec.vocab_size == 2048 and spec.ffn_hidden_size == 256
+    finals, curves = {}, {}
     for backend in BACKENDS:
         records = read_jsonl(run_dir / backend / "logs" / "metrics.jsonl")
         losses = [r["loss"] for r in records if "loss" in r]
@@ -48,13 +54,24 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
         assert all(math.isfinite(v) for v in losses), (backend, losses)
         # every backend starts near ln(vocabulary): the same tokens, untrained models
         assert abs(losses[0] - math.log(tokenizer.vocab_size)) < 1.0, (backend, losses[0])
-        finals[backend] = losses[-1]
+        finals[backend], curves[backend] = losses[-1], losses
         # each ran on the prepared data and the tokenizer given to it
         command_line = logs[backend].read_text().splitlines()[0]
         assert f"--data-path={run_dir / 'data' / 'reference'}" in command_line
         assert f"--tokenizer={run_dir / 'data' / 'tokenizer'}" in command_line
+        assert f"--init-from={run_dir / 'model'}" in command_line
 
     chart = run_dir / "comparison" / "loss.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for backend, final in finals.items():  # the table of final losses
-        assert backend in result.stdout and f"{final:.4f}" in result.stdout
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line}
+    for backend, final in finals.items():  # the table: final loss, agreement with fabric
+        diff = max_relative_difference(curves[backend], curves["fabric"])
+        assert rows[backend][3] == f"{final:.4f}", rows[backend]
+        assert rows[backend][4] == f"{diff:.2e}", rows[backend]
+    assert rows["fabric"][4] == "0.00e+00"
+
+
+def test_compare_refuses_an_init_from_that_is_no_hugging_face_model(tmp_path, capsys):
+    code = main([f"--init-from={tmp_path}", f"--recipes={ROOT / 'recipes'}"])
+    assert code == 2
+    assert "is not a Hugging Face model directory" in capsys.readouterr().err

@@ -20,5 +20,10 @@ def recipe(max_steps: int = 8, run_dir: str = "runs/two") -> Driver:
         loss_fn=lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1]),
         config=FabricConfig(accelerator="cpu", devices=2, strategy="ddp", on_epoch_end="continue"),
     )
-    return Driver(backend, [Checkpoint(every_n_steps=4), CompositeLogger(["jsonl"])],
-                  max_steps=max_steps, log_every=2, run_dir=run_dir)
+    return Driver(
+        backend,
+        [Checkpoint(every_n_steps=4), CompositeLogger(["jsonl"])],
+        max_steps=max_steps,
+        log_every=2,
+        run_dir=run_dir,
+    )

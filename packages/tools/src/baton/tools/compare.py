@@ -1,38 +1,41 @@
-"""The same small Llama-style model on Fabric, TorchTitan, Megatron-Core and MaxText, on
-identical tokens, with the four loss curves on one chart.
+"""The same Llama weights on Fabric, TorchTitan, Megatron-Core and MaxText, on identical
+tokens, with how far their per-step losses agree and the four loss curves on one chart.
 
 uv run baton compare                                  # zero setup, ~5 min on CPU
 uv run baton compare --steps 100 --backends megatron maxtext
 uv run baton compare --data-path data/corpus --tokenizer runs/tok
+uv run baton compare --init-from hf_models/tiny-llama  # a save_pretrained Llama of yours
 
 Without ``--data-path``/``--tokenizer`` it trains a byte-level BPE (``--vocab-size``
 tokens) on the Python language reference and prepares that text once with it
-(``baton data prepare``), under ``<run-dir>/data``; a second run reuses both. Each
-backend then runs its own tiny recipe from ``--recipes`` (the project's ``recipes/``) in
-its own process (``baton run``: a backend owns its process group or JAX runtime) on that dataset and tokenizer with the same steps,
-batch, sequence length, learning rate and model shape, into ``<run-dir>/<backend>``
-(its output in ``<run-dir>/<backend>.log``). The loss curves land in
-``<run-dir>/comparison/loss.png`` (``baton plot`` with the four run directories) and a
-table of first and final losses is printed.
+(``baton data prepare``), under ``<run-dir>/data``; a second run reuses both. Without
+``--init-from`` it writes one randomly initialised Llama (``--layers/--hidden/--heads``,
+SwiGLU width ``8/3 x hidden`` rounded up to 256, the tokenizer's vocabulary rounded up
+to 128, fp32) with ``save_pretrained`` to ``<run-dir>/model``. Each backend then runs its
+own recipe from ``--recipes`` (the project's ``recipes/``) with ``--init-from`` that
+directory, in its own process (``baton run``: a backend owns its process group or JAX
+runtime), on that dataset and tokenizer with the same steps, batch, sequence length and
+learning rate, into ``<run-dir>/<backend>`` (its output in ``<run-dir>/<backend>.log``):
+Fabric ``hf_finetune.py`` (``transformers``' Llama), TorchTitan
+``torchtitan_llama3_debug.py`` (a llama3 flavour of the spec), Megatron-Core
+``megatron_gpt_tiny.py`` (GPTModel with Llama blocks), MaxText ``maxtext_tiny.py``
+(its ``llama2`` decoder block, ``dtype=float32``). All four start from the same weights,
+in fp32. The loss curves land in ``<run-dir>/comparison/loss.png`` (``baton plot`` with
+the run directories) and a table prints each backend's first and final loss and the
+largest relative difference of its per-step losses from the first backend's.
 
-Where the four differ (each recipe keeps its backend's own choices):
+Where the four still differ (each recipe keeps its backend's own choices):
 
-- Fabric (``quickstart.py``) trains baton's small GPT: LayerNorm, a GELU MLP of width
-  ``4 x hidden``, learned positions, biases, tied embeddings. Not Llama-style.
-- TorchTitan (``torchtitan_llama3_debug.py``) trains TorchTitan's ``llama3_debugmodel``
-  unchanged: 6 layers, dim 256, 16 heads, SwiGLU width 768, vocabulary 2048. The default
-  ``--layers/--hidden/--heads`` are that shape, so the Llama-style three agree; other
-  shapes leave TorchTitan's as it is (said when the run starts).
-- Megatron-Core (``megatron_gpt_tiny.py --llama``) and MaxText (``maxtext_tiny.py``,
-  MaxText's ``llama2`` decoder block) build that shape: RMSNorm, SwiGLU of width
-  ``8/3 x hidden`` rounded up to 256, rotary positions, no biases, untied output.
-- Vocabulary: the tokenizer's size (2048 by default) for all; Megatron pads it to a
-  multiple of 64, MaxText to 128 (equal at 2048).
-- Initialisation, RoPE base, AdamW settings and the LR schedule (warmup, decay) are each
-  backend's own; the peak learning rate ``--lr`` is shared.
-- Each backend's own data pipeline cuts and orders the samples (Megatron's ``GPTDataset``,
-  MaxText's Grain, TorchTitan's and Fabric's loaders): the same tokens, not the same
-  batches in the same order.
+- Each backend's own data pipeline cuts and orders the samples (Megatron's
+  ``GPTDataset`` shuffles, MaxText's Grain reads its own order, TorchTitan reads windows
+  in order with positions restarting after each end-of-document token, Fabric shuffles
+  its windows with its seed): the same tokens, not the same batches in the same order,
+  so per-step losses agree only as closely as different batches of one text allow.
+  (On one fixed batch the four compute the same first-step loss within 3e-7 relative:
+  tests/backends/test_round_trip.py.)
+- AdamW settings and the LR schedule (warmup, decay) are each backend's own; the peak
+  learning rate ``--lr`` is shared. Fabric's sequences are one token longer (its model
+  shifts the labels itself), so every backend predicts ``--seq-len`` targets a sample.
 """
 
 from __future__ import annotations
@@ -47,13 +50,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
+from baton.core.errors import UsageError
+from baton.core.model_spec import LlamaSpec, is_hf_dir
 
 #: where the backends' tiny recipes are found unless ``--recipes`` says otherwise
 RECIPES = Path("recipes")
 BACKENDS = ("fabric", "torchtitan", "megatron", "maxtext")
-#: TorchTitan's llama3 debug model, the one shape its recipe trains
-TITAN_SHAPE = {"layers": 6, "hidden": 256, "heads": 16}
-TITAN_VOCAB = 2048
+#: the recipe each backend runs
+RECIPE_FILES = {
+    "fabric": "hf_finetune.py",
+    "torchtitan": "torchtitan_llama3_debug.py",
+    "megatron": "megatron_gpt_tiny.py",
+    "maxtext": "maxtext_tiny.py",
+}
 
 
 def llama_ffn(hidden: int) -> int:
@@ -79,76 +88,139 @@ def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
     return str(prefix), str(tokenizer)
 
 
+def tiny_llama_spec(
+    *, layers: int, hidden: int, heads: int, vocab_size: int, seq_len: int
+) -> LlamaSpec:
+    """The Llama ``baton compare`` builds when no ``--init-from`` is given: the vocabulary
+    rounded up to a multiple of 128 (MaxText's and Megatron's padding agree there)."""
+    if hidden % heads:
+        raise ValueError(f"--hidden {hidden} is not a multiple of --heads {heads}")
+    return LlamaSpec(
+        vocab_size=-(-vocab_size // 128) * 128,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        ffn_hidden_size=llama_ffn(hidden),
+        head_dim=hidden // heads,
+        max_seq_len=max(256, seq_len + 1),
+    )
+
+
+def save_llama(spec: LlamaSpec, directory: Path, seed: int = 0) -> Path:
+    """A randomly initialised fp32 ``LlamaForCausalLM`` of ``spec``, with ``save_pretrained``."""
+    try:
+        import torch
+        import transformers
+    except ImportError as error:
+        raise UsageError(
+            f"building the model to compare needs torch and transformers ({error}): install "
+            "baton-tools[export], or pass --init-from a Hugging Face Llama directory"
+        ) from None
+    config = transformers.LlamaConfig(**spec.to_hf_config())
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(directory)
+    return directory
+
+
+def check_model(init_from: str, tokenizer_vocab: int) -> LlamaSpec:
+    """The spec of ``--init-from``; refused when it is no Hugging Face Llama directory or
+    its vocabulary is smaller than the tokenizer's."""
+    if not is_hf_dir(init_from):
+        raise ValueError(
+            f"--init-from {init_from} is not a Hugging Face model directory (config.json "
+            "and *.safetensors, as save_pretrained writes them)"
+        )
+    spec = LlamaSpec.from_hf(init_from)
+    if spec.vocab_size < tokenizer_vocab:
+        raise ValueError(
+            f"--init-from {init_from} has {spec.vocab_size} vocabulary rows, the tokenizer "
+            f"{tokenizer_vocab} ids; use a model built for this tokenizer"
+        )
+    return spec
+
+
 def backend_command(
     backend: str,
     run_dir: Path,
     *,
+    init_from: str,
     data_path: str,
     tokenizer: str,
     steps: int,
-    layers: int,
-    hidden: int,
-    heads: int,
     seq_len: int,
     batch: int,
     lr: float,
     recipes: Path = RECIPES,
 ) -> list[str]:
-    """``python -m baton.core.cli run <backend's tiny recipe> ...`` with the shared settings."""
+    """``python -m baton.core.cli run <backend's recipe> --init-from ...`` with the shared
+    settings."""
     no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
     common = [
+        f"--init-from={init_from}",
         f"--max-steps={steps}",
         f"--lr={lr}",
-        f"--seq-len={seq_len}",
         f"--data-path={data_path}",
         f"--tokenizer={tokenizer}",
         f"--run-dir={run_dir / backend}",
         "--log-every=1",
         "--save-every=0",
-        "--no-progress",
         "--overwrite",
     ]
     own = {
-        "fabric": [
-            "quickstart.py",
-            f"--batch-size={batch}",
-            f"--n-layer={layers}",
-            f"--d-model={hidden}",
-            f"--n-head={heads}",
-            no_eval,
-        ],
-        "torchtitan": ["torchtitan_llama3_debug.py", f"--batch-size={batch}"],
+        # its model shifts the labels itself: one token more gives --seq-len targets
+        "fabric": [f"--seq-len={seq_len + 1}", f"--batch-size={batch}", "--eval-every=0"],
+        "torchtitan": [f"--seq-len={seq_len}", f"--batch-size={batch}", "--no-progress"],
         "megatron": [
-            "megatron_gpt_tiny.py",
-            "--llama",
+            f"--seq-len={seq_len}",
             f"--micro-batch-size={batch}",
             f"--global-batch-size={batch}",
-            f"--num-layers={layers}",
-            f"--hidden-size={hidden}",
-            f"--num-attention-heads={heads}",
             f"--min-lr={lr / 10}",
             no_eval,
             "--no-async-save",
+            "--no-progress",
         ],
         "maxtext": [
-            "maxtext_tiny.py",
+            f"--seq-len={seq_len}",
             f"--per-device-batch-size={batch}",
-            f"--layers={layers}",
-            f"--d-model={hidden}",
-            f"--heads={heads}",
             "--eval-every=0",
             "--no-async-save",
+            "--no-progress",
             "--overrides",
-            f"base_mlp_dim={llama_ffn(hidden)}",
+            "dtype=float32",
         ],
     }[backend]
-    recipe, flags = own[0], own[1:]
-    return [sys.executable, "-m", "baton.core.cli", "run", str(recipes / recipe), *common, *flags]
+    recipe = recipes / RECIPE_FILES[backend]
+    return [sys.executable, "-m", "baton.core.cli", "run", str(recipe), *common, *own]
 
 
 def losses(run_dir: Path) -> list[float]:
     """The training losses a run logged, in step order."""
     return [r["loss"] for r in read_jsonl(run_dir / "logs" / FILE_NAME) if "loss" in r]
+
+
+def max_relative_difference(values: Sequence[float], reference: Sequence[float]) -> float:
+    """The largest ``|value - reference| / |reference|`` over the steps both logged."""
+    pairs = list(zip(values, reference, strict=False))
+    if not pairs:
+        return math.nan
+    return max(abs(v - r) / abs(r) for v, r in pairs)
+
+
+def agreement_table(runs: dict[str, list[float]], wall: dict[str, float]) -> str:
+    """Each run's first and final loss and its largest per-step relative difference
+    from the first run's losses."""
+    reference_name, reference = next(iter(runs.items()))
+    head = f"{'backend':<12}{'steps':>6}{'first loss':>12}{'final loss':>12}"
+    lines = [head + f"{'max rel diff vs ' + reference_name:>26}{'wall s':>8}"]
+    for backend, values in runs.items():
+        first, last = (values[0], values[-1]) if values else (math.nan, math.nan)
+        diff = max_relative_difference(values, reference)
+        lines.append(
+            f"{backend:<12}{len(values):>6}{first:>12.4f}{last:>12.4f}{diff:>26.2e}"
+            f"{wall.get(backend, math.nan):>8.0f}"
+        )
+    return "\n".join(lines)
 
 
 def compare(
@@ -162,27 +234,29 @@ def compare(
     vocab_size: int = 2048,
     data_path: str | None = None,
     tokenizer: str | None = None,
+    init_from: str | None = None,
     backends: tuple[str, ...] = BACKENDS,
     run_dir: str = "runs/compare_backends",
     recipes: str | Path = RECIPES,
 ) -> None:
-    """Train one small Llama-style model on each backend on the same tokens; plot the losses.
+    """Train the same Llama weights on each backend on the same tokens; compare the losses.
 
     Args:
         steps: optimizer steps on each backend.
-        layers: transformer layers (TorchTitan keeps its debug model's 6).
-        hidden: model width (TorchTitan keeps 256).
-        heads: attention heads (TorchTitan keeps 16).
+        layers: transformer layers of the model built without --init-from.
+        hidden: its width.
+        heads: its attention heads (query and key/value).
         seq_len: tokens per sample.
         batch: samples per step.
         lr: peak learning rate.
-        vocab_size: the BPE trained when no --tokenizer is given (at most 2048,
-            TorchTitan's debug vocabulary).
+        vocab_size: the BPE trained when no --tokenizer is given.
         data_path: a prepared prefix (`baton data prepare`); with --tokenizer.
         tokenizer: the tokenizer directory the data was prepared with.
-        backends: which backends to run, in order.
-        run_dir: where the data, each backend's run and the chart go.
-        recipes: the directory holding each backend's tiny recipe.
+        init_from: a Hugging Face Llama directory (save_pretrained) all backends start
+            from (None: a tiny one built from --layers/--hidden/--heads).
+        backends: which backends to run, in order (the first is the reference).
+        run_dir: where the data, the model, each backend's run and the chart go.
+        recipes: the directory holding each backend's recipe.
     """
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
@@ -195,23 +269,33 @@ def compare(
             "directory it was prepared with), or neither to prepare the Python reference"
         )
     recipes = Path(recipes)
-    if not (recipes / "quickstart.py").is_file():
+    missing = [RECIPE_FILES[b] for b in backends if not (recipes / RECIPE_FILES[b]).is_file()]
+    if missing:
         raise ValueError(
-            f"--recipes {recipes} holds no baton recipes (quickstart.py, ...); run from the "
-            "project's root or pass --recipes PATH/TO/recipes"
+            f"--recipes {recipes} lacks {', '.join(missing)}; run from the project's root "
+            "or pass --recipes PATH/TO/recipes"
         )
+    if init_from is not None:  # the model checked before any data is prepared
+        check_model(init_from, 0)
+    else:
+        tiny_llama_spec(layers=layers, hidden=hidden, heads=heads, vocab_size=1, seq_len=seq_len)
     root = Path(run_dir)
     if data_path is None or tokenizer is None:
-        if vocab_size > TITAN_VOCAB and "torchtitan" in backends:
-            raise ValueError(
-                f"--vocab-size {vocab_size} exceeds TorchTitan's debug vocabulary of "
-                f"{TITAN_VOCAB}; use at most {TITAN_VOCAB}"
-            )
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
-    shape = {"layers": layers, "hidden": hidden, "heads": heads}
-    if "torchtitan" in backends and shape != TITAN_SHAPE:
-        print(f"note: torchtitan keeps its debug model's shape {TITAN_SHAPE}", flush=True)
+    from baton.data import load_tokenizer
+
+    tokenizer_vocab = load_tokenizer(tokenizer).vocab_size
+    if init_from is None:
+        shape = {"layers": layers, "hidden": hidden, "heads": heads}
+        spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab, seq_len=seq_len)
+        init_from = str(save_llama(spec, root / "model"))
+    spec = check_model(init_from, tokenizer_vocab)
+    print(
+        f"model: {init_from} ({spec.num_layers} layers, width {spec.hidden_size}, "
+        f"{spec.num_heads} heads, vocabulary {spec.vocab_size}); every backend starts there",
+        flush=True,
+    )
 
     wall: dict[str, float] = {}
     failed: list[str] = []
@@ -219,6 +303,7 @@ def compare(
         command = backend_command(
             backend,
             root,
+            init_from=init_from,
             data_path=data_path,
             tokenizer=tokenizer,
             steps=steps,
@@ -226,7 +311,6 @@ def compare(
             batch=batch,
             lr=lr,
             recipes=recipes,
-            **shape,
         )
         log = root / f"{backend}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -246,11 +330,7 @@ def compare(
         from baton.tools.plot import plot_runs
 
         charts = plot_runs([root / b for b in finished], root / "comparison")
-        print(f"\n{'backend':<12}{'steps':>6}{'first loss':>12}{'final loss':>12}{'wall s':>8}")
-        for backend in finished:
-            values = losses(root / backend)
-            first, last = (values[0], values[-1]) if values else (math.nan, math.nan)
-            print(f"{backend:<12}{len(values):>6}{first:>12.4f}{last:>12.4f}{wall[backend]:>8.0f}")
+        print("\n" + agreement_table({b: losses(root / b) for b in finished}, wall))
         print("charts: " + ", ".join(str(path) for path in charts))
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
@@ -261,18 +341,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend's run failed."""
     parser = argparse.ArgumentParser(prog="baton compare", description=compare.__doc__)
     parser.add_argument("--steps", type=int, default=50, help="optimizer steps on each backend")
-    parser.add_argument("--layers", type=int, default=6, help="transformer layers")
-    parser.add_argument("--hidden", type=int, default=256, help="model width")
-    parser.add_argument("--heads", type=int, default=16, help="attention heads")
+    parser.add_argument("--layers", type=int, default=6, help="layers of the model built")
+    parser.add_argument("--hidden", type=int, default=256, help="width of the model built")
+    parser.add_argument("--heads", type=int, default=16, help="heads of the model built")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample")
     parser.add_argument("--batch", type=int, default=4, help="samples per step")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument("--vocab-size", type=int, default=2048, help="the BPE trained if needed")
     parser.add_argument("--data-path", default=None, help="a `baton data prepare` prefix")
     parser.add_argument("--tokenizer", default=None, help="the tokenizer it was prepared with")
+    parser.add_argument(
+        "--init-from", default=None, help="a Hugging Face Llama directory all backends start from"
+    )
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help="which, in order")
     parser.add_argument("--run-dir", default="runs/compare_backends", help="where results go")
-    parser.add_argument("--recipes", default=str(RECIPES), help="the backends' tiny recipes")
+    parser.add_argument("--recipes", default=str(RECIPES), help="the backends' recipes")
     args = parser.parse_args(argv)
     try:
         compare(
@@ -286,11 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             vocab_size=args.vocab_size,
             data_path=args.data_path,
             tokenizer=args.tokenizer,
+            init_from=args.init_from,
             backends=tuple(args.backends),
             run_dir=args.run_dir,
             recipes=args.recipes,
         )
-    except ValueError as error:
+    except (ValueError, UsageError) as error:
         print(f"baton compare: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:

@@ -39,7 +39,6 @@ STATE_FILE = "state.pt"
 HF_CONFIG_DIR = "hf"
 
 
-
 #: a run's tokenizer files copied beside the exported weights
 TOKENIZER_FILES = (
     "tokenizer.json",

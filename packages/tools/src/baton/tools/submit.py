@@ -217,7 +217,7 @@ def _gpu_flags(recipe: str, recipe_args: list[str], gpus_per_node: int) -> list[
     given = [a for a in recipe_args if a == "--accelerator" or a.startswith("--accelerator=")]
     if given:
         at = recipe_args.index(given[0])
-        value = given[0].partition("=")[2] or (recipe_args[at + 1:at + 2] or [""])[0]
+        value = given[0].partition("=")[2] or (recipe_args[at + 1 : at + 2] or [""])[0]
         if value == "cpu":
             raise SubmitError(
                 f"--gpus-per-node {gpus_per_node} with --accelerator cpu: the job would hold "

@@ -172,6 +172,11 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             return {"model": {k: self.config.get(k) for k in keys if k in self.config}}
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
 
+    @property
+    def graphdef(self) -> Any:
+        """The model's and optimizer's structure (``nnx.split``) after ``setup``."""
+        return self._graphdef
+
     # -- build ------------------------------------------------------------------------
     def plan(self, simulate_devices: int | None = None) -> Plan:
         """Validate the config with MaxText and build its mesh, without allocating the model.

@@ -159,7 +159,9 @@ def paragraph_groups(path: str | Path) -> list[str]:
 
 
 def build_indexed_dataset(
-    prefix: str | Path, text_path: str | Path | None = None, tokenizer: ByteEodTokenizer | None = None
+    prefix: str | Path,
+    text_path: str | Path | None = None,
+    tokenizer: ByteEodTokenizer | None = None,
 ) -> str:
     """Write ``<prefix>.bin`` / ``<prefix>.idx`` from a text (default: the Python reference).
 

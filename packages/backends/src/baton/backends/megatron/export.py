@@ -31,7 +31,6 @@ from baton.core.model_spec import exported_spec
 NON_MODEL = ("optimizer.", "rng_state", "common_state")
 
 
-
 def read_global_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The model's global tensors of a ``torch_dist`` checkpoint, by Megatron's sharded
     key (layers stacked: ``decoder.layers.self_attention.linear_qkv.weight`` is

@@ -40,7 +40,6 @@ def llama3_debug(
     """
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-
     config = llama3_debugmodel()
     config.dump_folder = dump_folder
     config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)

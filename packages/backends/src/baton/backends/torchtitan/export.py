@@ -35,7 +35,6 @@ NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
 ARCHITECTURES = {"llama3": ("LlamaForCausalLM", "llama")}
 
 
-
 def dcp_folder(checkpoint_dir: str | Path) -> Path:
     """The TorchTitan DCP folder (the one holding ``.metadata``) inside ``checkpoint_dir``."""
     path = Path(checkpoint_dir)
@@ -53,7 +52,11 @@ def dcp_folder(checkpoint_dir: str | Path) -> Path:
 def checkpoint_model(checkpoint_dir: str | Path) -> str:
     """``name/flavor`` of the model a baton checkpoint was saved from (its ``baton.json``)."""
     path = Path(checkpoint_dir)
-    for meta in (path / "baton.json", path.parent / "baton.json", path.parent.parent / "baton.json"):
+    for meta in (
+        path / "baton.json",
+        path.parent / "baton.json",
+        path.parent.parent / "baton.json",
+    ):
         if meta.is_file():
             backend = json.loads(meta.read_text()).get("backend", {})
             if backend.get("name") != "torchtitan":
@@ -125,9 +128,7 @@ def hf_config(model_config: Any, hf_weights: dict[str, Any], architecture: str) 
     return config
 
 
-def export_hf(
-    checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | None = None
-) -> Path:
+def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | None = None) -> Path:
     """Write the checkpoint's weights as a Hugging Face model directory; returns ``out_dir``.
 
     ``model`` is ``name/flavor`` of TorchTitan's model registry (read from the

@@ -1,10 +1,11 @@
 """Checkpoint blocking: how long a save stops the step loop, synchronous vs async.
 
 For each backend, a model whose checkpoint (weights + optimizer state) is at least
-100 MB trains a few steps. A first save (``WARMUP_AT``) is waited for and not timed:
-it pays what a run pays once (a writer process started, save plans built and cached,
-sharding validated). The timed save (``SAVE_AT``) is the steady state of a run that
-saves many times. The loop is blocked for the gap between that step's ``on_step_end``
+100 MB trains a few steps. Two first saves (``WARMUP_SAVES``) are waited for and not
+timed: they pay what a run pays once (a writer process started, save plans built,
+sharding validated, and, for Megatron-Core, the cached plan checked against the second
+save's before the third uses it). The timed save (``SAVE_AT``) is the steady state of a
+run that saves many times. The loop is blocked for the gap between that step's ``on_step_end``
 and the next step's ``on_step_start``, less the gap of an ordinary step. Every step's
 device work is waited for before its end is stamped (one ``fetch`` of its metrics),
 so a save never absorbs a step still in flight (JAX and CUDA dispatch
@@ -45,11 +46,13 @@ NAME = "checkpoint"
 MIN_STATE_MB = 100
 #: async save may block the loop for at most this fraction of the synchronous save
 TARGET = 0.1
-#: a first save, waited for and not timed: it pays each backend's one-time costs (a
-#: writer process or thread started, save plans built and cached, sharding validated)
-WARMUP_AT = 2  # the optimizer state exists after the first step
+#: saves waited for and not timed: they pay each backend's one-time costs (a writer
+#: process or thread started, save plans built and cached, sharding validated).
+#: Megatron-Core reuses its cached save plan only from a process's third save on (the
+#: second checks that its plan equals the first's)
+WARMUP_SAVES = (2, 3)  # the optimizer state exists after the first step
 #: the timed save: the steady state of a run that saves many times
-SAVE_AT = 4
+SAVE_AT = 5
 STEPS = SAVE_AT + 2
 
 
@@ -195,8 +198,8 @@ class _SaveAndTime(Callback):
         self.async_supported = False
 
     def on_step_start(self, driver: Any) -> None:
-        if driver.step == WARMUP_AT:
-            driver.wait_for_saves()  # the warm-up save is complete before timing goes on
+        if driver.step in WARMUP_SAVES:
+            driver.wait_for_saves()  # a warm-up save is complete before timing goes on
         self.step_start[driver.step + 1] = time.perf_counter()
 
     def on_step_end(self, driver: Any, output: Any) -> None:
@@ -205,7 +208,7 @@ class _SaveAndTime(Callback):
         # that an ordinary step overlaps with the next one.
         driver.backend.fetch(output.lazy_values())
         _synchronize_cuda()
-        if driver.step in (WARMUP_AT, SAVE_AT):
+        if driver.step in (*WARMUP_SAVES, SAVE_AT):
             driver.control.request_save("benchmark", all_ranks=True)
         self.step_end[driver.step] = time.perf_counter()
 
@@ -224,7 +227,7 @@ class _SaveAndTime(Callback):
 
 
 def save_once(make: Callable[[bool], Any], run_dir: Path, asynchronous: bool) -> dict[str, float]:
-    """Train STEPS steps, saving at WARMUP_AT (untimed) and SAVE_AT; return the time the
+    """Train STEPS steps, saving at WARMUP_SAVES (untimed) and SAVE_AT; return the time the
     SAVE_AT save blocked the loop, when it completed, and the next step's extra time."""
     shutil.rmtree(run_dir, ignore_errors=True)
     timer = _SaveAndTime()
@@ -233,9 +236,13 @@ def save_once(make: Callable[[bool], Any], run_dir: Path, asynchronous: bool) ->
     driver.fit()
     if timer.saved_at is None:
         raise RuntimeError("the checkpoint was never reported saved")
-    ordinary = median([timer.gap(s) for s in range(1, STEPS) if s not in (WARMUP_AT, SAVE_AT)])
+    saves = (*WARMUP_SAVES, SAVE_AT)
+    ordinary = median([timer.gap(s) for s in range(1, STEPS) if s not in saves])
     # steps before the timed save, none right after a save, against the step after it
-    ordinary_step = median([timer.duration(s) for s in range(2, SAVE_AT + 1) if s != WARMUP_AT + 1])
+    after_saves = {s + 1 for s in WARMUP_SAVES}
+    ordinary_step = median(
+        [timer.duration(s) for s in range(2, SAVE_AT + 1) if s not in after_saves]
+    )
     checkpoint = driver.saved[-1]
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     return {

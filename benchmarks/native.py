@@ -1,12 +1,23 @@
 """Against each backend's own loop: the same backend and config, native loop vs baton.
 
-One entry per backend. An entry is one function ``compare(steps) -> StepTimes``: it
-trains ``steps`` steps with the backend's own loop and ``steps`` steps with baton's
-``Driver`` (no user callbacks, log every 10 steps) and returns seconds per step of
-each, timed from the end of the first step to the end of the last (setup, compilation
-and the first step are left out on both sides). The runner calls it for several
-rounds (native, baton, baton, native, ...)
-and reports the median paired ratio baton / native. Target: within 1.01.
+One entry per backend, measured one of two ways; either way the row is the median of
+paired ratios baton / native, each pair measured moments apart. Target: within 1.01.
+
+* **Interleaved blocks** (Fabric, Megatron-Core: the native loop is the backend's step
+  in a plain loop): one backend, one baton run (no user callbacks, log every 10
+  steps). After every ``BLOCK`` baton steps, ``BLOCK`` native steps run on the same
+  backend from ``on_step_end``, so the two sides alternate every fraction of a second
+  and run the same model, data and caches; a block of either side holds one log step
+  (one ``fetch``). A baton block is timed from the end of the native block before it
+  to its last ``on_step_end`` (so the driver's work after a step counts). The first
+  ``WARMUP_BLOCKS`` pairs (compilation, caches) are left out; ``rounds`` pairs count.
+  One build per backend, and a neighbour's load burst spoils a pair or two, not a
+  whole side.
+* **Whole runs** (TorchTitan ``Trainer.train()``, MaxText ``train_loop``: loops that
+  own their run): ``compare(steps) -> StepTimes`` trains ``steps`` steps with the
+  backend's own loop and ``steps`` with baton's ``Driver``, each on a fresh backend,
+  timed from the end of the first step to the end of the last; after a warm-up round,
+  rounds alternate which side goes first (native, baton, baton, native, ...).
 
 Entries import their backend lazily: while ``baton.backends.<name>.backend`` (or the
 recipe an entry builds from) is missing, the row says so and nothing else runs.
@@ -75,6 +86,9 @@ class Entry:
     #: steps under ``--quick``; ``None``: skipped there (a heavy backend's import and
     #: build take minutes; its own test suite covers it)
     quick_steps: int | None = None
+    #: the native loop is ``bare_loop``: measured in interleaved blocks of ``BLOCK``
+    #: steps (``steps`` is then unused; ``rounds`` counts timed pairs of blocks)
+    blocks: bool = False
 
     def compare(self, steps: int, *, baton_first: bool = False) -> StepTimes:
         """A native run and a baton run, each on a freshly built backend."""
@@ -85,6 +99,45 @@ class Entry:
         order = ("baton", "native") if baton_first else ("native", "baton")
         times = {side: sides[side]() for side in order}
         return StepTimes(native=times["native"], baton=times["baton"])
+
+    def interleaved(self, rounds: int) -> list[StepTimes]:
+        """``WARMUP_BLOCKS + rounds`` pairs of blocks in one baton run: per pair, seconds
+        per step of the baton block and of the native block right after it."""
+        steps = BLOCK * (WARMUP_BLOCKS + rounds)
+        backend = self.make(2 * steps)  # data for both sides' steps
+        blocks = _NativeBlocks(BLOCK)
+        with tempfile.TemporaryDirectory(prefix="baton-bench-native-") as tmp:
+            Driver(backend, [blocks], max_steps=steps, log_every=LOG_EVERY, run_dir=Path(tmp)).fit()
+        return blocks.pairs[WARMUP_BLOCKS:]
+
+
+#: steps per block of the interleaved measure: one log step in each
+BLOCK = LOG_EVERY
+#: leading pairs of blocks left out (compilation, allocator and cache warm-up)
+WARMUP_BLOCKS = 1
+
+
+class _NativeBlocks(Callback):
+    """Inside a baton run: after every ``block`` baton steps, ``block`` steps of the
+    backend's step in a plain loop; records each pair's seconds per step."""
+
+    priority = 10**9  # after every other callback's on_step_end
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.pairs: list[StepTimes] = []
+        self._mark = 0.0
+
+    def on_train_start(self, driver: Any) -> None:
+        self._mark = time.perf_counter()
+
+    def on_step_end(self, driver: Any, output: Any) -> None:
+        if driver.step % self.block:
+            return
+        baton = (time.perf_counter() - self._mark) / self.block
+        native = bare_loop_block(driver.backend, driver.step, self.block)
+        self.pairs.append(StepTimes(native=native, baton=baton))
+        self._mark = time.perf_counter()
 
 
 # -- the two sides ---------------------------------------------------------------------------
@@ -145,6 +198,16 @@ def bare_loop(backend: Any, steps: int) -> float:
             backend.fetch(output.lazy_values())
         stamps.append(time.perf_counter())
     return after_first(stamps)
+
+
+def bare_loop_block(backend: Any, step: int, steps: int) -> float:
+    """``steps`` of the backend's step in a plain loop, fetching the metrics of the
+    last (one log step, as in baton's block); seconds per step."""
+    started = time.perf_counter()
+    for _ in range(steps - 1):
+        backend.train_step(step)
+    backend.fetch(backend.train_step(step).lazy_values())
+    return (time.perf_counter() - started) / steps
 
 
 def _native_object(backend: Any, cls: type, what: str) -> Any:
@@ -259,11 +322,11 @@ def from_recipe(path: str) -> Callable[[int], Any]:
 
 ENTRIES: tuple[Entry, ...] = (
     Entry("fabric", "baton.backends.fabric.backend", "bare loop over train_step", fabric_tiny,
-          bare_loop, steps=100, rounds=6, quick_steps=20),
+          bare_loop, rounds=30, quick_steps=BLOCK, blocks=True),
     Entry("torchtitan", "baton.backends.torchtitan.backend", "TorchTitan Trainer.train()",
           from_recipe("torchtitan_llama3_debug.py"), torchtitan_train, steps=12, rounds=2),
     Entry("megatron", "baton.backends.megatron.backend", "plain Megatron-Core loop",
-          from_recipe("megatron_gpt_tiny.py"), bare_loop, steps=40, rounds=3),
+          from_recipe("megatron_gpt_tiny.py"), bare_loop, rounds=20, blocks=True),
     Entry("maxtext", "baton.backends.maxtext.backend", "MaxText train_loop",
           from_recipe("maxtext_tiny.py"), maxtext_train_loop, steps=30, rounds=2),
 )  # fmt: skip
@@ -275,10 +338,16 @@ def run_entry(entry: Entry, quick: bool) -> Row:
         return skipped(NAME, case, f"{entry.module} is not installed/implemented")
     if quick and entry.quick_steps is None:
         return skipped(NAME, case, "not run with --quick (heavy backend)")
-    steps, rounds = (entry.quick_steps or 0, 1) if quick else (entry.steps, entry.rounds)
+    quick_rounds = 2 if entry.blocks else 1
+    steps, rounds = (entry.quick_steps or 0, quick_rounds) if quick else (entry.steps, entry.rounds)
     try:
-        entry.compare(steps)  # warm-up: imports, compilation, caches
-        pairs = [entry.compare(steps, baton_first=i % 2 == 1) for i in range(rounds)]
+        if entry.blocks:
+            pairs = entry.interleaved(rounds)
+            how = f"{rounds} interleaved pairs of {BLOCK}-step blocks in one run"
+        else:
+            entry.compare(steps)  # warm-up: imports, compilation, caches
+            pairs = [entry.compare(steps, baton_first=i % 2 == 1) for i in range(rounds)]
+            how = f"{steps} steps x {rounds} rounds"
     except Skip as reason:
         return skipped(NAME, case, str(reason))
     except Exception as error:  # one backend failing leaves the others' rows
@@ -296,7 +365,7 @@ def run_entry(entry: Entry, quick: bool) -> Row:
         baseline="native",
         target=f"<= {TARGET}",
         passed=at_most(ratio, TARGET),
-        note=f"native {median(native) * 1e3:.3g} ms/step, {steps} steps x {rounds} rounds",
+        note=f"native {median(native) * 1e3:.3g} ms/step, {how}",
     )
 
 

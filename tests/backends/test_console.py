@@ -56,7 +56,12 @@ def foreign_lines(output: str) -> list[str]:
     ]
 
 
-def run_recipe(recipe: str, run_dir: Path, *flags: str) -> str:
+def run_recipe(recipe: str | Path, run_dir: Path, *flags: str) -> str:
+    """Run ``recipe`` (a name under ``recipes/`` or a path) for 2 steps without the
+    progress bar; its stdout and stderr together."""
+    path = ROOT / "recipes" / recipe if isinstance(recipe, str) else recipe
+    if isinstance(recipe, str):
+        flags = ("--no-progress", *flags)  # a test recipe has no progress bar to turn off
     env = dict(os.environ, OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu", COLUMNS="300")
     env.pop("PYTHONWARNINGS", None)
     env.pop("BATON_PATCHES", None)
@@ -65,8 +70,8 @@ def run_recipe(recipe: str, run_dir: Path, *flags: str) -> str:
     # INFO lines in every child
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     done = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", "run", str(ROOT / "recipes" / recipe),
-         "--max-steps", "2", "--no-progress", "--run-dir", str(run_dir), *flags],
+        [sys.executable, "-m", "baton.core.cli", "run", str(path),
+         "--max-steps", "2", "--run-dir", str(run_dir), *flags],
         env=env, capture_output=True, text=True, timeout=900, cwd=run_dir.parent,
     )  # fmt: skip
     output = done.stdout + done.stderr
@@ -97,5 +102,16 @@ def test_baton_log_lines_are_told_apart_from_framework_lines() -> None:
 def test_a_tiny_run_prints_only_what_baton_chose_to_show(backend: str, tmp_path: Path) -> None:
     recipe, flags = RECIPES[backend]
     output = run_recipe(recipe, tmp_path / "run", *flags)
+    assert foreign_lines(output) == [], output
+    assert re.search(r"^done: step 2, ", output, re.M), output
+
+
+@pytest.mark.slow
+def test_a_two_process_fabric_run_shows_no_process_group_banner(tmp_path: Path) -> None:
+    """FabricConfig(devices=2) under plain ``baton run``: Lightning starts rank 1 itself
+    and each rank joins the process group without Lightning's banner (``Initializing
+    distributed: GLOBAL_RANK: ...``, rank 0's ``distributed_backend=gloo`` block)."""
+    recipe = ROOT / "tests" / "backends" / "fabric" / "recipe_fabric_devices.py"
+    output = run_recipe(recipe, tmp_path / "run")
     assert foreign_lines(output) == [], output
     assert re.search(r"^done: step 2, ", output, re.M), output

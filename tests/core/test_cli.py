@@ -94,7 +94,7 @@ def test_listings():
     assert out.returncode == 0 and "progress" in out.stdout
     # a summary that spans lines is shown whole, not cut mid-sentence
     assert "each tagged with its phase" in " ".join(out.stdout.split())
-    out = baton("patches", "--backend", "fabric")
+    out = baton("patches", "--backend", "jax")
     assert out.returncode == 0 and "registers no patches" in out.stdout
     out = baton("backends")
     assert out.returncode == 0 and "fabric" in out.stdout

@@ -106,3 +106,23 @@ def test_metrics_materialised_only_on_log_steps(tmp_path):
 def test_at_least_one_limit_required(tmp_path):
     with pytest.raises(ValueError, match="max_steps"):
         Driver(ScalarBackend(), run_dir=tmp_path)
+
+
+def test_flags_are_read_and_cleared_through_their_reasons() -> None:
+    """A step nobody asked anything of is idle; a request sets its flag with its reason,
+    acting on it clears both, and a save veto alone keeps the step from being idle."""
+    from baton.core.control import Control
+
+    ctl = Control()
+    assert ctl.idle and not (ctl.stop or ctl.save or ctl.eval or ctl.log)
+    ctl.request_stop("limit", all_ranks=True)
+    ctl.request_save("cadence")
+    assert not ctl.idle and ctl.stop and ctl.save and ctl.reason("stop") == "limit"
+    assert ctl.acting(ranks=2, agree=None) == {"stop"}  # only what every rank raised
+    assert ctl.acting(ranks=1, agree=None) == {"stop", "save"}
+    ctl.clear({"stop", "save"})
+    assert ctl.idle and ctl.reason("save") == ""
+    ctl.veto_save("loss is NaN")
+    assert not ctl.idle and not ctl.save
+    ctl.clear(set())
+    assert ctl.idle

@@ -548,3 +548,26 @@ def test_staging_buffers_are_reused_and_hold_each_saves_values() -> None:
     bigger = torch.ones(4)  # a changed item gets a fresh buffer of its shape
     third = buffers.stage([("file", "key", ([], [(items[1], bigger)]))])[0][2][1]
     assert third[0][1].shape == (4,) and torch.equal(third[0][1], bigger)
+
+
+def test_device_mode_is_left_only_inside_the_pause_and_only_when_innermost() -> None:
+    """``device_mode_paused`` leaves ``CudaMeansCpu`` for its block and enters it again;
+    under another, inner torch function mode it changes nothing."""
+    import torch
+    from torch.overrides import BaseTorchFunctionMode, _get_current_function_mode
+
+    from baton.backends.megatron.cpu import CudaMeansCpu, device_mode_paused, install_device_mode
+    from baton.core.patches import PatchRecorder
+
+    recorder = PatchRecorder()
+    install_device_mode(recorder)
+    try:
+        assert torch.zeros(1, device="cuda").device.type == "cpu"
+        with device_mode_paused():
+            assert _get_current_function_mode() is None
+        assert isinstance(_get_current_function_mode(), CudaMeansCpu)
+        with BaseTorchFunctionMode(), device_mode_paused():
+            assert torch.zeros(1, device="cuda").device.type == "cpu"  # still under the mode
+    finally:
+        assert not recorder.undo()
+    assert _get_current_function_mode() is None

@@ -17,18 +17,40 @@ FLAGS = ("stop", "save", "eval", "log")
 
 @dataclass
 class Control:
-    stop: bool = False
-    save: bool = False
-    eval: bool = False
-    log: bool = False
-    reasons: dict[str, list[str]] = field(default_factory=dict)
+    """The requests of the current step. ``stop``, ``save``, ``eval`` and ``log`` read
+    whether a flag is requested; ``reasons`` holds the requested flags, each with the
+    reasons given (a step nobody asked anything of leaves it empty, and the loop's
+    reading of it costs next to nothing)."""
+
+    #: the requested flags, each with its reasons
+    reasons: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
     #: flags every rank agrees on without a collective
-    agreed: set[str] = field(default_factory=set)
+    agreed: set[str] = field(default_factory=set[str])
     #: why this step's state must not be saved at all (``veto_save``), or ``None``
     save_vetoed: str | None = None
 
+    @property
+    def stop(self) -> bool:
+        return "stop" in self.reasons
+
+    @property
+    def save(self) -> bool:
+        return "save" in self.reasons
+
+    @property
+    def eval(self) -> bool:
+        return "eval" in self.reasons
+
+    @property
+    def log(self) -> bool:
+        return "log" in self.reasons
+
+    @property
+    def idle(self) -> bool:
+        """Nothing requested and no save vetoed: the loop has nothing to act on."""
+        return not self.reasons and self.save_vetoed is None
+
     def _request(self, flag: str, reason: str, all_ranks: bool) -> None:
-        setattr(self, flag, True)
         self.reasons.setdefault(flag, []).append(reason)
         if all_ranks:
             self.agreed.add(flag)
@@ -54,7 +76,6 @@ class Control:
         Under several ranks, withdraw only what every rank decides to withdraw alike."""
         if flag not in FLAGS:
             raise ValueError(f"unknown control flag {flag!r}; flags: {', '.join(FLAGS)}")
-        setattr(self, flag, False)
         self.reasons.pop(flag, None)
         self.agreed.discard(flag)
 
@@ -71,18 +92,16 @@ class Control:
 
     def is_set(self, flag: str) -> bool:
         """Whether ``flag`` (one of ``FLAGS``) is requested."""
-        value: bool = getattr(self, flag)
-        return value
+        return flag in self.reasons
 
     def as_list(self) -> list[bool]:
-        return [self.is_set(f) for f in FLAGS]
+        return [f in self.reasons for f in FLAGS]
 
     def merge(self, reduced: list[bool]) -> None:
         """Adopt flags OR-reduced across ranks; a flag set elsewhere gets a reason here."""
         for flag, value in zip(FLAGS, reduced, strict=True):
-            if value and not self.is_set(flag):
-                setattr(self, flag, True)
-                self.reasons.setdefault(flag, []).append("requested on another rank")
+            if value and flag not in self.reasons:
+                self.reasons[flag] = ["requested on another rank"]
 
     # -- how the loop reads the flags (``Driver`` after each step) --------------------
     def acting(self, *, ranks: int, agree: Callable[[list[bool]], list[bool]] | None) -> set[str]:
@@ -91,17 +110,19 @@ class Control:
         ranks) and every rank adopts the union."""
         if ranks > 1:
             if agree is None:
-                return {f for f in self.agreed if self.is_set(f)}
+                return {f for f in self.agreed if f in self.reasons}
             self.merge(agree(self.as_list()))
-        return {f for f in FLAGS if self.is_set(f)}
+        return set(self.reasons)
 
     def acting_after_events(self, acting: set[str], *, ranks: int) -> set[str]:
         """Stop and save requests made while logging or evaluating (a NaN guard, early
         stopping) act at this step; a request withdrawn there (``withdraw``) does not.
         With several ranks only requests every rank made (``all_ranks``) join now."""
-        acting = {f for f in acting if self.is_set(f)}
+        if not self.reasons:
+            return set()
+        acting = {f for f in acting if f in self.reasons}
         for flag in ("stop", "save"):
-            if self.is_set(flag) and (ranks == 1 or flag in self.agreed):
+            if flag in self.reasons and (ranks == 1 or flag in self.agreed):
                 acting.add(flag)
         return acting
 

@@ -24,16 +24,17 @@ class Dispatcher:
 
     def __init__(self, callbacks: Sequence[Callback]) -> None:
         self.callbacks = in_dispatch_order(callbacks)
-        self._table: dict[str, tuple[Callable[..., Any], ...]] = {}
+        #: per hook, the handlers to call in order (read once per call by the loop)
+        self.table: dict[str, tuple[Callable[..., Any], ...]] = {}
         for hook in HOOKS:
             handlers = [getattr(cb, hook) for cb in self.callbacks if overrides(cb, hook)]
             if hook in EXIT_HOOKS:
                 handlers.reverse()
-            self._table[hook] = tuple(handlers)
+            self.table[hook] = tuple(handlers)
 
     def handlers(self, hook: str) -> tuple[Callable[..., Any], ...]:
-        return self._table[hook]
+        return self.table[hook]
 
     def __call__(self, hook: str, *args: Any) -> None:
-        for handler in self._table[hook]:
+        for handler in self.table[hook]:
             handler(*args)

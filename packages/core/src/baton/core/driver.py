@@ -150,7 +150,11 @@ class Driver(OptionAttributes):
         self._extra_lazy[name] = value
 
     def dispatch(self, hook: str, *args: Any) -> None:
-        self._dispatch(hook, self, *args)
+        handlers = self._dispatch.table[hook]
+        if handlers:
+            args = (self, *args)  # built once for all handlers
+            for handler in handlers:
+                handler(*args)
 
     def configure_saving(
         self, *, on_stop: bool | None = None, asynchronous: bool | None = None
@@ -203,9 +207,10 @@ class Driver(OptionAttributes):
                 self.train_time_s = self._time_before + time.monotonic() - self._clock_start
                 self._request_stop_at_limits()
                 self.dispatch("on_step_end", output)
-                if self._handle_events(output):
+                at_log_step = self.step % self.options.log_every == 0
+                if self._handle_events(output, at_log_step):
                     break
-                self._saver.poll(block=False, agree=self.step % self.log_every == 0)
+                self._saver.poll(block=False, agree=at_log_step)
             self._saver.poll(block=True)
             self.dispatch("on_train_end")
         return RunResult(
@@ -249,23 +254,26 @@ class Driver(OptionAttributes):
             self.backend.use_run_dir(self.run_dir)
         self.backend.setup()
 
-    def _handle_events(self, output: StepOutput) -> bool:
+    def _handle_events(self, output: StepOutput, at_log_step: bool) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
-        ranks = self.backend.world_size
-        at_log_step = self.step % self.log_every == 0
         ctl = self.control
+        eval_every = self.options.eval_every
+        eval_due = bool(eval_every) and self.step % eval_every == 0
+        if not (at_log_step or eval_due) and ctl.idle:
+            return False  # nothing to log, evaluate, save or stop at this step
+        ranks = self.backend.world_size
         acting = ctl.acting(
             ranks=ranks, agree=self.backend.all_reduce_flags if at_log_step else None
         )
         if "log" in acting or at_log_step:
             self._log(output)
-        if "eval" in acting or (self.eval_every and self.step % self.eval_every == 0):
+        if "eval" in acting or eval_due:
             started = time.perf_counter()
             self._evaluate()
             self.eval_time_s += time.perf_counter() - started
         acting = ctl.acting_after_events(acting, ranks=ranks)
         stop = "stop" in acting
-        if ctl.save_vetoed is None and ("save" in acting or (stop and self.save_on_stop)):
+        if ctl.save_vetoed is None and ("save" in acting or (stop and self.options.save_on_stop)):
             self._save(ctl.reason("save") or f"stop: {ctl.reason('stop')}")
         if stop:
             self.stop_reason = ctl.reason("stop")

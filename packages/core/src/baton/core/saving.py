@@ -123,6 +123,8 @@ class CheckpointSaver:
         its log cadence: no collective on every step). ``collective=False`` (the error
         path, which may run on one rank alone) waits locally and uses no barrier.
         """
+        if not self._pending:
+            return
         multi = collective and self.backend.world_size > 1
         while self._pending:
             item = self._pending[0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from baton.backends.fabric import patches as _patches  # noqa: F401  (registers the patches)
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ or interleaved) over the micro-batches, ``finalize_model_grads``, ``optimizer.st
 scheduler step. Checkpoints are ``dist_checkpointing`` sharded state dicts (model,
 optimizer; scheduler, data position, layout and RNG alongside), saved asynchronously on
 request (the write on a thread on CPU, ``thread_writer``; Megatron's forked writer with
-CUDA; from a process's second async save on, the save plans of the first are reused,
-checked by Megatron, and the sharding is not validated again, as Megatron-LM's
-``--ckpt-assume-constant-structure`` does) and resharded on load to
+CUDA; the sharding is validated at a process's first async save only, and Megatron
+reuses the cached save plans from its third on, once the second has checked them, as
+Megatron-LM's ``--ckpt-assume-constant-structure`` does) and resharded on load to
 another tensor/pipeline layout where Megatron can.
 ``megatron.training`` (Megatron-LM's loop) is never imported.
 
@@ -51,6 +51,7 @@ from baton.backends.megatron.checkpoint import (
 )
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
+from baton.backends.megatron.cpu import device_mode_paused
 from baton.backends.megatron.data import (
     ByteEodTokenizer,
     PreparedSource,
@@ -398,10 +399,17 @@ class MegatronBackend(TorchDistributed, BackendBase):
     def save(self, directory: Path, *, asynchronous: bool = False) -> MegatronSave | None:
         from megatron.core import dist_checkpointing
 
-        state = self._sharded_state(loading=False)
         if not asynchronous:
-            dist_checkpointing.save(state, str(directory))
+            dist_checkpointing.save(self._sharded_state(loading=False), str(directory))
             return None
+        # what blocks the loop: the state's description and the save plan (the write
+        # and its staging copy run in the background); no CUDA call, so without the
+        # per-call cost of the CPU device mode
+        with device_mode_paused():
+            return self._start_async_save(directory)
+
+    def _start_async_save(self, directory: Path) -> MegatronSave:
+        from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
         from megatron.core.dist_checkpointing.strategies.torch import (
             TorchDistSaveShardedStrategy,
@@ -415,7 +423,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             # the save plans of this process's first save, reused (checked by Megatron)
             self._async_strategy = TorchDistSaveShardedStrategy(cached_metadata=True)
         request = dist_checkpointing.save(
-            state,
+            self._sharded_state(loading=False),
             str(directory),
             sharded_strategy=self._async_strategy,
             # the layout cannot change within a process: its sharding is checked once

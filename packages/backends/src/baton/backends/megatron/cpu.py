@@ -183,6 +183,28 @@ def install_device_mode(recorder: PatchRecorder) -> None:
     recorder.setattr(torch.cuda, "current_device", lambda: 0)
 
 
+@contextlib.contextmanager
+def device_mode_paused() -> Iterator[None]:
+    """Leave ``CudaMeansCpu`` for a block that asks for no CUDA device, then enter it
+    again (where it is this thread's innermost mode; otherwise nothing changes).
+
+    The mode costs a Python call per torch call. Building and planning an asynchronous
+    save makes thousands of them (Megatron's sharded tensors turned into torch's, the
+    save plan) and none names CUDA; the save's finalization does (it runs later,
+    under the mode)::
+
+        with device_mode_paused():
+            request = dist_checkpointing.save(state, path, async_sharded_save=True, ...)
+    """
+    from torch.overrides import _get_current_function_mode, _pop_mode_temporarily
+
+    if not isinstance(_get_current_function_mode(), CudaMeansCpu):
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
+
+
 # -- streams and synchronisation ------------------------------------------------------------
 
 

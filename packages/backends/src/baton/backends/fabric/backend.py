@@ -442,7 +442,10 @@ class FabricBackend(
         # editing the weights outside the optimizer step calls _wait_for_staging() first.
         state = plain_state(self.fabric.strategy, state, self.model, self.optimizer)
         staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
-        self._install_staging_wait()
+        if self._staging_hook is None:  # the next optimizer step waits for the copy
+            self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
+                lambda *_: self._wait_for_staging()
+            )
         copying = self._staging.begin()
         write = self.fabric.strategy.is_global_zero
 
@@ -453,12 +456,6 @@ class FabricBackend(
                 torch.save(snapshot, path)
 
         return self._saves.submit(copy_then_write)  # every rank hands back a handle alike
-
-    def _install_staging_wait(self) -> None:
-        if self._staging_hook is None:
-            self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
-                lambda *_: self._wait_for_staging()
-            )
 
     def _wait_for_staging(self) -> None:
         """Block until an asynchronous save has copied the weights and optimizer state."""

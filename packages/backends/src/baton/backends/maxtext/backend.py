@@ -116,6 +116,8 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         self.hparams: Any = None
         self.mesh: Any = None
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
+        #: the model's and optimizer's structure (``nnx.split``) after ``setup``
+        self.graphdef: Any = None
         self.batches: TextBatches | None = None
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
@@ -123,7 +125,6 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         self.consumed = 0
         self.learning_rate_schedule: Callable[[int], Any] | None = None
         self._lr_at: Callable[[int], Any] | None = None
-        self._graphdef: Any = None
         self._p_train: Any = None
         #: the train step without donation, for the step after a background save
         self._p_train_keeping: Any = None
@@ -172,11 +173,6 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             return {"model": {k: self.config.get(k) for k in keys if k in self.config}}
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
 
-    @property
-    def graphdef(self) -> Any:
-        """The model's and optimizer's structure (``nnx.split``) after ``setup``."""
-        return self._graphdef
-
     # -- build ------------------------------------------------------------------------
     def plan(self, simulate_devices: int | None = None) -> Plan:
         """Validate the config with MaxText and build its mesh, without allocating the model.
@@ -223,7 +219,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             train_state,
         ) = train_utils.setup_train_loop(cfg, recorder)
         self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
-        self._graphdef, state = nnx.split(train_state)
+        self.graphdef, state = nnx.split(train_state)
         params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
             cfg, state_shardings
         )
@@ -254,7 +250,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
                 self._eval = [next(maxtext_eval_iterator) for _ in range(self.config.eval_batches)]
         self._p_train, self._p_eval = train_utils.jit_train_and_eval_step(
             cfg,
-            self._graphdef,
+            self.graphdef,
             self.mesh,
             state,
             state_shardings,
@@ -414,7 +410,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         if self._p_train_keeping is None:
             self._p_train_keeping = train_step_keeping_state(
                 self.hparams,
-                self._graphdef,
+                self.graphdef,
                 self.mesh,
                 self._state_shardings,
                 self._params_shardings,

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from baton.backends.megatron.build import build_model, build_optimizer
 from baton.backends.megatron.checkpoint import (
+    AsyncSaves,
     MegatronSave,
     check_layout,
     init_optimizer_state,
@@ -62,7 +63,6 @@ from baton.backends.megatron.data import (
     open_prepared,
 )
 from baton.backends.megatron.step import gpt_forward_step
-from baton.backends.megatron.thread_writer import ThreadCallsQueue
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
@@ -94,8 +94,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         self.num_microbatches = 1
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
         self.source: PreparedSource | None = None
-        self._async_queue: Any = None
-        self._async_strategy: Any = None
+        self._async_saves = AsyncSaves()
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -290,8 +289,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         lr = self.optimizer.param_groups[0]["lr"]
         reduced = self._run_schedule(self.train_streams, forward_only=False)
         finalize_model_grads(self.chunks)
-        if isinstance(self._async_queue, ThreadCallsQueue):
-            self._async_queue.wait_for_staging()  # a save still copies what the step changes
+        self._async_saves.wait_for_staging()  # a save still copies what the step changes
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
@@ -406,33 +404,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         # and its staging copy run in the background); no CUDA call, so without the
         # per-call cost of the CPU device mode
         with device_mode_paused():
-            return self._start_async_save(directory)
-
-    def _start_async_save(self, directory: Path) -> MegatronSave:
-        from megatron.core import dist_checkpointing
-        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-        from megatron.core.dist_checkpointing.strategies.torch import (
-            TorchDistSaveShardedStrategy,
-        )
-
-        first = self._async_queue is None
-        if first:
-            # CPU: the write on a thread (no fork per save); CUDA: Megatron's own caller
-            usable = ThreadCallsQueue.usable()
-            self._async_queue = ThreadCallsQueue() if usable else AsyncCallsQueue(persistent=False)
-            # the save plans of this process's first save, reused (checked by Megatron)
-            self._async_strategy = TorchDistSaveShardedStrategy(cached_metadata=True)
-        request = dist_checkpointing.save(
-            self._sharded_state(loading=False),
-            str(directory),
-            sharded_strategy=self._async_strategy,
-            # the layout cannot change within a process: its sharding is checked once
-            validate_access_integrity=first,
-            async_sharded_save=True,
-            async_strategy="mcore",
-        )
-        self._async_queue.schedule_async_request(request)
-        return MegatronSave(self._async_queue)
+            return self._async_saves.start(self._sharded_state(loading=False), directory)
 
     def load(self, directory: Path) -> None:
         """Restore model, optimizer, scheduler, data position and RNG from ``directory``.
@@ -468,9 +440,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         baton created, so another run in this process starts clean."""
         from megatron.core import parallel_state
 
-        if self._async_queue is not None:
-            self._async_queue.close()
-            self._async_queue = self._async_strategy = None
+        self._async_saves.close()
         parallel_state.destroy_model_parallel()
         self.chunks, self.train_streams = [], []
         self.optimizer = self.scheduler = self.valid_dataset = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,61 @@ class MegatronSave(SaveHandle):
 
     def _join(self) -> None:
         self.queue.maybe_finalize_async_calls(blocking=True)
+
+
+class AsyncSaves:
+    """A process's asynchronous saves: Megatron's calls queue (the write on a thread on
+    CPU, ``thread_writer.ThreadCallsQueue``; Megatron's forked writer with CUDA) and one
+    save strategy whose plans Megatron caches and reuses from the third save on. The
+    sharding is validated at the first save only: the layout cannot change within a
+    process (Megatron-LM's ``--ckpt-assume-constant-structure``)::
+
+        saves = AsyncSaves()
+        handle = saves.start(sharded_state, directory)  # returns once the write is queued
+        saves.wait_for_staging()                         # before the next optimizer step
+        saves.close()                                    # at teardown: finish the writes
+    """
+
+    def __init__(self) -> None:
+        self.queue: Any = None
+        self._strategy: Any = None
+        self._staging: Callable[[], None] | None = None  # the thread writer's copy
+
+    def start(self, state: dict[str, Any], directory: Path) -> MegatronSave:
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+        from megatron.core.dist_checkpointing.strategies.torch import (
+            TorchDistSaveShardedStrategy,
+        )
+
+        from baton.backends.megatron.thread_writer import ThreadCallsQueue
+
+        first = self.queue is None
+        if first:
+            usable = ThreadCallsQueue.usable()
+            self.queue = ThreadCallsQueue() if usable else AsyncCallsQueue(persistent=False)
+            self._staging = self.queue.wait_for_staging if usable else None
+            self._strategy = TorchDistSaveShardedStrategy(cached_metadata=True)
+        request = dist_checkpointing.save(
+            state,
+            str(directory),
+            sharded_strategy=self._strategy,
+            validate_access_integrity=first,
+            async_sharded_save=True,
+            async_strategy="mcore",
+        )
+        self.queue.schedule_async_request(request)
+        return MegatronSave(self.queue)
+
+    def wait_for_staging(self) -> None:
+        """Block while a save still copies what the optimizer step changes (CPU writer)."""
+        if self._staging is not None:
+            self._staging()
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
+            self.queue = self._strategy = self._staging = None
 
 
 class LayoutError(ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,8 @@ class Losses(Callback):
             self.losses[driver.step] = metrics["loss"]
 
 
-def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
+def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
+    # capfd, not capsys: TorchTitan's trainer enables faulthandler on sys.stderr's fd
     pytest.importorskip("torchtitan")
     from baton.backends.torchtitan.hf import flavor_name
     from baton.data import train_tokenizer
@@ -42,7 +44,7 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
     assert build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--gpus", "1"]) is None
-    assert f"model        llama3 {flavor_name(spec)}:" in capsys.readouterr().out
+    assert f"model        llama3 {flavor_name(spec)}:" in capfd.readouterr().out
 
     tokenizer = str(train_tokenizer(tmp_path / "tok", vocab_size=4096).path)
     corpus = tmp_path / "corpus.jsonl"
@@ -70,7 +72,9 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
 def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     """Its own settings (bf16, the distributed optimizer, async saves) on CPU."""
     pytest.importorskip("megatron.core")
-    from baton.backends.megatron.hf import transformer_fields
+    import torch
+
+    from baton.backends.megatron.hf import gpt_model, transformer_fields
     from baton.data import train_tokenizer
     from baton.data.corpus import reference_documents
     from baton.tools.data.prepare import prepare
@@ -100,10 +104,18 @@ def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     assert {name: getattr(config.model, name) for name in fields} == fields
     assert (config.vocab_size, config.rotary_base, config.rope_scaling) == (4096, 10000.0, True)
     assert config.init_from == str(hf_dir) and config.model.bf16
-    record = Losses()
-    driver.callbacks.append(record)
+    record, dtypes = Losses(), set()
+
+    class WeightTypes(Callback):
+        def on_step_end(self, driver: Driver, output: Any) -> None:
+            dtypes.update(p.dtype for p in gpt_model(driver.backend.chunks[0]).parameters())
+
+    driver.callbacks += [record, WeightTypes()]
     assert driver.fit().step == 2
     assert record.losses[2] > math.log(4096) + 1  # the directory's large weights
+    # bf16 as Megatron-LM builds it: the weights in bf16 (Float16Module), the optimizer's
+    # main copies in fp32
+    assert dtypes == {torch.bfloat16}
     assert driver.settings["model_spec"] == spec.to_dict()
 
 

@@ -42,10 +42,13 @@ def layer_spec(config: MegatronConfig) -> Any:
 
 def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list[Any]:
     """This rank's GPTModel chunks, each in Megatron's DDP (one chunk per virtual
-    pipeline stage; bucketing only on the first, as Megatron-LM does)."""
+    pipeline stage; bucketing only on the first, as Megatron-LM does). In bf16 or fp16
+    the model is in Megatron's ``Float16Module`` inside DDP, as Megatron-LM builds it:
+    its weights in half precision, the optimizer's fp32 main copies beside them."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
 
     cfg = config
     virtual = cfg.model.virtual_pipeline_model_parallel_size
@@ -71,6 +74,8 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
             vp_stage=stage,
         )
         model.to(device)
+        if cfg.model.bf16 or cfg.model.fp16:
+            model = Float16Module(cfg.model, model)
         chunks.append(
             DistributedDataParallel(cfg.model, cfg.ddp, model, disable_bucketing=bool(stage))
         )

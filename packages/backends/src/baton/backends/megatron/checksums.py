@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from baton.backends.megatron.hf import gpt_model
 from baton.backends.weight_checksums import optimizer_state_items, tensor_checksums
 
 
@@ -42,7 +43,7 @@ def named_replicas(chunks: list[Any]) -> list[tuple[str, torch.Tensor]]:
     named: list[tuple[str, torch.Tensor]] = []
     for index, chunk in enumerate(chunks):
         prefix = f"chunk{index}." if index else ""
-        module = getattr(chunk, "module", chunk)  # inside Megatron's DDP wrapper
+        module = gpt_model(chunk)
         named += [(f"{prefix}{name}{where}", p) for name, p in module.named_parameters()]
     return named
 

@@ -160,6 +160,14 @@ def local_shard(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Te
     return full.chunk(size, dim=dim)[rank]
 
 
+def gpt_model(chunk: Any) -> Any:
+    """The ``GPTModel`` inside a model chunk: Megatron's DDP wraps it, and in bf16/fp16
+    a ``Float16Module`` too (each keeps what it wraps as ``.module``)."""
+    while not hasattr(chunk, "decoder"):
+        chunk = chunk.module
+    return chunk
+
+
 def load_full_weights(chunks: list[Any], full: dict[str, torch.Tensor]) -> None:
     """Copy full Megatron tensors into this rank's model chunks (DDP-wrapped or not):
     each chunk's layers by their global number, each tensor's tensor-parallel part."""
@@ -168,7 +176,7 @@ def load_full_weights(chunks: list[Any], full: dict[str, torch.Tensor]) -> None:
     rank = parallel_state.get_tensor_model_parallel_rank()
     size = parallel_state.get_tensor_model_parallel_world_size()
     for chunk in chunks:
-        module = getattr(chunk, "module", chunk)
+        module = gpt_model(chunk)
         numbers = [layer.layer_number - 1 for layer in module.decoder.layers]
         for name, param in module.state_dict(keep_vars=True).items():
             if name.endswith("_extra_state") or not isinstance(param, torch.Tensor):

@@ -17,20 +17,12 @@ import pytest
 from baton.core import Callback, Driver
 from baton.core.model_spec import LlamaSpec
 from baton.core.recipe import build_driver
+from support.recording import Losses
 from support.tiny_llama import LLAMA31_ROPE, save_tiny_llama
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 #: Llama 3.1's scaling shows only past 8,192 original positions
 SHAPE = {"rope_scaling": LLAMA31_ROPE, "max_position_embeddings": 16384}
-
-
-class Losses(Callback):
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            self.losses[driver.step] = metrics["loss"]
 
 
 def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
@@ -65,7 +57,7 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
         "llama", 8.0, 8192,
     )  # fmt: skip
     # the directory's large weights, not a fresh model's (whose loss is about ln 4096)
-    assert record.losses[1] > math.log(4096) + 1
+    assert record.values[1] > math.log(4096) + 1
     assert LlamaSpec.from_dict(driver.settings["model_spec"]) == spec
 
 
@@ -112,7 +104,7 @@ def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
 
     driver.callbacks += [record, WeightTypes()]
     assert driver.fit().step == 2
-    assert record.losses[2] > math.log(4096) + 1  # the directory's large weights
+    assert record.values[2] > math.log(4096) + 1  # the directory's large weights
     # bf16 as Megatron-LM builds it: the weights in bf16 (Float16Module), the optimizer's
     # main copies in fp32
     assert dtypes == {torch.bfloat16}

@@ -11,20 +11,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
+from support.recording import Losses
 from support.tiny_llama import SHORT_CONTEXT_ROPE, load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "hf_finetune.py"
-
-
-class Losses(Callback):
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            self.losses[driver.step] = metrics["loss"]
 
 
 def test_init_from_scaled_rope_first_loss_equals_transformers(tmp_path):
@@ -47,7 +38,7 @@ def test_init_from_scaled_rope_first_loss_equals_transformers(tmp_path):
     batch = next(iter(recipe.byte_lm_data(seq_len=64, batch_size=8, seed=0, path=None)[0]))
     with torch.no_grad():
         expected = load_llama(hf_dir)(**batch).loss.item()
-    assert record.losses[1] == pytest.approx(expected, rel=1e-4)
+    assert record.values[1] == pytest.approx(expected, rel=1e-4)
     assert driver.settings["model_spec"]["rope_scaling"] == {
         key: value for key, value in SHORT_CONTEXT_ROPE.items() if key != "rope_type"
     }

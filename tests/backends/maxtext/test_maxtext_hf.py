@@ -13,20 +13,12 @@ pytest.importorskip("maxtext")
 
 import torch
 
-from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
+from support.recording import Losses
 from support.tiny_llama import hf_loss, load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
 SEQ, BATCH = 64, 2
-
-
-class Losses(Callback):
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        self.losses[driver.step] = metrics["loss"]
 
 
 def nth_batch(batches: Any, index: int) -> Any:
@@ -54,7 +46,7 @@ def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     tokens, targets = (torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))
     expected = hf_loss(load_llama(hf_dir), tokens, targets)
     assert expected > 8.0
-    assert record.losses[1] == pytest.approx(expected, rel=1e-4)
+    assert record.values[1] == pytest.approx(expected, rel=1e-4)
     assert driver.settings["model_spec"]["num_kv_heads"] == 2
 
 
@@ -79,7 +71,7 @@ def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_
     batch = nth_batch(TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ), 1)
     tokens, targets = (torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))
     exported = hf_loss(load_llama(tmp_path / "out"), tokens, targets)
-    assert record.losses[2] == pytest.approx(exported, rel=1e-4)
+    assert record.values[2] == pytest.approx(exported, rel=1e-4)
     assert exported != pytest.approx(hf_loss(load_llama(hf_dir), tokens, targets), rel=1e-4)
 
 
@@ -102,4 +94,4 @@ def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     ])  # fmt: skip
     driver.callbacks.append(record)
     driver.fit()
-    assert sorted(record.losses) == [1, 2]
+    assert sorted(record.values) == [1, 2]

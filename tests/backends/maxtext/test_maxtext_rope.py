@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from baton.core.errors import UsageError
+from support.recording import Losses
 from support.tiny_llama import LLAMA31_ROPE, hf_loss, load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
@@ -66,17 +67,9 @@ def test_init_from_llama31_scaling_first_loss_equals_transformers_and_export(tmp
     import torch
 
     from baton.backends.maxtext.data import TextBatches, TextCorpus
-    from baton.core import Callback, Driver
     from baton.core.model_spec import LlamaSpec
     from baton.core.recipe import build_driver
     from baton.tools.export import main as export_main
-
-    class Losses(Callback):
-        def __init__(self) -> None:
-            self.losses: dict[int, float] = {}
-
-        def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-            self.losses[driver.step] = metrics["loss"]
 
     def batch(index: int) -> Any:
         batches = TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ)
@@ -96,7 +89,7 @@ def test_init_from_llama31_scaling_first_loss_equals_transformers_and_export(tmp
     driver.fit()
     tokens, targets = batch(0)
     expected = hf_loss(load_llama(hf_dir), tokens, targets)
-    assert record.losses[1] == pytest.approx(expected, rel=1e-4)
+    assert record.values[1] == pytest.approx(expected, rel=1e-4)
     plain = save_tiny_llama(tmp_path / "plain", **SHAPE)
     assert hf_loss(load_llama(plain), tokens, targets) != pytest.approx(expected, rel=1e-3)
 
@@ -105,4 +98,4 @@ def test_init_from_llama31_scaling_first_loss_equals_transformers_and_export(tmp
     assert LlamaSpec.from_hf(tmp_path / "out") == LlamaSpec.from_hf(hf_dir)
     tokens, targets = batch(1)
     exported = hf_loss(load_llama(tmp_path / "out"), tokens, targets)
-    assert record.losses[2] == pytest.approx(exported, rel=1e-4)
+    assert record.values[2] == pytest.approx(exported, rel=1e-4)

@@ -19,37 +19,14 @@ pytest.importorskip("torchtitan")
 
 import torch
 
-from baton.core import Callback, Driver
 from baton.core.errors import UsageError
 from baton.core.recipe import build_driver
+from support.recording import Losses
 from support.tiny_llama import hf_loss, load_llama, save_tiny_llama
+from support.titan_batches import first_byte_batch
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH, VOCAB = 64, 2, 512
-
-
-class FirstBatch(Callback):
-    """Keeps each logged loss and the first batch TorchTitan's data loader gives."""
-
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            self.losses[driver.step] = metrics["loss"]
-
-
-def _byte_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    """The first batch a fresh byte-level run reads (baton's packed reference text)."""
-    from baton.backends.torchtitan.configs import dataloader_config
-    from baton.backends.torchtitan.data import ByteBosEosTokenizer
-
-    loader = dataloader_config(None, seed=0).build(
-        dp_world_size=1, dp_rank=0, tokenizer=ByteBosEosTokenizer(), seq_len=SEQ,
-        local_batch_size=BATCH,
-    )  # fmt: skip
-    inputs, labels = next(iter(loader))
-    return inputs["input"], labels
 
 
 def _titan_logits(spec: Any, weights: dict[str, torch.Tensor], tokens: torch.Tensor) -> Any:
@@ -74,7 +51,7 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``--init-from`` a tiny HF Llama, 2 steps on bytes, saved at the end."""
     root = tmp_path_factory.mktemp("titan_hf")
     hf_dir = save_tiny_llama(root / "hf", vocab_size=VOCAB)
-    record = FirstBatch()
+    record = Losses()
     driver = build_driver(RECIPE, [
         "--init-from", str(hf_dir), "--max-steps", "2", "--seq-len", str(SEQ),
         "--batch-size", str(BATCH), "--log-every", "1", "--save-every", "2",
@@ -82,11 +59,11 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ])  # fmt: skip
     driver.callbacks.append(record)
     driver.fit()
-    return {"hf_dir": hf_dir, "run_dir": root / "run", "losses": record.losses, "driver": driver}
+    return {"hf_dir": hf_dir, "run_dir": root / "run", "losses": record.values, "driver": driver}
 
 
 def test_init_from_hf_first_loss_equals_transformers(hf_run):
-    tokens, labels = _byte_batch()
+    tokens, labels = first_byte_batch(SEQ, BATCH)
     expected = hf_loss(load_llama(hf_run["hf_dir"]), tokens, labels)
     assert hf_run["losses"][1] == pytest.approx(expected, rel=1e-4)
     spec = hf_run["driver"].settings["model_spec"]
@@ -143,7 +120,7 @@ def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     assert tokenizer_vocab(tokenizer) == 4096
     text = tmp_path / "corpus.txt"
     text.write_text("\n\n".join(reference_documents()[:50]))
-    record = FirstBatch()
+    record = Losses()
     driver = build_driver(RECIPE, [
         "--tokenizer", tokenizer, "--data-path", str(text), "--max-steps", "2",
         "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--log-every", "1",
@@ -151,7 +128,7 @@ def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     ])  # fmt: skip
     driver.callbacks.append(record)
     driver.fit()
-    assert sorted(record.losses) == [1, 2] and all(v == v for v in record.losses.values())
+    assert sorted(record.values) == [1, 2] and all(v == v for v in record.values.values())
     # the export carries the run's tokenizer: AutoTokenizer loads it from the export folder
     from transformers import AutoTokenizer
 

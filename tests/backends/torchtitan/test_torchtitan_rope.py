@@ -11,36 +11,14 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-import torch
 
-from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
+from support.recording import Losses
 from support.tiny_llama import SHORT_CONTEXT_ROPE, hf_loss, load_llama, save_tiny_llama
+from support.titan_batches import first_byte_batch
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH, VOCAB = 64, 2, 512
-
-
-class Losses(Callback):
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        if "loss" in metrics:
-            self.losses[driver.step] = metrics["loss"]
-
-
-def _first_byte_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    """The first batch a fresh byte-level run reads (baton's packed reference text)."""
-    from baton.backends.torchtitan.configs import dataloader_config
-    from baton.backends.torchtitan.data import ByteBosEosTokenizer
-
-    loader = dataloader_config(None, seed=0).build(
-        dp_world_size=1, dp_rank=0, tokenizer=ByteBosEosTokenizer(), seq_len=SEQ,
-        local_batch_size=BATCH,
-    )  # fmt: skip
-    inputs, labels = next(iter(loader))
-    return inputs["input"], labels
 
 
 def test_init_from_scaled_rope_first_loss_equals_transformers_and_exports_it(tmp_path):
@@ -58,9 +36,9 @@ def test_init_from_scaled_rope_first_loss_equals_transformers_and_exports_it(tmp
     ])  # fmt: skip
     driver.callbacks.append(record)
     driver.fit()
-    tokens, labels = _first_byte_batch()
+    tokens, labels = first_byte_batch(SEQ, BATCH)
     expected = hf_loss(load_llama(hf_dir), tokens, labels)
-    assert record.losses[1] == pytest.approx(expected, rel=1e-4)
+    assert record.values[1] == pytest.approx(expected, rel=1e-4)
     # the scaling matters here: the same weights with plain rotary positions differ
     plain = save_tiny_llama(tmp_path / "plain", vocab_size=VOCAB, initializer_range=0.3)
     assert hf_loss(load_llama(plain), tokens, labels) != pytest.approx(expected, rel=1e-2)

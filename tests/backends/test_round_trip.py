@@ -23,6 +23,7 @@ import torch
 
 from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
+from support.megatron_model import megatron_outputs
 from support.tiny_llama import load_llama, save_tiny_llama
 
 RECIPES = Path(__file__).parents[2] / "recipes"
@@ -79,25 +80,9 @@ def megatron_logits(
 ) -> torch.Tensor:
     """Megatron-Core's GPTModel built by the recipe from ``--init-from hf_dir``; with
     ``labels``, its per-token losses (Megatron's own cross entropy) instead of logits."""
-    from baton.backends.megatron import cpu
-    from baton.core.patches import PatchRecorder
-
     argv = ["--init-from", str(hf_dir), "--run-dir", str(run_dir)]
     backend = build_driver(RECIPES / "megatron_gpt_tiny.py", argv).backend
-    recorder = PatchRecorder()
-    if not torch.cuda.is_available():
-        cpu.install_all(recorder)
-    try:
-        backend.setup()
-        model = backend.chunks[0].module.eval()
-        tokens = _tokens()
-        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-        mask = torch.triu(torch.ones(32, 32, dtype=torch.bool), 1)[None, None]
-        with torch.no_grad():
-            return model(tokens, positions, mask, labels=labels)
-    finally:
-        backend.teardown()
-        recorder.undo()
+    return megatron_outputs(backend, _tokens(), labels)
 
 
 class MaxTextLoads(Callback):

@@ -5,7 +5,6 @@ trained through baton, exported back to a directory ``transformers`` loads."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,6 +13,7 @@ pytest.importorskip("megatron.core")
 import torch
 
 from baton.core.recipe import build_driver
+from support.megatron_model import megatron_outputs
 from support.tiny_llama import load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
@@ -24,33 +24,12 @@ def _tokens() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
 
 
-def _megatron_logits(backend: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits of the backend's (single-stage) GPTModel, causal attention, eval mode."""
-    model = backend.chunks[0].module.eval()
-    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
-    mask = torch.triu(torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool), 1)
-    with torch.no_grad():
-        return model(tokens, positions, mask[None, None])
-
-
 @pytest.mark.parametrize("tie", [False, True])
 def test_init_from_hf_logits_equal_transformers(tmp_path, tie):
-    from baton.backends.megatron import cpu
-    from baton.core.patches import PatchRecorder
-
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, tie=tie)
     driver = build_driver(RECIPE, ["--init-from", str(hf_dir), "--run-dir", str(tmp_path / "r")])
     assert driver.settings["model_spec"]["tie_embeddings"] is tie
-    recorder = PatchRecorder()
-    if not torch.cuda.is_available():
-        cpu.install_all(recorder)
-    backend = driver.backend
-    try:
-        backend.setup()
-        got = _megatron_logits(backend, _tokens())
-    finally:
-        backend.teardown()
-        recorder.undo()
+    got = megatron_outputs(driver.backend, _tokens())
     with torch.no_grad():
         expected = load_llama(hf_dir)(_tokens()).logits
     assert got.shape == expected.shape == (2, 32, VOCAB)
@@ -72,9 +51,6 @@ def test_mapping_round_trips_bit_for_bit(tmp_path):
 def _checkpoint_logits(checkpoint: Path, hf_dir: Path, run_dir: Path) -> torch.Tensor:
     """Logits of a single-process Megatron model loaded from ``checkpoint`` by
     dist_checkpointing (resharded from whatever layout saved it)."""
-    from baton.backends.megatron import cpu
-    from baton.core.patches import PatchRecorder
-
     argv = [
         "--model-config",
         str(hf_dir),
@@ -83,16 +59,7 @@ def _checkpoint_logits(checkpoint: Path, hf_dir: Path, run_dir: Path) -> torch.T
         "--run-dir",
         str(run_dir),
     ]
-    backend = build_driver(RECIPE, argv).backend
-    recorder = PatchRecorder()
-    if not torch.cuda.is_available():
-        cpu.install_all(recorder)
-    try:
-        backend.setup()
-        return _megatron_logits(backend, _tokens())
-    finally:
-        backend.teardown()
-        recorder.undo()
+    return megatron_outputs(build_driver(RECIPE, argv).backend, _tokens())
 
 
 @pytest.mark.parametrize(

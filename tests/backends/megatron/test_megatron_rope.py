@@ -15,6 +15,7 @@ import torch
 
 from baton.core.errors import UsageError
 from baton.core.recipe import build_driver
+from support.megatron_model import megatron_outputs
 from support.tiny_llama import LLAMA31_ROPE, SHORT_CONTEXT_ROPE, load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
@@ -28,28 +29,13 @@ def _tokens() -> torch.Tensor:
 
 
 def test_init_from_llama32_scaling_logits_equal_transformers(tmp_path):
-    from baton.backends.megatron import cpu
-    from baton.core.patches import PatchRecorder
-
     shape = {"initializer_range": 0.3, "max_position_embeddings": 16384}
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, rope_scaling=LLAMA32_ROPE, **shape)
     argv = ["--init-from", str(hf_dir), "--seq-len", str(SEQ), "--run-dir", str(tmp_path / "r")]
     backend = build_driver(RECIPE, argv).backend
     assert (backend.config.rope_scaling, backend.config.rope_scaling_factor) == (True, 32.0)
-    recorder = PatchRecorder()
-    if not torch.cuda.is_available():
-        cpu.install_all(recorder)
-    try:
-        backend.setup()
-        model = backend.chunks[0].module.eval()
-        tokens = _tokens()
-        positions = torch.arange(SEQ).unsqueeze(0).expand_as(tokens)
-        mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None]
-        with torch.no_grad():
-            got = model(tokens, positions, mask)
-    finally:
-        backend.teardown()
-        recorder.undo()
+    tokens = _tokens()
+    got = megatron_outputs(backend, tokens)
     with torch.no_grad():
         expected = load_llama(hf_dir)(tokens).logits
         plain = save_tiny_llama(tmp_path / "plain", vocab_size=VOCAB, **shape)

@@ -10,7 +10,8 @@ backend may lack are small protocols of their own, found in one place
 ``async_save`` (``SavesAsync`` with ``supports_async_save`` true), ``multi_rank``
 (``multi_rank`` true: flags and barriers that really span ranks), ``gradients``
 (``ShowsGradients``: the gradients before each optimizer step), ``weight_checksums``
-(``ChecksumsWeights``) and ``step_replay`` (``ReplaysSteps``). A callback that needs one says so in ``Callback.requires``; the
+(``ChecksumsWeights``) and ``step_replay`` (``ReplaysSteps``) and ``model_state`` (``HasModelState``: parameters,
+gradients, optimizer groups and freezing by name, ``baton.core.model_state``). A callback that needs one says so in ``Callback.requires``; the
 driver checks after ``backend.setup`` and before the first step, and names the callback
 and the missing ability.
 
@@ -67,6 +68,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from baton.core.metrics import StepOutput, to_float
+from baton.core.model_state import HasModelState
 
 #: what a backend may or may not be able to do; see ``abilities``
 Ability = Literal[
@@ -77,6 +79,7 @@ Ability = Literal[
     "gradients",
     "weight_checksums",
     "step_replay",
+    "model_state",
 ]
 
 ABILITY_HINTS: dict[str, str] = {
@@ -87,6 +90,8 @@ ABILITY_HINTS: dict[str, str] = {
     "gradients": "watch_gradients(watcher): the gradients shown before each optimizer step",
     "weight_checksums": "gather_weight_checksums() returning each rank's parameter checksums",
     "step_replay": "replay_next_step() and gather_replay_mismatches(): a step run twice, compared",
+    "model_state": "model_state() returning a baton.core.model_state.ModelState: parameters, "
+    "gradients, optimizer groups and freezing by name",
 }
 
 
@@ -321,6 +326,8 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("weight_checksums")
     if isinstance(backend, ReplaysSteps):
         found.add("step_replay")
+    if isinstance(backend, HasModelState):
+        found.add("model_state")
     if backend.multi_rank:
         found.add("multi_rank")
     return frozenset(found - refused_abilities(backend).keys())

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 #: a hyperparameter a callback may read and set per optimizer parameter group
@@ -154,6 +155,18 @@ class ModelState(Protocol):
     def assign(self, values: Mapping[str, Any]) -> None:
         """Write arrays into the named parameters (each shaped like its ``Piece.value``),
         e.g. to evaluate with averaged weights."""
+        ...
+
+    def save_arrays(self, directory: Path, arrays: Mapping[str, Any]) -> None:
+        """Write named arrays shaped like the pieces (a callback's state too large for
+        ``baton.json``, e.g. averaged weights) into ``directory``: this rank's counted
+        pieces with their names, global shapes and indices, one safetensors file per
+        rank (``arrays-rank<r>.safetensors``), so a tool can assemble whole tensors."""
+        ...
+
+    def load_arrays(self, directory: Path) -> dict[str, Any]:
+        """Read back what ``save_arrays`` wrote, as arrays placed like this run's pieces
+        (the same layout; a different one is refused naming both)."""
         ...
 
 

@@ -12,6 +12,7 @@ import pytest
 from baton.callbacks import Checkpoint, EarlyStopping, LossGuard
 from baton.core import Callback, Driver, MissingAbilityError
 from baton.core import checkpointing as ckpt
+from support.docs_examples import docs_example
 from support.scalar_backend import ScalarBackend
 
 from .conftest import tiny_driver
@@ -108,11 +109,7 @@ def test_unknown_monitor_keys_fail_at_the_first_metrics_naming_those_that_exist(
 
 
 def readme_example() -> str:
-    text = README.read_text()
-    marker = text.index("<!-- readme-example: custom-callback -->")
-    block = re.search(r"```python\n(.*?)```", text[marker:], re.S)
-    assert block is not None
-    return block.group(1)
+    return docs_example("custom-callback")
 
 
 class EvalSeen(Callback):

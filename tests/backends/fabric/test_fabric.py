@@ -12,6 +12,7 @@ import torch
 from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, CheckpointError, Driver
 from baton.core.recipe import build_driver
+from support.docs_examples import docs_example
 from support.recording import Losses
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -122,9 +123,7 @@ def test_eval_and_lazy_metrics(tmp_path):
 
 
 def test_readme_custom_callback_example_runs(tmp_path, monkeypatch):
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- readme-example: custom-callback -->", 1)[1]
-    code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
+    code = docs_example("custom-callback")
     recipe = tmp_path / "early_stop.py"
     recipe.write_text(code)
     monkeypatch.chdir(tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.step import BatchError
 from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
+from support.docs_examples import docs_example
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -63,8 +63,7 @@ def regression(data, **config) -> FabricBackend:
 
 
 def readme_example(name: str) -> str:
-    block = (ROOT / "README.md").read_text().split(f"<!-- readme-example: {name} -->", 1)[1]
-    return re.search(r"```python\n(.*?)```", block, re.S).group(1)
+    return docs_example(name)
 
 
 def test_readme_bring_your_own_example_trains(tmp_path, monkeypatch):

@@ -196,13 +196,10 @@ def test_bad_input_gives_clear_errors(tmp_path):
 
 
 def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch):
-    import re
-
     from baton.core.recipe import build_driver
+    from support.docs_examples import docs_example
 
-    root = Path(__file__).resolve().parents[3]
-    block = (root / "README.md").read_text().split("<!-- readme-example: jax-bring-your-own -->")
-    code = re.search(r"```python\n(.*?)```", block[1], re.S).group(1)
+    code = docs_example("jax-bring-your-own")
     assert len([line for line in code.splitlines() if line.strip()]) < 25
     recipe = tmp_path / "my_jax.py"
     recipe.write_text(code)

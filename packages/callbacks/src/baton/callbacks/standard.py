@@ -61,16 +61,21 @@ def standard_callbacks(
     """Checkpoint, Preemption, ThroughputMonitor, CompositeLogger, Progress, then ``extra``.
 
     Args:
-        save_every / save_every_minutes: the checkpoint cadence (``None``/0: not by
-            steps / minutes; checkpoints are still written on stop).
+        save_every: save every this many steps (``None``/0: not by steps; checkpoints
+            are still written on stop).
+        save_every_minutes: save every this many minutes (``None``/0: not by time).
         keep_last: checkpoints kept by rotation (``None``: all).
         save_on_stop: write a checkpoint whenever the run stops.
         async_save: save in the background where the backend can.
-        checkpoint / preemption / throughput / progress: include that part.
+        checkpoint: include ``Checkpoint``.
+        preemption: include ``Preemption``.
+        throughput: include ``ThroughputMonitor``.
         sinks: the logger's sinks besides the console line.
         console_keys: keys of the console line (``None``: no console line).
-        wandb_project / wandb_mode: also log to this W&B project (``online``,
-            ``offline``, ``disabled``; ``None``: ``$WANDB_MODE`` or online).
+        progress: include ``Progress`` (the progress bar).
+        wandb_project: also log to this W&B project.
+        wandb_mode: W&B's mode (``online``, ``offline``, ``disabled``; ``None``:
+            ``$WANDB_MODE`` or online).
         extra: further callbacks, appended.
     """
     callbacks: list[Callback] = []

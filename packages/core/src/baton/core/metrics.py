@@ -72,3 +72,37 @@ def to_float(value: Any) -> float:
     if hasattr(value, "item"):
         return float(value.item())
     return float(value)
+
+
+#: The keys every backend and the driver log with one meaning: key -> (meaning, who logs
+#: it). The documentation's metrics table is generated from this (``baton.tools.reference``).
+STANDARD_METRICS: dict[str, tuple[str, str]] = {
+    "loss": (
+        "the step's training loss: mean over its micro-batches (token-mean cross-entropy "
+        "for the LLM backends)",
+        "every backend",
+    ),
+    "lr": (
+        "the learning rate the step's update used (first parameter group; TorchTitan with "
+        "several optimizers: `lr/<optimizer>[/<group>]`)",
+        "every backend",
+    ),
+    "grad_norm": (
+        "the global L2 norm of the gradients **before** clipping (where the backend clips "
+        "or computes it)",
+        "every backend",
+    ),
+    "grad_norm_clipped": ("the norm after clipping, where the backend reports it", "MaxText"),
+    "skipped_update": (
+        "1.0 when the optimizer skipped the step (a non-finite gradient)",
+        "Megatron-Core",
+    ),
+    "tokens": ("tokens trained on so far, all ranks together", "the driver"),
+    "samples": ("samples trained on so far, all ranks together", "the driver"),
+    "train_time_s": ("training wall time so far, over every resume", "the driver"),
+    "eval/<name>": (
+        "evaluation results (`eval/loss`), only in `on_eval_end`; a LightningModule's "
+        "validation values keep the names it logged (`val_loss`)",
+        "every backend that evaluates",
+    ),
+}

@@ -98,7 +98,9 @@ class FabricBackend(
         optimizer: ``optimizer(model) -> Optimizer`` called with the set-up model.
         data: the training batches: any ``DataLoader`` (torchdata's ``StatefulDataLoader``
             for an exact data position on resume) or re-iterable of batches.
-        loss_fn / training_step: how a batch becomes a loss (see the module docs).
+        loss_fn: ``loss_fn(model, batch) -> loss`` (see the module docs).
+        training_step: ``training_step(model, batch)`` instead of ``loss_fn``: a loss or a
+            dict with ``loss`` and other metrics (see the module docs).
         scheduler: ``scheduler(optimizer) -> LRScheduler``, stepped after every optimizer step.
         eval_data: the evaluation batches (``evaluate`` averages the loss over them).
         count_tokens: ``count_tokens(batch) -> int`` where the tokens of a batch are not

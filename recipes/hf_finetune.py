@@ -27,7 +27,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.text import text_loaders
-from baton.callbacks import Checkpoint, CompositeLogger, ThroughputMonitor
+from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
 from baton.core.errors import UsageError
@@ -101,6 +101,7 @@ def recipe(
     eval_every: int = 50,
     save_every: int = 50,
     run_dir: str = "runs/hf_finetune",
+    progress: bool = True,
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
     --model-config architecture from scratch).
@@ -125,8 +126,9 @@ def recipe(
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
         eval_every: steps between evaluations (0: none).
-        save_every: steps between checkpoints, and one at the end (0: no checkpoints).
+        save_every: steps between checkpoints, and one at the end (0: only that one).
         run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -187,9 +189,10 @@ def recipe(
     return Driver(
         backend,
         [
-            Checkpoint(every_n_steps=save_every or None, save_on_stop=save_every > 0, keep_last=2),
+            Checkpoint(every_n_steps=save_every or None, keep_last=2),
             ThroughputMonitor(),
             CompositeLogger(["jsonl", ConsoleSink(keys)]),
+            *([Progress()] if progress else []),
         ],
         max_steps=max_steps,
         log_every=log_every,

@@ -27,9 +27,9 @@ def recipe(
     lr: float = 2e-3,
     batch_size: int = 16,
     seq_len: int = 128,
-    n_layer: int = 4,
+    layers: int = 4,
     d_model: int = 128,
-    n_head: int = 4,
+    heads: int = 4,
     seed: int = 0,
     grad_accum: int = 1,
     grad_clip: float = 1.0,
@@ -54,9 +54,9 @@ def recipe(
         lr: peak learning rate (after warmup).
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
-        n_layer: transformer blocks.
+        layers: transformer blocks.
         d_model: model width.
-        n_head: attention heads.
+        heads: attention heads.
         seed: seed of the weights and of the data order.
         grad_accum: micro-batches accumulated per optimizer step.
         grad_clip: gradient norm clipping threshold.
@@ -90,7 +90,7 @@ def recipe(
             text_key=text_key,
         )
     shape = GPTConfig(
-        n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len, vocab_size=vocab
+        n_layer=layers, d_model=d_model, n_head=heads, seq_len=seq_len, vocab_size=vocab
     )
     backend = FabricBackend(
         model=lambda: GPT(shape),  # built in setup, after seeding

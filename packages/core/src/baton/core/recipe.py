@@ -4,6 +4,8 @@ The function's typed parameters are the experiment's settings; ``baton run`` tur
 them into a command line (``--max-steps 50 --lr 3e-4``) with tyro, so ``--help``
 lists them with defaults and a bad value is rejected with the parameter's name.
 
+Parameters whose meaning is in ``baton.core.vocabulary`` take its names (``batch_size``,
+``tp``, ``save_every``, ...), the same on every backend, and its bounds.
 Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
 ``seq_len``, ``n_*``, ``d_model``) and learning rates must be positive, step limits
 and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
@@ -52,6 +54,7 @@ from baton.core.driver import Driver
 from baton.core.errors import RecipeError, UsageError
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
+from baton.core.vocabulary import TERMS
 
 RECIPE_FUNCTION = "recipe"
 
@@ -260,6 +263,7 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be a finite number, got {value}")
         metadata = getattr(annotations.get(name), "__metadata__", ())
         bounds = [m for m in metadata if isinstance(m, AtLeast)]
+        term = TERMS.get(name)
         if bounds:
             if value < bounds[0].minimum:
                 raise UsageError(f"{flag} must be >= {bounds[0].minimum:g}, got {value}")
@@ -267,6 +271,8 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be > 0, got {value}")
         elif NON_NEGATIVE.match(name) and value < 0:
             raise UsageError(f"{flag} must be >= 0, got {value}")
+        elif term is not None and term.minimum is not None and value < term.minimum:
+            raise UsageError(f"{flag} must be >= {term.minimum:g}, got {value}")
 
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:

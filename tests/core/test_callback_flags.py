@@ -199,3 +199,18 @@ def test_help_lists_the_callback_flags_without_importing_a_framework(tmp_path: P
     assert out.returncode == 0, out.stderr
     for flag in ("--callback", "--no-callback", "--console-keys"):
         assert flag in out.stdout
+
+
+def test_every_registered_callback_documents_its_arguments() -> None:
+    """``baton callbacks NAME`` (and the docs' callback pages) read each argument's help
+    from the class docstring's ``Args:``: none may be missing."""
+    from baton.core.callback_flags import callback_signature
+    from baton.core.registry import CALLBACKS
+
+    missing = [
+        f"{name}.{param.name}"
+        for name, cls in CALLBACKS.items()
+        for param in callback_signature(cls).params
+        if not param.help
+    ]
+    assert not missing, f"add them to the class docstring's Args: section: {missing}"

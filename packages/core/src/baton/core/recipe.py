@@ -11,6 +11,10 @@ Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
 and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
 ``Annotated[int, AtLeast(2)]`` sets another bound for one parameter.
 
+Every recipe also takes the run's flags (``RecipeFlags``): ``--resume``, ``--config``,
+``--set``, and the callbacks' (``baton.core.callback_flags``): ``--callback
+NAME:key=value``, ``--no-callback NAME``, ``--console-keys``.
+
 Example ``recipes/tiny.py``::
 
     from baton.core import Driver

@@ -115,7 +115,7 @@ def recipe(
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
         grad_accum: micro-batches accumulated per optimizer step.
-        grad_clip: gradient norm clipping threshold.
+        grad_clip: gradient norm clipping threshold (0: no clipping).
         precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
         accelerator: cpu, cuda or auto.
         strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
@@ -180,7 +180,7 @@ def recipe(
             strategy=strategy,
             precision=precision,
             grad_accum=grad_accum,
-            grad_clip=grad_clip,
+            grad_clip=grad_clip or None,  # 0: no clipping
             seed=seed,
             init_from=init_from,
         ),

@@ -98,7 +98,7 @@ def recipe(
         max_steps: optimizer steps to train.
         lr: AdamW learning rate (the module's schedulers decay it).
         batch_size: samples per batch.
-        grad_clip: gradient norm clipping threshold.
+        grad_clip: gradient norm clipping threshold (0: no clipping).
         seed: seed of the weights and of the data order (pl.seed_everything).
         log_every: steps between log lines.
         eval_every: steps between evaluations, and between checkpoints.
@@ -109,13 +109,13 @@ def recipe(
     backend = LightningBackend(
         LitClassifier(lr=lr),
         datamodule=BlobsDataModule(batch_size=batch_size),
-        config=FabricConfig(accelerator="cpu", grad_clip=grad_clip),
+        config=FabricConfig(accelerator="cpu", grad_clip=grad_clip or None),
     )
     keys = ["loss", "train_loss", "eval/val_loss", "eval/val_acc", "lr"]
     return Driver(
         backend,
         [
-            Checkpoint(every_n_steps=eval_every, keep_last=2),
+            Checkpoint(every_n_steps=eval_every or None, keep_last=2),
             CompositeLogger(["jsonl", ConsoleSink(keys)]),
             *([Progress()] if progress else []),
         ],

@@ -59,7 +59,7 @@ def recipe(
         heads: attention heads.
         seed: seed of the weights and of the data order.
         grad_accum: micro-batches accumulated per optimizer step.
-        grad_clip: gradient norm clipping threshold.
+        grad_clip: gradient norm clipping threshold (0: no clipping).
         precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
         accelerator: cpu, cuda or auto.
         strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
@@ -105,7 +105,7 @@ def recipe(
             strategy=strategy,  # devices and nodes come from the launcher (torchrun, SLURM)
             precision=precision,
             grad_accum=grad_accum,
-            grad_clip=grad_clip,
+            grad_clip=grad_clip or None,  # 0: no clipping
             seed=seed,
         ),
     )

@@ -68,7 +68,7 @@ def recipe(
         seq_len: tokens per sequence.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
-        save_every: steps between checkpoints (0: only at the end).
+        save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background (TorchTitan's async mode;
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
         data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).

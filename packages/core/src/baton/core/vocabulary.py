@@ -230,7 +230,7 @@ VOCABULARY: tuple[Term, ...] = (
         None,
         ("text_path", "dataset_path", "train_data"),
     ),
-    Term("eval_data_path", str, "evaluation data, as --data-path (None: held out)", "data"),
+    Term("eval_data_path", str, "evaluation data, of the same kind as --data-path", "data"),
     Term(
         "tokenizer",
         str,

@@ -60,10 +60,6 @@ class CallbackChoice:
     #: the arguments are text from a command line (typed on building) or a file's values
     from_text: bool = True
 
-    def record(self) -> dict[str, Any]:
-        """The choice as ``settings`` and ``run.json`` record it."""
-        return {"name": self.name, **{k: _jsonable(v) for k, v in self.arguments.items()}}
-
 
 def split_top_level(text: str, separator: str = ",") -> list[str]:
     """``"a=1,b=[x,y]"`` -> ``["a=1", "b=[x,y]"]``: splits outside brackets only."""

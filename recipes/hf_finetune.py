@@ -27,7 +27,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.text import text_loaders
-from baton.callbacks import Checkpoint, CompositeLogger, ThroughputMonitor
+from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
 from baton.core.errors import UsageError
@@ -101,6 +101,7 @@ def recipe(
     eval_every: int = 50,
     save_every: int = 50,
     run_dir: str = "runs/hf_finetune",
+    progress: bool = True,
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
     --model-config architecture from scratch).
@@ -114,7 +115,7 @@ def recipe(
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
         grad_accum: micro-batches accumulated per optimizer step.
-        grad_clip: gradient norm clipping threshold.
+        grad_clip: gradient norm clipping threshold (0: no clipping).
         precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
         accelerator: cpu, cuda or auto.
         strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
@@ -125,8 +126,9 @@ def recipe(
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
         eval_every: steps between evaluations (0: none).
-        save_every: steps between checkpoints, and one at the end (0: no checkpoints).
+        save_every: steps between checkpoints, and one at the end (0: only that one).
         run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -178,7 +180,7 @@ def recipe(
             strategy=strategy,
             precision=precision,
             grad_accum=grad_accum,
-            grad_clip=grad_clip,
+            grad_clip=grad_clip or None,  # 0: no clipping
             seed=seed,
             init_from=init_from,
         ),
@@ -187,9 +189,10 @@ def recipe(
     return Driver(
         backend,
         [
-            Checkpoint(every_n_steps=save_every or None, save_on_stop=save_every > 0, keep_last=2),
+            Checkpoint(every_n_steps=save_every or None, keep_last=2),
             ThroughputMonitor(),
             CompositeLogger(["jsonl", ConsoleSink(keys)]),
+            *([Progress()] if progress else []),
         ],
         max_steps=max_steps,
         log_every=log_every,

@@ -114,7 +114,7 @@ def recipe(
         seed: seed of the weights and of the data order.
         log_every: steps between log lines (metrics reach the host only then).
         eval_every: steps between evaluations (0: none).
-        save_every: steps between checkpoints (0: no checkpoints, not even at the end).
+        save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on (None: the Python language reference).
         run_dir: where checkpoints and logs go.
@@ -151,7 +151,6 @@ def recipe(
     callbacks: list[Callback] = [
         Checkpoint(
             every_n_steps=save_every or None,
-            save_on_stop=save_every > 0,
             keep_last=2,
             async_save=async_save,
         ),

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
 from baton.backends.fabric import FabricConfig, LightningBackend
-from baton.callbacks import Checkpoint, CompositeLogger
+from baton.callbacks import Checkpoint, CompositeLogger, Progress
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
 
@@ -90,6 +90,7 @@ def recipe(
     log_every: int = 20,
     eval_every: int = 100,
     run_dir: str = "runs/lightning_module",
+    progress: bool = True,
 ) -> Driver:
     """Train LitClassifier on BlobsDataModule through baton.
 
@@ -97,24 +98,26 @@ def recipe(
         max_steps: optimizer steps to train.
         lr: AdamW learning rate (the module's schedulers decay it).
         batch_size: samples per batch.
-        grad_clip: gradient norm clipping threshold.
+        grad_clip: gradient norm clipping threshold (0: no clipping).
         seed: seed of the weights and of the data order (pl.seed_everything).
         log_every: steps between log lines.
         eval_every: steps between evaluations, and between checkpoints.
         run_dir: where checkpoints and logs go.
+        progress: show the progress bar.
     """
     pl.seed_everything(seed, verbose=False)
     backend = LightningBackend(
         LitClassifier(lr=lr),
         datamodule=BlobsDataModule(batch_size=batch_size),
-        config=FabricConfig(accelerator="cpu", grad_clip=grad_clip),
+        config=FabricConfig(accelerator="cpu", grad_clip=grad_clip or None),
     )
     keys = ["loss", "train_loss", "eval/val_loss", "eval/val_acc", "lr"]
     return Driver(
         backend,
         [
-            Checkpoint(every_n_steps=eval_every, keep_last=2),
+            Checkpoint(every_n_steps=eval_every or None, keep_last=2),
             CompositeLogger(["jsonl", ConsoleSink(keys)]),
+            *([Progress()] if progress else []),
         ],
         max_steps=max_steps,
         log_every=log_every,

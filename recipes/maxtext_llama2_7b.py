@@ -15,7 +15,7 @@ Anywhere (CPU): check the config and a layout against a device count, print the 
 MaxText would build, no training:
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 8
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 16 \
-        --ici-fsdp-parallelism 4 --ici-tensor-parallelism 2 --ici-data-parallelism 2
+        --dp-shard 4 --tp 2 --dp-replicate 2
 
 Model: Llama 2 7B (MaxText's ``llama2-7b``), or any Llama ``config.json`` with
 ``--model-config DIR_OR_FILE`` (MaxText config keys, scanned layers; Llama 3.1's
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baton.backends.maxtext import MaxTextBackend, MaxTextConfig
+from baton.backends.maxtext import MaxTextBackend, MaxTextConfig, per_device_batch
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
@@ -50,12 +50,12 @@ HARDWARE = {
 def recipe(
     hardware: str = "gpu",
     max_steps: int = 1000,
-    per_device_batch_size: int = 4,
+    batch_size: int = 4,
     seq_len: int = 4096,
     lr: float = 3e-4,
-    ici_fsdp_parallelism: int = -1,
-    ici_tensor_parallelism: int = 1,
-    ici_data_parallelism: int = 1,
+    dp_shard: int = -1,
+    tp: int = 1,
+    dp_replicate: int = 1,
     dcn_data_parallelism: int = -1,
     data_path: str | None = None,
     tokenizer: str | None = None,
@@ -70,23 +70,25 @@ def recipe(
 ) -> Driver | None:
     """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU.
 
-    The ici_* flags lay the mesh out over each host's devices (-1: the rest).
+    --dp-shard, --tp and --dp-replicate lay the mesh out over each host's devices
+    (MaxText's ici_* settings; -1: the rest).
 
     Args:
         hardware: gpu or tpu (attention kernel and remat policy).
         max_steps: optimizer steps to train (MaxText's schedule length).
-        per_device_batch_size: sequences per step and device.
+        batch_size: sequences per step and data-parallel rank (MaxText's per-device
+            batch is this over --tp).
         seq_len: tokens per sequence.
         lr: peak learning rate.
-        ici_fsdp_parallelism: FSDP degree within a host (-1: the devices left).
-        ici_tensor_parallelism: tensor parallel degree within a host.
-        ici_data_parallelism: data parallel degree within a host.
+        dp_shard: FSDP degree within a host (-1: the devices left).
+        tp: tensor parallel degree within a host.
+        dp_replicate: data parallel degree within a host.
         dcn_data_parallelism: data parallel degree across hosts (-1: the rest).
         data_path: a prepared prefix or blend, or JSON/Parquet files (required to train).
         tokenizer: a Hugging Face tokenizer directory (required to train).
         vocab_size: the model's vocabulary rows (at least the tokenizer's; --model-config sets it).
         log_every: steps between log lines.
-        save_every: steps between checkpoints (0: only at the end).
+        save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         dry_run: check the config and print the mesh on CPU, without training.
         devices: CPU devices simulated by --dry-run.
@@ -105,12 +107,12 @@ def recipe(
         "model_name": "llama2-7b",
         "run_name": "llama2_7b",
         "steps": max_steps,
-        "per_device_batch_size": per_device_batch_size,
+        "per_device_batch_size": per_device_batch(batch_size, tp),
         "max_target_length": seq_len,
         "learning_rate": lr,
-        "ici_fsdp_parallelism": ici_fsdp_parallelism,
-        "ici_tensor_parallelism": ici_tensor_parallelism,
-        "ici_data_parallelism": ici_data_parallelism,
+        "ici_fsdp_parallelism": dp_shard,
+        "ici_tensor_parallelism": tp,
+        "ici_data_parallelism": dp_replicate,
         "dcn_data_parallelism": dcn_data_parallelism,
         "vocab_size": vocab_size,
         "use_iota_embed": True,

@@ -13,8 +13,7 @@ uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path data/c
 uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path "0.7 data/a 0.3 data/b"
 uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path data/corpus \
     --eval-data-path data/heldout --eval-every 25   # MaxText's pipeline evaluates too
-uv run baton run recipes/maxtext_tiny.py --devices 4 --ici-fsdp-parallelism 2 \
-    --ici-tensor-parallelism 2      # a mesh over 4 simulated CPU devices
+uv run baton run recipes/maxtext_tiny.py --devices 4 --dp-shard 2 --tp 2   # a mesh of 4 CPUs
 uv run baton run recipes/maxtext_tiny.py --init-from runs/maxtext_tiny/checkpoints/step_000050
 """
 
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig
+from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig, per_device_batch
 from baton.backends.maxtext.checkpoint import params_path
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
@@ -44,7 +43,7 @@ def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
-    per_device_batch_size: int = 4,
+    batch_size: int = 4,
     seq_len: int = 64,
     layers: int = 2,
     d_model: int = 64,
@@ -60,9 +59,9 @@ def recipe(
     tokenizer: str | None = None,
     vocab_size: int | None = None,
     devices: int | None = None,
-    ici_data_parallelism: int = 1,
-    ici_fsdp_parallelism: int = -1,
-    ici_tensor_parallelism: int = 1,
+    dp_replicate: int = 1,
+    dp_shard: int = -1,
+    tp: int = 1,
     init_from: str | None = None,
     model_config: str | None = None,
     run_dir: str = "runs/maxtext_tiny",
@@ -82,7 +81,8 @@ def recipe(
     Args:
         max_steps: optimizer steps to train (MaxText's schedule length).
         lr: peak learning rate.
-        per_device_batch_size: sequences per step and device.
+        batch_size: sequences per step and data-parallel rank (MaxText's per-device
+            batch is this over --tp).
         seq_len: tokens per sequence.
         layers: decoder layers.
         d_model: model width (the MLP is twice as wide).
@@ -91,16 +91,17 @@ def recipe(
         data_seed: seed of the data order.
         log_every: steps between log lines.
         eval_every: steps between evaluations (0: none; None: 25 where there is eval data).
-        save_every: steps between checkpoints (0: no checkpoints, not even at the end).
+        save_every: steps between checkpoints (0: only when the run stops;
+            --no-callback checkpoint: none at all).
         async_save: write checkpoints in the background.
         data_path: with --tokenizer: a prepared prefix or blend, or JSON/Parquet files.
         eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         vocab_size: embedding rows (None: the tokenizer's rounded up to 128, or 256).
         devices: CPU devices to simulate (None: the real ones).
-        ici_data_parallelism: data parallel degree of the mesh.
-        ici_fsdp_parallelism: FSDP degree of the mesh (-1: the devices left).
-        ici_tensor_parallelism: tensor parallel degree of the mesh.
+        dp_replicate: data parallel degree of the mesh (MaxText's ici_data_parallelism).
+        dp_shard: FSDP degree of the mesh (-1: the devices left; ici_fsdp_parallelism).
+        tp: tensor parallel degree of the mesh (ici_tensor_parallelism).
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama config.json (or its directory) to build.
         run_dir: where checkpoints and logs go.
@@ -117,7 +118,7 @@ def recipe(
         "run_name": "maxtext_tiny",
         "steps": max_steps,  # MaxText's learning-rate schedule length
         "learning_rate": lr,
-        "per_device_batch_size": per_device_batch_size,
+        "per_device_batch_size": per_device_batch(batch_size, tp),
         "max_target_length": seq_len,
         "base_num_decoder_layers": layers,
         "base_emb_dim": d_model,
@@ -126,9 +127,9 @@ def recipe(
         "base_num_kv_heads": heads,
         "head_dim": d_model // heads,
         "init_weights_seed": seed,
-        "ici_data_parallelism": ici_data_parallelism,
-        "ici_fsdp_parallelism": ici_fsdp_parallelism,
-        "ici_tensor_parallelism": ici_tensor_parallelism,
+        "ici_data_parallelism": dp_replicate,
+        "ici_fsdp_parallelism": dp_shard,
+        "ici_tensor_parallelism": tp,
     }
     if vocab_size is not None:
         settings["vocab_size"] = vocab_size
@@ -166,7 +167,6 @@ def recipe(
     )
     callbacks = standard_callbacks(
         save_every=save_every or None,
-        save_on_stop=save_every > 0,
         async_save=async_save,
         console_keys=CONSOLE_KEYS if print_loss else None,
         progress=progress,

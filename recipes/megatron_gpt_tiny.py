@@ -10,9 +10,9 @@ uv run baton run recipes/megatron_gpt_tiny.py --model-config tiny-llama/   # any
 uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-llama/      # + its HF weights
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
-    ... --pipeline-parallel 2                          # 1F1B over 2 stages
-    ... --pipeline-parallel 2 --virtual-pipeline 2 --num-layers 4   # interleaved
-    ... --tensor-parallel 2 --distributed-optimizer
+    ... --pp 2                                         # 1F1B over 2 stages
+    ... --pp 2 --vpp 2 --layers 4                      # interleaved
+    ... --tp 2 --distributed-optimizer
 
 Megatron's own path end to end: a prepared dataset (or a blend "0.7 A 0.3 B") read with
 the Hugging Face tokenizer through megatron.core.tokenizers, or without them the bytes of
@@ -37,16 +37,16 @@ def recipe(
     lr: float = 3e-3,
     min_lr: float = 3e-4,
     warmup_steps: int = 10,
-    num_layers: int = 2,
-    hidden_size: int = 64,
-    num_attention_heads: int = 4,
+    layers: int = 2,
+    d_model: int = 64,
+    heads: int = 4,
     seq_len: int = 64,
-    micro_batch_size: int = 4,
+    batch_size: int = 4,
     global_batch_size: int = 8,
     llama: bool = False,
-    tensor_parallel: int = 1,
-    pipeline_parallel: int = 1,
-    virtual_pipeline: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int = 1,
     sequence_parallel: bool = False,
     distributed_optimizer: bool = False,
     seed: int = 1234,
@@ -54,7 +54,6 @@ def recipe(
     eval_every: int = 25,
     save_every: int = 25,
     async_save: bool = True,
-    text_path: str | None = None,
     data_path: str | None = None,
     tokenizer: str | None = None,
     init_from: str | None = None,
@@ -76,25 +75,25 @@ def recipe(
         lr: peak learning rate (after warmup).
         min_lr: the learning rate the cosine decay ends at.
         warmup_steps: steps of linear warmup (at most --max-steps).
-        num_layers: transformer layers.
-        hidden_size: model width.
-        num_attention_heads: attention heads.
+        layers: transformer layers.
+        d_model: model width (Megatron's hidden size).
+        heads: attention heads.
         seq_len: tokens per sequence.
-        micro_batch_size: sequences per forward pass and data-parallel rank.
+        batch_size: sequences per forward pass and data-parallel rank (the micro batch).
         global_batch_size: sequences per optimizer step over all ranks.
         llama: Llama-style blocks (RMSNorm, SwiGLU, RoPE, untied output layer).
-        tensor_parallel: tensor parallel degree.
-        pipeline_parallel: pipeline parallel stages.
-        virtual_pipeline: model chunks per pipeline stage (above 1: interleaved 1F1B).
-        sequence_parallel: Megatron's sequence parallelism (with --tensor-parallel).
+        tp: tensor parallel degree.
+        pp: pipeline parallel stages.
+        vpp: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        sequence_parallel: Megatron's sequence parallelism (with --tp).
         distributed_optimizer: shard optimizer state over data-parallel ranks.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
         eval_every: steps between evaluations (0: none).
-        save_every: steps between checkpoints (0: only at the end).
+        save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
-        text_path: a UTF-8 text file to train on as bytes (None: the Python reference).
-        data_path: a prepared prefix or blend "0.7 A 0.3 B" (needs --tokenizer).
+        data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
+            or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B".
         tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama config.json (or its directory) to build.
@@ -110,16 +109,16 @@ def recipe(
             gated_linear_unit=True,
             activation_func=F.silu,
             add_bias_linear=False,
-            ffn_hidden_size=-(-8 * hidden_size // 3 // 256) * 256,
+            ffn_hidden_size=-(-8 * d_model // 3 // 256) * 256,
         )
         if llama
-        else dict(ffn_hidden_size=4 * hidden_size)
+        else dict(ffn_hidden_size=4 * d_model)
     )
 
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     shape: dict[str, object] = dict(
-        num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads
+        num_layers=layers, hidden_size=d_model, num_attention_heads=heads
     )
     if spec is not None:
         shape, block = transformer_fields(spec), {}
@@ -127,14 +126,14 @@ def recipe(
         model=tiny_transformer_config(
             **shape,
             **block,
-            tensor_model_parallel_size=tensor_parallel,
-            pipeline_model_parallel_size=pipeline_parallel,
-            virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
             sequence_parallel=sequence_parallel,
-            pipeline_dtype=torch.float32 if pipeline_parallel > 1 else None,
+            pipeline_dtype=torch.float32 if pp > 1 else None,
         ),
         seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
+        micro_batch_size=batch_size,
         global_batch_size=global_batch_size,
         warmup_steps=min(warmup_steps, max_steps),
         decay_steps=max_steps,
@@ -148,9 +147,11 @@ def recipe(
     config.optimizer.min_lr = min_lr
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
-    config.data.text_path = text_path
-    config.data.data_path, config.data.tokenizer = data_path, tokenizer
-    config.data.train_samples = max_steps * global_batch_size if data_path else None
+    prepared = tokenizer is not None  # else --data-path is a text file of bytes
+    config.data.text_path = None if prepared else data_path
+    config.data.data_path = data_path if prepared else None
+    config.data.tokenizer = tokenizer
+    config.data.train_samples = max_steps * global_batch_size if prepared else None
     config.data.cache_dir = f"{run_dir}/data"
     return Driver(
         MegatronBackend(config),

@@ -1,11 +1,11 @@
 """Llama 3 8B on Megatron-Core: the real GPU configuration, launched with torchrun.
 
     torchrun --nnodes 2 --nproc-per-node 8 ... -m baton.core.cli run \\
-        recipes/megatron_llama3_8b.py --tensor-parallel 2 --pipeline-parallel 1 \\
+        recipes/megatron_llama3_8b.py --tp 2 --pp 1 \\
         --data-path "0.7 data/web 0.3 data/code" --tokenizer tokenizers/llama3
-    uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16   # on CPU
-    uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16 \\
-        --pipeline-parallel 4 --virtual-pipeline 2      # interleaved 1F1B, validated
+    uv run baton run recipes/megatron_llama3_8b.py --dry-run --devices 16   # on CPU
+    uv run baton run recipes/megatron_llama3_8b.py --dry-run --devices 16 \\
+        --pp 4 --vpp 2      # interleaved 1F1B, validated
 
 bf16, the distributed optimizer, Transformer Engine layers when installed (local layers
 otherwise), RoPE, RMSNorm, SwiGLU, grouped-query attention. ``--dry-run`` builds and
@@ -160,14 +160,14 @@ def print_layout(config: MegatronConfig, world_size: int) -> None:
 
 def recipe(
     max_steps: int = 1000,
-    tensor_parallel: int = 2,
-    pipeline_parallel: int = 1,
-    virtual_pipeline: int = 1,
+    tp: int = 2,
+    pp: int = 1,
+    vpp: int = 1,
     seq_len: int = 8192,
-    micro_batch_size: int = 1,
+    batch_size: int = 1,
     global_batch_size: int = 128,
     lr: float = 3e-4,
-    world_size: int | None = None,
+    devices: int | None = None,
     dry_run: bool = False,
     data_path: str | None = None,
     tokenizer: str | None = None,
@@ -180,18 +180,18 @@ def recipe(
 
     Args:
         max_steps: optimizer steps to train.
-        tensor_parallel: tensor parallel degree (above 1: sequence parallel too).
-        pipeline_parallel: pipeline parallel stages.
-        virtual_pipeline: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        tp: tensor parallel degree (above 1: sequence parallel too).
+        pp: pipeline parallel stages.
+        vpp: model chunks per pipeline stage (above 1: interleaved 1F1B).
         seq_len: tokens per sequence.
-        micro_batch_size: sequences per forward pass and data-parallel rank.
+        batch_size: sequences per forward pass and data-parallel rank (the micro batch).
         global_batch_size: sequences per optimizer step over all ranks.
         lr: peak learning rate (decays to a tenth).
-        world_size: ranks --dry-run plans for (None: $WORLD_SIZE, else tensor x pipeline).
+        devices: ranks --dry-run plans for (None: $WORLD_SIZE, else tensor x pipeline).
         dry_run: validate the configuration and print the layout, without training.
         data_path: a prepared prefix or blend "0.7 A 0.3 B" (required to train).
         tokenizer: the Llama 3 tokenizer directory the data was prepared with.
-        save_every: steps between checkpoints (0: only at the end).
+        save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints, logs and the dataset index cache go.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama config.json (or its directory) to build.
@@ -199,16 +199,16 @@ def recipe(
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     config = llama3_8b_config(
-        tensor_parallel,
-        pipeline_parallel,
-        virtual_pipeline,
+        tp,
+        pp,
+        vpp,
         seq_len,
-        micro_batch_size,
+        batch_size,
         global_batch_size,
         lr,
         spec,
     )
-    world = world_size or int(os.environ.get("WORLD_SIZE", tensor_parallel * pipeline_parallel))
+    world = devices or int(os.environ.get("WORLD_SIZE", tp * pp))
     if dry_run:
         print_layout(config, world)
         return None

@@ -27,9 +27,9 @@ def recipe(
     lr: float = 2e-3,
     batch_size: int = 16,
     seq_len: int = 128,
-    n_layer: int = 4,
+    layers: int = 4,
     d_model: int = 128,
-    n_head: int = 4,
+    heads: int = 4,
     seed: int = 0,
     grad_accum: int = 1,
     grad_clip: float = 1.0,
@@ -54,12 +54,12 @@ def recipe(
         lr: peak learning rate (after warmup).
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
-        n_layer: transformer blocks.
+        layers: transformer blocks.
         d_model: model width.
-        n_head: attention heads.
+        heads: attention heads.
         seed: seed of the weights and of the data order.
         grad_accum: micro-batches accumulated per optimizer step.
-        grad_clip: gradient norm clipping threshold.
+        grad_clip: gradient norm clipping threshold (0: no clipping).
         precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
         accelerator: cpu, cuda or auto.
         strategy: auto, ddp or fsdp (devices and nodes come from the launcher).
@@ -90,7 +90,7 @@ def recipe(
             text_key=text_key,
         )
     shape = GPTConfig(
-        n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len, vocab_size=vocab
+        n_layer=layers, d_model=d_model, n_head=heads, seq_len=seq_len, vocab_size=vocab
     )
     backend = FabricBackend(
         model=lambda: GPT(shape),  # built in setup, after seeding
@@ -105,7 +105,7 @@ def recipe(
             strategy=strategy,  # devices and nodes come from the launcher (torchrun, SLURM)
             precision=precision,
             grad_accum=grad_accum,
-            grad_clip=grad_clip,
+            grad_clip=grad_clip or None,  # 0: no clipping
             seed=seed,
         ),
     )

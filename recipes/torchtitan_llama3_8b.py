@@ -3,13 +3,13 @@
 torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
     --data-path corpus.jsonl --tokenizer ./assets/hf/Llama-3.1-8B --compile
 uv run baton run recipes/torchtitan_llama3_8b.py --dry-run             # on CPU: plan only
-uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --gpus 16
+uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --devices 16
 
 The config is TorchTitan's own ``llama3_8b()``; data comes from a local ``.jsonl`` /
 ``.parquet`` file through TorchTitan's Hugging Face text loader and the tokenizer from a
 local Hugging Face directory (``tokenizer.json``; the Llama 3.1 one for real runs).
 ``--dry-run`` needs neither: it checks the layout (``--dp-shard`` x ``--tp`` x ``--pp``,
-``--dp-replicate``) against ``--gpus`` ranks, builds the model on the meta device and
+``--dp-replicate``) against ``--devices`` ranks, builds the model on the meta device and
 prints the plan, then returns without training.
 
 Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE``
@@ -35,7 +35,7 @@ def recipe(
     data_path: str | None = None,
     tokenizer: str | None = None,
     max_steps: int = 1000,
-    gpus: int = 8,
+    devices: int = 8,
     dp_replicate: int = 1,
     dp_shard: int = -1,
     tp: int = 1,
@@ -45,7 +45,7 @@ def recipe(
     seq_len: int = 8192,
     lr: float = 3e-4,
     compile: bool = False,
-    async_checkpoint: str = "async",
+    async_save: bool = True,
     log_every: int = 10,
     run_dir: str = "runs/torchtitan_llama3_8b",
     dry_run: bool = False,
@@ -58,7 +58,7 @@ def recipe(
         data_path: a local .jsonl or .parquet file with a "text" key (required to train).
         tokenizer: a Hugging Face tokenizer directory (required to train).
         max_steps: optimizer steps to train.
-        gpus: ranks --dry-run plans for.
+        devices: ranks --dry-run plans for.
         dp_replicate: replicated data-parallel degree (HSDP).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
         tp: tensor parallel degree.
@@ -68,7 +68,8 @@ def recipe(
         seq_len: tokens per sequence.
         lr: peak learning rate.
         compile: compile the model with torch.compile.
-        async_checkpoint: TorchTitan's async mode: disabled, async, async_with_pinned_mem.
+        async_save: write checkpoints in the background (TorchTitan's async mode;
+            --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
         log_every: steps between log lines.
         run_dir: where checkpoints and logs go.
         dry_run: check the layout and print the plan, without training.
@@ -101,11 +102,11 @@ def recipe(
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.compile.enable = compile
-    config.checkpoint.async_mode = async_checkpoint
+    config.checkpoint.async_mode = "async" if async_save else "disabled"
     config.metrics.log_freq = log_every
     if dry_run:
         try:
-            print(parallelism_plan(config, world_size=gpus), flush=True)
+            print(parallelism_plan(config, world_size=devices), flush=True)
         except ValueError as error:
             raise RecipeError(str(error)) from None
         return None
@@ -122,7 +123,7 @@ def recipe(
         raise RecipeError(str(error)) from None
     return Driver(
         TorchTitanBackend(config),
-        standard_callbacks(async_save=async_checkpoint != "disabled"),
+        standard_callbacks(async_save=async_save),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,

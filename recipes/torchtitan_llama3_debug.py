@@ -46,7 +46,7 @@ def recipe(
     seed: int = 0,
     log_every: int = 5,
     save_every: int = 10,
-    async_checkpoint: str = "disabled",
+    async_save: bool = False,
     data_path: str | None = None,
     tokenizer: str | None = None,
     dp_shard: int = -1,
@@ -68,8 +68,9 @@ def recipe(
         seq_len: tokens per sequence.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
-        save_every: steps between checkpoints (0: only at the end).
-        async_checkpoint: TorchTitan's async mode: disabled, async, async_with_pinned_mem.
+        save_every: steps between checkpoints (0: only when the run stops).
+        async_save: write checkpoints in the background (TorchTitan's async mode;
+            --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
         data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
         tokenizer: a Hugging Face tokenizer directory (None: bytes).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
@@ -105,12 +106,10 @@ def recipe(
         config.checkpoint.initial_load_path = init_from
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
-    config.checkpoint.async_mode = async_checkpoint  # "disabled", "async", "async_with_pinned_mem"
+    config.checkpoint.async_mode = "async" if async_save else "disabled"
     return Driver(
         TorchTitanBackend(config, reshard_data=reshard_data),
-        standard_callbacks(
-            save_every=save_every, async_save=async_checkpoint != "disabled", progress=progress
-        ),
+        standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,

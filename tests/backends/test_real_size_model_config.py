@@ -35,7 +35,9 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     recipe = RECIPES / "torchtitan_llama3_8b.py"
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
-    assert build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--gpus", "1"]) is None
+    assert (
+        build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--devices", "1"]) is None
+    )
     assert f"model        llama3 {flavor_name(spec)}:" in capfd.readouterr().out
 
     tokenizer = str(train_tokenizer(tmp_path / "tok", vocab_size=4096).path)
@@ -43,8 +45,8 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()[:50]))
     driver = build_driver(recipe, [
         "--init-from", str(hf_dir), "--tokenizer", tokenizer, "--data-path", str(corpus),
-        "--max-steps", "2", "--seq-len", "64", "--log-every", "1", "--gpus", "1",
-        "--async-checkpoint", "disabled", "--run-dir", str(tmp_path / "run"),
+        "--max-steps", "2", "--seq-len", "64", "--log-every", "1", "--devices", "1",
+        "--run-dir", str(tmp_path / "run"),
     ])  # fmt: skip
     assert driver is not None
     record = Losses()
@@ -74,7 +76,7 @@ def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     recipe = RECIPES / "megatron_llama3_8b.py"
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
-    argv = ["--model-config", str(hf_dir), "--tensor-parallel", "1", "--world-size", "2"]
+    argv = ["--model-config", str(hf_dir), "--tp", "1", "--devices", "2"]
     assert build_driver(recipe, ["--dry-run", *argv]) is None
     out = capsys.readouterr().out
     assert "model 2 layers, hidden 64, FFN 176, 4 heads x 16 (2 KV groups), vocab 4096" in out
@@ -88,7 +90,7 @@ def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     driver = build_driver(recipe, [
         "--init-from", str(hf_dir), "--tokenizer", str(tokenizer.path), "--data-path",
         str(tmp_path / "data" / "corpus"), "--max-steps", "2", "--seq-len", "64",
-        "--global-batch-size", "2", "--tensor-parallel", "1", "--run-dir", str(tmp_path / "run"),
+        "--global-batch-size", "2", "--tp", "1", "--run-dir", str(tmp_path / "run"),
     ])  # fmt: skip
     assert driver is not None
     config = driver.backend.config

@@ -33,7 +33,7 @@ TRAIN = {
     "megatron": ("megatron_gpt_tiny.py", ["--no-async-save"]),
     "fabric": ("hf_finetune.py", ["--eval-every", "50"]),
     "maxtext": ("maxtext_tiny.py", [
-        "--per-device-batch-size", "2", "--eval-every", "0", "--no-async-save",
+        "--batch-size", "2", "--eval-every", "0", "--no-async-save",
         "--no-progress", "--overrides", "dtype=float32",
     ]),
 }  # fmt: skip
@@ -114,8 +114,16 @@ def maxtext_target(exports) -> MaxTextLoads:
     and stopped before its first step, then loaded with each backend's export."""
     root = exports["root"]
     argv = ["--init-from", str(root / "source"), "--run-dir", str(root / "maxtext-target")]
-    argv += ["--max-steps", "1", "--per-device-batch-size", "2", "--seq-len", "32"]
-    argv += ["--eval-every", "0", "--save-every", "0", "--no-progress"]
+    argv += ["--max-steps", "1", "--batch-size", "2", "--seq-len", "32"]
+    argv += [
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+        "--no-callback",
+        "checkpoint",
+        "--no-progress",
+    ]
     driver = build_driver(RECIPES / "maxtext_tiny.py", [*argv, "--overrides", "dtype=float32"])
     driver.max_steps = 0  # setup (which loads --init-from) and the callbacks, no step
     loads = MaxTextLoads({name: exports[name] for name in TRAIN}, root / "maxtext-params")

@@ -18,7 +18,7 @@ from support.torchrun import torchrun
 
 WORKER = Path(__file__).with_name("elastic_worker.py")
 BATCH = 4
-TINY = ["--n-layer", "1", "--d-model", "16", "--n-head", "2", "--seq-len", "32"]
+TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "32"]
 TINY += ["--batch-size", str(BATCH), "--log-every", "1", "--eval-every", "0"]
 TINY += ["--save-every", "1000", "--no-progress", "--max-steps", "1000"]
 

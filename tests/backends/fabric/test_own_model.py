@@ -66,7 +66,9 @@ def readme_example(name: str) -> str:
     return docs_example(name)
 
 
-def test_readme_bring_your_own_example_trains(tmp_path, monkeypatch):
+def test_readme_bring_your_own_example_trains(tmp_path, monkeypatch, capsys):
+    """Copied as is, the example prints the loss, saves checkpoints and resumes from them
+    with --resume auto."""
     code = readme_example("bring-your-own")
     assert len(code.strip().splitlines()) < 25
     (tmp_path / "sine.py").write_text(code)
@@ -81,7 +83,17 @@ def test_readme_bring_your_own_example_trains(tmp_path, monkeypatch):
     assert last < 0.5 * first, record.losses
     assert 0 < record.evals[-1]["eval/loss"] < first
     assert result.samples == 100 * 64
-    assert (tmp_path / "runs" / "sine" / "logs").exists() or (tmp_path / "runs" / "sine").is_dir()
+    out = capsys.readouterr().out
+    assert "step    100 | loss " in out and "eval    100 | eval/loss " in out
+    checkpoints = tmp_path / "runs" / "sine" / "checkpoints"
+    assert (checkpoints / "step_000100").is_dir()
+
+    extend = ["--max-steps", "120", "--resume", "auto", "--allow-changed", "max_steps"]
+    resumed = build_driver(tmp_path / "sine.py", extend)
+    later = Record()
+    resumed.callbacks.append(later)
+    assert resumed.fit().step == 120
+    assert min(later.losses) > 100, "--resume auto started fresh"
 
 
 def test_plain_iterable_resumes_by_skipping_and_epochs_continue(tmp_path):

@@ -20,7 +20,7 @@ def test_quickstart_under_torchrun_two_ranks(tmp_path):
     torchrun(
         CLI, "run", str(ROOT / "recipes" / "quickstart.py"),
         "--max-steps", "6", "--log-every", "3", "--eval-every", "6", "--save-every", "6",
-        "--n-layer", "1", "--d-model", "32", "--seq-len", "32", "--batch-size", "4",
+        "--layers", "1", "--d-model", "32", "--seq-len", "32", "--batch-size", "4",
         "--no-progress", "--run-dir", str(run_dir),
     )  # fmt: skip
     meta = json.loads((run_dir / "checkpoints" / "step_000006" / "baton.json").read_text())

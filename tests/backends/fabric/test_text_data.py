@@ -17,7 +17,7 @@ from support.recording import Losses
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "recipes" / "quickstart.py"
-TINY = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--seq-len", "32"]
+TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq-len", "32"]
 TINY += ["--batch-size", "4", "--log-every", "1", "--eval-every", "8", "--no-progress"]
 
 

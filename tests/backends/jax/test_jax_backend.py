@@ -195,7 +195,7 @@ def test_bad_input_gives_clear_errors(tmp_path):
         JaxBackend(lr=1e-3)
 
 
-def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch):
+def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch, capsys):
     from baton.core.recipe import build_driver
     from support.docs_examples import docs_example
 
@@ -212,6 +212,7 @@ def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch):
     assert result.step == 100
     assert record.logs[-1]["loss"] < 0.5 * record.logs[0]["loss"]
     assert (tmp_path / "runs" / "my_jax" / "checkpoints" / "step_000100" / "baton.json").is_file()
+    assert "step    100 | loss " in capsys.readouterr().out  # the standard console line
 
 
 TWO_DEVICES = """

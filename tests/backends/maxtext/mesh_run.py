@@ -43,8 +43,9 @@ def baton_run(work: Path) -> tuple[Any, dict[int, float], list[Path]]:
 
     argv = [
         "--devices=4",
-        "--ici-fsdp-parallelism=2",
-        "--ici-tensor-parallelism=2",
+        "--dp-shard=2",
+        "--tp=2",
+        "--batch-size=8",  # per data-parallel rank: 4 per device
         f"--max-steps={STEPS}",
         "--log-every=1",
         f"--save-every={SAVE_AT}",

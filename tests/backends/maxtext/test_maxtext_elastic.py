@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).resolve().parent / "elastic_run.py"
 PER_DEVICE, SEQ = 2, 32
-ARGS = [f"--per-device-batch-size={PER_DEVICE}", f"--seq-len={SEQ}", "--layers=1"]
+ARGS = [f"--batch-size={PER_DEVICE}", f"--seq-len={SEQ}", "--layers=1"]
 ARGS += ["--d-model=32", "--heads=2", "--max-steps=100", "--log-every=1", "--eval-every=0"]
 ARGS += ["--save-every=1000", "--no-progress", "--no-print-loss"]
 

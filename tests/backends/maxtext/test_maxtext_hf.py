@@ -36,7 +36,8 @@ def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     record = Losses()
     driver = build_driver(RECIPE, [
         "--init-from", str(hf_dir), "--max-steps", "1", "--save-every", "0",
-        "--log-every", "1", "--eval-every", "0", "--per-device-batch-size", str(BATCH),
+        "--no-callback", "checkpoint",
+        "--log-every", "1", "--eval-every", "0", "--batch-size", str(BATCH),
         "--seq-len", str(SEQ), "--run-dir", str(tmp_path / "run"), "--no-progress",
         "--overrides", "dtype=float32",
     ])  # fmt: skip
@@ -61,7 +62,7 @@ def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_
     driver = build_driver(RECIPE, [
         "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "1",
         "--no-async-save", "--log-every", "1", "--eval-every", "0",
-        "--per-device-batch-size", str(BATCH), "--seq-len", str(SEQ),
+        "--batch-size", str(BATCH), "--seq-len", str(SEQ),
         "--run-dir", str(tmp_path / "run"), "--no-progress", "--overrides", "dtype=float32",
     ])  # fmt: skip
     driver.callbacks.append(record)
@@ -90,7 +91,8 @@ def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     driver = build_driver(RECIPE, [
         "--tokenizer", str(tmp_path / "data" / "tok"), "--data-path",
         str(tmp_path / "data" / "corpus"), "--max-steps", "2", "--log-every", "1",
-        "--save-every", "0", "--run-dir", str(tmp_path / "run"), "--no-progress",
+        "--save-every", "0", "--no-callback", "checkpoint",
+        "--run-dir", str(tmp_path / "run"), "--no-progress",
     ])  # fmt: skip
     driver.callbacks.append(record)
     driver.fit()

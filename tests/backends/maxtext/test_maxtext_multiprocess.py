@@ -50,6 +50,7 @@ def test_two_processes_train_save_and_resume(tmp_path: Path) -> None:
     resumed = launch_two(
         tmp_path / "resumed_{rank}.json",
         "--save-every=0",
+        "--no-callback=checkpoint",
         f"--run-dir={tmp_path / 'resumed'}",
         f"--resume={backend.parent}",
     )

@@ -139,6 +139,7 @@ def test_resume_in_fresh_process_restores_the_grain_iterator(
         prepared,
         tmp_path / "resumed",
         "--save-every=0",
+        "--no-callback=checkpoint",
         f"--resume={checkpoint}",
         f"--overrides=jax_cache_dir={native_run['run_dir'] / 'jax_cache'}",
     )
@@ -235,7 +236,12 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
     assert sorted(losses) == [1, 2, 3, 4]
     meta = json.loads((first.checkpoints[0] / "backend" / "baton_maxtext.json").read_text())
     assert meta["data"] == {"pipeline": "hf", "consumed": 2}
-    _, resumed = run(tmp_path / "hf_resumed", "--save-every=0", f"--resume={first.checkpoints[0]}")
+    _, resumed = run(
+        tmp_path / "hf_resumed",
+        "--save-every=0",
+        "--no-callback=checkpoint",
+        f"--resume={first.checkpoints[0]}",
+    )
     assert resumed == {3: losses[3], 4: losses[4]}
 
 
@@ -263,6 +269,7 @@ def test_evaluation_on_maxtexts_pipeline_or_refused(
         "--no-progress",
         "--no-print-loss",
         "--save-every=0",
+        "--no-callback=checkpoint",
         cache,
     ]
     with pytest.raises(UsageError, match="--eval-data-path"):

@@ -82,7 +82,7 @@ def test_init_from_llama31_scaling_first_loss_equals_transformers_and_export(tmp
     driver = build_driver(RECIPE, [
         "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "1",
         "--no-async-save", "--log-every", "1", "--eval-every", "0",
-        "--per-device-batch-size", str(BATCH), "--seq-len", str(SEQ),
+        "--batch-size", str(BATCH), "--seq-len", str(SEQ),
         "--run-dir", str(tmp_path / "run"), "--no-progress", "--overrides", "dtype=float32",
     ])  # fmt: skip
     driver.callbacks.append(record)

@@ -461,16 +461,14 @@ def test_8b_recipe_validates_layouts_and_needs_data(capsys: pytest.CaptureFixtur
     assert spec is not None and spec.loader is not None
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
-    assert (
-        recipe.recipe(dry_run=True, world_size=16, pipeline_parallel=4, virtual_pipeline=2) is None
-    )
+    assert recipe.recipe(dry_run=True, devices=16, pp=4, vpp=2) is None
     out = capsys.readouterr().out
     assert "world size 16 = tensor 2 x pipeline 4 x data 2" in out
     assert "2 virtual stage(s) of 4" in out
     with pytest.raises(ValueError, match="world size 12 is not divisible"):
-        recipe.recipe(dry_run=True, world_size=12, pipeline_parallel=4)
+        recipe.recipe(dry_run=True, devices=12, pp=4)
     with pytest.raises(ValueError, match="do not split into pipeline 4 x virtual 3"):
-        recipe.recipe(dry_run=True, world_size=16, pipeline_parallel=4, virtual_pipeline=3)
+        recipe.recipe(dry_run=True, devices=16, pp=4, vpp=3)
     with pytest.raises(SystemExit, match="--data-path .* --tokenizer"):
         recipe.recipe()
 

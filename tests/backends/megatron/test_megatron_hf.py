@@ -85,7 +85,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, layout):
     else:
         from support.torchrun import torchrun
 
-        flag = {"tp2": "--tensor-parallel", "pp2": "--pipeline-parallel"}[layout]
+        flag = {"tp2": "--tp", "pp2": "--pp"}[layout]
         torchrun(Path(__file__).with_name("hf_worker.py"), str(RECIPE), *argv, flag, "2")
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0

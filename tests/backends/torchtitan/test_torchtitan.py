@@ -230,11 +230,11 @@ def test_8b_dry_run_plan_validates_without_gpus():
 
 
 def test_8b_recipe_dry_run_validates_layouts_and_needs_data(capsys):
-    """The recipe's --dry-run checks each layout against --gpus; a real run needs data."""
+    """The recipe's --dry-run checks each layout against --devices; a real run needs data."""
     from baton.core.recipe import RecipeError, build_driver
 
     recipe = str(HERE.parents[2] / "recipes" / "torchtitan_llama3_8b.py")
-    for flags, fsdp in ((["--tp", "2", "--pp", "2"], 2), (["--tp", "2", "--gpus", "16"], 8)):
+    for flags, fsdp in ((["--tp", "2", "--pp", "2"], 2), (["--tp", "2", "--devices", "16"], 8)):
         assert build_driver(recipe, ["--dry-run", *flags]) is None
         assert f"dp_shard (FSDP) {fsdp} x cp 1 x tp 2" in capsys.readouterr().out
     assert build_driver(recipe, ["--dry-run", "--pp", "2", "--batch-size", "2"]) is None

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from baton.callbacks.log_thread import LogThread
 from baton.callbacks.sinks import MissingSinkPackage, Phase, Sink, build_sink, check_installed
+from baton.callbacks.sinks.console import ConsoleSink
 from baton.core.callback import LOGGER_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
@@ -58,7 +59,13 @@ def _installed(name: str) -> bool:
 @CALLBACKS.register("logger")
 class CompositeLogger(Callback):
     """Send training and evaluation metrics to several sinks, each tagged with its
-    phase; a failing sink warns once, never stops."""
+    phase; a failing sink warns once, never stops.
+
+    Args:
+        sinks: sink names (jsonl, tensorboard, wandb, console) or sink objects.
+        rank_zero_only: only rank 0 logs.
+        threaded: sinks write on a background thread.
+    """
 
     priority = LOGGER_PRIORITY
 
@@ -77,6 +84,19 @@ class CompositeLogger(Callback):
         self._active: list[Sink] = []
         self._thread: LogThread | None = None
         self._warned: set[str] = set()
+
+    def console_keys(self) -> list[str] | None:
+        """The console line's keys (``[]``: every metric; ``None``: no console sink)."""
+        consoles = [s for s in self.sinks if isinstance(s, ConsoleSink)]
+        if not consoles:
+            return None
+        return list(consoles[0].keys or [])
+
+    def show_console_keys(self, keys: Sequence[str]) -> None:
+        """Put these keys on the console line (``--console-keys``)."""
+        for sink in self.sinks:
+            if isinstance(sink, ConsoleSink):
+                sink.keys = list(keys)
 
     def _warn_once(self, sink: Sink, what: str, error: BaseException) -> None:
         if sink.name not in self._warned:

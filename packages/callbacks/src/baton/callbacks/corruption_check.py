@@ -107,7 +107,14 @@ def finding(step: int, name: str, ranks: list[int], check: str) -> dict[str, Any
 @CALLBACKS.register("corruption_check")
 class CorruptionCheck(Callback):
     """Compare data-parallel replicas bitwise (and replayed steps with themselves);
-    stop or roll back on a mismatch."""
+    stop or roll back on a mismatch.
+
+    Args:
+        every_n_steps: steps between comparisons of the replicas' weights and optimizer state.
+        action: on a finding, "stop" the run or "rollback" to the last clean checkpoint.
+        replay_every_n_steps: steps between replays of a step compared with itself
+            (None: no replays).
+    """
 
     priority = GUARD_PRIORITY
 

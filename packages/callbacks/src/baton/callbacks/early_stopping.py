@@ -35,7 +35,15 @@ log = logging.getLogger("baton")
 
 @CALLBACKS.register("early_stopping")
 class EarlyStopping(Callback):
-    """Stop after ``patience`` checks of ``monitor`` without an improvement of ``min_delta``."""
+    """Stop after ``patience`` checks of ``monitor`` without an improvement of ``min_delta``.
+
+    Args:
+        monitor: the metric watched (an evaluation metric such as eval/loss, or a
+            training metric such as loss).
+        patience: checks without improvement before the run stops.
+        mode: "min" (lower is better) or "max".
+        min_delta: the smallest change that counts as an improvement.
+    """
 
     state_key = "early_stopping"
     priority = GUARD_PRIORITY

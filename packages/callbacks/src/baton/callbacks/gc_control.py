@@ -27,7 +27,12 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("gc")
 class GarbageCollection(Callback):
-    """Disable automatic GC during training; collect every ``every_n_steps`` steps."""
+    """Disable automatic GC during training; collect every ``every_n_steps`` steps.
+
+    Args:
+        every_n_steps: steps between collections (on every rank at the same step).
+        generation: the generation collected (2: everything).
+    """
 
     def __init__(self, every_n_steps: int = 1000, generation: int = 2) -> None:
         if every_n_steps < 1:

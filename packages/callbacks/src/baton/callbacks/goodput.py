@@ -71,7 +71,12 @@ def process_start_time() -> float:
 
 @CALLBACKS.register("goodput")
 class Goodput(Callback):
-    """Attribute every second of the run's wall time; log the running ``goodput``."""
+    """Attribute every second of the run's wall time; log the running ``goodput``.
+
+    Args:
+        interval_s: seconds between ledger lines (a kill loses at most this much
+            attribution; 0 writes after every step).
+    """
 
     priority = METRIC_PRIORITY
 

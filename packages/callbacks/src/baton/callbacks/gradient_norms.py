@@ -30,7 +30,12 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("gradient_norms")
 class GradientNormMonitor(Callback):
-    """Log ``grad_norm/<group>`` and ``grad_norm/total`` (L2, before clipping)."""
+    """Log ``grad_norm/<group>`` and ``grad_norm/total`` (L2, before clipping).
+
+    Args:
+        depth: name parts that make a parameter's group (net.0.weight: net at 1,
+            net.0 at 2).
+    """
 
     priority = METRIC_PRIORITY
 

@@ -34,7 +34,12 @@ GRAD_NORM_KEYS = ("grad_norm", "grad-norm", "gradient_norm", "total_norm", "grad
 
 @CALLBACKS.register("optimizer_monitor")
 class OptimizerMonitor(Callback):
-    """Copy the backend's learning rate and grad norm to ``optim/lr`` / ``optim/grad_norm``."""
+    """Copy the backend's learning rate and grad norm to ``optim/lr`` / ``optim/grad_norm``.
+
+    Args:
+        lr_keys: metric keys that may hold the learning rate, the first logged is used.
+        grad_norm_keys: metric keys that may hold the gradient norm, likewise.
+    """
 
     priority = METRIC_PRIORITY
 

@@ -42,7 +42,12 @@ log = logging.getLogger("baton")
 
 @CALLBACKS.register("preemption")
 class Preemption(Callback):
-    """On SIGTERM/SIGUSR1: finish the step, save a checkpoint, stop cleanly (exit 0)."""
+    """On SIGTERM/SIGUSR1: finish the step, save a checkpoint, stop cleanly (exit 0).
+
+    Args:
+        signals: signal names that stop the run with a checkpoint.
+        requeue_on: those of them after which the SLURM job is requeued.
+    """
 
     priority = STOP_REQUEST_PRIORITY
 

@@ -39,7 +39,13 @@ def array_library(value: Any) -> str | None:
 
 @CALLBACKS.register("profiler")
 class Profiler(Callback):
-    """Trace steps ``start_step .. start_step + num_steps - 1`` into ``logs/profiler``."""
+    """Trace steps ``start_step .. start_step + num_steps - 1`` into ``logs/profiler``.
+
+    Args:
+        start_step: the first step traced (at least 2: the first step compiles).
+        num_steps: steps traced.
+        output_dir: where the trace goes (None: the run's logs/profiler).
+    """
 
     def __init__(
         self, start_step: int = 5, num_steps: int = 3, output_dir: str | Path | None = None

@@ -28,7 +28,12 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("progress")
 class Progress(Callback):
-    """Live progress bar with step, loss, tokens/s (or samples/s) and ETA (rank 0 only)."""
+    """Live progress bar with step, loss, tokens/s (or samples/s) and ETA (rank 0 only).
+
+    Args:
+        console: the rich console drawn on (None: stderr).
+        refresh_per_second: redraws per second.
+    """
 
     priority = DISPLAY_PRIORITY
 

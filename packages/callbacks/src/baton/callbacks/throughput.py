@@ -34,7 +34,13 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("throughput")
 class ThroughputMonitor(Callback):
-    """Log tokens/s, samples/s, step time and MFU (from the backend's flops per token)."""
+    """Log tokens/s, samples/s, step time and MFU (from the backend's flops per token).
+
+    Args:
+        peak_flops: peak FLOP/s of one device (None: the table's for the device found).
+        precision: the table's column: bf16, fp16, fp32, fp8, or a Lightning precision
+            such as bf16-mixed.
+    """
 
     priority = METRIC_PRIORITY
 

@@ -32,7 +32,12 @@ log = logging.getLogger("baton")
 
 @CALLBACKS.register("time_limit")
 class TimeLimit(Callback):
-    """Stop with a checkpoint once this process has run ``minutes`` of wall time."""
+    """Stop with a checkpoint once this process has run ``minutes`` of wall time.
+
+    Args:
+        minutes: wall time after which the run stops.
+        save: write a checkpoint when it stops.
+    """
 
     priority = STOP_REQUEST_PRIORITY
 

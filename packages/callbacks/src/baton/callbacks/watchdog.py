@@ -65,7 +65,20 @@ _PHASE_ORDER = {"step": 0, "step_end": 1, "between": 2}
 
 @CALLBACKS.register("watchdog")
 class Watchdog(Callback):
-    """Name stuck or slow ranks, dump every rank's stacks, then warn or abort."""
+    """Name stuck or slow ranks, dump every rank's stacks, then warn or abort.
+
+    Args:
+        timeout_s: seconds without progress after which a rank counts as stalled
+            (longer than the longest step, evaluation or blocking save).
+        slow_factor: a step slower than this times the recent median is reported
+            (None: slow steps are not checked).
+        min_slow_s: a step shorter than this is never reported as slow.
+        window: recent steps whose median time is the reference.
+        action: on a stall, "warn" or "abort" (end the process with exit_code).
+        poll_s: seconds between the monitor thread's checks.
+        grace_s: seconds an abort waits for every rank's stacks.
+        exit_code: the process's exit status on abort.
+    """
 
     #: runs after every other callback on entry: ``step`` progress is noted just
     #: before the backend's step and ``step_end`` after every callback saw the step

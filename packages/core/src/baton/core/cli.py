@@ -148,10 +148,36 @@ def _print(table: Table) -> None:
 
 
 def cmd_callbacks(argv: Sequence[str]) -> int:
+    """``baton callbacks``: the registered callbacks; ``baton callbacks NAME``: one
+    callback's arguments (type, default, help) as ``--callback NAME:key=value`` takes them."""
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: baton callbacks [NAME]   (NAME: its arguments for --callback NAME:key=value)")
+        return 0
+    if argv:
+        return _callback_arguments(argv[0])
     table = _table("callback", "class", "what it does")
     for name, cls in CALLBACKS.items():
         table.add_row(name, cls.__qualname__, _doc_line(cls))
     _print(table)
+    return 0
+
+
+def _callback_arguments(name: str) -> int:
+    from baton.core.callback_flags import callback_class, callback_signature, describe_parameter
+
+    cls = callback_class(name, "baton callbacks")
+    signature = callback_signature(cls)
+    print(f"{name} ({cls.__module__}:{cls.__qualname__}): {_doc_line(cls)}")
+    table = _table("argument", "type", "default", "what it sets")
+    for param in signature.params:
+        table.add_row(param.name, *describe_parameter(param))
+    if signature.params:
+        _print(table)
+    else:
+        print("takes no arguments")
+    example = next(iter(signature.params), None)
+    if example is not None:
+        print(f"use: baton run RECIPE.py --callback {name}:{example.name}=VALUE")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections import abc
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -29,8 +30,11 @@ _NAMES: dict[Any, str] = {
 }
 
 
-class _Mismatch(Exception):
-    pass
+class ValueMismatch(ValueError):
+    """A value that its parameter's type does not take (``coerce`` raises it)."""
+
+
+_Mismatch = ValueMismatch
 
 
 def conform(name: str, value: Any, annotation: Any, source: str | Path) -> Any:
@@ -45,6 +49,12 @@ def conform(name: str, value: Any, annotation: Any, source: str | Path) -> Any:
         ) from None
 
 
+def coerce(value: Any, annotation: Any) -> Any:
+    """``value`` as ``annotation`` takes it (``"1e-3"`` -> ``0.001`` for a float), or
+    ``ValueMismatch``: ``coerce(600, float) == 600.0``."""
+    return _conform(value, annotation)
+
+
 def describe(annotation: Any) -> str:
     """What a type accepts, in words: ``int | None`` -> "a whole number or null"."""
     origin = typing.get_origin(annotation)
@@ -54,7 +64,7 @@ def describe(annotation: Any) -> str:
         return " or ".join(describe(a) for a in typing.get_args(annotation))
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
-    if origin in (tuple, list):
+    if origin in (tuple, list, abc.Sequence):
         return "a list"
     return _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
@@ -77,7 +87,7 @@ def _conform(value: Any, annotation: Any) -> Any:
         if value in args:
             return value
         raise _Mismatch
-    if origin in (tuple, list):
+    if origin in (tuple, list, abc.Sequence):
         if not isinstance(value, list | tuple):
             raise _Mismatch
         items = cast(list[Any] | tuple[Any, ...], value)

@@ -12,6 +12,12 @@ other ranks through only at ``WARNING`` and above, prefixed with their rank::
 
 ``BATON_LOG_ALL_RANKS=1`` shows every rank's lines at ``INFO`` (each prefixed).
 
+The user's own loggers print the same way: a recipe's (or its package's)
+``logging.getLogger("my_recipe").info(...)`` shows on rank 0 like baton's lines. Code
+is the user's when its file is outside the installed packages and the standard library
+(``own_code``); installed libraries keep Python's default (warnings and errors only, on
+stderr), so torch's, JAX's or Megatron's own INFO lines stay quiet.
+
 On a terminal lines are rich (time, level, wrapped to the window); written to a file or
 a pipe (a SLURM log, CI) each record is one plain line, never wrapped mid-message.
 """
@@ -21,6 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import sysconfig
+from pathlib import Path
 
 from rich.logging import RichHandler
 
@@ -28,10 +36,72 @@ from baton.core.launch import Launch
 
 LOGGER = "baton"
 
+#: where installed code lives: its loggers are libraries', not the user's
+_INSTALLED = tuple(
+    {
+        str(Path(p).resolve())
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+)
 
-def setup_logging(launch: Launch | None = None) -> logging.Logger:
-    """Point the ``baton`` logger at the console for this process's rank."""
-    launch = Launch.from_env() if launch is None else launch
+
+def own_code(record: logging.LogRecord) -> bool:
+    """Whether a record was logged by the user's code (a recipe, its package), not by
+    an installed library or the standard library."""
+    path = record.pathname
+    if not path or path.startswith("<"):
+        return False
+    resolved = str(Path(path).resolve())
+    return not resolved.startswith(_INSTALLED) and "site-packages" not in resolved
+
+
+class _OwnCode(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return own_code(record)
+
+
+class _Libraries(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not own_code(record)
+
+
+class _Stderr(logging.Handler):
+    """Python's last resort for libraries' warnings: the message alone, on the current
+    stderr (a handler on the root logger turns the last resort off)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.addFilter(_Libraries())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def _route_own_loggers(handler: logging.Handler, level: int) -> None:
+    """Let the user's loggers through ``handler`` at ``level`` via the root logger, and
+    libraries' warnings to stderr as before."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if (h.get_name() or "").startswith(LOGGER + ".")]:
+        root.removeHandler(old)
+    handler.setLevel(level)
+    handler.addFilter(_OwnCode())
+    handler.set_name(LOGGER + ".own_code")
+    libraries = _Stderr()
+    libraries.set_name(LOGGER + ".libraries")
+    root.addHandler(handler)
+    root.addHandler(libraries)
+    if root.level == logging.NOTSET or root.level > level:
+        root.setLevel(level)
+
+
+def _console_handler(rank: int) -> logging.Handler:
+    """One line per record: rich on a terminal, plain in a file or pipe; other ranks'
+    lines prefixed with the rank."""
     handler: logging.Handler
     if sys.stdout.isatty():
         handler = RichHandler(show_path=False, markup=False, rich_tracebacks=False)
@@ -39,16 +109,20 @@ def setup_logging(launch: Launch | None = None) -> logging.Logger:
     else:
         handler = logging.StreamHandler(sys.stdout)
         prefix = "[%(asctime)s] %(levelname)-7s "
-    logger = logging.getLogger(LOGGER)
-    logger.handlers[:] = [handler]
-    logger.propagate = False
-    if launch.rank == 0:
-        handler.setFormatter(logging.Formatter(prefix + "%(message)s", "%H:%M:%S"))
-        logger.setLevel(logging.INFO)
-        return logger
-    handler.setFormatter(
-        logging.Formatter(prefix + f"[rank {launch.rank}] %(message)s", "%H:%M:%S")
-    )
+    rank_prefix = "" if rank == 0 else f"[rank {rank}] "
+    handler.setFormatter(logging.Formatter(prefix + rank_prefix + "%(message)s", "%H:%M:%S"))
+    return handler
+
+
+def setup_logging(launch: Launch | None = None) -> logging.Logger:
+    """Point the ``baton`` logger, and the user's own loggers, at the console for this
+    process's rank."""
+    launch = Launch.from_env() if launch is None else launch
     every_rank = os.environ.get("BATON_LOG_ALL_RANKS", "") not in ("", "0")
-    logger.setLevel(logging.INFO if every_rank else logging.WARNING)
+    level = logging.INFO if launch.rank == 0 or every_rank else logging.WARNING
+    logger = logging.getLogger(LOGGER)
+    logger.handlers[:] = [_console_handler(launch.rank)]
+    logger.propagate = False
+    logger.setLevel(level)
+    _route_own_loggers(_console_handler(launch.rank), level)
     return logger

@@ -4,10 +4,16 @@ The function's typed parameters are the experiment's settings; ``baton run`` tur
 them into a command line (``--max-steps 50 --lr 3e-4``) with tyro, so ``--help``
 lists them with defaults and a bad value is rejected with the parameter's name.
 
+Parameters whose meaning is in ``baton.core.vocabulary`` take its names (``batch_size``,
+``tp``, ``save_every``, ...), the same on every backend, and its bounds.
 Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
 ``seq_len``, ``n_*``, ``d_model``) and learning rates must be positive, step limits
 and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
 ``Annotated[int, AtLeast(2)]`` sets another bound for one parameter.
+
+Every recipe also takes the run's flags (``RecipeFlags``): ``--resume``, ``--config``,
+``--set``, and the callbacks' (``baton.core.callback_flags``): ``--callback
+NAME:key=value``, ``--no-callback NAME``, ``--console-keys``.
 
 Example ``recipes/tiny.py``::
 
@@ -45,11 +51,14 @@ __all__ = [
 import tyro
 import yaml
 
+from baton.core.callback_flags import CallbackFlags
 from baton.core.config_values import conform
+from baton.core.console_line import apply_console_keys
 from baton.core.driver import Driver
 from baton.core.errors import RecipeError, UsageError
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
+from baton.core.vocabulary import TERMS
 
 RECIPE_FUNCTION = "recipe"
 
@@ -82,6 +91,12 @@ class RecipeFlags:
     """Print the resolved parameters (YAML) and exit without training."""
     set: tuple[str, ...] = ()
     """Override a field of the backend's native config, KEY.PATH=VALUE (repeatable)."""
+    callback: tuple[str, ...] = ()
+    """Add (or configure) a registered callback: NAME or NAME:key=value,key=value (repeatable)."""
+    no_callback: tuple[str, ...] = ()
+    """Drop a callback the recipe adds, by registered name (repeatable)."""
+    console_keys: str | None = None
+    """Keys of the console line: 'loss,lr' (exactly these) or '+my/metric' (added)."""
 
 
 _RUN_OPTION_HELP = {
@@ -95,7 +110,17 @@ _RUN_OPTION_HELP = {
     "config": "YAML or TOML file of parameter values; flags given here override it",
     "print_config": "print the resolved parameters (YAML) and exit without training",
     "set": "override a field of the backend's native config: --set KEY.PATH=VALUE (repeatable)",
+    "callback": "add a registered callback, or configure the recipe's: NAME or "
+    "NAME:key=value,key=value (repeatable; `baton callbacks NAME` lists its arguments)",
+    "no_callback": "drop a callback the recipe adds, by its registered name (repeatable)",
+    "console_keys": "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
+    "(added to the recipe's)",
 }
+
+#: flags given more than once, each adding an item
+_REPEATABLE = ("set", "callback", "no_callback")
+#: ``--config`` keys for the callback flags: ``callbacks:`` (a list) and ``no_callbacks:``
+CONFIG_CALLBACKS = {"callbacks": "callback", "no_callbacks": "no_callback"}
 
 
 def load_recipe(path: str | Path) -> Callable[..., Any]:
@@ -148,8 +173,8 @@ def recipe_arguments(
         own.add(param.name)
     for f in dataclasses.fields(RecipeFlags):
         if f.name not in own:
-            kind: Any = f.type if f.name != "set" else tuple[str, ...]
-            if f.name == "set":
+            kind: Any = f.type if f.name not in _REPEATABLE else tuple[str, ...]
+            if f.name in _REPEATABLE:
                 kind = Annotated[kind, tyro.conf.UseAppendAction]
             annotated = Annotated[kind, tyro.conf.arg(help=_RUN_OPTION_HELP[f.name])]
             fields.append(
@@ -200,14 +225,21 @@ def _config_path(argv: Sequence[str]) -> str | None:
 
 def parse_recipe_args(
     recipe: Callable[..., Any] | Signature, argv: Sequence[str], prog: str
-) -> tuple[dict[str, Any], RecipeFlags]:
-    """Parse ``argv`` against the recipe's signature; exits 2 with a message on bad input."""
+) -> tuple[dict[str, Any], RecipeFlags, CallbackFlags]:
+    """Parse ``argv`` against the recipe's signature; exits 2 with a message on bad input.
+    Returns the recipe's values, the run's flags and the callbacks added and dropped
+    (the ``--config`` file's, then the command line's)."""
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     own = {p.name for p in signature.params}
     config = _config_path(argv)
-    known = own | {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
+    flags = {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
+    known = own | flags - {*CONFIG_CALLBACKS.values()} | {*CONFIG_CALLBACKS}
     defaults = read_config_file(config, known) if config else {}
+    callbacks = CallbackFlags()
     if config:
+        callbacks = CallbackFlags.from_config(
+            defaults.pop("callbacks", None), defaults.pop("no_callbacks", None), config
+        )
         types = {p.name: p.annotation for p in signature.params}
         types |= {k: v for k, v in typing.get_type_hints(RecipeFlags).items() if k not in types}
         defaults = {k: conform(k, v, types[k], config) for k, v in defaults.items()}
@@ -219,7 +251,8 @@ def parse_recipe_args(
     options = RecipeFlags(**{f.name: values[f.name] for f in dataclasses.fields(RecipeFlags)})
     kwargs = {k: v for k, v in values.items() if k in own}
     check_recipe_values(signature, kwargs)
-    return kwargs, options
+    callbacks = callbacks.with_flags(options.callback, options.no_callback)
+    return kwargs, options, callbacks
 
 
 def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
@@ -234,6 +267,7 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be a finite number, got {value}")
         metadata = getattr(annotations.get(name), "__metadata__", ())
         bounds = [m for m in metadata if isinstance(m, AtLeast)]
+        term = TERMS.get(name)
         if bounds:
             if value < bounds[0].minimum:
                 raise UsageError(f"{flag} must be >= {bounds[0].minimum:g}, got {value}")
@@ -241,6 +275,8 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be > 0, got {value}")
         elif NON_NEGATIVE.match(name) and value < 0:
             raise UsageError(f"{flag} must be >= 0, got {value}")
+        elif term is not None and term.minimum is not None and value < term.minimum:
+            raise UsageError(f"{flag} must be >= {term.minimum:g}, got {value}")
 
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
@@ -254,18 +290,20 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     if signature is None:
         fn = load_recipe(path)
         signature = signature_of(fn)
-    kwargs, options = parse_recipe_args(signature, argv, prog=f"baton run {path}")
+    kwargs, options, callbacks = parse_recipe_args(signature, argv, prog=f"baton run {path}")
+    added = callbacks.build()  # a bad name or argument stops here, before the recipe runs
     if options.print_config:
         resolved = {
             **kwargs,
             **{
                 k: v
                 for k, v in dataclasses.asdict(options).items()
-                if k not in ("config", "print_config", "set")
+                if k not in ("config", "print_config", "set", *CONFIG_CALLBACKS.values())
             },
         }
         if options.set:
             resolved["set"] = list(options.set)
+        resolved.update(callbacks.record(added))
         print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
         return None
     try:
@@ -281,7 +319,11 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
             f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
             "end it with `return Driver(...)`"
         )
+    driver.callbacks = callbacks.apply(driver.callbacks, added)
+    if options.console_keys is not None:
+        apply_console_keys(driver.callbacks, options.console_keys)
     settings = dict(driver.settings)
+    settings.update(callbacks.record(added))
     if options.set:
         try:
             applied = apply_overrides(driver.backend.config, options.set)

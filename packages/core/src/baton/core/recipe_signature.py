@@ -66,7 +66,8 @@ class Signature:
     description: str
 
 
-def _help_by_name(doc: str) -> dict[str, str]:
+def help_by_name(doc: str) -> dict[str, str]:
+    """Each parameter's help from a docstring's ``Args:`` section, on one line."""
     try:
         parsed = docstring_parser.parse(doc)
     except docstring_parser.ParseError:
@@ -74,7 +75,8 @@ def _help_by_name(doc: str) -> dict[str, str]:
     return {p.arg_name: " ".join((p.description or "").split()) for p in parsed.params}
 
 
-def _summary(doc: str) -> str:
+def summary_of(doc: str) -> str:
+    """A docstring's description without its ``Args:`` section."""
     try:
         parsed = docstring_parser.parse(doc)
     except docstring_parser.ParseError:
@@ -95,7 +97,7 @@ def read_signature(path: Path, function: str = "recipe") -> Signature | None:
     if node is None or node.args.vararg or node.args.posonlyargs:
         return None
     doc = ast.get_docstring(node) or ""
-    helps = _help_by_name(doc)
+    helps = help_by_name(doc)
     positional = node.args.args
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(node.args.defaults))
     defaults += list(node.args.defaults)
@@ -118,14 +120,14 @@ def read_signature(path: Path, function: str = "recipe") -> Signature | None:
         if isinstance(annotation, str):
             return None
         params.append(Param(arg.arg, annotation, default, helps.get(arg.arg, "")))
-    return Signature(tuple(params), _summary(doc), doc)
+    return Signature(tuple(params), summary_of(doc), doc)
 
 
 def signature_of(fn: Callable[..., Any]) -> Signature:
     """The same, from an imported function (any defaults and annotations)."""
     hints = typing.get_type_hints(fn, include_extras=True)
     doc = inspect.getdoc(fn) or ""
-    helps = _help_by_name(doc)
+    helps = help_by_name(doc)
     params: list[Param] = []
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -136,4 +138,4 @@ def signature_of(fn: Callable[..., Any]) -> Signature:
             )
         default = dataclasses.MISSING if param.default is param.empty else param.default
         params.append(Param(param.name, hints[param.name], default, helps.get(param.name, "")))
-    return Signature(tuple(params), _summary(doc), doc)
+    return Signature(tuple(params), summary_of(doc), doc)

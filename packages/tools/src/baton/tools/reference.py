@@ -116,6 +116,13 @@ def patches_table() -> str:
     return "\n".join(rows)
 
 
+def vocabulary_table() -> str:
+    """The flags every recipe uses with one meaning (``baton.core.vocabulary``)."""
+    from baton.core.vocabulary import markdown_table
+
+    return markdown_table()
+
+
 #: the tables a page may ask for with ``<!-- reference: NAME -->``
 TABLES: dict[str, Callable[[], str]] = {
     "callbacks": callbacks_table,
@@ -123,6 +130,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "metrics": metrics_table,
     "callback-metrics": callback_metrics_table,
     "patches": patches_table,
+    "vocabulary": vocabulary_table,
 }
 
 MARKER = re.compile(r"<!-- reference: ([a-z-]+) -->")

@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from baton.backends.maxtext import patches as _patches  # registers the patches (no jax)
-from baton.backends.maxtext.config import TINY_CPU, MaxTextConfig
+from baton.backends.maxtext.config import TINY_CPU, MaxTextConfig, per_device_batch
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
     from baton.backends.maxtext.backend import MaxTextBackend
 
-__all__ = ["TINY_CPU", "MaxTextBackend", "MaxTextConfig"]
+__all__ = ["TINY_CPU", "MaxTextBackend", "MaxTextConfig", "per_device_batch"]
 
 del _patches
 

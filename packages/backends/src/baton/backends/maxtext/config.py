@@ -64,6 +64,18 @@ _WHY_FORCED = {
 }
 
 
+def per_device_batch(batch_size: int, tp: int = 1, pp: int = 1) -> int | float:
+    """MaxText's ``per_device_batch_size`` for a micro batch of ``batch_size`` per
+    data-parallel rank (baton's ``--batch-size``): the devices of one model replica
+    (``tp`` x ``pp``) share its batch; a fraction where it does not divide.
+
+    >>> per_device_batch(8, tp=2)
+    4
+    """
+    per_device = batch_size / (tp * pp)
+    return int(per_device) if per_device.is_integer() else per_device
+
+
 def eval_data_overrides(
     train: Mapping[str, Any], eval_data_path: str, tokenizer: str, vocab: Any
 ) -> dict[str, Any]:

@@ -1,0 +1,341 @@
+"""Callbacks added, configured and dropped from the command line or a ``--config`` file.
+
+Every recipe takes them, with no change to the recipe: a registered callback (see
+``baton callbacks``) is named, with its constructor's arguments typed and checked from
+its signature like recipe flags::
+
+    baton run recipes/quickstart.py --callback goodput --callback watchdog:timeout_s=600
+    baton run recipes/quickstart.py --callback loss_guard:action=rollback,max_rollbacks=2
+    baton run recipes/quickstart.py --no-callback progress
+    baton run recipes/quickstart.py --callback logger:sinks=[jsonl,console]
+
+A ``--callback`` whose class the recipe already added replaces the recipe's one (that
+is how one is configured); any other is appended. ``--no-callback NAME`` drops the
+recipe's. A list value is written in brackets, ``keys=[a,b]``; text that YAML reads as
+something else (``on``, ``1e-3``) is taken as text where the argument takes text. In a
+``--config`` file::
+
+    callbacks:
+      - goodput
+      - name: watchdog
+        timeout_s: 600
+    no_callbacks: [progress]
+
+From code::
+
+    choice = parse_callback_flag("watchdog:timeout_s=600")  # CallbackChoice('watchdog', ...)
+    callback = build_callback(choice)                       # Watchdog(timeout_s=600.0)
+    callback_signature(CALLBACKS.get("watchdog")).params    # names, types, defaults, help
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, cast
+
+import yaml
+
+from baton.core.callback import Callback
+from baton.core.config_values import ValueMismatch, coerce, describe
+from baton.core.errors import UsageError
+from baton.core.recipe_signature import Param, Signature, help_by_name, summary_of
+from baton.core.registry import CALLBACKS, UnknownNameError
+
+log = logging.getLogger("baton")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackChoice:
+    """A registered callback's name and the arguments given for it (not yet typed)."""
+
+    name: str
+    arguments: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
+    #: where it was given, for error messages: ``--callback ...`` or ``--config x.yaml``
+    source: str = "--callback"
+    #: the arguments are text from a command line (typed on building) or a file's values
+    from_text: bool = True
+
+
+def split_top_level(text: str, separator: str = ",") -> list[str]:
+    """``"a=1,b=[x,y]"`` -> ``["a=1", "b=[x,y]"]``: splits outside brackets only."""
+    parts: list[str] = []
+    depth, start = 0, 0
+    for i, char in enumerate(text):
+        if char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == separator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_callback_flag(text: str) -> CallbackChoice:
+    """``NAME`` or ``NAME:key=value,key=value`` as given to ``--callback``."""
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if not name:
+        raise UsageError(f"--callback {text!r}: give a callback name, e.g. --callback goodput")
+    arguments: dict[str, Any] = {}
+    for item in split_top_level(rest):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise UsageError(
+                f"--callback {text}: {item!r} is not key=value; "
+                f"write --callback {name}:key=value,key=value"
+            )
+        arguments[key.strip().replace("-", "_")] = value.strip()
+    return CallbackChoice(name, arguments, source=f"--callback {text}")
+
+
+def config_callback(entry: Any, source: str) -> CallbackChoice:
+    """One item of a config file's ``callbacks:`` list: ``NAME``, ``"NAME:k=v"`` or a
+    table ``{name: NAME, key: value, ...}``."""
+    if isinstance(entry, str):
+        choice = parse_callback_flag(entry)
+        return dataclasses.replace(choice, source=f"--config {source}: callbacks: {entry}")
+    table = cast(dict[str, Any], entry) if isinstance(entry, dict) else {}
+    if isinstance(table.get("name"), str):
+        arguments = {str(k).replace("-", "_"): v for k, v in table.items() if k != "name"}
+        name = cast(str, table["name"])
+        where = f"--config {source}: callbacks: {name}"
+        return CallbackChoice(name, arguments, source=where, from_text=False)
+    raise UsageError(
+        f"--config {source}: callbacks: {entry!r} is not a callback; write a name "
+        "('- goodput') or a table with a name ('- name: watchdog' and its arguments)"
+    )
+
+
+def callback_class(name: str, source: str) -> type[Callback]:
+    """The registered callback class, or a one-line error listing the registered names."""
+    try:
+        cls = CALLBACKS.get(name)
+    except UnknownNameError:
+        known = ", ".join(CALLBACKS.names())
+        raise UsageError(
+            f"{source}: unknown callback {name!r}; registered callbacks: {known}"
+        ) from None
+    return cast(type[Callback], cls)
+
+
+def _annotation(raw: Any, module: ModuleType | None) -> Any:
+    """A parameter's annotation, evaluated where its class was defined (``Any`` where it
+    names something only imported for type checking)."""
+    if not isinstance(raw, str):
+        return Any if raw is inspect.Parameter.empty else raw
+    try:
+        scope: dict[str, Any] = vars(module) if module else {}
+        return eval(raw, scope)  # the module's own annotation text
+    except Exception:
+        return Any
+
+
+def callback_signature(cls: type) -> Signature:
+    """The constructor's parameters (name, type, default, help from the docstrings'
+    ``Args:`` sections) and the class's summary."""
+    module = sys.modules.get(cls.__module__)
+    init = cast(Callable[..., Any], cls.__init__)  # pyright: ignore[reportUnknownMemberType]
+    class_doc = inspect.getdoc(cls) or ""
+    init_doc = init.__doc__ or ""
+    helps = help_by_name(class_doc) | help_by_name(inspect.cleandoc(init_doc))
+    params: list[Param] = []
+    for param in inspect.signature(cls).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = dataclasses.MISSING if param.default is param.empty else param.default
+        annotation = _annotation(param.annotation, module)
+        params.append(Param(param.name, annotation, default, helps.get(param.name, "")))
+    return Signature(tuple(params), summary_of(class_doc), class_doc)
+
+
+def _typed(value: Any, annotation: Any, from_text: bool) -> Any:
+    """A value as the parameter takes it: text from a command line is read as YAML (a
+    number, a list, null), or kept as text where the parameter takes text."""
+    if not from_text or not isinstance(value, str):
+        return coerce(value, annotation)
+    try:
+        read = yaml.safe_load(value)
+    except yaml.YAMLError:
+        read = value
+    try:
+        return coerce(read, annotation)
+    except ValueMismatch:
+        return coerce(value, annotation)
+
+
+def callback_arguments(choice: CallbackChoice, cls: type) -> dict[str, Any]:
+    """The choice's arguments typed from ``cls``'s signature; unknown names, wrong
+    types and missing required arguments are one-line errors."""
+    params = {p.name: p for p in callback_signature(cls).params}
+    typed: dict[str, Any] = {}
+    for key, value in choice.arguments.items():
+        param = params.get(key)
+        if param is None:
+            takes = ", ".join(params) or "no arguments"
+            raise UsageError(
+                f"{choice.source}: {choice.name} has no argument {key!r}; it takes: {takes}"
+            )
+        try:
+            typed[key] = _typed(value, param.annotation, choice.from_text)
+        except ValueMismatch:
+            raise UsageError(
+                f"{choice.source}: {key} is {value!r}, not {describe(param.annotation)}"
+            ) from None
+    missing = [
+        p.name for p in params.values() if p.default is dataclasses.MISSING and p.name not in typed
+    ]
+    if missing:
+        raise UsageError(
+            f"{choice.source}: {choice.name} needs {', '.join(missing)}; "
+            f"write --callback {choice.name}:{missing[0]}=VALUE"
+        )
+    return typed
+
+
+def build_callback(choice: CallbackChoice) -> Callback:
+    """The registered callback built with the choice's arguments."""
+    cls = callback_class(choice.name, choice.source)
+    arguments = callback_arguments(choice, cls)
+    try:
+        return cls(**arguments)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"{choice.source}: {error}") from None
+
+
+def apply_callback_choices(
+    callbacks: Sequence[Callback],
+    added: Sequence[tuple[CallbackChoice, Callback]],
+    dropped: Sequence[str],
+) -> tuple[list[Callback], list[str]]:
+    """The recipe's callbacks with ``dropped`` names removed and ``added`` ones in
+    place of the recipe's of the same class (or appended); also the names dropped that
+    the recipe did not add (the caller warns about those)."""
+    result = list(callbacks)
+    unused: list[str] = []
+    for name in dropped:
+        cls = callback_class(name, f"--no-callback {name}")
+        kept = [cb for cb in result if not isinstance(cb, cls)]
+        if len(kept) == len(result):
+            unused.append(name)
+        result = kept
+    for choice, callback in added:
+        cls = callback_class(choice.name, choice.source)
+        at = next((i for i, cb in enumerate(result) if type(cb) is cls), None)
+        if at is None:
+            result.append(callback)
+        else:
+            result[at] = callback
+    return result, unused
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackFlags:
+    """The callbacks a run adds (``--callback``, a config's ``callbacks:``) and drops
+    (``--no-callback``, ``no_callbacks:``), applied to whatever the recipe returns."""
+
+    added: tuple[CallbackChoice, ...] = ()
+    dropped: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, callbacks: Any, dropped: Any, source: str) -> CallbackFlags:
+        """A ``--config`` file's ``callbacks:`` and ``no_callbacks:`` lists."""
+        entries = _as_list(callbacks, "callbacks", source)
+        names = _as_list(dropped, "no_callbacks", source)
+        if not all(isinstance(n, str) for n in names):
+            raise UsageError(
+                f"--config {source}: no_callbacks: list callback names, e.g. [progress]"
+            )
+        return cls(tuple(config_callback(e, source) for e in entries), tuple(names))
+
+    def with_flags(self, callback: Sequence[str], no_callback: Sequence[str]) -> CallbackFlags:
+        """These and the command line's (which come after a config file's)."""
+        added = (*self.added, *(parse_callback_flag(text) for text in callback))
+        return CallbackFlags(added, (*self.dropped, *no_callback))
+
+    def build(self) -> list[tuple[CallbackChoice, Callback]]:
+        """Each added callback built, and each dropped name checked: done before the
+        recipe runs, so a typo costs no model build."""
+        for name in self.dropped:
+            callback_class(name, f"--no-callback {name}")
+        return [(choice, build_callback(choice)) for choice in self.added]
+
+    def apply(
+        self, callbacks: Sequence[Callback], built: Sequence[tuple[CallbackChoice, Callback]]
+    ) -> list[Callback]:
+        """The recipe's callbacks with these changes (a warning for a dropped name the
+        recipe did not add)."""
+        result, unused = apply_callback_choices(callbacks, built, self.dropped)
+        for name in unused:
+            log.warning(
+                "--no-callback %s: the recipe adds no %s callback; nothing dropped", name, name
+            )
+        return result
+
+    def record(self, built: Sequence[tuple[CallbackChoice, Callback]]) -> dict[str, Any]:
+        """What ``--print-config``, the settings and ``run.json`` show: each added
+        callback with every argument (given or default), and the dropped names."""
+        shown: dict[str, Any] = {}
+        if built:
+            shown["callbacks"] = [_full_record(choice, cb) for choice, cb in built]
+        if self.dropped:
+            shown["no_callbacks"] = list(self.dropped)
+        return shown
+
+
+def _as_list(value: Any, key: str, source: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise UsageError(f"--config {source}: {key}: expected a list ('- name' items)")
+    return cast(list[Any], value)
+
+
+def _full_record(choice: CallbackChoice, callback: Callback) -> dict[str, Any]:
+    """The choice with the constructor's defaults filled in (its typed values)."""
+    cls = type(callback)
+    typed = callback_arguments(choice, cls)
+    record: dict[str, Any] = {"name": choice.name}
+    for param in callback_signature(cls).params:
+        value = typed.get(param.name, param.default)
+        if value is not dataclasses.MISSING:
+            record[param.name] = _jsonable(value)
+    return record
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in cast(Sequence[Any], value)]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in cast(dict[Any, Any], value).items()}
+    return str(value)
+
+
+def describe_parameter(param: Param) -> tuple[str, str, str]:
+    """``(type, default, help)`` of a parameter, as ``baton callbacks NAME`` shows it."""
+    default = "(required)" if param.default is dataclasses.MISSING else repr(param.default)
+    kind = "any" if param.annotation is Any else describe(param.annotation)
+    return kind, default, param.help
+
+
+__all__ = [
+    "CallbackChoice",
+    "CallbackFlags",
+    "apply_callback_choices",
+    "build_callback",
+    "callback_arguments",
+    "callback_class",
+    "callback_signature",
+    "config_callback",
+    "describe_parameter",
+    "parse_callback_flag",
+    "split_top_level",
+]

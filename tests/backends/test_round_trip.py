@@ -97,8 +97,8 @@ class MaxTextLoads(Callback):
         self.loss = float("nan")  # by MaxText's eval_step on the fixed batch
 
     def on_train_start(self, driver: Driver) -> None:
-        from baton.backends.maxtext.forward import load_params, logits, loss
         from baton.backends.maxtext.hf import write_params
+        from support.maxtext_forward import load_params, logits, loss
 
         backend, tokens = driver.backend, _tokens().numpy()
         self.loss = loss(backend, tokens, _targets().numpy())

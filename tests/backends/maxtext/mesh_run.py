@@ -66,7 +66,7 @@ def train_loop_losses(config: Any, work: Path) -> dict[int, float]:
     from maxtext.trainers.pre_train import train
     from maxtext_support import outside_driver
 
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
     metrics_file = work / "reference.jsonl"
     argv = config.argv(

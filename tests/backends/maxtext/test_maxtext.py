@@ -195,7 +195,7 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
     from maxtext.input_pipeline import input_pipeline_interface
     from maxtext.trainers.pre_train import train
 
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
     metrics_file = workdir / "metrics.jsonl"
     argv = config.argv(

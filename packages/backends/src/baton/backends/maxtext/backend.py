@@ -7,7 +7,7 @@ optimizer, sharded state), ``sharding.maybe_update_params_sharding_with_opt`` an
 ``train.train_step`` once on the next batch, which MaxText's ``DataLoader`` places on
 the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``), or,
 when the config names a tokenizer, from MaxText's own Grain (prepared ``mmap`` data) or
-Hugging Face (local JSON/Parquet) pipeline (``native_data``).
+Hugging Face (local JSON/Parquet) pipeline (``input_pipeline``).
 
 Metrics stay on the device; ``fetch`` brings everything a log step needs to the host
 with one ``jax.device_get`` (``JaxDistributed``, shared with the other JAX backends).
@@ -59,6 +59,7 @@ from baton.backends.maxtext.background_save import (
     train_step_keeping_state,
     whole_save_on_thread,
 )
+from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.checkpoint import (
     META_FILE,
     STATE_DIR,
@@ -72,8 +73,7 @@ from baton.backends.maxtext.checkpoint import (
     restore_state,
 )
 from baton.backends.maxtext.config import MaxTextConfig
-from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
-from baton.backends.maxtext.native_data import native_data_fingerprint
+from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.patches import simulate_host_devices
 from baton.backends.maxtext.plan import Plan, dry_run
 from baton.core.backend import BackendBase

@@ -2,7 +2,14 @@
 
 A backend wraps a training system (Lightning Fabric, TorchTitan, Megatron-Core,
 MaxText) and exposes just what the loop needs. It calls the system's real step
-function; baton never re-implements it.
+function (TorchTitan's ``Trainer.train_step``, Megatron-Core's forward-backward function
+and optimizer, MaxText's jitted ``train_step``), never a copy of it. One backend is the
+exception, by necessity: ``lightning.pytorch.Trainer.fit`` owns its whole loop and has no
+one-step entry point, so the ``lightning`` backend re-implements what ``fit`` does
+around a ``LightningModule``'s hooks (their order per batch, accumulation windows,
+scheduler stepping, the sanity check, validation), with Fabric doing what Lightning
+itself does underneath (devices, precision, strategies, ``backward``); its parity tests
+compare it with ``Trainer.fit`` bit for bit.
 
 ``Backend`` lists everything the driver and the standard callbacks call. Abilities a
 backend may lack are small protocols of their own, found in one place

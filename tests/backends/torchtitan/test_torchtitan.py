@@ -304,7 +304,8 @@ def test_export_hf_loads_in_transformers_with_equal_logits(first_run, tmp_path):
 
     checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
     out = export_hf(checkpoint, tmp_path / "hf")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors"]
     hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     tokens = torch.randint(0, worker.VOCAB, (2, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

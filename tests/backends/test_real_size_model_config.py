@@ -35,7 +35,10 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     recipe = RECIPES / "torchtitan_llama3_8b.py"
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
-    assert build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--gpus", "1"]) is None
+    assert (
+        build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--world-size", "1"])
+        is None
+    )
     assert f"model        llama3 {flavor_name(spec)}:" in capfd.readouterr().out
 
     tokenizer = str(train_tokenizer(tmp_path / "tok", vocab_size=4096).path)
@@ -43,7 +46,7 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()[:50]))
     driver = build_driver(recipe, [
         "--init-from", str(hf_dir), "--tokenizer", tokenizer, "--data-path", str(corpus),
-        "--max-steps", "2", "--seq-len", "64", "--log-every", "1", "--gpus", "1",
+        "--max-steps", "2", "--seq-len", "64", "--log-every", "1",
         "--async-checkpoint", "disabled", "--run-dir", str(tmp_path / "run"),
     ])  # fmt: skip
     assert driver is not None

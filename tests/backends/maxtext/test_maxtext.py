@@ -56,7 +56,7 @@ def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "run",
         str(LLAMA_RECIPE),
         "--dry-run",
-        "--devices=8",
+        "--world-size=8",
         "--ici-fsdp-parallelism=4",
         "--ici-tensor-parallelism=2",
         f"--run-dir={run_dir}",

@@ -47,6 +47,7 @@ import yaml
 
 from baton.core.config_values import conform
 from baton.core.driver import Driver
+from baton.core.dry_run import plan, planning
 from baton.core.errors import RecipeError, UsageError
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
@@ -82,6 +83,10 @@ class RecipeFlags:
     """Print the resolved parameters (YAML) and exit without training."""
     set: tuple[str, ...] = ()
     """Override a field of the backend's native config, KEY.PATH=VALUE (repeatable)."""
+    dry_run: bool = False
+    """Check the run's parallel layout and print its plan, without training."""
+    world_size: int | None = None
+    """Ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)."""
 
 
 _RUN_OPTION_HELP = {
@@ -95,6 +100,9 @@ _RUN_OPTION_HELP = {
     "config": "YAML or TOML file of parameter values; flags given here override it",
     "print_config": "print the resolved parameters (YAML) and exit without training",
     "set": "override a field of the backend's native config: --set KEY.PATH=VALUE (repeatable)",
+    "dry_run": "check the run's parallel layout and print its plan, without training "
+    "(backends with the dry_run ability: torchtitan, megatron, maxtext)",
+    "world_size": "ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)",
 }
 
 
@@ -245,7 +253,8 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     """Parse the flags (before the recipe imports anything heavy), call the recipe and
-    return its ``Driver`` configured by the options; ``None`` when it printed and is done."""
+    return its ``Driver`` configured by the options; ``None`` when it printed and is done
+    (``--print-config``, or ``--dry-run``: the backend's plan, ``baton.core.dry_run``)."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist (recipes live in recipes/*.py)")
@@ -269,7 +278,8 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
         print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
         return None
     try:
-        driver = (fn or load_recipe(path))(**kwargs)
+        with planning(options.dry_run):
+            driver = (fn or load_recipe(path))(**kwargs)
     except (ValueError, TypeError) as error:
         if isinstance(error, UsageError):
             raise
@@ -281,6 +291,9 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
             f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
             "end it with `return Driver(...)`"
         )
+    if options.dry_run:
+        print(plan(driver.backend, options.world_size), flush=True)
+        return None
     settings = dict(driver.settings)
     if options.set:
         try:

@@ -74,11 +74,9 @@ from baton.backends.maxtext.checkpoint import (
 )
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.input_pipeline import native_data_fingerprint
-from baton.backends.maxtext.patches import simulate_host_devices
-from baton.backends.maxtext.plan import Plan, dry_run
+from baton.backends.maxtext.plan import planned_on_host
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
-from baton.core.patches import PatchRecorder
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -174,19 +172,10 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
 
     # -- build ------------------------------------------------------------------------
-    def plan(self, simulate_devices: int | None = None) -> Plan:
-        """Validate the config with MaxText and build its mesh, without allocating the model.
-
-        ``simulate_devices`` runs the plan on that many host (CPU) devices, so a GPU or
-        TPU configuration can be checked on a laptop; it must be called before JAX starts.
-        """
-        recorder = PatchRecorder()
-        if simulate_devices:
-            simulate_host_devices(recorder, simulate_devices)
-        try:
-            return dry_run(self.config, simulate_devices)
-        finally:
-            recorder.undo()  # JAX has read the settings; the process gets its own back
+    def dry_run(self, world_size: int) -> str:
+        """The mesh, parameter count and FLOPs on ``world_size`` simulated host devices,
+        without allocating the model (the ``dry_run`` ability); call it before JAX starts."""
+        return planned_on_host(self.config, world_size)
 
     def setup(self) -> None:
         import jax

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from baton.backends.fabric import FabricConfig, LightningBackend
+from baton.backends.fabric import FabricConfig
 from baton.backends.fabric.models.gpt import (
     GPT,
     GPTConfig,
@@ -49,6 +49,7 @@ from baton.backends.fabric.models.gpt import (
     byte_loaders,
     warmup_cosine,
 )
+from baton.backends.lightning import LightningBackend
 from baton.callbacks import Progress
 from baton.core import Callback, Driver
 from benchmarks.harness import Lockstep, Row, at_most, median, paired_ratio

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
-from baton.backends.fabric import FabricConfig, LightningBackend
+from baton.backends.fabric import FabricConfig
+from baton.backends.lightning import LightningBackend
 from baton.callbacks import Checkpoint, CompositeLogger, Progress
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver

@@ -11,10 +11,10 @@ are required: a real-size model is not trained on bytes.
 On a GPU/TPU host:
     uv run baton run recipes/maxtext_llama2_7b.py --tokenizer tok/ --data-path data/corpus \
         --resume auto
-Anywhere (CPU): check the config and a layout against a device count, print the mesh
-MaxText would build, no training:
-    uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 8
-    uv run baton run recipes/maxtext_llama2_7b.py --dry-run --devices 16 \
+Anywhere (CPU): check the config and a layout against a device count (simulated host
+devices), print the mesh MaxText would build, no training (``baton run --dry-run``):
+    uv run baton run recipes/maxtext_llama2_7b.py --dry-run --world-size 8
+    uv run baton run recipes/maxtext_llama2_7b.py --dry-run --world-size 16 \
         --dp-shard 4 --tp 2 --dp-replicate 2
 
 Model: Llama 2 7B (MaxText's ``llama2-7b``), or any Llama ``config.json`` with
@@ -33,6 +33,7 @@ from pathlib import Path
 from baton.backends.maxtext import MaxTextBackend, MaxTextConfig, per_device_batch
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.dry_run import is_planning, require_data
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 
 HARDWARE = {
@@ -63,11 +64,9 @@ def recipe(
     log_every: int = 10,
     save_every: int = 200,
     run_dir: str = "runs/maxtext_llama2_7b",
-    dry_run: bool = False,
-    devices: int = 8,
     init_from: str | None = None,
     model_config: str | None = None,
-) -> Driver | None:
+) -> Driver:
     """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU.
 
     --dp-shard, --tp and --dp-replicate lay the mesh out over each host's devices
@@ -90,19 +89,17 @@ def recipe(
         log_every: steps between log lines.
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
-        dry_run: check the config and print the mesh on CPU, without training.
-        devices: CPU devices simulated by --dry-run.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama config.json (or its directory) to build.
     """
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
-    if not dry_run and not (data_path and tokenizer):
-        raise ValueError(
-            "Llama 2 7B trains on tokenized data: pass --data-path (a prepared prefix or blend "
-            "from `baton data prepare`, or JSON/Parquet files) and --tokenizer DIR (a Hugging "
-            "Face tokenizer directory with at most 32000 tokens, or set --vocab-size)"
-        )
+    require_data(
+        "a prepared prefix or blend from `baton data prepare`, or JSON/Parquet files, and a "
+        "Hugging Face tokenizer directory of at most --vocab-size tokens",
+        data_path=data_path,
+        tokenizer=tokenizer,
+    )
     overrides = {
         "model_name": "llama2-7b",
         "run_name": "llama2_7b",
@@ -125,20 +122,11 @@ def recipe(
         from baton.backends.maxtext.hf import maxtext_settings
 
         overrides |= {"model_name": "default"} | maxtext_settings(spec)
-    if init_from is not None and not dry_run:
+    if init_from is not None and not is_planning():  # converted weights: training only
         overrides["load_parameters_path"] = str(_parameters(init_from, run_dir))
     config = MaxTextConfig(overrides=overrides, data_path=data_path, tokenizer=tokenizer)
-    backend = MaxTextBackend(config)
-    if dry_run:
-        # on CPU: simulate `devices` host devices and keep MaxText's outputs in the run dir
-        backend.config.update(
-            {"skip_jax_distributed_system": True, "base_output_directory": run_dir + "/maxtext"}
-        )
-        backend.config["jax_cache_dir"] = ""
-        print(backend.plan(simulate_devices=devices).summary(), flush=True)
-        return None
     return Driver(
-        backend,
+        MaxTextBackend(config),
         standard_callbacks(save_every=save_every or None, async_save=True),
         max_steps=max_steps,
         log_every=log_every,

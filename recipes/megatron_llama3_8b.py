@@ -3,14 +3,15 @@
     torchrun --nnodes 2 --nproc-per-node 8 ... -m baton.core.cli run \\
         recipes/megatron_llama3_8b.py --tp 2 --pp 1 \\
         --data-path "0.7 data/web 0.3 data/code" --tokenizer tokenizers/llama3
-    uv run baton run recipes/megatron_llama3_8b.py --dry-run --devices 16   # on CPU
-    uv run baton run recipes/megatron_llama3_8b.py --dry-run --devices 16 \\
+    uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16   # on CPU
+    uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16 \\
         --pp 4 --vpp 2      # interleaved 1F1B, validated
 
 bf16, the distributed optimizer, Transformer Engine layers when installed (local layers
 otherwise), RoPE, RMSNorm, SwiGLU, grouped-query attention. ``--dry-run`` builds and
-validates the Megatron configuration objects and prints the parallel layout without
-initialising a process group or training (the recipe then returns None).
+validates the Megatron configuration objects and prints the parallel layout for
+``--world-size`` ranks without initialising a process group or training (the backend's
+``dry_run``).
 
 Data: prepared datasets (``baton data prepare``; a prefix or a blend such as
 ``"0.7 data/web 0.3 data/code"``) read with the Llama 3 tokenizer directory they were
@@ -28,11 +29,10 @@ directory's architecture from its weights (a baton checkpoint: its weights), ste
 
 from __future__ import annotations
 
-import os
-
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.dry_run import require_data
 from baton.core.model_spec import LlamaSpec, check_init_from, resolve_spec
 
 
@@ -107,57 +107,6 @@ def llama3_8b_config(
     return config
 
 
-def print_layout(config: MegatronConfig, world_size: int) -> None:
-    tp, pp = config.parallel_sizes()
-    dp = config.data_parallel_size(world_size)
-    micro = config.num_microbatches(world_size)
-    m = config.model
-    vocab = config.padded_vocab_size(0)
-    params = (
-        m.num_layers
-        * (
-            m.hidden_size * m.kv_channels * (m.num_attention_heads + 2 * m.num_query_groups)
-            + m.kv_channels * m.num_attention_heads * m.hidden_size
-            + 3 * m.hidden_size * m.ffn_hidden_size
-        )
-        + 2 * vocab * m.hidden_size
-    )
-    vpp = m.virtual_pipeline_model_parallel_size or 1
-    if m.num_layers % (pp * vpp):
-        raise ValueError(
-            f"{m.num_layers} layers do not split into pipeline {pp} x virtual {vpp} stages; "
-            "choose sizes whose product divides the layer count"
-        )
-    if vpp > 1 and micro % pp:
-        raise ValueError(
-            f"the interleaved schedule needs micro-batches ({micro}) divisible by pipeline "
-            f"parallel {pp}; change the global or micro batch size"
-        )
-    print(
-        f"model {m.num_layers} layers, hidden {m.hidden_size}, FFN {m.ffn_hidden_size}, "
-        f"{m.num_attention_heads} heads x {m.kv_channels} ({m.num_query_groups} KV groups), "
-        f"vocab {vocab}, rope base {config.rotary_base:g}"
-        + (f", rope scaling x{config.rope_scaling_factor:g}" if config.rope_scaling else "")
-    )
-    print(f"world size {world_size} = tensor {tp} x pipeline {pp} x data {dp}")
-    print(
-        f"layers per pipeline stage {m.num_layers // pp} ({vpp} virtual stage(s) of "
-        f"{m.num_layers // pp // vpp}); sequence parallel {m.sequence_parallel}"
-    )
-    print(
-        f"global batch {config.global_batch_size} = micro {config.micro_batch_size} x "
-        f"{micro} micro-batches x data {dp}; {config.global_batch_size * config.seq_len:,} "
-        "tokens/step"
-    )
-    print(
-        f"parameters {params / 1e9:.2f} B; per model-parallel rank {params / tp / pp / 1e9:.2f} B"
-    )
-    print(
-        f"bf16 {m.bf16}, distributed optimizer {config.ddp.use_distributed_optimizer}, "
-        f"layer spec {config.layer_spec}, vocab {vocab}"
-    )
-
-
 def recipe(
     max_steps: int = 1000,
     tp: int = 2,
@@ -167,15 +116,13 @@ def recipe(
     batch_size: int = 1,
     global_batch_size: int = 128,
     lr: float = 3e-4,
-    devices: int | None = None,
-    dry_run: bool = False,
     data_path: str | None = None,
     tokenizer: str | None = None,
     save_every: int = 500,
     run_dir: str = "runs/megatron_llama3_8b",
     init_from: str | None = None,
     model_config: str | None = None,
-) -> Driver | None:
+) -> Driver:
     """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout).
 
     Args:
@@ -187,8 +134,6 @@ def recipe(
         batch_size: sequences per forward pass and data-parallel rank (the micro batch).
         global_batch_size: sequences per optimizer step over all ranks.
         lr: peak learning rate (decays to a tenth).
-        devices: ranks --dry-run plans for (None: $WORLD_SIZE, else tensor x pipeline).
-        dry_run: validate the configuration and print the layout, without training.
         data_path: a prepared prefix or blend "0.7 A 0.3 B" (required to train).
         tokenizer: the Llama 3 tokenizer directory the data was prepared with.
         save_every: steps between checkpoints (0: only when the run stops).
@@ -196,6 +141,12 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama config.json (or its directory) to build.
     """
+    require_data(
+        "a prepared prefix or blend '0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare` "
+        "and the Llama 3 tokenizer directory it was prepared with",
+        data_path=data_path,
+        tokenizer=tokenizer,
+    )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     config = llama3_8b_config(
@@ -208,16 +159,6 @@ def recipe(
         lr,
         spec,
     )
-    world = devices or int(os.environ.get("WORLD_SIZE", tp * pp))
-    if dry_run:
-        print_layout(config, world)
-        return None
-    if data_path is None or tokenizer is None:
-        raise SystemExit(
-            "megatron_llama3_8b trains on prepared data: pass --data-path PREFIX (or a blend "
-            "'0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare`) and --tokenizer DIR (the "
-            "Llama 3 tokenizer directory the data was prepared with)"
-        )
     config.data.data_path, config.data.tokenizer = data_path, tokenizer
     config.data.train_samples = max_steps * global_batch_size
     config.data.cache_dir = f"{run_dir}/data"

@@ -3,14 +3,14 @@
 torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
     --data-path corpus.jsonl --tokenizer ./assets/hf/Llama-3.1-8B --compile
 uv run baton run recipes/torchtitan_llama3_8b.py --dry-run             # on CPU: plan only
-uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --devices 16
+uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --world-size 16
 
 The config is TorchTitan's own ``llama3_8b()``; data comes from a local ``.jsonl`` /
 ``.parquet`` file through TorchTitan's Hugging Face text loader and the tokenizer from a
 local Hugging Face directory (``tokenizer.json``; the Llama 3.1 one for real runs).
 ``--dry-run`` needs neither: it checks the layout (``--dp-shard`` x ``--tp`` x ``--pp``,
-``--dp-replicate``) against ``--devices`` ranks, builds the model on the meta device and
-prints the plan, then returns without training.
+``--dp-replicate``) against ``--world-size`` ranks (default 8), builds the model on the
+meta device and prints the plan, without training (the backend's ``dry_run``).
 
 Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE``
 (Llama 3.1's ``rope_scaling`` included); ``--init-from HF_DIR`` (a ``save_pretrained``
@@ -27,6 +27,7 @@ from __future__ import annotations
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.dry_run import require_data
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.recipe import RecipeError
 
@@ -35,7 +36,6 @@ def recipe(
     data_path: str | None = None,
     tokenizer: str | None = None,
     max_steps: int = 1000,
-    devices: int = 8,
     dp_replicate: int = 1,
     dp_shard: int = -1,
     tp: int = 1,
@@ -48,17 +48,15 @@ def recipe(
     async_save: bool = True,
     log_every: int = 10,
     run_dir: str = "runs/torchtitan_llama3_8b",
-    dry_run: bool = False,
     init_from: str | None = None,
     model_config: str | None = None,
-) -> Driver | None:
+) -> Driver:
     """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave.
 
     Args:
         data_path: a local .jsonl or .parquet file with a "text" key (required to train).
         tokenizer: a Hugging Face tokenizer directory (required to train).
         max_steps: optimizer steps to train.
-        devices: ranks --dry-run plans for.
         dp_replicate: replicated data-parallel degree (HSDP).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
         tp: tensor parallel degree.
@@ -72,7 +70,6 @@ def recipe(
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
         log_every: steps between log lines.
         run_dir: where checkpoints and logs go.
-        dry_run: check the layout and print the plan, without training.
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama config.json (or its directory) to build.
     """
@@ -80,8 +77,13 @@ def recipe(
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
-    from baton.backends.torchtitan.plan import parallelism_plan
 
+    require_data(
+        "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
+        "directory such as Llama 3.1's",
+        data_path=data_path,
+        tokenizer=tokenizer,
+    )
     config = llama3_8b()
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
@@ -104,23 +106,12 @@ def recipe(
     config.compile.enable = compile
     config.checkpoint.async_mode = "async" if async_save else "disabled"
     config.metrics.log_freq = log_every
-    if dry_run:
+    if data_path is not None and tokenizer is not None:  # (a dry run plans without them)
         try:
-            print(parallelism_plan(config, world_size=devices), flush=True)
-        except ValueError as error:
+            config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)
+            config.dataloader = dataloader_config(data_path)
+        except (OSError, ValueError) as error:
             raise RecipeError(str(error)) from None
-        return None
-    if data_path is None or tokenizer is None:
-        raise RecipeError(
-            "the 8B recipe trains on real data only: pass --data-path FILE.jsonl|.parquet "
-            "(local text under a 'text' key) and --tokenizer DIR (a Hugging Face tokenizer "
-            "directory, e.g. Llama 3.1's); --dry-run plans without them"
-        )
-    try:
-        config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)
-        config.dataloader = dataloader_config(data_path)
-    except (OSError, ValueError) as error:
-        raise RecipeError(str(error)) from None
     return Driver(
         TorchTitanBackend(config),
         standard_callbacks(async_save=async_save),

@@ -36,7 +36,8 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
     assert (
-        build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--devices", "1"]) is None
+        build_driver(recipe, ["--dry-run", "--model-config", str(hf_dir), "--world-size", "1"])
+        is None
     )
     assert f"model        llama3 {flavor_name(spec)}:" in capfd.readouterr().out
 
@@ -45,8 +46,8 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()[:50]))
     driver = build_driver(recipe, [
         "--init-from", str(hf_dir), "--tokenizer", tokenizer, "--data-path", str(corpus),
-        "--max-steps", "2", "--seq-len", "64", "--log-every", "1", "--devices", "1",
-        "--run-dir", str(tmp_path / "run"),
+        "--max-steps", "2", "--seq-len", "64", "--log-every", "1",
+        "--no-async-save", "--run-dir", str(tmp_path / "run"),
     ])  # fmt: skip
     assert driver is not None
     record = Losses()
@@ -76,7 +77,7 @@ def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     recipe = RECIPES / "megatron_llama3_8b.py"
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=4096, initializer_range=0.3, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
-    argv = ["--model-config", str(hf_dir), "--tp", "1", "--devices", "2"]
+    argv = ["--model-config", str(hf_dir), "--tp", "1", "--world-size", "2"]
     assert build_driver(recipe, ["--dry-run", *argv]) is None
     out = capsys.readouterr().out
     assert "model 2 layers, hidden 64, FFN 176, 4 heads x 16 (2 KV groups), vocab 4096" in out

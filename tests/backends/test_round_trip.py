@@ -59,7 +59,7 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
-    from baton.backends.megatron.hf import read_hf_weights
+    from baton.backends.hf_io import read_safetensors
     from baton.backends.torchtitan.hf import model_config
     from baton.core.model_spec import LlamaSpec
 
@@ -68,7 +68,7 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
         if parent is not None:
             setattr(parent, attr, ScaledDotProductAttention.Config())
     model = config.build()
-    weights = Llama3StateDictAdapter(config, None).from_hf(read_hf_weights(str(hf_dir)))
+    weights = Llama3StateDictAdapter(config, None).from_hf(read_safetensors(str(hf_dir)))
     with torch.no_grad():
         model.init_weights(buffer_device=None)
         model.load_state_dict(weights)
@@ -97,8 +97,8 @@ class MaxTextLoads(Callback):
         self.loss = float("nan")  # by MaxText's eval_step on the fixed batch
 
     def on_train_start(self, driver: Driver) -> None:
-        from baton.backends.maxtext.forward import load_params, logits, loss
         from baton.backends.maxtext.hf import write_params
+        from support.maxtext_forward import load_params, logits, loss
 
         backend, tokens = driver.backend, _tokens().numpy()
         self.loss = loss(backend, tokens, _targets().numpy())
@@ -138,18 +138,36 @@ def fabric_logits(hf_dir: Path, _run_dir: Path | None = None) -> torch.Tensor:
         return load_llama(hf_dir)(_tokens()).logits
 
 
+def prepared_corpus(root: Path) -> list[str]:
+    """A 512-id byte-level BPE (end of document ``<|endoftext|>`` id 0, padding id 1) and
+    the CPython reference prepared with it: the data flags every training run shares."""
+    import json
+
+    from baton.data import train_tokenizer
+    from baton.data.corpus import reference_documents
+    from baton.tools.data.prepare import prepare
+
+    tokenizer = train_tokenizer(root / "tok", vocab_size=VOCAB)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()))
+    prepare([corpus], tokenizer, root / "corpus", workers=1)
+    return ["--tokenizer", str(tokenizer.path), "--data-path", str(root / "corpus")]
+
+
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Each backend trains 2 steps from the same HF Llama and exports its checkpoint."""
+    """Each backend trains 2 steps from the same HF Llama on the same tokenized data and
+    exports its checkpoint."""
     from baton.tools.export import main as export_main
 
     root = tmp_path_factory.mktemp("round_trip")
     source = save_tiny_llama(root / "source", vocab_size=VOCAB)
+    data = prepared_corpus(root)
     out: dict[str, Any] = {"root": root}
     for name, (recipe, extra) in TRAIN.items():
         run_dir = root / f"run-{name}"
         argv = ["--init-from", str(source), "--max-steps", "2", "--save-every", "2"]
-        argv += ["--log-every", "1", "--run-dir", str(run_dir), *extra]
+        argv += ["--log-every", "1", "--run-dir", str(run_dir), *data, *extra]
         build_driver(RECIPES / recipe, argv).fit()
         checkpoint = run_dir / "checkpoints" / "step_000002"
         assert export_main([str(checkpoint), str(root / name), "--format", "hf"]) == 0
@@ -214,3 +232,43 @@ def test_first_step_losses_of_the_four_backends_agree(exports, maxtext_target, t
     assert losses["fabric"] > 6.0  # ln 512 = 6.24: an untrained model, a real loss
     for backend, value in losses.items():
         assert value == pytest.approx(losses["fabric"], rel=1e-4), (backend, losses)
+
+
+class EndOfDocumentAt:
+    """A ``transformers`` logits processor that makes ``token`` the only choice for the
+    ``step``-th generated token (a 2-step model never picks it on its own)."""
+
+    def __init__(self, prompt_length: int, step: int, token: int) -> None:
+        self.position, self.token = prompt_length + step - 1, token
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] == self.position:
+            scores = torch.full_like(scores, -float("inf"))
+            scores[:, self.token] = 0.0
+        return scores
+
+
+@pytest.mark.parametrize("source", list(TRAIN))
+def test_generation_from_each_export_stops_at_the_end_of_document(exports, source):
+    """Each backend's export carries the run tokenizer's special tokens (end of document
+    ``<|endoftext|>`` id 0, padding id 1, not Llama's 1 and 2) in ``config.json`` and
+    ``generation_config.json``, and its files: ``transformers`` generates from the export
+    with the exported tokenizer and stops right after the end-of-document token."""
+    import transformers
+
+    from baton.data import load_tokenizer
+
+    hf_dir = exports[source]
+    end = load_tokenizer(exports["root"] / "tok").eod_id
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    assert (end, tokenizer.eos_token_id, tokenizer.pad_token_id) == (0, 0, 1)
+    config = model.config
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (0, 0, 1)
+    generation = model.generation_config
+    assert (generation.eos_token_id, generation.pad_token_id) == (end, 1)
+    prompt = tokenizer("def square(x):", return_tensors="pt").input_ids
+    stop = transformers.LogitsProcessorList([EndOfDocumentAt(prompt.shape[1], 3, end)])
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=12, do_sample=False, logits_processor=stop)
+    assert out.shape[1] == prompt.shape[1] + 3 and int(out[0, -1]) == end

@@ -11,13 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from baton.backends.fabric import FabricBackend, FabricConfig, LightningBackend
+from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.lightning import LightningBackend
 from baton.callbacks import GradientNormMonitor
 from baton.core import Callback, Driver
 from baton.core.backend import MissingAbilityError
 from support.scalar_backend import ScalarBackend
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "fabric"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "lightning"))
 
 import lightning_corpus as corpus
 

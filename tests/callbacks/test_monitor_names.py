@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.callbacks.monitor import Monitored
+from baton.callbacks.metric_keys import Monitored
 from baton.core.metrics import NamedMetrics, evaluation_keys
 
 

@@ -58,6 +58,8 @@ def test_listings_import_no_framework():
     assert out.returncode == 0, out.stderr
     for name in (
         "fabric",
+        "lightning",
+        "lightning_quiet",
         "torchtitan",
         "megatron",
         "maxtext",

@@ -9,7 +9,7 @@
    saving mesh: the two restored states are compared leaf by leaf on the host, and the
    data-parallel run trains steps 4-6;
 4. a layout orbax cannot map (``scan_layers`` changed) is refused, naming both layouts;
-5. ``plan`` (the recipes' dry run) refuses a layout that does not fit the devices.
+5. ``dry_run`` (the dry-run ability) refuses a layout that does not fit the devices.
 
 The device count is fixed when JAX starts, hence a process of its own.
 """
@@ -67,7 +67,7 @@ def train_loop_losses(config: Any, work: Path) -> dict[int, float]:
     from maxtext.trainers.pre_train import train
     from maxtext_support import outside_driver
 
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
     metrics_file = work / "reference.jsonl"
     argv = config.argv(
@@ -159,7 +159,7 @@ def main(out: str, work_dir: str) -> None:
         misfit.update({"ici_fsdp_parallelism": 3, "ici_tensor_parallelism": 1})
         misfit["base_output_directory"] = str(work / "misfit")
         with outside_driver():
-            MaxTextBackend(misfit).plan()
+            MaxTextBackend(misfit).dry_run(4)
         misfit_error = ""
     except ValueError as error:
         misfit_error = str(error)

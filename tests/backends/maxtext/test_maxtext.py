@@ -56,7 +56,7 @@ def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "run",
         str(LLAMA_RECIPE),
         "--dry-run",
-        "--devices=8",
+        "--world-size=8",
         "--dp-shard=4",
         "--tp=2",
         "--batch-size=8",  # per data-parallel rank: 4 per device, 32 sequences a step
@@ -196,7 +196,7 @@ def _maxtext_train_loop(config: Any, workdir: Path, cache: Path) -> tuple[dict[i
     from maxtext.input_pipeline import input_pipeline_interface
     from maxtext.trainers.pre_train import train
 
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
     metrics_file = workdir / "metrics.jsonl"
     argv = config.argv(

@@ -40,7 +40,7 @@ def report(out: Path, rank: int) -> dict[str, object]:
 
 
 def test_two_one_two_processes_read_each_window_of_the_epoch_once(tmp_path: Path) -> None:
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
     from baton.data.corpus import reference_documents
 
     text = tmp_path / "text.txt"

@@ -30,7 +30,7 @@ def nth_batch(batches: Any, index: int) -> Any:
 def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     """fp32 activations (MaxText's default is bfloat16); weights far from a fresh model's
     (initializer_range 0.3: a loss of about 9 against ln 512 = 6.2 for a fresh one)."""
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512, initializer_range=0.3)
     record = Losses()
@@ -54,7 +54,7 @@ def test_init_from_hf_first_loss_equals_transformers(tmp_path):
 def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_path):
     """Two steps, saved after the first: the exported model's loss on the second batch is
     the loss MaxText logged at step 2 (computed with the step-1 weights)."""
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
     from baton.tools.export import main as export_main
 
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512, initializer_range=0.3)

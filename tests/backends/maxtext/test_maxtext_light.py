@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from baton.backends.maxtext.byte_stream import BATCH_KEYS, TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.config import FORCED, TINY_CPU, MaxTextConfig, format_value
-from baton.backends.maxtext.data import BATCH_KEYS, TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
 from baton.core import Driver
 from baton.core.patches import select_patches
@@ -204,7 +204,7 @@ def test_missing_index_and_missing_tokenizer_are_named(bpe: Path, tmp_path: Path
 
 
 def test_hf_files_select_maxtexts_hugging_face_pipeline(bpe: Path, tmp_path: Path) -> None:
-    from baton.backends.maxtext.native_data import maxtext_mixture, native_data_overrides
+    from baton.backends.maxtext.input_pipeline import maxtext_mixture, native_data_overrides
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "hello"}\n')

@@ -66,7 +66,7 @@ def test_init_from_llama31_scaling_first_loss_equals_transformers_and_export(tmp
     pytest.importorskip("maxtext")
     import torch
 
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
     from baton.core.model_spec import LlamaSpec
     from baton.core.recipe import build_driver
     from baton.tools.export import main as export_main

@@ -454,23 +454,23 @@ def test_two_node_torchrun_data_parallel(runs: Runs, tmp_path: Path) -> None:
 
 
 def test_8b_recipe_validates_layouts_and_needs_data(capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
+    """``baton run --dry-run`` prints the backend's layout plan for ``--world-size`` ranks
+    and refuses a layout that does not fit; a real run without data is refused by name."""
+    from baton.core.errors import DataRequired, UsageError
+    from baton.core.recipe import build_driver
 
-    path = Path(__file__).parents[3] / "recipes" / "megatron_llama3_8b.py"
-    spec = importlib.util.spec_from_file_location("megatron_llama3_8b", path)
-    assert spec is not None and spec.loader is not None
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    assert recipe.recipe(dry_run=True, devices=16, pp=4, vpp=2) is None
+    recipe = Path(__file__).parents[3] / "recipes" / "megatron_llama3_8b.py"
+    plan = ["--dry-run", "--world-size", "16", "--pp", "4"]
+    assert build_driver(recipe, [*plan, "--vpp", "2"]) is None
     out = capsys.readouterr().out
     assert "world size 16 = tensor 2 x pipeline 4 x data 2" in out
     assert "2 virtual stage(s) of 4" in out
-    with pytest.raises(ValueError, match="world size 12 is not divisible"):
-        recipe.recipe(dry_run=True, devices=12, pp=4)
-    with pytest.raises(ValueError, match="do not split into pipeline 4 x virtual 3"):
-        recipe.recipe(dry_run=True, devices=16, pp=4, vpp=3)
-    with pytest.raises(SystemExit, match="--data-path .* --tokenizer"):
-        recipe.recipe()
+    with pytest.raises(UsageError, match="world size 12 is not divisible"):
+        build_driver(recipe, ["--dry-run", "--world-size", "12", "--pp", "4"])
+    with pytest.raises(UsageError, match="do not split into pipeline 4 x virtual 3"):
+        build_driver(recipe, [*plan, "--vpp", "3"])
+    with pytest.raises(DataRequired, match="pass --data-path and --tokenizer"):
+        build_driver(recipe, [])
 
 
 def test_package_import_is_cheap_and_patches_are_listed() -> None:

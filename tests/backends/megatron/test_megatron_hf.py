@@ -37,12 +37,13 @@ def test_init_from_hf_logits_equal_transformers(tmp_path, tie):
 
 
 def test_mapping_round_trips_bit_for_bit(tmp_path):
-    from baton.backends.megatron.hf import hf_to_megatron, megatron_to_hf, read_hf_weights
+    from baton.backends.hf_io import read_safetensors
+    from baton.backends.megatron.hf import hf_to_megatron, megatron_to_hf
     from baton.core.model_spec import LlamaSpec
 
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB)
     spec = LlamaSpec.from_hf(hf_dir)
-    weights = read_hf_weights(str(hf_dir))
+    weights = read_safetensors(str(hf_dir))
     back = megatron_to_hf(hf_to_megatron(weights, spec), spec)
     assert sorted(back) == sorted(weights)
     assert all(torch.equal(back[k], weights[k]) for k in weights)

@@ -230,19 +230,24 @@ def test_8b_dry_run_plan_validates_without_gpus():
 
 
 def test_8b_recipe_dry_run_validates_layouts_and_needs_data(capsys):
-    """The recipe's --dry-run checks each layout against --devices; a real run needs data."""
-    from baton.core.recipe import RecipeError, build_driver
+    """The recipe's --dry-run checks each layout against --world-size (8 by default);
+    a real run needs data."""
+    from baton.core.errors import DataRequired, UsageError
+    from baton.core.recipe import build_driver
 
     recipe = str(HERE.parents[2] / "recipes" / "torchtitan_llama3_8b.py")
-    for flags, fsdp in ((["--tp", "2", "--pp", "2"], 2), (["--tp", "2", "--devices", "16"], 8)):
+    layouts = ((["--tp", "2", "--pp", "2"], 2), (["--tp", "2", "--world-size", "16"], 8))
+    for flags, fsdp in layouts:
         assert build_driver(recipe, ["--dry-run", *flags]) is None
         assert f"dp_shard (FSDP) {fsdp} x cp 1 x tp 2" in capsys.readouterr().out
     assert build_driver(recipe, ["--dry-run", "--pp", "2", "--batch-size", "2"]) is None
     assert "pp 2 (ep 1), schedule 1F1B" in capsys.readouterr().out
-    with pytest.raises(RecipeError, match="does not fit 8 ranks"):
+    with pytest.raises(UsageError, match="does not fit 8 ranks"):
         build_driver(recipe, ["--dry-run", "--tp", "3"])
-    with pytest.raises(RecipeError, match="--data-path FILE.jsonl.*--tokenizer DIR"):
+    with pytest.raises(DataRequired, match="pass --data-path and --tokenizer"):
         build_driver(recipe, [])
+    with pytest.raises(DataRequired, match="pass --tokenizer [(]"):
+        build_driver(recipe, ["--data-path", "corpus.jsonl"])
 
 
 def _titan_model(checkpoint: Path) -> Any:
@@ -304,7 +309,8 @@ def test_export_hf_loads_in_transformers_with_equal_logits(first_run, tmp_path):
 
     checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
     out = export_hf(checkpoint, tmp_path / "hf")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors"]
     hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     tokens = torch.randint(0, worker.VOCAB, (2, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

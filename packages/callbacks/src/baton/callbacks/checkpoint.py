@@ -26,7 +26,7 @@ continues meanwhile.
 ``eval/`` or evaluation carries it under its author's name (a LightningModule's
 ``val_loss``), else from training metrics (``on_log``); a key missing from the first
 metrics of its phase stops the run with an error listing the keys that exist
-(``baton.callbacks.monitor``).
+(``baton.callbacks.metric_keys``).
 
 Metric keys logged: none (``checkpoint_score`` is recorded in ``baton.json``).
 """
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.callbacks.monitor import Monitored, evaluation_may_name
+from baton.callbacks.metric_keys import Monitored, evaluation_may_name
 from baton.core import checkpointing as ckpt
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.registry import CALLBACKS

@@ -22,7 +22,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.callbacks.monitor import Monitored, evaluation_may_name
+from baton.callbacks.metric_keys import Monitored, evaluation_may_name
 from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 

@@ -2,7 +2,14 @@
 
 A backend wraps a training system (Lightning Fabric, TorchTitan, Megatron-Core,
 MaxText) and exposes just what the loop needs. It calls the system's real step
-function; baton never re-implements it.
+function (TorchTitan's ``Trainer.train_step``, Megatron-Core's forward-backward function
+and optimizer, MaxText's jitted ``train_step``), never a copy of it. One backend is the
+exception, by necessity: ``lightning.pytorch.Trainer.fit`` owns its whole loop and has no
+one-step entry point, so the ``lightning`` backend re-implements what ``fit`` does
+around a ``LightningModule``'s hooks (their order per batch, accumulation windows,
+scheduler stepping, the sanity check, validation), with Fabric doing what Lightning
+itself does underneath (devices, precision, strategies, ``backward``); its parity tests
+compare it with ``Trainer.fit`` bit for bit.
 
 ``Backend`` lists everything the driver and the standard callbacks call. Abilities a
 backend may lack are small protocols of their own, found in one place
@@ -10,10 +17,12 @@ backend may lack are small protocols of their own, found in one place
 ``async_save`` (``SavesAsync`` with ``supports_async_save`` true), ``multi_rank``
 (``multi_rank`` true: flags and barriers that really span ranks), ``gradients``
 (``ShowsGradients``: the gradients before each optimizer step), ``weight_checksums``
-(``ChecksumsWeights``) and ``step_replay`` (``ReplaysSteps``) and ``model_state`` (``HasModelState``: parameters,
-gradients, optimizer groups and freezing by name, ``baton.core.model_state``). A callback that needs one says so in ``Callback.requires``; the
-driver checks after ``backend.setup`` and before the first step, and names the callback
-and the missing ability.
+(``ChecksumsWeights``), ``step_replay`` (``ReplaysSteps``), ``model_state``
+(``HasModelState``: parameters, gradients, optimizer groups and freezing by name,
+``baton.core.model_state``) and ``dry_run`` (``DryRuns``: the parallel plan, checked
+before ``setup``; ``baton run RECIPE --dry-run``). A callback that needs one says so in
+``Callback.requires``; the driver checks after ``backend.setup`` and before the first
+step, and names the callback and the missing ability.
 
 ``BackendBase`` supplies single-process defaults; a backend overrides what differs.
 A minimal backend (``tests/support/scalar_backend.py`` type-checks against ``Backend``)::
@@ -80,6 +89,7 @@ Ability = Literal[
     "weight_checksums",
     "step_replay",
     "model_state",
+    "dry_run",
 ]
 
 ABILITY_HINTS: dict[str, str] = {
@@ -92,6 +102,8 @@ ABILITY_HINTS: dict[str, str] = {
     "step_replay": "replay_next_step() and gather_replay_mismatches(): a step run twice, compared",
     "model_state": "model_state() returning a baton.core.model_state.ModelState: parameters, "
     "gradients, optimizer groups and freezing by name",
+    "dry_run": "dry_run(world_size) returning the parallel plan, checked, before setup and "
+    "without allocating the model",
 }
 
 
@@ -278,6 +290,17 @@ class ChecksumsWeights(Protocol):
 
 
 @runtime_checkable
+class DryRuns(Protocol):
+    """Ability ``dry_run``: the plan of the configured run for ``world_size`` ranks
+    (devices), checked by the framework's own validation, as readable text; called
+    instead of ``setup`` (``baton run RECIPE --dry-run``), it allocates no model and
+    needs no accelerator. A layout that does not fit raises ``ValueError`` naming the
+    setting."""
+
+    def dry_run(self, world_size: int) -> str: ...
+
+
+@runtime_checkable
 class ReplaysSteps(Protocol):
     """Ability ``step_replay``: a step run twice from the same state, compared bitwise.
 
@@ -328,6 +351,8 @@ def abilities(backend: Backend) -> frozenset[Ability]:
         found.add("step_replay")
     if isinstance(backend, HasModelState):
         found.add("model_state")
+    if isinstance(backend, DryRuns):
+        found.add("dry_run")
     if backend.multi_rank:
         found.add("multi_rank")
     return frozenset(found - refused_abilities(backend).keys())

@@ -41,6 +41,11 @@ class RecipeError(UsageError):
     """The recipe file cannot be used; the message says why and what to change."""
 
 
+class DataRequired(RecipeError):
+    """A recipe that trains on real data was given none; the message names the flags
+    (``baton.core.dry_run.require_data`` raises it)."""
+
+
 class ExportError(UsageError):
     """A checkpoint that cannot be exported in the asked format (``baton export``); the
     message names the problem and the fix (exit status 2)."""

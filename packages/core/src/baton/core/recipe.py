@@ -55,6 +55,7 @@ from baton.core.callback_flags import CallbackFlags
 from baton.core.config_values import conform
 from baton.core.console_line import apply_console_keys
 from baton.core.driver import Driver
+from baton.core.dry_run import plan, planning
 from baton.core.errors import RecipeError, UsageError
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
@@ -97,6 +98,10 @@ class RecipeFlags:
     """Drop a callback the recipe adds, by registered name (repeatable)."""
     console_keys: str | None = None
     """Keys of the console line: 'loss,lr' (exactly these) or '+my/metric' (added)."""
+    dry_run: bool = False
+    """Check the run's parallel layout and print its plan, without training."""
+    world_size: int | None = None
+    """Ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)."""
 
 
 _RUN_OPTION_HELP = {
@@ -115,6 +120,9 @@ _RUN_OPTION_HELP = {
     "no_callback": "drop a callback the recipe adds, by its registered name (repeatable)",
     "console_keys": "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
     "(added to the recipe's)",
+    "dry_run": "check the run's parallel layout and print its plan, without training "
+    "(backends with the dry_run ability: torchtitan, megatron, maxtext)",
+    "world_size": "ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)",
 }
 
 #: flags given more than once, each adding an item
@@ -281,7 +289,8 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     """Parse the flags (before the recipe imports anything heavy), call the recipe and
-    return its ``Driver`` configured by the options; ``None`` when it printed and is done."""
+    return its ``Driver`` configured by the options; ``None`` when it printed and is done
+    (``--print-config``, or ``--dry-run``: the backend's plan, ``baton.core.dry_run``)."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist (recipes live in recipes/*.py)")
@@ -307,7 +316,8 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
         print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
         return None
     try:
-        driver = (fn or load_recipe(path))(**kwargs)
+        with planning(options.dry_run):
+            driver = (fn or load_recipe(path))(**kwargs)
     except (ValueError, TypeError) as error:
         if isinstance(error, UsageError):
             raise
@@ -330,6 +340,9 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
         except OverrideError as error:
             raise RecipeError(str(error)) from None
         settings["set"] = _setting_value(applied)
+    if options.dry_run:
+        print(plan(driver.backend, options.world_size), flush=True)
+        return None
     settings.update({k: _setting_value(v) for k, v in kwargs.items()})
     settings.setdefault("recipe", str(path))
     # the run's flags, where the recipe does not take a parameter of that name itself

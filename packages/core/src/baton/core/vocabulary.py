@@ -106,10 +106,11 @@ VOCABULARY: tuple[Term, ...] = (
     Term(
         "devices",
         int,
-        "accelerators the run spans (a dry run: the size it plans for)",
+        "devices this process spans (MaxText and JAX: host devices, simulated on a CPU); "
+        "the ranks a --dry-run plans for are the run flag --world-size",
         "parallel",
         1,
-        ("gpus", "world_size", "num_devices"),
+        ("gpus", "num_devices"),
     ),
     Term(
         "dp_replicate",

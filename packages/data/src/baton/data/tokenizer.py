@@ -164,6 +164,29 @@ def load_tokenizer(path: str | Path, eod_token: str | None = None) -> TokenizerI
     )
 
 
+def special_token_ids(info: TokenizerInfo) -> dict[str, int | None]:
+    """The ids a model generating with this tokenizer needs, as Hugging Face names them:
+    ``bos_token_id`` and ``pad_token_id`` from ``tokenizer_config.json`` (or
+    ``special_tokens_map.json``), ``None`` where the tokenizer names none, and
+    ``eos_token_id``, the end-of-document id the data was prepared with.
+
+    Example::
+
+        special_token_ids(train_tokenizer("runs/tok"))
+        # {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
+    """
+    ids: dict[str, int | None] = {"bos_token_id": None, "eos_token_id": info.eod_id}
+    ids["pad_token_id"] = None
+    for role in ("bos", "pad"):
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            token = _token_content(_read_json(info.path / name).get(f"{role}_token"))
+            token_id = None if token is None else info.tokenizer.token_to_id(token)
+            if token_id is not None:
+                ids[f"{role}_token_id"] = int(token_id)
+                break
+    return ids
+
+
 def _read_training_files(files: Iterable[str | Path]) -> list[str]:
     texts = []
     for name in files:

@@ -245,7 +245,9 @@ def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -
     except RecipeError as error:
         raise SubmitError(str(error)) from None
     if driver is None:
-        raise SubmitError(f"{recipe} built no Driver (a --dry-run recipe?): nothing to submit")
+        raise SubmitError(
+            f"{recipe} built no Driver (its flags asked to print only): nothing to submit"
+        )
     accelerator = getattr(driver.backend.config, "accelerator", None)
     if gpus_per_node and accelerator == "cpu":
         raise SubmitError(

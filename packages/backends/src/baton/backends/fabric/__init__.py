@@ -1,4 +1,5 @@
 """baton.backends.fabric: any PyTorch model through Lightning Fabric (the built-in default).
+An existing ``LightningModule`` has its own backend: ``baton.backends.lightning``.
 
 Importing this package is cheap; torch and lightning load with ``FabricBackend``.
 
@@ -6,9 +7,6 @@ Example::
 
     from baton.backends.fabric import FabricBackend, FabricConfig
     backend = FabricBackend(model=net, optimizer=lambda m: AdamW(m.parameters()), data=loader)
-
-    from baton.backends.fabric import LightningBackend     # an existing LightningModule
-    backend = LightningBackend(MyLightningModule(), datamodule=MyDataModule())
 
     from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining   # the quickstart's GPT
 """
@@ -23,10 +21,9 @@ from baton.core.registry import BACKENDS
 if TYPE_CHECKING:
     from baton.backends.fabric.backend import FabricBackend
     from baton.backends.fabric.config import FabricConfig
-    from baton.backends.fabric.lightning import LightningBackend
     from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 
-__all__ = ["FabricBackend", "FabricConfig", "GPTConfig", "GPTTraining", "LightningBackend"]
+__all__ = ["FabricBackend", "FabricConfig", "GPTConfig", "GPTTraining"]
 
 BACKENDS.add_lazy(
     "fabric",
@@ -39,7 +36,6 @@ _WHERE = {
     "FabricConfig": "config",
     "GPTConfig": "models.gpt",
     "GPTTraining": "models.gpt",
-    "LightningBackend": "lightning",
 }
 
 

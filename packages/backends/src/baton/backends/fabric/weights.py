@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from baton.backends.hf_io import read_safetensors
+
 #: where a checkpoint of a Hugging Face model keeps its config (``baton export`` reads it)
 HF_CONFIG_DIR = "hf"
 #: the state file of the Fabric backend inside a checkpoint's ``backend/``
@@ -41,7 +43,7 @@ def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
             (p for p in (path / "backend" / STATE_FILE, path / STATE_FILE) if p.is_file()), None
         )
         if files:
-            return _read_safetensors(files)
+            return read_safetensors(path)
         if state_file is not None:
             return _model_of_state(torch.load(state_file, map_location="cpu", weights_only=True))
         raise WeightsError(
@@ -50,19 +52,10 @@ def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
             "checkpoint directory, or a weights file"
         )
     if path.suffix == ".safetensors" and path.is_file():
-        return _read_safetensors([path])
+        return read_safetensors(path)
     if path.is_file():
         return _model_of_state(torch.load(path, map_location="cpu", weights_only=True))
     raise WeightsError(f"init_from {str(path)!r} does not exist")
-
-
-def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    return state
 
 
 def _model_of_state(state: dict) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ optimizer, sharded state), ``sharding.maybe_update_params_sharding_with_opt`` an
 ``train.train_step`` once on the next batch, which MaxText's ``DataLoader`` places on
 the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``), or,
 when the config names a tokenizer, from MaxText's own Grain (prepared ``mmap`` data) or
-Hugging Face (local JSON/Parquet) pipeline (``native_data``).
+Hugging Face (local JSON/Parquet) pipeline (``input_pipeline``).
 
 Metrics stay on the device; ``fetch`` brings everything a log step needs to the host
 with one ``jax.device_get`` (``JaxDistributed``, shared with the other JAX backends).
@@ -59,6 +59,7 @@ from baton.backends.maxtext.background_save import (
     train_step_keeping_state,
     whole_save_on_thread,
 )
+from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.checkpoint import (
     META_FILE,
     STATE_DIR,
@@ -72,13 +73,10 @@ from baton.backends.maxtext.checkpoint import (
     restore_state,
 )
 from baton.backends.maxtext.config import MaxTextConfig
-from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
-from baton.backends.maxtext.native_data import native_data_fingerprint
-from baton.backends.maxtext.patches import simulate_host_devices
-from baton.backends.maxtext.plan import Plan, dry_run
+from baton.backends.maxtext.input_pipeline import native_data_fingerprint
+from baton.backends.maxtext.plan import planned_on_host
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
-from baton.core.patches import PatchRecorder
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -174,19 +172,10 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
 
     # -- build ------------------------------------------------------------------------
-    def plan(self, simulate_devices: int | None = None) -> Plan:
-        """Validate the config with MaxText and build its mesh, without allocating the model.
-
-        ``simulate_devices`` runs the plan on that many host (CPU) devices, so a GPU or
-        TPU configuration can be checked on a laptop; it must be called before JAX starts.
-        """
-        recorder = PatchRecorder()
-        if simulate_devices:
-            simulate_host_devices(recorder, simulate_devices)
-        try:
-            return dry_run(self.config, simulate_devices)
-        finally:
-            recorder.undo()  # JAX has read the settings; the process gets its own back
+    def dry_run(self, world_size: int) -> str:
+        """The mesh, parameter count and FLOPs on ``world_size`` simulated host devices,
+        without allocating the model (the ``dry_run`` ability); call it before JAX starts."""
+        return planned_on_host(self.config, world_size)
 
     def setup(self) -> None:
         import jax

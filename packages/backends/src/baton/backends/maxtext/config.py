@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baton.backends.maxtext.native_data import DATASET_TYPES, native_data_overrides
+from baton.backends.maxtext.input_pipeline import DATASET_TYPES, native_data_overrides
 from baton.data import DataError
 
 #: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
@@ -124,7 +124,7 @@ class MaxTextConfig:
         data_path: without ``tokenizer``: a UTF-8 text file for baton's byte stream
             (``None``: the Python language reference). With ``tokenizer``: a prepared
             dataset prefix or blend (MaxText's Grain ``mmap`` pipeline) or local
-            JSON/Parquet files (MaxText's Hugging Face pipeline); see ``native_data``.
+            JSON/Parquet files (MaxText's Hugging Face pipeline); see ``input_pipeline``.
         tokenizer: a Hugging Face tokenizer directory: MaxText's own pipelines read the data.
         eval_data_path: with ``tokenizer``: the evaluation data (a prepared prefix or
             JSON/Parquet files, the same kind as ``data_path``), read by MaxText's own
@@ -221,7 +221,7 @@ class MaxTextConfig:
         )
 
     def data_overrides(self) -> dict[str, Any]:
-        """The MaxText keys that select the data pipeline (validated; see ``native_data``)."""
+        """The MaxText keys that select the data pipeline (validated; see ``input_pipeline``)."""
         if self.tokenizer is None:
             return {} if "dataset_type" in self.overrides else {"dataset_type": "synthetic"}
         if not self.data_path:

@@ -15,10 +15,10 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.maxtext.checkpoint import params_path
 from baton.backends.maxtext.hf import maxtext_to_hf
 from baton.core.errors import ExportError
@@ -41,9 +41,8 @@ def read_params(items: Path) -> dict[str, Any]:
 
 def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     """Write a baton MaxText checkpoint's weights as a Hugging Face Llama directory
-    (``model.safetensors`` + ``config.json``); returns ``out_dir``."""
-    from safetensors.numpy import save_file
-
+    (``baton.backends.hf_io.write_model``: weights, configs with the run tokenizer's
+    special-token ids, tokenizer files); returns ``out_dir``."""
     checkpoint = Path(checkpoint_dir)
     spec = exported_spec(checkpoint)
     try:
@@ -53,8 +52,4 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
             f"{checkpoint}: no MaxText parameter {error.args[0]!r} (scanned llama2 layers "
             "are exported)"
         ) from None
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(hf, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(spec.to_hf_config(), indent=2) + "\n")
-    return out
+    return write_model(out_dir, hf, spec.to_hf_config(), tokenizer=run_tokenizer(checkpoint))

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.hf_io import read_safetensors
 from baton.core.model_spec import LlamaSpec
 
 #: the Llama 3.1 rotary scaling MaxText's ``llama3.1`` rope fixes (all of its values)
@@ -151,12 +152,9 @@ def write_params(hf_dir: str | Path, out_dir: str | Path) -> Path:
     """Convert a ``save_pretrained`` directory into a MaxText parameter checkpoint under
     ``out_dir``; returns the path for ``load_parameters_path``."""
     from maxtext.common.checkpointing import save_params_to_path
-    from safetensors.numpy import load_file
 
     spec = LlamaSpec.from_hf(hf_dir)
-    weights: dict[str, np.ndarray] = {}
-    for file in sorted(Path(hf_dir).glob("*.safetensors")):
-        weights.update(load_file(str(file)))
+    weights = read_safetensors(hf_dir, framework="numpy")
     out = Path(out_dir).resolve()
     save_params_to_path(str(out), hf_to_maxtext(weights, spec))
     return out / "items"

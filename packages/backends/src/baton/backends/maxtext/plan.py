@@ -1,17 +1,21 @@
 """A dry run of a MaxText config: its mesh, parameter count and FLOPs, without
-allocating the model (``MaxTextBackend.plan`` runs it, on simulated host devices if
-asked).
+allocating the model, on simulated host devices (``MaxTextBackend.dry_run``, the
+``dry_run`` ability behind ``baton run RECIPE --dry-run``).
 
 Example::
 
-    print(MaxTextBackend(overrides=overrides).plan(simulate_devices=8).summary())
+    print(MaxTextBackend(config).dry_run(world_size=8))    # before JAX starts
 """
 
 from __future__ import annotations
 
+import copy
+import tempfile
 from dataclasses import dataclass
 
 from baton.backends.maxtext.config import MaxTextConfig
+from baton.backends.maxtext.patches import simulate_host_devices
+from baton.core.patches import PatchRecorder
 
 
 @dataclass
@@ -37,6 +41,21 @@ class Plan:
                 f"TFLOPs       {self.tflops_per_device_step:,.1f} per device per step",
             ]
         )
+
+
+def planned_on_host(config: MaxTextConfig, devices: int) -> str:
+    """The plan of ``config`` on ``devices`` simulated host (CPU) devices, MaxText's
+    outputs in a temporary folder; JAX must not have started with another count."""
+    config = copy.deepcopy(config)
+    recorder = PatchRecorder()
+    simulate_host_devices(recorder, devices)
+    try:
+        with tempfile.TemporaryDirectory(prefix="baton-dry-run-") as output:
+            config.update({"skip_jax_distributed_system": True, "base_output_directory": output})
+            config["jax_cache_dir"] = ""
+            return dry_run(config, devices).summary()
+    finally:
+        recorder.undo()  # JAX has read the settings; the process gets its own back
 
 
 def dry_run(config: MaxTextConfig, simulate_devices: int | None = None) -> Plan:

@@ -62,6 +62,7 @@ from baton.backends.megatron.data import (
     check_split_not_empty,
     open_prepared,
 )
+from baton.backends.megatron.plan import layout_plan
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
@@ -157,6 +158,11 @@ class MegatronBackend(TorchDistributed, BackendBase):
         if self.config.vocab_size is not None:
             check_model_vocab(self.source.info, self.config.vocab_size)
         check_split_not_empty(self.source, data.split or "98,2,0")
+
+    def dry_run(self, world_size: int) -> str:
+        """The parallel layout on ``world_size`` ranks, checked by the configuration
+        objects alone (the ``dry_run`` ability; no process group, no model)."""
+        return layout_plan(self.config, world_size)
 
     def setup(self) -> None:
         from megatron.core import parallel_state, tensor_parallel

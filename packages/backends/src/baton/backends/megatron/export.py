@@ -18,11 +18,11 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.megatron.hf import TE_NORMS, megatron_to_hf
 from baton.core.errors import ExportError
 from baton.core.model_spec import exported_spec
@@ -70,9 +70,8 @@ def unstack_layers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     """Write a baton Megatron checkpoint's weights as a Hugging Face Llama directory
-    (``model.safetensors`` + ``config.json``); returns ``out_dir``."""
-    from safetensors.torch import save_file
-
+    (``baton.backends.hf_io.write_model``: weights, configs with the run tokenizer's
+    special-token ids, tokenizer files); returns ``out_dir``."""
     checkpoint = Path(checkpoint_dir)
     spec = exported_spec(checkpoint)
     folder = checkpoint / "backend" if (checkpoint / "backend").is_dir() else checkpoint
@@ -81,9 +80,5 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
         hf = megatron_to_hf(weights, spec)
     except KeyError as error:
         raise ExportError(f"{checkpoint}: no Megatron weight {error.args[0]!r}") from None
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(hf, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = spec.to_hf_config(dtype=str(hf["model.embed_tokens.weight"].dtype).split(".")[-1])
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
+    return write_model(out_dir, hf, config, tokenizer=run_tokenizer(checkpoint))

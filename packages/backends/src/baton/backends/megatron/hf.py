@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from baton.backends.hf_io import read_safetensors
 from baton.core.model_spec import LlamaSpec
 
 #: Hugging Face name -> Megatron name, per layer (``{}`` is the layer index)
@@ -197,22 +198,7 @@ def _global_name(local: str, numbers: list[int]) -> str:
     return f"decoder.layers.{numbers[int(match.group(1))]}.{rest}"
 
 
-def read_hf_weights(hf_dir: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a ``save_pretrained`` directory (one or several safetensors files)."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    files = sorted(Path(hf_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{hf_dir} has no .safetensors weights (save_pretrained)")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        weights.update(load_file(str(file)))
-    return weights
-
-
 def load_hf(chunks: list[Any], hf_dir: str) -> None:
     """Load a Hugging Face Llama directory's weights into this rank's model chunks."""
     spec = LlamaSpec.from_hf(hf_dir)
-    load_full_weights(chunks, hf_to_megatron(read_hf_weights(hf_dir), spec))
+    load_full_weights(chunks, hf_to_megatron(read_safetensors(hf_dir), spec))

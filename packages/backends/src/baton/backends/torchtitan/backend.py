@@ -57,6 +57,7 @@ from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torchtitan.capture import StepCapture
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.hf import vocab_mismatch
+from baton.backends.torchtitan.plan import parallelism_plan
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.errors import UsageError
@@ -180,6 +181,11 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         return facts
 
     # -- build ------------------------------------------------------------------------
+    def dry_run(self, world_size: int) -> str:
+        """The parallelism plan on ``world_size`` ranks: TorchTitan's own degree checks,
+        the model on the meta device (the ``dry_run`` ability; no GPU, no memory)."""
+        return parallelism_plan(self.config, world_size)
+
     def setup(self) -> None:
         from torchtitan.components.checkpointer import CheckpointManager
 

@@ -2,8 +2,10 @@
 
 The weights go through TorchTitan's own state-dict adapter for the model
 (``Llama3StateDictAdapter.to_hf`` for llama3: Hugging Face names, the rotary
-permutation of the query and key projections); the result is ``model.safetensors`` plus
-a ``config.json`` that ``transformers`` reads (``LlamaForCausalLM``). Nothing is sharded
+permutation of the query and key projections); the directory (``model.safetensors``, a
+``config.json`` written from the model's :class:`LlamaSpec` that ``transformers`` reads as
+``LlamaForCausalLM``, the run tokenizer's ids and files) is written by
+``baton.backends.hf_io``. Nothing is sharded
 or gathered by hand: DCP reads the full tensors from the checkpoint in one process.
 
 Example::
@@ -25,14 +27,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.torchtitan.hf import FLAVOR_PREFIX, register
 from baton.core.errors import ExportError
-from baton.core.model_spec import LlamaSpec, recorded_spec
+from baton.core.model_spec import LlamaSpec, RopeScaling, recorded_spec
 
 #: DCP keys of a TorchTitan checkpoint that are not model weights
 NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
-#: model families whose Hugging Face architecture this module writes
-ARCHITECTURES = {"llama3": ("LlamaForCausalLM", "llama")}
+#: model families this module exports (to Hugging Face ``LlamaForCausalLM``)
+ARCHITECTURES = ("llama3",)
 
 
 def dcp_folder(checkpoint_dir: str | Path) -> Path:
@@ -87,45 +90,39 @@ def read_model_weights(folder: Path) -> dict[str, Any]:
     return weights
 
 
-def hf_config(model_config: Any, hf_weights: dict[str, Any], architecture: str) -> dict[str, Any]:
-    """``config.json`` for the exported weights: shapes from the tensors, the rest (heads,
-    normalization epsilon, rotary settings) from TorchTitan's model config."""
+def titan_spec(model_config: Any, hf_weights: dict[str, Any]) -> LlamaSpec:
+    """The Llama spec of a TorchTitan llama3 model (a registry flavour such as
+    ``debugmodel``): shapes from the exported tensors, the rest (heads, normalization
+    epsilon, rotary settings) from TorchTitan's model config."""
     attention = model_config.layers[0].attention
     rope = attention.rope
     layers = {int(key.split(".")[2]) for key in hf_weights if key.startswith("model.layers.")}
     vocab, hidden = hf_weights["model.embed_tokens.weight"].shape
     n_heads = attention.n_heads
-    n_kv_heads = attention.n_kv_heads or n_heads
-    config: dict[str, Any] = {
-        "architectures": [architecture],
-        "model_type": ARCHITECTURES["llama3"][1],
-        "vocab_size": int(vocab),
-        "hidden_size": int(hidden),
-        "intermediate_size": int(hf_weights["model.layers.0.mlp.gate_proj.weight"].shape[0]),
-        "num_hidden_layers": len(layers),
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": n_kv_heads,
-        "head_dim": attention.head_dim or hidden // n_heads,
-        "hidden_act": "silu",
-        "rms_norm_eps": model_config.norm.eps,
-        "max_position_embeddings": rope.max_seq_len,
-        "rope_theta": float(rope.theta),
-        "tie_word_embeddings": bool(getattr(model_config, "enable_weight_tying", False)),
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": str(hf_weights["model.embed_tokens.weight"].dtype).removeprefix("torch."),
-    }
+    scaling = None
     if rope.scaling == "llama":
-        config["rope_scaling"] = {
-            "rope_type": "llama3",
-            "factor": float(rope.scaling_factor),
-            "low_freq_factor": float(rope.low_freq_factor),
-            "high_freq_factor": float(rope.high_freq_factor),
-            "original_max_position_embeddings": int(rope.original_max_position_embeddings),
-        }
+        scaling = RopeScaling(
+            factor=float(rope.scaling_factor),
+            low_freq_factor=float(rope.low_freq_factor),
+            high_freq_factor=float(rope.high_freq_factor),
+            original_max_position_embeddings=int(rope.original_max_position_embeddings),
+        )
     elif rope.scaling not in (None, "none"):
         raise ExportError(f"rotary scaling {rope.scaling!r} has no Hugging Face Llama mapping")
-    return config
+    return LlamaSpec(
+        vocab_size=int(vocab),
+        hidden_size=int(hidden),
+        num_layers=len(layers),
+        num_heads=n_heads,
+        num_kv_heads=attention.n_kv_heads or n_heads,
+        ffn_hidden_size=int(hf_weights["model.layers.0.mlp.gate_proj.weight"].shape[0]),
+        head_dim=attention.head_dim or int(hidden) // n_heads,
+        rope_theta=float(rope.theta),
+        norm_eps=model_config.norm.eps,
+        tie_embeddings=bool(getattr(model_config, "enable_weight_tying", False)),
+        max_seq_len=rope.max_seq_len,
+        rope_scaling=scaling,
+    )
 
 
 def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | None = None) -> Path:
@@ -135,8 +132,6 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | N
     checkpoint's ``baton.json`` when omitted). Raises :class:`ExportError` for a folder
     without a TorchTitan checkpoint or a model with no Hugging Face mapping.
     """
-    from safetensors.torch import save_file
-
     folder = dcp_folder(checkpoint_dir)
     name, _, flavor = (model or checkpoint_model(checkpoint_dir)).partition("/")
     if name not in ARCHITECTURES:
@@ -152,10 +147,6 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | N
     spec = importlib.import_module(f"torchtitan.models.{name}").model_registry(flavor)
     adapter = spec.state_dict_adapter(spec.model, None)
     hf_weights = adapter.to_hf(read_model_weights(folder))
-    config = hf_config(spec.model, hf_weights, ARCHITECTURES[name][0])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {key: value.contiguous() for key, value in hf_weights.items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
+    dtype = str(hf_weights["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    config = titan_spec(spec.model, hf_weights).to_hf_config(dtype=dtype)
+    return write_model(out_dir, hf_weights, config, tokenizer=run_tokenizer(checkpoint_dir))

@@ -1,4 +1,5 @@
-"""Validate a ``Trainer.Config`` for a given number of GPUs without any GPU: the dry run.
+"""Validate a ``Trainer.Config`` for a given number of GPUs without any GPU: the dry run
+(``TorchTitanBackend.dry_run``, the ``dry_run`` ability behind ``baton run RECIPE --dry-run``).
 
 Builds TorchTitan's ``ParallelDims`` (its own degree checks), checks the batch and
 sequence divisibility that ``Trainer.__init__`` asserts, builds the model on the

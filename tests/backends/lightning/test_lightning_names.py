@@ -14,7 +14,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from baton.backends.fabric import FabricConfig, LightningBackend
+from baton.backends.fabric import FabricConfig
+from baton.backends.lightning import LightningBackend
 from baton.callbacks import CONSOLE_KEYS, Checkpoint, CompositeLogger, EarlyStopping
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.callbacks.sinks.jsonl import JsonlSink

@@ -1,13 +1,13 @@
 """An existing ``LightningModule`` (and ``LightningDataModule``), unchanged, under baton.
 
 ``LightningBackend`` runs what ``lightning.pytorch.Trainer.fit`` runs, one optimizer step
-at a time through Fabric, with the Trainer's loop semantics (``lightning_loop``): the
+at a time through Fabric, with the Trainer's loop semantics (``loop``): the
 module's and datamodule's data and setup hooks, ``configure_optimizers`` with scheduler
 ``interval``/``frequency``/``monitor`` (``ReduceLROnPlateau``), automatic optimization
 with accumulation windows that close at each epoch's end, manual optimization with any
-number of optimizers (``lightning_manual``), the training and validation hooks, a sanity
+number of optimizers (``manual``), the training and validation hooks, a sanity
 check, validation in the global random state, and ``self.log`` through Lightning's own
-result collection. ``self.trainer`` is a ``TrainerView`` (``lightning_trainer``).
+result collection. ``self.trainer`` is a ``TrainerView`` (``trainer``).
 
 Trainer settings live in ``FabricConfig`` (``grad_clip`` is ``gradient_clip_val``,
 ``grad_accum`` is ``accumulate_grad_batches``, ``precision``, ``strategy``, ``eval_batches``
@@ -18,7 +18,8 @@ that baton does not call is an error listing them all, never silently skipped.
 
 Example::
 
-    from baton.backends.fabric import FabricConfig, LightningBackend
+    from baton.backends.fabric import FabricConfig
+    from baton.backends.lightning import LightningBackend
     from baton.core import Driver
 
     backend = LightningBackend(LitModel(), datamodule=MNISTDataModule(), max_epochs=10,
@@ -35,10 +36,10 @@ from typing import Any
 from baton.backends.fabric.backend import FabricBackend
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.config import FabricConfig
-from baton.backends.fabric.lightning_loop import LightningLoop
-from baton.backends.fabric.lightning_manual import check_manual
-from baton.backends.fabric.lightning_stream import EpochStream
 from baton.backends.fabric.stream import count_batch
+from baton.backends.lightning.loop import LightningLoop
+from baton.backends.lightning.manual import check_manual
+from baton.backends.lightning.stream import EpochStream
 from baton.core.metrics import NamedMetrics, StepOutput
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
@@ -146,6 +147,7 @@ class LightningBackend(FabricBackend):
     read them in the evaluation phase.
     """
 
+    name = "lightning"
     #: evaluate() returns the module's own names (``baton.core.NamedMetrics``)
     names_evaluation_metrics = True
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from baton.backends.fabric.lightning_manual import run_manual_batch
-from baton.backends.fabric.lightning_stream import EpochStream
-from baton.backends.fabric.lightning_trainer import TrainerView
+from baton.backends.lightning.manual import run_manual_batch
+from baton.backends.lightning.stream import EpochStream
+from baton.backends.lightning.trainer import TrainerView
 from baton.core.backend import DataExhausted
 
 

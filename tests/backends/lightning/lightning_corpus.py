@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from baton.backends.fabric import FabricConfig, LightningBackend
+from baton.backends.fabric import FabricConfig
+from baton.backends.lightning import LightningBackend
 from baton.core import Callback, Driver
 
 

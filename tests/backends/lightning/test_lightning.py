@@ -12,8 +12,9 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from baton.backends.fabric import FabricConfig, LightningBackend
-from baton.backends.fabric.lightning import LightningHookError
+from baton.backends.fabric import FabricConfig
+from baton.backends.lightning import LightningBackend
+from baton.backends.lightning.backend import LightningHookError
 from baton.core import Callback, Driver
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,0 +1,40 @@
+"""baton.backends.lightning: an existing ``LightningModule``, unchanged, under baton.
+
+Importing this package is cheap; torch and lightning load with ``LightningBackend``.
+The module runs through Lightning Fabric (the ``fabric`` backend's machinery) with
+``Trainer.fit``'s loop semantics; its settings are a ``FabricConfig``.
+
+Example::
+
+    from baton.backends.fabric import FabricConfig
+    from baton.backends.lightning import LightningBackend
+
+    backend = LightningBackend(MyLightningModule(), datamodule=MyDataModule(),
+                               config=FabricConfig(grad_clip=1.0))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from baton.backends.lightning import patches as _patches  # noqa: F401  (registers the patches)
+from baton.core.registry import BACKENDS
+
+if TYPE_CHECKING:
+    from baton.backends.lightning.backend import LightningBackend, LightningHookError
+
+__all__ = ["LightningBackend", "LightningHookError"]
+
+BACKENDS.add_lazy(
+    "lightning",
+    "baton.backends.lightning.backend:LightningBackend",
+    "Your LightningModule (and LightningDataModule) as Trainer.fit runs it, through Fabric.",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from baton.backends.lightning import backend
+
+        return getattr(backend, name)
+    raise AttributeError(name)

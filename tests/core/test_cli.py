@@ -141,3 +141,19 @@ def test_eval_writes_into_the_checkpoints_run(
     assert "--checkpoint" in text and "run directory" in text
     assert main(["eval", str(recipe)]) == 2
     assert "--checkpoint CHECKPOINT_DIR is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [("run", str(QUICKSTART), "--help"), ("callbacks",)])
+def test_output_into_a_closed_pipe_ends_quietly(args):
+    """`baton ... | head`: the reader is gone before baton writes; no BrokenPipeError."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "baton.core.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # the reader leaves at once, as `head` does after its lines
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert err == ""

@@ -140,8 +140,17 @@ def _table(*columns: str) -> Table:
     return table
 
 
+class _Console(Console):
+    """rich's console, whose closed pipe (``| head``) ends the command as ``main`` ends
+    any other (rich's own answer is ``SystemExit(1)``)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _print(table: Table) -> None:
-    console = Console()
+    console = _Console()
     if not console.is_terminal:
         console.width = 160
     console.print(table)
@@ -271,12 +280,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `baton ... | head`: the reader has all it wanted
+        return _reader_gone()
     except BatonError as error:
         return _report(str(error), error.exit_status)
     except LaunchError as error:
         return _report(f"{error}; fix the launch environment variables", 2)
     except Exception as error:
         return _report(f"run failed: {type(error).__name__}: {error}", 1, hint=True)
+
+
+def _reader_gone() -> int:
+    """End quietly when stdout's reader closed the pipe (``| head``): later writes, and
+    the interpreter's last flush, go to ``/dev/null`` instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def _report(message: str, status: int, *, hint: bool = False) -> int:

@@ -35,7 +35,7 @@ from baton.core.model_spec import check_init_from, resolve_spec
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
-    min_lr: float = 3e-4,
+    min_lr: float | None = None,
     warmup_steps: int = 10,
     num_layers: int = 2,
     hidden_size: int = 64,
@@ -74,7 +74,7 @@ def recipe(
     Args:
         max_steps: optimizer steps to train (the cosine decay spans them).
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at.
+        min_lr: the learning rate the cosine decay ends at (default: --lr / 10).
         warmup_steps: steps of linear warmup (at most --max-steps).
         num_layers: transformer layers.
         hidden_size: model width.
@@ -145,7 +145,7 @@ def recipe(
     if spec is not None:
         use_spec(config, spec)
     config.optimizer.lr = lr
-    config.optimizer.min_lr = min_lr
+    config.optimizer.min_lr = lr / 10 if min_lr is None else min_lr
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
     config.data.text_path = text_path

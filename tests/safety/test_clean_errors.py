@@ -35,6 +35,13 @@ def data_file(tmp: Path, content: bytes) -> str:
     return str(path)
 
 
+def prepared_prefix(tmp: Path) -> str:
+    """A prefix with the two files ``baton data prepare`` writes (their content unread)."""
+    for end in (".bin", ".idx"):
+        (tmp / f"corpus{end}").write_bytes(b"\0" * 16)
+    return str(tmp / "corpus")
+
+
 @dataclass
 class Case:
     #: argv after ``baton``, given (scratch dir, run dir)
@@ -131,7 +138,20 @@ CASES: dict[str, Case] = {
         2,
         "--layers must be >= 2, got 1",
     ),
+    "lowest above peak learning rate": Case(
+        bad_recipe(
+            "def recipe(run_dir: str, lr: float = 1e-4, min_lr: float = 3e-4) -> None: pass"
+        ),
+        2,
+        "--min-lr 0.0003 is above --lr 0.0001: it must be <= --lr",
+    ),
     # data files
+    "prepared prefix without tokenizer": Case(
+        lambda t, r: quickstart("--data-path", prepared_prefix(t))(t, r),
+        2,
+        "is a prepared dataset (corpus.bin, corpus.idx): give the tokenizer it was prepared "
+        "with, --tokenizer DIR",
+    ),
     "missing data file": Case(
         lambda t, r: quickstart("--data-path", str(t / "no.txt"))(t, r), 1, "is not a file"
     ),

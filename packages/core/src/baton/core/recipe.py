@@ -56,7 +56,10 @@ RECIPE_FUNCTION = "recipe"
 #: numeric recipe parameters that must be > 0 (counts, sizes, learning rates)
 POSITIVE = re.compile(r"^(n_.+|.+_(size|len|length|layers|heads|dim)|d_model|lr|learning_rate)$")
 #: numeric recipe parameters that must be >= 0 (limits, step counts, cadences: 0 is "off")
-NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
+NON_NEGATIVE = re.compile(r"^(max_.+|min_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
+#: (lower, upper) parameter pairs whose values must be ordered, as the frameworks assert
+#: (Megatron-Core's scheduler asserts ``min_lr <= max_lr``)
+ORDERED = (("min_lr", "lr"),)
 
 
 @dataclasses.dataclass
@@ -241,6 +244,14 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be > 0, got {value}")
         elif NON_NEGATIVE.match(name) and value < 0:
             raise UsageError(f"{flag} must be >= 0, got {value}")
+    for lower, upper in ORDERED:
+        low, high = values.get(lower), values.get(upper)
+        if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
+            low_flag, high_flag = (f"--{n.replace('_', '-')}" for n in (lower, upper))
+            raise UsageError(
+                f"{low_flag} {low:g} is above {high_flag} {high:g}: it must be <= "
+                f"{high_flag}; lower {low_flag} (or raise {high_flag})"
+            )
 
 
 def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:

@@ -185,6 +185,12 @@ CASES: dict[str, Case] = {
         "was written by a different setup",
         state="checkpoints",
     ),
+    "another recipe's run directory": Case(
+        quickstart("--resume", "auto", "--allow-changed", "lr,max_steps,seq_len"),
+        2,
+        "belongs to another run (backend 'scalar', recipe ",
+        state="checkpoints",
+    ),
     "run dir is a file": Case(
         lambda t, r: scalar()(t, t / "file"), 2, "cannot create or lock the run directory"
     ),
@@ -243,6 +249,9 @@ def test_user_error(name, tmp_path, trained, capsys, monkeypatch):
     assert case.message in out + err, f"{name}: {case.message!r} not in\n{out}\n{err}"
     assert "Traceback" not in out + err, err
     assert snapshot(run_dir) == before, f"{name}: the run directory changed"
+    if name == "another recipe's run directory":  # names the way out
+        assert "recipe_scalar.py; this run: backend 'fabric', recipe " in err
+        assert "give this run a new --run-dir" in err
 
 
 def test_at_least_25_distinct_bad_inputs():

@@ -128,7 +128,8 @@ class Driver(OptionAttributes):
         self._dispatch = Dispatcher([])
         self._abilities: frozenset[Ability] = frozenset()
         self._training = False
-        self._evaluating = False
+        #: True in ``evaluate_checkpoint``: nothing is trained (no progress to show)
+        self.evaluating_only = False
         self._lock: RunDirLock | None = None
         self._saver = CheckpointSaver(backend, self.checkpoint_dir, self._announce_saved)
         self._resumer = Resumer(backend, self.options)
@@ -253,7 +254,7 @@ class Driver(OptionAttributes):
         """
         # the weights are evaluated as they are: changed settings need no applying
         self.options = self.options.replace(resume=str(path), allow_changed={"all"})
-        self._evaluating = True
+        self.evaluating_only = True
         with self._running():
             self.dispatch("on_configure")
             self._setup_backend()
@@ -431,7 +432,7 @@ class Driver(OptionAttributes):
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
         """Every check before the backend builds anything (``startup.prepare``)."""
-        start = prepare(self.backend, self.callbacks, self.options, evaluating=self._evaluating)
+        start = prepare(self.backend, self.callbacks, self.options, evaluating=self.evaluating_only)
         self.options, self.callbacks = start.options, start.callbacks
         self.patch_report, self._lock, self._resumer = start.patch_report, start.lock, start.resumer
         self._dispatch = Dispatcher(self.callbacks)

@@ -28,7 +28,7 @@ import re
 import sys
 import tomllib
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -201,19 +201,41 @@ def _config_path(argv: Sequence[str]) -> str | None:
     return None
 
 
+def recorded_defaults(signature: Signature, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe parameters a checkpoint recorded (its ``settings``), as the parameters'
+    types take them; a value recorded only as text that no longer fits is left out."""
+    defaults: dict[str, Any] = {}
+    for param in signature.params:
+        if param.name in recorded:
+            try:
+                defaults[param.name] = conform(
+                    param.name, recorded[param.name], param.annotation, "checkpoint"
+                )
+            except RecipeError:
+                continue
+    return defaults
+
+
 def parse_recipe_args(
-    recipe: Callable[..., Any] | Signature, argv: Sequence[str], prog: str
+    recipe: Callable[..., Any] | Signature,
+    argv: Sequence[str],
+    prog: str,
+    recorded: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], RecipeFlags]:
-    """Parse ``argv`` against the recipe's signature; exits 2 with a message on bad input."""
+    """Parse ``argv`` against the recipe's signature; exits 2 with a message on bad input.
+
+    ``recorded``: a checkpoint's settings, the defaults beneath a ``--config`` file's
+    values and the flags (``baton eval`` rebuilds the run that wrote the checkpoint)."""
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     own = {p.name for p in signature.params}
     config = _config_path(argv)
     known = own | {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
-    defaults = read_config_file(config, known) if config else {}
+    defaults = recorded_defaults(signature, recorded or {})
     if config:
         types = {p.name: p.annotation for p in signature.params}
         types |= {k: v for k, v in typing.get_type_hints(RecipeFlags).items() if k not in types}
-        defaults = {k: conform(k, v, types[k], config) for k, v in defaults.items()}
+        from_file = read_config_file(config, known)
+        defaults |= {k: conform(k, v, types[k], config) for k, v in from_file.items()}
     args_cls = recipe_arguments(signature, defaults)
     parsed = cast(
         Any, tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
@@ -254,9 +276,12 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             )
 
 
-def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
+def build_driver(
+    path: str | Path, argv: Sequence[str] = (), *, recorded: Mapping[str, Any] | None = None
+) -> Driver | None:
     """Parse the flags (before the recipe imports anything heavy), call the recipe and
-    return its ``Driver`` configured by the options; ``None`` when it printed and is done."""
+    return its ``Driver`` configured by the options; ``None`` when it printed and is done.
+    ``recorded``: settings a checkpoint recorded, the defaults beneath the flags."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist (recipes live in recipes/*.py)")
@@ -265,7 +290,7 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     if signature is None:
         fn = load_recipe(path)
         signature = signature_of(fn)
-    kwargs, options = parse_recipe_args(signature, argv, prog=f"baton run {path}")
+    kwargs, options = parse_recipe_args(signature, argv, f"baton run {path}", recorded)
     if options.print_config:
         resolved = {
             **kwargs,

@@ -267,7 +267,7 @@ class Resumer:
         self._allowed_now = allowed
         if not self.evaluating:  # refuse, before anything is built, what no one applies
             self._appliers(allowed, path)
-        if allowed:
+        if allowed and not self.evaluating:  # an evaluation trains on nothing: no warning
             for name, (old, new) in allowed.items():
                 log.warning(
                     "resuming with %s changed from %r to %r (allowed by allow_changed)",

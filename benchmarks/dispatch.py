@@ -1,7 +1,7 @@
 """Dispatch overhead: the driver's own per-step cost, with 0, 1, 10 and 50 callbacks.
 
-The backend's step does nothing (it returns one prepared ``StepOutput``), so the time
-per step is the driver's: its bookkeeping, stop checks, control flags, hook dispatch
+The backend's step does nothing (it returns one prepared ``StepOutput`` whose loss is a
+0-d torch tensor, lazy as every real backend's), so the time per step is the driver's: its bookkeeping, stop checks, control flags, hook dispatch
 and the log-step fetch every ``log_every`` steps. Each callback count runs twice: with
 callbacks that override every hook with a no-op, and with callbacks that override
 none. Target: 50 callbacks that override nothing cost the same as 0.
@@ -9,7 +9,8 @@ none. Target: 50 callbacks that override nothing cost the same as 0.
 One more case runs the usual stack of a run (``standard_callbacks``: Checkpoint without
 a cadence, Preemption, ThroughputMonitor, CompositeLogger to JSONL and TensorBoard; plus
 LossGuard, EarlyStopping and TimeLimit) on the same no-op backend: the per-step cost
-baton adds around a real step. Target: at most 15 us per step.
+baton adds around a real step. Target: at most 15 us per step. It runs again with the
+loss a JAX array (the JAX backends' case).
 
 Last, the cost of one write of a log step's metrics to each file sink (JSONL,
 TensorBoard), called directly: ``WRITES`` writes then ``close`` (which waits for
@@ -39,6 +40,7 @@ LOG_EVERY = 10
 #: on_step_start and on_step_end every step, on_log every LOG_EVERY steps
 HOOK_CALLS_PER_STEP = 2 + 1 / LOG_EVERY
 STACK = "standard stack + LossGuard, EarlyStopping, TimeLimit"
+STACK_JAX = f"{STACK} (JAX loss)"
 #: the standard stack's per-step cost on a no-op backend, microseconds
 STACK_TARGET_US = 15.0
 #: file sinks whose cost per write is measured, and what one log step writes to them
@@ -57,13 +59,24 @@ LOG_STEP_METRICS = {
 }
 
 
+def lazy_loss(framework: str) -> Any:
+    """A 0-d loss as a backend of ``framework`` returns it: a torch tensor or a JAX array."""
+    if framework == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(2.0, dtype=jnp.float32)
+    import torch
+
+    return torch.tensor(2.0)
+
+
 class NullBackend(BackendBase):
     """A real backend whose step does no work: what remains is the driver's cost."""
 
     name = "null"
 
-    def __init__(self) -> None:
-        self._output = StepOutput(loss=0.0, tokens=1, samples=1)
+    def __init__(self, framework: str = "torch") -> None:
+        self._output = StepOutput(loss=lazy_loss(framework), tokens=1, samples=1)
 
     def setup(self) -> None:
         pass
@@ -87,9 +100,12 @@ OverridesEverything = type(
 assert all(overrides(OverridesEverything(), hook) for hook in HOOKS)
 
 
-def seconds_per_step(callbacks: list[Callback], steps: int, run_dir: Path) -> float:
+def seconds_per_step(
+    callbacks: list[Callback], steps: int, run_dir: Path, framework: str = "torch"
+) -> float:
     """Train ``steps`` no-op steps; the driver's own clock gives the loop time."""
-    driver = Driver(NullBackend(), callbacks, max_steps=steps, log_every=LOG_EVERY, run_dir=run_dir)
+    backend = NullBackend(framework)
+    driver = Driver(backend, callbacks, max_steps=steps, log_every=LOG_EVERY, run_dir=run_dir)
     result = driver.fit()
     assert result.step == steps, result
     return result.train_time_s / steps
@@ -133,6 +149,7 @@ def run(quick: bool = False) -> list[Row]:
                 [OverridesEverything() for _ in range(n)], steps, run_dir
             )
         cases[STACK] = lambda: seconds_per_step(standard_stack(), steps, run_dir)
+        cases[STACK_JAX] = lambda: seconds_per_step(standard_stack(), steps, run_dir, "jax")
         for sink in SINKS:
             cases[_sink_case(sink)] = lambda sink=sink: seconds_per_write(
                 sink, writes, run_dir / sink
@@ -155,7 +172,7 @@ def run(quick: bool = False) -> list[Row]:
                 )
             )
             continue
-        if name == STACK:
+        if name in (STACK, STACK_JAX):
             us = median(values) * 1e6
             rows.append(
                 Row(

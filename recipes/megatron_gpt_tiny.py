@@ -35,7 +35,7 @@ from baton.core.model_spec import check_init_from, resolve_spec
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
-    min_lr: float = 3e-4,
+    min_lr: float | None = None,
     warmup_steps: int = 10,
     layers: int = 2,
     d_model: int = 64,
@@ -73,7 +73,7 @@ def recipe(
     Args:
         max_steps: optimizer steps to train (the cosine decay spans them).
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at.
+        min_lr: the learning rate the cosine decay ends at (default: --lr / 10).
         warmup_steps: steps of linear warmup (at most --max-steps).
         layers: transformer layers.
         d_model: model width (Megatron's hidden size).
@@ -144,7 +144,7 @@ def recipe(
     if spec is not None:
         use_spec(config, spec)
     config.optimizer.lr = lr
-    config.optimizer.min_lr = min_lr
+    config.optimizer.min_lr = lr / 10 if min_lr is None else min_lr
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
     prepared = tokenizer is not None  # else --data-path is a text file of bytes

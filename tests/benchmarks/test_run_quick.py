@@ -44,7 +44,8 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
         assert row["case"] in proc.stdout  # the printed table has every row
 
     cases = {(r["benchmark"], r["case"]): r for r in rows}
-    assert len([r for r in rows if r["benchmark"] == "dispatch"]) == 10  # 7 counts, stack, 2 sinks
+    dispatch = [r for r in rows if r["benchmark"] == "dispatch"]
+    assert len(dispatch) == 11  # 7 counts, the stack with a torch and a JAX loss, 2 sinks
     # (a) and (b) did the same math: the ratio measures the driver
     assert cases[("lightning", "(a') hand-written Fabric loop")]["note"].startswith(
         "losses equal to (a) bit for bit"

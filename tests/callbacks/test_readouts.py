@@ -94,3 +94,14 @@ def test_a_model_without_tokens_reports_samples_per_second(tmp_path: Path) -> No
     ).fit()
     assert "throughput/tokens_per_s" in tokens.getvalue()
     assert "samples_per_s" not in tokens.getvalue()
+
+
+def test_evaluating_a_checkpoint_shows_no_progress_bar(tmp_path: Path) -> None:
+    driver = Driver(ScalarBackend(), max_steps=3, run_dir=tmp_path / "run", save_on_stop=True)
+    driver.fit()
+    screen = io.StringIO()
+    progress = Progress(console=Console(file=screen, width=200, force_terminal=False))
+    evaluation = Driver(ScalarBackend(), [progress], max_steps=300, run_dir=tmp_path / "eval")
+    metrics = evaluation.evaluate_checkpoint(driver.saved[-1])
+    assert "eval/loss" in metrics
+    assert screen.getvalue() == ""  # no "step 3/300" bar

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -107,37 +108,62 @@ def test_listings():
 SCALAR = ROOT / "tests" / "safety" / "recipe_scalar.py"
 
 
-def test_eval_writes_into_the_checkpoints_run(
+def test_eval_rebuilds_the_run_and_keeps_its_own_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`baton eval` logs into the run that wrote the checkpoint, not the recipe's default
-    run directory (unless --run-dir is given); `baton eval --help` explains itself."""
+    """`baton eval` builds the run from the checkpoint's recorded settings (flags
+    override), warns of nothing, and logs into RUN_DIR/evals/<checkpoint>, replaced on
+    each evaluation: the run's own logs and the recipe's default run directory stay as
+    they are (unless --run-dir is given); `baton eval --help` explains itself."""
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "recipe.py"
     recipe.write_text(
         SCALAR.read_text().replace("    run_dir: str,", '    run_dir: str = "runs/default",')
     )
     trained = tmp_path / "trained"
-    assert main(["run", str(recipe), "--run-dir", str(trained), "--max-steps", "6"]) == 0
+    argv = ["run", str(recipe), "--run-dir", str(trained), "--max-steps", "6", "--lr", "0.05"]
+    assert main(argv) == 0
     before = (trained / "logs" / "metrics.jsonl").read_text()
-    checkpoint = trained / "checkpoints" / "step_000006"
+    checkpoint = trained / "checkpoints" / "latest"
     assert checkpoint_run_dir(checkpoint) == trained
     capsys.readouterr()
 
-    assert main(["eval", str(recipe), "--checkpoint", str(checkpoint)]) == 0
-    assert "eval/" in capsys.readouterr().out
+    for _ in range(2):  # a second evaluation replaces the first's record
+        assert main(["eval", str(recipe), "--checkpoint", str(checkpoint)]) == 0
+        out, err = capsys.readouterr()
+        assert "eval/loss" in out and "resuming with" not in err  # --lr 0.05 came along
     assert not (tmp_path / "runs").exists(), "eval wrote into the recipe's default run dir"
-    after = (trained / "logs" / "metrics.jsonl").read_text()
-    assert after.startswith(before) and '"eval"' in after[len(before) :]
+    assert (trained / "logs" / "metrics.jsonl").read_text() == before  # the run's own record
+    record = (trained / "evals" / "step_000006" / "logs" / "metrics.jsonl").read_text()
+    assert [(r["step"], r["phase"]) for r in map(json.loads, record.splitlines())] == [(6, "eval")]
+
+    argv = ["eval", str(recipe), "--checkpoint", str(checkpoint), "--lr", "0.1"]
+    assert main(argv) == 2  # a flag overrides: the scalar backend describes its lr
+    assert "lr: checkpoint has 0.05, this run has 0.1" in capsys.readouterr().err
 
     other = tmp_path / "other"  # an explicit --run-dir is honoured
-    assert (
-        main(["eval", str(recipe), "--checkpoint", str(checkpoint), "--run-dir", str(other)]) == 0
-    )
+    argv = ["eval", str(recipe), "--checkpoint", str(checkpoint), "--run-dir", str(other)]
+    assert main(argv) == 0
     assert (other / "logs" / "metrics.jsonl").is_file()
 
     assert main(["eval", "--help"]) == 0
     text = capsys.readouterr().out
-    assert "--checkpoint" in text and "run directory" in text
+    assert "--checkpoint" in text and "evals/<checkpoint>" in text
     assert main(["eval", str(recipe)]) == 2
     assert "--checkpoint CHECKPOINT_DIR is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [("run", str(QUICKSTART), "--help"), ("callbacks",)])
+def test_output_into_a_closed_pipe_ends_quietly(args):
+    """`baton ... | head`: the reader is gone before baton writes; no BrokenPipeError."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "baton.core.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # the reader leaves at once, as `head` does after its lines
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert err == ""

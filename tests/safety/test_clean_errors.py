@@ -35,6 +35,13 @@ def data_file(tmp: Path, content: bytes) -> str:
     return str(path)
 
 
+def prepared_prefix(tmp: Path) -> str:
+    """A prefix with the two files ``baton data prepare`` writes (their content unread)."""
+    for end in (".bin", ".idx"):
+        (tmp / f"corpus{end}").write_bytes(b"\0" * 16)
+    return str(tmp / "corpus")
+
+
 @dataclass
 class Case:
     #: argv after ``baton``, given (scratch dir, run dir)
@@ -131,7 +138,20 @@ CASES: dict[str, Case] = {
         2,
         "--layers must be >= 2, got 1",
     ),
+    "lowest above peak learning rate": Case(
+        bad_recipe(
+            "def recipe(run_dir: str, lr: float = 1e-4, min_lr: float = 3e-4) -> None: pass"
+        ),
+        2,
+        "--min-lr 0.0003 is above --lr 0.0001: it must be <= --lr",
+    ),
     # data files
+    "prepared prefix without tokenizer": Case(
+        lambda t, r: quickstart("--data-path", prepared_prefix(t))(t, r),
+        2,
+        "is a prepared dataset (corpus.bin, corpus.idx): give the tokenizer it was prepared "
+        "with, --tokenizer DIR",
+    ),
     "missing data file": Case(
         lambda t, r: quickstart("--data-path", str(t / "no.txt"))(t, r), 1, "is not a file"
     ),
@@ -163,6 +183,12 @@ CASES: dict[str, Case] = {
         scalar("--resume", "auto", "--lr", "0.5", "--allow-changed", "lr"),
         2,
         "was written by a different setup",
+        state="checkpoints",
+    ),
+    "another recipe's run directory": Case(
+        quickstart("--resume", "auto", "--allow-changed", "lr,max_steps,seq_len"),
+        2,
+        "belongs to another run (backend 'scalar', recipe ",
         state="checkpoints",
     ),
     "run dir is a file": Case(
@@ -223,6 +249,9 @@ def test_user_error(name, tmp_path, trained, capsys, monkeypatch):
     assert case.message in out + err, f"{name}: {case.message!r} not in\n{out}\n{err}"
     assert "Traceback" not in out + err, err
     assert snapshot(run_dir) == before, f"{name}: the run directory changed"
+    if name == "another recipe's run directory":  # names the way out
+        assert "recipe_scalar.py; this run: backend 'fabric', recipe " in err
+        assert "give this run a new --run-dir" in err
 
 
 def test_at_least_25_distinct_bad_inputs():

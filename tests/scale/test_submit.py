@@ -23,10 +23,11 @@ def _spec(**overrides) -> JobSpec:
 def test_torch_backends_run_torchrun_once_per_node_with_c10d_on_the_first_node() -> None:
     script = batch_script(_spec())
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR1@120", "#SBATCH --requeue", "#SBATCH --partition=gpu"):  # fmt: skip
-        assert line in script.splitlines(), line
+                 "#SBATCH --signal=USR1@120", "#SBATCH --requeue", "#SBATCH --partition=gpu",
+                 "#SBATCH --cpus-per-task=64", "#SBATCH --mem=256G"):  # fmt: skip
+        assert line in script.splitlines(), line  # by default 8 cores and 32G per worker
     srun = script.splitlines()[-1]
-    assert srun.startswith("srun --kill-on-bad-exit=1 bash -c ")
+    assert srun.startswith("srun --kill-on-bad-exit=1 --cpus-per-task=64 bash -c ")
     for part in ('--nnodes "$SLURM_NNODES"', '--node-rank "$SLURM_NODEID"', "--nproc-per-node 8",
                  '--rdzv-backend c10d --rdzv-endpoint "$BATON_HEAD_NODE:29400"',
                  "run /r/x.py --lr 1e-3 --resume auto", 'trap "" USR1'):  # fmt: skip
@@ -36,6 +37,7 @@ def test_torch_backends_run_torchrun_once_per_node_with_c10d_on_the_first_node()
 def test_jax_backends_run_one_task_per_process_without_torchrun() -> None:
     script = batch_script(_spec(backend="maxtext", gpus_per_node=0, procs_per_node=2))
     assert "#SBATCH --ntasks-per-node=2" in script
+    assert "#SBATCH --cpus-per-task=8" in script and "#SBATCH --mem=64G" in script
     assert "torch.distributed.run" not in script and "-m baton.core.cli run /r/x.py" in script
 
 
@@ -80,7 +82,52 @@ def test_submit_errors_before_queueing(tmp_path: Path, monkeypatch, capsys) -> N
     assert code == 2 and "--max-stepz" in err
     code, out, _ = submit("--nodes", "2", "--time", "00:30:00", "--dry-run")
     assert code == 0 and "#SBATCH --nodes=2" in out and "--run-dir" in out
-    assert not (tmp_path / "slurm").exists()  # a dry run writes nothing
+    # the printed script can be queued as it is: SLURM opens --output before it runs
+    assert f"#SBATCH --output={tmp_path / 'slurm'}/slurm-%j.out" in out
+    assert (tmp_path / "slurm").is_dir() and not list((tmp_path / "slurm").iterdir())
+
+
+PLANNING_RECIPE = """
+from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
+from baton.core import Driver
+from baton.core.errors import RecipeError
+
+def recipe(run_dir: str, tp: int = 1, gpus: int = 8, dry_run: bool = False,
+           data_path: str | None = None) -> Driver | None:
+    if dry_run:
+        if gpus % tp:
+            raise RecipeError(f"tp({tp}) does not divide WORLD_SIZE({gpus})")
+        print(f"plan: dp {gpus // tp} x tp {tp}")
+        return None
+    if data_path is None:
+        raise RecipeError("pass --data-path: this recipe trains on real data only")
+    model = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=32)
+    return Driver(GPTTraining(model=model).backend(), max_steps=3, run_dir=run_dir)
+"""
+
+
+def test_the_recipe_plans_the_jobs_layout_first(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The recipe's own --dry-run plans the job's world size (nodes x GPUs) before any
+    script is written; the recipe's refusals are named, and submit's --dry-run is not the
+    recipe's."""
+    recipe = tmp_path / "planned.py"
+    recipe.write_text(PLANNING_RECIPE)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+
+    def submit(*args: str) -> tuple[int, str, str]:
+        code = main([str(recipe), "--run-dir", str(tmp_path / "run"), "--dry-run", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = submit("--nodes", "2", "--gpus-per-node", "8", "--tp", "4", "--data-path", "d")
+    assert code == 0 and "#SBATCH --nodes=2" in out, err
+    code, out, err = submit("--nodes", "4", "--gpus-per-node", "8", "--tp", "3", "--data-path", "d")
+    assert code == 2 and not out
+    assert "refuses the job's layout for 32 ranks (4 nodes x 8; its own --dry-run --gpus 32)" in err
+    assert "tp(3) does not divide WORLD_SIZE(32)" in err
+    code, _, err = submit("--nodes", "2", "--gpus-per-node", "8")
+    assert code == 2 and "pass --data-path" in err
+    assert "baton submit's --dry-run only prints the script" in err
 
 
 def test_kubernetes_example_runs_a_recipe_baton_accepts() -> None:
@@ -122,3 +169,6 @@ def test_a_gpu_job_trains_on_the_gpus(tmp_path: Path, monkeypatch, capsys) -> No
     assert code == 2 and "accelerator='cpu'" in err
     code, _, err = submit(quickstart, "--mem", "lots")
     assert code == 2 and "--mem 'lots'" in err
+    maxtext = str(root / "recipes" / "maxtext_tiny.py")  # MaxText's hardware=cpu
+    code, _, err = submit(maxtext, "--nodes", "2", "--gpus-per-node", "4")
+    assert code == 2 and "configures its backend with hardware=cpu" in err

@@ -24,14 +24,18 @@ STEPS = 4
 
 @pytest.mark.slow
 def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> None:
-    run_dir = tmp_path / "compare"
+    """As the README runs it, from a project root with its defaults (relative paths every
+    backend must resolve before its framework sees them), only smaller."""
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")  # a project root of its own
+    run_dir = tmp_path / "runs" / "compare_backends"  # the default --run-dir
     env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
     command = [
-        sys.executable, "-m", "baton.core.cli", "compare", f"--recipes={ROOT / 'recipes'}",
-        f"--steps={STEPS}", "--layers=2", "--hidden=64", "--heads=4", "--seq-len=32",
-        "--batch=2", f"--run-dir={run_dir}",
+        sys.executable, "-m", "baton.core.cli", "compare", f"--steps={STEPS}", "--layers=2",
+        "--hidden=64", "--heads=4", "--seq-len=32", "--batch=2",
     ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     logs = {b: (run_dir / f"{b}.log") for b in BACKENDS}
     tails = "\n".join(
         f"--- {b}\n" + "\n".join(p.read_text().splitlines()[-15:])
@@ -57,9 +61,10 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
         finals[backend], curves[backend] = losses[-1], losses
         # each ran on the prepared data and the tokenizer given to it
         command_line = logs[backend].read_text().splitlines()[0]
-        assert f"--data-path={run_dir / 'data' / 'reference'}" in command_line
-        assert f"--tokenizer={run_dir / 'data' / 'tokenizer'}" in command_line
-        assert f"--init-from={run_dir / 'model'}" in command_line
+        relative = run_dir.relative_to(tmp_path)  # passed on as the user gave them
+        assert f"--data-path={relative / 'data' / 'reference'}" in command_line
+        assert f"--tokenizer={relative / 'data' / 'tokenizer'}" in command_line
+        assert f"--init-from={relative / 'model'}" in command_line
 
     chart = run_dir / "comparison" / "loss.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.callbacks.sinks.jsonl import JsonlSink
-from baton.tools.plot import main, run_labels, series
+from baton.tools.plot import comparison_chart, main, run_labels, series
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -50,3 +50,14 @@ def test_runs_with_the_same_name_are_told_apart_and_a_missing_log_is_named(tmp_p
     log_run(a, [{"loss": 1.0}])
     assert main([str(a), str(b)]) == 2
     assert f"{b / 'logs' / 'metrics.jsonl'} not found" in capsys.readouterr().err
+
+
+def test_a_single_evaluation_point_is_drawn_as_a_marker(tmp_path: Path) -> None:
+    a = log_run(tmp_path / "a", [{"loss": 3.0}, {"loss": 2.0, "eval/loss": 2.2}])
+    b = log_run(tmp_path / "b", [{"loss": 3.1}, {"loss": 2.1}])
+    fig = comparison_chart("loss", [a, b])
+    assert fig is not None
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["a", "a (eval/loss)", "b"]
+    for line in lines:  # a line through one point draws nothing: it needs a marker
+        assert len(line.get_xdata()) > 1 or line.get_marker() not in ("None", "", None)

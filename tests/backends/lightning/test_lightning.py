@@ -121,6 +121,10 @@ def test_losses_equal_trainer_fit_bit_for_bit_and_resume_is_exact(tmp_path):
 def test_checkpoint_hooks_are_called(tmp_path):
     class WithHooks(lit.LitClassifier):
         loaded: dict | None = None
+        lengths: list[int] = []
+
+        def on_train_start(self):  # the driver's max_steps, given once, reaches the module
+            WithHooks.lengths.append(self.trainer.estimated_stepping_batches)
 
         def on_save_checkpoint(self, checkpoint):
             checkpoint["note"] = {
@@ -142,6 +146,7 @@ def test_checkpoint_hooks_are_called(tmp_path):
     assert "weights_sum" in saved["lightning"]["note"]
     Driver(backend(), max_steps=3, run_dir=tmp_path, resume="auto").fit()
     assert WithHooks.loaded == saved["lightning"]["note"]
+    assert WithHooks.lengths == [2, 3]
 
 
 def test_hooks_baton_cannot_honour_are_listed():

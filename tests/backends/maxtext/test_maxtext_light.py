@@ -236,6 +236,16 @@ def test_set_overrides_maxtext_settings_by_name() -> None:
         apply_overrides(config, ["base_emb_dims=64"])
 
 
+def test_a_mistyped_override_is_one_line_naming_the_closest_setting(capsys) -> None:
+    from baton.core.cli import main
+
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "maxtext_tiny.py"
+    assert main(["run", str(recipe), "--overrides", "learning_rat=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "override learning_rat: not a MaxText setting" in err
+    assert "did you mean learning_rate" in err and len(err) < 400
+
+
 def test_config_never_changes_the_dict_it_was_given() -> None:
     given = dict(TINY_CPU)
     config = MaxTextConfig(given)

@@ -48,3 +48,16 @@ def test_scaling_values_megatron_fixes_are_refused_by_name(tmp_path):
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, rope_scaling=SHORT_CONTEXT_ROPE)
     with pytest.raises(UsageError, match=r"original_max_position_embeddings=32.*8192"):
         build_driver(RECIPE, ["--model-config", str(hf_dir), "--run-dir", str(tmp_path / "r")])
+
+
+def test_a_fine_tuning_lr_below_the_default_floor_just_works(tmp_path):
+    """--min-lr defaults to --lr / 10; a floor above the peak is one clear line, not
+    Megatron-Core's scheduler assert."""
+    from baton.backends.megatron.build import build_optimizer
+
+    config = build_driver(RECIPE, ["--lr", "1e-4", "--run-dir", str(tmp_path / "r")]).backend.config
+    assert (config.optimizer.lr, config.optimizer.min_lr) == (1e-4, 1e-5)
+    config.optimizer.min_lr = 1e-3
+    with pytest.raises(UsageError, match=r"min_lr \(0.001\) must be between 0 and .*lr \(0.0001\)"):
+        build_optimizer(config, [])
+    assert not (tmp_path / "r").exists()

@@ -9,15 +9,14 @@ Example::
         LossGuard(action="rollback", spike_factor=3.0, max_rollbacks=3),
     ])
 
-Detection costs no device work on a step that does not log: the guard keeps a
-reference to each step's loss, and on a log step folds "was any of them non-finite"
-into one device-side flag (plain array arithmetic, the same for torch and jax) that
-reaches the host in the log step's single transfer with the other metrics. A
-checkpoint step is always checked first (the guard asks for a log there), so a
-broken state is never saved: the guard vetoes the step's save (``control.veto_save``,
-which also covers the save on stop). A spike is a logged loss above
-``spike_factor`` times the running mean of earlier logged losses. Ranks agree
-through ``backend.all_reduce_flags`` before acting.
+Detection costs no device work at all: the guard judges the loss the log step already
+brought to the host (a NaN or Inf in the weights shows in every later loss, so the
+next log step sees it; a step whose non-finite loss the backend skipped, as fp16 loss
+scaling does, left nothing to guard). A checkpoint step is always checked first (the
+guard asks for a log there), so a broken state is never saved: the guard vetoes the
+step's save (``control.veto_save``, which also covers the save on stop). A spike is a
+logged loss above ``spike_factor`` times the running mean of earlier logged losses.
+Ranks agree through ``backend.all_reduce_flags`` before acting.
 
 ``action="stop"`` stops the run and names the last good checkpoint.
 ``action="rollback"`` goes back (``driver.rollback``: newer checkpoints are deleted and
@@ -26,8 +25,7 @@ to be good and skips the data of the steps in between (``backend.skip_data``), u
 ``max_rollbacks`` times, then stops. It needs the backend's ``skip_data`` ability: on a
 backend without it the run fails before its first step.
 
-Metric keys logged: ``guard/nonfinite`` (1.0 when a non-finite loss occurred since
-the last log step), ``guard/loss_mean`` (the running mean used for spikes),
+Metric keys logged: ``guard/loss_mean`` (the running mean used for spikes),
 ``guard/rollbacks``.
 """
 
@@ -89,8 +87,6 @@ class LossGuard(Callback):
         self.loss_mean: float | None = None
         self.logs_seen = 0
         self.last_good_step = 0
-        #: this log window's step losses, as the backend returned them (lazy)
-        self._losses: list[Any] = []
         self._rollback_from: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -113,12 +109,9 @@ class LossGuard(Callback):
 
     def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
         self.last_good_step = driver.step
-        self._losses = []
 
     # -- detection ------------------------------------------------------------------
     def on_step_end(self, driver: Driver, output: StepOutput) -> None:
-        if output.loss is not None:
-            self._losses.append(output.loss)  # a reference: no device work here
         ctl = driver.control
         if ctl.save:
             # check the state before it is saved. A save every rank makes now needs a
@@ -128,20 +121,15 @@ class LossGuard(Callback):
             agreed = "save" in ctl.agreed
             if (agreed and "log" not in ctl.agreed) or not ctl.log:
                 ctl.request_log("loss guard checks before saving", all_ranks=agreed)
-        if self._losses and (ctl.log or driver.step % driver.log_every == 0):
-            # a log step: one flag for the window rides the log's single transfer
-            # (recorded again, newer, if the log waits for the ranks to agree)
-            driver.record("guard/nonfinite", nonfinite(self._losses))
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        self._losses = []
         if "loss" not in metrics:
             raise ValueError(
                 f"LossGuard: backend {driver.backend.name!r} returned no loss (StepOutput.loss "
                 f"is None); the metrics of step {driver.step} are {sorted(metrics)}"
             )
         loss = metrics["loss"]
-        nonfinite = metrics.get("guard/nonfinite", 0.0) > 0 or not math.isfinite(loss)
+        nonfinite = not math.isfinite(loss)
         spike = (
             self.spike_factor is not None
             and not nonfinite
@@ -216,13 +204,3 @@ class LossGuard(Callback):
         assert isinstance(backend, SkipsData)  # requires() made the driver check it
         backend.skip_data(skip)
         log.warning("rolled back to step %d, skipped the data of %d steps", driver.step, skip)
-
-
-def nonfinite(losses: list[Any]) -> Any:
-    """A lazy flag: true when any of ``losses`` is NaN or +-Inf (array arithmetic only,
-    no sync). ``x - x`` is 0 for a finite value and NaN otherwise; summing those never
-    overflows, and a NaN anywhere makes the sum NaN, which is ``!= 0``."""
-    probe = losses[0] - losses[0]
-    for loss in losses[1:]:
-        probe = probe + (loss - loss)
-    return probe != 0

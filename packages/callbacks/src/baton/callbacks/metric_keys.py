@@ -38,7 +38,7 @@ def evaluation_may_name(driver: Driver) -> bool:
     return (
         bool(driver.eval_every)
         and "evaluate" in driver.abilities
-        and bool(getattr(driver.backend, "names_evaluation_metrics", False))
+        and driver.backend.names_evaluation_metrics
     )
 
 

@@ -48,7 +48,7 @@ class Progress(Callback):
         self._eval_loss: float | None = None
 
     def on_train_start(self, driver: Driver) -> None:
-        if not driver.is_global_zero:
+        if not driver.is_global_zero or driver.evaluating_only:  # `baton eval`: no steps
             return
         self._bar = RichProgress(
             TextColumn("[bold]step"),

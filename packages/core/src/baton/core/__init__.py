@@ -25,9 +25,11 @@ from baton.core.backend import (
     Evaluates,
     MissingAbilityError,
     PendingSave,
+    RunLimits,
     SavesAsync,
     SkipsData,
     UsesRunDir,
+    UsesRunLimits,
     abilities,
 )
 from baton.core.callback import (
@@ -82,6 +84,7 @@ __all__ = [
     "PendingSave",
     "Registry",
     "RunError",
+    "RunLimits",
     "RunOptions",
     "RunResult",
     "SavesAsync",
@@ -90,6 +93,7 @@ __all__ = [
     "UnknownNameError",
     "UsageError",
     "UsesRunDir",
+    "UsesRunLimits",
     "abilities",
     "register_patch",
 ]

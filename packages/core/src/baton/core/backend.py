@@ -64,6 +64,11 @@ A backend that tells its user where the run writes (``self.trainer.log_dir`` of 
 LightningModule) learns the run directory before ``setup`` through
 ``use_run_dir(run_dir)`` (the ``UsesRunDir`` protocol).
 
+A backend whose framework states the run's length to user code (a LightningModule
+reads ``self.trainer.estimated_stepping_batches`` to size its schedule) learns the
+driver's limits before ``setup`` through ``use_run_limits(RunLimits(...))`` (the
+``UsesRunLimits`` protocol), so nobody gives ``max_steps`` twice.
+
 A backend that shards its state over a parallel layout (tensor, pipeline, data
 degrees, a device mesh) describes it in ``layout()`` (the ``DescribesLayout``
 protocol): the facts it records in each checkpoint and compares on load.
@@ -73,6 +78,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -163,6 +169,13 @@ class Backend(Protocol):
     @property
     def version(self) -> str:
         """The installed version of the training system (patches' version ranges)."""
+        ...
+
+    @property
+    def names_evaluation_metrics(self) -> bool:
+        """Whether ``evaluate`` returns names its user chose (``NamedMetrics``: a
+        LightningModule's ``val_loss``) rather than the backend's own keys, which callbacks
+        see as ``eval/<key>``."""
         ...
 
     @property
@@ -272,6 +285,25 @@ class UsesRunDir(Protocol):
     (``Driver.log_dir``), the checkpoints are under ``run_dir / "checkpoints"``."""
 
     def use_run_dir(self, run_dir: Path) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """The driver's stop conditions (``None``: not set), as a backend learns them."""
+
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_time_s: float | None = None
+
+
+@runtime_checkable
+class UsesRunLimits(Protocol):
+    """A backend whose framework states the run's length to user code (a LightningModule
+    reads ``self.trainer.estimated_stepping_batches``): the driver calls
+    ``use_run_limits(RunLimits(max_steps=1000))`` after ``on_configure`` and before
+    ``setup``, with the limits of this run (a resume's changed ``max_steps`` included)."""
+
+    def use_run_limits(self, limits: RunLimits) -> None: ...
 
 
 @runtime_checkable

@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -72,10 +74,12 @@ def cmd_run(argv: Sequence[str]) -> int:
 
 EVAL_USAGE = """usage: baton eval RECIPE.py --checkpoint CHECKPOINT_DIR [--param value ...]
 
-Evaluate a checkpoint once, without training: the recipe builds the backend (its flags
-as for `baton run`), the checkpoint's weights are loaded (verified like a resume) and
-the evaluation metrics are printed and logged into the checkpoint's own run directory
-(the folder that holds its `checkpoints/`), at the checkpoint's step.
+Evaluate a checkpoint once, without training: the recipe builds the backend with the
+settings the checkpoint recorded (model, data, ...; a flag overrides one), the
+checkpoint's weights are loaded (verified like a resume) and the evaluation metrics are
+printed and logged at the checkpoint's step into an evaluation record beside the run,
+RUN_DIR/evals/<checkpoint>/ (evaluating again replaces it; the run's own logs are left
+as they are). `--run-dir DIR` logs there instead.
 
   --checkpoint DIR   a checkpoint directory, e.g. runs/quickstart/checkpoints/latest
   RECIPE.py --help   the recipe's own flags"""
@@ -90,6 +94,33 @@ def checkpoint_run_dir(checkpoint: str | Path) -> Path:
     path = Path(checkpoint)
     parent = path.parent
     return parent.parent if parent.name == "checkpoints" else parent
+
+
+def eval_record_dir(checkpoint: str | Path) -> Path:
+    """Where ``baton eval`` logs a checkpoint's evaluation: ``RUN_DIR/evals/<checkpoint>``
+    (``latest`` named by the checkpoint it points at).
+
+    >>> eval_record_dir("runs/a/checkpoints/step_000100").as_posix()
+    'runs/a/evals/step_000100'
+    """
+    path = Path(checkpoint)
+    name = path.resolve().name if path.is_symlink() else path.name
+    return checkpoint_run_dir(checkpoint) / "evals" / name
+
+
+def recorded_settings(checkpoint: str | Path) -> dict[str, Any]:
+    """The recipe settings a checkpoint's ``baton.json`` recorded (none when unreadable:
+    loading it then says what is wrong)."""
+    import json
+
+    from baton.core.checkpointing import META_FILE
+
+    try:
+        meta = json.loads((Path(checkpoint) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    settings = meta.get("settings") if isinstance(meta, dict) else None
+    return dict(settings) if isinstance(settings, dict) else {}
 
 
 def cmd_eval(argv: Sequence[str]) -> int:
@@ -116,13 +147,16 @@ def cmd_eval(argv: Sequence[str]) -> int:
     setup_logging()
     if not _asks_help(args):
         quiet_imports()
-    driver = build_driver(args[0], args[1:])  # errors are reported by main()
+    # the run's own settings, flags over them; errors are reported by main()
+    driver = build_driver(args[0], args[1:], recorded=recorded_settings(checkpoint))
     if driver is None:
         return 0
     if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in args):
-        # the evaluation's logs belong to the run that wrote the checkpoint, not to the
-        # run directory the recipe defaults to (another run's)
-        driver.run_dir = checkpoint_run_dir(checkpoint)
+        # an evaluation record beside the run that wrote the checkpoint (its training
+        # logs untouched), replacing an earlier evaluation of the same checkpoint
+        record = eval_record_dir(checkpoint)
+        shutil.rmtree(record / "logs", ignore_errors=True)
+        driver.run_dir = record
     try:
         metrics = driver.evaluate_checkpoint(checkpoint)
     except (CheckpointError, FileNotFoundError) as error:
@@ -140,8 +174,17 @@ def _table(*columns: str) -> Table:
     return table
 
 
+class _Console(Console):
+    """rich's console, whose closed pipe (``| head``) ends the command as ``main`` ends
+    any other (rich's own answer is ``SystemExit(1)``)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _print(table: Table) -> None:
-    console = Console()
+    console = _Console()
     if not console.is_terminal:
         console.width = 160
     console.print(table)
@@ -297,12 +340,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `baton ... | head`: the reader has all it wanted
+        return _reader_gone()
     except BatonError as error:
         return _report(str(error), error.exit_status)
     except LaunchError as error:
         return _report(f"{error}; fix the launch environment variables", 2)
     except Exception as error:
         return _report(f"run failed: {type(error).__name__}: {error}", 1, hint=True)
+
+
+def _reader_gone() -> int:
+    """End quietly when stdout's reader closed the pipe (``| head``): later writes, and
+    the interpreter's last flush, go to ``/dev/null`` instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def _report(message: str, status: int, *, hint: bool = False) -> int:

@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
-from baton.core.backend import Ability, Backend, DataExhausted, Evaluates, UsesRunDir
+from baton.core.backend import (
+    Ability,
+    Backend,
+    DataExhausted,
+    Evaluates,
+    RunLimits,
+    UsesRunDir,
+    UsesRunLimits,
+)
 from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
@@ -59,6 +67,15 @@ class RunResult:
     stop_reason: str
     resumed_from: Path | None = None
     checkpoints: list[Path] = field(default_factory=list[Path])
+
+
+def introduce_run(backend: Backend, options: RunOptions) -> None:
+    """Before ``setup``, tell a backend that uses them the run directory (``UsesRunDir``)
+    and the driver's limits (``UsesRunLimits``)."""
+    if isinstance(backend, UsesRunDir):
+        backend.use_run_dir(options.run_dir)
+    if isinstance(backend, UsesRunLimits):
+        backend.use_run_limits(RunLimits(options.max_steps, options.max_tokens, options.max_time_s))
 
 
 class Driver(OptionAttributes):
@@ -111,7 +128,8 @@ class Driver(OptionAttributes):
         self._dispatch = Dispatcher([])
         self._abilities: frozenset[Ability] = frozenset()
         self._training = False
-        self._evaluating = False
+        #: True in ``evaluate_checkpoint``: nothing is trained (no progress to show)
+        self.evaluating_only = False
         self._lock: RunDirLock | None = None
         self._saver = CheckpointSaver(backend, self.checkpoint_dir, self._announce_saved)
         self._resumer = Resumer(backend, self.options)
@@ -236,7 +254,7 @@ class Driver(OptionAttributes):
         """
         # the weights are evaluated as they are: changed settings need no applying
         self.options = self.options.replace(resume=str(path), allow_changed={"all"})
-        self._evaluating = True
+        self.evaluating_only = True
         with self._running():
             self.dispatch("on_configure")
             self._setup_backend()
@@ -249,9 +267,8 @@ class Driver(OptionAttributes):
         return metrics
 
     def _setup_backend(self) -> None:
-        """``backend.setup``, the run directory told first where the backend uses it."""
-        if isinstance(self.backend, UsesRunDir):
-            self.backend.use_run_dir(self.run_dir)
+        """``backend.setup``, after telling it the run it is part of."""
+        introduce_run(self.backend, self.options)
         self.backend.setup()
 
     def _handle_events(self, output: StepOutput, at_log_step: bool) -> bool:
@@ -415,7 +432,7 @@ class Driver(OptionAttributes):
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
         """Every check before the backend builds anything (``startup.prepare``)."""
-        start = prepare(self.backend, self.callbacks, self.options, evaluating=self._evaluating)
+        start = prepare(self.backend, self.callbacks, self.options, evaluating=self.evaluating_only)
         self.options, self.callbacks = start.options, start.callbacks
         self.patch_report, self._lock, self._resumer = start.patch_report, start.lock, start.resumer
         self._dispatch = Dispatcher(self.callbacks)

@@ -34,7 +34,7 @@ import re
 import sys
 import tomllib
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -66,7 +66,10 @@ RECIPE_FUNCTION = "recipe"
 #: numeric recipe parameters that must be > 0 (counts, sizes, learning rates)
 POSITIVE = re.compile(r"^(n_.+|.+_(size|len|length|layers|heads|dim)|d_model|lr|learning_rate)$")
 #: numeric recipe parameters that must be >= 0 (limits, step counts, cadences: 0 is "off")
-NON_NEGATIVE = re.compile(r"^(max_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
+NON_NEGATIVE = re.compile(r"^(max_.+|min_.+|.+_steps|.+_tokens|.+_every|seed|.+_ms)$")
+#: (lower, upper) parameter pairs whose values must be ordered, as the frameworks assert
+#: (Megatron-Core's scheduler asserts ``min_lr <= max_lr``)
+ORDERED = (("min_lr", "lr"),)
 
 
 @dataclasses.dataclass
@@ -231,26 +234,48 @@ def _config_path(argv: Sequence[str]) -> str | None:
     return None
 
 
+def recorded_defaults(signature: Signature, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe parameters a checkpoint recorded (its ``settings``), as the parameters'
+    types take them; a value recorded only as text that no longer fits is left out."""
+    defaults: dict[str, Any] = {}
+    for param in signature.params:
+        if param.name in recorded:
+            try:
+                defaults[param.name] = conform(
+                    param.name, recorded[param.name], param.annotation, "checkpoint"
+                )
+            except RecipeError:
+                continue
+    return defaults
+
+
 def parse_recipe_args(
-    recipe: Callable[..., Any] | Signature, argv: Sequence[str], prog: str
+    recipe: Callable[..., Any] | Signature,
+    argv: Sequence[str],
+    prog: str,
+    recorded: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], RecipeFlags, CallbackFlags]:
     """Parse ``argv`` against the recipe's signature; exits 2 with a message on bad input.
     Returns the recipe's values, the run's flags and the callbacks added and dropped
-    (the ``--config`` file's, then the command line's)."""
+    (the ``--config`` file's, then the command line's).
+
+    ``recorded``: a checkpoint's settings, the defaults beneath a ``--config`` file's
+    values and the flags (``baton eval`` rebuilds the run that wrote the checkpoint)."""
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     own = {p.name for p in signature.params}
     config = _config_path(argv)
     flags = {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
     known = own | flags - {*CONFIG_CALLBACKS.values()} | {*CONFIG_CALLBACKS}
-    defaults = read_config_file(config, known) if config else {}
+    defaults = recorded_defaults(signature, recorded or {})
     callbacks = CallbackFlags()
     if config:
-        callbacks = CallbackFlags.from_config(
-            defaults.pop("callbacks", None), defaults.pop("no_callbacks", None), config
-        )
         types = {p.name: p.annotation for p in signature.params}
         types |= {k: v for k, v in typing.get_type_hints(RecipeFlags).items() if k not in types}
-        defaults = {k: conform(k, v, types[k], config) for k, v in defaults.items()}
+        from_file = read_config_file(config, known)
+        callbacks = CallbackFlags.from_config(
+            from_file.pop("callbacks", None), from_file.pop("no_callbacks", None), config
+        )
+        defaults |= {k: conform(k, v, types[k], config) for k, v in from_file.items()}
     args_cls = recipe_arguments(signature, defaults)
     parsed = cast(
         Any, tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
@@ -285,12 +310,23 @@ def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
             raise UsageError(f"{flag} must be >= 0, got {value}")
         elif term is not None and term.minimum is not None and value < term.minimum:
             raise UsageError(f"{flag} must be >= {term.minimum:g}, got {value}")
+    for lower, upper in ORDERED:
+        low, high = values.get(lower), values.get(upper)
+        if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
+            low_flag, high_flag = (f"--{n.replace('_', '-')}" for n in (lower, upper))
+            raise UsageError(
+                f"{low_flag} {low:g} is above {high_flag} {high:g}: it must be <= "
+                f"{high_flag}; lower {low_flag} (or raise {high_flag})"
+            )
 
 
-def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
+def build_driver(
+    path: str | Path, argv: Sequence[str] = (), *, recorded: Mapping[str, Any] | None = None
+) -> Driver | None:
     """Parse the flags (before the recipe imports anything heavy), call the recipe and
     return its ``Driver`` configured by the options; ``None`` when it printed and is done
-    (``--print-config``, or ``--dry-run``: the backend's plan, ``baton.core.dry_run``)."""
+    (``--print-config``, or ``--dry-run``: the backend's plan, ``baton.core.dry_run``).
+    ``recorded``: settings a checkpoint recorded, the defaults beneath the flags."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist (recipes live in recipes/*.py)")
@@ -299,7 +335,7 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
     if signature is None:
         fn = load_recipe(path)
         signature = signature_of(fn)
-    kwargs, options, callbacks = parse_recipe_args(signature, argv, prog=f"baton run {path}")
+    kwargs, options, callbacks = parse_recipe_args(signature, argv, f"baton run {path}", recorded)
     added = callbacks.build()  # a bad name or argument stops here, before the recipe runs
     if options.print_config:
         resolved = {

@@ -14,6 +14,15 @@ no longer matches what is recorded::
 
 Recipes and backends add their own names: ``Driver(training_settings={"vocab_file"})``
 or a backend attribute ``training_settings``.
+
+Before any setting is compared, the checkpoint must be this run's at all
+(``check_same_run``): written by the same backend and recipe, else the directory holds
+another experiment and no ``--allow-changed`` makes it this one::
+
+    check_same_run(meta, backend="megatron", settings={"recipe": "recipes/megatron_gpt_tiny.py"},
+                   checkpoint=path)
+    # UsageError: checkpoint ... belongs to another run: backend 'fabric', recipe
+    #             recipes/quickstart.py (this run: backend 'megatron', ...); ...
 """
 
 from __future__ import annotations
@@ -49,6 +58,32 @@ TRAINING_SETTINGS: frozenset[str] = frozenset(
         "tokenizer_path",
     }
 )
+
+
+def check_same_run(
+    meta: Mapping[str, Any], *, backend: str, settings: Mapping[str, Any], checkpoint: Path
+) -> None:
+    """Refuse (``UsageError``) a checkpoint another backend or recipe wrote, naming the
+    recipe its directory holds and the way out: a new ``--run-dir``."""
+    saved_backend = meta.get("backend", {}).get("name")
+    saved_recipe = meta.get("settings", {}).get("recipe")
+    recipe = settings.get("recipe")
+    other_backend = saved_backend is not None and saved_backend != backend
+    other_recipe = (
+        saved_recipe is not None
+        and recipe is not None
+        and Path(str(saved_recipe)).name != Path(str(recipe)).name
+    )
+    if not (other_backend or other_recipe):
+        return
+    theirs = f"backend {saved_backend!r}" + (f", recipe {saved_recipe}" if saved_recipe else "")
+    ours = f"backend {backend!r}" + (f", recipe {recipe}" if recipe else "")
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    where = f" of {run_dir}" if run_dir is not None else ""
+    raise UsageError(
+        f"checkpoint {checkpoint}{where} belongs to another run ({theirs}; this run: {ours}); "
+        "give this run a new --run-dir, or resume that run with its own recipe"
+    )
 
 
 def parse_allowed(text: str | Iterable[str] | None) -> set[str]:

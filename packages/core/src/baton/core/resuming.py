@@ -39,7 +39,7 @@ from baton.core.callback import Callback
 from baton.core.errors import UsageError
 from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
-from baton.core.resume_settings import changed_settings, check_changes
+from baton.core.resume_settings import changed_settings, check_changes, check_same_run
 from baton.core.rundir import set_aside
 
 log = logging.getLogger("baton")
@@ -254,6 +254,8 @@ class Resumer:
         self._settings_checked = path
         options = self.options
         names = options.training_settings | self.backend.training_settings
+        # identity first (another experiment's directory), then the model, then settings
+        check_same_run(meta, backend=self.backend.name, settings=options.settings, checkpoint=path)
         check_same_architecture(
             meta.get("settings", {}).get("model_spec"),
             options.settings.get("model_spec"),
@@ -265,7 +267,7 @@ class Resumer:
         self._allowed_now = allowed
         if not self.evaluating:  # refuse, before anything is built, what no one applies
             self._appliers(allowed, path)
-        if allowed:
+        if allowed and not self.evaluating:  # an evaluation trains on nothing: no warning
             for name, (old, new) in allowed.items():
                 log.warning(
                     "resuming with %s changed from %r to %r (allowed by allow_changed)",

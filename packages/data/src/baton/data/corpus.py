@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from baton.core.errors import UsageError
+
 REFERENCE = "pydoc_data.topics (Python language reference)"
 
 
@@ -29,6 +31,11 @@ def reference_documents() -> list[str]:
 def read_text(path: str | Path, what: str = "data_path") -> str:
     """A UTF-8 text file's content; a missing file names the setting to fix."""
     file = Path(path)
+    if not file.is_file() and all(Path(f"{file}{end}").is_file() for end in (".bin", ".idx")):
+        raise UsageError(
+            f"{what} {str(file)!r} is a prepared dataset ({file.name}.bin, {file.name}.idx): "
+            "give the tokenizer it was prepared with, --tokenizer DIR"
+        )
     if not file.is_file():
         raise FileNotFoundError(
             f"{what} {str(file)!r} is not a file; give a UTF-8 text file, or leave it unset "

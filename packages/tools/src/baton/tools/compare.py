@@ -173,7 +173,7 @@ def backend_command(
         "torchtitan": [f"--seq-len={seq_len}", f"--batch-size={batch}", "--no-progress"],
         "megatron": [
             f"--seq-len={seq_len}",
-            f"--micro-batch-size={batch}",
+            f"--batch-size={batch}",
             f"--global-batch-size={batch}",
             f"--min-lr={lr / 10}",
             no_eval,
@@ -182,7 +182,7 @@ def backend_command(
         ],
         "maxtext": [
             f"--seq-len={seq_len}",
-            f"--per-device-batch-size={batch}",
+            f"--batch-size={batch}",
             "--eval-every=0",
             "--no-async-save",
             "--no-progress",

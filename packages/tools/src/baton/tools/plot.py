@@ -20,8 +20,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: chart file stem -> (title, y label, metric keys drawn on it)
 CHARTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -49,7 +53,7 @@ def plot_run(run_dir: Path, out_dir: Path) -> list[Path]:
             if not points or (drawn and stem == "lr"):
                 continue  # one learning-rate series is enough
             steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=key)
+            ax.plot(steps, values, marker=marker(len(points), few=30), label=key)
             drawn = True
         if drawn:
             ax.set(title=f"{title} - {run_dir.name}", xlabel="step", ylabel=ylabel)
@@ -87,6 +91,45 @@ def series(
     return drawn
 
 
+def marker(points: int, few: int = 2) -> str | None:
+    """A point marker for a series of fewer than ``few`` points: a line through one
+    point (a run's single evaluation) draws nothing, its marker does.
+
+    >>> marker(1), marker(40)
+    ('o', None)
+    """
+    return "o" if points < few else None
+
+
+def comparison_chart(stem: str, run_dirs: Sequence[Path]) -> Figure | None:
+    """The chart ``stem`` (``loss``, ``lr``, ``throughput``) with every run's series in
+    the run's colour (eval dashed); ``None`` when no run logged its metrics. Every
+    series listed in the legend is drawn (one point as a marker)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title, ylabel, keys = CHARTS[stem]
+    runs = series(run_dirs, keys)
+    if not runs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for index, (label, by_key) in enumerate(runs.items()):
+        colour = f"C{index % 10}"
+        for number, (key, (steps, values)) in enumerate(by_key.items()):
+            if number and stem == "lr":
+                break  # one learning-rate series per run is enough
+            style = "--" if key.startswith("eval/") else "-"
+            name = label if key == keys[0] or stem == "lr" else f"{label} ({key})"
+            ax.plot(steps, values, style, color=colour, label=name, marker=marker(len(steps)))
+    ax.set(title=f"{title} - {len(run_dirs)} runs", xlabel="step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
 def plot_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     """One PNG per chart with every run's curves on it; returns the files written."""
     import matplotlib
@@ -96,23 +139,10 @@ def plot_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for stem, (title, ylabel, keys) in CHARTS.items():
-        runs = series(run_dirs, keys)
-        if not runs:
+    for stem in CHARTS:
+        fig = comparison_chart(stem, run_dirs)
+        if fig is None:
             continue
-        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-        for index, (label, by_key) in enumerate(runs.items()):
-            colour = f"C{index % 10}"
-            for number, (key, (steps, values)) in enumerate(by_key.items()):
-                if number and stem == "lr":
-                    break  # one learning-rate series per run is enough
-                style = "--" if key.startswith("eval/") else "-"
-                name = label if key == keys[0] or stem == "lr" else f"{label} ({key})"
-                ax.plot(steps, values, style, color=colour, label=name)
-        ax.set(title=f"{title} - {len(run_dirs)} runs", xlabel="step", ylabel=ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-        fig.tight_layout()
         path = out_dir / f"{stem}.png"
         fig.savefig(path)
         plt.close(fig)

@@ -22,8 +22,24 @@ by all after a requeue): the script ``cd``s into the submitting directory on eve
 
 With ``--gpus-per-node`` the recipe must train on the GPUs: a recipe with an
 ``accelerator`` parameter gets ``--accelerator cuda`` unless the flags name one, and a
-backend configured for the CPU (``FabricConfig(accelerator="cpu")``) is refused.
-``--cpus-per-task`` and ``--mem`` ask SLURM for CPU cores and memory per task.
+backend configured for the CPU (``FabricConfig(accelerator="cpu")``, MaxText's
+``hardware=cpu``) is refused.
+
+SLURM gives a task one CPU core and its default memory unless asked, and one task per
+node serves all of a node's torchrun workers; so each job asks for ``--cpus-per-task``
+(default ``CPUS_PER_WORKER`` = 8 cores per worker the task runs: 64 for a torchrun task
+over 8 GPUs) and ``--mem`` per node (default ``MEM_PER_WORKER`` = 32G per worker on
+the node: 256G for 8 GPUs; ``--mem 0`` asks for all of it). Both flags override.
+
+A recipe that plans its parallel layout (a ``dry_run`` parameter with a world size:
+``--gpus``, ``--world-size`` or ``--devices``) is asked, in a process of its own, to plan
+it for the job's world size (nodes x GPUs or processes per node) before any script is
+written: a layout the recipe refuses (``dp_shard(10) * tp(3) != WORLD_SIZE(32)``) is
+refused here with the recipe's words. ``baton submit --dry-run`` prints the script and
+queues nothing; the recipe is still checked as the job will run it, training, so the
+recipe's own ``--dry-run`` is never implied (a real-size recipe still wants its data).
+The script's output directory (``RUN_DIR/slurm``) is created either way: SLURM opens
+``--output`` before the script runs.
 
 Every run gets ``--resume auto``. ``#SBATCH --signal=USR1@LEAD`` makes SLURM signal the
 training processes ``LEAD`` seconds before the time limit; the ``Preemption`` callback
@@ -43,12 +59,19 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: backends whose processes rendezvous through torch.distributed (torchrun per node)
 TORCH_BACKENDS = frozenset({"fabric", "torchtitan", "megatron"})
 #: backends whose processes rendezvous through jax.distributed (one task per process)
 JAX_BACKENDS = frozenset({"maxtext", "jax"})
 RDZV_PORT = 29400
+#: CPU cores asked per worker (torchrun worker or JAX process) a task runs, by default
+CPUS_PER_WORKER = 8
+#: memory asked per worker on a node, by default (SLURM size syntax, in gigabytes)
+MEM_PER_WORKER_GB = 32
+#: a recipe's parameters that set the world size its ``--dry-run`` plans for
+WORLD_SIZE_PARAMETERS = ("gpus", "world_size", "devices")
 #: variables the task's shell expands (each task has its own node id)
 _TASK_VARIABLES = frozenset(
     {"$SLURM_NNODES", "$SLURM_NODEID", "$SLURM_JOB_ID", f"$BATON_HEAD_NODE:{RDZV_PORT}"}
@@ -87,6 +110,30 @@ class JobSpec:
     def uses_torchrun(self) -> bool:
         return self.backend not in JAX_BACKENDS
 
+    @property
+    def workers_per_node(self) -> int:
+        """Training processes on each node: one per GPU, else ``procs_per_node``."""
+        return self.gpus_per_node or self.procs_per_node
+
+    @property
+    def tasks_per_node(self) -> int:
+        """SLURM tasks on each node: one torchrun per node, else one per process."""
+        return 1 if self.uses_torchrun else self.procs_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+    def cpus(self) -> int:
+        """``--cpus-per-task``: as given, else ``CPUS_PER_WORKER`` per worker of a task."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return CPUS_PER_WORKER * self.workers_per_node // self.tasks_per_node
+
+    def memory(self) -> str:
+        """``--mem`` (per node): as given, else ``MEM_PER_WORKER_GB`` per worker."""
+        return self.mem if self.mem is not None else f"{MEM_PER_WORKER_GB * self.workers_per_node}G"
+
 
 def time_limit_seconds(text: str) -> int:
     """``[D-]HH:MM:SS`` -> seconds, or ``SubmitError``."""
@@ -105,7 +152,7 @@ def batch_script(spec: JobSpec) -> str:
             f"--signal-lead {spec.signal_lead_s}s is not shorter than --time {spec.time}: "
             "the job would be signalled before it starts; lower --signal-lead"
         )
-    tasks_per_node = 1 if spec.uses_torchrun else spec.procs_per_node
+    tasks_per_node = spec.tasks_per_node
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={spec.job_name}",
@@ -119,10 +166,8 @@ def batch_script(spec: JobSpec) -> str:
     ]
     if spec.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
-    if spec.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={spec.cpus_per_task}")
-    if spec.mem:
-        lines.append(f"#SBATCH --mem={spec.mem}")
+    lines.append(f"#SBATCH --cpus-per-task={spec.cpus()}")
+    lines.append(f"#SBATCH --mem={spec.memory()}")
     if spec.partition:
         lines.append(f"#SBATCH --partition={spec.partition}")
     if spec.account:
@@ -131,7 +176,7 @@ def batch_script(spec: JobSpec) -> str:
     baton = [spec.python, "-m", "baton.core.cli", "run", spec.recipe, *spec.recipe_args]
     baton += ["--resume", "auto"]
     if spec.uses_torchrun:
-        per_node = spec.gpus_per_node or spec.procs_per_node
+        per_node = spec.workers_per_node
         inner = [
             spec.python, "-m", "torch.distributed.run",
             "--nnodes", "$SLURM_NNODES", "--node-rank", "$SLURM_NODEID",
@@ -151,7 +196,9 @@ def batch_script(spec: JobSpec) -> str:
         ' $SLURM_JOB_NODELIST, head $BATON_HEAD_NODE"',
         # The launcher (torchrun, bash) ignores USR1 so that only the training processes,
         # whose Preemption callback saves and requeues, act on the time-limit signal.
-        "srun --kill-on-bad-exit=1 bash -c " + shlex.quote(f'trap "" USR1; exec {command}'),
+        # srun does not inherit sbatch's --cpus-per-task (SLURM >= 22.05): name it again
+        f"srun --kill-on-bad-exit=1 --cpus-per-task={spec.cpus()} bash -c "
+        + shlex.quote(f'trap "" USR1; exec {command}'),
     ]
     return "\n".join(lines) + "\n"
 
@@ -182,9 +229,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpus-per-task",
         type=int,
-        help="CPU cores per task (a torchrun task per node serves all its GPU workers)",
+        help=f"CPU cores per task (default {CPUS_PER_WORKER} per worker it runs: a torchrun "
+        "task per node serves all its GPU workers)",
     )
-    parser.add_argument("--mem", help="memory per node, SLURM syntax (e.g. 480G, 0 for all)")
+    parser.add_argument(
+        "--mem",
+        help=f"memory per node, SLURM syntax (default {MEM_PER_WORKER_GB}G per worker on the "
+        "node; 0 for all of it)",
+    )
     parser.add_argument("--partition", help="SLURM partition")
     parser.add_argument("--account", help="SLURM account")
     parser.add_argument("--job-name", help="job name (default: the recipe's name)")
@@ -200,7 +252,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="extra #SBATCH line, e.g. --sbatch-arg=--exclusive (repeatable)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the script, queue nothing (the recipe is still checked as the job runs "
+        "it, training; the recipe's own --dry-run is not implied)",
+    )
     return parser
 
 
@@ -234,28 +291,67 @@ def _gpu_flags(recipe: str, recipe_args: list[str], gpus_per_node: int) -> list[
 def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -> tuple[str, str]:
     """Build the recipe's driver as ``baton run`` would (nothing trains): returns the
     backend name and run directory, or raises with the recipe's own message."""
+    from baton.core.errors import UsageError
     from baton.core.quiet import quiet_imports
-    from baton.core.recipe import RecipeError, build_driver
+    from baton.core.recipe import build_driver
 
     quiet_imports()  # as ``baton run``: the recipe imports its framework next
     try:
         driver = build_driver(recipe, recipe_args)
     except SystemExit as exit_:  # tyro printed why the flags are wrong
         raise SubmitError(f"the recipe's flags were rejected (exit {exit_.code})") from None
-    except RecipeError as error:
+    except UsageError as error:  # a RecipeError too
         raise SubmitError(str(error)) from None
     if driver is None:
         raise SubmitError(
             f"{recipe} built no Driver (its flags asked to print only): nothing to submit"
         )
-    accelerator = getattr(driver.backend.config, "accelerator", None)
-    if gpus_per_node and accelerator == "cpu":
+    fixed = cpu_setting(driver.backend.config)
+    if gpus_per_node and fixed is not None:
         raise SubmitError(
             f"--gpus-per-node {gpus_per_node}, but {recipe} configures its backend with "
-            "accelerator='cpu': the job would train on the CPU; give the recipe an "
-            "accelerator parameter (or set it to 'cuda'/'auto'), or drop --gpus-per-node"
+            f"{fixed}: the job would train on the CPU; give the recipe an accelerator or "
+            "hardware parameter (or set it to a GPU), or drop --gpus-per-node"
         )
     return driver.backend.name, str(driver.run_dir)
+
+
+def cpu_setting(config: Any) -> str | None:
+    """The backend setting that fixes a run to the CPU, as the recipe wrote it
+    (``FabricConfig(accelerator="cpu")``, MaxText's ``hardware=cpu``), or ``None``."""
+    if getattr(config, "accelerator", None) == "cpu":
+        return "accelerator='cpu'"
+    get = getattr(config, "get", None)  # MaxText's settings
+    if callable(get) and get("hardware") == "cpu":
+        return "hardware=cpu"
+    return None
+
+
+def check_layout(recipe: str, recipe_args: Sequence[str], spec: JobSpec) -> None:
+    """Ask a recipe that plans its parallel layout (a ``dry_run`` parameter and one of
+    ``WORLD_SIZE_PARAMETERS``) to plan it for the job's world size, in a process of its
+    own (a simulated device count must be set before JAX starts); a refusal is a
+    ``SubmitError`` in the recipe's words. Other recipes check their layout at start."""
+    from baton.core.recipe_signature import read_signature
+
+    signature = read_signature(Path(recipe))
+    names = {p.name for p in signature.params} if signature is not None else set()
+    world = next((n for n in WORLD_SIZE_PARAMETERS if n in names), None)
+    if "dry_run" not in names or world is None:
+        return
+    flag = "--" + world.replace("_", "-")
+    command = [spec.python, "-m", "baton.core.cli", "run", recipe, *recipe_args,
+               "--dry-run", flag, str(spec.world_size)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return
+    said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    ours = [line for line in said if line.startswith("baton:")]
+    why = (ours or said or [f"exit {done.returncode}"])[-1].removeprefix("baton: ")
+    raise SubmitError(
+        f"{recipe} refuses the job's layout for {spec.world_size} ranks ({spec.nodes} nodes "
+        f"x {spec.workers_per_node}; its own --dry-run {flag} {spec.world_size}): {why}"
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -281,7 +377,15 @@ def main(argv: Sequence[str]) -> int:
                 "sbatch is not on PATH: no SLURM client here. Run on a SLURM login node, "
                 "or use --dry-run to print the script"
             )
-        backend, run_dir = _check_recipe(args.recipe, recipe_args, args.gpus_per_node)
+        try:
+            backend, run_dir = _check_recipe(args.recipe, recipe_args, args.gpus_per_node)
+        except SubmitError as error:
+            if not args.dry_run:
+                raise
+            raise SubmitError(
+                f"{error} (the recipe is checked as the job will run it, training: baton "
+                "submit's --dry-run only prints the script)"
+            ) from None
         if backend not in TORCH_BACKENDS | JAX_BACKENDS:
             raise SubmitError(f"backend {backend!r} has no SLURM launch; known: fabric, "
                               "torchtitan, megatron (torchrun), maxtext, jax (jax.distributed)")  # fmt: skip
@@ -306,6 +410,7 @@ def main(argv: Sequence[str]) -> int:
             extra_sbatch=tuple(args.sbatch_arg),
         )
         script = batch_script(spec)
+        check_layout(spec.recipe, recipe_args, spec)
     except SubmitError as error:
         print(f"baton submit: {error}", file=sys.stderr)
         return 2
@@ -313,6 +418,7 @@ def main(argv: Sequence[str]) -> int:
         f"baton submit: every node reads and writes {spec.workdir} and {run_dir} (a shared "
         "filesystem, as on most SLURM clusters): check that all nodes see them"
     )
+    output_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens --output before the script
     if args.dry_run:
         print(script, end="")
         if args.nodes > 1:
@@ -320,7 +426,6 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.nodes > 1:
         print(shared, file=sys.stderr)
-    output_dir.mkdir(parents=True, exist_ok=True)
     script_path = output_dir / f"{spec.job_name}.sbatch"
     script_path.write_text(script)
     assert sbatch is not None

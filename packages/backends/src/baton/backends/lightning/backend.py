@@ -40,6 +40,7 @@ from baton.backends.fabric.stream import count_batch
 from baton.backends.lightning.loop import LightningLoop
 from baton.backends.lightning.manual import check_manual
 from baton.backends.lightning.stream import EpochStream
+from baton.core.backend import RunLimits
 from baton.core.metrics import NamedMetrics, StepOutput
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
@@ -136,8 +137,10 @@ class LightningBackend(FabricBackend):
         callbacks: ``lightning.pytorch.Callback`` objects, run at the Trainer's points.
         max_steps / max_epochs: the run's length as ``Trainer(max_steps=, max_epochs=)``
             states it (``self.trainer.estimated_stepping_batches``); ``max_epochs`` also
-            ends the run when that many epochs are done. Give the driver the same
-            ``max_steps``.
+            ends the run when that many epochs are done. Without either, the driver's
+            ``max_steps`` is the Trainer's (``Driver(max_steps=1000)`` is enough); under
+            manual optimization, where one batch may step several optimizers, give
+            ``max_steps`` in the Trainer's optimizer steps.
         num_sanity_val_steps: validation batches run before training (``Trainer``'s
             default 2; 0 turns the sanity check off).
         count_tokens / flops_per_token / describe: as for ``FabricBackend``.
@@ -194,6 +197,8 @@ class LightningBackend(FabricBackend):
         )
         self.module = module
         self.datamodule = datamodule
+        #: the run's length was given here (else the driver's ``max_steps`` is used)
+        self._length_given = max_steps is not None or max_epochs is not None
         self.loop = LightningLoop(
             self,
             callbacks=check_callbacks(callbacks),
@@ -324,6 +329,14 @@ class LightningBackend(FabricBackend):
     #: no ``skip_data`` ability: Trainer.fit has no step that reads batches without
     #: training on them (a guard that skips data is refused before the first step)
     skip_data = None  # type: ignore[assignment]
+
+    def use_run_limits(self, limits: RunLimits) -> None:
+        """The driver's limits (before ``setup``): with neither ``max_steps`` nor
+        ``max_epochs`` given here, the driver's ``max_steps`` is ``Trainer(max_steps=)``
+        (one batch is one optimizer step under automatic optimization)."""
+        if self._length_given or not self.module.automatic_optimization:
+            return
+        self.loop.max_steps = limits.max_steps
 
     # -- evaluation -------------------------------------------------------------------
     def use_run_dir(self, run_dir: Path) -> None:

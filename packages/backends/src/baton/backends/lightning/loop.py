@@ -112,7 +112,8 @@ class LightningLoop:
             if self.max_steps is None:
                 raise AttributeError(
                     "self.trainer.estimated_stepping_batches needs the run's length: pass "
-                    "max_steps= (the driver's max_steps) or max_epochs= to LightningBackend"
+                    "max_steps= or max_epochs= to LightningBackend (under manual "
+                    "optimization, max_steps counts the Trainer's optimizer steps)"
                 )
             return self.max_steps
         batches = self.batches_per_epoch()

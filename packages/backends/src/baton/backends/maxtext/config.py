@@ -14,13 +14,15 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import importlib.util
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from baton.backends.maxtext.input_pipeline import DATASET_TYPES, native_data_overrides
+from baton.core.errors import UsageError
 from baton.data import DataError
 
 #: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
@@ -93,6 +95,15 @@ def eval_data_overrides(
     return {"grain_eval_files": native["grain_train_files"], "eval_interval": 1}
 
 
+@functools.cache
+def yaml_keys(path: str) -> frozenset[str]:
+    """The top-level keys of a MaxText YAML (read once per process)."""
+    import yaml
+
+    with open(path) as handle:
+        return frozenset(yaml.safe_load(handle) or {})
+
+
 def packaged_base_yml() -> str:
     """Path of ``maxtext/configs/base.yml`` in the installed maxtext (found without importing it)."""
     spec = importlib.util.find_spec("maxtext")
@@ -149,6 +160,7 @@ class MaxTextConfig:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is
         # never changed by later updates
         self.overrides = dict(self.overrides)
+        self.check_settings(self.overrides)
 
     # dict-style access to the overrides, for on_configure callbacks
     def __getitem__(self, key: str) -> Any:
@@ -169,27 +181,36 @@ class MaxTextConfig:
     def apply_override(self, key: str, value: Any) -> None:
         """``baton run ... --set KEY=VALUE``: a MaxText setting (a key of the base YAML)
         or one of this config's own fields; an unknown key names the closest ones."""
-        import difflib
-
-        import yaml
-
-        from baton.core.overrides import OverrideError
-
-        own = {f for f in self.__dataclass_fields__ if f != "overrides"}
-        if key in own:
+        if key in self._own_fields():
             setattr(self, key, value)
             return
-        base = self.base_config or packaged_base_yml()
-        with open(base) as handle:
-            known = set(yaml.safe_load(handle) or {})
-        if key not in known and key not in self.overrides:
-            close = difflib.get_close_matches(key, sorted(known | own), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise OverrideError(f"--set {key}: not a MaxText setting of {base}{hint}")
+        from baton.core.overrides import OverrideError
+
+        try:
+            self.check_settings([key], given_as="--set")
+        except UsageError as error:
+            raise OverrideError(str(error)) from None
         self.overrides[key] = value
 
     def update(self, values: Mapping[str, Any]) -> None:
+        self.check_settings(values)
         self.overrides.update(values)
+
+    def _own_fields(self) -> set[str]:
+        return {f for f in self.__dataclass_fields__ if f != "overrides"}
+
+    def check_settings(self, keys: Iterable[str], given_as: str = "MaxText override") -> None:
+        """Refuse a key that is no setting of the base YAML in one line naming the closest
+        (``learning_rat`` -> "did you mean learning_rate"), before MaxText lists all 700."""
+        import difflib
+
+        base = self.base_config or packaged_base_yml()
+        known = yaml_keys(base)
+        for key in keys:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known | self._own_fields()), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise UsageError(f"{given_as} {key}: not a MaxText setting of {base}{hint}")
 
     def check(self) -> None:
         """Reject overrides that would fight baton's ownership of checkpoints and monitors."""

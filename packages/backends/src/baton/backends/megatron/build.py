@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from baton.backends.megatron.config import MegatronConfig
+from baton.core.errors import UsageError
 
 
 def transformer_engine_available() -> bool:
@@ -94,6 +95,12 @@ def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any
         raise ValueError(
             "config.optimizer needs lr and min_lr (the schedule's peak and floor), "
             f"got lr={opt.lr}, min_lr={opt.min_lr}"
+        )
+    if not 0 <= opt.min_lr <= opt.lr:  # Megatron's scheduler asserts it
+        raise UsageError(
+            f"config.optimizer.min_lr ({opt.min_lr:g}) must be between 0 and "
+            f"config.optimizer.lr ({opt.lr:g}): the schedule decays from lr down to min_lr; "
+            "lower min_lr (recipes: --min-lr)"
         )
     if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
         opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer

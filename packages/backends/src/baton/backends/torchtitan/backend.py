@@ -122,6 +122,22 @@ def launch_env(launch: Launch) -> dict[str, str]:
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
 
 
+def resolve_paths(cfg: Any) -> None:
+    """Make the paths a user gave relative to where they ran absolute before TorchTitan
+    sees them (it refuses a relative ``initial_load_path``): the weights to start from (a
+    Hugging Face directory, a baton checkpoint or TorchTitan's step-N folder) and the
+    tokenizer directory (``hf_assets_path``)."""
+    checkpoint = cfg.checkpoint
+    if checkpoint.initial_load_path and checkpoint.initial_load_in_hf:
+        checkpoint.initial_load_path = str(Path(checkpoint.initial_load_path).resolve())
+    elif checkpoint.initial_load_path:
+        from baton.backends.torchtitan.export import dcp_folder
+
+        checkpoint.initial_load_path = str(dcp_folder(checkpoint.initial_load_path).resolve())
+    if cfg.hf_assets_path:
+        cfg.hf_assets_path = str(Path(cfg.hf_assets_path).resolve())
+
+
 class TorchTitanBackend(TorchDistributed, BackendBase):
     """TorchTitan's Trainer, its real train_step once per baton step."""
 
@@ -198,12 +214,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         cfg.checkpoint.enable = True
         cfg.checkpoint.interval = 1
         cfg.checkpoint.keep_latest_k = 0
-        if cfg.checkpoint.initial_load_path and not cfg.checkpoint.initial_load_in_hf:
-            # a baton checkpoint (step_NNNNNN) or TorchTitan's step-N folder, made absolute
-            from baton.backends.torchtitan.export import dcp_folder
-
-            folder = dcp_folder(cfg.checkpoint.initial_load_path).resolve()
-            cfg.checkpoint.initial_load_path = str(folder)
+        resolve_paths(cfg)
         mismatch = vocab_mismatch(cfg)
         if mismatch is not None:  # an IndexError at step 1 otherwise
             raise UsageError(

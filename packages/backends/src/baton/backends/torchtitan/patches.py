@@ -462,6 +462,13 @@ class TorchTitanQuiet(QuietPatch):
             "--resume or --init-from, not through initial_load_path",
         ),
         Quiet(
+            "model.safetensors.index.json not found at hf_assets_path",
+            logger=TORCHTITAN_LOGGER,
+            reason="hf_assets_path is the tokenizer's directory; the index only matters "
+            "for saving TorchTitan checkpoints in Hugging Face format, which baton never "
+            "does (baton export writes its own)",
+        ),
+        Quiet(
             "torch.distributed is already initialized. Skipping init_distributed.",
             logger=TORCHTITAN_LOGGER,
             reason="baton creates the process group from the launch before TorchTitan builds",

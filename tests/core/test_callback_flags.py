@@ -17,6 +17,7 @@ import pytest
 from baton.callbacks import Checkpoint, CompositeLogger, Goodput, Watchdog
 from baton.core.cli import main
 from baton.core.errors import UsageError
+from baton.core.logs import setup_logging
 from baton.core.recipe import build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,3 +215,16 @@ def test_every_registered_callback_documents_its_arguments() -> None:
         if not param.help
     ]
     assert not missing, f"add them to the class docstring's Args: section: {missing}"
+
+
+def test_dropping_a_callback_the_recipe_lacks_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging()  # as `baton run` does: baton's lines on stdout
+    driver = build_driver(SCALAR, ["--run-dir", str(tmp_path), "--no-callback", "progress"])
+    assert driver is not None and len(driver.callbacks) == 2  # the recipe's, unchanged
+    captured = capsys.readouterr()
+    assert (
+        "--no-callback progress: the recipe adds no progress callback"
+        in captured.err + captured.out
+    )

@@ -109,6 +109,13 @@ def test_console_keys_show_a_models_own_metric(
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
     assert lines and all(" | loss " in line and " | w " in line for line in lines)
     assert all("samples" not in line for line in lines)
+    # '+key' adds to the recipe's keys; a line of every metric already shows it
+    every = build_driver(SCALAR, [*argv, "--console-keys", "+w"])
+    assert every is not None
+    logger = next(cb for cb in every.callbacks if isinstance(cb, CompositeLogger))
+    assert logger.console_keys() == []
+    with pytest.raises(UsageError, match="mix of"):
+        build_driver(SCALAR, [*argv, "--console-keys", "loss,+w"])
 
 
 def test_baton_callbacks_name_lists_arguments(capsys: pytest.CaptureFixture[str]) -> None:

@@ -271,7 +271,7 @@ def base_type(annotation: Any) -> Any:
     return annotation
 
 
-def check_parameter(name: str, annotation: Any, help: str = "") -> str | None:
+def check_parameter(name: str, annotation: Any, help_text: str = "") -> str | None:
     """Why a recipe parameter (its name, type and docstring help) breaks the vocabulary,
     or ``None`` when it keeps it."""
     if name in RENAMED:
@@ -282,7 +282,7 @@ def check_parameter(name: str, annotation: Any, help: str = "") -> str | None:
         return None
     if base_type(annotation) is not term.type:
         return f"{name} must be {term.type.__name__} (or {term.type.__name__} | None)"
-    if term.zero is not None and f"(0: {term.zero}" not in help:
+    if term.zero is not None and f"(0: {term.zero}" not in help_text:
         return f"{name}: its help must say what 0 means as everywhere: '(0: {term.zero})'"
     return None
 

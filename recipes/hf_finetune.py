@@ -126,7 +126,7 @@ def recipe(
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
         eval_every: steps between evaluations (0: none).
-        save_every: steps between checkpoints, and one at the end (0: only that one).
+        save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """

@@ -102,7 +102,7 @@ def recipe(
         grad_clip: gradient norm clipping threshold (0: no clipping).
         seed: seed of the weights and of the data order (pl.seed_everything).
         log_every: steps between log lines.
-        eval_every: steps between evaluations, and between checkpoints.
+        eval_every: steps between evaluations, and between checkpoints (0: none).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """

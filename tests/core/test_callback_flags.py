@@ -17,6 +17,7 @@ import pytest
 from baton.callbacks import Checkpoint, CompositeLogger, Goodput, Watchdog
 from baton.core.cli import main
 from baton.core.errors import UsageError
+from baton.core.logs import setup_logging
 from baton.core.recipe import build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +109,13 @@ def test_console_keys_show_a_models_own_metric(
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
     assert lines and all(" | loss " in line and " | w " in line for line in lines)
     assert all("samples" not in line for line in lines)
+    # '+key' adds to the recipe's keys; a line of every metric already shows it
+    every = build_driver(SCALAR, [*argv, "--console-keys", "+w"])
+    assert every is not None
+    logger = next(cb for cb in every.callbacks if isinstance(cb, CompositeLogger))
+    assert logger.console_keys() == []
+    with pytest.raises(UsageError, match="mix of"):
+        build_driver(SCALAR, [*argv, "--console-keys", "loss,+w"])
 
 
 def test_baton_callbacks_name_lists_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -214,3 +222,16 @@ def test_every_registered_callback_documents_its_arguments() -> None:
         if not param.help
     ]
     assert not missing, f"add them to the class docstring's Args: section: {missing}"
+
+
+def test_dropping_a_callback_the_recipe_lacks_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup_logging()  # as `baton run` does: baton's lines on stdout
+    driver = build_driver(SCALAR, ["--run-dir", str(tmp_path), "--no-callback", "progress"])
+    assert driver is not None and len(driver.callbacks) == 2  # the recipe's, unchanged
+    captured = capsys.readouterr()
+    assert (
+        "--no-callback progress: the recipe adds no progress callback"
+        in captured.err + captured.out
+    )

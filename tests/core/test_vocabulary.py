@@ -23,7 +23,7 @@ def test_every_recipe_uses_the_vocabulary(path: Path) -> None:
     problems = [
         f"{path.name}: {problem}"
         for param in signature.params
-        if (problem := check_parameter(param.name, param.annotation)) is not None
+        if (problem := check_parameter(param.name, param.annotation, param.help)) is not None
     ]
     assert not problems, "\n".join(problems)
 
@@ -39,6 +39,9 @@ def test_the_vocabulary_is_one_table() -> None:
     )
     assert check_parameter("tp", str) == "tp must be int (or int | None)"
     assert check_parameter("devices", int | None) is None
+    assert check_parameter("save_every", int, "steps between checkpoints (0: none)") == (
+        "save_every: its help must say what 0 means as everywhere: '(0: only when the run stops)'"
+    )
 
 
 @pytest.mark.parametrize(

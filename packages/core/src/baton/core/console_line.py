@@ -24,7 +24,8 @@ class ShowsConsoleLine(Protocol):
     """A callback that prints a console line of chosen metric keys."""
 
     def console_keys(self) -> list[str] | None:
-        """The keys shown (``None``: this callback prints no console line)."""
+        """The keys shown (``[]``: every metric; ``None``: this callback prints no
+        console line)."""
         ...
 
     def show_console_keys(self, keys: Sequence[str]) -> None:
@@ -62,4 +63,6 @@ def apply_console_keys(callbacks: Sequence[object], text: str) -> None:
             "--callback logger:sinks=[jsonl,console]"
         )
     for callback, keys in shown:
+        if not keys and text.lstrip().startswith("+"):
+            continue  # a line of every metric already shows the added ones
         callback.show_console_keys(chosen_keys(keys, text))

@@ -38,6 +38,8 @@ class Term:
     minimum: float | None = None
     #: names recipes used for this meaning before (or frameworks use): not for recipes
     not_called: tuple[str, ...] = ()
+    #: what 0 means, where it means something: a recipe's help says ``(0: <zero>``
+    zero: str | None = None
 
     @property
     def flag(self) -> str:
@@ -173,7 +175,14 @@ VOCABULARY: tuple[Term, ...] = (
     Term("lr", float, "peak learning rate (after warmup)", "schedule", None, ("learning_rate",)),
     Term("min_lr", float, "the learning rate the decay ends at", "schedule", 0),
     Term("warmup_steps", int, "steps of linear warmup", "schedule", 0),
-    Term("grad_clip", float, "gradient norm clipping threshold (0: none)", "schedule", 0),
+    Term(
+        "grad_clip",
+        float,
+        "gradient norm clipping threshold; 0: no clipping",
+        "schedule",
+        0,
+        zero="no clipping",
+    ),
     # -- the run ---------------------------------------------------------------------
     Term("max_steps", int, "optimizer steps to train", "run", 0),
     Term("seed", int, "seed of the weights and of the data order", "run", 0),
@@ -190,6 +199,7 @@ VOCABULARY: tuple[Term, ...] = (
         "steps between evaluations; 0: no evaluation while training",
         "run",
         0,
+        zero="none",
     ),
     Term(
         "save_every",
@@ -199,6 +209,7 @@ VOCABULARY: tuple[Term, ...] = (
         "run",
         0,
         ("checkpoint_period", "save_interval"),
+        zero="only when the run stops",
     ),
     Term(
         "async_save",
@@ -261,14 +272,19 @@ def base_type(annotation: Any) -> Any:
     return annotation
 
 
-def check_parameter(name: str, annotation: Any) -> str | None:
-    """Why a recipe parameter breaks the vocabulary, or ``None`` when it keeps it."""
+def check_parameter(name: str, annotation: Any, help_text: str = "") -> str | None:
+    """Why a recipe parameter (its name, type and docstring help) breaks the vocabulary,
+    or ``None`` when it keeps it."""
     if name in RENAMED:
         term = TERMS[RENAMED[name]]
         return f"{name} means {term.flag} ({term.meaning}); name it {term.name}"
     term = TERMS.get(name)
-    if term is not None and base_type(annotation) is not term.type:
+    if term is None:
+        return None
+    if base_type(annotation) is not term.type:
         return f"{name} must be {term.type.__name__} (or {term.type.__name__} | None)"
+    if term.zero is not None and f"(0: {term.zero}" not in help_text:
+        return f"{name}: its help must say what 0 means as everywhere: '(0: {term.zero})'"
     return None
 
 

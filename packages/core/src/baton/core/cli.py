@@ -24,7 +24,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -116,11 +116,13 @@ def recorded_settings(checkpoint: str | Path) -> dict[str, Any]:
     from baton.core.checkpointing import META_FILE
 
     try:
-        meta = json.loads((Path(checkpoint) / META_FILE).read_text())
-    except (OSError, ValueError):
+        meta: Any = json.loads((Path(checkpoint) / META_FILE).read_text())
+        settings: Any = meta["settings"]
+    except (OSError, ValueError, TypeError, KeyError):
         return {}
-    settings = meta.get("settings") if isinstance(meta, dict) else None
-    return dict(settings) if isinstance(settings, dict) else {}
+    if not isinstance(settings, dict):
+        return {}
+    return {str(k): v for k, v in cast(dict[Any, Any], settings).items()}
 
 
 def cmd_eval(argv: Sequence[str]) -> int:

@@ -172,3 +172,28 @@ def test_a_gpu_job_trains_on_the_gpus(tmp_path: Path, monkeypatch, capsys) -> No
     maxtext = str(root / "recipes" / "maxtext_tiny.py")  # MaxText's hardware=cpu
     code, _, err = submit(maxtext, "--nodes", "2", "--gpus-per-node", "4")
     assert code == 2 and "configures its backend with hardware=cpu" in err
+
+
+def test_the_8b_recipe_plans_the_jobs_layout_before_a_script_is_written(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The issue's case: `--nodes 4 --gpus-per-node 8 --tp 3` on the TorchTitan 8B recipe is
+    refused in the recipe's own words (its backend's dry run for the job's 32 ranks)."""
+    pytest.importorskip("torchtitan")
+    from baton.data import train_tokenizer
+
+    tokenizer = str(train_tokenizer(tmp_path / "tok", vocab_size=512).path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "one document"}\n')
+    recipe = Path(__file__).parents[2] / "recipes" / "torchtitan_llama3_8b.py"
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    code = main([str(recipe), "--nodes", "4", "--gpus-per-node", "8", "--tp", "3", "--dry-run",
+                 "--data-path", str(corpus), "--tokenizer", tokenizer,
+                 "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and not out, err
+    assert (
+        "refuses the job's layout for 32 ranks (4 nodes x 8; its own --dry-run --world-size 32)"
+        in err
+    )
+    assert "tp(3)" in err

@@ -288,9 +288,13 @@ def _gpu_flags(recipe: str, recipe_args: list[str], gpus_per_node: int) -> list[
     return recipe_args
 
 
-def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -> tuple[str, str]:
+def _check_recipe(
+    recipe: str, recipe_args: list[str], gpus_per_node: int = 0
+) -> tuple[str, str, bool]:
     """Build the recipe's driver as ``baton run`` would (nothing trains): returns the
-    backend name and run directory, or raises with the recipe's own message."""
+    backend name, the run directory and whether the backend plans a layout (the
+    ``dry_run`` ability), or raises with the recipe's own message."""
+    from baton.core.backend import DryRuns
     from baton.core.errors import UsageError
     from baton.core.quiet import quiet_imports
     from baton.core.recipe import build_driver
@@ -313,7 +317,7 @@ def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -
             f"{fixed}: the job would train on the CPU; give the recipe an accelerator or "
             "hardware parameter (or set it to a GPU), or drop --gpus-per-node"
         )
-    return driver.backend.name, str(driver.run_dir)
+    return driver.backend.name, str(driver.run_dir), isinstance(driver.backend, DryRuns)
 
 
 def cpu_setting(config: Any) -> str | None:
@@ -327,19 +331,26 @@ def cpu_setting(config: Any) -> str | None:
     return None
 
 
-def check_layout(recipe: str, recipe_args: Sequence[str], spec: JobSpec) -> None:
-    """Ask a recipe that plans its parallel layout (a ``dry_run`` parameter and one of
-    ``WORLD_SIZE_PARAMETERS``) to plan it for the job's world size, in a process of its
-    own (a simulated device count must be set before JAX starts); a refusal is a
-    ``SubmitError`` in the recipe's words. Other recipes check their layout at start."""
+def check_layout(
+    recipe: str, recipe_args: Sequence[str], spec: JobSpec, *, plans: bool = False
+) -> None:
+    """Ask a recipe whose backend plans its parallel layout (``plans``: the ``dry_run``
+    ability, ``baton run --dry-run --world-size N``; or a recipe of its own ``dry_run``
+    parameter with one of ``WORLD_SIZE_PARAMETERS``) to plan it for the job's world size,
+    in a process of its own (a simulated device count must be set before JAX starts); a
+    refusal is a ``SubmitError`` in the recipe's words. Other recipes check their layout
+    at start."""
     from baton.core.recipe_signature import read_signature
 
     signature = read_signature(Path(recipe))
     names = {p.name for p in signature.params} if signature is not None else set()
     world = next((n for n in WORLD_SIZE_PARAMETERS if n in names), None)
-    if "dry_run" not in names or world is None:
+    if "dry_run" in names and world is not None:
+        flag = "--" + world.replace("_", "-")
+    elif plans:
+        flag = "--world-size"
+    else:
         return
-    flag = "--" + world.replace("_", "-")
     command = [spec.python, "-m", "baton.core.cli", "run", recipe, *recipe_args,
                "--dry-run", flag, str(spec.world_size)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -378,7 +389,7 @@ def main(argv: Sequence[str]) -> int:
                 "or use --dry-run to print the script"
             )
         try:
-            backend, run_dir = _check_recipe(args.recipe, recipe_args, args.gpus_per_node)
+            backend, run_dir, plans = _check_recipe(args.recipe, recipe_args, args.gpus_per_node)
         except SubmitError as error:
             if not args.dry_run:
                 raise
@@ -410,7 +421,7 @@ def main(argv: Sequence[str]) -> int:
             extra_sbatch=tuple(args.sbatch_arg),
         )
         script = batch_script(spec)
-        check_layout(spec.recipe, recipe_args, spec)
+        check_layout(spec.recipe, recipe_args, spec, plans=plans)
     except SubmitError as error:
         print(f"baton submit: {error}", file=sys.stderr)
         return 2

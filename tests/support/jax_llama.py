@@ -80,7 +80,7 @@ def tiny_llama_nnx(
 
     model = TinyLlama()
     for layer, weight in zip(model.layers, o_proj, strict=False):
-        layer.self_attn.o_proj.kernel.value = jnp.asarray(np.asarray(weight).T)
+        layer.self_attn.o_proj.kernel.set_value(jnp.asarray(np.asarray(weight).T))
     return model
 
 

@@ -59,28 +59,32 @@ def backend(optimizer, *, steps=6, lr_schedule=None, eval_data=None):
     )
 
 
-def test_gradient_norms_before_clipping_and_update_ratios(tmp_path):
+def expected_group_norms() -> dict[str, float]:
+    """``grad_norm/<group>`` at depth 2 of step 1, from ``jax.grad`` on the same model."""
     import jax
-    import optax
     from flax import nnx
+
+    graphdef, params, rest = nnx.split(tiny_llama_nnx(0), nnx.Param, ...)
+    batch = token_batches(2)[0]
+    grads = jax.grad(lambda p: next_token_loss(nnx.merge(graphdef, p, rest), batch))(params)
+    squares: dict[str, float] = {}
+    for name, grad in named_leaves(grads):
+        group = f"grad_norm/{'.'.join(name.split('.')[:2])}"
+        squares[group] = squares.get(group, 0.0) + float(np.sum(np.asarray(grad, np.float64) ** 2))
+    norms = {group: math.sqrt(square) for group, square in squares.items()}
+    return norms | {"grad_norm/total": math.sqrt(sum(squares.values()))}
+
+
+def test_gradient_norms_before_clipping_and_update_ratios(tmp_path):
+    import optax
 
     weights = Weights()
     tx = optax.chain(optax.clip_by_global_norm(1e-4), optax.sgd(0.1))  # clips every step
     Driver(backend(tx, steps=2), [GradientNormMonitor(depth=2), WeightMonitor(depth=2), weights],
            max_steps=2, log_every=1, run_dir=tmp_path).fit()  # fmt: skip
-    model = tiny_llama_nnx(0)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    batch = token_batches(2)[0]
-    grads = jax.grad(lambda p: next_token_loss(nnx.merge(graphdef, p, rest), batch))(params)
-    groups: dict[str, float] = {}
-    for name, grad in named_leaves(grads):
-        group = ".".join(name.split(".")[:2])
-        groups[group] = groups.get(group, 0.0) + float(np.sum(np.asarray(grad, np.float64) ** 2))
-    logged = weights.logs[1]
-    assert {k for k in logged if k.startswith("grad_norm/")} == {f"grad_norm/{g}" for g in groups} | {"grad_norm/total"}  # fmt: skip
-    for group, square in groups.items():
-        assert logged[f"grad_norm/{group}"] == pytest.approx(math.sqrt(square), rel=1e-4)
-    assert logged["grad_norm/total"] == pytest.approx(math.sqrt(sum(groups.values())), rel=1e-4)
+    expected = expected_group_norms()
+    logged = {k: v for k, v in weights.logs[1].items() if k.startswith("grad_norm/")}
+    assert logged == pytest.approx(expected, rel=1e-4)
     assert logged["grad_norm/total"] > 1e-2  # far above the clip: seen before clipping
     for step in (1, 2):
         before, after = weights.after[step - 1], weights.after[step]
@@ -216,3 +220,56 @@ def test_ema_matches_the_average_of_each_step_s_weights_resumes_bitwise_and_eval
     assert evaluated.evals[4]["eval/loss"] == pytest.approx(float(loss), rel=1e-5)
     for name, value in evaluated.final.items():
         assert np.array_equal(value, weights.after[4][name]), name
+
+
+TWO_DEVICES = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import optax
+from baton.backends.jax import JaxBackend
+from baton.callbacks import Freeze, GradientNormMonitor
+from baton.core import Callback, Driver
+from support.jax_llama import next_token_loss, tiny_llama_nnx, token_batches
+
+class Logged(Callback):
+    def on_log(self, driver, metrics):
+        self.metrics = dict(metrics)
+        pieces = driver.backend.model_state().parameters("layers.0.*")
+        self.frozen = all(p.frozen for p in pieces)
+
+logged = Logged()
+backend = JaxBackend(model=lambda: tiny_llama_nnx(0), optimizer=optax.adam(1e-2),
+                     loss_fn=next_token_loss, train_data=token_batches(2))
+Driver(backend, [GradientNormMonitor(depth=2), Freeze("layers.0.*"), logged], max_steps=1,
+       log_every=1, run_dir={run_dir!r}).fit()
+print(json.dumps({{"mesh": dict(backend.mesh.shape), "metrics": logged.metrics,
+                  "frozen": logged.frozen}}))
+"""
+
+
+def test_two_devices_show_the_same_gradient_norms_and_freeze(tmp_path):
+    """A ``data`` mesh over two CPU devices: the global gradients, the same norms as one
+    device's ``jax.grad`` (frozen layer 0 left out)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parents[2])
+    script = TWO_DEVICES.format(tests=tests, run_dir=str(tmp_path / "run"))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["mesh"] == {"data": 2} and report["frozen"]
+    expected = expected_group_norms()
+    expected.pop("grad_norm/layers.0")
+    expected["grad_norm/total"] = math.sqrt(
+        sum(v**2 for k, v in expected.items() if k != "grad_norm/total")
+    )
+    logged = {k: v for k, v in report["metrics"].items() if k.startswith("grad_norm/")}
+    assert logged == pytest.approx(expected, rel=1e-4)

@@ -7,8 +7,6 @@ Example::
 
     Freeze("*embed*")                      # frozen for the whole run
 
-    uv run baton run recipes/hf_finetune.py --callback 'freeze:patterns=*embed*,until_step=50'
-
 The way Lightning's ``BackboneFinetuning`` trains a head before the body: steps
 ``1..until_step`` leave the matching parameters and their optimizer state exactly as they
 were (the backend's ``model_state().freeze``: no gradient, no update, no optimizer-state

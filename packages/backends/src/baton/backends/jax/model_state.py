@@ -77,14 +77,13 @@ class StepControls:
         self.masked = False
         self.lr_scale = 1.0
         self.scaled = False
+        self.variant: tuple[bool, bool, bool] | None = None
         self._arguments: dict[str, Any] | None = None
 
-    @property
-    def variant(self) -> tuple[bool, bool, bool] | None:
-        key = (bool(self.watchers), self.masked, self.scaled)
-        return key if any(key) else None
-
     def changed(self) -> None:
+        """Call after changing what is asked: the variant and its controls are renewed."""
+        key = (bool(self.watchers), self.masked, self.scaled)
+        self.variant = key if any(key) else None
         self._arguments = None
 
     def arguments(self, params: Any) -> dict[str, Any]:
@@ -147,6 +146,7 @@ class JaxModelState:
 
     def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
         self.controls.watchers.append(watcher)
+        self.controls.changed()
 
     def sum_over_ranks(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return dict(values)

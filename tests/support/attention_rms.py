@@ -1,15 +1,18 @@
 from array_api_compat import array_namespace
 
 from baton.core import Callback, Driver
+from baton.core.backend import Ability
+from baton.core.model_state import HasModelState
 
 
 class AttentionOutputRMS(Callback):
     """Log the RMS of every attention output projection's weights: rms/<name>."""
 
-    def requires(self):
-        return frozenset({"model_state"})
+    def requires(self) -> frozenset[Ability]:
+        return frozenset({"model_state"})  # checked before the first step
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        assert isinstance(driver.backend, HasModelState)  # as requires() made sure
         state = driver.backend.model_state()
         squares, sizes = {}, {}
         for piece in state.parameters("*.self_attn.o_proj.*"):

@@ -47,9 +47,47 @@ def jax_backend(hf_dir: Path) -> Any:
     )
 
 
+def fabric_backend(hf_dir: Path) -> Any:
+    """``recipes/hf_finetune.py``: the transformers model on Fabric (lr > 0 required)."""
+    from baton.core.recipe import build_driver
+
+    args = ["--init-from", str(hf_dir), "--lr", "1e-12", "--run-dir", str(hf_dir.parent / "fabric")]
+    return build_driver(ROOT / "recipes" / "hf_finetune.py", args).backend
+
+
+def lightning_backend(hf_dir: Path) -> Any:
+    """A LightningModule holding the transformers model."""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader
+
+    from baton.backends.fabric import FabricConfig, LightningBackend
+
+    class LlamaModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            from transformers import AutoModelForCausalLM
+
+            self.llama = AutoModelForCausalLM.from_pretrained(hf_dir)
+
+        def training_step(self, batch, batch_idx):
+            return self.llama(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        def train_dataloader(self):
+            tokens = torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(5))
+            return DataLoader([{"input_ids": t, "labels": t} for t in tokens], batch_size=4)
+
+    return LightningBackend(LlamaModule(), config=FabricConfig(accelerator="cpu"))
+
+
 #: name -> build(hf_dir) of a backend whose model starts from those weights, lr 0
 BACKENDS: dict[str, Callable[[Path], Any]] = {
+    "fabric": fabric_backend,
     "jax": jax_backend,
+    "lightning": lightning_backend,
 }
 
 

@@ -83,11 +83,25 @@ def lightning_backend(hf_dir: Path) -> Any:
     return LightningBackend(LlamaModule(), config=FabricConfig(accelerator="cpu"))
 
 
+def megatron_backend(hf_dir: Path) -> Any:
+    """``recipes/megatron_gpt_tiny.py``: Megatron-Core's GPTModel (warmup: step 1's lr is 0)."""
+    pytest.importorskip("megatron.core")
+    from baton.core.recipe import build_driver
+
+    args = [
+        "--init-from", str(hf_dir), "--warmup-steps", "2", "--save-every", "0",
+        "--no-async-save", "--eval-every", "0", "--micro-batch-size", "2",
+        "--global-batch-size", "2", "--run-dir", str(hf_dir.parent / "megatron"), "--no-progress",
+    ]  # fmt: skip
+    return build_driver(ROOT / "recipes" / "megatron_gpt_tiny.py", args).backend
+
+
 #: name -> build(hf_dir) of a backend whose model starts from those weights, lr 0
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "fabric": fabric_backend,
     "jax": jax_backend,
     "lightning": lightning_backend,
+    "megatron": megatron_backend,
 }
 
 

@@ -93,3 +93,37 @@ def test_fabric_ema_resumes_bitwise_and_exports_what_transformers_loads(tmp_path
     assert exported.keys() == whole.keys()
     for name, value in whole.items():
         assert torch.equal(exported[name], value), name
+
+
+def test_megatron_ema_of_fused_tensors_exports_in_hugging_face_names(tmp_path):
+    """EMA on Megatron-Core: q/k/v and gate/up averaged as views into the fused tensors,
+    saved with the checkpoint, exported by ``--ema`` under their Hugging Face names."""
+    import pytest
+
+    pytest.importorskip("megatron.core")
+    from transformers import AutoModelForCausalLM
+
+    from baton.callbacks import EMA
+    from support.tiny_llama import save_tiny_llama
+
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512)
+    args = [
+        "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "2", "--lr", "3e-3",
+        "--no-async-save", "--eval-every", "0", "--micro-batch-size", "2",
+        "--global-batch-size", "2", "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ]  # fmt: skip
+    driver = build_driver(Path(RECIPE).with_name("megatron_gpt_tiny.py"), args)
+    ema = EMA(decay=0.5)
+    driver.callbacks.append(ema)
+    driver.fit()
+    averages = {name: value.detach().clone() for name, value in ema.averages.items()}
+    assert "model.layers.0.self_attn.k_proj.weight" in averages
+    out = tmp_path / "exported"
+    checkpoint = tmp_path / "run/checkpoints/step_000002"
+    assert baton(["export", str(checkpoint), "--format", "hf", str(out), "--ema"]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert sorted(exported) == sorted(averages)
+    for name, value in averages.items():  # q/k/v per key/value group, vocabulary padded
+        shape = exported[name].shape
+        value = value.reshape(shape) if value.numel() == exported[name].numel() else value
+        assert torch.equal(exported[name], value[: shape[0]].float()), name

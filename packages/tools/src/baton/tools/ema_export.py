@@ -52,6 +52,28 @@ def assemble(directory: Path) -> dict[str, Any]:
     return whole
 
 
+def fit_to(name: str, tensor: Any, shape: tuple[int, ...]) -> Any:
+    """``tensor`` in the exported ``shape``: as it is; reshaped row-major when only the
+    grouping differs (Megatron-Core's q/k/v parts, shaped per key/value group); its
+    leading rows when the run padded the vocabulary (Megatron-Core's embedding and
+    output layer)."""
+    have = tuple(tensor.shape)
+    if have == shape:
+        return tensor
+    if tensor.numel() == _count(shape):
+        return tensor.reshape(shape)
+    if len(have) == len(shape) and have[1:] == shape[1:] and have[0] >= shape[0]:
+        return tensor[: shape[0]]
+    raise ExportError(f"the averaged {name} has shape {have}; the exported model has {shape}")
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    total = 1
+    for extent in shape:
+        total *= extent
+    return total
+
+
 def replace_weights(out_dir: Path, tensors: Mapping[str, Any]) -> None:
     """Write ``tensors`` over the weights of the same names in the exported
     ``*.safetensors`` files of ``out_dir`` (each cast to the exported dtype)."""
@@ -62,12 +84,8 @@ def replace_weights(out_dir: Path, tensors: Mapping[str, Any]) -> None:
         weights = load_file(str(path))
         mine = [name for name in weights if name in tensors]
         for name in mine:
-            if tuple(tensors[name].shape) != tuple(weights[name].shape):
-                raise ExportError(
-                    f"the averaged {name} has shape {tuple(tensors[name].shape)}; the exported "
-                    f"model has {tuple(weights[name].shape)}"
-                )
-            weights[name] = tensors[name].to(weights[name].dtype)
+            fitted = fit_to(name, tensors[name], tuple(weights[name].shape))
+            weights[name] = fitted.to(weights[name].dtype).contiguous()
         if mine:
             save_file(weights, str(path), metadata={"format": "pt"})
             placed.update(mine)

@@ -194,11 +194,12 @@ def test_ema_matches_the_average_of_each_step_s_weights_resumes_bitwise_and_eval
 
     from baton.callbacks import Checkpoint
 
-    def run(run_dir, *, use_for_eval=False, **driver):
-        weights, ema = Weights(), EMA(decay=0.8, use_for_eval=use_for_eval)
+    def run(run_dir, **driver):
+        weights, ema = Weights(), EMA(decay=0.8, use_for_eval=True)
         b = backend(optax.adam(1e-2), eval_data=token_batches(1, seed=5))
         callbacks = [ema, Checkpoint(every_n_steps=2, keep_last=None), weights]
-        Driver(b, callbacks, max_steps=4, log_every=1, run_dir=run_dir, **driver).fit()
+        Driver(b, callbacks, max_steps=4, log_every=1, eval_every=4, run_dir=run_dir,
+               **driver).fit()  # fmt: skip
         return weights, {k: np.array(v) for k, v in ema.averages.items()}
 
     weights, averages = run(tmp_path / "whole")
@@ -208,18 +209,17 @@ def test_ema_matches_the_average_of_each_step_s_weights_resumes_bitwise_and_eval
     for name, value in averages.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-7)
     assert (tmp_path / "whole/checkpoints/step_000002/ema/arrays-rank0.safetensors").is_file()
-    _, resumed = run(tmp_path / "resumed", resume=tmp_path / "whole/checkpoints/step_000002")
-    for name, value in averages.items():
-        assert np.array_equal(resumed[name], value), name
-    # evaluation with the averages swapped in; training goes on with the trained weights
-    evaluated, _ = run(tmp_path / "eval", use_for_eval=True, eval_every=4)
+    # evaluation at step 4 with the averages swapped in; the trained weights come back
     graphdef, params, rest = nnx.split(tiny_llama_nnx(0), nnx.Param, ...)
     names = [n for n, _ in named_leaves(params)]
     params = jax.tree.unflatten(jax.tree.structure(params), [averages[n] for n in names])
     loss = next_token_loss(nnx.merge(graphdef, params, rest), token_batches(1, seed=5)[0])
-    assert evaluated.evals[4]["eval/loss"] == pytest.approx(float(loss), rel=1e-5)
-    for name, value in evaluated.final.items():
+    assert weights.evals[4]["eval/loss"] == pytest.approx(float(loss), rel=1e-5)
+    for name, value in weights.final.items():
         assert np.array_equal(value, weights.after[4][name]), name
+    _, resumed = run(tmp_path / "resumed", resume=tmp_path / "whole/checkpoints/step_000002")
+    for name, value in averages.items():
+        assert np.array_equal(resumed[name], value), name
 
 
 TWO_DEVICES = """

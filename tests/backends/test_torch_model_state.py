@@ -182,6 +182,15 @@ def test_fsdp2_and_fsdp1_layouts_gradient_sums_and_freeze_on_two_ranks(tmp_path:
             assert facts["summed"][name] == pytest.approx(value, rel=1e-5), name
             assert facts["flat_summed"][name] == pytest.approx(value, rel=1e-5), name
         assert facts["flat_unchanged"]
+    # one safetensors file per rank: its shard of each array, with where it sits
+    from safetensors import safe_open
+
+    for rank, facts in enumerate(ranks):
+        assert facts["arrays_back"]
+        with safe_open(str(tmp_path / "arrays" / f"arrays-rank{rank}.safetensors"), "pt") as f:
+            where = json.loads(f.metadata()["baton.layout"])["0.weight"]
+            assert where == {"global_shape": [8, 4], "index": [[4 * rank, 4 * rank + 4], [0, 4]]}
+            assert f.get_tensor("0.weight").dtype == torch.float64
     # FSDP 1 flattens the 58 parameters' elements and gives each rank 29 of them
     flat = [facts["flat_layout"] for facts in ranks]
     assert flat[0]["0.weight"] == [[32], [[0, 29]]] and flat[1]["0.weight"] == [[32], [[29, 32]]]

@@ -81,6 +81,15 @@ def main(out: Path) -> None:
     layout = {p.name: [p.global_shape, [[s.start, s.stop] for s in p.index], p.counted,
                        list(p.value.shape)] for p in state.parameters()}  # fmt: skip
 
+    # arrays shaped like the pieces, saved per rank and read back in the same layout
+    arrays = {p.name: p.value.double() * 2 for p in state.parameters()}
+    state.save_arrays(out / "arrays", arrays)
+    dist.barrier()
+    loaded = state.load_arrays(out / "arrays")
+    arrays_back = sorted(loaded) == sorted(arrays) and all(
+        torch.equal(loaded[k], v) for k, v in arrays.items()
+    )
+
     # FSDP 1 (Fabric's "fsdp" strategy, which Fabric runs on GPUs only): flat runs
     flat = _net()
     wrapped = FullyShardedDataParallel(flat, use_orig_params=True, device_id=torch.device("cpu"))
@@ -96,7 +105,8 @@ def main(out: Path) -> None:
     mixed = state.fetch(state.sum_over_ranks({f"only{rank}": torch.tensor(rank + 1.0)}))
     result = {"layout": layout, "summed": summed, "expected": expected,
               "unchanged": unchanged, "mixed": mixed, "flat_layout": flat_layout,
-              "flat_summed": flat_summed, "flat_unchanged": flat_unchanged}  # fmt: skip
+              "flat_summed": flat_summed, "flat_unchanged": flat_unchanged,
+              "arrays_back": arrays_back}  # fmt: skip
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

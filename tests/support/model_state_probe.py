@@ -14,7 +14,7 @@ only (no backend branch), and the transformers reference it is compared with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from baton.core import Callback
 
 #: what the probe freezes after step 1 (Hugging Face names)
 FROZEN = ["model.embed_tokens.*", "model.layers.0.*"]
+
 
 #: a layer group of an HF name: model.layers.N, model.embed_tokens, model.norm, lm_head
 def layer_group(name: str) -> str:
@@ -91,14 +92,18 @@ class ModelStateProbe(Callback):
             self.trained_again = any(not torch.equal(now[k], v) for k, v in self._snapshot.items())
 
 
-def transformers_grad_norms(source: Any, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+def transformers_grad_norms(
+    source: Any, batches: list[Any], loss: Callable[[Any, Any], Any] | None = None
+) -> dict[str, float]:
     """Per-layer gradient norms of the mean loss over ``batches`` (one per data-parallel
-    rank) of the Hugging Face model in ``source``, by torch autograd."""
+    rank) of the Hugging Face model in ``source``, by torch autograd; ``loss(model, batch)``
+    (default: ``model(**batch).loss``)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
     for batch in batches:
-        (model(**batch).loss / len(batches)).backward()
+        value = loss(model, batch) if loss is not None else model(**batch).loss
+        (value / len(batches)).backward()
     squares: dict[str, float] = {}
     for name, parameter in model.named_parameters():
         assert parameter.grad is not None, name
@@ -107,13 +112,19 @@ def transformers_grad_norms(source: Any, batches: list[dict[str, torch.Tensor]])
     return {group: total**0.5 for group, total in squares.items()}
 
 
+def token_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross entropy of ``(tokens, labels)`` (labels already shifted)."""
+    logits = model(batch[0]).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[1].flatten())
+
+
 def check_probe(probe: ModelStateProbe, expected: dict[str, float], lr: float = 5e-4) -> None:
     """What every backend's probe must have seen: per-layer norms within 1e-4 of
     ``expected``, the frozen pieces bitwise unchanged and not shown, then trained again,
     the lr set reported by the groups and used (logged) at the next step."""
     import pytest
 
-    assert set(probe.grad_norms) == set(expected)
+    assert set(probe.grad_norms) == set(expected), (sorted(probe.grad_norms), sorted(expected))
     for group, norm in expected.items():
         assert probe.grad_norms[group] == pytest.approx(norm, rel=1e-4), group
     frozen = ("embed_tokens", ".layers.0.")

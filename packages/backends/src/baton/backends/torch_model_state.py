@@ -251,12 +251,14 @@ class TorchModelState:
 
     def sum_over_ranks(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Each named scalar summed over the ranks of ``group`` (one all-reduce)."""
-        if not values:
+        if not values and self._world() == 1:
             return {}
-        names = self._union(frozenset(values))
+        names = self._union(frozenset(values))  # a rank with no values joins too
+        if not names:
+            return {}
         tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
         device = tensors[0].device if tensors else torch.device("cpu")
-        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+        dtype = torch.float64  # the same on every rank, whatever each one passes
         zero = torch.zeros((), device=device, dtype=dtype)
         stacked = torch.stack(
             [

@@ -155,8 +155,8 @@ def test_sums_fetch_and_arrays_round_trip(tmp_path: Path):
 
 
 def test_wrapper_prefixes_are_stripped():
-    assert strip_wrappers("module._orig_mod.net.0.weight") == "net.0.weight"
-    assert strip_wrappers("net.module.weight") == "net.module.weight"
+    assert strip_wrappers("_orig_mod.net.0._fsdp_wrapped_module.weight") == "net.0.weight"
+    assert strip_wrappers("module.net.module.weight") == "module.net.module.weight"
 
 
 def test_fsdp2_layout_gradient_sums_and_freeze_on_two_ranks(tmp_path: Path):

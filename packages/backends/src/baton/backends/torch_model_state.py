@@ -233,8 +233,9 @@ class TorchModelState:
         current = float(group["lr"])
         position = next(i for i, g in enumerate(optimizer.param_groups) if g is group)
         for scheduler in self.schedulers:
-            if getattr(scheduler, "optimizer", None) is not optimizer:
-                continue
+            scheduled = getattr(scheduler, "optimizer", None)
+            if getattr(scheduled, "param_groups", None) is not optimizer.param_groups:
+                continue  # (a wrapper, e.g. Fabric's, shares its optimizer's groups)
             base = scheduler.base_lrs[position]
             scheduler.base_lrs[position] = base * value / current if current else value
             if hasattr(scheduler, "_last_lr"):
@@ -251,14 +252,12 @@ class TorchModelState:
 
     def sum_over_ranks(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Each named scalar summed over the ranks of ``group`` (one all-reduce)."""
-        if not values and self._world() == 1:
-            return {}
-        names = self._union(frozenset(values))  # a rank with no values joins too
+        names = self._union(frozenset(values))  # (a rank with no names still takes part)
         if not names:
             return {}
         tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
-        device = tensors[0].device if tensors else torch.device("cpu")
-        dtype = torch.float64  # the same on every rank, whatever each one passes
+        device = tensors[0].device if tensors else self._device()
+        dtype = torch.float64  # the same on every rank (a rank may pass no values)
         zero = torch.zeros((), device=device, dtype=dtype)
         stacked = torch.stack(
             [
@@ -271,6 +270,12 @@ class TorchModelState:
         if self._world() > 1:
             dist.all_reduce(stacked, group=self.group)
         return {name: stacked[i] for i, name in enumerate(names)}
+
+    def _device(self) -> torch.device:
+        """Where the model's tensors are (what the collectives run on)."""
+        for entry in self.entries:
+            return entry.local(entry.parameter).device
+        return torch.device("cpu")
 
     def _world(self) -> int:
         if not (dist.is_available() and dist.is_initialized()):

@@ -133,15 +133,12 @@ def entries_from_parameters(
 
 
 def strip_wrappers(name: str) -> str:
-    """A parameter's name without the parts wrappers add: DDP's ``module.`` and Fabric's
-    ``_forward_module.`` in front; ``torch.compile``'s ``_orig_mod.``, activation
-    checkpointing's ``_checkpoint_wrapped_module.`` and FSDP 1's
-    ``_fsdp_wrapped_module.`` anywhere.
+    """A parameter's name without the parts wrappers insert: ``torch.compile``'s
+    ``_orig_mod.``, activation checkpointing's ``_checkpoint_wrapped_module.`` and FSDP 1's
+    ``_fsdp_wrapped_module.``.
 
-    >>> strip_wrappers("_forward_module._orig_mod.layers.0._checkpoint_wrapped_module.w")
+    >>> strip_wrappers("_orig_mod.layers.0._checkpoint_wrapped_module.w")
     'layers.0.w'
     """
-    for outer in ("_forward_module.", "module."):
-        name = name.removeprefix(outer)
     inner = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
     return ".".join(part for part in name.split(".") if part not in inner)

@@ -90,7 +90,7 @@ class ModelStateProbe(Callback):
             same = all(torch.equal(p.value, self.after_first[p.name]) for p in frozen)
             moved = all(not torch.equal(p.value, self.after_first[p.name]) for p in moving)
             before, after = self.optimizer_after_first, _optimizer_state(driver.backend.optimizer)
-            frozen_ids = _frozen_main_ids(driver.backend.optimizer, frozen)
+            frozen_ids = _frozen_main_ids(state, driver.backend.optimizer, frozen)
             kept = all(
                 all(torch.equal(a, b) for a, b in zip(before[key], after[key], strict=True))
                 for key in frozen_ids
@@ -133,16 +133,14 @@ def _optimizer_state(optimizer: Any) -> dict[int, list[torch.Tensor]]:
     return out
 
 
-def _frozen_main_ids(optimizer: Any, frozen: list[Any]) -> set[int]:
+def _frozen_main_ids(state: Any, optimizer: Any, frozen: list[Any]) -> set[int]:
+    """The optimizer's parameters (fp32 copies or shards) that the frozen pieces' model
+    parameters have."""
     from baton.backends.megatron.frozen_grads import optimizer_pairs
 
-    frozen_values = [p.value for p in frozen]
-    return {
-        id(main)
-        for model, main in optimizer_pairs(optimizer)
-        if any(value.untyped_storage().data_ptr() == model.untyped_storage().data_ptr()
-               for value in frozen_values)
-    }  # fmt: skip
+    names = {p.name for p in frozen}
+    params = {id(entry.parameter) for entry in state.entries if entry.name in names}
+    return {id(main) for model, main in optimizer_pairs(optimizer) if id(model) in params}
 
 
 def probe_run(out: Path, recipe: str, args: list[str]) -> None:

@@ -1,6 +1,7 @@
 """Megatron-Core's ``model_state``: from the same Hugging Face weights and one batch, the
 gradients before clipping equal ``transformers``' (per parameter, Hugging Face names,
-q/k/v and gate/up as views into the fused tensors) on one rank, under TP 2 and PP 2;
+q/k/v and gate/up as views into the fused tensors) on one rank, under TP 2, PP 2 and data
+parallel 2 with the distributed optimizer (whose reduce-scatter leaves each rank a shard);
 freezing keeps weights and optimizer state bit-identical while the rest trains; a
 learning rate set by a callback is the one the next step uses, and the schedule goes on
 from it. One 3-step run per layout checks all of it (``model_state_worker.py``)."""
@@ -51,6 +52,7 @@ def _hf_gradient_norms(hf_dir: Path, batch: dict[str, list[list[int]]]) -> dict[
         "single",
         pytest.param("tp2", marks=pytest.mark.slow),
         pytest.param("pp2", marks=pytest.mark.slow),
+        pytest.param("dp2-distributed-optimizer", marks=pytest.mark.slow),
     ],
 )
 def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
@@ -67,8 +69,12 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
     else:
         from support.torchrun import torchrun
 
-        flag = {"tp2": "--tensor-parallel", "pp2": "--pipeline-parallel"}[layout]
-        torchrun(WORKER, str(out), str(RECIPE), *args, flag, "2")
+        flags = {
+            "tp2": ["--tensor-parallel", "2"],
+            "pp2": ["--pipeline-parallel", "2"],
+            "dp2-distributed-optimizer": ["--distributed-optimizer"],
+        }[layout]
+        torchrun(WORKER, str(out), str(RECIPE), *args, *flags)
     seen = json.loads(out.read_text())
 
     expected = _hf_gradient_norms(hf_dir, seen["batch"])

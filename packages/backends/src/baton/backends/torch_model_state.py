@@ -257,7 +257,7 @@ class TorchModelState:
             return {}
         tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
         device = tensors[0].device if tensors else self._device()
-        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+        dtype = torch.float64  # the same on every rank (a rank may pass no values)
         zero = torch.zeros((), device=device, dtype=dtype)
         stacked = torch.stack(
             [

@@ -292,7 +292,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         reduced = self._run_schedule(self.train_streams, forward_only=False)
         finalize_model_grads(self.chunks)
         if self._model_state is not None:  # gradients before clipping, to the watchers
-            self._model_state.show_gradients()
+            self._model_state.before_clipping()
         self._async_saves.wait_for_staging()  # a save still copies what the step changes
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
@@ -343,7 +343,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         assert self.chunks, "setup() must run before model_state()"
         if self._model_state is None:
             self._model_state = MegatronModelState(
-                self.chunks, self.optimizer, self.scheduler, self.config.spec
+                self.chunks, self.optimizer, self.scheduler, spec=self.config.spec, fetch=self.fetch
             )
         return self._model_state
 

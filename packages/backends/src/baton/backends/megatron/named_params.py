@@ -1,5 +1,5 @@
-"""This rank's Megatron-Core parameters by name, with their layout: the entries a
-``MegatronModelState`` shows as ``Piece``s.
+"""This rank's Megatron-Core parameters by name, with their layout: the entries
+(``baton.backends.torch_pieces.Entry``) a ``MegatronModelState`` shows as ``Piece``s.
 
 Names: a model built from the shared Llama spec (``config.spec`` set by ``hf.use_spec``)
 uses the Hugging Face names; ``linear_qkv`` is shown as its ``q_proj``/``k_proj``/
@@ -28,16 +28,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from baton.backends.megatron.hf import LAYER_NAMES, global_name, gpt_model
-
-#: a view of a parameter-shaped tensor (the parameter itself or its ``main_grad``)
-View = Callable[[torch.Tensor], torch.Tensor]
+from baton.backends.torch_pieces import Entry, View
 
 #: Megatron global name -> Hugging Face name, outside the layers
 _OUTER_NAMES = {
@@ -46,25 +43,6 @@ _OUTER_NAMES = {
     "output_layer.weight": "lm_head.weight",
 }
 _LAYER_HF = {mg.format("{}"): hf for hf, mg in LAYER_NAMES.items()}
-
-
-def _whole(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One named tensor of this rank: a view of ``param`` (``view(param)``) and where it
-    sits in the whole tensor."""
-
-    name: str
-    param: torch.nn.Parameter
-    view: View
-    global_shape: tuple[int, ...]
-    index: tuple[slice, ...]
-    counted: bool
-    #: the Megatron name of the fused tensor this entry is part of
-    fused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +94,7 @@ def _entries(name: str, param: Any, config: Any, layout: _Layout, spec: Any) -> 
     if name == "output_layer.weight" and getattr(param, "shared", False):
         name = "embedding.word_embeddings.weight"  # the last stage's tied copy
     shown = _hf_name(name) if spec is not None else name
-    return [Entry(shown, param, _whole, tuple(shape), tuple(index), counted)]
+    return [Entry(shown, param, tuple(shape), tuple(index), counted)]
 
 
 def _hf_name(name: str) -> str:
@@ -158,11 +136,11 @@ def _qkv_parts(name: str, param: Any, config: Any, layout: _Layout, counted: boo
         Entry(
             f"model.layers.{layer}.self_attn.{part}.weight",
             param,
-            _rows(start, stop, shape),
             (groups, stop - start, hidden),
             (first, slice(0, stop - start), slice(0, hidden)),
             counted,
             fused=name,
+            view=_rows(start, stop, shape),
         )
         for part, (start, stop) in bounds.items()
     ]
@@ -183,6 +161,6 @@ def _fc1_parts(name: str, param: Any, layout: _Layout, counted: bool, *, hf: boo
     )
     views = [_rows(0, local, tuple(param.shape)), _rows(local, 2 * local, tuple(param.shape))]
     return [
-        Entry(shown, param, view, shape, index, counted, fused=name)
+        Entry(shown, param, shape, index, counted, fused=name, view=view)
         for shown, view in zip(names, views, strict=True)
     ]

@@ -96,12 +96,41 @@ def megatron_backend(hf_dir: Path) -> Any:
     return build_driver(ROOT / "recipes" / "megatron_gpt_tiny.py", args).backend
 
 
-#: name -> build(hf_dir) of a backend whose model starts from those weights, lr 0
+def torchtitan_backend(hf_dir: Path) -> Any:
+    """``recipes/torchtitan_llama3_debug.py``: TorchTitan's Llama (fused QKV or not)."""
+    pytest.importorskip("torchtitan")
+    from baton.core.recipe import build_driver
+
+    args = [
+        "--init-from", str(hf_dir), "--lr", "1e-12", "--seq-len", "16", "--batch-size", "2",
+        "--save-every", "0", "--run-dir", str(hf_dir.parent / "torchtitan"), "--no-progress",
+    ]  # fmt: skip
+    return build_driver(ROOT / "recipes" / "torchtitan_llama3_debug.py", args).backend
+
+
+def maxtext_backend(hf_dir: Path) -> Any:
+    """``recipes/maxtext_tiny.py``: MaxText's layers scanned into stacked arrays."""
+    pytest.importorskip("maxtext")
+    from baton.core.recipe import build_driver
+
+    root = hf_dir.parent
+    args = [
+        "--init-from", str(hf_dir), "--lr", "1e-12", "--per-device-batch-size", "2",
+        "--seq-len", "16", "--run-dir", str(root / "maxtext"),
+        "--overrides", "dtype=float32", f"base_output_directory={root / 'maxtext-out'}",
+    ]  # fmt: skip
+    return build_driver(ROOT / "recipes" / "maxtext_tiny.py", args).backend
+
+
+#: name -> build(hf_dir) of a backend whose model starts from those weights, lr 0 (or
+#: small enough to leave them as they are to 1e-5)
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "fabric": fabric_backend,
     "jax": jax_backend,
     "lightning": lightning_backend,
+    "maxtext": maxtext_backend,
     "megatron": megatron_backend,
+    "torchtitan": torchtitan_backend,
 }
 
 

@@ -1,4 +1,4 @@
-"""GradientNormMonitor: per-group gradient norms from backends with the ``gradients``
+"""GradientNormMonitor: per-group gradient norms from backends with the ``model_state``
 ability, refused up front by backends without it."""
 
 from __future__ import annotations
@@ -64,5 +64,5 @@ def test_a_lightning_module_shows_its_gradients(tmp_path):
 
 
 def test_a_backend_without_the_ability_is_refused_before_the_first_step(tmp_path):
-    with pytest.raises(MissingAbilityError, match="GradientNormMonitor.*'gradients'"):
+    with pytest.raises(MissingAbilityError, match="GradientNormMonitor.*'model_state'"):
         Driver(ScalarBackend(), [GradientNormMonitor()], max_steps=2, run_dir=tmp_path).fit()

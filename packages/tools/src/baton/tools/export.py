@@ -1,6 +1,6 @@
 """``baton export``: a checkpoint's weights in another format.
 
-baton export CHECKPOINT --format hf OUT_DIR
+baton export CHECKPOINT --format hf OUT_DIR [--ema]
 
 ``--format hf`` writes a Hugging Face model directory that
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads: ``model.safetensors``,
@@ -11,6 +11,7 @@ they are, TorchTitan's through its own state-dict adapter, Megatron-Core's (any
 tensor/pipeline layout) and MaxText's through baton's mappings of a Llama spec;
 ``baton.backends.hf_io`` writes the directory. Any other checkpoint is refused with the
 reason.
+``--ema`` writes the ``EMA`` callback's averaged weights over them (``ema_export``).
 
 Example::
 
@@ -29,14 +30,16 @@ from pathlib import Path
 
 from baton.core.checkpointing import CheckpointError, read_meta
 from baton.core.errors import ExportError, UsageError
+from baton.tools.ema_export import EMA_DIR, assemble, replace_weights
 
 FORMATS = ("hf",)
 #: the backends whose checkpoints export to Hugging Face format
 EXPORTERS = ("fabric", "torchtitan", "megatron", "maxtext")
 
 
-def export_hf(checkpoint: Path, out_dir: Path) -> Path:
-    """Write the checkpoint's model as a Hugging Face directory; returns ``out_dir``."""
+def export_hf(checkpoint: Path, out_dir: Path, *, ema: bool = False) -> Path:
+    """Write the checkpoint's model as a Hugging Face directory; returns ``out_dir``.
+    ``ema``: the ``EMA`` callback's averaged weights instead of the trained ones."""
     backend = read_meta(checkpoint).get("backend", {})
     name = backend.get("name")
     if name not in EXPORTERS:
@@ -45,8 +48,12 @@ def export_hf(checkpoint: Path, out_dir: Path) -> Path:
             f"{name!r} backend for model {backend.get('model', 'unknown')!r}; --format hf "
             f"exports checkpoints of {', '.join(EXPORTERS)}"
         )
+    averages = assemble(checkpoint / EMA_DIR) if ema else None  # refused early if absent
     module = importlib.import_module(f"baton.backends.{name}.export")
-    return module.export_hf(checkpoint, out_dir)
+    out: Path = module.export_hf(checkpoint, out_dir)
+    if averages is not None:
+        replace_weights(out, averages)
+    return out
 
 
 def main(argv: Sequence[str]) -> int:
@@ -56,11 +63,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (step_NNNNNN)")
     parser.add_argument("out_dir", type=Path, help="where to write the exported model")
     parser.add_argument("--format", choices=FORMATS, required=True, help="hf: Hugging Face")
+    parser.add_argument(
+        "--ema", action="store_true", help="the EMA callback's averaged weights (CKPT/ema/)"
+    )
     args = parser.parse_args(list(argv))
     try:
-        out = export_hf(args.checkpoint.resolve(), args.out_dir)
+        out = export_hf(args.checkpoint.resolve(), args.out_dir, ema=args.ema)
     except (UsageError, CheckpointError) as error:
         print(f"baton export: {error}", file=sys.stderr)
         return 2
-    print(f"exported {args.checkpoint} to {out} (Hugging Face format)")
+    weights = "EMA weights" if args.ema else "weights"
+    print(f"exported the {weights} of {args.checkpoint} to {out} (Hugging Face format)")
     return 0

@@ -55,7 +55,7 @@ from baton.backends.fabric.checkpoint import (
     writes_whole_state,
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
-from baton.backends.fabric.gradients import GradientWatchers
+from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks, StepReplay
 from baton.backends.fabric.step import (
     BatchError,
@@ -88,7 +88,7 @@ def _destroy_process_group() -> None:
 
 
 class FabricBackend(
-    torch_distributed.TorchDistributed, GradientWatchers, FabricCorruptionChecks, BackendBase
+    torch_distributed.TorchDistributed, FabricModelState, FabricCorruptionChecks, BackendBase
 ):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
@@ -309,8 +309,7 @@ class FabricBackend(
             total = loss.detach() if total is None else total + loss.detach()
             metrics.update(extra)
         assert total is not None
-        assert self.raw_model is not None
-        self.show_gradients(self.raw_model)
+        self.before_clipping()
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
             # a non-finite loss or norm is the LossGuard callback's job, on log steps.

@@ -292,6 +292,9 @@ class LightningBackend(FabricBackend):
     def _schedulers(self) -> list[Any]:
         return [config.scheduler for config in self.loop.scheduler_configs]
 
+    def optimizers_stepped(self) -> list[Any]:
+        return list(self.loop.optimizers)
+
     @property
     def changeable_settings(self) -> frozenset[str]:
         """The schedules come from ``configure_optimizers``: rebuilt when one of their

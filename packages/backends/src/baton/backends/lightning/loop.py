@@ -284,7 +284,7 @@ class LightningLoop:
         def after_closure() -> Any:
             output = closure()
             self.hook("on_before_optimizer_step", raw)
-            self.backend.show_gradients(self.module)
+            self.backend.before_clipping()
             if self.module.automatic_optimization:
                 self.module_hook(
                     "configure_gradient_clipping",

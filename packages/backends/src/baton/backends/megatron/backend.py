@@ -29,7 +29,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from baton.backends.megatron.data import (
     check_split_not_empty,
     open_prepared,
 )
+from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.plan import layout_plan
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
@@ -96,6 +97,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
         self.source: PreparedSource | None = None
         self._async_saves = AsyncSaves()
+        self._model_state: MegatronModelState | None = None
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -295,6 +297,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
         lr = self.optimizer.param_groups[0]["lr"]
         reduced = self._run_schedule(self.train_streams, forward_only=False)
         finalize_model_grads(self.chunks)
+        if self._model_state is not None:  # gradients before clipping, to the watchers
+            self._model_state.before_clipping()
         self._async_saves.wait_for_staging()  # a save still copies what the step changes
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
@@ -337,6 +341,22 @@ class MegatronBackend(TorchDistributed, BackendBase):
             for chunk in self.chunks:
                 chunk.train()
         return {"loss": self._mean_loss(reduced)}
+
+    # -- the model to callbacks -------------------------------------------------------
+    def model_state(self) -> MegatronModelState:
+        """Parameters by name, gradients, optimizer groups and freezing (ability
+        ``model_state``; see ``megatron/model_state.py``)."""
+        assert self.chunks, "setup() must run before model_state()"
+        if self._model_state is None:
+            self._model_state = MegatronModelState(
+                self.chunks, self.optimizer, self.scheduler, spec=self.config.spec, fetch=self.fetch
+            )
+        return self._model_state
+
+    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
+        """Ability ``gradients``: ``watcher({name: gradient})`` after the gradients are
+        reduced and before clipping, with ``model_state``'s names."""
+        self.model_state().watch_gradients(watcher)
 
     # -- silent-corruption checks ------------------------------------------------------
     def gather_weight_checksums(self) -> list[dict[str, str]]:
@@ -448,6 +468,6 @@ class MegatronBackend(TorchDistributed, BackendBase):
 
         self._async_saves.close()
         parallel_state.destroy_model_parallel()
-        self.chunks, self.train_streams = [], []
+        self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None
         self.teardown_process_group()

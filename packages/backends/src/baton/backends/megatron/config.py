@@ -9,6 +9,8 @@ shape are Megatron's fields; ``optimizer`` is an ``OptimizerConfig`` (its ``lr``
 Example::
 
     from megatron.core.transformer import TransformerConfig
+
+from baton.core.model_spec import LlamaSpec
     from baton.backends.megatron import MegatronConfig
 
     config = MegatronConfig(
@@ -27,6 +29,8 @@ import torch
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
+
+from baton.core.model_spec import LlamaSpec
 
 
 def tiny_transformer_config(**overrides: Any) -> TransformerConfig:
@@ -125,6 +129,9 @@ class MegatronConfig:
     init_from: str | None = None
     #: ``gloo``, ``nccl`` or ``auto`` (nccl with GPUs), used when baton creates the group
     dist_backend: str = "auto"
+    #: the shared model spec the model is built from (``hf.use_spec`` sets it): its
+    #: parameters are then shown by their Hugging Face names (``model_state``)
+    spec: LlamaSpec | None = None
 
     def parallel_sizes(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) sizes from the model config."""

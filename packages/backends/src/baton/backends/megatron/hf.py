@@ -94,6 +94,7 @@ def use_spec(config: Any, spec: LlamaSpec) -> Any:
     config.position_embedding_type = "rope"
     config.rotary_base = spec.rope_theta
     config.share_embeddings_and_output_weights = spec.tie_embeddings
+    config.spec = spec
     return config
 
 
@@ -182,14 +183,14 @@ def load_full_weights(chunks: list[Any], full: dict[str, torch.Tensor]) -> None:
         for name, param in module.state_dict(keep_vars=True).items():
             if name.endswith("_extra_state") or not isinstance(param, torch.Tensor):
                 continue
-            source = _global_name(name, numbers)
+            source = global_name(name, numbers)
             if source not in full:
                 raise KeyError(f"no Hugging Face weight maps to Megatron's {name} ({source})")
             with torch.no_grad():
                 param.copy_(local_shard(name, full[source], rank, size))
 
 
-def _global_name(local: str, numbers: list[int]) -> str:
+def global_name(local: str, numbers: list[int]) -> str:
     """``decoder.layers.<local>.x`` -> ``decoder.layers.<global>.x``, fused norms unfused."""
     match = re.match(r"decoder\.layers\.(\d+)\.(.*)", local)
     if match is None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -54,6 +54,7 @@ import torch
 from baton.backends import torch_distributed
 from baton.backends.async_save import FuturePendingSave
 from baton.backends.torch_distributed import TorchDistributed
+from baton.backends.torch_model_state import TorchModelState
 from baton.backends.torchtitan.capture import StepCapture
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.hf import vocab_mismatch
@@ -157,6 +158,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         self.reshard_data = reshard_data
         self.trainer: Any = None
         self._capture: StepCapture | None = None
+        self._model_state: TorchModelState | None = None
         self._batches: Iterator[Any] | None = None
         self._profiler: Any = None
         self._steps_run = 0
@@ -381,6 +383,23 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             del processor.log_validation
         return seen
 
+    # -- the model, its gradients and optimizer (model_state, gradients) --------------
+    def model_state(self) -> TorchModelState:
+        """Parameters under Hugging Face names, gradients before clipping, optimizer
+        groups and freezing (``torchtitan/model_state.py``); built on first use."""
+        if self.trainer is None or self._capture is None:
+            raise RuntimeError("model_state() is available after setup()")
+        if self._model_state is None:
+            from baton.backends.torchtitan.model_state import titan_model_state
+
+            self._model_state = titan_model_state(self.trainer, self.fetch)
+            self._capture.before_clip = self._model_state.before_clipping
+        return self._model_state
+
+    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
+        """The ``gradients`` ability: ``model_state().watch_gradients``."""
+        self.model_state().watch_gradients(watcher)
+
     # -- silent-corruption checks ------------------------------------------------------
     def gather_weight_checksums(self) -> list[dict[str, str]]:
         """Every rank's checksums of its parameters' and optimizer state's local parts
@@ -486,6 +505,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             if self._capture is not None:
                 self._capture.remove()
             self._capture = None
+            self._model_state = None
             self._profiler = None
             self._batches = None
             self.trainer = None

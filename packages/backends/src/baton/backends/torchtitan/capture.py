@@ -11,7 +11,8 @@ intercepts two calls, narrowly:
   rest; the clone also survives CUDA-graph replays).
 - ``torchtitan.distributed.utils.clip_grad_norm_`` is swapped only for the duration
   of one ``train_step`` call (``with capture.step():``) and restored in ``finally``;
-  the wrapper keeps the returned norm tensor.
+  the wrapper keeps the returned norm tensor. Before clipping it calls ``before_clip``
+  when set (``model_state``: frozen gradients dropped, gradient watchers called).
 
 Nothing calls ``.item()``; the values stay on the device until baton's log step.
 
@@ -27,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,6 +42,8 @@ class StepCapture:
         self.trainer = trainer
         self.loss: torch.Tensor | None = None
         self.grad_norm: torch.Tensor | None = None
+        #: called just before clipping, after backward (the ``model_state`` hook), if set
+        self.before_clip: Callable[[], None] | None = None
         self._forward_backward = trainer.forward_backward_step
         self._dist_utils = sys.modules["torchtitan.distributed.utils"]
         trainer.forward_backward_step = self._capture_forward_backward
@@ -62,6 +65,8 @@ class StepCapture:
         original = self._dist_utils.clip_grad_norm_
 
         def clip_grad_norm_(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if self.before_clip is not None:
+                self.before_clip()
             norm = original(*args, **kwargs)
             self.grad_norm = norm
             return norm

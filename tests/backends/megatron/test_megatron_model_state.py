@@ -1,0 +1,93 @@
+"""Megatron-Core's ``model_state``: from the same Hugging Face weights and one batch, the
+gradients before clipping equal ``transformers``' (per parameter, Hugging Face names,
+q/k/v and gate/up as views into the fused tensors) on one rank, under TP 2, PP 2 and data
+parallel 2 with the distributed optimizer (whose reduce-scatter leaves each rank a shard);
+freezing keeps weights and optimizer state bit-identical while the rest trains; a
+learning rate set by a callback is the one the next step uses, and the schedule goes on
+from it. One 3-step run per layout checks all of it (``model_state_worker.py``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import torch
+
+from support.tiny_llama import load_llama, save_tiny_llama
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_state_worker import SET_LR, probe_run
+
+RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
+WORKER = Path(__file__).with_name("model_state_worker.py")
+MICRO_BATCH = 4
+
+
+def _hf_gradient_norms(hf_dir: Path, batch: dict[str, list[list[int]]]) -> dict[str, float]:
+    """Each parameter's gradient norm of Megatron's loss (the mean over micro-batches of
+    each one's token-mean cross entropy) computed by autograd on the transformers model."""
+    model = load_llama(hf_dir).train()
+    tokens, labels = torch.tensor(batch["tokens"]), torch.tensor(batch["labels"])
+    mask = torch.tensor(batch["loss_mask"]).float()
+    losses = []
+    for start in range(0, tokens.shape[0], MICRO_BATCH):
+        part = slice(start, start + MICRO_BATCH)
+        logits = model(tokens[part]).logits
+        token_losses = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), labels[part].flatten(), reduction="none"
+        )
+        losses.append((token_losses * mask[part].flatten()).sum() / mask[part].sum())
+    torch.stack(losses).mean().backward()
+    return {name: float(p.grad.double().norm()) for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "single",
+        pytest.param("tp2", marks=pytest.mark.slow),
+        pytest.param("pp2", marks=pytest.mark.slow),
+        pytest.param("dp2-distributed-optimizer", marks=pytest.mark.slow),
+    ],
+)
+def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
+    hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512)
+    out = tmp_path / "probe.json"
+    args = [
+        "--init-from", str(hf_dir), "--max-steps", "3", "--warmup-steps", "3",
+        "--lr", "3e-3", "--save-every", "0", "--no-async-save", "--eval-every", "0",
+        "--micro-batch-size", str(MICRO_BATCH), "--global-batch-size", "8",
+        "--run-dir", str(tmp_path / "run"), "--no-progress",
+    ]  # fmt: skip
+    if layout == "single":
+        probe_run(out, str(RECIPE), args)
+    else:
+        from support.torchrun import torchrun
+
+        flags = {
+            "tp2": ["--tensor-parallel", "2"],
+            "pp2": ["--pipeline-parallel", "2"],
+            "dp2-distributed-optimizer": ["--distributed-optimizer"],
+        }[layout]
+        torchrun(WORKER, str(out), str(RECIPE), *args, *flags)
+    seen = json.loads(out.read_text())
+
+    expected = _hf_gradient_norms(hf_dir, seen["batch"])
+    assert sorted(seen["norms"]) == sorted(expected)
+    for name, norm in expected.items():
+        assert seen["norms"][name] == pytest.approx(norm, rel=1e-4), name
+
+    assert seen["checks"] == {
+        "fused_part_refused": True,
+        "froze_layer0_and_embedding": True,
+        "frozen_bitwise_others_trained": True,
+        "groups_report_set_lr": True,
+    }
+    # warmup over 3 steps from 0: step 1 uses 0, step 2 the value set (the schedule's
+    # 1e-3 scaled by 1.25), step 3 the schedule's 2e-3 scaled alike
+    assert seen["lrs"] == pytest.approx([0.0, SET_LR, 2 * SET_LR], rel=1e-12)

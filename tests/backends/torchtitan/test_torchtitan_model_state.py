@@ -12,6 +12,9 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
+import torch
+
+from baton.core import Callback
 from baton.core.recipe import build_driver
 from support.model_state_probe import (
     FROZEN,
@@ -31,6 +34,23 @@ SEQ, BATCH = 64, 2
 pytestmark = pytest.mark.slow
 
 
+class HfValues(Callback):
+    """At the last step: every piece reshaped to its Hugging Face shape, against
+    TorchTitan's own adapter's ``to_hf`` of the model's state dict."""
+
+    def on_step_end(self, driver, output) -> None:
+        if driver.step != driver.max_steps:
+            return
+        trainer = driver.backend.trainer
+        adapter = trainer.checkpointer.sd_adapter
+        state = trainer.model_parts[0].state_dict()
+        hf = adapter.to_hf({k: getattr(v, "full_tensor", v.detach)() for k, v in state.items()})
+        pieces = driver.backend.model_state().parameters()
+        self.equal = {
+            p.name: torch.equal(p.value.reshape(hf[p.name].shape), hf[p.name]) for p in pieces
+        }
+
+
 def test_one_process_hf_names_gradients_freeze_and_lr(tmp_path: Path):
     source = save_tiny_llama(tmp_path / "hf")
     driver = build_driver(RECIPE, [
@@ -39,9 +59,10 @@ def test_one_process_hf_names_gradients_freeze_and_lr(tmp_path: Path):
         "--run-dir", str(tmp_path / "run"), "--no-progress",
     ])  # fmt: skip
     driver.backend.config.training.max_norm = 0.01  # clipping bites: norms are from before
-    probe = ModelStateProbe(FROZEN)
-    driver.callbacks.append(probe)
+    probe, values = ModelStateProbe(FROZEN), HfValues()
+    driver.callbacks += [probe, values]
     driver.fit()
+    assert values.equal and all(values.equal.values()), values.equal
     expected = transformers_grad_norms(source, [first_byte_batch(SEQ, BATCH)], token_loss)
     check_probe(probe, expected)
     from transformers import AutoModelForCausalLM

@@ -6,11 +6,12 @@ Names: the Hugging Face names, through the model's own state-dict adapter
 (``Llama3StateDictAdapter.from_hf_map``, the mapping ``--init-from`` and ``baton export``
 use): ``layers.0.attention.qkv_linear.wq.weight`` is ``model.layers.0.self_attn.q_proj.weight``.
 A parameter the adapter does not map (a model without an adapter) keeps TorchTitan's
-name. The adapter permutes the rows of ``q_proj`` and ``k_proj`` within each head on the
-way to Hugging Face (TorchTitan's rotary embedding pairs neighbouring rows): the pieces
-are TorchTitan's tensors, so those two keep TorchTitan's row order. Norms, sums and
-element-wise statistics are unaffected; an array written back with ``assign`` or saved
-with ``save_arrays`` is in the same order.
+name. The fused QKV projection of a model built from the spec (``FusedQKVLinear.wqkv``) is
+shown as ``q_proj``, ``k_proj`` and ``v_proj``, views shaped by KV group whose elements
+read row-major are Hugging Face's (``qkv_parts``: TorchTitan's grouping and its rotary
+row order undone by strides). A model with separate ``wq``/``wk`` (no spec) keeps
+TorchTitan's rotary row order within each head under the Hugging Face name (norms and
+sums are the same; ``baton export`` applies the adapter's permutation).
 
 Layouts: FSDP and TP shards are DTensors (``torch_pieces.layout``); under pipeline
 parallelism each rank shows its stage's layers; a replicated plain tensor is counted on
@@ -104,14 +105,22 @@ def _fused_qkv(part: Any) -> dict[int, tuple[int, int]]:
 def qkv_parts(
     entry: Entry, heads_per_kv: int, head_dim: int, to_hf: Callable[[str], str]
 ) -> list[Entry]:
-    """The Hugging Face ``q_proj``, ``k_proj``, ``v_proj`` parts of a fused ``wqkv``.
+    """The Hugging Face ``q_proj``, ``k_proj``, ``v_proj`` parts of a fused ``wqkv``, as
+    views whose elements, read row-major, are Hugging Face's.
 
-    TorchTitan stacks the rows by KV group: ``[n_kv, q heads per KV + 2, head_dim, dim]``
-    (the group's query heads, then its key head, then its value head). Each part is a
-    view into that: ``q_proj`` shaped ``[n_kv, q heads per KV, head_dim, dim]``,
-    ``k_proj`` and ``v_proj`` ``[n_kv, head_dim, dim]`` (Hugging Face's rows, grouped by
-    KV head). A shard must hold whole KV groups (FSDP and TP split rows by group when
-    the degree divides the KV heads)."""
+    TorchTitan stacks the rows by KV group, ``[n_kv, q heads per KV + 2, head_dim, ...]``
+    (the group's query heads, then its key head, then its value head), and orders each
+    query and key head's rows for its complex rotary embedding (row ``2j + i`` is Hugging
+    Face's row ``i * head_dim / 2 + j``). The parts are shaped so that both are undone by
+    strides alone:
+
+    - ``q_proj``: ``[n_kv, q heads per KV, 2, head_dim / 2, ...]``
+    - ``k_proj``: ``[n_kv, 2, head_dim / 2, ...]``
+    - ``v_proj``: ``[n_kv, head_dim, ...]``
+
+    ``reshape(hf_shape)`` of a whole part is the Hugging Face tensor. A shard must hold
+    whole KV groups (FSDP and TP split the rows by group when their degree divides the
+    number of KV heads; another split is refused)."""
     group_rows = (heads_per_kv + 2) * head_dim
     rows = entry.index[0]
     if rows.start % group_rows or (rows.stop % group_rows and rows.stop != rows.start):
@@ -123,32 +132,40 @@ def qkv_parts(
     groups = slice(rows.start // group_rows, rows.stop // group_rows)
     n_kv = entry.global_shape[0] // group_rows
     tail_shape, tail_index = entry.global_shape[1:], entry.index[1:]
+    half = head_dim // 2
     base = entry.name.removesuffix(".wqkv.weight").removesuffix(".wqkv.bias")
     param = entry.name.rsplit(".", 1)[1]
-    parts = []
-    for letter, take, heads in (
-        ("q", slice(0, heads_per_kv), heads_per_kv),
-        ("k", heads_per_kv, 1),
-        ("v", heads_per_kv + 1, 1),
-    ):
 
-        def view(t: Any, take: Any = take) -> Any:
-            return t.view(-1, heads_per_kv + 2, head_dim, *t.shape[1:])[:, take]
+    def grouped(t: Any) -> Any:
+        return t.view(-1, heads_per_kv + 2, head_dim, *t.shape[1:])
 
-        lead = (n_kv, heads) if letter == "q" else (n_kv,)
-        lead_index = (groups, slice(0, heads)) if letter == "q" else (groups,)
-        parts.append(
-            Entry(
-                to_hf(f"{base}.w{letter}.{param}"),
-                entry.parameter,
-                (*lead, head_dim, *tail_shape),
-                (*lead_index, slice(0, head_dim), *tail_index),
-                counted=entry.counted,
-                fused=entry.name,
-                view=view,
-            )
+    def q_view(t: Any) -> Any:
+        return grouped(t)[:, :heads_per_kv].unflatten(2, (half, 2)).transpose(2, 3)
+
+    def k_view(t: Any) -> Any:
+        return grouped(t)[:, heads_per_kv].unflatten(1, (half, 2)).transpose(1, 2)
+
+    def v_view(t: Any) -> Any:
+        return grouped(t)[:, heads_per_kv + 1]
+
+    every = (slice(0, 2), slice(0, half))
+    parts = (
+        ("q", q_view, (n_kv, heads_per_kv, 2, half), (groups, slice(0, heads_per_kv), *every)),
+        ("k", k_view, (n_kv, 2, half), (groups, *every)),
+        ("v", v_view, (n_kv, head_dim), (groups, slice(0, head_dim))),
+    )
+    return [
+        Entry(
+            to_hf(f"{base}.w{letter}.{param}"),
+            entry.parameter,
+            (*lead, *tail_shape),
+            (*lead_index, *tail_index),
+            counted=entry.counted,
+            fused=entry.name,
+            view=view,
         )
-    return parts
+        for letter, view, lead, lead_index in parts
+    ]
 
 
 def _is_dtensor(tensor: Any) -> bool:

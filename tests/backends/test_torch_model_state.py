@@ -159,7 +159,7 @@ def test_wrapper_prefixes_are_stripped():
     assert strip_wrappers("module.net.module.weight") == "module.net.module.weight"
 
 
-def test_fsdp2_layout_gradient_sums_and_freeze_on_two_ranks(tmp_path: Path):
+def test_fsdp2_and_fsdp1_layouts_gradient_sums_and_freeze_on_two_ranks(tmp_path: Path):
     import json
 
     from support.torchrun import torchrun
@@ -180,3 +180,18 @@ def test_fsdp2_layout_gradient_sums_and_freeze_on_two_ranks(tmp_path: Path):
         assert facts["mixed"] == {"only0": 1.0, "only1": 2.0}
         for name, value in facts["expected"].items():
             assert facts["summed"][name] == pytest.approx(value, rel=1e-5), name
+            assert facts["flat_summed"][name] == pytest.approx(value, rel=1e-5), name
+        assert facts["flat_unchanged"]
+    # one safetensors file per rank: its shard of each array, with where it sits
+    from safetensors import safe_open
+
+    for rank, facts in enumerate(ranks):
+        assert facts["arrays_back"]
+        with safe_open(str(tmp_path / "arrays" / f"arrays-rank{rank}.safetensors"), "pt") as f:
+            where = json.loads(f.metadata()["baton.layout"])["0.weight"]
+            assert where == {"global_shape": [8, 4], "index": [[4 * rank, 4 * rank + 4], [0, 4]]}
+            assert f.get_tensor("0.weight").dtype == torch.float64
+    # FSDP 1 flattens the 58 parameters' elements and gives each rank 29 of them
+    flat = [facts["flat_layout"] for facts in ranks]
+    assert flat[0]["0.weight"] == [[32], [[0, 29]]] and flat[1]["0.weight"] == [[32], [[29, 32]]]
+    assert flat[0]["2.weight"] == [[16], [[0, 0]]] and flat[1]["2.weight"] == [[16], [[0, 16]]]

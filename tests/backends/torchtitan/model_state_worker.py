@@ -1,5 +1,5 @@
 """Run under torchrun with 2 processes: ``ModelStateProbe`` on TorchTitan from a
-Hugging Face directory (``--init-from``), under FSDP 2 and then TP 2. Each rank writes
+Hugging Face directory (``--init-from``), under FSDP 2, TP 2 and PP 2. Each rank writes
 ``<layout>_rank<r>.json`` into OUT.
 
 model_state_worker.py HF_DIR OUT
@@ -18,7 +18,11 @@ from baton.core.recipe import build_driver  # noqa: E402
 from support.model_state_probe import FROZEN, ModelStateProbe  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "torchtitan_llama3_debug.py"
-LAYOUTS = {"fsdp": ["--dp-shard", "2"], "tp": ["--dp-shard", "1", "--tp", "2"]}
+LAYOUTS = {
+    "fsdp": ["--dp-shard", "2"],
+    "tp": ["--dp-shard", "1", "--tp", "2"],
+    "pp": ["--dp-shard", "1", "--pp", "2"],
+}
 
 
 def run(layout: str, source: str, out: Path) -> None:

@@ -1,7 +1,7 @@
 """The ``model_state`` ability on TorchTitan from a Hugging Face directory: per-layer
 gradient norms before clipping under Hugging Face names against transformers' own,
-freezing and a learning rate set by a callback; in one process, and under FSDP 2 and
-TP 2 on gloo (``model_state_worker.py``)."""
+freezing and a learning rate set by a callback; in one process, and under FSDP 2,
+TP 2 and PP 2 on gloo (``model_state_worker.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from support.model_state_probe import (
     token_loss,
     transformers_grad_norms,
 )
-from support.tiny_llama import save_tiny_llama
+from support.tiny_llama import load_llama, save_tiny_llama
 from support.titan_batches import first_byte_batch
 from support.torchrun import torchrun
 
@@ -50,20 +50,48 @@ def test_one_process_hf_names_gradients_freeze_and_lr(tmp_path: Path):
     assert {p.name for p in probe.state.parameters()} == hf_names
 
 
-def test_fsdp2_and_tp2_gradients_freeze_and_lr(tmp_path: Path):
+def _probe(facts: dict) -> ModelStateProbe:
+    probe = ModelStateProbe(FROZEN)
+    probe.__dict__.update(facts)
+    probe.lr_logged = {int(k): v for k, v in facts["lr_logged"].items()}
+    probe.watched_while_frozen = set(facts["watched_while_frozen"])
+    return probe
+
+
+def _stages(ranks: list[dict]) -> dict:
+    """Two pipeline stages' facts as one model's: names and checks over both."""
+    first, second = ranks
+    assert first["grad_norms"] == second["grad_norms"]  # one sum over the ranks
+    assert not set(first["layouts"]) & set(second["layouts"])  # each stage its own layers
+    return {
+        **first,
+        "frozen_names": first["frozen_names"] + second["frozen_names"],
+        "watched_while_frozen": first["watched_while_frozen"] + second["watched_while_frozen"],
+        "frozen_unchanged": first["frozen_unchanged"] and second["frozen_unchanged"],
+        "trained_again": first["trained_again"] or second["trained_again"],
+        "layouts": {**first["layouts"], **second["layouts"]},
+    }
+
+
+def test_fsdp2_tp2_and_pp2_gradients_freeze_and_lr(tmp_path: Path):
     source = save_tiny_llama(tmp_path / "hf")
     torchrun(HERE / "model_state_worker.py", str(source), str(tmp_path))
     one_batch = transformers_grad_norms(source, [first_byte_batch(SEQ, BATCH)], token_loss)
     two_batches = [first_byte_batch(SEQ, BATCH, 2, rank) for rank in range(2)]
-    expected = {"fsdp": transformers_grad_norms(source, two_batches, token_loss), "tp": one_batch}
+    expected = {
+        "fsdp": transformers_grad_norms(source, two_batches, token_loss),
+        "tp": one_batch,
+        "pp": one_batch,
+    }
     for layout in ("fsdp", "tp"):
         ranks = [json.loads((tmp_path / f"{layout}_rank{r}.json").read_text()) for r in range(2)]
         for facts in ranks:
-            probe = ModelStateProbe(FROZEN)
-            probe.__dict__.update(facts)
-            probe.lr_logged = {int(k): v for k, v in facts["lr_logged"].items()}
-            probe.watched_while_frozen = set(facts["watched_while_frozen"])
-            check_probe(probe, expected[layout])
+            check_probe(_probe(facts), expected[layout])
         # each rank holds one of the two KV groups of the fused QKV (FSDP and TP: rows)
         q = "model.layers.0.self_attn.q_proj.weight"
         assert [facts["layouts"][q][0] for facts in ranks] == [[0, 1], [1, 2]], layout
+    stages = [json.loads((tmp_path / f"pp_rank{r}.json").read_text()) for r in range(2)]
+    merged = _stages(stages)
+    check_probe(_probe(merged), expected["pp"])
+    hf_names = {n for n, _ in load_llama(source).named_parameters()}
+    assert set(merged["layouts"]) == hf_names

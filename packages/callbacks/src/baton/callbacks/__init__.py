@@ -16,6 +16,8 @@ from baton.callbacks.checkpoint_upload import CheckpointUpload
 from baton.callbacks.composite_logger import CompositeLogger
 from baton.callbacks.corruption_check import CorruptionCheck
 from baton.callbacks.early_stopping import EarlyStopping
+from baton.callbacks.ema import EMA
+from baton.callbacks.freeze import Freeze
 from baton.callbacks.gc_control import GarbageCollection
 from baton.callbacks.goodput import Goodput
 from baton.callbacks.gradient_norms import GradientNormMonitor
@@ -29,14 +31,17 @@ from baton.callbacks.standard import CONSOLE_KEYS, standard_callbacks
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.callbacks.time_limit import TimeLimit
 from baton.callbacks.watchdog import Watchdog
+from baton.callbacks.weight_monitor import WeightMonitor
 
 __all__ = [
     "CONSOLE_KEYS",
+    "EMA",
     "Checkpoint",
     "CheckpointUpload",
     "CompositeLogger",
     "CorruptionCheck",
     "EarlyStopping",
+    "Freeze",
     "GarbageCollection",
     "Goodput",
     "GradientNormMonitor",
@@ -49,5 +54,6 @@ __all__ = [
     "ThroughputMonitor",
     "TimeLimit",
     "Watchdog",
+    "WeightMonitor",
     "standard_callbacks",
 ]

@@ -42,7 +42,7 @@ from baton.core.patches import PatchDecision
 from baton.core.resuming import Resumer, restore_callback_states
 from baton.core.run_record import write_patch_report, write_run_record
 from baton.core.rundir import RunDirLock
-from baton.core.saving import CheckpointSaver, checkpoint_meta
+from baton.core.saving import CheckpointSaver, SavingAttributes, checkpoint_meta
 from baton.core.startup import check_needs, prepare
 
 log = logging.getLogger("baton")
@@ -61,7 +61,7 @@ class RunResult:
     checkpoints: list[Path] = field(default_factory=list[Path])
 
 
-class Driver(OptionAttributes):
+class Driver(OptionAttributes, SavingAttributes):
     """Owns the training loop; the backend supplies one optimizer step at a time.
 
     Args:
@@ -133,17 +133,6 @@ class Driver(OptionAttributes):
     def abilities(self) -> frozenset[Ability]:
         """The backend's optional abilities (known after ``backend.setup``)."""
         return self._abilities
-
-    @property
-    def saved(self) -> list[Path]:
-        """The checkpoints this run completed, oldest first."""
-        return self._saver.saved
-
-    @property
-    def save_blocking_s(self) -> float:
-        """Wall time this process spent blocked in checkpoint saves (an async save's
-        background write is not counted), for honest throughput."""
-        return self._saver.blocking_s
 
     def record(self, name: str, value: Any) -> None:
         """Add a lazy value to the next log step's single host transfer."""

@@ -72,6 +72,8 @@ class CheckpointSaver:
         self.on_saved = on_saved
         self.asynchronous = False
         self.saved: list[Path] = []
+        #: the directory of the checkpoint being written (set before ``snapshot()``)
+        self.writing: Path | None = None
         self.blocking_s = 0.0
         self._pending: list[_PendingCheckpoint] = []
         self._hasher: ThreadPoolExecutor | None = None
@@ -103,6 +105,7 @@ class CheckpointSaver:
                 shutil.rmtree(tmp)
             (tmp / ckpt.BACKEND_DIR).mkdir(parents=True)
         self.backend.barrier()
+        self.writing = tmp
         meta = snapshot()
         try:
             handle = self.backend.save(tmp / ckpt.BACKEND_DIR, asynchronous=self.asynchronous)
@@ -185,6 +188,31 @@ class CheckpointSaver:
         if self._hasher is not None:
             self._hasher.shutdown(wait=True)
             self._hasher = None
+
+
+class SavingAttributes:
+    """What callbacks read about the run's saves (``driver.saved``, ...)."""
+
+    _saver: CheckpointSaver
+
+    @property
+    def checkpoint_being_written(self) -> Path | None:
+        """The directory of the checkpoint being written, for ``on_save_checkpoint``: a
+        callback writes state too large for ``baton.json`` there, in a folder of its own
+        beside ``backend/`` (``EMA`` writes ``ema/``); on resume it reads it back from
+        ``resumed_from``. ``None`` before the first save."""
+        return self._saver.writing
+
+    @property
+    def saved(self) -> list[Path]:
+        """The checkpoints this run completed, oldest first."""
+        return self._saver.saved
+
+    @property
+    def save_blocking_s(self) -> float:
+        """Wall time this process spent blocked in checkpoint saves (an async save's
+        background write is not counted), for honest throughput."""
+        return self._saver.blocking_s
 
 
 def checkpoint_meta(

@@ -1,6 +1,6 @@
 """``baton export``: a checkpoint's weights in another format.
 
-baton export CHECKPOINT --format hf OUT_DIR
+baton export CHECKPOINT --format hf OUT_DIR [--ema]
 
 ``--format hf`` writes a Hugging Face model directory (``model.safetensors`` +
 ``config.json``) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)``
@@ -12,6 +12,7 @@ names and saved with ``save_pretrained``. TorchTitan Llama checkpoints go throug
 TorchTitan's own state-dict adapter (``baton.backends.torchtitan.export``); Megatron-Core
 checkpoints of a Llama spec (any tensor/pipeline layout) through baton's mapping
 (``baton.backends.megatron.export``). Any other checkpoint is refused with the reason.
+``--ema`` writes the ``EMA`` callback's averaged weights (``ema_export``).
 
 Example::
 
@@ -32,6 +33,7 @@ from typing import Any
 
 from baton.core.checkpointing import BACKEND_DIR, CheckpointError, read_meta
 from baton.core.errors import ExportError
+from baton.tools.ema_export import EMA_DIR, assemble, replace_weights
 
 FORMATS = ("hf",)
 #: the Fabric backend's files inside a checkpoint's ``backend/`` directory
@@ -50,11 +52,15 @@ TOKENIZER_FILES = (
 )
 
 
-def export_hf(checkpoint: Path, out_dir: Path) -> Path:
+def export_hf(checkpoint: Path, out_dir: Path, *, ema: bool = False) -> Path:
     """Write the checkpoint's model as a Hugging Face directory (with the run's tokenizer
-    files when it used a tokenizer directory); returns ``out_dir``."""
+    files when it used a tokenizer directory); returns ``out_dir``. ``ema``: the ``EMA``
+    callback's averaged weights instead of the trained ones (``ema_export``)."""
     meta = read_meta(checkpoint)
+    averages = assemble(checkpoint / EMA_DIR) if ema else None
     out = _export_weights(checkpoint, out_dir, meta.get("backend", {}))
+    if averages is not None:
+        replace_weights(out, averages)
     tokenizer = meta.get("settings", {}).get("tokenizer")
     if isinstance(tokenizer, str) and Path(tokenizer).is_dir():
         for name in TOKENIZER_FILES:
@@ -111,11 +117,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (step_NNNNNN)")
     parser.add_argument("out_dir", type=Path, help="where to write the exported model")
     parser.add_argument("--format", choices=FORMATS, required=True, help="hf: Hugging Face")
+    parser.add_argument(
+        "--ema", action="store_true", help="the EMA callback's averaged weights (CKPT/ema/)"
+    )
     args = parser.parse_args(list(argv))
     try:
-        out = export_hf(args.checkpoint.resolve(), args.out_dir)
+        out = export_hf(args.checkpoint.resolve(), args.out_dir, ema=args.ema)
     except (ExportError, CheckpointError) as error:
         print(f"baton export: {error}", file=sys.stderr)
         return 2
-    print(f"exported {args.checkpoint} to {out} (Hugging Face format)")
+    weights = "EMA weights" if args.ema else "weights"
+    print(f"exported the {weights} of {args.checkpoint} to {out} (Hugging Face format)")
     return 0

@@ -51,6 +51,8 @@ import numpy as np
 
 from baton.backends.async_save import FuturePendingSave
 from baton.backends.jax.data import BatchStream, DataEnd
+from baton.backends.jax.model_state import JaxModelState, StepControls
+from baton.backends.jax.steps import LossFunctionError, loss_and_metrics, make_train_step
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.backend import BackendBase
 from baton.core.metrics import StepOutput
@@ -62,10 +64,6 @@ META_FILE = "baton_jax.json"
 def data_file(rank: int) -> str:
     """The file holding process ``rank``'s data position inside a checkpoint."""
     return f"data_rank{rank:05d}.json"
-
-
-class LossFunctionError(TypeError):
-    """``loss_fn`` returned something other than a scalar loss or ``(loss, metrics)``."""
 
 
 class BatchRejected(ValueError):
@@ -159,6 +157,11 @@ class JaxBackend(JaxDistributed, BackendBase):
         self._eval: Any = None
         self._replicated: Any = None
         self._batch_sharding: Any = None
+        self._split: Any = None
+        self._variants: dict[tuple[bool, bool, bool], Any] = {}
+        self._model_state: JaxModelState | None = None
+        #: what callbacks on the model asked of the step (``model_state.py``)
+        self.controls = StepControls()
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -236,41 +239,61 @@ class JaxBackend(JaxDistributed, BackendBase):
     def _compile(self, split: Any) -> tuple[Any, Any]:
         """The jitted train step (state donated) and evaluation step."""
         import jax
-        import optax
 
         cfg = self.config
-        merge, tx, loss_fn = split.merge, cfg.optimizer, cfg.loss_fn
+        merge, loss_fn = split.merge, cfg.loss_fn
         eval_fn = cfg.eval_fn or loss_fn
-
-        def loss_of(model: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
-            return _loss_and_metrics(loss_fn(model, batch))
-
-        def train_step(state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], Any]:
-            (loss, aux), grads, rest = split.value_and_grad(
-                lambda model: loss_of(model, batch), state["params"], state["rest"]
-            )
-            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-            new_state = {
-                "params": optax.apply_updates(state["params"], updates),
-                "rest": rest,
-                "opt_state": opt_state,
-                "step": state["step"] + 1,
-            }
-            return new_state, (loss, aux)
 
         def eval_step(state: dict[str, Any], batch: Any) -> Any:
             model = merge(state["params"], state["rest"])
             if cfg.eval_fn is None and hasattr(model, "eval") and split.kind == "nnx":
                 model.eval()
-            return _loss_and_metrics(eval_fn(model, batch))
+            return loss_and_metrics(eval_fn(model, batch))
+
+        self._split = split
+        train = self._jit_train(make_train_step(split, cfg.optimizer, self._loss_of))
+        if self.mesh is None:
+            return train, jax.jit(eval_step)
+        return train, jax.jit(eval_step, out_shardings=self._replicated)
+
+    def _loss_of(self, model: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
+        assert self.config.loss_fn is not None
+        return loss_and_metrics(self.config.loss_fn(model, batch))
+
+    def _jit_train(self, step: Any, *, variant: bool = False) -> Any:
+        """``step`` jitted with the state donated (over the mesh: the state replicated;
+        a variant's gradients too)."""
+        import jax
 
         if self.mesh is None:
-            return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+            return jax.jit(step, donate_argnums=0)
         state_sharding = jax.tree.map(lambda _: self._replicated, self.state)
-        return (
-            jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, self._replicated)),
-            jax.jit(eval_step, out_shardings=self._replicated),
-        )
+        outputs = (state_sharding, self._replicated) + ((self._replicated,) if variant else ())
+        return jax.jit(step, donate_argnums=0, out_shardings=outputs)
+
+    def _variant_step(self, key: tuple[bool, bool, bool]) -> Any:
+        """The step variant a callback on the model asked for (compiled once per kind:
+        gradients returned, a freezing mask, an lr scale; see ``steps.py``)."""
+        if key not in self._variants:
+            grads, masked, scaled = key
+            step = make_train_step(
+                self._split, self.config.optimizer, self._loss_of,
+                grads=grads, masked=masked, scaled=scaled,
+            )  # fmt: skip
+            self._variants[key] = self._jit_train(step, variant=True)
+        return self._variants[key]
+
+    # -- callbacks on the model (the ``model_state`` and ``gradients`` abilities) ------
+    def model_state(self) -> JaxModelState:
+        """The parameters by name, gradients, lr and freezing (``model_state.py``)."""
+        if self._model_state is None:
+            self._model_state = JaxModelState(self)
+        return self._model_state
+
+    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
+        """Call ``watcher({name: gradient})`` before each update (the first one makes
+        the backend compile a step that returns the gradients)."""
+        self.model_state().watch_gradients(watcher)
 
     # -- the step ---------------------------------------------------------------------
     def _place(self, batch: Any) -> Any:
@@ -305,7 +328,15 @@ class JaxBackend(JaxDistributed, BackendBase):
         waited = time.perf_counter() - started
         tokens, samples = self._count(batch)
         try:
-            self.state, (loss, aux) = self._step(self.state, self._place(batch))
+            variant = self.controls.variant
+            if variant is None:  # nothing asked of the step: the plain one
+                self.state, (loss, aux) = self._step(self.state, self._place(batch))
+            else:
+                arguments = self.controls.arguments(self.state["params"])
+                step_fn = self._variant_step(variant)
+                self.state, (loss, aux), grads = step_fn(self.state, self._place(batch), arguments)
+                if self.controls.watchers:
+                    self.controls.show(grads)
         except (LossFunctionError, BatchRejected):
             raise
         except (TypeError, ValueError) as error:
@@ -317,7 +348,8 @@ class JaxBackend(JaxDistributed, BackendBase):
         schedule = self.config.lr_schedule
         if schedule is not None:
             index = self.steps_done - 1  # the update just made used schedule(count before it)
-            metrics["lr"] = lambda: schedule(index)
+            scale = self.controls.lr_scale
+            metrics["lr"] = lambda: schedule(index) * scale
         return StepOutput(
             loss=loss, metrics=metrics, tokens=tokens, samples=samples, data_wait_s=waited
         )
@@ -365,7 +397,11 @@ class JaxBackend(JaxDistributed, BackendBase):
 
         assert self.data is not None and self.state is not None
         directory = Path(directory).resolve()  # orbax wants absolute paths
-        position = {"step": self.steps_done, "data": self.data.state_dict()}
+        position = {
+            "step": self.steps_done,
+            "data": self.data.state_dict(),
+            "lr_scale": self.controls.lr_scale,
+        }
         (directory / data_file(self.rank)).write_text(json.dumps(position))
         if self.rank == 0:
             meta = {
@@ -408,11 +444,15 @@ class JaxBackend(JaxDistributed, BackendBase):
             )
         self.steps_done = restored_step
         self.data.load_state_dict(position["data"])
+        self.controls.lr_scale = float(position.get("lr_scale", 1.0))
+        self.controls.scaled = self.controls.scaled or self.controls.lr_scale != 1.0
+        self.controls.changed()
 
     def teardown(self) -> None:
         """Drop the device state and the compiled steps."""
         self.state = None
         self._step = self._eval = None
+        self._variants.clear()
 
 
 def _check_same_params(params: Any) -> None:
@@ -433,36 +473,3 @@ def _is_key(value: Any) -> bool:
     import jax
 
     return hasattr(value, "dtype") and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
-
-
-def _loss_and_metrics(out: Any) -> tuple[Any, dict[str, Any]]:
-    """Split what a loss function returned into a scalar loss and a dict of scalars
-    (checked while tracing: no cost per step)."""
-    import jax.numpy as jnp
-
-    if isinstance(out, tuple):
-        if len(out) != 2 or not isinstance(out[1], Mapping):
-            raise LossFunctionError(
-                "loss_fn must return a scalar loss or (loss, {name: scalar}); it returned a "
-                f"tuple of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
-            )
-        loss, aux = out
-    else:
-        loss, aux = out, {}
-    if (
-        not hasattr(loss, "shape")
-        or jnp.shape(loss) != ()
-        or not jnp.issubdtype(jnp.result_type(loss), jnp.floating)
-    ):
-        shape = getattr(loss, "shape", None)
-        raise LossFunctionError(
-            f"loss_fn must return a scalar floating loss, got {type(loss).__name__} with shape "
-            f"{shape}; reduce it (e.g. .mean()) and return (loss, metrics) for more values"
-        )
-    for key, value in aux.items():
-        if jnp.shape(value) != ():
-            raise LossFunctionError(
-                f"loss_fn's metric {key!r} has shape {jnp.shape(value)}; metrics must be "
-                "scalars (reduce them in the loss function)"
-            )
-    return loss, dict(aux)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +72,7 @@ from baton.backends.maxtext.checkpoint import (
 )
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.data import TextBatches, TextCorpus, eval_batches
+from baton.backends.maxtext.model_state import ShowsModelState
 from baton.backends.maxtext.native_data import native_data_fingerprint
 from baton.backends.maxtext.patches import simulate_host_devices
 from baton.backends.maxtext.plan import Plan, dry_run
@@ -89,7 +89,7 @@ _METRIC_NAMES: dict[str, str] = {
 }
 
 
-class MaxTextBackend(JaxDistributed, BackendBase):
+class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
     """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
 
     name = "maxtext"
@@ -274,18 +274,15 @@ class MaxTextBackend(JaxDistributed, BackendBase):
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
         waited = time.perf_counter() - started
         self.consumed += 1
-        train = self._p_train
-        if self._keep_state_once:  # a background save still reads this state's arrays
-            train, self._keep_state_once = self._train_keeping_state(), False
-        with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):
-            self.state, metrics = train(self.state, batch)
+        keep, self._keep_state_once = self._keep_state_once, False  # a background save
+        with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):  # reads it
+            self.state, metrics = self._run_train_step(batch, keep_state=keep)
         scalars = metrics["scalar"]
         values: dict[str, Any] = {}
         for key, value in scalars.items():
             if key != "learning/loss":
                 values[_METRIC_NAMES.get(str(key), str(key).removeprefix("learning/"))] = value
-        schedule, index = self._lr_at, step - 1  # MaxText's 0-based step
-        values["lr"] = partial(schedule, index)  # computed when a log step fetches it
+        values["lr"] = self._lr_metric(step - 1)  # MaxText's 0-based step; computed when fetched
         samples = int(cfg.global_batch_size_to_train_on)
         return StepOutput(
             loss=scalars["learning/loss"],
@@ -368,6 +365,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
             "data_fingerprint": self._data_fingerprint,
             "layout": self.layout(),
         }
+        meta |= self._hyperparameters_set()  # by callbacks: restored on resume
         if jax.process_index() == 0:
             (directory / META_FILE).write_text(json.dumps(meta, indent=2))
         if asynchronous and self._saves_in_background():
@@ -429,6 +427,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
                 f"{meta['optimizer_step']}; the checkpoint is inconsistent"
             )
         self._restore_data_position(meta["data"])
+        self._restore_hyperparameters_set(meta)
 
     def _restore_data_position(self, data: Mapping[str, Any]) -> None:
         if self.batches is not None:
@@ -483,7 +482,7 @@ class MaxTextBackend(JaxDistributed, BackendBase):
     def teardown(self) -> None:
         """Drop the device state and compiled steps (patches restore process settings)."""
         self._background_saves.close()  # the driver waited for them; the thread stops
-        self.state = None
+        self.state = self._model_state = None
         self._p_train = self._p_eval = self._p_train_keeping = self._loader = None
         self._keep_state_once = False
         if self.data_iterator is not None and hasattr(self.data_iterator, "close"):

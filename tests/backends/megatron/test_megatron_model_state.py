@@ -21,7 +21,7 @@ import torch
 from support.tiny_llama import load_llama, save_tiny_llama
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model_state_worker import SET_LR, probe_run
+from model_state_worker import FROZEN, SET_LR, probe_run
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
 WORKER = Path(__file__).with_name("model_state_worker.py")
@@ -70,10 +70,16 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
     if layout == "single":
         probe_run(out, str(RECIPE), args(3))
         # resumed from step 3's checkpoint (frozen parameters in the optimizer's state,
-        # the lr set in its groups): the schedule goes on scaled
+        # the lr set in its groups) inside a Freeze window: the schedule goes on scaled,
+        # the Freeze callback freezes again
+        from baton.callbacks.freeze import Freeze
+
         resumed = tmp_path / "resumed.json"
-        probe_run(resumed, str(RECIPE), args(4, "--resume", "auto", "--allow-changed", "max_steps"))
-        assert json.loads(resumed.read_text())["lrs"] == pytest.approx([3e-3 * SET_LR / 1e-3])
+        more = ("--resume", "auto", "--allow-changed", "max_steps")
+        probe_run(resumed, str(RECIPE), args(4, *more), Freeze(FROZEN, until_step=4))
+        after = json.loads(resumed.read_text())
+        assert after["lrs"] == pytest.approx([3e-3 * SET_LR / 1e-3])
+        assert after["checks"] == {"resumed_frozen_bitwise_others_trained": True}
     else:
         from support.torchrun import torchrun
 

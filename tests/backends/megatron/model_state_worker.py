@@ -8,7 +8,9 @@ The probe, through ``backend.model_state()`` only:
 - before step 2: freezes layer 0 and the embedding, and sets the learning rate;
 - after step 3: whether every frozen piece is bit-identical to its value after step 1 (on
   every rank, also the optimizer's state for it) and every other piece changed;
-- the learning rate each step used (the backend's logged ``lr``), and the schedule's.
+- the learning rate each step used (the backend's logged ``lr``);
+- at step 4 of a resumed run (with a ``Freeze`` callback): frozen pieces as loaded, the
+  rest trained.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class ModelStateProbe(Callback):
             for key in ("tokens", "labels", "loss_mask")
         }
 
+    def on_train_start(self, driver: Any) -> None:
+        self.at_start = {p.name: p.value.clone() for p in driver.backend.model_state().parameters()}
+
     def _watch(self, grads: Any) -> None:
         if self._grads is None:
             self._grads = {name: grad.clone() for name, grad in grads.items()}
@@ -83,6 +88,11 @@ class ModelStateProbe(Callback):
             self.norms = {k: v**0.5 for k, v in state.fetch(state.sum_over_ranks(squares)).items()}
             self.after_first = {p.name: p.value.clone() for p in state.parameters()}
             self.optimizer_after_first = _optimizer_state(driver.backend.optimizer)
+        if driver.step == 4:  # a resumed run: the Freeze callback froze again
+            pieces = state.parameters()
+            self.checks["resumed_frozen_bitwise_others_trained"] = all(
+                torch.equal(p.value, self.at_start[p.name]) == p.frozen for p in pieces
+            ) and any(p.frozen for p in pieces)
         if driver.step == 3:
             pieces = state.parameters()
             frozen = [p for p in pieces if p.frozen]
@@ -143,10 +153,10 @@ def _frozen_main_ids(state: Any, optimizer: Any, frozen: list[Any]) -> set[int]:
     return {id(main) for model, main in optimizer_pairs(optimizer) if id(model) in params}
 
 
-def probe_run(out: Path, recipe: str, args: list[str]) -> None:
+def probe_run(out: Path, recipe: str, args: list[str], *callbacks: Callback) -> None:
     driver = build_driver(recipe, args)
     probe = ModelStateProbe()
-    driver.callbacks.append(probe)
+    driver.callbacks.extend([*callbacks, probe])
     driver.fit()
     if probe.rank == 0:
         schedule = driver.backend.config

@@ -4,7 +4,7 @@ q/k/v and gate/up as views into the fused tensors) on one rank, under TP 2, PP 2
 parallel 2 with the distributed optimizer (whose reduce-scatter leaves each rank a shard);
 freezing keeps weights and optimizer state bit-identical while the rest trains; a
 learning rate set by a callback is the one the next step uses, and the schedule goes on
-from it. One 3-step run per layout checks all of it (``model_state_worker.py``)."""
+from it, also after a resume (which loads the frozen parameters' optimizer state). One 3-step run per layout checks all of it (``model_state_worker.py``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from support.tiny_llama import load_llama, save_tiny_llama
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model_state_worker import SET_LR, probe_run
+from model_state_worker import FROZEN, SET_LR, probe_run
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
 WORKER = Path(__file__).with_name("model_state_worker.py")
@@ -58,14 +58,28 @@ def _hf_gradient_norms(hf_dir: Path, batch: dict[str, list[list[int]]]) -> dict[
 def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512)
     out = tmp_path / "probe.json"
-    args = [
-        "--init-from", str(hf_dir), "--max-steps", "3", "--warmup-steps", "3",
-        "--lr", "3e-3", "--save-every", "0", "--no-async-save", "--eval-every", "0",
-        "--micro-batch-size", str(MICRO_BATCH), "--global-batch-size", "8",
-        "--run-dir", str(tmp_path / "run"), "--no-progress",
-    ]  # fmt: skip
+
+    def args(steps: int, *more: str) -> list[str]:
+        return [
+            "--init-from", str(hf_dir), "--max-steps", str(steps), "--warmup-steps", "3",
+            "--lr", "3e-3", "--save-every", "0", "--no-async-save", "--eval-every", "0",
+            "--micro-batch-size", str(MICRO_BATCH), "--global-batch-size", "8",
+            "--run-dir", str(tmp_path / "run"), "--no-progress", *more,
+        ]  # fmt: skip
+
     if layout == "single":
-        probe_run(out, str(RECIPE), args)
+        probe_run(out, str(RECIPE), args(3))
+        # resumed from step 3's checkpoint (frozen parameters in the optimizer's state,
+        # the lr set in its groups) inside a Freeze window: the schedule goes on scaled,
+        # the Freeze callback freezes again
+        from baton.callbacks.freeze import Freeze
+
+        resumed = tmp_path / "resumed.json"
+        more = ("--resume", "auto", "--allow-changed", "max_steps")
+        probe_run(resumed, str(RECIPE), args(4, *more), Freeze(FROZEN, until_step=4))
+        after = json.loads(resumed.read_text())
+        assert after["lrs"] == pytest.approx([3e-3 * SET_LR / 1e-3])
+        assert after["checks"] == {"resumed_frozen_bitwise_others_trained": True}
     else:
         from support.torchrun import torchrun
 
@@ -74,7 +88,7 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
             "pp2": ["--pipeline-parallel", "2"],
             "dp2-distributed-optimizer": ["--distributed-optimizer"],
         }[layout]
-        torchrun(WORKER, str(out), str(RECIPE), *args, *flags)
+        torchrun(WORKER, str(out), str(RECIPE), *args(3), *flags)
     seen = json.loads(out.read_text())
 
     expected = _hf_gradient_norms(hf_dir, seen["batch"])

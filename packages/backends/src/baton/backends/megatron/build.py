@@ -85,9 +85,11 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
 
 def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any]:
     """``get_megatron_optimizer`` over ``chunks`` and its ``OptimizerParamScheduler``
-    (warmup, then the decay style over ``decay_steps``; constant without them)."""
+    (warmup, then the decay style over ``decay_steps``; constant without them), as
+    ``BatonParamScheduler`` (which keeps what a callback set through ``model_state``)."""
     from megatron.core.optimizer import get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from baton.backends.megatron.scheduler import BatonParamScheduler
 
     cfg = config
     opt = cfg.optimizer
@@ -107,7 +109,7 @@ def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any
     optimizer = get_megatron_optimizer(opt, chunks)
     decay = cfg.decay_steps
     style = cfg.decay_style if decay is not None else "constant"
-    scheduler = OptimizerParamScheduler(
+    scheduler = BatonParamScheduler(
         optimizer,
         init_lr=0.0,
         max_lr=opt.lr,

@@ -106,6 +106,8 @@ def _state_like(reference: dict[str, Any], main: torch.Tensor, own: Any) -> dict
         if key == "step":
             state[key] = value.clone() if isinstance(value, torch.Tensor) else value
         elif key not in state:
-            is_buffer = isinstance(value, torch.Tensor) and value.shape == main.shape
-            state[key] = torch.zeros_like(main) if is_buffer else value
+            if isinstance(value, torch.Tensor):  # a moment (like the parameter) or a scalar
+                state[key] = torch.zeros_like(main) if value.dim() else value.clone()
+            else:
+                state[key] = value
     return state

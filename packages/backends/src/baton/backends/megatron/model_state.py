@@ -13,13 +13,14 @@ checkpoint) with Megatron's gradients, freezing and learning-rate schedule.
   watcher is installed, the buffers are all-gathered over the data-parallel group first
   (one all-gather per bucket per step; none without a watcher).
 - Learning rate: Megatron's ``OptimizerParamScheduler`` sets each group's ``lr`` from its
-  schedule at every step. ``set_hyperparameter("lr", x)`` scales the group's schedule
-  (its ``max_lr`` and ``min_lr``; the warmup starts at 0) by ``x`` / the schedule's value
-  for the next step, so the next step uses ``x`` and the schedule continues from it.
+  schedule at every step. ``set_hyperparameter("lr", x)`` sets the group's
+  ``baton_lr_scale`` (``scheduler.BatonParamScheduler``) to ``x`` / the schedule's value
+  for the next step: the next step uses ``x`` and the schedule continues from it, scaled.
   When the schedule's value is 0 (the first warmup step) nothing can be scaled: ``x``
-  is used for the next step only. ``weight_decay`` replaces the group's weight-decay
-  schedule by the constant ``x`` (its ``start_wd``, ``end_wd``, ``wd_mult``).
-  Both are per-group keys of the optimizer's ``param_groups``, which its checkpoint holds.
+  is used for the next step only. ``weight_decay`` replaces the group's scheduled weight
+  decay by the constant ``x`` (``baton_weight_decay``). Both keys live in the optimizer's
+  ``param_groups``, saved and restored with its checkpoint (Megatron's own schedule keys
+  identify a group on load, so they are left as built).
 - Freezing: ``frozen_grads.FrozenGradients`` drops the frozen parameters' gradients in
   the optimizer, after it prepared them and before it clips: weights, fp32 main copies
   and Adam state stay bit-identical. Part of a fused tensor alone is refused.
@@ -40,11 +41,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from baton.backends.megatron.frozen_grads import FrozenGradients, optimizer_pairs
 from baton.backends.megatron.named_params import named_entries
+from baton.backends.megatron.scheduler import LR_SCALE, WEIGHT_DECAY, set_lr
 from baton.backends.torch_model_state import Fetch, TorchModelState
 from baton.core.model_state import Hyperparameter, OptimizerGroup
 
@@ -122,29 +123,21 @@ class MegatronModelState(TorchModelState):
         return groups
 
     def _set_lr(self, optimizer: Any, group: dict[str, Any], value: float) -> None:
-        """Scale the group's schedule (``max_lr``, ``min_lr``) so the next step uses
+        """Scale the group's schedule (``scheduler.LR_SCALE``) so the next step uses
         ``value`` and the schedule continues from it."""
         del optimizer
-        scheduler = self.scheduler
-        current = scheduler.get_lr(group)
-        if current > 0:
-            factor = value / current
-            group["max_lr"] = group.get("max_lr", scheduler.max_lr) * factor
-            group["min_lr"] = group.get("min_lr", scheduler.min_lr) * factor
-        if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(value)
-        else:
-            group["lr"] = value
+        scheduled = self.scheduler.get_lr(group)
+        if scheduled > 0:
+            group[LR_SCALE] = value / scheduled
+        set_lr(group, value)
 
     def set_hyperparameter(
         self, name: Hyperparameter, value: float, *, groups: Sequence[int] | None = None
     ) -> None:
         """``lr``: the schedule scaled to continue from ``value``; ``weight_decay``: the
-        groups' weight-decay schedule replaced by the constant ``value``."""
+        groups' scheduled weight decay replaced by ``value`` (``scheduler.py``)."""
         super().set_hyperparameter(name, value, groups=groups)
         if name == "weight_decay":
             param_groups = self.optimizer.param_groups
             for number in range(len(param_groups)) if groups is None else groups:
-                group = param_groups[number]
-                group["start_wd"] = group["end_wd"] = float(value)
-                group["wd_mult"] = 1.0
+                param_groups[number][WEIGHT_DECAY] = float(value)

@@ -96,11 +96,25 @@ def megatron_backend(hf_dir: Path) -> Any:
     return build_driver(ROOT / "recipes" / "megatron_gpt_tiny.py", args).backend
 
 
+def maxtext_backend(hf_dir: Path) -> Any:
+    """``recipes/maxtext_tiny.py``: MaxText's scanned layers (warmup: step 1's lr is 0)."""
+    pytest.importorskip("maxtext")
+    from baton.core.recipe import build_driver
+
+    args = [
+        "--init-from", str(hf_dir), "--save-every", "0", "--no-async-save", "--eval-every", "0",
+        "--per-device-batch-size", "2", "--run-dir", str(hf_dir.parent / "maxtext"),
+        "--no-progress", "--overrides", "dtype=float32",
+    ]  # fmt: skip
+    return build_driver(ROOT / "recipes" / "maxtext_tiny.py", args).backend
+
+
 #: name -> build(hf_dir) of a backend whose model starts from those weights, lr 0
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "fabric": fabric_backend,
     "jax": jax_backend,
     "lightning": lightning_backend,
+    "maxtext": maxtext_backend,
     "megatron": megatron_backend,
 }
 

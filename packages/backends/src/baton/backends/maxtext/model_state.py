@@ -44,7 +44,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -53,6 +52,7 @@ from typing import Any
 from baton.backends.jax_distributed import fetch
 from baton.backends.maxtext.controlled_step import controlled_train_step
 from baton.backends.maxtext.hf_views import LAYER_AXIS, View, leaves, model_views
+from baton.core.array_files import array_file, layout_metadata, read_layout
 from baton.core.model_state import Hyperparameter, OptimizerGroup, Piece, matches
 
 
@@ -301,45 +301,41 @@ class MaxTextModelState:
 
     # -- arrays beside a checkpoint -----------------------------------------------------
     def save_arrays(self, directory: Path, arrays: Mapping[str, Any]) -> None:
+        """Process 0 writes every array whole (global arrays): ``arrays-rank0.safetensors``."""
         import jax
         import numpy as np
         from safetensors.numpy import save_file
 
         if jax.process_index() != 0:
-            return  # global arrays: process 0 writes the whole tensors
+            return
+        pieces = {p.name: p for p in self.parameters()}
+        unknown = sorted(set(arrays) - pieces.keys())
+        if unknown:
+            raise KeyError(f"save_arrays: no parameters named {', '.join(unknown[:3])}")
         directory.mkdir(parents=True, exist_ok=True)
         host = {name: np.ascontiguousarray(jax.device_get(v)) for name, v in arrays.items()}
-        layout = {
-            name: {"global_shape": list(a.shape), "index": [[0, n] for n in a.shape]}
-            for name, a in host.items()
-        }
-        save_file(
-            host,
-            str(directory / "arrays-rank0.safetensors"),
-            metadata={"baton_layout": json.dumps(layout)},
-        )
+        metadata = layout_metadata(pieces[name] for name in host)
+        save_file(host, str(directory / array_file(0)), metadata=metadata)
 
     def load_arrays(self, directory: Path) -> dict[str, Any]:
+        """Every process reads the whole arrays and places each like its parameter."""
         import jax
-        from safetensors.numpy import load_file
+        from safetensors import safe_open
 
-        files = sorted(Path(directory).glob("arrays-rank*.safetensors"))
-        if [f.name for f in files] != ["arrays-rank0.safetensors"]:
-            raise ValueError(
-                f"{directory}: expected one arrays-rank0.safetensors (MaxText's global "
-                f"arrays), found {[f.name for f in files] or 'none'}"
-            )
-        loaded = load_file(str(files[0]))
-        pieces = {piece.name: piece for piece in self.parameters(list(loaded))}
-        arrays = {}
-        for name, array in loaded.items():
-            piece = pieces.get(name)
-            if piece is None or tuple(array.shape) != piece.global_shape:
-                raise ValueError(
-                    f"{directory}: {name} has shape {tuple(array.shape)}, this run's is "
-                    f"{piece.global_shape if piece else 'absent'}"
-                )
-            arrays[name] = jax.device_put(array, piece.value.sharding)
+        path = Path(directory) / array_file(0)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: nothing was saved with save_arrays there")
+        pieces = {p.name: p for p in self.parameters()}
+        arrays: dict[str, Any] = {}
+        with safe_open(str(path), framework="numpy") as saved:
+            for name, (shape, _) in read_layout(saved.metadata()).items():
+                piece = pieces.get(name)
+                if piece is None or piece.global_shape != shape:
+                    mine = None if piece is None else piece.global_shape
+                    raise ValueError(
+                        f"{path}: {name} was saved with shape {shape}; this run has {mine}"
+                    )
+                arrays[name] = jax.device_put(saved.get_tensor(name), piece.value.sharding)
         return arrays
 
 

@@ -12,10 +12,16 @@ unchanged (a sum over a global array already spans every device and process).
 
 Nothing changes on a step until a callback asks: the first ``watch_gradients``,
 ``freeze`` or ``set_hyperparameter`` switches the backend to MaxText's ``train_step``
-under baton's controls (``controlled_step``, compiled once per kind: with gradients
-shown or not, with a weight decay change or not); freezing, unfreezing and new values
-after that are data, never a recompile. The losses of the controlled step equal
-MaxText's own bitwise while nothing is frozen or changed.
+under baton's controls (``controlled_step``, compiled once per kind: gradients shown
+or not, adjusting or not, a weight decay change or not). Watching alone keeps the
+losses and weights bitwise MaxText's. The first ``freeze`` or ``set_hyperparameter``
+compiles the adjusting step once (MaxText's clipping moves into the optimizer); after
+that freezing, unfreezing and new values are data, never a recompile. Gradients reach
+the watchers after the step returns (JAX computes the step as one program), as they
+were before clipping; frozen names are left out.
+
+MaxText's ``skip_step_on_spikes`` cannot run with freezing or a hyperparameter set
+(its spike test would read the unclipped norm once the clipping moves): refused then.
 
 Per hyperparameter:
 
@@ -179,6 +185,7 @@ class MaxTextModelState:
     def set_hyperparameter(
         self, name: Hyperparameter, value: float, *, groups: Sequence[int] | None = None
     ) -> None:
+        self._check_adjustable()
         if groups is not None and set(groups) - {0}:
             raise ValueError(f"MaxText's optimizer has one parameter group (0), not {groups}")
         if name == "lr":
@@ -227,16 +234,26 @@ class MaxTextModelState:
         return found
 
     def freeze(self, patterns: str | Sequence[str]) -> list[str]:
+        self._check_adjustable()
         names = self._matching(patterns)
         self._frozen.update(names)
         self._changed()
         return names
 
     def unfreeze(self, patterns: str | Sequence[str]) -> list[str]:
+        self._check_adjustable()
         names = self._matching(patterns)
         self._frozen.difference_update(names)
         self._changed()
         return names
+
+    def _check_adjustable(self) -> None:
+        if self._backend.hparams.skip_step_on_spikes:
+            raise ValueError(
+                "MaxText's skip_step_on_spikes tests the clipped gradient norm, which the "
+                "adjusting step (freeze, set_hyperparameter) computes inside the optimizer: "
+                "set skip_step_on_spikes=false to freeze or change hyperparameters"
+            )
 
     def _changed(self) -> None:
         self._controls = None

@@ -18,7 +18,7 @@ pytest.importorskip("maxtext")
 from baton.callbacks import EMA, Freeze, GradientNormMonitor, WeightMonitor
 from baton.core import Callback
 from baton.core.recipe import build_driver
-from support.tiny_llama import save_tiny_llama
+from support.tiny_llama import load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
 FROZEN = ["model.embed_tokens.*", "model.layers.0.*"]
@@ -79,17 +79,17 @@ def _run(hf_dir: Path, run_dir: Path, *extra: str, stop_at: int | None = None) -
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Weights, Weights]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Weights, Weights, Path]:
     root = tmp_path_factory.mktemp("maxtext_callbacks")
     hf_dir = save_tiny_llama(root / "hf", vocab_size=512, initializer_range=0.3)
     whole = _run(hf_dir, root / "whole")
     resumed_dir = root / "resumed"
     _ = _run(hf_dir, resumed_dir, stop_at=2)  # after the step-2 checkpoint
-    return whole, _run(hf_dir, resumed_dir, "--resume", "auto")
+    return whole, _run(hf_dir, resumed_dir, "--resume", "auto"), root
 
 
 def test_frozen_until_the_step_then_trained_with_monitors(runs):
-    weights, _ = runs
+    weights, _, _ = runs
     frozen = [
         n for n in weights.after[0] if n.startswith(("model.embed_tokens.", "model.layers.0."))
     ]
@@ -109,7 +109,7 @@ def test_frozen_until_the_step_then_trained_with_monitors(runs):
 
 
 def test_ema_is_the_average_of_each_steps_weights(runs):
-    weights, _ = runs
+    weights, _, _ = runs
     expected = dict(weights.after[1])
     for step in (2, 3, 4):
         expected = {
@@ -121,7 +121,7 @@ def test_ema_is_the_average_of_each_steps_weights(runs):
 
 
 def test_a_resume_inside_the_frozen_window_freezes_again_and_ends_the_same(runs):
-    whole, resumed = runs
+    whole, resumed, _ = runs
     assert sorted(resumed.after) == [2, 3, 4]
     frozen = [n for n in resumed.after[2] if n.startswith("model.layers.0.")]
     assert all(np.array_equal(resumed.after[3][n], resumed.after[2][n]) for n in frozen)
@@ -129,3 +129,14 @@ def test_a_resume_inside_the_frozen_window_freezes_again_and_ends_the_same(runs)
         assert np.array_equal(resumed.after[4][name], value), name
     for name, value in whole.averages.items():
         assert np.array_equal(resumed.averages[name], value), name
+
+
+def test_exported_ema_weights_load_in_transformers(runs, tmp_path):
+    from baton.tools.export import main as export_main
+
+    weights, _, root = runs
+    checkpoint = root / "whole" / "checkpoints" / "step_000004"
+    assert export_main([str(checkpoint), str(tmp_path / "ema"), "--format", "hf", "--ema"]) == 0
+    exported = load_llama(tmp_path / "ema").state_dict()
+    for name, value in weights.averages.items():
+        np.testing.assert_array_equal(exported[name].numpy(), value, err_msg=name)

@@ -91,7 +91,7 @@ def megatron_backend(hf_dir: Path) -> Any:
 
     args = [
         "--init-from", str(hf_dir), "--warmup-steps", "2", "--save-every", "0",
-        "--no-async-save", "--eval-every", "0", "--micro-batch-size", "2",
+        "--no-async-save", "--eval-every", "0", "--batch-size", "2",
         "--global-batch-size", "2", "--run-dir", str(hf_dir.parent / "megatron"), "--no-progress",
     ]  # fmt: skip
     return build_driver(ROOT / "recipes" / "megatron_gpt_tiny.py", args).backend
@@ -116,7 +116,7 @@ def maxtext_backend(hf_dir: Path) -> Any:
 
     root = hf_dir.parent
     args = [
-        "--init-from", str(hf_dir), "--lr", "1e-12", "--per-device-batch-size", "2",
+        "--init-from", str(hf_dir), "--lr", "1e-12", "--batch-size", "2",
         "--seq-len", "16", "--run-dir", str(root / "maxtext"),
         "--overrides", "dtype=float32", f"base_output_directory={root / 'maxtext-out'}",
     ]  # fmt: skip

@@ -109,7 +109,7 @@ def test_megatron_ema_of_fused_tensors_exports_in_hugging_face_names(tmp_path):
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512)
     args = [
         "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "2", "--lr", "3e-3",
-        "--no-async-save", "--eval-every", "0", "--micro-batch-size", "2",
+        "--no-async-save", "--eval-every", "0", "--batch-size", "2",
         "--global-batch-size", "2", "--run-dir", str(tmp_path / "run"), "--no-progress",
     ]  # fmt: skip
     driver = build_driver(Path(RECIPE).with_name("megatron_gpt_tiny.py"), args)

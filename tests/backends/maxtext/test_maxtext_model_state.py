@@ -86,7 +86,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("model_state")
     hf_dir = save_tiny_llama(root / "hf", vocab_size=512, initializer_range=0.3)
     driver = build_driver(RECIPE, [
-        "--init-from", str(hf_dir), "--per-device-batch-size", str(BATCH),
+        "--init-from", str(hf_dir), "--batch-size", str(BATCH),
         "--seq-len", str(SEQ), "--max-steps", "40", "--run-dir", str(root / "run"),
         "--overrides", "dtype=float32", f"base_output_directory={root / 'out'}",
     ])  # fmt: skip

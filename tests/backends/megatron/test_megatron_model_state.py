@@ -63,7 +63,7 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
         return [
             "--init-from", str(hf_dir), "--max-steps", str(steps), "--warmup-steps", "3",
             "--lr", "3e-3", "--save-every", "0", "--no-async-save", "--eval-every", "0",
-            "--micro-batch-size", str(MICRO_BATCH), "--global-batch-size", "8",
+            "--batch-size", str(MICRO_BATCH), "--global-batch-size", "8",
             "--run-dir", str(tmp_path / "run"), "--no-progress", *more,
         ]  # fmt: skip
 
@@ -84,8 +84,8 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
         from support.torchrun import torchrun
 
         flags = {
-            "tp2": ["--tensor-parallel", "2"],
-            "pp2": ["--pipeline-parallel", "2"],
+            "tp2": ["--tp", "2"],
+            "pp2": ["--pp", "2"],
             "dp2-distributed-optimizer": ["--distributed-optimizer"],
         }[layout]
         torchrun(WORKER, str(out), str(RECIPE), *args(3), *flags)

@@ -12,10 +12,16 @@ unchanged (a sum over a global array already spans every device and process).
 
 Nothing changes on a step until a callback asks: the first ``watch_gradients``,
 ``freeze`` or ``set_hyperparameter`` switches the backend to MaxText's ``train_step``
-under baton's controls (``controlled_step``, compiled once per kind: with gradients
-shown or not, with a weight decay change or not); freezing, unfreezing and new values
-after that are data, never a recompile. The losses of the controlled step equal
-MaxText's own bitwise while nothing is frozen or changed.
+under baton's controls (``controlled_step``, compiled once per kind: gradients shown
+or not, adjusting or not, a weight decay change or not). Watching alone keeps the
+losses and weights bitwise MaxText's. The first ``freeze`` or ``set_hyperparameter``
+compiles the adjusting step once (MaxText's clipping moves into the optimizer); after
+that freezing, unfreezing and new values are data, never a recompile. Gradients reach
+the watchers after the step returns (JAX computes the step as one program), as they
+were before clipping; frozen names are left out.
+
+MaxText's ``skip_step_on_spikes`` cannot run with freezing or a hyperparameter set
+(its spike test would read the unclipped norm once the clipping moves): refused then.
 
 Per hyperparameter:
 
@@ -44,7 +50,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -53,6 +58,7 @@ from typing import Any
 from baton.backends.jax_distributed import fetch
 from baton.backends.maxtext.controlled_step import controlled_train_step
 from baton.backends.maxtext.hf_views import LAYER_AXIS, View, leaves, model_views
+from baton.core.array_files import array_file, layout_metadata, read_layout
 from baton.core.model_state import Hyperparameter, OptimizerGroup, Piece, matches
 
 
@@ -179,6 +185,7 @@ class MaxTextModelState:
     def set_hyperparameter(
         self, name: Hyperparameter, value: float, *, groups: Sequence[int] | None = None
     ) -> None:
+        self._check_adjustable()
         if groups is not None and set(groups) - {0}:
             raise ValueError(f"MaxText's optimizer has one parameter group (0), not {groups}")
         if name == "lr":
@@ -227,16 +234,26 @@ class MaxTextModelState:
         return found
 
     def freeze(self, patterns: str | Sequence[str]) -> list[str]:
+        self._check_adjustable()
         names = self._matching(patterns)
         self._frozen.update(names)
         self._changed()
         return names
 
     def unfreeze(self, patterns: str | Sequence[str]) -> list[str]:
+        self._check_adjustable()
         names = self._matching(patterns)
         self._frozen.difference_update(names)
         self._changed()
         return names
+
+    def _check_adjustable(self) -> None:
+        if self._backend.hparams.skip_step_on_spikes:
+            raise ValueError(
+                "MaxText's skip_step_on_spikes tests the clipped gradient norm, which the "
+                "adjusting step (freeze, set_hyperparameter) computes inside the optimizer: "
+                "set skip_step_on_spikes=false to freeze or change hyperparameters"
+            )
 
     def _changed(self) -> None:
         self._controls = None
@@ -301,45 +318,41 @@ class MaxTextModelState:
 
     # -- arrays beside a checkpoint -----------------------------------------------------
     def save_arrays(self, directory: Path, arrays: Mapping[str, Any]) -> None:
+        """Process 0 writes every array whole (global arrays): ``arrays-rank0.safetensors``."""
         import jax
         import numpy as np
         from safetensors.numpy import save_file
 
         if jax.process_index() != 0:
-            return  # global arrays: process 0 writes the whole tensors
+            return
+        pieces = {p.name: p for p in self.parameters()}
+        unknown = sorted(set(arrays) - pieces.keys())
+        if unknown:
+            raise KeyError(f"save_arrays: no parameters named {', '.join(unknown[:3])}")
         directory.mkdir(parents=True, exist_ok=True)
         host = {name: np.ascontiguousarray(jax.device_get(v)) for name, v in arrays.items()}
-        layout = {
-            name: {"global_shape": list(a.shape), "index": [[0, n] for n in a.shape]}
-            for name, a in host.items()
-        }
-        save_file(
-            host,
-            str(directory / "arrays-rank0.safetensors"),
-            metadata={"baton_layout": json.dumps(layout)},
-        )
+        metadata = layout_metadata(pieces[name] for name in host)
+        save_file(host, str(directory / array_file(0)), metadata=metadata)
 
     def load_arrays(self, directory: Path) -> dict[str, Any]:
+        """Every process reads the whole arrays and places each like its parameter."""
         import jax
-        from safetensors.numpy import load_file
+        from safetensors import safe_open
 
-        files = sorted(Path(directory).glob("arrays-rank*.safetensors"))
-        if [f.name for f in files] != ["arrays-rank0.safetensors"]:
-            raise ValueError(
-                f"{directory}: expected one arrays-rank0.safetensors (MaxText's global "
-                f"arrays), found {[f.name for f in files] or 'none'}"
-            )
-        loaded = load_file(str(files[0]))
-        pieces = {piece.name: piece for piece in self.parameters(list(loaded))}
-        arrays = {}
-        for name, array in loaded.items():
-            piece = pieces.get(name)
-            if piece is None or tuple(array.shape) != piece.global_shape:
-                raise ValueError(
-                    f"{directory}: {name} has shape {tuple(array.shape)}, this run's is "
-                    f"{piece.global_shape if piece else 'absent'}"
-                )
-            arrays[name] = jax.device_put(array, piece.value.sharding)
+        path = Path(directory) / array_file(0)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: nothing was saved with save_arrays there")
+        pieces = {p.name: p for p in self.parameters()}
+        arrays: dict[str, Any] = {}
+        with safe_open(str(path), framework="numpy") as saved:
+            for name, (shape, _) in read_layout(saved.metadata()).items():
+                piece = pieces.get(name)
+                if piece is None or piece.global_shape != shape:
+                    mine = None if piece is None else piece.global_shape
+                    raise ValueError(
+                        f"{path}: {name} was saved with shape {shape}; this run has {mine}"
+                    )
+                arrays[name] = jax.device_put(saved.get_tensor(name), piece.value.sharding)
         return arrays
 
 

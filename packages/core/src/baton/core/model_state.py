@@ -145,7 +145,9 @@ class ModelState(Protocol):
     def freeze(self, patterns: str | Sequence[str]) -> list[str]:
         """Freeze the matching parameters from the next step on: no update and no
         optimizer-state change while frozen. Returns the names frozen. A pattern that
-        matches part of a fused tensor is refused (``ValueError`` naming the parts)."""
+        matches part of a fused tensor whose parts the backend cannot mask separately
+        (Megatron-Core's and TorchTitan's fused QKV, gate/up) is refused (``ValueError``
+        naming the parts); MaxText's layers scanned into one array freeze one by one."""
         ...
 
     def unfreeze(self, patterns: str | Sequence[str]) -> list[str]:

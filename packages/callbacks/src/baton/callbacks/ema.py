@@ -52,7 +52,13 @@ def copy_of(value: Any) -> Any:
 
 @CALLBACKS.register("ema")
 class EMA(Callback):
-    """Keep ``decay * average + (1 - decay) * weights`` after every step."""
+    """Keep ``decay * average + (1 - decay) * weights`` after every step.
+
+    Args:
+        decay: weight of the running average at each update, in [0, 1).
+        start_step: the first step averaged (the weights are copied there).
+        use_for_eval: evaluate with the averaged weights (swapped back afterwards).
+    """
 
     state_key = "ema"
 

@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("freeze")
 class Freeze(Callback):
-    """Freeze the parameters matching ``patterns`` until ``until_step`` (``None``: always)."""
+    """Freeze the parameters matching ``patterns`` until ``until_step`` (``None``: always).
+
+    Args:
+        patterns: glob patterns over the parameter names (``model.layers.0.*``, ``*embed*``).
+        until_step: the first step that trains them again (``None``: frozen for the run).
+    """
 
     state_key = "freeze"
 

@@ -37,7 +37,11 @@ if TYPE_CHECKING:
 
 @CALLBACKS.register("weight_monitor")
 class WeightMonitor(Callback):
-    """Log ``weight_norm/<group>`` and ``update_ratio/<group>`` on log steps."""
+    """Log ``weight_norm/<group>`` and ``update_ratio/<group>`` on log steps.
+
+    Args:
+        depth: name parts that make a group (``model.layers`` at 2, ``model.layers.0`` at 3).
+    """
 
     priority = METRIC_PRIORITY
 

@@ -33,15 +33,17 @@ class MegatronSave(SaveHandle):
     """A ``dist_checkpointing`` async save in flight on Megatron's calls queue.
 
     Polling asks every rank (one small all-reduce, as Megatron requires); the driver
-    polls on every rank at the same steps, so the ranks agree.
+    polls on every rank at the same steps, so the ranks agree. The save is done once
+    Megatron has finalized its call (``index``), whether later saves are still writing.
     """
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, queue: Any, index: int) -> None:
         self.queue = queue
+        self.index = index
 
     def _poll(self) -> bool:
         self.queue.maybe_finalize_async_calls(blocking=False)
-        return self.queue.get_num_unfinalized_calls() == 0
+        return all(active.idx != self.index for active in self.queue.async_calls)
 
     def _join(self) -> None:
         self.queue.maybe_finalize_async_calls(blocking=True)
@@ -88,8 +90,7 @@ class AsyncSaves:
             async_sharded_save=True,
             async_strategy="mcore",
         )
-        self.queue.schedule_async_request(request)
-        return MegatronSave(self.queue)
+        return MegatronSave(self.queue, self.queue.schedule_async_request(request))
 
     def wait_for_staging(self) -> None:
         """Block while a save still copies what the optimizer step changes (CPU writer)."""

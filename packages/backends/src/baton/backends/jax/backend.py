@@ -12,7 +12,8 @@ What baton does with them:
   ``optimizer.update``, ``optax.apply_updates``. The loss and the loss function's
   metrics stay on the device; a log step fetches them with one ``jax.device_get``.
 - ``save``/``load``: orbax (synchronous or asynchronous) for the train state, and the
-  data position of each process (``data.py``) in a small JSON file.
+  data position of each process (``data.py``) in a small JSON file; the facts core
+  records in ``baton.json`` (``checkpoint_facts``: processes, samples consumed).
 
 Example::
 
@@ -53,10 +54,12 @@ from baton.backends.async_save import FuturePendingSave
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.backend import BackendBase
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.metrics import StepOutput
 
 STATE_DIR = "state"
-META_FILE = "baton_jax.json"
+#: the side file checkpoints held before ``baton.json`` recorded their facts (read only)
+LEGACY_META_FILE = "baton_jax.json"
 
 
 def data_file(rank: int) -> str:
@@ -155,6 +158,8 @@ class JaxBackend(JaxDistributed, BackendBase):
         self.kind = ""
         self.num_params = 0
         self.steps_done = 0  # host copy of the optimizer step count
+        #: training samples drawn by every process together (the data position)
+        self.samples_consumed = 0
         self._step: Any = None
         self._eval: Any = None
         self._replicated: Any = None
@@ -313,6 +318,7 @@ class JaxBackend(JaxDistributed, BackendBase):
                 f"the model rejected training batch {describe_batch(batch)} at step {step}: {error}"
             ) from error
         self.steps_done += 1
+        self.samples_consumed += samples
         metrics: dict[str, Any] = dict(aux)
         schedule = self.config.lr_schedule
         if schedule is not None:
@@ -365,16 +371,12 @@ class JaxBackend(JaxDistributed, BackendBase):
 
         assert self.data is not None and self.state is not None
         directory = Path(directory).resolve()  # orbax wants absolute paths
-        position = {"step": self.steps_done, "data": self.data.state_dict()}
+        position = {
+            "step": self.steps_done,
+            "samples": self.samples_consumed,
+            "data": self.data.state_dict(),
+        }
         (directory / data_file(self.rank)).write_text(json.dumps(position))
-        if self.rank == 0:
-            meta = {
-                "layout": "baton-jax-v1",
-                "step": self.steps_done,
-                "processes": self.world_size,
-                "model": self.kind,
-            }
-            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
         if not asynchronous:
             ocp.save(directory / STATE_DIR, self.state)
             return None
@@ -407,7 +409,27 @@ class JaxBackend(JaxDistributed, BackendBase):
                 f"was recorded at step {position['step']}; the checkpoint is inconsistent"
             )
         self.steps_done = restored_step
+        self.samples_consumed = int(position.get("samples", 0))
         self.data.load_state_dict(position["data"])
+
+    def checkpoint_facts(self) -> CheckpointFacts:
+        """The processes holding a data position each, and the samples trained on (the
+        data is the user's iterator: no fingerprint)."""
+        return CheckpointFacts({"processes": self.world_size}, self.samples_consumed)
+
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        return (
+            "each process keeps its own data position (data_rank<N>.json), which does not "
+            f"move to another number of processes; resume on {saved.get('processes')} "
+            "process(es)"
+        )
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        """``baton_jax.json``, written beside the state before ``baton.json`` recorded it."""
+        side = directory / LEGACY_META_FILE
+        if not side.is_file():
+            return None
+        return CheckpointFacts({"processes": int(json.loads(side.read_text())["processes"])})
 
     def teardown(self) -> None:
         """Drop the device state and the compiled steps."""

@@ -40,8 +40,8 @@ from baton.backends.megatron.build import build_model, build_optimizer
 from baton.backends.megatron.checkpoint import (
     AsyncSaves,
     MegatronSave,
-    check_layout,
     init_optimizer_state,
+    layout_refusal,
     load_model_state,
     load_weights,
     model_sharded_state,
@@ -60,12 +60,14 @@ from baton.backends.megatron.data import (
     build_gpt_datasets,
     build_indexed_dataset,
     check_split_not_empty,
+    data_fingerprint,
     open_prepared,
 )
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.metrics import StepOutput
 
 log = logging.getLogger("baton")
@@ -95,6 +97,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
         self.source: PreparedSource | None = None
         self._async_saves = AsyncSaves()
+        #: whether the next ``load`` reads shards of this model-parallel layout (RNG too)
+        self._same_shards = True
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -349,6 +353,30 @@ class MegatronBackend(TorchDistributed, BackendBase):
         }
 
     # -- checkpoints ----------------------------------------------------------------
+    def checkpoint_facts(self) -> CheckpointFacts:
+        """The layout, the global samples the data stream consumed and the data's
+        fingerprint (``data.data_fingerprint``)."""
+        assert self.train_stream is not None, "setup() must run first"
+        fingerprint = data_fingerprint(self.config.data, self.source)
+        return CheckpointFacts(self.layout(), self.train_stream.consumed, fingerprint)
+
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        """Why ``dist_checkpointing`` cannot reshard ``saved`` onto this layout
+        (``checkpoint.layout_refusal``); when it can but the model-parallel shards
+        differ, the next ``load`` leaves the RNG states fresh."""
+        why, self._same_shards = layout_refusal(saved, self.layout())
+        return why
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        """The layout older checkpoints kept in ``dist_checkpointing``'s common state."""
+        from megatron.core import dist_checkpointing
+
+        with naming_failures(f"dist_checkpointing.load_common_state_dict({directory})"):
+            common = dist_checkpointing.load_common_state_dict(str(directory))
+        layout = common.get("layout")
+        data = common.get("data") or {}
+        return None if layout is None else CheckpointFacts(layout, int(data.get("consumed", 0)))
+
     def layout(self) -> dict[str, Any]:
         """This run's parallel layout, recorded in every checkpoint."""
         cfg = self.config
@@ -382,7 +410,6 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict(),
             "data": self.train_stream.state_dict(),
-            "layout": self.layout(),
         }
         if rng:
             state["rng"] = ShardedObject(
@@ -415,9 +442,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         from megatron.core import dist_checkpointing
 
         assert self.train_stream is not None, "setup() must run before load()"
-        with naming_failures(f"dist_checkpointing.load_common_state_dict({directory})"):
-            saved_layout = dist_checkpointing.load_common_state_dict(str(directory)).get("layout")
-        same_shards = check_layout(saved_layout, self.layout())
+        same_shards, self._same_shards = self._same_shards, True
         with naming_failures("building the sharded state dict to load into"):
             init_optimizer_state(self.optimizer)
             request = self._sharded_state(loading=True, rng=same_shards)

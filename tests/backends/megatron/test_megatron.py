@@ -141,7 +141,7 @@ def baton_run(
     driver = Driver(
         MegatronBackend(config), [Record()], max_steps=STEPS, log_every=1, run_dir=run_dir
     )
-    driver.async_save = True
+    driver.options = driver.options.replace(async_save=True)
     driver.fit()
     if runs is not None and not runs.patch_report:
         runs.patch_report = driver.patch_report

@@ -128,7 +128,7 @@ class LossGuard(Callback):
             agreed = "save" in ctl.agreed
             if (agreed and "log" not in ctl.agreed) or not ctl.log:
                 ctl.request_log("loss guard checks before saving", all_ranks=agreed)
-        if self._losses and (ctl.log or driver.step % driver.log_every == 0):
+        if self._losses and (ctl.log or driver.step % driver.options.log_every == 0):
             # a log step: one flag for the window rides the log's single transfer
             # (recorded again, newer, if the log waits for the ranks to agree)
             driver.record("guard/nonfinite", nonfinite(self._losses))

@@ -65,7 +65,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         counted = f"{result.tokens:,} tokens" if result.tokens else f"{result.samples:,} samples"
         Console(stderr=True, soft_wrap=True).print(  # one line, however long the path
             f"[bold]done[/]: step {result.step}, {counted}, "
-            f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
+            f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.options.run_dir}"
         )
     return 0
 
@@ -122,7 +122,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
     if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in args):
         # the evaluation's logs belong to the run that wrote the checkpoint, not to the
         # run directory the recipe defaults to (another run's)
-        driver.run_dir = checkpoint_run_dir(checkpoint)
+        driver.options = driver.options.replace(run_dir=checkpoint_run_dir(checkpoint))
     try:
         metrics = driver.evaluate_checkpoint(checkpoint)
     except (CheckpointError, FileNotFoundError) as error:

@@ -37,7 +37,7 @@ from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
 from baton.core.metrics import StepOutput, evaluation_keys
-from baton.core.options import OptionAttributes, OptionKeywords, RunOptions
+from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
 from baton.core.resuming import Resumer, restore_callback_states
 from baton.core.run_record import write_patch_report, write_run_record
@@ -61,7 +61,7 @@ class RunResult:
     checkpoints: list[Path] = field(default_factory=list[Path])
 
 
-class Driver(OptionAttributes):
+class Driver:
     """Owns the training loop; the backend supplies one optimizer step at a time.
 
     Args:
@@ -74,7 +74,8 @@ class Driver(OptionAttributes):
             parameters), ``save_on_stop``, ``async_save``, ``verify``, ``overwrite``,
             ``allow_changed``, ``training_settings``; ``RunOptions`` says what each does.
 
-    Each option is also an attribute (``driver.max_steps``), checked again when set.
+    Options are read as ``driver.options.max_steps``; ``driver.options.replace(...)``
+    gives a checked copy to assign back.
     The run directory is locked for the run: a second run on it fails naming the holder.
 
     Callbacks that own the save policy (``Checkpoint``) set it through
@@ -119,11 +120,11 @@ class Driver(OptionAttributes):
     # -- what callbacks read and call ---------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.options.run_dir / "checkpoints"
 
     @property
     def log_dir(self) -> Path:
-        return self.run_dir / "logs"
+        return self.options.run_dir / "logs"
 
     @property
     def is_global_zero(self) -> bool:
@@ -166,10 +167,12 @@ class Driver(OptionAttributes):
             raise RuntimeError(
                 "configure_saving after training started: call it in on_configure or on_setup"
             )
+        changes: dict[str, bool] = {}
         if on_stop is not None:
-            self.save_on_stop = on_stop
+            changes["save_on_stop"] = on_stop
         if asynchronous is not None:
-            self.async_save = asynchronous
+            changes["async_save"] = asynchronous
+        self.options = self.options.replace(**changes)
 
     # -- the loop ---------------------------------------------------------------------
     def fit(self) -> RunResult:
@@ -179,13 +182,13 @@ class Driver(OptionAttributes):
             self._setup_backend()
             self._abilities = check_needs(self.backend, self.options, self.callbacks)
             write_patch_report(
-                self.run_dir, self.backend, self.patch_report, write=self.is_global_zero
+                self.options.run_dir, self.backend, self.patch_report, write=self.is_global_zero
             )
             self.dispatch("on_setup")
             self._resume()
             if self.is_global_zero:
                 write_run_record(
-                    self.run_dir,
+                    self.options.run_dir,
                     options=self.options,
                     backend=self.backend,
                     callbacks=self.callbacks,
@@ -205,7 +208,9 @@ class Driver(OptionAttributes):
                 self.tokens += output.tokens
                 self.samples += output.samples
                 self.train_time_s = self._time_before + time.monotonic() - self._clock_start
-                self._request_stop_at_limits()
+                self.control.request_stop_at_limits(
+                    self.options, self.step, self.tokens, self.train_time_s
+                )
                 self.dispatch("on_step_end", output)
                 at_log_step = self.step % self.options.log_every == 0
                 if self._handle_events(output, at_log_step):
@@ -251,7 +256,7 @@ class Driver(OptionAttributes):
     def _setup_backend(self) -> None:
         """``backend.setup``, the run directory told first where the backend uses it."""
         if isinstance(self.backend, UsesRunDir):
-            self.backend.use_run_dir(self.run_dir)
+            self.backend.use_run_dir(self.options.run_dir)
         self.backend.setup()
 
     def _handle_events(self, output: StepOutput, at_log_step: bool) -> bool:
@@ -284,7 +289,7 @@ class Driver(OptionAttributes):
     def _stop_at_data_end(self, reason: str) -> None:
         self.stop_reason = reason
         log.info("stopping after step %d: %s", self.step, reason)
-        if self.save_on_stop and self.step > 0:
+        if self.options.save_on_stop and self.step > 0:
             self._save(f"stop: {reason}")
 
     # -- stop conditions -----------------------------------------------------------------
@@ -294,17 +299,6 @@ class Driver(OptionAttributes):
         if reasons:
             self.stop_reason = self.stop_reason or reasons[0]
         return bool(reasons)
-
-    def _request_stop_at_limits(self) -> None:
-        """After a step: stop (and log the last step) at a limit. Every rank counts
-        steps and tokens alike; wall clocks differ, so a time limit waits for the next
-        log step, where the ranks agree."""
-        for reason in self.options.limits_reached(self.step, self.tokens):
-            self.control.request_stop(reason, all_ranks=True)
-            self.control.request_log("last step", all_ranks=True)
-        if (reason := self.options.time_limit_reached(self.train_time_s)) is not None:
-            self.control.request_stop(reason)
-            self.control.request_log("time limit")
 
     # -- log and eval -----------------------------------------------------------------
     def _log(self, output: StepOutput) -> None:
@@ -339,7 +333,7 @@ class Driver(OptionAttributes):
         self._saver.poll(block=True)
 
     def _save(self, reason: str) -> None:
-        self._saver.asynchronous = self.async_save and "async_save" in self._abilities
+        self._saver.asynchronous = self.options.async_save and "async_save" in self._abilities
         self._saver.save(self.step, lambda: self._snapshot(reason))
 
     def _snapshot(self, reason: str) -> dict[str, Any]:

@@ -281,7 +281,7 @@ def build_driver(path: str | Path, argv: Sequence[str] = ()) -> Driver | None:
             f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
             "end it with `return Driver(...)`"
         )
-    settings = dict(driver.settings)
+    settings = dict(driver.options.settings)
     if options.set:
         try:
             applied = apply_overrides(driver.backend.config, options.set)

@@ -253,7 +253,7 @@ def _check_recipe(recipe: str, recipe_args: list[str], gpus_per_node: int = 0) -
             "accelerator='cpu': the job would train on the CPU; give the recipe an "
             "accelerator parameter (or set it to 'cuda'/'auto'), or drop --gpus-per-node"
         )
-    return driver.backend.name, str(driver.run_dir)
+    return driver.backend.name, str(driver.options.run_dir)
 
 
 def _check_arguments(args: argparse.Namespace, recipe_args: Sequence[str]) -> None:

@@ -41,7 +41,6 @@ not right. No torch is imported on this path.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,20 +50,12 @@ from typing import Any
 import numpy as np
 
 from baton.backends.async_save import FuturePendingSave
+from baton.backends.jax.checkpoint_io import JaxCheckpointIO
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.metrics import StepOutput
-
-STATE_DIR = "state"
-#: the side file checkpoints held before ``baton.json`` recorded their facts (read only)
-LEGACY_META_FILE = "baton_jax.json"
-
-
-def data_file(rank: int) -> str:
-    """The file holding process ``rank``'s data position inside a checkpoint."""
-    return f"data_rank{rank:05d}.json"
 
 
 class LossFunctionError(TypeError):
@@ -160,6 +151,7 @@ class JaxBackend(JaxDistributed, BackendBase):
         self.steps_done = 0  # host copy of the optimizer step count
         #: training samples drawn by every process together (the data position)
         self.samples_consumed = 0
+        self.checkpoints = JaxCheckpointIO(self)
         self._step: Any = None
         self._eval: Any = None
         self._replicated: Any = None
@@ -363,73 +355,23 @@ class JaxBackend(JaxDistributed, BackendBase):
         assert self.data is not None
         self.data.skip(steps)
 
-    # -- checkpoints ----------------------------------------------------------------
+    # -- checkpoints: JaxCheckpointIO (checkpoint_io.py) --------------------------------
     def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
-        """Orbax save of the train state into ``directory/state``, plus each process's
-        data position (``data_rank00000.json`` ...) and, from process 0, a summary."""
-        from orbax.checkpoint import v1 as ocp
-
-        assert self.data is not None and self.state is not None
-        directory = Path(directory).resolve()  # orbax wants absolute paths
-        position = {
-            "step": self.steps_done,
-            "samples": self.samples_consumed,
-            "data": self.data.state_dict(),
-        }
-        (directory / data_file(self.rank)).write_text(json.dumps(position))
-        if not asynchronous:
-            ocp.save(directory / STATE_DIR, self.state)
-            return None
-        return FuturePendingSave(ocp.save_async(directory / STATE_DIR, self.state))
+        """Orbax save of the train state, plus each process's data position."""
+        return self.checkpoints.save(directory, asynchronous=asynchronous)
 
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by ``save``: the train state, then the data position."""
-        import jax
-        from orbax.checkpoint import v1 as ocp
-
-        assert self.data is not None and self.state is not None
-        directory = Path(directory).resolve()
-        position_file = directory / data_file(self.rank)
-        if not (directory / STATE_DIR).is_dir() or not position_file.is_file():
-            found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
-            raise FileNotFoundError(
-                f"{directory} is not a JAX-backend checkpoint for process {self.rank} "
-                f"(expected {STATE_DIR}/ and {data_file(self.rank)}; found {found}); a "
-                "checkpoint resumes with as many processes as wrote it"
-            )
-        position = json.loads(position_file.read_text())
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
-        )
-        self.state = ocp.load(directory / STATE_DIR, abstract)
-        restored_step = int(jax.device_get(self.state["step"]))
-        if restored_step != position["step"]:
-            raise ValueError(
-                f"{directory}: the train state is at step {restored_step} but the data position "
-                f"was recorded at step {position['step']}; the checkpoint is inconsistent"
-            )
-        self.steps_done = restored_step
-        self.samples_consumed = int(position.get("samples", 0))
-        self.data.load_state_dict(position["data"])
+        self.checkpoints.load(directory)
 
     def checkpoint_facts(self) -> CheckpointFacts:
-        """The processes holding a data position each, and the samples trained on (the
-        data is the user's iterator: no fingerprint)."""
-        return CheckpointFacts({"processes": self.world_size}, self.samples_consumed)
+        return self.checkpoints.facts()
 
     def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        return (
-            "each process keeps its own data position (data_rank<N>.json), which does not "
-            f"move to another number of processes; resume on {saved.get('processes')} "
-            "process(es)"
-        )
+        return self.checkpoints.layout_refusal(saved)
 
     def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        """``baton_jax.json``, written beside the state before ``baton.json`` recorded it."""
-        side = directory / LEGACY_META_FILE
-        if not side.is_file():
-            return None
-        return CheckpointFacts({"processes": int(json.loads(side.read_text())["processes"])})
+        return self.checkpoints.legacy_facts(directory)
 
     def teardown(self) -> None:
         """Drop the device state and the compiled steps."""

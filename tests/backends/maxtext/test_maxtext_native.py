@@ -235,8 +235,8 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
 
     first, losses = run(tmp_path / "hf", "--save-every=2", "--no-async-save")
     assert sorted(losses) == [1, 2, 3, 4]
-    data = json.loads((first.checkpoints[0] / "backend" / "data.json").read_text())
-    assert data == {"pipeline": "hf", "consumed": 2}
+    position = json.loads((first.checkpoints[0] / "backend" / "data.json").read_text())
+    assert position == {"pipeline": "hf", "consumed": 2}
     _, resumed = run(tmp_path / "hf_resumed", "--save-every=0", f"--resume={first.checkpoints[0]}")
     assert resumed == {3: losses[3], 4: losses[4]}
 

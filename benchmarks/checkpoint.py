@@ -232,7 +232,7 @@ def save_once(make: Callable[[bool], Any], run_dir: Path, asynchronous: bool) ->
     shutil.rmtree(run_dir, ignore_errors=True)
     timer = _SaveAndTime()
     driver = Driver(make(asynchronous), [timer], max_steps=STEPS, log_every=1000, run_dir=run_dir)
-    driver.async_save = asynchronous
+    driver.options = driver.options.replace(async_save=asynchronous)
     driver.fit()
     if timer.saved_at is None:
         raise RuntimeError("the checkpoint was never reported saved")

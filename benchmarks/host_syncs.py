@@ -181,9 +181,9 @@ def _cuda_sync_warnings(phase: _Phase, report: SyncReport) -> Iterator[None]:
 
 def count_host_syncs(driver: Driver) -> SyncReport:
     """Run ``driver.fit()`` while attributing every host materialisation to a phase."""
-    if driver.max_steps is None:
+    if driver.options.max_steps is None:
         raise ValueError("count_host_syncs needs a driver with max_steps set")
-    report = SyncReport(steps=driver.max_steps)
+    report = SyncReport(steps=driver.options.max_steps)
     phase = _Phase()
     backend = driver.backend
     fetch = backend.fetch

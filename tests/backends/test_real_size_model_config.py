@@ -61,7 +61,7 @@ def test_torchtitan_8b_recipe_plans_and_trains_a_model_config(tmp_path, capfd):
     )  # fmt: skip
     # the directory's large weights, not a fresh model's (whose loss is about ln 4096)
     assert record.values[1] > math.log(4096) + 1
-    assert LlamaSpec.from_dict(driver.settings["model_spec"]) == spec
+    assert LlamaSpec.from_dict(driver.options.settings["model_spec"]) == spec
 
 
 def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_megatron_8b_recipe_plans_and_trains_a_model_config(tmp_path, capsys):
     # bf16 as Megatron-LM builds it: the weights in bf16 (Float16Module), the optimizer's
     # main copies in fp32
     assert dtypes == {torch.bfloat16}
-    assert driver.settings["model_spec"] == spec.to_dict()
+    assert driver.options.settings["model_spec"] == spec.to_dict()
 
 
 def test_maxtext_7b_recipe_builds_a_model_config(tmp_path):
@@ -128,4 +128,4 @@ def test_maxtext_7b_recipe_builds_a_model_config(tmp_path):
     assert {key: config[key] for key in settings} == settings
     assert config["model_name"] == "default" and config["rope_type"] == "llama3.1"
     assert config["attention"] == "cudnn_flash_te"  # the 7B recipe's own settings stay
-    assert driver.settings["model_spec"] == spec.to_dict()
+    assert driver.options.settings["model_spec"] == spec.to_dict()

@@ -125,7 +125,8 @@ def maxtext_target(exports) -> MaxTextLoads:
         "--no-progress",
     ]
     driver = build_driver(RECIPES / "maxtext_tiny.py", [*argv, "--overrides", "dtype=float32"])
-    driver.max_steps = 0  # setup (which loads --init-from) and the callbacks, no step
+    # setup (which loads --init-from) and the callbacks, no step
+    driver.options = driver.options.replace(max_steps=0)
     loads = MaxTextLoads({name: exports[name] for name in TRAIN}, root / "maxtext-params")
     driver.callbacks.append(loads)
     driver.fit()

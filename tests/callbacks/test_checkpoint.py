@@ -39,7 +39,7 @@ def test_keep_last_and_best_survive_resume(tmp_path: Path) -> None:
 
     cb2 = Checkpoint(every_n_steps=4, keep_last=2, keep_best=1, monitor="score")
     driver = tiny_driver(tmp_path, [cb2, FakeScore(scores)], max_steps=24, log_every=4)
-    driver.resume = "auto"
+    driver.options = driver.options.replace(resume="auto")
     driver.fit()
     # the best (8, score 1.0, from before the resume) survives rotation; last two kept
     assert names(tmp_path) == [8, 20, 24]
@@ -116,7 +116,7 @@ def test_wait_for_saves_completes_an_async_save_in_flight(tmp_path: Path) -> Non
                 seen["latest"] = ckpt.latest(driver.checkpoint_dir)
 
     driver = tiny_driver(tmp_path, [SaveThenWait()], max_steps=4)
-    driver.async_save = True
+    driver.options = driver.options.replace(async_save=True)
     driver.fit()
     final = tmp_path / "checkpoints" / "step_000003"
     assert seen == {"in flight": True, "saved": ["step_000003"], "latest": final.resolve()}

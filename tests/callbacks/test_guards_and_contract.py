@@ -135,7 +135,7 @@ def test_readme_custom_callback_example_runs_with_evaluation_on(
     finally:
         sys.modules.pop("early_stop", None)
     seen = EvalSeen()
-    driver.eval_every = 5
+    driver.options = driver.options.replace(eval_every=5)
     driver.callbacks.append(seen)
     result = driver.fit()
     assert result.stop_reason.startswith("loss ") and "< 4.0" in result.stop_reason

@@ -31,7 +31,7 @@ class SleepInStep(Callback):
         self.rank, self.at = rank, at
 
     def on_step_end(self, driver: Driver, output: Any) -> None:
-        marker = driver.run_dir / "slept"
+        marker = driver.options.run_dir / "slept"
         if driver.backend.rank == self.rank and driver.step == self.at and not marker.exists():
             marker.touch()
             hang_here()

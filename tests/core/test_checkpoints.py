@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from baton.core import Callback, CheckpointError, Driver
+from baton.core import Callback, CheckpointError, CheckpointFacts, Driver
+from baton.core.checkpointing import CheckpointMismatch
 from support.scalar_backend import ScalarBackend
 
 
@@ -116,3 +117,66 @@ def test_ranks_compare_the_checkpoint_they_planned_with_one_or_reduction():
     assert ranks(2**40 + 1, 1) == [False, False]
     with pytest.raises(ValueError, match="outside"):
         same_on_every_rank(-1, lambda flags: flags)
+
+
+class ShardedScalar(ScalarBackend):
+    """The scalar backend as if sharded: its layout, samples and data are recorded by
+    core; a change of ``tp`` is refused, of ``dp`` resharded."""
+
+    def __init__(self, tp: int = 1, dp: int = 1, data: str = "abc") -> None:
+        super().__init__()
+        self.layout, self.data = {"tp": tp, "dp": dp}, data
+        self.loaded = 0
+        self.asked: list[dict] = []
+
+    def checkpoint_facts(self) -> CheckpointFacts:
+        return CheckpointFacts(self.layout, samples=2 * len(self.events), data=self.data)
+
+    def layout_refusal(self, saved):
+        self.asked.append(dict(saved))
+        if saved["tp"] != self.layout["tp"]:
+            return "tensor shards do not reshard here; resume with the saved tp"
+        return None
+
+    def legacy_facts(self, directory):
+        side = directory / "layout.json"
+        return CheckpointFacts(json.loads(side.read_text())) if side.is_file() else None
+
+    def load(self, directory):
+        self.loaded += 1
+        super().load(directory)
+
+
+def fit(tmp_path, backend, steps, resume="none"):
+    driver = Driver(backend, [SaveEvery(3)], max_steps=steps, run_dir=tmp_path, resume=resume)
+    return driver.fit()
+
+
+def test_core_records_the_facts_and_refuses_a_mismatch_before_loading(tmp_path):
+    fit(tmp_path, ShardedScalar(tp=2), 3)
+    meta = json.loads((tmp_path / "checkpoints" / "latest" / "baton.json").read_text())
+    assert meta["checkpoint"] == {"layout": {"tp": 2, "dp": 1}, "samples": 2, "data": "abc"}
+
+    refused = ShardedScalar(tp=1, data="xyz")
+    with pytest.raises(CheckpointMismatch) as raised:
+        fit(tmp_path, refused, 6, resume="auto")
+    message = str(raised.value)
+    assert "layout: checkpoint has tp=2, dp=1; this run has tp=1, dp=1: tensor shards" in message
+    assert "data: checkpoint has fingerprint abc; this run has xyz" in message
+    assert refused.loaded == 0
+
+    resharded = ShardedScalar(tp=2, dp=4)  # the backend reshards data parallel
+    assert fit(tmp_path, resharded, 6, resume="auto").resumed_from is not None
+    assert resharded.asked == [{"tp": 2, "dp": 1}] and resharded.loaded == 1
+
+
+def test_a_checkpoint_with_the_facts_in_a_side_file_is_checked_too(tmp_path):
+    fit(tmp_path, ShardedScalar(tp=2), 3)
+    checkpoint = tmp_path / "checkpoints" / "step_000003"
+    meta = json.loads((checkpoint / "baton.json").read_text())
+    del meta["checkpoint"]  # as written before baton.json recorded them
+    (checkpoint / "baton.json").write_text(json.dumps(meta))
+    (checkpoint / "backend" / "layout.json").write_text(json.dumps({"tp": 2, "dp": 1}))
+    with pytest.raises(CheckpointMismatch, match="checkpoint has tp=2, dp=1; this run has tp=1"):
+        fit(tmp_path, ShardedScalar(tp=1), 6, resume="auto")
+    assert fit(tmp_path, ShardedScalar(tp=2), 6, resume="auto").resumed_from == checkpoint

@@ -84,9 +84,11 @@ def test_recipe_parameters_reach_the_driver_and_its_settings(tmp_path):
             "none",
         ],
     )
-    assert driver.max_steps == 7 and driver.backend.config["lr"] == 0.25
-    assert driver.resume == "auto" and driver.patch_selection == "none"
-    assert driver.settings["steps"] == 7 and driver.settings["recipe"] == str(recipe)
+    assert driver.options.max_steps == 7 and driver.backend.config["lr"] == 0.25
+    assert driver.options.resume == "auto" and driver.options.patches == "none"
+    assert driver.options.settings["steps"] == 7 and driver.options.settings["recipe"] == str(
+        recipe
+    )
     assert driver.fit().step == 7
 
 

@@ -78,8 +78,8 @@ def test_config_file_values_and_flags_over_them(recipe_file, tmp_path, name, tex
     driver = build_driver(
         recipe_file, ["--run-dir", str(tmp_path / "r"), "--config", str(config), "--lr", "0.25"]
     )
-    assert driver.max_steps == 7 and driver.settings["name"] == "from-file"
-    assert driver.settings["lr"] == 0.25 and driver.backend.config["lr"] == 0.25
+    assert driver.options.max_steps == 7 and driver.options.settings["name"] == "from-file"
+    assert driver.options.settings["lr"] == 0.25 and driver.backend.config["lr"] == 0.25
 
 
 def test_print_config_prints_resolved_values_and_trains_nothing(recipe_file, tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_set_overrides_native_config_fields(recipe_file, tmp_path) -> None:
         recipe_file, ["--run-dir", str(tmp_path / "r"), "--set", "lr=0.75", "--set", "seed=3"]
     )
     assert driver.backend.config == {"lr": 0.75, "seed": 3}
-    assert driver.settings["set"] == {"lr": 0.75, "seed": 3}
+    assert driver.options.settings["set"] == {"lr": 0.75, "seed": 3}
     with pytest.raises(RecipeError, match="has no field 'lrr'; fields: lr, seed"):
         build_driver(recipe_file, ["--run-dir", str(tmp_path / "r"), "--set", "lrr=1"])
     with pytest.raises(RecipeError, match="expected a int like the current 0, got 'fast'"):
@@ -192,7 +192,7 @@ def test_config_numbers_yaml_leaves_as_text_are_numbers(recipe_file, tmp_path) -
     path = tmp_path / "c.yaml"
     path.write_text("lr: 1e-3\n")  # YAML 1.1 reads this as a string
     driver = build_driver(recipe_file, ["--run-dir", str(tmp_path / "r"), "--config", str(path)])
-    assert driver.settings["lr"] == 0.001 and driver.backend.config["lr"] == 0.001
+    assert driver.options.settings["lr"] == 0.001 and driver.backend.config["lr"] == 0.001
 
 
 def test_eval_every_zero_turns_evaluation_off(recipe_file, tmp_path) -> None:
@@ -200,7 +200,7 @@ def test_eval_every_zero_turns_evaluation_off(recipe_file, tmp_path) -> None:
     from support.scalar_backend import ScalarBackend
 
     driver = Driver(ScalarBackend(), max_steps=4, eval_every=0, run_dir=tmp_path / "r")
-    assert driver.eval_every is None
+    assert driver.options.eval_every is None
     seen: list[int] = []
 
     from baton.core import Callback

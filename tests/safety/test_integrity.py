@@ -198,7 +198,7 @@ def test_async_save_is_hashed_off_the_training_thread(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ckpt, "manifest", manifest)
     driver = Driver(AsyncScalar(), [SaveEvery(3)], max_steps=9, log_every=1, run_dir=tmp_path)
-    driver.async_save = True
+    driver.options = driver.options.replace(async_save=True)
     driver.fit()
     assert [p.name for p in driver.saved] == ["step_000003", "step_000006", "step_000009"]
     assert all(name.startswith("baton-checksum") for name, _ in calls), calls

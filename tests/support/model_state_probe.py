@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-from baton.core import Callback
+from baton.core import Callback, Driver
+from baton.core.backend import Ability
+from baton.core.model_state import HasModelState
 
 #: what the probe freezes after step 1 (Hugging Face names)
 FROZEN = ["model.embed_tokens.*", "model.layers.0.*"]
@@ -47,13 +49,15 @@ class ModelStateProbe(Callback):
         self._snapshot: dict[str, torch.Tensor] = {}
         self._step = 0
 
-    def requires(self):
+    def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state", "gradients"})
 
-    def on_setup(self, driver) -> None:
-        self.state = driver.backend.model_state()
+    def on_setup(self, driver: Driver) -> None:
+        backend = driver.backend
+        assert isinstance(backend, HasModelState)  # requires() was checked
+        self.state = backend.model_state()
         self.counted = {p.name: p.counted for p in self.state.parameters()}
-        driver.backend.watch_gradients(self._watch)
+        self.state.watch_gradients(self._watch)
 
     def on_step_start(self, driver) -> None:
         self._step = driver.step + 1

@@ -25,7 +25,7 @@ def test_model_config_alone_trains_and_records_the_spec(tmp_path):
     )
     result = driver.fit()
     assert result.step == 2
-    assert driver.settings["model_spec"]["num_kv_heads"] == 2
+    assert driver.options.settings["model_spec"]["num_kv_heads"] == 2
     other = save_tiny_llama(tmp_path / "other", vocab_size=256, intermediate_size=128)
     with pytest.raises(UsageError, match="ffn_hidden_size is 176 there, 128 here"):
         build_driver(

@@ -39,6 +39,6 @@ def test_init_from_scaled_rope_first_loss_equals_transformers(tmp_path):
     with torch.no_grad():
         expected = load_llama(hf_dir)(**batch).loss.item()
     assert record.values[1] == pytest.approx(expected, rel=1e-4)
-    assert driver.settings["model_spec"]["rope_scaling"] == {
+    assert driver.options.settings["model_spec"]["rope_scaling"] == {
         key: value for key, value in SHORT_CONTEXT_ROPE.items() if key != "rope_type"
     }

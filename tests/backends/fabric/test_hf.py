@@ -126,7 +126,7 @@ def test_export_of_a_checkpoint_without_hf_mapping_is_refused(tmp_path, capsys):
         accelerator="cpu",
     )
     driver = Driver(settings.backend(), max_steps=1, run_dir=tmp_path)
-    driver.save_on_stop = True
+    driver.options = driver.options.replace(save_on_stop=True)
     driver.fit()
     checkpoint = tmp_path / "checkpoints" / "step_000001"
     assert baton(["export", str(checkpoint), "--format", "hf", str(tmp_path / "out")]) == 2

@@ -76,7 +76,7 @@ def test_readme_bring_your_own_example_trains(tmp_path, monkeypatch, capsys):
     driver = build_driver(tmp_path / "sine.py", ["--max-steps", "100"])
     record = Record()
     driver.callbacks.append(record)
-    driver.eval_every = 50
+    driver.options = driver.options.replace(eval_every=50)
     result = driver.fit()
     assert result.step == 100
     first, last = record.losses[20], record.losses[100]

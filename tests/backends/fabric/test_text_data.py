@@ -101,6 +101,6 @@ def test_hf_recipe_on_tokenized_jsonl(tmp_path):
     )
     losses = Losses()
     driver.callbacks.append(losses)
-    driver.log_every = 1
+    driver.options = driver.options.replace(log_every=1)
     driver.fit()
     assert sorted(losses.values) == [1, 2, 3] and all(5 < v < 7 for v in losses.values.values())

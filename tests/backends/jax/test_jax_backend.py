@@ -207,7 +207,7 @@ def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch, cap
     record = Record()
     driver = build_driver(recipe, ["--max-steps", "100"])
     driver.callbacks.append(record)
-    driver.log_every = 5
+    driver.options = driver.options.replace(log_every=5)
     result = driver.fit()
     assert result.step == 100
     assert record.logs[-1]["loss"] < 0.5 * record.logs[0]["loss"]

@@ -44,11 +44,12 @@ def test_two_processes_train_data_parallel_save_and_resume(tmp_path):
     checkpoint = tmp_path / "full" / "checkpoints" / f"step_{SAVE_AT:06d}"
     backend = checkpoint / "backend"
     assert sorted(p.name for p in backend.iterdir()) == [
-        "baton_jax.json",
         "data_rank00000.json",
         "data_rank00001.json",
         "state",
     ]
+    record = json.loads((checkpoint / "baton.json").read_text())["checkpoint"]
+    assert record == {"layout": {"processes": 2}, "samples": SAVE_AT * 2 * 8, "data": ""}
     resumed = launch_two(
         tmp_path / "resumed_{rank}.json",
         f"--run-dir={tmp_path / 'resumed'}",

@@ -1,6 +1,7 @@
 """Save and resume in a fresh process: the recipe ``jax_tiny.py`` (an nnx transformer with
 the standard callbacks) resumed from an asynchronous orbax checkpoint logs the same losses,
-bit for bit, as the uninterrupted run; neither process imports torch."""
+bit for bit, as the uninterrupted run, also from a checkpoint in the form written before
+``baton.json`` recorded the backend's facts; neither process imports torch."""
 
 from __future__ import annotations
 
@@ -51,10 +52,22 @@ def test_resume_in_fresh_process_matches_uninterrupted_run_without_torch(tmp_pat
     assert sorted(losses) == list(range(1, STEPS + 1))
     checkpoint = tmp_path / "full" / "checkpoints" / f"step_{SAVE_AT:06d}"
     assert (checkpoint / "backend" / "state").is_dir()
-    assert json.loads((checkpoint / "backend" / "data_rank00000.json").read_text()) == {
+    position = checkpoint / "backend" / "data_rank00000.json"
+    assert json.loads(position.read_text()) == {
         "step": SAVE_AT,
+        "samples": SAVE_AT * 8,
         "data": {"epoch": 0, "consumed": SAVE_AT},
     }
+    meta = json.loads((checkpoint / "baton.json").read_text())
+    assert meta["checkpoint"] == {"layout": {"processes": 1}, "samples": SAVE_AT * 8, "data": ""}
+    # as main wrote it before baton.json recorded the facts: a side file, no samples
+    (checkpoint / "backend" / "baton_jax.json").write_text(
+        json.dumps({"layout": "baton-jax-v1", "step": SAVE_AT, "processes": 1, "model": "nnx"})
+    )
+    position.write_text(json.dumps({"step": SAVE_AT, "data": {"epoch": 0, "consumed": SAVE_AT}}))
+    meta.pop("checkpoint")
+    meta["files"].pop("data_rank00000.json")  # its size changed
+    (checkpoint / "baton.json").write_text(json.dumps(meta))
 
     resumed = run_recipe(
         tmp_path / "resumed.json", f"--run-dir={tmp_path / 'resumed'}", f"--resume={checkpoint}"

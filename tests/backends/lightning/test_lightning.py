@@ -140,7 +140,7 @@ def test_checkpoint_hooks_are_called(tmp_path):
         )
 
     driver = Driver(backend(), max_steps=2, run_dir=tmp_path)
-    driver.save_on_stop = True
+    driver.options = driver.options.replace(save_on_stop=True)
     driver.fit()
     saved = torch.load(tmp_path / "checkpoints" / "step_000002" / "backend" / "state.pt")
     assert "weights_sum" in saved["lightning"]["note"]

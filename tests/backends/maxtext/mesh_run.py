@@ -127,12 +127,13 @@ def main(out: str, work_dir: str) -> None:
     from maxtext_support import outside_driver
 
     from baton.backends.maxtext.backend import MaxTextBackend
-    from baton.backends.maxtext.checkpoint import check_layout
+    from baton.core.checkpoint_record import check_record
+    from baton.core.checkpointing import CheckpointMismatch
 
     work = Path(work_dir)
     driver, losses, checkpoints = baton_run(work)
     config = driver.backend.config
-    mesh_a = dict(json.loads((checkpoints[0] / "backend" / "baton_maxtext.json").read_text()))
+    mesh_a = dict(json.loads((checkpoints[0] / "baton.json").read_text())["checkpoint"])
     reference = train_loop_losses(config, work)
 
     same = restored(config, checkpoints[0], work, {})
@@ -148,11 +149,13 @@ def main(out: str, work_dir: str) -> None:
     continued = [other.train_step(step).loss for step in range(SAVE_AT + 1, STEPS + 1)]
     values = other.fetch({str(i): v for i, v in enumerate(continued)})
     other_losses = {SAVE_AT + 1 + i: values[str(i)] for i in range(len(continued))}
+    # core's check of the checkpoint's record, as if it had been saved unstacked
+    meta = json.loads((checkpoints[0] / "baton.json").read_text())
+    meta["checkpoint"]["layout"]["scan_layers"] = False
     try:
-        saved = {**other.layout(), "scan_layers": False}
-        check_layout(saved, other.layout(), other.hparams, str(checkpoints[0]))
+        check_record(other, checkpoints[0], meta)
         refused = ""
-    except ValueError as error:
+    except CheckpointMismatch as error:
         refused = str(error)
     try:
         misfit = copy.deepcopy(config)

@@ -15,7 +15,8 @@ costs most of a minute on this machine:
   count. A checkpoint ``train_loop`` saved is loaded into a fresh baton backend and
   training continues with MaxText's own losses.
 * resume: a fresh process (the recipe, with torch made unimportable) resumes from the
-  step-6 checkpoint and reproduces steps 7-12 exactly, without importing torch.
+  step-6 checkpoint (in the form written before baton.json recorded the backend's facts)
+  and reproduces steps 7-12 exactly, without importing torch.
 * the Llama 2 7B recipe's ``--dry-run`` in its own process (8 simulated devices laid
   out fsdp 4 x tensor 2),
   started first so that it overlaps with the rest.
@@ -27,6 +28,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -158,16 +160,17 @@ def test_baton_run_trains_and_saves(baton_run: dict[str, Any]) -> None:
     assert backend.flops_per_token is not None and backend.flops_per_token > 0
     names = [p.name for p in result.checkpoints]
     assert names == [f"step_{SAVE_AT:06d}", f"step_{STEPS:06d}"]
-    meta = json.loads((result.checkpoints[0] / "backend" / "baton_maxtext.json").read_text())
-    # off by one: 6 updates, which MaxText would have named checkpoint 5
-    assert meta["optimizer_step"] == SAVE_AT
-    assert meta["maxtext_checkpoint_name"] == SAVE_AT - 1
-    assert meta["data"]["consumed"] == SAVE_AT
+    data = json.loads((result.checkpoints[0] / "backend" / "data.json").read_text())
+    assert data["consumed"] == SAVE_AT
     baton_meta = json.loads((result.checkpoints[0] / "baton.json").read_text())
     assert baton_meta["step"] == SAVE_AT
-    # MaxText's checkpoint layout: <root>/<name>/items
+    # MaxText's checkpoint layout: <root>/<name>/items, off by one: 6 updates, which
+    # MaxText would have named checkpoint 5
     assert any(f.startswith(f"checkpoint/{SAVE_AT - 1}/items") for f in baton_meta["files"])
-    assert meta["layout"] == {"mesh": {}, "devices": 1, "processes": 1, "scan_layers": True}
+    record = baton_meta["checkpoint"]
+    assert record["layout"] == {"mesh": {}, "devices": 1, "processes": 1, "scan_layers": True}
+    assert record["samples"] == SAVE_AT * backend.hparams.global_batch_size_to_train_on
+    assert record["data"]  # the byte corpus's fingerprint
     # on CPU the asynchronous save ran whole on the writer thread, and the step after it
     # did not donate the arrays it was writing (the parity and resume tests check the
     # losses and the saved state)
@@ -285,8 +288,25 @@ def test_continue_from_maxtext_checkpoint(
     assert losses == [reference[index] for index in range(start, STEPS)]
 
 
+def as_written_before_the_record(source: Path, checkpoint: Path) -> None:
+    """A copy of ``source`` as main wrote it before ``baton.json`` recorded the backend's
+    facts: they and the data position in ``backend/baton_maxtext.json``."""
+    shutil.copytree(source, checkpoint)
+    meta = json.loads((checkpoint / "baton.json").read_text())
+    record = meta.pop("checkpoint")
+    data_file = checkpoint / "backend" / "data.json"
+    side = {"format": "maxtext-orbax-v2", "optimizer_step": SAVE_AT,
+            "maxtext_checkpoint_name": SAVE_AT - 1, "data": json.loads(data_file.read_text()),
+            "data_fingerprint": record["data"], "layout": record["layout"]}  # fmt: skip
+    (checkpoint / "backend" / "baton_maxtext.json").write_text(json.dumps(side))
+    data_file.unlink()
+    meta["files"].pop("data.json")
+    (checkpoint / "baton.json").write_text(json.dumps(meta))
+
+
 def test_resume_in_fresh_process_without_torch(baton_run: dict[str, Any], tmp_path: Path) -> None:
-    checkpoint = baton_run["result"].checkpoints[0]
+    checkpoint = tmp_path / "checkpoints" / f"step_{SAVE_AT:06d}"
+    as_written_before_the_record(baton_run["result"].checkpoints[0], checkpoint)
     out = tmp_path / "resumed.json"
     command = [
         sys.executable,

@@ -48,7 +48,7 @@ def test_init_from_hf_first_loss_equals_transformers(tmp_path):
     expected = hf_loss(load_llama(hf_dir), tokens, targets)
     assert expected > 8.0
     assert record.values[1] == pytest.approx(expected, rel=1e-4)
-    assert driver.settings["model_spec"]["num_kv_heads"] == 2
+    assert driver.options.settings["model_spec"]["num_kv_heads"] == 2
 
 
 def test_export_scanned_checkpoint_loads_in_transformers_with_the_runs_loss(tmp_path):

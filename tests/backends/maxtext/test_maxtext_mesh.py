@@ -64,8 +64,8 @@ def test_restore_onto_another_mesh_reshards_the_state(mesh_report: dict[str, Any
 
 def test_layout_orbax_cannot_map_is_refused_naming_both(mesh_report: dict[str, Any]) -> None:
     message = mesh_report["refused"]
-    assert "cannot reshard" in message and "scan_layers" in message
-    assert "'scan_layers': False" in message and "'scan_layers': True" in message
+    assert "layout: checkpoint has" in message and "orbax cannot map" in message
+    assert "scan_layers=False; this run has" in message and "scan_layers=True" in message
 
 
 def test_plan_refuses_a_layout_that_does_not_fit(mesh_report: dict[str, Any]) -> None:

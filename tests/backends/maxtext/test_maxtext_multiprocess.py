@@ -42,8 +42,8 @@ def test_two_processes_train_save_and_resume(tmp_path: Path) -> None:
     assert losses[6] < losses[1] - 1.0
 
     backend = tmp_path / "full" / "checkpoints" / f"step_{SAVE_AT:06d}" / "backend"
-    meta = json.loads((backend / "baton_maxtext.json").read_text())
-    assert meta["layout"]["processes"] == 2 and meta["layout"]["mesh"] == {"fsdp": 2}
+    layout = json.loads((backend.parent / "baton.json").read_text())["checkpoint"]["layout"]
+    assert layout["processes"] == 2 and layout["mesh"] == {"fsdp": 2}
     items = backend / "checkpoint" / str(SAVE_AT - 1) / "items"
     assert {p.name for p in items.glob("ocdbt.process_*")} == {"ocdbt.process_0", "ocdbt.process_1"}
 

@@ -103,8 +103,10 @@ def test_grain_mmap_run_trains_on_bpe_tokens(native_run: dict[str, Any]) -> None
     first = native_run["result"].checkpoints[0] / "backend"
     iterator_state = list((first / "checkpoint" / str(SAVE_AT - 1) / "iter").glob("process_*"))
     assert [p.name for p in iterator_state] == ["process_0-of-1.json"]
-    meta = json.loads((first / "baton_maxtext.json").read_text())
-    assert meta["data"] == {"pipeline": "grain", "consumed": SAVE_AT}
+    assert json.loads((first / "data.json").read_text()) == {
+        "pipeline": "grain",
+        "consumed": SAVE_AT,
+    }
 
 
 def test_losses_equal_maxtext_train_loop_on_its_own_pipeline(
@@ -234,8 +236,8 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
 
     first, losses = run(tmp_path / "hf", "--save-every=2", "--no-async-save")
     assert sorted(losses) == [1, 2, 3, 4]
-    meta = json.loads((first.checkpoints[0] / "backend" / "baton_maxtext.json").read_text())
-    assert meta["data"] == {"pipeline": "hf", "consumed": 2}
+    position = json.loads((first.checkpoints[0] / "backend" / "data.json").read_text())
+    assert position == {"pipeline": "hf", "consumed": 2}
     _, resumed = run(
         tmp_path / "hf_resumed",
         "--save-every=0",

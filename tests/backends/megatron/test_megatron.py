@@ -141,7 +141,7 @@ def baton_run(
     driver = Driver(
         MegatronBackend(config), [Record()], max_steps=STEPS, log_every=1, run_dir=run_dir
     )
-    driver.async_save = True
+    driver.options = driver.options.replace(async_save=True)
     driver.fit()
     if runs is not None and not runs.patch_report:
         runs.patch_report = driver.patch_report
@@ -215,8 +215,28 @@ def test_patches_applied_and_leave_nothing_behind(runs: Runs) -> None:
         assert after is before or after == before, f"{key} was left changed"
 
 
+def as_written_before_the_record(checkpoint: Path) -> None:
+    """Move the layout of ``checkpoint``'s record back into its common state (written
+    as ``common.pt``, which ``dist_checkpointing`` reads before its embedded copy)."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    meta = json.loads((checkpoint / "baton.json").read_text())
+    common = dist_checkpointing.load_common_state_dict(str(checkpoint / "backend"))
+    common["layout"] = meta.pop("checkpoint")["layout"]
+    torch.save(common, checkpoint / "backend" / "common.pt")
+    (checkpoint / "baton.json").write_text(json.dumps(meta))
+
+
 def test_resume_in_fresh_process_continues_identically(runs: Runs, tmp_path: Path) -> None:
-    """Bytes, the prepared blend (data position included) and the distributed optimizer."""
+    """Bytes, the prepared blend (data position included) and the distributed optimizer;
+    the bytes' checkpoint in the form written before ``baton.json`` recorded the layout
+    (it was in ``dist_checkpointing``'s common state)."""
+    bpe = runs.run_dir / "bpe" / "checkpoints" / f"step_{SAVE_AT:06d}" / "baton.json"
+    record = json.loads(bpe.read_text())["checkpoint"]
+    assert record["layout"]["tensor"] == 1 and record["samples"] == SAVE_AT * 8
+    assert len(record["data"]) == 16
+    as_written_before_the_record(runs.run_dir / "base" / "checkpoints" / f"step_{SAVE_AT:06d}")
     out = tmp_path / "resumed.json"
     subprocess.run(
         [
@@ -401,7 +421,8 @@ def test_torchrun_two_ranks_layouts_parity_and_resharding(runs: Runs, tmp_path: 
     for source in ("tp2-v384", "pp2"):
         assert list((run_dir / source / "checkpoints" / "step_000002" / "backend").glob("*.distcp"))
     refused = result["do@tp2-do"]["error"]
-    assert "tensor 2 x pipeline 1" in refused and "tensor 1 x pipeline 1" in refused
+    assert "checkpoint has tensor=2, pipeline=1" in refused
+    assert "this run has tensor=1, pipeline=1" in refused
     assert "320" in result["base@tp2"]["error"] and "384" in result["base@tp2"]["error"]
     shutil.rmtree(run_dir)
 

@@ -28,7 +28,7 @@ def _tokens() -> torch.Tensor:
 def test_init_from_hf_logits_equal_transformers(tmp_path, tie):
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB, tie=tie)
     driver = build_driver(RECIPE, ["--init-from", str(hf_dir), "--run-dir", str(tmp_path / "r")])
-    assert driver.settings["model_spec"]["tie_embeddings"] is tie
+    assert driver.options.settings["model_spec"]["tie_embeddings"] is tie
     got = megatron_outputs(driver.backend, _tokens())
     with torch.no_grad():
         expected = load_llama(hf_dir)(_tokens()).logits

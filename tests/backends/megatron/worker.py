@@ -98,7 +98,7 @@ def main() -> None:
             run_dir=f"{args.run_dir}/{source or layout_name}",
             resume="auto" if source else args.resume,
         )
-        driver.async_save = args.async_save
+        driver.options = driver.options.replace(async_save=args.async_save)
         entry: dict[str, object] = {"rank": driver.backend.rank}
         try:
             result = driver.fit()

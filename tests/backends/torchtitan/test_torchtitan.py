@@ -130,10 +130,19 @@ def test_patches_undone_after_teardown(first_run):
 
 @pytest.fixture(scope="module")
 def resumed_run(first_run, data, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A fresh process resumes the step-5 checkpoint (``titan_worker.async_resume_run``):
-    TorchTitan's data-loader state comes back from the checkpoint with the weights."""
+    """A fresh process resumes the step-5 checkpoint (``titan_worker.async_resume_run``),
+    written in the older form: TorchTitan's data-loader state comes back from the
+    checkpoint with the weights."""
     out = tmp_path_factory.mktemp("resumed") / "resumed.json"
     run_dir = str(first_run["run_dir"])
+    # the step-5 checkpoint as main wrote it before baton.json recorded the backend's
+    # facts: its layout in a side file beside the DCP state
+    checkpoint = first_run["run_dir"] / "checkpoints" / f"step_{worker.SAVE_AT:06d}"
+    meta = json.loads((checkpoint / "baton.json").read_text())
+    record = meta.pop("checkpoint")
+    assert record["layout"]["world_size"] == 1 and record["samples"] > 0
+    (checkpoint / "backend" / "layout.json").write_text(json.dumps(record["layout"]))
+    (checkpoint / "baton.json").write_text(json.dumps(meta))
     subprocess.run(
         [sys.executable, str(HERE / "titan_worker.py"), "resume", run_dir, out, str(data)],
         check=True,

@@ -23,8 +23,8 @@ pytest.importorskip("torchtitan")
 
 HERE = Path(__file__).parent
 WORKER = HERE / "layouts_worker.py"
-LAYOUT_FSDP = "dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 x pp 1 (2 ranks)"
-LAYOUT_TP = "dp_replicate 1 x dp_shard 1 x cp 1 x tp 2 x pp 1 (2 ranks)"
+LAYOUT_FSDP = "dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, world_size=2"
+LAYOUT_TP = "dp_replicate=1, dp_shard=1, cp=1, tp=2, pp=1, world_size=2"
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,8 @@ def test_two_nodes_ranks_and_fsdp_checkpoint_written_once_and_resumed(nodes):
     assert sorted(p.name for p in step.iterdir()) == ["backend", "baton.json"]
     dcp = step / "backend" / "step-2"
     assert sorted(p.name for p in dcp.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert json.loads((step / "backend" / "layout.json").read_text())["dp_shard"] == 2
+    record = json.loads((step / "baton.json").read_text())["checkpoint"]
+    assert record["layout"]["dp_shard"] == 2 and record["samples"] > 0
     # the resume continues with the same losses, the same state, step and callback state
     first = ranks[0]
     assert first["fsdp_resumed_losses"] == _steps(first["fsdp_losses"], 3, 4)

@@ -39,7 +39,7 @@ class HfValues(Callback):
     TorchTitan's own adapter's ``to_hf`` of the model's state dict."""
 
     def on_step_end(self, driver, output) -> None:
-        if driver.step != driver.max_steps:
+        if driver.step != driver.options.max_steps:
             return
         trainer = driver.backend.trainer
         adapter = trainer.checkpointer.sd_adapter

@@ -105,13 +105,13 @@ class Goodput(Callback):
     def on_setup(self, driver: Driver) -> None:
         if not driver.is_global_zero:
             return
-        before = summarise(read_ledger(driver.run_dir))
+        before = summarise(read_ledger(driver.options.run_dir))
         self._done = max((a.last_step for a in before.attempts), default=0)
         self._productive_before = before.seconds["productive"]
         started = process_start_time()
         self._run_start = before.attempts[0].t0 if before.attempts else started
         self.attempt = f"{socket.gethostname()}:{os.getpid()}@{started:.2f}"
-        self._writer = LedgerWriter(driver.run_dir)
+        self._writer = LedgerWriter(driver.options.run_dir)
         now = time.time()
         self._t0 = started
         self._mark = now

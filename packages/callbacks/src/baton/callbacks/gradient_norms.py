@@ -66,7 +66,7 @@ class GradientNormMonitor(Callback):
         self._state.watch_gradients(self._watch)
 
     def on_step_start(self, driver: Driver) -> None:
-        self._logs_next = (driver.step + 1) % driver.log_every == 0
+        self._logs_next = (driver.step + 1) % driver.options.log_every == 0
 
     def group(self, name: str) -> str:
         return group_of(name, self.depth)

@@ -36,7 +36,7 @@ def evaluation_may_name(driver: Driver) -> bool:
     """Whether ``driver``'s run evaluates on a cadence with a backend whose evaluation
     keeps its author's names (``names_evaluation_metrics``: a LightningModule's)."""
     return (
-        bool(driver.eval_every)
+        bool(driver.options.eval_every)
         and "evaluate" in driver.abilities
         and driver.backend.names_evaluation_metrics
     )

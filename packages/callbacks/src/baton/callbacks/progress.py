@@ -62,7 +62,7 @@ class Progress(Callback):
         )
         self._bar.start()
         self._task = self._bar.add_task(
-            "train", total=driver.max_steps, completed=driver.step, info=""
+            "train", total=driver.options.max_steps, completed=driver.step, info=""
         )
         self._last = (time.monotonic(), self._count(driver)[0])
 

@@ -126,7 +126,7 @@ class Watchdog(Callback):
 
     # -- hooks (the training thread: in-memory notes only) ---------------------
     def on_train_start(self, driver: Driver) -> None:
-        self._dir = driver.run_dir / WATCHDOG_DIR
+        self._dir = driver.options.run_dir / WATCHDOG_DIR
         self._dir.mkdir(parents=True, exist_ok=True)
         self._rank, self._world = driver.backend.rank, driver.backend.world_size
         # requests of earlier attempts were answered by them

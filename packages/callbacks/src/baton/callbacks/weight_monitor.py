@@ -64,7 +64,7 @@ class WeightMonitor(Callback):
         return {p.name: p.value for p in self._state.parameters() if p.counted}
 
     def on_step_start(self, driver: Driver) -> None:
-        if (driver.step + 1) % driver.log_every:
+        if (driver.step + 1) % driver.options.log_every:
             return
         self._before = {
             name: array_namespace(value).asarray(value, copy=True)

@@ -21,7 +21,6 @@ from baton.core.backend import (
     BackendBase,
     ChangesSettings,
     DataExhausted,
-    DescribesLayout,
     Evaluates,
     MissingAbilityError,
     PendingSave,
@@ -42,6 +41,7 @@ from baton.core.callback import (
     STOP_REQUEST_PRIORITY,
     Callback,
 )
+from baton.core.checkpoint_record import CheckpointFacts, RecordsCheckpoint
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
@@ -72,9 +72,9 @@ __all__ = [
     "Callback",
     "ChangesSettings",
     "CheckpointError",
+    "CheckpointFacts",
     "Control",
     "DataExhausted",
-    "DescribesLayout",
     "Driver",
     "Evaluates",
     "MissingAbilityError",
@@ -82,6 +82,7 @@ __all__ = [
     "Patch",
     "PatchRecorder",
     "PendingSave",
+    "RecordsCheckpoint",
     "Registry",
     "RunError",
     "RunLimits",

@@ -69,9 +69,10 @@ reads ``self.trainer.estimated_stepping_batches`` to size its schedule) learns t
 driver's limits before ``setup`` through ``use_run_limits(RunLimits(...))`` (the
 ``UsesRunLimits`` protocol), so nobody gives ``max_steps`` twice.
 
-A backend that shards its state over a parallel layout (tensor, pipeline, data
-degrees, a device mesh) describes it in ``layout()`` (the ``DescribesLayout``
-protocol): the facts it records in each checkpoint and compares on load.
+A backend records the facts its checkpoints depend on (the parallel layout, the data
+position in global samples, the data's fingerprint) and says whether a saved layout
+loads on its own through ``RecordsCheckpoint`` (``baton.core.checkpoint_record``): core
+writes them into ``baton.json`` and alone compares them on resume.
 """
 
 from __future__ import annotations
@@ -266,15 +267,6 @@ class ChangesSettings(Protocol):
     def changeable_settings(self) -> frozenset[str]: ...
 
     def apply_changed_settings(self, changes: Mapping[str, tuple[Any, Any]]) -> set[str]: ...
-
-
-@runtime_checkable
-class DescribesLayout(Protocol):
-    """A backend whose state is sharded over a parallel layout: ``layout()`` returns its
-    facts (degrees, mesh, world size) as JSON-ready values, recorded in each checkpoint
-    and compared on load."""
-
-    def layout(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable

@@ -67,7 +67,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         counted = f"{result.tokens:,} tokens" if result.tokens else f"{result.samples:,} samples"
         Console(stderr=True, soft_wrap=True).print(  # one line, however long the path
             f"[bold]done[/]: step {result.step}, {counted}, "
-            f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.run_dir}"
+            f"{result.train_time_s:.1f} s ({result.stop_reason}); run dir {driver.options.run_dir}"
         )
     return 0
 
@@ -158,7 +158,7 @@ def cmd_eval(argv: Sequence[str]) -> int:
         # logs untouched), replacing an earlier evaluation of the same checkpoint
         record = eval_record_dir(checkpoint)
         shutil.rmtree(record / "logs", ignore_errors=True)
-        driver.run_dir = record
+        driver.options = driver.options.replace(run_dir=record)
     try:
         metrics = driver.evaluate_checkpoint(checkpoint)
     except (CheckpointError, FileNotFoundError) as error:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from baton.core.options import RunOptions
 
 FLAGS = ("stop", "save", "eval", "log")
 
@@ -70,6 +74,19 @@ class Control:
     def request_log(self, reason: str, *, all_ranks: bool = False) -> None:
         """Materialise and log metrics for this step even off the log cadence."""
         self._request("log", reason, all_ranks)
+
+    def request_stop_at_limits(
+        self, options: RunOptions, step: int, tokens: int, train_time_s: float
+    ) -> None:
+        """After a step: stop (and log the last step) at one of the run's limits. Every
+        rank counts steps and tokens alike; wall clocks differ, so a time limit waits
+        for the next log step, where the ranks agree."""
+        for reason in options.limits_reached(step, tokens):
+            self.request_stop(reason, all_ranks=True)
+            self.request_log("last step", all_ranks=True)
+        if (reason := options.time_limit_reached(train_time_s)) is not None:
+            self.request_stop(reason)
+            self.request_log("time limit")
 
     def withdraw(self, flag: str) -> None:
         """Cancel a request of this step (a guard vetoing the save of a broken state).

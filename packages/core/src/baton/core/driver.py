@@ -45,7 +45,7 @@ from baton.core.callback import Callback
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
 from baton.core.metrics import StepOutput, evaluation_keys
-from baton.core.options import OptionAttributes, OptionKeywords, RunOptions
+from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
 from baton.core.resuming import Resumer, restore_callback_states
 from baton.core.run_record import write_patch_report, write_run_record
@@ -78,7 +78,7 @@ def introduce_run(backend: Backend, options: RunOptions) -> None:
         backend.use_run_limits(RunLimits(options.max_steps, options.max_tokens, options.max_time_s))
 
 
-class Driver(OptionAttributes, SavingAttributes):
+class Driver(SavingAttributes):
     """Owns the training loop; the backend supplies one optimizer step at a time.
 
     Args:
@@ -91,7 +91,8 @@ class Driver(OptionAttributes, SavingAttributes):
             parameters), ``save_on_stop``, ``async_save``, ``verify``, ``overwrite``,
             ``allow_changed``, ``training_settings``; ``RunOptions`` says what each does.
 
-    Each option is also an attribute (``driver.max_steps``), checked again when set.
+    Options are read as ``driver.options.max_steps``; ``driver.options.replace(...)``
+    gives a checked copy to assign back.
     The run directory is locked for the run: a second run on it fails naming the holder.
 
     Callbacks that own the save policy (``Checkpoint``) set it through
@@ -137,11 +138,11 @@ class Driver(OptionAttributes, SavingAttributes):
     # -- what callbacks read and call ---------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.options.run_dir / "checkpoints"
 
     @property
     def log_dir(self) -> Path:
-        return self.run_dir / "logs"
+        return self.options.run_dir / "logs"
 
     @property
     def is_global_zero(self) -> bool:
@@ -173,10 +174,12 @@ class Driver(OptionAttributes, SavingAttributes):
             raise RuntimeError(
                 "configure_saving after training started: call it in on_configure or on_setup"
             )
+        changes: dict[str, bool] = {}
         if on_stop is not None:
-            self.save_on_stop = on_stop
+            changes["save_on_stop"] = on_stop
         if asynchronous is not None:
-            self.async_save = asynchronous
+            changes["async_save"] = asynchronous
+        self.options = self.options.replace(**changes)
 
     # -- the loop ---------------------------------------------------------------------
     def fit(self) -> RunResult:
@@ -186,13 +189,13 @@ class Driver(OptionAttributes, SavingAttributes):
             self._setup_backend()
             self._abilities = check_needs(self.backend, self.options, self.callbacks)
             write_patch_report(
-                self.run_dir, self.backend, self.patch_report, write=self.is_global_zero
+                self.options.run_dir, self.backend, self.patch_report, write=self.is_global_zero
             )
             self.dispatch("on_setup")
             self._resume()
             if self.is_global_zero:
                 write_run_record(
-                    self.run_dir,
+                    self.options.run_dir,
                     options=self.options,
                     backend=self.backend,
                     callbacks=self.callbacks,
@@ -212,7 +215,9 @@ class Driver(OptionAttributes, SavingAttributes):
                 self.tokens += output.tokens
                 self.samples += output.samples
                 self.train_time_s = self._time_before + time.monotonic() - self._clock_start
-                self._request_stop_at_limits()
+                self.control.request_stop_at_limits(
+                    self.options, self.step, self.tokens, self.train_time_s
+                )
                 self.dispatch("on_step_end", output)
                 at_log_step = self.step % self.options.log_every == 0
                 if self._handle_events(output, at_log_step):
@@ -290,7 +295,7 @@ class Driver(OptionAttributes, SavingAttributes):
     def _stop_at_data_end(self, reason: str) -> None:
         self.stop_reason = reason
         log.info("stopping after step %d: %s", self.step, reason)
-        if self.save_on_stop and self.step > 0:
+        if self.options.save_on_stop and self.step > 0:
             self._save(f"stop: {reason}")
 
     # -- stop conditions -----------------------------------------------------------------
@@ -300,17 +305,6 @@ class Driver(OptionAttributes, SavingAttributes):
         if reasons:
             self.stop_reason = self.stop_reason or reasons[0]
         return bool(reasons)
-
-    def _request_stop_at_limits(self) -> None:
-        """After a step: stop (and log the last step) at a limit. Every rank counts
-        steps and tokens alike; wall clocks differ, so a time limit waits for the next
-        log step, where the ranks agree."""
-        for reason in self.options.limits_reached(self.step, self.tokens):
-            self.control.request_stop(reason, all_ranks=True)
-            self.control.request_log("last step", all_ranks=True)
-        if (reason := self.options.time_limit_reached(self.train_time_s)) is not None:
-            self.control.request_stop(reason)
-            self.control.request_log("time limit")
 
     # -- log and eval -----------------------------------------------------------------
     def _log(self, output: StepOutput) -> None:
@@ -345,7 +339,7 @@ class Driver(OptionAttributes, SavingAttributes):
         self._saver.poll(block=True)
 
     def _save(self, reason: str) -> None:
-        self._saver.asynchronous = self.async_save and "async_save" in self._abilities
+        self._saver.asynchronous = self.options.async_save and "async_save" in self._abilities
         self._saver.save(self.step, lambda: self._snapshot(reason))
 
     def _snapshot(self, reason: str) -> dict[str, Any]:

@@ -8,9 +8,10 @@ keywords; a recipe or a command line may build one and pass it whole::
     driver = Driver(backend, callbacks, options=options)
     options.limits_reached(step=100, tokens=0)      # ['max_steps=100 reached']
 
-A bad value is a ``UsageError`` naming the option and what it accepts. Changing one
-option later (``driver.log_every = 5``) replaces the dataclass, so the new value is
-checked like the first.
+A bad value is a ``UsageError`` naming the option and what it accepts. The driver reads
+its options one way, ``driver.options.log_every``; changing one later replaces the
+dataclass (``driver.options = driver.options.replace(log_every=5)``), so the new value
+is checked like the first.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Self, TypedDict, Unpack, overload
+from typing import Any, TypedDict, Unpack
 
 from baton.core.checkpointing import check_verify
 from baton.core.errors import UsageError
@@ -177,60 +178,3 @@ class RunOptions:
         if self.max_time_s is not None and train_time_s >= self.max_time_s:
             return f"max_time_s={self.max_time_s:g} reached"
         return None
-
-
-class HasOptions(Protocol):
-    options: RunOptions
-
-
-class Option[T]:
-    """An attribute that reads one field of its owner's ``options`` and, when set,
-    replaces ``options`` with a copy checked like a new one::
-
-        class Driver:
-            log_every = Option[int]()
-
-        driver.log_every = 0    # UsageError: log_every must be >= 1, got 0
-    """
-
-    def __init__(self, field_name: str = "") -> None:
-        self.field_name = field_name
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.field_name = self.field_name or name
-
-    @overload
-    def __get__(self, owner: None, owner_type: type) -> Self: ...
-    @overload
-    def __get__(self, owner: HasOptions, owner_type: type) -> T: ...
-    def __get__(self, owner: HasOptions | None, owner_type: type) -> T | Self:
-        if owner is None:
-            return self
-        value: T = getattr(owner.options, self.field_name)
-        return value
-
-    def __set__(self, owner: HasOptions, value: T) -> None:
-        owner.options = owner.options.replace(**{self.field_name: value})
-
-
-class OptionAttributes:
-    """Every field of ``options`` as an attribute of its own (``driver.max_steps``);
-    setting one replaces ``options`` with a checked copy."""
-
-    options: RunOptions
-    max_steps = Option[int | None]()
-    max_tokens = Option[int | None]()
-    max_time_s = Option[float | None]()
-    log_every = Option[int]()
-    eval_every = Option[int | None]()
-    run_dir = Option[Path]()
-    resume = Option[str]()
-    patch_selection = Option[str | None]("patches")
-    settings = Option[dict[str, Any]]()
-    save_on_stop = Option[bool]()
-    async_save = Option[bool]()
-    verify = Option[str]()
-    overwrite = Option[bool]()
-    allow_changed = Option[frozenset[str]]()
-    training_settings = Option[frozenset[str]]()
-    checkpoint_upload = Option[str | None]()

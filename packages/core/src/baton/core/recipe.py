@@ -368,7 +368,7 @@ def build_driver(
     driver.callbacks = callbacks.apply(driver.callbacks, added)
     if options.console_keys is not None:
         apply_console_keys(driver.callbacks, options.console_keys)
-    settings = dict(driver.settings)
+    settings = dict(driver.options.settings)
     settings.update(callbacks.record(added))
     if options.set:
         try:

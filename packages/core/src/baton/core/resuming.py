@@ -36,6 +36,7 @@ from typing import Any, cast
 import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend, ChangesSettings
 from baton.core.callback import Callback
+from baton.core.checkpoint_record import check_record
 from baton.core.errors import UsageError
 from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
@@ -227,7 +228,8 @@ class Resumer:
 
     # -- what may differ ----------------------------------------------------------------
     def check_compatible(self, path: Path, meta: dict[str, Any]) -> None:
-        """Refuse a checkpoint written by a different setup (``backend.describe()``)."""
+        """Refuse a checkpoint written by a different setup (``backend.describe()``), on
+        other data or on a layout this run cannot load (``check_record``)."""
         saved: dict[str, Any] = meta.get("backend", {})
         current = {"name": self.backend.name, **self.backend.describe()}
         diffs = [
@@ -242,6 +244,7 @@ class Resumer:
                 + "\n  ".join(diffs)
                 + "\nresume with the settings it was saved with, or start a new run_dir"
             )
+        check_record(self.backend, path, meta)
 
     def _check_settings(self, path: Path, meta: dict[str, Any]) -> None:
         """Refuse a resume whose training settings differ from the checkpoint's unless

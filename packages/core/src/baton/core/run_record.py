@@ -2,7 +2,7 @@
 ``patches.json`` (which patches applied), both written by rank 0.
 
 ``run.json`` holds the resolved settings and limits, the backend (name, version,
-``describe()``, its parallel ``layout()`` where it has one), its native config, the
+``describe()``, the parallel layout its checkpoints record), its native config, the
 callbacks, the command line, working directory, git commit, package versions, host,
 world size, launch and the checkpoint the run resumed from::
 
@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from baton.core.backend import Backend, DescribesLayout, installed_version
+from baton.core.backend import Backend, installed_version
 from baton.core.callback import Callback
+from baton.core.checkpoint_record import RecordsCheckpoint
 from baton.core.checkpointing import write_json_atomic
 from baton.core.launch import Launch
 from baton.core.options import RunOptions
@@ -119,7 +120,11 @@ def write_run_record(
             "eval_every": options.eval_every,
         },
         "backend": {"name": backend.name, "version": backend.version, **backend.describe()},
-        "layout": backend.layout() if isinstance(backend, DescribesLayout) else None,
+        "layout": (
+            dict(backend.checkpoint_facts().layout)
+            if isinstance(backend, RecordsCheckpoint)
+            else None
+        ),
         "native_config": to_jsonable(backend.config),
         "callbacks": [repr(cb) for cb in callbacks],
         "command": list(sys.argv),

@@ -34,6 +34,7 @@ from typing import Any
 import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend, PendingSave
 from baton.core.callback import Callback
+from baton.core.checkpoint_record import record
 from baton.core.options import RunOptions
 from baton.core.run_record import versions
 
@@ -226,7 +227,8 @@ def checkpoint_meta(
     patches: list[str],
 ) -> dict[str, Any]:
     """A checkpoint's ``baton.json`` (before ``finalize`` adds its files): ``counters``
-    (step, tokens, samples, train_time_s), why it was written, the backend's facts,
+    (step, tokens, samples, train_time_s), why it was written, the backend's facts
+    (``describe()``, and its layout, data position and data fingerprint: ``checkpoint``),
     each stateful callback's state, the settings and limits it was trained with, the
     allowed changes so far, the patches applied and the versions installed."""
     states = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_key is not None}
@@ -241,6 +243,7 @@ def checkpoint_meta(
             "world_size": backend.world_size,
             **backend.describe(),
         },
+        "checkpoint": record(backend),
         "callbacks": states,
         "settings": options.settings,
         "driver": options.limits(),

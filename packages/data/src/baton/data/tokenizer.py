@@ -202,6 +202,51 @@ def _read_training_files(files: Iterable[str | Path]) -> list[str]:
     return texts
 
 
+def _training_corpus(texts: Iterable[str] | None, files: Iterable[str | Path] | None) -> list[str]:
+    """The tokenizer's training text: ``texts``, else the ``files``, else the Python
+    language reference; ``DataError`` when it is empty."""
+    if texts is not None:
+        corpus = list(texts)
+    elif files is not None:
+        corpus = _read_training_files(files)
+    else:
+        from baton.data.corpus import reference_documents
+
+        corpus = reference_documents()
+    if not any(text.strip() for text in corpus):
+        raise DataError("tokenizer training text is empty; pass files that contain text")
+    return corpus
+
+
+def _save_tokenizer_files(tokenizer: Any, directory: Path, specials: list[str]) -> None:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` of a
+    trained byte-level BPE (``specials``: end of text, padding) into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    special = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "pad_token": PAD}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1_000_000_000,
+        "added_tokens_decoder": {
+            str(tokenizer.token_to_id(token)): {
+                "content": token,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
+            for token in specials
+        },
+    }
+    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
+        (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+
+
 def train_tokenizer(
     output: str | Path,
     *,
@@ -230,17 +275,7 @@ def train_tokenizer(
             f"vocab size {vocab_size} is too small for a byte-level BPE: it needs at least "
             f"{len(alphabet) + len(specials)} (256 bytes and {len(specials)} special tokens)"
         )
-    if texts is not None:
-        corpus = list(texts)
-    elif files is not None:
-        corpus = _read_training_files(files)
-    else:
-        from baton.data.corpus import reference_documents
-
-        corpus = reference_documents()
-    if not any(text.strip() for text in corpus):
-        raise DataError("tokenizer training text is empty; pass files that contain text")
-
+    corpus = _training_corpus(texts, files)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -255,30 +290,7 @@ def train_tokenizer(
     tokenizer.train_from_iterator(corpus, trainer=trainer)
 
     directory = Path(output)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    special = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "pad_token": PAD}
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **special,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 1_000_000_000,
-        "added_tokens_decoder": {
-            str(tokenizer.token_to_id(token)): {
-                "content": token,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": True,
-            }
-            for token in specials
-        },
-    }
-    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
-        (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    _save_tokenizer_files(tokenizer, directory, specials)
     return load_tokenizer(directory)
 
 

@@ -48,6 +48,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 from baton.core.errors import UsageError
@@ -258,6 +259,50 @@ def compare(
         run_dir: where the data, the model, each backend's run and the chart go.
         recipes: the directory holding each backend's recipe.
     """
+    recipes = Path(recipes)
+    _check_arguments(backends, data_path, tokenizer, recipes)
+    if init_from is not None:  # the model checked before any data is prepared
+        check_model(init_from, 0)
+    else:
+        tiny_llama_spec(layers=layers, hidden=hidden, heads=heads, vocab_size=1, seq_len=seq_len)
+    root = Path(run_dir)
+    if data_path is None or tokenizer is None:
+        data_path, tokenizer = prepare_reference(root / "data", vocab_size)
+        print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
+    shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
+    init_from = _starting_model(init_from, tokenizer, root / "model", shape)
+    settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
+                "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr, "recipes": recipes}  # fmt: skip
+    wall, failed = _run_backends(backends, root, settings)
+    _report(backends, root, wall)
+    if failed:
+        raise RuntimeError("backends failed: " + "; ".join(failed))
+
+
+def _starting_model(
+    init_from: str | None, tokenizer: str, directory: Path, shape: dict[str, int]
+) -> str:
+    """``init_from``, or a tiny Llama of ``shape`` for the tokenizer saved in
+    ``directory``, checked against the tokenizer's vocabulary."""
+    from baton.data import load_tokenizer
+
+    tokenizer_vocab = load_tokenizer(tokenizer).vocab_size
+    if init_from is None:
+        spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab)
+        init_from = str(save_llama(spec, directory))
+    spec = check_model(init_from, tokenizer_vocab)
+    print(
+        f"model: {init_from} ({spec.num_layers} layers, width {spec.hidden_size}, "
+        f"{spec.num_heads} heads, vocabulary {spec.vocab_size}); every backend starts there",
+        flush=True,
+    )
+    return init_from
+
+
+def _check_arguments(
+    backends: Sequence[str], data_path: str | None, tokenizer: str | None, recipes: Path
+) -> None:
+    """``ValueError`` for unknown backends, data without its tokenizer, missing recipes."""
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise ValueError(
@@ -268,50 +313,23 @@ def compare(
             "pass both --data-path (a `baton data prepare` prefix) and --tokenizer (the "
             "directory it was prepared with), or neither to prepare the Python reference"
         )
-    recipes = Path(recipes)
     missing = [RECIPE_FILES[b] for b in backends if not (recipes / RECIPE_FILES[b]).is_file()]
     if missing:
         raise ValueError(
             f"--recipes {recipes} lacks {', '.join(missing)}; run from the project's root "
             "or pass --recipes PATH/TO/recipes"
         )
-    if init_from is not None:  # the model checked before any data is prepared
-        check_model(init_from, 0)
-    else:
-        tiny_llama_spec(layers=layers, hidden=hidden, heads=heads, vocab_size=1, seq_len=seq_len)
-    root = Path(run_dir)
-    if data_path is None or tokenizer is None:
-        data_path, tokenizer = prepare_reference(root / "data", vocab_size)
-        print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
-    from baton.data import load_tokenizer
 
-    tokenizer_vocab = load_tokenizer(tokenizer).vocab_size
-    if init_from is None:
-        shape = {"layers": layers, "hidden": hidden, "heads": heads}
-        spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab, seq_len=seq_len)
-        init_from = str(save_llama(spec, root / "model"))
-    spec = check_model(init_from, tokenizer_vocab)
-    print(
-        f"model: {init_from} ({spec.num_layers} layers, width {spec.hidden_size}, "
-        f"{spec.num_heads} heads, vocabulary {spec.vocab_size}); every backend starts there",
-        flush=True,
-    )
 
+def _run_backends(
+    backends: Sequence[str], root: Path, settings: dict[str, Any]
+) -> tuple[dict[str, float], list[str]]:
+    """Each backend's recipe in its own process (output in ``root/<backend>.log``); the
+    wall time of each and the failures."""
     wall: dict[str, float] = {}
     failed: list[str] = []
     for backend in backends:
-        command = backend_command(
-            backend,
-            root,
-            init_from=init_from,
-            data_path=data_path,
-            tokenizer=tokenizer,
-            steps=steps,
-            seq_len=seq_len,
-            batch=batch,
-            lr=lr,
-            recipes=recipes,
-        )
+        command = backend_command(backend, root, **settings)
         log = root / f"{backend}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f"{backend}: running (output in {log})", flush=True)
@@ -324,7 +342,11 @@ def compare(
         if code != 0:
             failed.append(f"{backend} (exit {code}, see {log})")
         print(f"{backend}: exit {code} after {wall[backend]:.0f} s", flush=True)
+    return wall, failed
 
+
+def _report(backends: Sequence[str], root: Path, wall: dict[str, float]) -> None:
+    """The agreement table and the loss charts of the backends that finished."""
     finished = [b for b in backends if (root / b / "logs" / FILE_NAME).is_file()]
     if finished:
         from baton.tools.plot import plot_runs
@@ -332,8 +354,6 @@ def compare(
         charts = plot_runs([root / b for b in finished], root / "comparison")
         print("\n" + agreement_table({b: losses(root / b) for b in finished}, wall))
         print("charts: " + ", ".join(str(path) for path in charts))
-    if failed:
-        raise RuntimeError("backends failed: " + "; ".join(failed))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

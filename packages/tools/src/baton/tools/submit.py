@@ -317,7 +317,7 @@ def _check_recipe(
             f"{fixed}: the job would train on the CPU; give the recipe an accelerator or "
             "hardware parameter (or set it to a GPU), or drop --gpus-per-node"
         )
-    return driver.backend.name, str(driver.run_dir), isinstance(driver.backend, DryRuns)
+    return driver.backend.name, str(driver.options.run_dir), isinstance(driver.backend, DryRuns)
 
 
 def cpu_setting(config: Any) -> str | None:
@@ -365,22 +365,42 @@ def check_layout(
     )
 
 
+def _check_arguments(args: argparse.Namespace, recipe_args: Sequence[str]) -> None:
+    """``SubmitError`` for counts, limits and sizes SLURM would not take, and ``--resume``."""
+    for name in ("nodes", "procs_per_node"):
+        if getattr(args, name) < 1:
+            raise SubmitError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.gpus_per_node < 0 or args.signal_lead < 0:
+        raise SubmitError("--gpus-per-node and --signal-lead must be >= 0")
+    time_limit_seconds(args.time)
+    if "--resume" in recipe_args:
+        raise SubmitError("drop --resume: a SLURM job always runs with --resume auto")
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        raise SubmitError("--cpus-per-task must be >= 1")
+    if args.mem is not None and not _MEM.match(args.mem):
+        raise SubmitError(f"--mem {args.mem!r} is not SLURM's size syntax (e.g. 480G, 0)")
+
+
+def _submit(sbatch: str, script: str, script_path: Path, output_dir: Path) -> int:
+    """Write the batch script and hand it to ``sbatch``; 1 when it refuses."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    script_path.write_text(script)
+    done = subprocess.run(
+        [sbatch, "--parsable", str(script_path)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        print(f"baton submit: sbatch failed: {done.stderr.strip()}", file=sys.stderr)
+        return 1
+    job_id = done.stdout.strip().split(";")[0]
+    print(f"submitted job {job_id}: {script_path}; output in {output_dir}/slurm-{job_id}.out")
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     parser = _parser()
     args, recipe_args = parser.parse_known_args(list(argv))
     try:
-        for name in ("nodes", "procs_per_node"):
-            if getattr(args, name) < 1:
-                raise SubmitError(f"--{name.replace('_', '-')} must be >= 1")
-        if args.gpus_per_node < 0 or args.signal_lead < 0:
-            raise SubmitError("--gpus-per-node and --signal-lead must be >= 0")
-        time_limit_seconds(args.time)
-        if "--resume" in recipe_args:
-            raise SubmitError("drop --resume: a SLURM job always runs with --resume auto")
-        if args.cpus_per_task is not None and args.cpus_per_task < 1:
-            raise SubmitError("--cpus-per-task must be >= 1")
-        if args.mem is not None and not _MEM.match(args.mem):
-            raise SubmitError(f"--mem {args.mem!r} is not SLURM's size syntax (e.g. 480G, 0)")
+        _check_arguments(args, recipe_args)
         recipe_args = _gpu_flags(args.recipe, recipe_args, args.gpus_per_node)
         sbatch = shutil.which("sbatch")
         if sbatch is None and not args.dry_run:
@@ -437,15 +457,5 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.nodes > 1:
         print(shared, file=sys.stderr)
-    script_path = output_dir / f"{spec.job_name}.sbatch"
-    script_path.write_text(script)
     assert sbatch is not None
-    done = subprocess.run(
-        [sbatch, "--parsable", str(script_path)], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        print(f"baton submit: sbatch failed: {done.stderr.strip()}", file=sys.stderr)
-        return 1
-    job_id = done.stdout.strip().split(";")[0]
-    print(f"submitted job {job_id}: {script_path}; output in {output_dir}/slurm-{job_id}.out")
-    return 0
+    return _submit(sbatch, script, output_dir / f"{spec.job_name}.sbatch", output_dir)

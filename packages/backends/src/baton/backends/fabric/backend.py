@@ -40,19 +40,13 @@ import torch
 from torch import nn
 
 from baton.backends import torch_distributed
-from baton.backends.async_save import BackgroundSaves, StagingGate
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
-    finish_host_copy,
-    host_copy,
+    FabricCheckpointIO,
     own_rank_state,
-    plain_state,
     restore_rng_state,
     rng_state,
-    save_hf_config,
-    step_owned_storage,
     with_every_rank,
-    writes_whole_state,
 )
 from baton.backends.fabric.config import FabricConfig, fabric_arguments
 from baton.backends.fabric.model_state import FabricModelState
@@ -65,8 +59,9 @@ from baton.backends.fabric.step import (
     split_loss,
 )
 from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
-from baton.backends.fabric.weights import STATE_FILE, load_weights
+from baton.backends.fabric.weights import load_weights
 from baton.core.backend import BackendBase, PendingSave
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
 
@@ -155,10 +150,9 @@ class FabricBackend(
         self._num_params = 0
         self._checked = False
         self._as_built: AsBuilt | None = None
-        self._saves = BackgroundSaves()
-        #: holds the optimizer step while an asynchronous save copies the weights
-        self._staging = StagingGate()
-        self._staging_hook: Any = None
+        self._checkpoints: FabricCheckpointIO | None = None
+        #: training samples every rank drew together (the data position core records)
+        self.samples_consumed = 0
         self.replay = StepReplay()
 
     # -- facts ----------------------------------------------------------------------
@@ -318,6 +312,7 @@ class FabricBackend(
             )
         self._optimizer_step()
         world = fabric.world_size
+        self.samples_consumed += samples * world
         return StepOutput(
             loss=total if cfg.grad_accum == 1 else total / cfg.grad_accum,
             metrics=metrics,
@@ -413,63 +408,61 @@ class FabricBackend(
     def _extra_state(self) -> dict[str, Any]:
         """Plain-data state saved next to the model (a subclass adds its own)."""
         assert self.stream is not None
-        own = {"data": self.stream.state_dict(), "rng": rng_state(self.fabric.device)}
+        own = {
+            "data": self.stream.state_dict(),
+            "rng": rng_state(self.fabric.device),
+            "samples": self.samples_consumed,
+        }
         return with_every_rank(own, self.fabric.world_size)  # fabric.save writes rank 0's
 
     def _load_extra_state(self, remainder: dict[str, Any]) -> None:
         assert self.stream is not None
         own = own_rank_state(remainder, self.fabric.global_rank, self.fabric.world_size)
         self.stream.load_state_dict(own["data"])
+        self.samples_consumed = int(own.get("samples", 0))
         restore_rng_state(own["rng"], self.fabric.device)
 
     @property
+    def checkpoints(self) -> FabricCheckpointIO:
+        """This run's checkpoint I/O (``fabric/checkpoint.py``), built after ``setup``."""
+        if self._checkpoints is None:
+            self._checkpoints = FabricCheckpointIO(
+                self.fabric, self.model, self.optimizer, self.raw_model
+            )
+        return self._checkpoints
+
+    @property
     def supports_async_save(self) -> bool:
-        """Single-device and DDP states are whole on rank 0: a host copy is written by a
-        thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
-        Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
-        return writes_whole_state(self.fabric.strategy)
+        """Whole states (single device, DDP) are written by a thread; sharded ones not."""
+        return self.checkpoints.asynchronous
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
-        directory = Path(directory)
-        if self.rank == 0:
-            save_hf_config(self.raw_model, directory)
-        self._wait_for_staging()  # an earlier save still copying the weights
         state = {**self._state(), **self._extra_state()}
-        path = directory / STATE_FILE
-        if not (asynchronous and self.supports_async_save):
-            self.fabric.save(path, state)
-            return None
-        # The content fabric.save writes, staged as fabric/checkpoint.py describes; code
-        # editing the weights outside the optimizer step calls _wait_for_staging() first.
-        state = plain_state(self.fabric.strategy, state, self.model, self.optimizer)
-        staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
-        if self._staging_hook is None:  # the next optimizer step waits for the copy
-            self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
-                lambda *_: self._wait_for_staging()
-            )
-        copying = self._staging.begin()
-        write = self.fabric.strategy.is_global_zero
-
-        def copy_then_write() -> None:
-            with copying:  # the optimizer step may go on once the copy is taken
-                snapshot = finish_host_copy(staged)
-            if write:  # the file fabric.save writes through TorchCheckpointIO
-                torch.save(snapshot, path)
-
-        return self._saves.submit(copy_then_write)  # every rank hands back a handle alike
+        return self.checkpoints.save(Path(directory), state, asynchronous=asynchronous)
 
     def _wait_for_staging(self) -> None:
         """Block until an asynchronous save has copied the weights and optimizer state."""
-        self._staging.wait()
+        if self._checkpoints is not None:
+            self._checkpoints.wait_for_staging()
 
     def load(self, directory: Path) -> None:
-        self._wait_for_staging()
-        remainder = self.fabric.load(Path(directory) / STATE_FILE, self._state())
-        self._load_extra_state(remainder)
+        self._load_extra_state(self.checkpoints.load(Path(directory), self._state()))
+
+    def checkpoint_facts(self) -> CheckpointFacts:
+        return self.checkpoints.facts(self.samples_consumed)
+
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        return self.checkpoints.layout_refusal(saved, self.checkpoint_facts().layout)
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        """None: Fabric checkpoints never had a side file of facts."""
+        return None
 
     def teardown(self) -> None:
         """Wait for a save still being written and stop the writer thread."""
-        self._saves.close()
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+            self._checkpoints = None
 
     # -- resuming with changed settings ---------------------------------------------
     @property

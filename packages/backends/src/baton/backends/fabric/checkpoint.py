@@ -1,4 +1,5 @@
-"""Host copies for the Fabric backend's asynchronous save.
+"""The Fabric backend's checkpoint I/O (``FabricCheckpointIO``) and the host copies
+of its asynchronous save.
 
 Everything a save writes is copied to host memory when the save starts, except the
 tensors only the optimizer step changes (parameters, optimizer state): those are left
@@ -6,7 +7,7 @@ as ``DeferredCopy`` and copied on the writer thread while the next step's forwar
 backward run; the optimizer step waits until that copy is taken (a pre-step hook on
 the optimizer and a ``StagingGate``). Code that writes the weights outside the
 optimizer step right after an asynchronous save (a callback editing parameters)
-calls the backend's ``_wait_for_staging()`` first.
+calls ``FabricCheckpointIO.wait_for_staging()`` first.
 
 Example::
 
@@ -18,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,9 @@ from typing import Any
 
 import torch
 
-from baton.backends.fabric.weights import HF_CONFIG_DIR
+from baton.backends.async_save import BackgroundSaves, FuturePendingSave, StagingGate
+from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE
+from baton.core.checkpoint_record import CheckpointFacts
 
 
 def host_copy(value: Any, defer: AbstractSet[int] = frozenset()) -> Any:
@@ -143,3 +147,105 @@ def own_rank_state(remainder: dict[str, Any], rank: int, world_size: int) -> dic
     if ranks is not None and len(ranks) == world_size:
         return ranks[rank]
     return remainder
+
+
+class FabricCheckpointIO:
+    """The Fabric backend's checkpoints: ``fabric.save``/``fabric.load`` of the state the
+    backend hands over, asynchronous saves staged as this module describes, and the
+    facts core records in ``baton.json``.
+
+    Built by the backend once Fabric, model and optimizer exist::
+
+        io = FabricCheckpointIO(fabric, model, optimizer, raw_model)
+        handle = io.save(directory, state, asynchronous=True)   # state: fabric.save's
+        io.wait_for_staging()                                   # before editing weights
+        remainder = io.load(directory, live_state)              # what fabric.load left
+        io.close()
+
+    Staging stays here rather than in ``async_save.BackgroundSaves`` alone: the copy
+    must come out of the strategy's own state dicts (``plain_state``) and leave the
+    tensors the optimizer step owns for the writer thread, which only this backend's
+    optimizer hook can hold back.
+    """
+
+    def __init__(self, fabric: Any, model: Any, optimizer: Any, raw_model: Any) -> None:
+        self.fabric, self.model, self.optimizer, self.raw_model = (
+            fabric,
+            model,
+            optimizer,
+            raw_model,
+        )
+        self._saves = BackgroundSaves()
+        #: holds the optimizer step while an asynchronous save copies the weights
+        self._staging = StagingGate()
+        self._staging_hook: Any = None
+
+    @property
+    def asynchronous(self) -> bool:
+        """Single-device and DDP states are whole on rank 0: a host copy is written by a
+        thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
+        Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
+        return writes_whole_state(self.fabric.strategy)
+
+    def save(
+        self, directory: Path, state: dict[str, Any], *, asynchronous: bool
+    ) -> FuturePendingSave | None:
+        """Write ``state`` (``fabric.save``'s) as ``directory/STATE_FILE``; a handle when
+        ``asynchronous`` and the strategy allows it."""
+        if self.fabric.global_rank == 0:
+            save_hf_config(self.raw_model, directory)
+        self.wait_for_staging()  # an earlier save still copying the weights
+        path = directory / STATE_FILE
+        if not (asynchronous and self.asynchronous):
+            self.fabric.save(path, state)
+            return None
+        state = plain_state(self.fabric.strategy, state, self.model, self.optimizer)
+        staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
+        if self._staging_hook is None:  # the next optimizer step waits for the copy
+            self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
+                lambda *_: self.wait_for_staging()
+            )
+        copying = self._staging.begin()
+        write = self.fabric.strategy.is_global_zero
+
+        def copy_then_write() -> None:
+            with copying:  # the optimizer step may go on once the copy is taken
+                snapshot = finish_host_copy(staged)
+            if write:  # the file fabric.save writes through TorchCheckpointIO
+                torch.save(snapshot, path)
+
+        return self._saves.submit(copy_then_write)  # every rank hands back a handle alike
+
+    def wait_for_staging(self) -> None:
+        """Block until an asynchronous save has copied the weights and optimizer state."""
+        self._staging.wait()
+
+    def load(self, directory: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """``fabric.load`` into the live ``state``; returns the plain values it left."""
+        self.wait_for_staging()
+        return self.fabric.load(directory / STATE_FILE, state)
+
+    def facts(self, samples: int) -> CheckpointFacts:
+        """The strategy's layout and ``samples`` consumed (the data is the user's
+        iterable: no fingerprint)."""
+        strategy = self.fabric.strategy
+        sharded = "sharded" if not writes_whole_state(strategy) else "whole"
+        layout = {"strategy": type(strategy).__name__, "state": sharded}
+        return CheckpointFacts({**layout, "world_size": int(self.fabric.world_size)}, samples)
+
+    @staticmethod
+    def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+        """A whole state loads on any number of ranks and strategies that take a whole
+        state; a sharded one (FSDP) only on the strategy that wrote it."""
+        if saved.get("state") == current["state"] == "whole":
+            return None
+        if saved.get("strategy") == current["strategy"]:
+            return None
+        return (
+            f"a {saved.get('state')} state saved by {saved.get('strategy')} does not load "
+            f"into {current['strategy']}; resume with strategy {saved.get('strategy')!r}"
+        )
+
+    def close(self) -> None:
+        """Wait for a save still being written and stop the writer thread."""
+        self._saves.close()

@@ -12,7 +12,8 @@ What baton does with them:
   ``optimizer.update``, ``optax.apply_updates``. The loss and the loss function's
   metrics stay on the device; a log step fetches them with one ``jax.device_get``.
 - ``save``/``load``: orbax (synchronous or asynchronous) for the train state, and the
-  data position of each process (``data.py``) in a small JSON file.
+  data position of each process (``data.py``) in a small JSON file; the facts core
+  records in ``baton.json`` (``checkpoint_facts``: processes, samples consumed).
 
 Example::
 
@@ -40,7 +41,6 @@ not right. No torch is imported on this path.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,20 +50,14 @@ from typing import Any
 import numpy as np
 
 from baton.backends.async_save import FuturePendingSave
+from baton.backends.jax.checkpoint_io import JaxCheckpointIO
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax.model_state import JaxModelState, StepControls
 from baton.backends.jax.steps import LossFunctionError, loss_and_metrics, make_train_step
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.backend import BackendBase
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.metrics import StepOutput
-
-STATE_DIR = "state"
-META_FILE = "baton_jax.json"
-
-
-def data_file(rank: int) -> str:
-    """The file holding process ``rank``'s data position inside a checkpoint."""
-    return f"data_rank{rank:05d}.json"
 
 
 class BatchRejected(ValueError):
@@ -153,6 +147,9 @@ class JaxBackend(JaxDistributed, BackendBase):
         self.kind = ""
         self.num_params = 0
         self.steps_done = 0  # host copy of the optimizer step count
+        #: training samples drawn by every process together (the data position)
+        self.samples_consumed = 0
+        self.checkpoints = JaxCheckpointIO(self)
         self._step: Any = None
         self._eval: Any = None
         self._replicated: Any = None
@@ -344,6 +341,7 @@ class JaxBackend(JaxDistributed, BackendBase):
                 f"the model rejected training batch {describe_batch(batch)} at step {step}: {error}"
             ) from error
         self.steps_done += 1
+        self.samples_consumed += samples
         metrics: dict[str, Any] = dict(aux)
         schedule = self.config.lr_schedule
         if schedule is not None:
@@ -389,64 +387,23 @@ class JaxBackend(JaxDistributed, BackendBase):
         assert self.data is not None
         self.data.skip(steps)
 
-    # -- checkpoints ----------------------------------------------------------------
+    # -- checkpoints: JaxCheckpointIO (checkpoint_io.py) --------------------------------
     def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
-        """Orbax save of the train state into ``directory/state``, plus each process's
-        data position (``data_rank00000.json`` ...) and, from process 0, a summary."""
-        from orbax.checkpoint import v1 as ocp
-
-        assert self.data is not None and self.state is not None
-        directory = Path(directory).resolve()  # orbax wants absolute paths
-        position = {
-            "step": self.steps_done,
-            "data": self.data.state_dict(),
-            "lr_scale": self.controls.lr_scale,
-        }
-        (directory / data_file(self.rank)).write_text(json.dumps(position))
-        if self.rank == 0:
-            meta = {
-                "layout": "baton-jax-v1",
-                "step": self.steps_done,
-                "processes": self.world_size,
-                "model": self.kind,
-            }
-            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
-        if not asynchronous:
-            ocp.save(directory / STATE_DIR, self.state)
-            return None
-        return FuturePendingSave(ocp.save_async(directory / STATE_DIR, self.state))
+        """Orbax save of the train state, plus each process's data position."""
+        return self.checkpoints.save(directory, asynchronous=asynchronous)
 
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by ``save``: the train state, then the data position."""
-        import jax
-        from orbax.checkpoint import v1 as ocp
+        self.checkpoints.load(directory)
 
-        assert self.data is not None and self.state is not None
-        directory = Path(directory).resolve()
-        position_file = directory / data_file(self.rank)
-        if not (directory / STATE_DIR).is_dir() or not position_file.is_file():
-            found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
-            raise FileNotFoundError(
-                f"{directory} is not a JAX-backend checkpoint for process {self.rank} "
-                f"(expected {STATE_DIR}/ and {data_file(self.rank)}; found {found}); a "
-                "checkpoint resumes with as many processes as wrote it"
-            )
-        position = json.loads(position_file.read_text())
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state
-        )
-        self.state = ocp.load(directory / STATE_DIR, abstract)
-        restored_step = int(jax.device_get(self.state["step"]))
-        if restored_step != position["step"]:
-            raise ValueError(
-                f"{directory}: the train state is at step {restored_step} but the data position "
-                f"was recorded at step {position['step']}; the checkpoint is inconsistent"
-            )
-        self.steps_done = restored_step
-        self.data.load_state_dict(position["data"])
-        self.controls.lr_scale = float(position.get("lr_scale", 1.0))
-        self.controls.scaled = self.controls.scaled or self.controls.lr_scale != 1.0
-        self.controls.changed()
+    def checkpoint_facts(self) -> CheckpointFacts:
+        return self.checkpoints.facts()
+
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        return self.checkpoints.layout_refusal(saved)
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        return self.checkpoints.legacy_facts(directory)
 
     def teardown(self) -> None:
         """Drop the device state and the compiled steps."""

@@ -16,9 +16,9 @@ Checkpoints are written by MaxText's own checkpointer (``checkpointing.save_chec
 on an orbax ``Checkpointer``) into the directory baton gives: ``<dir>/checkpoint/`` is a
 MaxText checkpoint directory holding one step ``<name>/`` with ``items`` (the state) and,
 for the Grain pipeline, ``iter`` (the data iterator's state, as MaxText saves it), so
-MaxText itself can resume from it. ``<dir>/baton_maxtext.json`` records the step numbers,
-the data position, the data's fingerprint and the layout (mesh, scan_layers, processes).
-Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
+MaxText itself can resume from it; ``<dir>/data.json`` holds the position of baton's
+data streams. The layout (mesh, scan_layers, processes), samples consumed and the data's
+fingerprint are ``checkpoint_facts``, core's record in ``baton.json``. Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
 orbax reshards a checkpoint saved on another mesh; a layout it cannot map (a different
 ``scan_layers``, a different number of Grain data processes) is refused naming both.
 Saves are asynchronous when the driver asks: on CPU in one process the whole
@@ -43,7 +43,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,31 +50,23 @@ from typing import Any
 
 import numpy as np
 
-from baton.backends.async_save import BackgroundSaves, FuturePendingSave
+from baton.backends.async_save import FuturePendingSave
 from baton.backends.jax_distributed import JaxDistributed
 from baton.backends.maxtext.background_save import (
-    frozen_iterator,
     train_step_keeping_state,
-    whole_save_on_thread,
 )
 from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.checkpoint import (
-    META_FILE,
-    STATE_DIR,
     CheckpointerPendingSave,
-    baton_step_of_maxtext_checkpoint,
-    check_layout,
     dataset_type,
-    maxtext_checkpoint_name,
-    open_checkpointer,
-    read_meta,
-    restore_state,
 )
+from baton.backends.maxtext.checkpoint_io import MaxTextCheckpointIO
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import ShowsModelState
 from baton.backends.maxtext.plan import planned_on_host
 from baton.core.backend import BackendBase
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.metrics import StepOutput
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
@@ -85,6 +76,17 @@ _METRIC_NAMES: dict[str, str] = {
     "learning/raw_grad_norm": "grad_norm",
     "learning/grad_norm": "grad_norm_clipped",
 }
+
+
+def _check_supported(cfg: Any) -> None:
+    """Refuse MaxText settings that only MaxText's own loop can run."""
+    if cfg.enable_diloco:
+        raise ValueError("enable_diloco is not supported by the baton MaxText backend yet")
+    if cfg.moe_dropless_fallback == "step":
+        raise ValueError(
+            "moe_dropless_fallback=step replays steps inside MaxText's own loop; "
+            "use moe_dropless_fallback=none or layer with baton"
+        )
 
 
 class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
@@ -114,8 +116,7 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
         self.hparams: Any = None
         self.mesh: Any = None
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
-        #: the model's and optimizer's structure (``nnx.split``) after ``setup``
-        self.graphdef: Any = None
+        self._graphdef: Any = None
         self.batches: TextBatches | None = None
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
@@ -129,14 +130,20 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
         self._keep_state_once = False  # the next step must leave self.state valid
         self._state_shardings: Any = None
         self._params_shardings: Any = None
-        self._background_saves = BackgroundSaves()
+        self.checkpoints = MaxTextCheckpointIO(self)
         self._p_eval: Any = None
         self._loader: Any = None
         self._rampup: Any = None
         self._eval: list[dict[str, np.ndarray]] = []
-        self._data_fingerprint = ""
+        #: a short hash of the training data (core refuses a resume on other data)
+        self.data_fingerprint = ""
 
     # -- facts ----------------------------------------------------------------------
+    @property
+    def graphdef(self) -> Any:
+        """The model's and optimizer's structure (``nnx.split``) after ``setup``."""
+        return self._graphdef
+
     @property
     def device_type(self) -> str:
         if self.mesh is None:
@@ -187,13 +194,7 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
         self.initialize_distributed()  # jax.distributed for a multi-process launch
         cfg, recorder = train.initialize(self.config.argv())
         self.hparams = cfg
-        if cfg.enable_diloco:
-            raise ValueError("enable_diloco is not supported by the baton MaxText backend yet")
-        if cfg.moe_dropless_fallback == "step":
-            raise ValueError(
-                "moe_dropless_fallback=step replays steps inside MaxText's own loop; "
-                "use moe_dropless_fallback=none or layer with baton"
-            )
+        _check_supported(cfg)
         (
             _init_rng,
             _checkpoint_manager,
@@ -208,7 +209,7 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
             train_state,
         ) = train_utils.setup_train_loop(cfg, recorder)
         self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
-        self.graphdef, state = nnx.split(train_state)
+        self._graphdef, state = nnx.split(train_state)
         params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
             cfg, state_shardings
         )
@@ -217,26 +218,7 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
         self.state = state
         self._state_shardings, self._params_shardings = state_shardings, params_shardings
 
-        if self.config.byte_stream:
-            corpus = TextCorpus.load(self.config.data_path)
-            self._data_fingerprint = corpus.fingerprint()
-            self.batches = TextBatches(
-                corpus.train,
-                batch_size=int(cfg.global_batch_size_to_load),
-                seq_len=int(cfg.max_target_length),
-                seed=self.config.data_seed,
-            )
-            self._eval = eval_batches(
-                corpus.val,
-                batch_size=int(cfg.global_batch_size_to_load_eval),
-                seq_len=int(cfg.max_target_length),
-                num_batches=self.config.eval_batches,
-            )
-        else:  # MaxText's own pipeline, as its train.py builds it
-            self.data_iterator = maxtext_iterator
-            self._data_fingerprint = native_data_fingerprint(cfg)
-            if maxtext_eval_iterator is not None:  # a fixed set, the same at every evaluation
-                self._eval = [next(maxtext_eval_iterator) for _ in range(self.config.eval_batches)]
+        self._setup_data(maxtext_iterator, maxtext_eval_iterator)
         self._p_train, self._p_eval = train_utils.jit_train_and_eval_step(
             cfg,
             self.graphdef,
@@ -252,6 +234,30 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
             self._loader = create_dataloader(cfg, self.mesh, self.batches, recorder, self._rampup)
         else:
             self._loader = maxtext_loader
+
+    def _setup_data(self, maxtext_iterator: Any, maxtext_eval_iterator: Any) -> None:
+        """baton's byte stream, or MaxText's own pipeline as its train.py builds it."""
+        cfg = self.hparams
+        if self.config.byte_stream:
+            corpus = TextCorpus.load(self.config.data_path)
+            self.data_fingerprint = corpus.fingerprint()
+            self.batches = TextBatches(
+                corpus.train,
+                batch_size=int(cfg.global_batch_size_to_load),
+                seq_len=int(cfg.max_target_length),
+                seed=self.config.data_seed,
+            )
+            self._eval = eval_batches(
+                corpus.val,
+                batch_size=int(cfg.global_batch_size_to_load_eval),
+                seq_len=int(cfg.max_target_length),
+                num_batches=self.config.eval_batches,
+            )
+        else:  # MaxText's own pipeline, as its train.py builds it
+            self.data_iterator = maxtext_iterator
+            self.data_fingerprint = native_data_fingerprint(cfg)
+            if maxtext_eval_iterator is not None:  # a fixed set, the same at every evaluation
+                self._eval = [next(maxtext_eval_iterator) for _ in range(self.config.eval_batches)]
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -331,67 +337,10 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
             "scan_layers": bool(self.hparams.scan_layers),
         }
 
-    def _data_state(self) -> dict[str, Any]:
-        if self.batches is not None:
-            return self.batches.state_dict()
-        return {"pipeline": self.dataset_type, "consumed": self.consumed}
-
-    def save(
-        self, directory: Path, *, asynchronous: bool = False
-    ) -> CheckpointerPendingSave | FuturePendingSave | None:
-        """MaxText's ``save_checkpoint`` of the state (and its data iterator) into ``directory``."""
-        import jax
-        from maxtext.common import checkpointing
-
-        directory = Path(directory).resolve()  # orbax wants absolute paths
-        updates = self.optimizer_step()
-        name = max(maxtext_checkpoint_name(updates), 0)  # a save before any update: 0
-        meta = {
-            "format": "maxtext-orbax-v2",
-            "optimizer_step": updates,
-            "maxtext_checkpoint_name": name,
-            "data": self._data_state(),
-            "data_fingerprint": self._data_fingerprint,
-            "layout": self.layout(),
-        }
-        meta |= self._hyperparameters_set()  # by callbacks: restored on resume
-        if jax.process_index() == 0:
-            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
-        if asynchronous and self._saves_in_background():
-            return self._save_in_background(directory / STATE_DIR, name)
-        checkpointer = open_checkpointer(self.hparams, directory / STATE_DIR, asynchronous)
-        checkpointing.save_checkpoint(
-            checkpointer, name, self.state, self.hparams, self.data_iterator, force=True
-        )
-        if asynchronous:
-            return CheckpointerPendingSave(checkpointer)
-        checkpointer.close()
-        return None
-
-    def _saves_in_background(self) -> bool:
-        """Whether an asynchronous save can run whole on the writer thread
-        (``background_save.whole_save_on_thread``)."""
-        return whole_save_on_thread(self.device_type, self.hparams, self.data_iterator)
-
-    def _save_in_background(self, root: Path, name: int) -> FuturePendingSave:
-        """MaxText's ``save_checkpoint`` of this step's state on the writer thread; the
-        next train step leaves these arrays valid (it does not donate them)."""
-        from maxtext.common import checkpointing
-
-        state, hparams = self.state, self.hparams
-        iterator = frozen_iterator(self.data_iterator, int(hparams.expansion_factor_real_data))
+    def keep_state_next_step(self) -> None:
+        """The next train step leaves ``self.state``'s arrays valid (not donated): a
+        background save still reads them."""
         self._keep_state_once = True
-
-        def write() -> None:
-            checkpointer = open_checkpointer(self.hparams, root, asynchronous=False)
-            try:
-                checkpointing.save_checkpoint(
-                    checkpointer, name, state, hparams, iterator, force=True
-                )
-            finally:
-                checkpointer.close()
-
-        return self._background_saves.submit(write)
 
     def _train_keeping_state(self) -> Any:
         if self._p_train_keeping is None:
@@ -404,73 +353,34 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
             )
         return self._p_train_keeping
 
+    # -- checkpoints: MaxTextCheckpointIO (checkpoint_io.py) -----------------------------
+    def save(
+        self, directory: Path, *, asynchronous: bool = False
+    ) -> CheckpointerPendingSave | FuturePendingSave | None:
+        """MaxText's ``save_checkpoint`` of the state (and its data iterator) into ``directory``."""
+        return self.checkpoints.save(directory, asynchronous=asynchronous)
+
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by ``save``: state, data position, onto this layout."""
-        directory = Path(directory).resolve()
-        meta = read_meta(directory, self._data_fingerprint)
-        check_layout(meta.get("layout", {}), self.layout(), self.hparams, str(directory))
-        updates = self._restore(directory / STATE_DIR, int(meta["maxtext_checkpoint_name"]))
-        if updates != meta["optimizer_step"]:
-            raise ValueError(
-                f"{directory}: restored optimizer step {updates} differs from the recorded "
-                f"{meta['optimizer_step']}; the checkpoint is inconsistent"
-            )
-        self._restore_data_position(meta["data"])
-        self._restore_hyperparameters_set(meta)
+        self.checkpoints.load(directory)
 
-    def _restore_data_position(self, data: Mapping[str, Any]) -> None:
-        if self.batches is not None:
-            if "consumed" in data and "seed" not in data:
-                raise ValueError(
-                    "the checkpoint was written by MaxText's own data pipeline; "
-                    "resume with the same data_path and tokenizer"
-                )
-            self.batches.load_state_dict(dict(data))
-            self.consumed = self.batches.consumed
-            return
-        if data.get("pipeline") != self.dataset_type:
-            raise ValueError(
-                f"the checkpoint's data came from {data.get('pipeline', 'baton bytes')!r}, this "
-                f"run reads {self.dataset_type!r}; resume with the same data settings"
-            )
-        consumed = int(data["consumed"])
-        if self.dataset_type != "grain":
-            # MaxText checkpoints no Hugging Face iterator state: replay the stream's position
-            for _ in range(consumed):
-                next(self.data_iterator)
-        self.consumed = consumed
+    def checkpoint_facts(self) -> CheckpointFacts:
+        return self.checkpoints.facts()
+
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        return self.checkpoints.layout_refusal(saved)
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        return self.checkpoints.legacy_facts(directory)
 
     def restore_maxtext_checkpoint(self, step_dir: str | Path) -> int:
-        """Load a checkpoint MaxText's own loop wrote (``<checkpoint_dir>/<name>``).
-
-        Returns the baton step to continue from (``name + 1`` optimizer updates); the
-        data stream moves to the same point (one global batch per step; a Grain
-        iterator from its saved state).
-        """
-        step_dir = Path(step_dir).resolve()
-        if not step_dir.name.isdigit():
-            raise ValueError(f"{step_dir} is not a MaxText checkpoint step directory (<dir>/<n>)")
-        updates = self._restore(step_dir.parent, int(step_dir.name))
-        if updates != baton_step_of_maxtext_checkpoint(int(step_dir.name)):
-            raise ValueError(
-                f"{step_dir}: MaxText checkpoint {step_dir.name} holds optimizer step {updates}, "
-                f"expected {baton_step_of_maxtext_checkpoint(int(step_dir.name))}"
-            )
-        if self.batches is not None:
-            self.batches.skip_to(updates)
-        elif self.dataset_type != "grain":
-            self._restore_data_position({"pipeline": self.dataset_type, "consumed": updates})
-        self.consumed = updates
-        return updates
-
-    def _restore(self, root: Path, name: int) -> int:
-        """Step ``name`` under ``root`` onto the live state; returns the optimizer step."""
-        restore_state(self.hparams, self.state, self.data_iterator, root, name)
-        return self.optimizer_step()
+        """Load a checkpoint MaxText's own loop wrote (``<checkpoint_dir>/<name>``); the
+        baton step to continue from (``MaxTextCheckpointIO.restore_maxtext_checkpoint``)."""
+        return self.checkpoints.restore_maxtext_checkpoint(step_dir)
 
     def teardown(self) -> None:
         """Drop the device state and compiled steps (patches restore process settings)."""
-        self._background_saves.close()  # the driver waited for them; the thread stops
+        self.checkpoints.close()  # the driver waited for the saves; the thread stops
         self.state = self._model_state = None
         self._p_train = self._p_eval = self._p_train_keeping = self._loader = None
         self._keep_state_once = False

@@ -3,8 +3,11 @@ orbax checkpointer, restoring onto this run's shardings, refusing layouts orbax 
 map, and the handle of orbax's own asynchronous save.
 
 Layout of a baton MaxText checkpoint: ``<dir>/checkpoint/<name>/items`` (and ``iter``
-for Grain) is a MaxText checkpoint directory; ``<dir>/baton_maxtext.json`` records the
-step numbers, the data position and fingerprint and the layout.
+for Grain) is a MaxText checkpoint directory; ``<dir>/data.json`` holds the data
+position of baton's streams (MaxText's Grain iterator keeps its own in ``iter``). The
+layout, samples consumed and the data's fingerprint are core's record in
+``baton.json``; checkpoints written before kept them, with the data position, in
+``<dir>/baton_maxtext.json`` (``read_legacy_meta``).
 
 Example::
 
@@ -22,7 +25,10 @@ from typing import Any
 from baton.backends.async_save import SaveHandle
 
 STATE_DIR = "checkpoint"
-META_FILE = "baton_maxtext.json"
+#: the data position of a baton stream, as ``data.json`` beside the state
+DATA_FILE = "data.json"
+#: the side file of checkpoints written before ``baton.json`` recorded their facts
+LEGACY_META_FILE = "baton_maxtext.json"
 
 
 def maxtext_checkpoint_name(baton_step: int) -> int:
@@ -43,18 +49,27 @@ def params_path(checkpoint: str | Path) -> Path:
     """
     checkpoint = Path(checkpoint).resolve()
     for base in (checkpoint / "backend", checkpoint):
-        meta = base / META_FILE
-        if meta.is_file():
-            name = json.loads(meta.read_text())["maxtext_checkpoint_name"]
-            return base / STATE_DIR / str(name) / "items"
+        if (base / STATE_DIR).is_dir():
+            return base / STATE_DIR / str(saved_name(base)) / "items"
     if checkpoint.name == "items" and checkpoint.is_dir():
         return checkpoint
     if (checkpoint / "items").is_dir():
         return checkpoint / "items"
     raise FileNotFoundError(
-        f"{checkpoint} is neither a baton MaxText checkpoint (backend/{META_FILE}) nor a "
+        f"{checkpoint} is neither a baton MaxText checkpoint (backend/{STATE_DIR}/) nor a "
         "MaxText checkpoint step directory (with items/); pass one of those"
     )
+
+
+def saved_name(directory: Path) -> int:
+    """The MaxText name of the one step saved under ``directory/checkpoint``."""
+    names = [p.name for p in (directory / STATE_DIR).iterdir() if p.name.isdigit()]
+    if len(names) != 1:
+        raise FileNotFoundError(
+            f"{directory / STATE_DIR} holds {len(names)} MaxText steps ({sorted(names)}), "
+            "expected the one baton saved: not a baton MaxText checkpoint"
+        )
+    return int(names[0])
 
 
 def dataset_type(hparams: Any) -> str:
@@ -100,35 +115,27 @@ def open_checkpointer(hparams: Any, root: Path, asynchronous: bool = False) -> A
     )
 
 
-def check_layout(
-    saved: Mapping[str, Any], mine: Mapping[str, Any], hparams: Any, where: str
-) -> None:
-    """Refuse a layout change orbax cannot reshard; a mesh change alone is fine."""
-    problems = []
+def layout_refusal(saved: Mapping[str, Any], mine: Mapping[str, Any], hparams: Any) -> str | None:
+    """Why orbax cannot restore a checkpoint saved on layout ``saved`` onto ``mine`` (a
+    mesh change alone is fine: ``None``)."""
     if "scan_layers" in saved and saved["scan_layers"] != mine["scan_layers"]:
-        problems.append("scan_layers (stacked vs per-layer parameters)")
+        return (
+            "scan_layers differs (stacked vs per-layer parameters), which orbax cannot map; "
+            "resume with the saved scan_layers (the mesh itself may change)"
+        )
     if (
         dataset_type(hparams) == "grain"
         and "processes" in saved
         and saved["processes"] != mine["processes"]
         and int(hparams.expansion_factor_real_data) <= 1
     ):
-        problems.append("the number of processes holding Grain iterator state")
-    if problems == ["the number of processes holding Grain iterator state"]:
-        raise ValueError(
-            f"cannot resume {where} on {mine['processes']} process(es): it was saved on "
-            f"{saved['processes']} (layout {saved}, this run {mine}), and MaxText's Grain "
-            "pipeline keeps one iterator state per process, which cannot be split over "
-            f"another number of processes. Resume on {saved['processes']} process(es); or "
-            "train on baton's byte stream (no data path), whose global position resumes on "
-            "any number of processes"
+        return (
+            "MaxText's Grain pipeline keeps one iterator state per process, which cannot be "
+            f"split over another number of processes; resume on {saved['processes']} "
+            "process(es), or train on baton's byte stream (no data path), whose global "
+            "position resumes on any number of processes"
         )
-    if problems:
-        raise ValueError(
-            f"cannot reshard {where}: saved with layout {saved}, this run has {mine}; "
-            f"{' and '.join(problems)} differ, which orbax cannot map. Resume with the "
-            "saved setting (the mesh itself may change)"
-        )
+    return None
 
 
 def restore_state(hparams: Any, state: Any, data_iterator: Any, root: Path, name: int) -> None:
@@ -167,26 +174,18 @@ def restore_state(hparams: Any, state: Any, data_iterator: Any, root: Path, name
     nnx.replace_by_pure_dict(state, pure)
 
 
-def read_meta(directory: Path, data_fingerprint: str) -> dict[str, Any]:
-    """``<directory>/baton_maxtext.json``, checked: a baton MaxText checkpoint of the
-    current format, trained on data with ``data_fingerprint``."""
-    meta_path = directory / META_FILE
+def read_legacy_meta(directory: Path) -> dict[str, Any] | None:
+    """``<directory>/baton_maxtext.json`` of a checkpoint written before ``baton.json``
+    recorded its facts (``None`` for a newer one); an earlier baton layout is refused
+    with what to do instead."""
+    meta_path = directory / LEGACY_META_FILE
     if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{meta_path} is missing: not a baton MaxText checkpoint (for one written by "
-            "MaxText's own loop use restore_maxtext_checkpoint)"
-        )
-    meta = json.loads(meta_path.read_text())
+        return None
+    meta: dict[str, Any] = json.loads(meta_path.read_text())
     if meta.get("format") != "maxtext-orbax-v2":
         raise ValueError(
             f"{directory} has baton's earlier MaxText layout ({meta.get('layout')}, state in "
             f"{STATE_DIR}/items); start from its weights with load_parameters_path="
             f"{directory / STATE_DIR / 'items'}"
-        )
-    saved = meta.get("data_fingerprint", data_fingerprint)
-    if saved != data_fingerprint:
-        raise ValueError(
-            f"{directory} was trained on other data (fingerprint {saved}, this run "
-            f"{data_fingerprint}); resume with the same data_path and tokenizer"
         )
     return meta

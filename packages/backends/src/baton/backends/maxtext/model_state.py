@@ -388,14 +388,14 @@ class ShowsModelState:
         train = self._train_keeping_state() if keep_state else self._p_train
         return train(self.state, batch)
 
-    def _hyperparameters_set(self) -> dict[str, Any]:
-        """For a checkpoint's ``baton_maxtext.json``: the learning-rate factor and weight
+    def hyperparameters_set(self) -> dict[str, Any]:
+        """For a checkpoint's ``hyperparameters.json``: the learning-rate factor and weight
         decay set by callbacks (nothing when no callback used ``model_state``)."""
         if self._model_state is None:
             return {}
         return {"hyperparameters": self._model_state.hyperparameters()}
 
-    def _restore_hyperparameters_set(self, meta: Mapping[str, Any]) -> None:
+    def restore_hyperparameters_set(self, meta: Mapping[str, Any]) -> None:
         if "hyperparameters" in meta:
             self.model_state().restore_hyperparameters(meta["hyperparameters"])
 

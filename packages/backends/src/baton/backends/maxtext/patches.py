@@ -192,7 +192,7 @@ class MaxTextCompilationCache(Patch):
         return True, "jax_cache_dir not set"
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
-        cache = driver.run_dir.resolve() / "jax_cache"
+        cache = driver.options.run_dir.resolve() / "jax_cache"
         recorder.setitem(driver.backend.config.overrides, "jax_cache_dir", str(cache))
 
         def forget_cache() -> None:
@@ -221,7 +221,7 @@ class MaxTextOutputDir(Patch):
         return True, "base_output_directory not set"
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
-        output = driver.run_dir.resolve() / "maxtext"
+        output = driver.options.run_dir.resolve() / "maxtext"
         recorder.setitem(driver.backend.config.overrides, "base_output_directory", str(output))
 
 

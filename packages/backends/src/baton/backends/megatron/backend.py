@@ -38,21 +38,12 @@ import torch.distributed as dist
 
 from baton.backends.megatron.build import build_model, build_optimizer
 from baton.backends.megatron.checkpoint import (
-    AsyncSaves,
     MegatronSave,
-    check_layout,
-    init_optimizer_state,
-    load_model_state,
     load_weights,
-    model_sharded_state,
-    naming_failures,
-    restore_optimizer_steps,
-    rng_state,
-    set_rng_state,
 )
+from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
-from baton.backends.megatron.cpu import device_mode_paused
 from baton.backends.megatron.data import (
     ByteEodTokenizer,
     PreparedSource,
@@ -68,6 +59,7 @@ from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.metrics import StepOutput
 
 log = logging.getLogger("baton")
@@ -96,7 +88,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         self.num_microbatches = 1
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
         self.source: PreparedSource | None = None
-        self._async_saves = AsyncSaves()
+        self.checkpoints = MegatronCheckpointIO(self)
         self._model_state: MegatronModelState | None = None
 
     # -- facts ----------------------------------------------------------------------
@@ -299,7 +291,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         finalize_model_grads(self.chunks)
         if self._model_state is not None:  # gradients before clipping, to the watchers
             self._model_state.before_clipping()
-        self._async_saves.wait_for_staging()  # a save still copies what the step changes
+        self.checkpoints.wait_for_staging()  # a save still copies what the step changes
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
@@ -374,7 +366,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "replica to compare; launch more ranks than tensor x pipeline parallel"
         }
 
-    # -- checkpoints ----------------------------------------------------------------
+    # -- checkpoints: MegatronCheckpointIO (checkpoint_io.py) ---------------------------
     def layout(self) -> dict[str, Any]:
         """This run's parallel layout, recorded in every checkpoint."""
         cfg = self.config
@@ -388,77 +380,21 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "padded_vocab_size": self.padded_vocab_size,
         }
 
-    def _sharded_state(self, *, loading: bool, rng: bool = True) -> dict[str, Any]:
-        from megatron.core import parallel_state
-        from megatron.core.dist_checkpointing.mapping import ShardedObject
-
-        assert self.train_stream is not None
-        model_state = model_sharded_state(self.chunks)
-        metadata = None
-        if self.config.ddp.use_distributed_optimizer:
-            metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
-        optimizer_state = self.optimizer.sharded_state_dict(
-            model_state, is_loading=loading, metadata=metadata
-        )
-        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        tp, pp = self.config.parallel_sizes()
-        state = {
-            "model": model_state,
-            "optimizer": optimizer_state,
-            "scheduler": self.scheduler.state_dict(),
-            "data": self.train_stream.state_dict(),
-            "layout": self.layout(),
-        }
-        if rng:
-            state["rng"] = ShardedObject(
-                "rng_state",
-                rng_state(),
-                (pp, tp),
-                (pp_rank, tp_rank),
-                replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
-            )
-        return state
-
     def save(self, directory: Path, *, asynchronous: bool = False) -> MegatronSave | None:
-        from megatron.core import dist_checkpointing
-
-        if not asynchronous:
-            dist_checkpointing.save(self._sharded_state(loading=False), str(directory))
-            return None
-        # what blocks the loop: the state's description and the save plan (the write
-        # and its staging copy run in the background); no CUDA call, so without the
-        # per-call cost of the CPU device mode
-        with device_mode_paused():
-            return self._async_saves.start(self._sharded_state(loading=False), directory)
+        return self.checkpoints.save(directory, asynchronous=asynchronous)
 
     def load(self, directory: Path) -> None:
-        """Restore model, optimizer, scheduler, data position and RNG from ``directory``.
+        """Restore model, optimizer, scheduler, data position and RNG from ``directory``."""
+        self.checkpoints.load(directory)
 
-        A failure is re-raised as ``CheckpointLoadError`` naming the Megatron call that
-        failed and its message (or, for a bare assertion, the failing source line).
-        """
-        from megatron.core import dist_checkpointing
+    def checkpoint_facts(self) -> CheckpointFacts:
+        return self.checkpoints.facts()
 
-        assert self.train_stream is not None, "setup() must run before load()"
-        with naming_failures(f"dist_checkpointing.load_common_state_dict({directory})"):
-            saved_layout = dist_checkpointing.load_common_state_dict(str(directory)).get("layout")
-        same_shards = check_layout(saved_layout, self.layout())
-        with naming_failures("building the sharded state dict to load into"):
-            init_optimizer_state(self.optimizer)
-            request = self._sharded_state(loading=True, rng=same_shards)
-        with naming_failures(f"dist_checkpointing.load({directory})"):
-            state = dist_checkpointing.load(request, str(directory))
-        # copying into the optimizer's fp32 shards (views of parameters) is not autograd work
-        with naming_failures("restoring the loaded state"), torch.no_grad():
-            load_model_state(self.chunks, state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            restore_optimizer_steps(self.optimizer, state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            for stream in self.train_streams:
-                stream.load_state_dict(state["data"])
-            if "rng" in state:
-                set_rng_state(state["rng"])
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        return self.checkpoints.layout_refusal(saved)
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        return self.checkpoints.legacy_facts(directory)
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:
@@ -466,7 +402,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
         baton created, so another run in this process starts clean."""
         from megatron.core import parallel_state
 
-        self._async_saves.close()
+        self.checkpoints.close()
         parallel_state.destroy_model_parallel()
         self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None

@@ -2,7 +2,7 @@
 and clear errors when a load fails.
 
 What the backend's ``save`` and ``load`` call besides ``dist_checkpointing`` itself:
-``check_layout`` (whether a saved tensor/pipeline/data layout can be resharded here),
+``layout_refusal`` (whether a saved tensor/pipeline/data layout can be resharded here),
 ``model_sharded_state`` / ``load_model_state`` (one or several model chunks),
 ``rng_state`` / ``set_rng_state``, ``init_optimizer_state`` and
 ``restore_optimizer_steps`` (a distributed optimizer before and after loading), and
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,17 @@ class MegatronSave(SaveHandle):
     """A ``dist_checkpointing`` async save in flight on Megatron's calls queue.
 
     Polling asks every rank (one small all-reduce, as Megatron requires); the driver
-    polls on every rank at the same steps, so the ranks agree.
+    polls on every rank at the same steps, so the ranks agree. The save is done once
+    Megatron has finalized its call (``index``), whether later saves are still writing.
     """
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, queue: Any, index: int) -> None:
         self.queue = queue
+        self.index = index
 
     def _poll(self) -> bool:
         self.queue.maybe_finalize_async_calls(blocking=False)
-        return self.queue.get_num_unfinalized_calls() == 0
+        return all(active.idx != self.index for active in self.queue.async_calls)
 
     def _join(self) -> None:
         self.queue.maybe_finalize_async_calls(blocking=True)
@@ -88,8 +90,7 @@ class AsyncSaves:
             async_sharded_save=True,
             async_strategy="mcore",
         )
-        self.queue.schedule_async_request(request)
-        return MegatronSave(self.queue)
+        return MegatronSave(self.queue, self.queue.schedule_async_request(request))
 
     def wait_for_staging(self) -> None:
         """Block while a save still copies what the optimizer step changes (CPU writer)."""
@@ -102,11 +103,7 @@ class AsyncSaves:
             self.queue = self._strategy = self._staging = None
 
 
-class LayoutError(ValueError):
-    """A checkpoint's parallel layout cannot be resharded to this run's."""
-
-
-def show_layout(layout: dict[str, Any]) -> str:
+def show_layout(layout: Mapping[str, Any]) -> str:
     text = (
         f"tensor {layout.get('tensor')} x pipeline {layout.get('pipeline')}"
         f" (virtual {layout.get('virtual_pipeline', 1)}) x data {layout.get('data')}"
@@ -175,19 +172,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def check_layout(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
-    """Whether the checkpoint's shards match this layout (``True``: same model-parallel
-    layout, RNG states load too). A change ``dist_checkpointing`` cannot reshard here
-    raises ``LayoutError`` naming both layouts."""
-    if saved is None or saved == current:
-        return True
+def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """Why ``dist_checkpointing`` cannot load a checkpoint of layout ``saved`` onto
+    ``current`` (``None``: it reshards it), and whether the model-parallel shards are the
+    same (then the RNG states load too)."""
     model_parallel = ("tensor", "pipeline", "virtual_pipeline")
     same_model_parallel = all(saved.get(k) == current[k] for k in model_parallel)
     problem = None
-    if (
-        saved.get("padded_vocab_size", current["padded_vocab_size"])
-        != (current["padded_vocab_size"])
-    ):
+    if saved.get("padded_vocab_size", current["padded_vocab_size"]) != current["padded_vocab_size"]:
         problem = (
             f"the embedding has {saved['padded_vocab_size']} rows there and "
             f"{current['padded_vocab_size']} here (the vocabulary is padded to a multiple "
@@ -204,18 +196,14 @@ def check_layout(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
             "data parallel ranks"
         )
     if problem:
-        raise LayoutError(
-            f"checkpoint layout {show_layout(saved)} cannot be resumed as "
-            f"{show_layout(current)}: {problem}; resume with the saved layout, or "
-            "start from its weights only"
-        )
+        return f"{problem}; resume with the saved layout, or start from its weights only", False
     if not same_model_parallel:
         log.info(
             "resharding checkpoint from %s to %s (RNG states start fresh)",
             show_layout(saved),
             show_layout(current),
         )
-    return same_model_parallel
+    return None, same_model_parallel
 
 
 def model_sharded_state(chunks: list[Any]) -> dict[str, Any]:

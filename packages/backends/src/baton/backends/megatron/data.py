@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -330,3 +331,26 @@ def check_split_not_empty(source: PreparedSource, split: str) -> None:
                     "change the split (--set data.split=100,0,0 trains on all of it, "
                     "without evaluation)"
                 )
+
+
+def data_fingerprint(data: Any, source: PreparedSource | None) -> str:
+    """A short hash of what the run trains on: the blend's files (names, sizes, weights)
+    and the tokenizer's fingerprint, or the text file (name, size) and the kind of data.
+    A resume on other data is refused with it (``baton.core.checkpoint_record``)."""
+    if source is not None:
+        files = [
+            (Path(prefix + suffix).name, Path(prefix + suffix).stat().st_size)
+            for prefix in source.blend.prefixes
+            for suffix in (".bin", ".idx")
+            if Path(prefix + suffix).exists()
+        ]
+        facts: dict[str, Any] = {
+            "files": files,
+            "weights": source.blend.weights,
+            "tokenizer": source.info.fingerprint,
+        }
+    else:
+        text = Path(data.text_path) if data.text_path else None
+        size = text.stat().st_size if text is not None and text.exists() else None
+        facts = {"kind": data.kind, "text": text.name if text else None, "size": size}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

@@ -25,6 +25,7 @@ calls ``wait_for_staging`` just before it, as TorchTitan waits for its staging c
 
 from __future__ import annotations
 
+import queue
 import threading
 from typing import Any
 
@@ -132,11 +133,22 @@ class ThreadAsyncCaller(AsyncCaller):
 
 
 class ThreadCallsQueue(AsyncCallsQueue):
-    """Megatron's ``AsyncCallsQueue`` with every write on a thread (``ThreadAsyncCaller``)."""
+    """Megatron's ``AsyncCallsQueue`` with every write on a thread (``ThreadAsyncCaller``).
+
+    The write hands its results to the finalize functions through the queue
+    ``filesystem_async.get_write_results_queue()`` returns: by default a queue served by a
+    ``multiprocessing`` Manager, a process spawned at the first save, for a writer in
+    another process. A thread needs no such queue, and it cost the first save its
+    completion: the writer's ``put`` waits until the spawned server has imported torch
+    to unpickle the results (seconds on a busy CPU; the checkpoint of step 25 was
+    complete only when the next save began). ``in_process_results`` makes it a plain
+    ``queue.Queue`` for the whole process, before the first save asks for one.
+    """
 
     def __init__(self) -> None:
         super().__init__(persistent=False)
         self._buffers = StagingBuffers()
+        in_process_results()
 
     def _get_async_caller(self) -> ThreadAsyncCaller:
         busy = any(
@@ -157,3 +169,13 @@ class ThreadCallsQueue(AsyncCallsQueue):
         """Whether writes go on a thread here: on CPU. With CUDA, Megatron's own callers
         copy device tensors to host memory first and write from another process."""
         return not torch.cuda.is_available()
+
+
+def in_process_results() -> None:
+    """Have Megatron's async writes report their results through an in-process queue
+    (``ThreadCallsQueue``): set where no save asked for the Manager queue yet (a process
+    whose writes go to another process keeps it)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:  # pyright: ignore[reportPrivateUsage]
+        filesystem_async._results_queue = queue.Queue()  # pyright: ignore[reportPrivateUsage]

@@ -28,7 +28,8 @@ history) and points it at baton's directory for each save. ``checkpoint.async_mo
 (``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous; the second stages
 the copy on a thread while the next step runs forward and backward (on a CPU-only
 machine without pinned memory, see ``_stage_without_accelerator``). A checkpoint
-saved on another layout loads through DCP's resharding (see ``load``).
+saved on another layout loads through DCP's resharding (see ``layout_refusal``); the
+layout, samples consumed and the rest of ``checkpoint_facts`` go into ``baton.json``.
 
 Weights-only start (fine-tuning): ``config.checkpoint.initial_load_path`` names a baton
 checkpoint (``runs/x/checkpoints/step_000100``) or a TorchTitan ``step-N`` folder;
@@ -61,6 +62,7 @@ from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.plan import parallelism_plan
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
+from baton.core.checkpoint_record import CheckpointFacts
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
@@ -103,16 +105,10 @@ class DcpSave(FuturePendingSave):
 #: what ``load`` does when the data-parallel degree changed: TorchTitan's data loader
 #: state is per data-parallel rank and does not reshard
 RESHARD_DATA = ("refuse", "restart")
-#: the file in each checkpoint that records the layout it was saved on
-LAYOUT_FILE = "layout.json"
+#: the side file checkpoints held before ``baton.json`` recorded their layout (read only)
+LEGACY_LAYOUT_FILE = "layout.json"
 #: the parallel degrees a layout is made of, as ``ParallelDims`` names them
 LAYOUT_KEYS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
-
-
-def describe_layout(facts: Mapping[str, int]) -> str:
-    """``dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 x pp 1 (2 ranks)``."""
-    degrees = " x ".join(f"{key} {facts[key]}" for key in LAYOUT_KEYS)
-    return f"{degrees} ({facts['world_size']} ranks)"
 
 
 def launch_env(launch: Launch) -> dict[str, str]:
@@ -156,6 +152,9 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             )
         self.config = config
         self.reshard_data = reshard_data
+        #: the next ``load`` leaves the data loader out (``layout_refusal`` accepted a
+        #: change of data-parallel ranks with ``reshard_data="restart"``)
+        self._restart_data = False
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._model_state: TorchModelState | None = None
@@ -419,13 +418,55 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         facts = {key: int(getattr(dims, key)) for key in LAYOUT_KEYS}
         return {**facts, "world_size": int(dims.world_size)}
 
+    def checkpoint_facts(self) -> CheckpointFacts:
+        """The layout, and the samples of the optimizer steps taken (TorchTitan's data
+        loader keeps its own position; the data has no fingerprint here)."""
+        dims = self.trainer.parallel_dims
+        training = self.trainer.config.training
+        per_step = int(getattr(training, "global_batch_size", -1) or -1)
+        if per_step <= 0:
+            per_step = int(training.local_batch_size) * int(dims.dp_replicate * dims.dp_shard)
+        return CheckpointFacts(self.layout(), samples=int(self.trainer.step) * per_step)
+
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+        """DCP reshards weights, optimizer and schedule onto any layout; TorchTitan's
+        data-loader position is per data-parallel rank and moves only while
+        ``dp_replicate x dp_shard`` stays. Otherwise ``reshard_data="refuse"`` (the
+        default) refuses, and ``"restart"`` makes the next ``load`` leave the data
+        loader at the beginning of its data."""
+        self._restart_data = False
+        now = self.layout()
+        before = int(saved.get("dp_replicate", 1)) * int(saved.get("dp_shard", 1))
+        after = now["dp_replicate"] * now["dp_shard"]
+        if before == after:
+            logger.info("resharding checkpoint from %s to %s", dict(saved), now)
+            return None
+        if self.reshard_data == "refuse":
+            return (
+                "DCP reshards weights, optimizer and schedule, but TorchTitan's data-loader "
+                f"position is per data-parallel rank and cannot move from {before} to "
+                f"{after} data-parallel ranks: keep dp_replicate x dp_shard = {before}, or "
+                "pass TorchTitanBackend(..., reshard_data='restart') to restart the data "
+                "from its beginning"
+            )
+        logger.warning(
+            "resharding checkpoint from %s to %s; the data loader restarts from the beginning "
+            "of its data (reshard_data='restart')",
+            dict(saved),
+            now,
+        )
+        self._restart_data = True
+        return None
+
+    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
+        """``layout.json``, written beside the DCP state before ``baton.json`` recorded it."""
+        file = Path(directory) / LEGACY_LAYOUT_FILE
+        return CheckpointFacts(json.loads(file.read_text())) if file.is_file() else None
+
     def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
-        """Write TorchTitan's full training state (DCP) under ``directory/step-N`` and the
-        layout it was saved on (``layout.json``)."""
+        """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
         checkpointer = self.trainer.checkpointer
         checkpointer.maybe_wait_for_saving()
-        if self.rank == 0:
-            (Path(directory) / LAYOUT_FILE).write_text(json.dumps(self.layout()))
         checkpointer.folder = str(directory)
         checkpointer.save(curr_step=self.trainer.step, last_step=False)
         future = checkpointer.save_future
@@ -440,10 +481,8 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         """Restore model, optimizer, scheduler, data loader and step from ``save``'s output.
 
         A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
-        DCP's resharding. TorchTitan's data-loader position is per data-parallel rank and
-        does not reshard: when ``dp_replicate x dp_shard`` changed, ``reshard_data="refuse"``
-        (the default) raises naming both layouts; ``"restart"`` loads everything else and
-        starts the data loader from the beginning of its data.
+        DCP's resharding, once core has asked ``layout_refusal`` (which may leave the
+        data loader out of this load: ``reshard_data="restart"``).
         """
         checkpointer = self.trainer.checkpointer
         checkpointer.folder = str(directory)
@@ -451,45 +490,14 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         if step < 0:
             raise FileNotFoundError(f"no TorchTitan checkpoint (step-N folder) in {directory}")
         excluded = list(checkpointer.exclude_from_loading)
-        if not self._data_follows(Path(directory)) and "dataloader" not in excluded:
+        if self._restart_data and "dataloader" not in excluded:
             checkpointer.exclude_from_loading = [*excluded, "dataloader"]
         try:
             checkpointer.load(step=step)
         finally:
             checkpointer.exclude_from_loading = excluded
+            self._restart_data = False
         self._batches = None  # a fresh iterator over the restored loader state
-
-    def _data_follows(self, directory: Path) -> bool:
-        """Whether the data-loader state can load here; raises if it cannot and the
-        layout change is refused."""
-        file = directory / LAYOUT_FILE
-        if not file.is_file():  # saved before layouts were recorded: same layout assumed
-            return True
-        saved, now = json.loads(file.read_text()), self.layout()
-        if saved == now:
-            return True
-        before = saved["dp_replicate"] * saved["dp_shard"]
-        after = now["dp_replicate"] * now["dp_shard"]
-        change = f"{describe_layout(saved)} -> {describe_layout(now)}"
-        if before == after:
-            logger.info("resharding checkpoint %s: %s", directory, change)
-            return True
-        if self.reshard_data == "refuse":
-            raise ValueError(
-                f"checkpoint {directory} was saved on layout {describe_layout(saved)}; this run "
-                f"has {describe_layout(now)}. DCP reshards weights, optimizer and schedule, but "
-                f"TorchTitan's data-loader position is per data-parallel rank and cannot move "
-                f"from {before} to {after} data-parallel ranks: keep dp_replicate x dp_shard = "
-                f"{before}, or pass TorchTitanBackend(..., reshard_data='restart') to restart "
-                "the data from its beginning"
-            )
-        logger.warning(
-            "resharding checkpoint %s: %s; the data loader restarts from the beginning of its "
-            "data (reshard_data='restart')",
-            directory,
-            change,
-        )
-        return False
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -51,8 +51,8 @@ class TensorBoardSink:
             self.log_dir = Path(driver.log_dir) / "tensorboard"
         self._protos = (event_pb2, summary_pb2)
         self._file = EventFile(self.log_dir, flush_secs=self.flush_secs)
-        if driver.settings:
-            for summary in hparams_summaries(driver.settings):
+        if driver.options.settings:
+            for summary in hparams_summaries(driver.options.settings):
                 self._add(step=0, summary=summary)
         if driver.resumed_from is not None:
             self._purge_from(int(driver.step) + 1)

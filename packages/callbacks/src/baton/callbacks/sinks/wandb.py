@@ -58,12 +58,12 @@ class WandbSink:
         self.run = wandb.init(
             project=self.project,
             entity=self.entity,
-            name=self.run_name or Path(driver.run_dir).name,
+            name=self.run_name or Path(driver.options.run_dir).name,
             **self.resume_arguments(run_id, known, driver),
             dir=str(log_dir),
             mode=self.mode,  # type: ignore[arg-type]
             tags=self.tags,
-            config=dict(driver.settings),
+            config=dict(driver.options.settings),
             settings=wandb.Settings(console="off", silent=True),
         )
 

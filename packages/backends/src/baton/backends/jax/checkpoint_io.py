@@ -1,0 +1,116 @@
+"""The JAX backend's checkpoint I/O: orbax (synchronous, or orbax's own asynchronous
+save, which stages the arrays itself) for the train state, each process's data position
+in ``data_rank<N>.json``, and the facts core records in ``baton.json``. The step engine
+(``JaxBackend``) owns the state, the data stream and the counters; this reads and
+restores them.
+
+Example::
+
+    io = JaxCheckpointIO(backend)           # the backend builds it in __init__
+    handle = io.save(directory, asynchronous=True)
+    io.load(directory)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from baton.backends.async_save import FuturePendingSave
+from baton.core.checkpoint_record import CheckpointFacts
+
+if TYPE_CHECKING:
+    from baton.backends.jax.backend import JaxBackend
+
+STATE_DIR = "state"
+#: the side file checkpoints held before ``baton.json`` recorded their facts (read only)
+LEGACY_META_FILE = "baton_jax.json"
+
+
+def data_file(rank: int) -> str:
+    """The file holding process ``rank``'s data position inside a checkpoint."""
+    return f"data_rank{rank:05d}.json"
+
+
+class JaxCheckpointIO:
+    """Checkpoints of one ``JaxBackend``'s train state and data position."""
+
+    def __init__(self, engine: JaxBackend) -> None:
+        self.engine = engine
+
+    def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
+        """Orbax save of the train state into ``directory/state``, plus each process's
+        data position (``data_rank00000.json`` ...)."""
+        from orbax.checkpoint import v1 as ocp
+
+        engine = self.engine
+        assert engine.data is not None and engine.state is not None
+        directory = Path(directory).resolve()  # orbax wants absolute paths
+        position = {
+            "step": engine.steps_done,
+            "samples": engine.samples_consumed,
+            "data": engine.data.state_dict(),
+            "lr_scale": engine.controls.lr_scale,  # a learning rate a callback set
+        }
+        (directory / data_file(engine.rank)).write_text(json.dumps(position))
+        if not asynchronous:
+            ocp.save(directory / STATE_DIR, engine.state)
+            return None
+        return FuturePendingSave(ocp.save_async(directory / STATE_DIR, engine.state))
+
+    def load(self, directory: Path) -> None:
+        """Restore a checkpoint written by ``save``: the train state, then the data position."""
+        import jax
+        from orbax.checkpoint import v1 as ocp
+
+        engine = self.engine
+        assert engine.data is not None and engine.state is not None
+        directory = Path(directory).resolve()
+        position_file = directory / data_file(engine.rank)
+        if not (directory / STATE_DIR).is_dir() or not position_file.is_file():
+            found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+            raise FileNotFoundError(
+                f"{directory} is not a JAX-backend checkpoint for process {engine.rank} "
+                f"(expected {STATE_DIR}/ and {data_file(engine.rank)}; found {found}); a "
+                "checkpoint resumes with as many processes as wrote it"
+            )
+        position = json.loads(position_file.read_text())
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), engine.state
+        )
+        engine.state = ocp.load(directory / STATE_DIR, abstract)
+        restored_step = int(jax.device_get(engine.state["step"]))
+        if restored_step != position["step"]:
+            raise ValueError(
+                f"{directory}: the train state is at step {restored_step} but the data position "
+                f"was recorded at step {position['step']}; the checkpoint is inconsistent"
+            )
+        engine.steps_done = restored_step
+        engine.samples_consumed = int(position.get("samples", 0))
+        engine.data.load_state_dict(position["data"])
+        engine.controls.lr_scale = float(position.get("lr_scale", 1.0))
+        engine.controls.scaled = engine.controls.scaled or engine.controls.lr_scale != 1.0
+        engine.controls.changed()
+
+    def facts(self) -> CheckpointFacts:
+        """The processes holding a data position each, and the samples trained on (the
+        data is the user's iterator: no fingerprint)."""
+        return CheckpointFacts({"processes": self.engine.world_size}, self.engine.samples_consumed)
+
+    @staticmethod
+    def layout_refusal(saved: Mapping[str, Any]) -> str | None:
+        return (
+            "each process keeps its own data position (data_rank<N>.json), which does not "
+            f"move to another number of processes; resume on {saved.get('processes')} "
+            "process(es)"
+        )
+
+    @staticmethod
+    def legacy_facts(directory: Path) -> CheckpointFacts | None:
+        """``baton_jax.json``, written beside the state before ``baton.json`` recorded it."""
+        side = directory / LEGACY_META_FILE
+        if not side.is_file():
+            return None
+        return CheckpointFacts({"processes": int(json.loads(side.read_text())["processes"])})

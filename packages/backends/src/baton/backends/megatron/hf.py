@@ -58,10 +58,17 @@ FIXED_ROPE_SCALING = {
 }
 
 
+#: the model families (Hugging Face ``model_type``) built here
+FAMILIES = frozenset({"llama"})
+
+
 def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
     """``TransformerConfig`` fields that build ``spec``: the shape, RMSNorm, SwiGLU,
-    grouped-query attention, no biases."""
+    grouped-query attention, no biases. A family it cannot build yet is a
+    ``UsageError`` naming it."""
     import torch.nn.functional as F
+
+    spec.require_family(FAMILIES, backend="megatron")
 
     return dict(
         num_layers=spec.num_layers,
@@ -84,6 +91,7 @@ def use_spec(config: Any, spec: LlamaSpec) -> Any:
     """Set a ``MegatronConfig``'s model-level fields for ``spec`` (its ``model`` is built
     from :func:`transformer_fields`): vocabulary, RoPE and its scaling, tying. A rotary
     scaling Megatron-Core cannot build is a ``UsageError`` naming its values."""
+    spec.require_family(FAMILIES, backend="megatron")
     scaling = spec.rope_scaling
     if scaling is not None:
         scaling.refuse_unless(FIXED_ROPE_SCALING, backend="Megatron-Core")
@@ -201,4 +209,5 @@ def _global_name(local: str, numbers: list[int]) -> str:
 def load_hf(chunks: list[Any], hf_dir: str) -> None:
     """Load a Hugging Face Llama directory's weights into this rank's model chunks."""
     spec = LlamaSpec.from_hf(hf_dir)
+    spec.require_family(FAMILIES, backend="megatron")
     load_full_weights(chunks, hf_to_megatron(read_safetensors(hf_dir), spec))

@@ -32,6 +32,10 @@ from baton.core.model_spec import LlamaSpec
 FLAVOR_PREFIX = "baton-"
 
 
+#: the model families (Hugging Face ``model_type``) built here
+FAMILIES = frozenset({"llama"})
+
+
 def flavor_name(spec: LlamaSpec) -> str:
     """A stable flavour name for ``spec``: the same spec always gets the same name."""
     digest = hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()
@@ -116,7 +120,9 @@ def rope_scaling(spec: LlamaSpec) -> dict[str, Any]:
 
 def register(spec: LlamaSpec) -> str:
     """Register ``spec`` as a flavour of TorchTitan's llama3 model registry; returns its
-    name (``model_registry(name)`` then builds TorchTitan's ``ModelSpec`` for it)."""
+    name (``model_registry(name)`` then builds TorchTitan's ``ModelSpec`` for it). A
+    family it cannot build yet is a ``UsageError`` naming it."""
+    spec.require_family(FAMILIES, backend="torchtitan")
     from torchtitan.models.llama3 import llama3_configs
 
     name = flavor_name(spec)

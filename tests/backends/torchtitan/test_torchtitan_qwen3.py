@@ -31,7 +31,9 @@ def test_qwen3_logits_equal_transformers_and_init_from_starts_there(tmp_path):
     from transformers import Qwen3ForCausalLM
 
     from baton.backends.hf_io import read_safetensors
+    from baton.backends.torchtitan.export import dcp_folder, read_model_weights
     from baton.backends.torchtitan.qwen3 import qwen3_model_config
+    from baton.tools.export import main as export_main
 
     hf_dir = save_tiny_qwen3(tmp_path / "hf", vocab_size=VOCAB)
     reference = Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
@@ -53,7 +55,7 @@ def test_qwen3_logits_equal_transformers_and_init_from_starts_there(tmp_path):
     record = Losses()
     driver = build_driver(RECIPE, [
         "--init-from", str(hf_dir), "--max-steps", "1", "--seq-len", str(SEQ),
-        "--batch-size", str(BATCH), "--log-every", "1", "--save-every", "0",
+        "--batch-size", str(BATCH), "--log-every", "1", "--save-every", "1",
         "--run-dir", str(tmp_path / "run"), "--no-progress",
     ])  # fmt: skip
     driver.callbacks.append(record)
@@ -62,3 +64,12 @@ def test_qwen3_logits_equal_transformers_and_init_from_starts_there(tmp_path):
     assert driver.settings["model_spec"]["family"] == "qwen3"
     inputs, labels = first_byte_batch(SEQ, BATCH)
     assert record.values[1] == pytest.approx(hf_loss(reference, inputs, labels), rel=1e-4)
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    assert ModelSpec.from_hf(tmp_path / "out") == spec
+    exported = Qwen3ForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    trained = Qwen3StateDictAdapter(config, None).to_hf(read_model_weights(dcp_folder(checkpoint)))
+    with torch.no_grad():
+        model.load_state_dict(Qwen3StateDictAdapter(config, None).from_hf(trained))
+        torch.testing.assert_close(exported(tokens).logits, model(tokens), rtol=1e-4, atol=1e-4)

@@ -58,8 +58,13 @@ FIXED_ROPE_SCALING = {
 }
 
 
-#: the model families (Hugging Face ``model_type``) built here
-FAMILIES = frozenset({"llama"})
+#: the model families (Hugging Face ``model_type``) built here (a Qwen3: QK layer norm)
+FAMILIES = frozenset({"llama", "qwen3"})
+#: a Qwen3's per-head query and key norms, Hugging Face's names -> Megatron's
+QK_NORM_NAMES = {
+    "model.layers.{}.self_attn.q_norm.weight": "decoder.layers.{}.self_attention.q_layernorm.weight",
+    "model.layers.{}.self_attn.k_norm.weight": "decoder.layers.{}.self_attention.k_layernorm.weight",
+}
 
 
 def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
@@ -84,6 +89,7 @@ def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
         add_bias_linear=False,
         add_qkv_bias=False,
         bias_activation_fusion=False,
+        qk_layernorm=spec.qk_norm,
     )
 
 
@@ -105,6 +111,11 @@ def use_spec(config: Any, spec: LlamaSpec) -> Any:
     return config
 
 
+def layer_names(spec: LlamaSpec) -> dict[str, str]:
+    """The per-layer tensors copied as they are (Hugging Face name -> Megatron name)."""
+    return {**LAYER_NAMES, **(QK_NORM_NAMES if spec.qk_norm else {})}
+
+
 def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
     """Full (unsharded) Megatron ``GPTModel`` tensors, by global layer index."""
     group = spec.num_heads // spec.num_kv_heads
@@ -117,7 +128,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
     out["output_layer.weight"] = hf["model.embed_tokens.weight" if spec.tie_embeddings
                                     else "lm_head.weight"]  # fmt: skip
     for i in range(spec.num_layers):
-        for hf_name, mg_name in LAYER_NAMES.items():
+        for hf_name, mg_name in layer_names(spec).items():
             out[mg_name.format(i)] = hf[hf_name.format(i)]
         attn = f"model.layers.{i}.self_attn."
         q = hf[attn + "q_proj.weight"].reshape(spec.num_kv_heads, group * hd, hidden)
@@ -132,7 +143,8 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
 
 
 def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
-    """Hugging Face ``LlamaForCausalLM`` tensors from full Megatron tensors."""
+    """Hugging Face ``LlamaForCausalLM`` (``Qwen3ForCausalLM``) tensors from full
+    Megatron tensors."""
     group = spec.num_heads // spec.num_kv_heads
     hd, hidden = spec.head_dim, spec.hidden_size
     out = {
@@ -142,7 +154,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
     if not spec.tie_embeddings:
         out["lm_head.weight"] = mg["output_layer.weight"]
     for i in range(spec.num_layers):
-        for hf_name, mg_name in LAYER_NAMES.items():
+        for hf_name, mg_name in layer_names(spec).items():
             out[hf_name.format(i)] = mg[mg_name.format(i)]
         qkv = mg[f"decoder.layers.{i}.self_attention.linear_qkv.weight"]
         q, k, v = qkv.reshape(spec.num_kv_heads, (group + 2) * hd, hidden).split(

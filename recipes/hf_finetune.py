@@ -10,6 +10,10 @@ uv run baton export runs/hf_finetune/checkpoints/latest --format hf exported/
 initialised 2-layer Llama there (byte vocabulary) when the directory does not exist.
 The architecture comes from ``--model-config`` (default: the same directory); weights
 whose shapes differ from it are refused, naming the first parameter and both shapes.
+A Llama, Qwen3 or Qwen3-MoE config is recorded as baton's model spec (resumes and
+``--init-from`` checkpoints are compared with it). A Qwen3-MoE trains with its
+load-balancing loss (``router_aux_loss_coef`` times ``transformers``' load-balancing
+loss, added to the loss) and logs that term as ``moe/aux_loss``.
 Without ``--tokenizer`` the model reads UTF-8 bytes (of ``--data-path``, else the Python
 language reference); with it, ``--data-path`` is a prepared dataset or blend (``baton data
 prepare``) or ``.jsonl``/``.parquet``/``.txt`` files, and the tokenizer's vocabulary must
@@ -31,7 +35,7 @@ from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMon
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
 from baton.core.errors import UsageError
-from baton.core.model_spec import LlamaSpec, check_init_from
+from baton.core.model_spec import FAMILIES, ModelSpec, check_init_from
 
 
 def save_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
@@ -64,6 +68,22 @@ def window_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.T
     """The causal-LM loss of token windows ``(x, y)`` (the model shifts labels itself)."""
     ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
     return model(input_ids=ids, labels=ids).loss
+
+
+def with_aux_loss(loss_fn: Any, coef: float) -> Any:
+    """``loss_fn`` (``None``: the model's own loss of a dict batch) that also returns the
+    load-balancing term a mixture-of-experts model added to its loss, as ``moe/aux_loss``
+    (a tensor: read on log steps only)."""
+
+    def loss_and_aux(model: Any, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if loss_fn is None:
+            output = model(**batch)
+        else:
+            ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
+            output = model(input_ids=ids, labels=ids)
+        return output.loss, {"moe/aux_loss": coef * output.aux_loss.detach()}
+
+    return loss_and_aux
 
 
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
@@ -143,9 +163,9 @@ def recipe(
             "save_pretrained (or add --make-tiny-model to create a tiny Llama there)"
         )
     config = AutoConfig.from_pretrained(source)
-    spec = None  # a Llama is recorded as baton's model spec; a different one is refused
-    if config.model_type == "llama":  # (HF weights of another shape: WeightsError on load)
-        spec = LlamaSpec.from_hf(source)
+    spec = None  # a spec family is recorded as baton's model spec; other models are not
+    if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
+        spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
     loss_fn = None  # byte batches are dicts: the model's own output.loss
     if tokenizer is None:
@@ -168,6 +188,11 @@ def recipe(
             f"the data's vocabulary has {vocab} tokens, the model's only {config.vocab_size}; "
             "use a model built for this tokenizer"
         )
+    keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
+    if spec is not None and spec.moe is not None:
+        config.output_router_logits = True  # transformers adds the load-balancing loss
+        loss_fn = with_aux_loss(loss_fn, spec.moe.aux_loss_coef)
+        keys.append("moe/aux_loss")
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
@@ -185,7 +210,6 @@ def recipe(
             init_from=init_from,
         ),
     )
-    keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     return Driver(
         backend,
         [

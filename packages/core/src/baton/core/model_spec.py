@@ -1,14 +1,22 @@
-"""One Llama-family model definition, read from a Hugging Face ``config.json``.
+"""One model definition (the Llama and Qwen3 families), read from a Hugging Face
+``config.json``.
 
-Every LLM backend builds the architecture a :class:`LlamaSpec` describes natively
+Every LLM backend builds the architecture a :class:`ModelSpec` describes natively
 (TorchTitan model args, Megatron-Core ``TransformerConfig``, MaxText config keys,
 ``transformers`` for Fabric). The spec is plain data: this module imports no framework.
+Its ``family`` is the ``model_type`` it was read from: ``llama``, ``qwen3`` (QK norm,
+``head_dim`` independent of the width) or ``qwen3_moe`` (Qwen3 with mixture-of-experts
+MLPs, described by a :class:`MoeSpec`). A backend that cannot build a family refuses it
+by name before building anything (:meth:`ModelSpec.require_family`).
 
 Example::
 
-    from baton.core.model_spec import LlamaSpec, check_same_architecture
+    from baton.core.model_spec import ModelSpec, check_same_architecture
 
-    spec = LlamaSpec.from_hf("tiny-llama/")         # a directory or its config.json
+    spec = ModelSpec.from_hf("tiny-llama/")         # a directory or its config.json
+    spec.family                                      # "llama", "qwen3" or "qwen3_moe"
+    spec.moe                                         # MoeSpec(num_experts=4, ...) or None
+    spec.require_family({"llama"}, backend="megatron")  # UsageError for a Qwen3
     spec.to_dict()                                   # recorded in run.json and checkpoints
     spec.to_hf_config()                              # config.json for an export
     spec.rope_scaling                                # RopeScaling(factor=8.0, ...) or None
@@ -19,18 +27,28 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from baton.core.errors import ExportError, UsageError
 
-#: ``config.json`` values a Llama spec cannot express, with the value it requires
+#: ``config.json`` values a spec cannot express, with the value it requires
 _REQUIRED = {
     "hidden_act": "silu",
     "attention_bias": False,
     "mlp_bias": False,
+    "use_sliding_window": False,
 }
+#: the families (Hugging Face ``model_type``) a spec describes, with their model class
+FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+#: the families whose attention normalises queries and keys per head (RMSNorm)
+QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe"})
 #: the rotary types a Llama spec builds (Hugging Face's ``rope_type``)
 ROPE_TYPES = ("default", "llama3")
 
@@ -108,9 +126,78 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class LlamaSpec:
-    """A decoder-only Llama model: RMSNorm, SwiGLU MLP, rotary positions (optionally
-    Llama 3.1-style scaled), grouped-query attention, no biases. Field names follow the
+class MoeSpec:
+    """The mixture-of-experts MLPs of a ``qwen3_moe`` model: each token goes to the
+    ``experts_per_token`` experts its router scores highest, each expert a SwiGLU MLP of
+    width ``expert_ffn_hidden_size``. Names follow the architecture; the Hugging Face
+    ``config.json`` key of each is in its comment."""
+
+    num_experts: int  # num_experts
+    experts_per_token: int  # num_experts_per_tok
+    expert_ffn_hidden_size: int  # moe_intermediate_size
+    #: renormalise the top-k router weights to sum to one (norm_topk_prob)
+    norm_topk_prob: bool = False
+    #: weight of the load-balancing loss added to the loss (router_aux_loss_coef)
+    aux_loss_coef: float = 0.001
+    #: every ``sparse_step``-th layer is sparse (decoder_sparse_step)
+    sparse_step: int = 1
+    #: layers with a dense MLP of the model's ``ffn_hidden_size`` (mlp_only_layers)
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "experts_per_token", "expert_ffn_hidden_size", "sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UsageError(
+                    f"model spec: moe {name} must be a positive integer, got {value!r}"
+                )
+        if self.experts_per_token > self.num_experts:
+            raise UsageError(
+                f"model spec: num_experts_per_tok ({self.experts_per_token}) exceeds "
+                f"num_experts ({self.num_experts})"
+            )
+        object.__setattr__(self, "dense_layers", tuple(int(i) for i in self.dense_layers))
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether ``layer`` (0-based) has experts (as ``transformers`` decides)."""
+        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
+
+    @classmethod
+    def from_hf_dict(cls, config: dict[str, Any]) -> MoeSpec:
+        """The experts of a ``qwen3_moe`` ``config.json`` (defaults: Qwen3MoeConfig's;
+        ``transformers`` 5 writes ``num_experts`` as ``num_local_experts``)."""
+        return cls(
+            num_experts=int(config.get("num_experts", config.get("num_local_experts", 128))),
+            experts_per_token=int(config.get("num_experts_per_tok", 8)),
+            expert_ffn_hidden_size=int(config.get("moe_intermediate_size", 768)),
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+            aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
+            sparse_step=int(config.get("decoder_sparse_step", 1)),
+            dense_layers=tuple(config.get("mlp_only_layers") or ()),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``config.json`` entries of these experts."""
+        return {
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.experts_per_token,
+            "moe_intermediate_size": self.expert_ffn_hidden_size,
+            "norm_topk_prob": self.norm_topk_prob,
+            "router_aux_loss_coef": self.aux_loss_coef,
+            "decoder_sparse_step": self.sparse_step,
+            "mlp_only_layers": list(self.dense_layers),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (a list of dense layers)."""
+        return {**asdict(self), "dense_layers": list(self.dense_layers)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only Llama-style model: RMSNorm, SwiGLU MLP, rotary positions (optionally
+    Llama 3.1-style scaled), grouped-query attention, no biases; a Qwen3 adds QK norm, a
+    Qwen3-MoE also mixture-of-experts MLPs (``moe``). Field names follow the
     architecture, not one framework."""
 
     vocab_size: int
@@ -126,8 +213,22 @@ class LlamaSpec:
     max_seq_len: int = 2048
     #: Llama 3.1-style rotary scaling; ``None``: plain rotary positions
     rope_scaling: RopeScaling | None = None
+    #: the Hugging Face ``model_type`` (a key of :data:`FAMILIES`)
+    family: str = "llama"
+    #: the experts of a ``qwen3_moe`` model; ``None`` for a dense one
+    moe: MoeSpec | None = None
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise UsageError(
+                f"model spec: family {self.family!r} is not supported; supported: "
+                f"{', '.join(map(repr, FAMILIES))}"
+            )
+        if (self.moe is not None) != (self.family == "qwen3_moe"):
+            raise UsageError(
+                f"model spec: family {self.family!r} "
+                + ("needs experts (moe)" if self.moe is None else "has no experts (moe)")
+            )
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
                      "num_kv_heads", "ffn_hidden_size", "head_dim", "max_seq_len"):  # fmt: skip
             value = getattr(self, name)
@@ -142,11 +243,11 @@ class LlamaSpec:
             raise UsageError(f"model spec: head_dim must be even for rotary, got {self.head_dim}")
 
     @classmethod
-    def from_hf(cls, path: str | Path) -> LlamaSpec:
-        """The spec of a Hugging Face Llama ``config.json`` (``path`` is the file or its
-        directory). Raises ``UsageError`` naming the field for anything a Llama spec cannot
+    def from_hf(cls, path: str | Path) -> ModelSpec:
+        """The spec of a Hugging Face ``config.json`` (``path`` is the file or its
+        directory). Raises ``UsageError`` naming the field for anything a spec cannot
         build (another model type, a rotary type other than ``default`` and ``llama3``,
-        biases, another activation)."""
+        biases, another activation, sliding-window attention)."""
         file = Path(path)
         if file.is_dir():
             file = file / "config.json"
@@ -162,14 +263,12 @@ class LlamaSpec:
         return cls.from_hf_dict(config, source=str(file))
 
     @classmethod
-    def from_hf_dict(cls, config: dict[str, Any], *, source: str = "config.json") -> LlamaSpec:
+    def from_hf_dict(cls, config: dict[str, Any], *, source: str = "config.json") -> ModelSpec:
         """The spec of a parsed ``config.json`` (see :meth:`from_hf`)."""
-        model_type = config.get("model_type")
-        if model_type != "llama":
-            raise UsageError(
-                f"{source}: model_type is {model_type!r}; only Llama-family configs "
-                "(model_type 'llama', LlamaForCausalLM) are supported"
-            )
+        family = config.get("model_type")
+        if family not in FAMILIES:
+            supported = ", ".join(f"{name!r} ({model})" for name, model in FAMILIES.items())
+            raise UsageError(f"{source}: model_type is {family!r}; supported: {supported}")
         for key, required in _REQUIRED.items():
             if key in config and config[key] != required:
                 raise UsageError(f"{source}: {key} is {config[key]!r}; supported: {required!r}")
@@ -182,6 +281,8 @@ class LlamaSpec:
         try:
             hidden = int(config["hidden_size"])
             heads = int(config["num_attention_heads"])
+            # Qwen3Config's head_dim defaults to 128, whatever the width
+            head_dim = config.get("head_dim") or (128 if family == "qwen3" else hidden // heads)
             return cls(
                 vocab_size=int(config["vocab_size"]),
                 hidden_size=hidden,
@@ -189,21 +290,39 @@ class LlamaSpec:
                 num_heads=heads,
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
                 ffn_hidden_size=int(config["intermediate_size"]),
-                head_dim=int(config.get("head_dim") or hidden // heads),
+                head_dim=int(head_dim),
                 rope_theta=float(theta),
                 norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                 tie_embeddings=bool(config.get("tie_word_embeddings", False)),
                 max_seq_len=int(config.get("max_position_embeddings", 2048)),
                 rope_scaling=scaling,
+                family=family,
+                moe=MoeSpec.from_hf_dict(config) if family == "qwen3_moe" else None,
             )
         except KeyError as error:
             raise UsageError(f"{source}: missing {error.args[0]!r}") from None
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether attention normalises queries and keys per head (Qwen3)."""
+        return self.family in QK_NORM_FAMILIES
+
+    def require_family(self, families: Collection[str], *, backend: str) -> None:
+        """Raise ``UsageError`` unless ``backend`` builds this spec's family (one of
+        ``families``); call it before building anything."""
+        if self.family not in families:
+            builds = ", ".join(repr(name) for name in FAMILIES if name in families)
+            raise UsageError(
+                f"{backend} cannot build model_type {self.family!r} yet; it builds {builds}. "
+                "Train this model with recipes/hf_finetune.py (Fabric through transformers)"
+            )
+
     def to_hf_config(self, *, dtype: str = "float32") -> dict[str, Any]:
-        """A ``config.json`` that ``transformers.LlamaConfig`` reads back to this spec."""
+        """A ``config.json`` that ``transformers`` (LlamaConfig, Qwen3Config or
+        Qwen3MoeConfig) reads back to this spec."""
         config: dict[str, Any] = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [FAMILIES[self.family]],
+            "model_type": self.family,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.ffn_hidden_size,
@@ -217,36 +336,65 @@ class LlamaSpec:
             "rope_theta": self.rope_theta,
             "tie_word_embeddings": self.tie_embeddings,
             "attention_bias": False,
-            "mlp_bias": False,
             "torch_dtype": dtype,
         }
+        if self.family == "llama":
+            config["mlp_bias"] = False
+        else:
+            config["use_sliding_window"] = False
         if self.rope_scaling is not None:
             config["rope_scaling"] = self.rope_scaling.to_hf()
+        if self.moe is not None:
+            config.update(self.moe.to_hf())
         return config
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (recorded in ``run.json`` and every checkpoint)."""
-        return asdict(self)
+        data = asdict(self)
+        data["moe"] = self.moe.to_dict() if self.moe is not None else None
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaSpec:
-        """The spec :meth:`to_dict` wrote."""
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        """The spec :meth:`to_dict` wrote (one recorded before families: a Llama)."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         if isinstance(values.get("rope_scaling"), dict):
             values["rope_scaling"] = RopeScaling(**values["rope_scaling"])
+        if isinstance(values.get("moe"), dict):
+            values["moe"] = MoeSpec(**values["moe"])
         return cls(**values)
 
-    def with_vocab(self, vocab_size: int) -> LlamaSpec:
+    def with_vocab(self, vocab_size: int) -> ModelSpec:
         """The same architecture with another vocabulary size."""
         return replace(self, vocab_size=vocab_size)
 
 
+#: the name existing callers use (a spec of any family)
+LlamaSpec = ModelSpec
+
+
+def _flat(data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded spec's values by field name, the experts' as ``moe.<name>``; a field a
+    spec recorded before it existed has its default (an old record is a dense Llama)."""
+    flat: dict[str, Any] = {}
+    for field in fields(ModelSpec):
+        value: Any = data.get(field.name, field.default)
+        if field.name == "moe" and isinstance(value, dict):
+            experts = MoeSpec(**cast("dict[str, Any]", value)).to_dict()
+            flat.update({f"moe.{name}": item for name, item in experts.items()})
+        else:
+            flat[field.name] = value
+    return flat
+
+
 def first_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """The first spec field (in declaration order) whose value differs, or ``None``."""
-    for field in fields(LlamaSpec):
-        if saved.get(field.name) != current.get(field.name):
-            return field.name
+    """The first spec field (in declaration order; an expert field as ``moe.<name>``)
+    whose value differs, or ``None``."""
+    before, now = _flat(saved), _flat(current)
+    for name in dict.fromkeys([*before, *now]):
+        if before.get(name) != now.get(name):
+            return name
     return None
 
 
@@ -260,20 +408,20 @@ def check_same_architecture(
     name = first_difference(saved, current)
     if name is not None:
         raise UsageError(
-            f"{what} has a different architecture: {name} is {saved.get(name)!r} there, "
-            f"{current.get(name)!r} here; use the same --model-config (or none) as that run"
+            f"{what} has a different architecture: {name} is {_flat(saved).get(name)!r} "
+            f"there, {_flat(current).get(name)!r} here; use the same --model-config (or none) as that run"
         )
 
 
 def resolve_spec(
-    model_config: str | None, init_from: str | None, default: LlamaSpec | None = None
-) -> LlamaSpec | None:
+    model_config: str | None, init_from: str | None, default: ModelSpec | None = None
+) -> ModelSpec | None:
     """The spec a recipe trains: ``--model-config``, else the ``--init-from`` Hugging Face
     directory's, else ``default``. Both given and different: ``UsageError`` naming the
     first differing field."""
-    spec = LlamaSpec.from_hf(model_config) if model_config else None
+    spec = ModelSpec.from_hf(model_config) if model_config else None
     if init_from and is_hf_dir(init_from):
-        source = LlamaSpec.from_hf(init_from)
+        source = ModelSpec.from_hf(init_from)
         if spec is not None:
             check_same_architecture(
                 source.to_dict(), spec.to_dict(), what=f"--init-from {init_from}"
@@ -297,18 +445,18 @@ def recorded_spec(checkpoint: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def exported_spec(checkpoint: str | Path) -> LlamaSpec:
-    """The Llama spec a checkpoint must record to be exported to Hugging Face format."""
+def exported_spec(checkpoint: str | Path) -> ModelSpec:
+    """The spec a checkpoint must record to be exported to Hugging Face format."""
     recorded = recorded_spec(checkpoint)
     if recorded is None:
         raise ExportError(
-            f"{checkpoint} records no Llama model spec: only runs built from a Hugging Face "
+            f"{checkpoint} records no model spec: only runs built from a Hugging Face "
             "config (--model-config or --init-from HF_DIR) export to Hugging Face format"
         )
-    return LlamaSpec.from_dict(recorded)
+    return ModelSpec.from_dict(recorded)
 
 
-def check_init_from(init_from: str | None, spec: LlamaSpec | None) -> None:
+def check_init_from(init_from: str | None, spec: ModelSpec | None) -> None:
     """Refuse ``--init-from`` of a baton checkpoint whose recorded architecture differs
     from ``spec``, naming the first differing field (a Hugging Face directory is read by
     :func:`resolve_spec` instead)."""

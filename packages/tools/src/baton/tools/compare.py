@@ -133,6 +133,7 @@ def check_model(init_from: str, tokenizer_vocab: int) -> LlamaSpec:
             "and *.safetensors, as save_pretrained writes them)"
         )
     spec = LlamaSpec.from_hf(init_from)
+    spec.require_family({"llama"}, backend="baton compare (all four backends)")
     if spec.vocab_size < tokenizer_vocab:
         raise ValueError(
             f"--init-from {init_from} has {spec.vocab_size} vocabulary rows, the tokenizer "

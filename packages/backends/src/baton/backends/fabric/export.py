@@ -4,7 +4,9 @@ The Fabric backend saves a ``transformers`` model's config beside its weights
 (``backend/hf/config.json``); the weights (``backend/state.pt``) already carry Hugging
 Face's names, so the only mapping is a check that they fit the architecture that config
 names (built on the meta device, nothing allocated) and dropping the tensors tied to
-others (``lm_head`` sharing the embedding). ``baton.backends.hf_io`` writes the directory
+others (``lm_head`` sharing the embedding). Weights ``transformers`` converts on load are
+written back in the layout ``save_pretrained`` writes (a Qwen3-MoE's fused expert weights
+as one tensor per expert). ``baton.backends.hf_io`` writes the directory
 with the run tokenizer's special-token ids.
 
 Example::
@@ -48,22 +50,38 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
 
     config: dict[str, Any] = json.loads(hf_config.read_text())
     weights = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
-    tied = _check_fit(hf_config.parent, weights, state_file)
+    model = _check_fit(hf_config.parent, weights, state_file)
+    tied = _tied(model)
     own = {name: tensor for name, tensor in weights.items() if name not in tied}
-    return write_model(out_dir, own, config, tokenizer=run_tokenizer(checkpoint))
+    return write_model(
+        out_dir, saved_layout(model, own), config, tokenizer=run_tokenizer(checkpoint)
+    )
 
 
-def _check_fit(config_dir: Path, weights: dict[str, Any], state_file: Path) -> set[str]:
+def saved_layout(model: Any, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` (by ``model``'s parameter names) in the layout ``save_pretrained``
+    writes for ``model``: ``transformers``' load-time conversions reverted."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return dict(revert_weight_conversion(model, dict(weights)))
+
+
+def _tied(model: Any) -> set[str]:
+    """The names of ``model``'s weights tied to another (not written)."""
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    return tied if getattr(model.config, "tie_word_embeddings", False) else set()
+
+
+def _check_fit(config_dir: Path, weights: dict[str, Any], state_file: Path) -> Any:
     """Raise ``ExportError`` unless ``weights`` fit the model ``config_dir`` describes;
-    returns the names of the weights tied to another (not written)."""
+    returns that model, built on the meta device."""
     import torch
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(config_dir)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    tied = tied if getattr(config, "tie_word_embeddings", False) else set()
+    tied = _tied(model)
     expected = set(model.state_dict())
     missing = [name for name in expected - set(weights) if name not in tied]
     unexpected = sorted(set(weights) - expected)
@@ -72,4 +90,4 @@ def _check_fit(config_dir: Path, weights: dict[str, Any], state_file: Path) -> s
             f"the weights in {state_file} do not fit {type(model).__name__}: "
             f"missing {sorted(missing)[:3]}, unexpected {unexpected[:3]}"
         )
-    return tied
+    return model

@@ -6,6 +6,11 @@ shape; the first that does not is named with both shapes. Parameters the source 
 are an error too, except those tied to one it has (a Hugging Face ``lm_head`` sharing
 the embedding).
 
+A Hugging Face directory loaded into a ``transformers`` model is read by that model's
+class (``from_pretrained``), so the names and layouts ``transformers`` converts on load
+(a Qwen3-MoE's per-expert tensors into its fused expert weights) arrive as the model
+holds them; into any other model the safetensors are read as written.
+
 Example::
 
     load_weights(model, "hf_models/tiny-llama")           # *.safetensors (+ index)
@@ -15,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,23 @@ STATE_FILE = "state.pt"
 
 class WeightsError(ValueError):
     """The weights cannot start this model; the message names the tensor and the fix."""
+
+
+def transformers_weights(model: nn.Module, source: str | Path) -> dict[str, torch.Tensor] | None:
+    """The weights of the ``save_pretrained`` directory ``source`` as ``transformers``
+    loads them into ``model``'s class, or ``None`` when ``model`` is no ``transformers``
+    model or ``source`` no such directory."""
+    path = Path(source)
+    transformers = sys.modules.get("transformers")  # a transformers model imported it
+    if (
+        transformers is None
+        or not isinstance(model, transformers.PreTrainedModel)
+        or not (path / "config.json").is_file()
+        or not any(path.glob("*.safetensors"))
+    ):
+        return None
+    loaded = type(model).from_pretrained(path, dtype=torch.float32)
+    return dict(loaded.state_dict())
 
 
 def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
@@ -72,7 +95,8 @@ def _order_in(own: dict[str, torch.Tensor]) -> Any:
 
 def load_weights(model: nn.Module, source: str | Path) -> None:
     """Copy the weights of ``source`` into ``model`` (shapes must match exactly)."""
-    state = read_weights(source)
+    state = transformers_weights(model, source)
+    state = read_weights(source) if state is None else state
     own = model.state_dict()
     for name in sorted(state, key=_order_in(own)):  # the model's order: "first" is its first
         tensor = state[name]

@@ -72,8 +72,14 @@ def pairs_to_halves(kernel: np.ndarray) -> np.ndarray:
     return np.concatenate([kernel[..., ::2], kernel[..., 1::2]], axis=-1)
 
 
+#: the model families (Hugging Face ``model_type``) built here
+FAMILIES = frozenset({"llama"})
+
+
 def maxtext_settings(spec: LlamaSpec) -> dict[str, Any]:
-    """MaxText config keys that build ``spec``."""
+    """MaxText config keys that build ``spec``; a family they cannot build yet is a
+    ``UsageError`` naming it."""
+    spec.require_family(FAMILIES, backend="maxtext")
     return rope_settings(spec) | {
         "decoder_block": "llama2",
         "base_emb_dim": spec.hidden_size,
@@ -154,6 +160,7 @@ def write_params(hf_dir: str | Path, out_dir: str | Path) -> Path:
     from maxtext.common.checkpointing import save_params_to_path
 
     spec = LlamaSpec.from_hf(hf_dir)
+    spec.require_family(FAMILIES, backend="maxtext")
     weights = read_safetensors(hf_dir, framework="numpy")
     out = Path(out_dir).resolve()
     save_params_to_path(str(out), hf_to_maxtext(weights, spec))

@@ -37,8 +37,10 @@ def layer_spec(config: MegatronConfig) -> Any:
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=config.model.normalization)
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.model.qk_layernorm)
+    return get_gpt_layer_local_spec(
+        normalization=config.model.normalization, qk_layernorm=config.model.qk_layernorm
+    )
 
 
 def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list[Any]:

@@ -58,10 +58,22 @@ FIXED_ROPE_SCALING = {
 }
 
 
+#: the model families (Hugging Face ``model_type``) built here (a Qwen3: QK layer norm)
+FAMILIES = frozenset({"llama", "qwen3"})
+#: a Qwen3's per-head query and key norms, Hugging Face's names -> Megatron's
+QK_NORM_NAMES = {
+    "model.layers.{}.self_attn.q_norm.weight": "decoder.layers.{}.self_attention.q_layernorm.weight",
+    "model.layers.{}.self_attn.k_norm.weight": "decoder.layers.{}.self_attention.k_layernorm.weight",
+}
+
+
 def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
     """``TransformerConfig`` fields that build ``spec``: the shape, RMSNorm, SwiGLU,
-    grouped-query attention, no biases."""
+    grouped-query attention, no biases. A family it cannot build yet is a
+    ``UsageError`` naming it."""
     import torch.nn.functional as F
+
+    spec.require_family(FAMILIES, backend="megatron")
 
     return dict(
         num_layers=spec.num_layers,
@@ -77,6 +89,7 @@ def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
         add_bias_linear=False,
         add_qkv_bias=False,
         bias_activation_fusion=False,
+        qk_layernorm=spec.qk_norm,
     )
 
 
@@ -84,6 +97,7 @@ def use_spec(config: Any, spec: LlamaSpec) -> Any:
     """Set a ``MegatronConfig``'s model-level fields for ``spec`` (its ``model`` is built
     from :func:`transformer_fields`): vocabulary, RoPE and its scaling, tying. A rotary
     scaling Megatron-Core cannot build is a ``UsageError`` naming its values."""
+    spec.require_family(FAMILIES, backend="megatron")
     scaling = spec.rope_scaling
     if scaling is not None:
         scaling.refuse_unless(FIXED_ROPE_SCALING, backend="Megatron-Core")
@@ -98,6 +112,11 @@ def use_spec(config: Any, spec: LlamaSpec) -> Any:
     return config
 
 
+def layer_names(spec: LlamaSpec) -> dict[str, str]:
+    """The per-layer tensors copied as they are (Hugging Face name -> Megatron name)."""
+    return {**LAYER_NAMES, **(QK_NORM_NAMES if spec.qk_norm else {})}
+
+
 def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
     """Full (unsharded) Megatron ``GPTModel`` tensors, by global layer index."""
     group = spec.num_heads // spec.num_kv_heads
@@ -110,7 +129,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
     out["output_layer.weight"] = hf["model.embed_tokens.weight" if spec.tie_embeddings
                                     else "lm_head.weight"]  # fmt: skip
     for i in range(spec.num_layers):
-        for hf_name, mg_name in LAYER_NAMES.items():
+        for hf_name, mg_name in layer_names(spec).items():
             out[mg_name.format(i)] = hf[hf_name.format(i)]
         attn = f"model.layers.{i}.self_attn."
         q = hf[attn + "q_proj.weight"].reshape(spec.num_kv_heads, group * hd, hidden)
@@ -125,7 +144,8 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
 
 
 def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
-    """Hugging Face ``LlamaForCausalLM`` tensors from full Megatron tensors."""
+    """Hugging Face ``LlamaForCausalLM`` (``Qwen3ForCausalLM``) tensors from full
+    Megatron tensors."""
     group = spec.num_heads // spec.num_kv_heads
     hd, hidden = spec.head_dim, spec.hidden_size
     out = {
@@ -135,7 +155,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
     if not spec.tie_embeddings:
         out["lm_head.weight"] = mg["output_layer.weight"]
     for i in range(spec.num_layers):
-        for hf_name, mg_name in LAYER_NAMES.items():
+        for hf_name, mg_name in layer_names(spec).items():
             out[hf_name.format(i)] = mg[mg_name.format(i)]
         qkv = mg[f"decoder.layers.{i}.self_attention.linear_qkv.weight"]
         q, k, v = qkv.reshape(spec.num_kv_heads, (group + 2) * hd, hidden).split(
@@ -202,4 +222,5 @@ def global_name(local: str, numbers: list[int]) -> str:
 def load_hf(chunks: list[Any], hf_dir: str) -> None:
     """Load a Hugging Face Llama directory's weights into this rank's model chunks."""
     spec = LlamaSpec.from_hf(hf_dir)
+    spec.require_family(FAMILIES, backend="megatron")
     load_full_weights(chunks, hf_to_megatron(read_safetensors(hf_dir), spec))

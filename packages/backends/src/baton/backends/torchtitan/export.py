@@ -2,7 +2,8 @@
 
 The weights go through TorchTitan's own state-dict adapter for the model
 (``Llama3StateDictAdapter.to_hf`` for llama3: Hugging Face names, the rotary
-permutation of the query and key projections); the directory (``model.safetensors``, a
+permutation of the query and key projections; ``Qwen3StateDictAdapter.to_hf`` for a
+Qwen3 built from a recorded spec, whose ``config.json`` is that spec's); the directory (``model.safetensors``, a
 ``config.json`` written from the model's :class:`LlamaSpec` that ``transformers`` reads as
 ``LlamaForCausalLM``, the run tokenizer's ids and files) is written by
 ``baton.backends.hf_io``. Nothing is sharded
@@ -34,8 +35,9 @@ from baton.core.model_spec import LlamaSpec, RopeScaling, recorded_spec
 
 #: DCP keys of a TorchTitan checkpoint that are not model weights
 NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
-#: model families this module exports (to Hugging Face ``LlamaForCausalLM``)
-ARCHITECTURES = ("llama3",)
+#: TorchTitan models this module exports (to ``LlamaForCausalLM``; a qwen3 built from a
+#: recorded spec to ``Qwen3ForCausalLM``)
+ARCHITECTURES = ("llama3", "qwen3")
 
 
 def dcp_folder(checkpoint_dir: str | Path) -> Path:
@@ -139,14 +141,23 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | N
             f"TorchTitan model {name!r} has no Hugging Face export here; exportable: "
             f"{sorted(ARCHITECTURES)}"
         )
+    recorded = recorded_spec(checkpoint_dir)
     if flavor.startswith(FLAVOR_PREFIX):  # a --model-config spec: register it again
-        recorded = recorded_spec(checkpoint_dir)
         if recorded is None:
             raise ExportError(f"{checkpoint_dir}: model {flavor!r} but no recorded model_spec")
         flavor = register(LlamaSpec.from_dict(recorded))
+    elif name == "qwen3":
+        raise ExportError(
+            f"TorchTitan's qwen3/{flavor} exports only when built from a Hugging Face "
+            "config (--model-config or --init-from HF_DIR), whose spec names its config.json"
+        )
     spec = importlib.import_module(f"torchtitan.models.{name}").model_registry(flavor)
     adapter = spec.state_dict_adapter(spec.model, None)
     hf_weights = adapter.to_hf(read_model_weights(folder))
     dtype = str(hf_weights["model.embed_tokens.weight"].dtype).removeprefix("torch.")
-    config = titan_spec(spec.model, hf_weights).to_hf_config(dtype=dtype)
+    if name == "qwen3":  # the recorded spec (built from it), with the trained vocabulary
+        vocab = int(hf_weights["model.embed_tokens.weight"].shape[0])
+        config = LlamaSpec.from_dict(recorded or {}).with_vocab(vocab).to_hf_config(dtype=dtype)
+    else:
+        config = titan_spec(spec.model, hf_weights).to_hf_config(dtype=dtype)
     return write_model(out_dir, hf_weights, config, tokenizer=run_tokenizer(checkpoint_dir))

@@ -32,6 +32,11 @@ from baton.core.model_spec import LlamaSpec
 FLAVOR_PREFIX = "baton-"
 
 
+#: the model families (Hugging Face ``model_type``) built here: a Llama as a flavour of
+#: TorchTitan's llama3 registry, a dense Qwen3 of its qwen3 registry
+FAMILIES = frozenset({"llama", "qwen3"})
+
+
 def flavor_name(spec: LlamaSpec) -> str:
     """A stable flavour name for ``spec``: the same spec always gets the same name."""
     digest = hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()
@@ -115,20 +120,37 @@ def rope_scaling(spec: LlamaSpec) -> dict[str, Any]:
 
 
 def register(spec: LlamaSpec) -> str:
-    """Register ``spec`` as a flavour of TorchTitan's llama3 model registry; returns its
-    name (``model_registry(name)`` then builds TorchTitan's ``ModelSpec`` for it)."""
-    from torchtitan.models.llama3 import llama3_configs
-
+    """Register ``spec`` as a flavour of TorchTitan's model registry of its family
+    (llama3 or qwen3); returns its name (that registry's ``model_registry(name)`` then
+    builds TorchTitan's ``ModelSpec`` for it). A family it cannot build yet is a
+    ``UsageError`` naming it."""
+    spec.require_family(FAMILIES, backend="torchtitan")
     name = flavor_name(spec)
-    llama3_configs.setdefault(name, partial(model_config, spec))
+    if spec.family == "qwen3":
+        from torchtitan.models.qwen3 import qwen3_configs
+
+        from baton.backends.torchtitan.qwen3 import qwen3_model_config
+
+        qwen3_configs.setdefault(name, partial(qwen3_model_config, spec))
+    else:
+        from torchtitan.models.llama3 import llama3_configs
+
+        llama3_configs.setdefault(name, partial(model_config, spec))
     return name
+
+
+def registry(spec: LlamaSpec) -> Any:
+    """The ``model_registry`` function of TorchTitan's model for ``spec``'s family."""
+    if spec.family == "qwen3":
+        from torchtitan.models.qwen3 import model_registry
+    else:
+        from torchtitan.models.llama3 import model_registry
+    return model_registry
 
 
 def use_spec(config: Any, spec: LlamaSpec) -> Any:
     """Make a ``Trainer.Config`` train ``spec``: the model and the loss's vocabulary."""
-    from torchtitan.models.llama3 import model_registry
-
-    config.model_spec = model_registry(register(spec))
+    config.model_spec = registry(spec)(register(spec))
     config.loss.loss_fn.global_vocab_size = spec.vocab_size
     return config
 

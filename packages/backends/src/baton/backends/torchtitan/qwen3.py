@@ -1,0 +1,86 @@
+"""A dense Qwen3 :class:`~baton.core.model_spec.ModelSpec` as TorchTitan's own ``qwen3``
+model: ``Qwen3Model`` made of TorchTitan's public config pieces (``make_gqa_config``
+with per-head RMSNorm on queries and keys, ``make_ffn_config``, ``CosSinRoPE``, Hugging
+Face's rotate-half rotary), registered as a flavour of ``torchtitan.models.qwen3``, so
+its parallelization and its state-dict adapter (``Qwen3StateDictAdapter``, which reads
+and writes Hugging Face's names) are TorchTitan's.
+
+Example::
+
+    config = qwen3_model_config(ModelSpec.from_hf("tiny-qwen3/"))   # Qwen3Model.Config
+    model = config.build()
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from baton.core.errors import UsageError
+from baton.core.model_spec import ModelSpec
+
+
+def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) -> Any:
+    """TorchTitan's ``Qwen3Model.Config`` for a dense Qwen3 ``spec`` (the signature of a
+    registry entry). A rotary scaling is refused: TorchTitan's cos/sin rotary has none."""
+    if spec.rope_scaling is not None:
+        raise UsageError(
+            "torchtitan cannot build a Qwen3 with rope_scaling (its cos/sin rotary has no "
+            "llama3 scaling); remove rope_scaling or train it with recipes/hf_finetune.py"
+        )
+    import torch.nn as nn
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.config_utils import (
+        get_attention_config,
+        make_ffn_config,
+        make_gqa_config,
+    )
+    from torchtitan.models.qwen3 import Qwen3Model
+    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+
+    dim = spec.hidden_size
+    linear = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
+    ones = {"weight": nn.init.ones_}
+    rope = CosSinRoPE.Config(dim=spec.head_dim, max_seq_len=spec.max_seq_len, theta=spec.rope_theta)
+
+    def norm(width: int) -> Any:
+        return RMSNorm.Config(normalized_shape=width, eps=spec.norm_eps, param_init=ones)
+
+    layers = [
+        Qwen3TransformerBlock.Config(
+            attention_norm=norm(dim),
+            ffn_norm=norm(dim),
+            attention=make_gqa_config(
+                dim=dim,
+                n_heads=spec.num_heads,
+                n_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                wqkv_param_init=linear,
+                wo_param_init=linear,
+                inner_attention=get_attention_config(attn_backend),
+                fuse_qkv=True,
+                rope=rope,
+                qk_norm=norm(spec.head_dim),
+            ),
+            feed_forward=make_ffn_config(
+                dim=dim,
+                hidden_dim=spec.ffn_hidden_size,
+                w1_param_init=linear,
+                w2w3_param_init=linear,
+            ),
+        )
+        for _ in range(spec.num_layers)
+    ]
+    return Qwen3Model.Config(
+        dim=dim,
+        vocab_size=spec.vocab_size,
+        enable_weight_tying=spec.tie_embeddings,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=spec.vocab_size,
+            embedding_dim=dim,
+            param_init={"weight": partial(nn.init.normal_, std=0.02)},
+        ),
+        norm=norm(dim),
+        lm_head=Linear.Config(in_features=dim, out_features=spec.vocab_size, param_init=linear),
+        layers=layers,
+    )

@@ -41,12 +41,13 @@ def save_tiny_qwen3(
     import transformers
 
     fields = {**TINY_QWEN3, **(TINY_EXPERTS if moe else {}), **shape}
+    torch.manual_seed(seed)
     if moe:
         config = transformers.Qwen3MoeConfig(vocab_size=vocab_size, **fields)
-        model_class = transformers.Qwen3MoeForCausalLM
+        model = transformers.Qwen3MoeForCausalLM(config)
     else:
-        config = transformers.Qwen3Config(vocab_size=vocab_size, **fields)
-        model_class = transformers.Qwen3ForCausalLM
-    torch.manual_seed(seed)
-    model_class(config).float().save_pretrained(directory)
+        model = transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(vocab_size=vocab_size, **fields)
+        )
+    model.float().save_pretrained(directory)
     return directory

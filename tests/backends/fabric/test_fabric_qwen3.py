@@ -60,7 +60,7 @@ def test_qwen3_init_from_trains_records_the_spec_and_exports(tmp_path, moe):
     # the first step's loss is transformers' loss of the source weights (with the
     # load-balancing term for the MoE): every weight arrived, experts included
     assert record.logs[1]["loss"] == pytest.approx(out.loss.item(), rel=1e-6)
-    spec = driver.settings["model_spec"]
+    spec = driver.options.settings["model_spec"]
     assert (spec["family"], spec["head_dim"]) == ("qwen3_moe" if moe else "qwen3", 32)
     if moe:
         assert spec["moe"]["num_experts"] == 4 and spec["moe"]["experts_per_token"] == 2

@@ -34,7 +34,7 @@ def test_qwen3_logits_equal_transformers_train_and_export(tmp_path):
         "--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "2",
         "--no-async-save", "--run-dir", str(tmp_path / "run"), "--no-progress",
     ])  # fmt: skip
-    assert driver.settings["model_spec"]["family"] == "qwen3"
+    assert driver.options.settings["model_spec"]["family"] == "qwen3"
     with torch.no_grad():
         expected = reference(tokens).logits
     torch.testing.assert_close(

@@ -61,7 +61,7 @@ def test_qwen3_logits_equal_transformers_and_init_from_starts_there(tmp_path):
     driver.callbacks.append(record)
     driver.fit()
     assert driver.backend.config.model_spec.name == "qwen3"
-    assert driver.settings["model_spec"]["family"] == "qwen3"
+    assert driver.options.settings["model_spec"]["family"] == "qwen3"
     inputs, labels = first_byte_batch(SEQ, BATCH)
     assert record.values[1] == pytest.approx(hf_loss(reference, inputs, labels), rel=1e-4)
 

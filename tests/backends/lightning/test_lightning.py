@@ -171,3 +171,46 @@ def test_hooks_baton_cannot_honour_are_listed():
     backend = LightningBackend(Manual(), config=FabricConfig(accelerator="cpu", grad_accum=2))
     with pytest.raises(ValueError, match="manual optimization"):
         backend.setup()  # as Trainer: manual optimization accumulates in training_step
+
+
+def test_a_checkpoint_recorded_as_fabric_resumes_when_it_holds_the_loop_state(tmp_path):
+    """Checkpoints written before the backend had its own name recorded ``fabric``: one
+    that holds the LightningModule loop's state resumes; another backend's name, or a
+    Fabric checkpoint without that state, is still refused."""
+    import json
+
+    from baton.backends.lightning.backend import holds_loop_state
+    from baton.core.errors import UsageError
+
+    def backend():
+        return LightningBackend(
+            lit.LitClassifier(),
+            datamodule=lit.BlobsDataModule(),
+            config=FabricConfig(accelerator="cpu"),
+        )
+
+    driver = Driver(backend(), max_steps=2, run_dir=tmp_path)
+    driver.options = driver.options.replace(save_on_stop=True)
+    driver.fit()
+    checkpoint = tmp_path / "checkpoints" / "step_000002"
+    meta_file = checkpoint / "baton.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["backend"]["name"] == "lightning"
+
+    def record_as(name: str) -> None:
+        meta["backend"]["name"] = name
+        meta_file.write_text(json.dumps(meta))
+
+    record_as("megatron")
+    with pytest.raises(UsageError, match="another run \\(backend 'megatron'"):
+        Driver(backend(), max_steps=3, run_dir=tmp_path, resume="auto").fit()
+
+    record_as("fabric")  # as an older version wrote it
+    steps = Losses()
+    Driver(backend(), [steps], max_steps=4, log_every=1, run_dir=tmp_path, resume="auto").fit()
+    assert sorted(steps.loss) == [3, 4]  # the loop's position came back with the weights
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    torch.save({"model": {}, "data": {}, "rng": {}}, plain / "state.pt")
+    assert holds_loop_state(checkpoint / "backend") and not holds_loop_state(plain)

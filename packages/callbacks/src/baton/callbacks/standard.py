@@ -93,14 +93,28 @@ def standard_callbacks(
         callbacks.append(Preemption())
     if throughput:
         callbacks.append(ThroughputMonitor())
+    logger = standard_logger(sinks, console_keys, wandb_project, wandb_mode)
+    if logger is not None:
+        callbacks.append(logger)
+    if progress:
+        callbacks.append(Progress())
+    callbacks.extend(extra)
+    return callbacks
+
+
+def standard_logger(
+    sinks: Sequence[str | Sink],
+    console_keys: Sequence[str] | None,
+    wandb_project: str | None,
+    wandb_mode: str | None,
+) -> Callback | None:
+    """The ``CompositeLogger`` of ``standard_callbacks``: ``sinks``, then W&B where a
+    project is given, then the console line (``console_keys``); ``None`` with no sink."""
     console = [ConsoleSink(console_keys)] if console_keys is not None else []
     wandb: list[Sink] = []
     if wandb_project:
         check_installed("wandb")
         wandb.append(WandbSink(project=wandb_project, mode=wandb_mode))
     if sinks or console or wandb:
-        callbacks.append(CompositeLogger([*sinks, *wandb, *console]))
-    if progress:
-        callbacks.append(Progress())
-    callbacks.extend(extra)
-    return callbacks
+        return CompositeLogger([*sinks, *wandb, *console])
+    return None

@@ -19,6 +19,13 @@ sides::
 A layout that differs is not refused by itself: the backend says whether its framework
 reshards it (``layout_refusal``). Checkpoints written before ``baton.json`` held these
 facts kept them in a backend's side file; ``legacy_facts`` reads it.
+
+A backend that got a name of its own after its checkpoints were recorded under another
+(the ``lightning`` backend's, once recorded as ``fabric``) claims them by what their
+native files hold (``ClaimsRenamedCheckpoints``); ``as_written_by`` then reads the
+recorded name as this backend's for the checks that compare names::
+
+    meta = as_written_by(backend, path, meta)   # {"backend": {"name": "lightning", ...}}
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from baton.core.checkpointing import BACKEND_DIR, CheckpointMismatch
+
+if TYPE_CHECKING:
+    from baton.core.backend import Backend
 
 #: the key of the record in ``baton.json``
 RECORD_KEY = "checkpoint"
@@ -74,6 +84,33 @@ class RecordsCheckpoint(Protocol):
     def layout_refusal(self, saved: Mapping[str, Any]) -> str | None: ...
 
     def legacy_facts(self, directory: Path) -> CheckpointFacts | None: ...
+
+
+@runtime_checkable
+class ClaimsRenamedCheckpoints(Protocol):
+    """A backend whose checkpoints an older version recorded under another backend name.
+
+    ``claims_checkpoint(saved_name, directory)``: whether the checkpoint recorded as
+    written by ``saved_name``, its native files in ``directory`` (the checkpoint's
+    ``backend/``), is this backend's own, told by what those files hold and never by the
+    name alone (the ``lightning`` backend claims a ``fabric`` checkpoint that holds its
+    loop's state, and no other).
+    """
+
+    def claims_checkpoint(self, saved_name: str, directory: Path) -> bool: ...
+
+
+def as_written_by(backend: Backend, path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` (the ``baton.json`` of the checkpoint at ``path``) with its recorded
+    backend name read as ``backend``'s where ``backend`` claims the checkpoint
+    (``ClaimsRenamedCheckpoints``); otherwise ``meta`` itself."""
+    saved = cast(dict[str, Any], meta.get("backend") or {})
+    name = saved.get("name")
+    if name is None or name == backend.name or not isinstance(backend, ClaimsRenamedCheckpoints):
+        return meta
+    if not backend.claims_checkpoint(str(name), path / BACKEND_DIR):
+        return meta
+    return {**meta, "backend": {**saved, "name": backend.name, "recorded_name": name}}
 
 
 def record(backend: object) -> dict[str, Any] | None:

@@ -338,33 +338,11 @@ def build_driver(
     kwargs, options, callbacks = parse_recipe_args(signature, argv, f"baton run {path}", recorded)
     added = callbacks.build()  # a bad name or argument stops here, before the recipe runs
     if options.print_config:
-        resolved = {
-            **kwargs,
-            **{
-                k: v
-                for k, v in dataclasses.asdict(options).items()
-                if k not in ("config", "print_config", "set", *CONFIG_CALLBACKS.values())
-            },
-        }
-        if options.set:
-            resolved["set"] = list(options.set)
-        resolved.update(callbacks.record(added))
-        print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
+        print_config(kwargs, options, callbacks.record(added))
         return None
-    try:
-        with planning(options.dry_run):
-            driver = (fn or load_recipe(path))(**kwargs)
-    except (ValueError, TypeError) as error:
-        if isinstance(error, UsageError):
-            raise
-        raise UsageError(f"recipe {path}: {error}") from None
+    driver = call_recipe(path, fn, kwargs, dry_run=options.dry_run)
     if driver is None:
         return None
-    if not isinstance(driver, Driver):
-        raise RecipeError(
-            f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
-            "end it with `return Driver(...)`"
-        )
     driver.callbacks = callbacks.apply(driver.callbacks, added)
     if options.console_keys is not None:
         apply_console_keys(driver.callbacks, options.console_keys)
@@ -381,7 +359,53 @@ def build_driver(
         return None
     settings.update({k: _setting_value(v) for k, v in kwargs.items()})
     settings.setdefault("recipe", str(path))
-    # the run's flags, where the recipe does not take a parameter of that name itself
+    driver.options = driver.options.replace(**run_flags(options, kwargs), settings=settings)
+    return driver
+
+
+def print_config(
+    kwargs: Mapping[str, Any], options: RecipeFlags, callbacks: Mapping[str, Any]
+) -> None:
+    """``--print-config``: the recipe's values, the run's flags and the callbacks added
+    and dropped, resolved, as YAML a ``--config`` file reads back."""
+    resolved = {
+        **kwargs,
+        **{
+            k: v
+            for k, v in dataclasses.asdict(options).items()
+            if k not in ("config", "print_config", "set", *CONFIG_CALLBACKS.values())
+        },
+    }
+    if options.set:
+        resolved["set"] = list(options.set)
+    resolved.update(callbacks)
+    print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
+
+
+def call_recipe(
+    path: Path, fn: Callable[..., Any] | None, kwargs: Mapping[str, Any], *, dry_run: bool
+) -> Driver | None:
+    """The recipe's ``Driver`` (``None`` if it returned none), loading the recipe if
+    ``fn`` is not loaded yet; a recipe's ``ValueError``/``TypeError`` is bad input, and
+    a return value that is not a ``Driver`` is the recipe's fault."""
+    try:
+        with planning(dry_run):
+            driver = (fn or load_recipe(path))(**kwargs)
+    except (ValueError, TypeError) as error:
+        if isinstance(error, UsageError):
+            raise
+        raise UsageError(f"recipe {path}: {error}") from None
+    if driver is not None and not isinstance(driver, Driver):
+        raise RecipeError(
+            f"{path}: {RECIPE_FUNCTION}() returned {type(driver).__name__}, not a Driver; "
+            "end it with `return Driver(...)`"
+        )
+    return driver
+
+
+def run_flags(options: RecipeFlags, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's flags the driver's options take, where the recipe does not take a
+    parameter of that name itself."""
     flags = {
         "resume": options.resume,
         "patches": options.patches,
@@ -390,9 +414,7 @@ def build_driver(
         "verify": options.verify,
         "checkpoint_upload": options.checkpoint_upload,
     }
-    flags = {k: v for k, v in flags.items() if k not in kwargs}
-    driver.options = driver.options.replace(**flags, settings=settings)
-    return driver
+    return {k: v for k, v in flags.items() if k not in kwargs}
 
 
 def _setting_value(value: Any) -> Any:

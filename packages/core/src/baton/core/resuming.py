@@ -36,7 +36,7 @@ from typing import Any, cast
 import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend, ChangesSettings
 from baton.core.callback import Callback
-from baton.core.checkpoint_record import check_record
+from baton.core.checkpoint_record import as_written_by, check_record
 from baton.core.errors import UsageError
 from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
@@ -229,8 +229,19 @@ class Resumer:
     # -- what may differ ----------------------------------------------------------------
     def check_compatible(self, path: Path, meta: dict[str, Any]) -> None:
         """Refuse a checkpoint written by a different setup (``backend.describe()``), on
-        other data or on a layout this run cannot load (``check_record``)."""
-        saved: dict[str, Any] = meta.get("backend", {})
+        other data or on a layout this run cannot load (``check_record``). A checkpoint
+        an older version recorded under this backend's former name is its own where the
+        backend claims it (``checkpoint_record.as_written_by``)."""
+        meta = as_written_by(self.backend, path, meta)
+        saved: dict[str, Any] = dict(meta.get("backend", {}))
+        former = saved.pop("recorded_name", None)
+        if former is not None:
+            log.info(
+                "checkpoint %s recorded backend %r, this backend's former name: resuming it as %r",
+                path,
+                former,
+                self.backend.name,
+            )
         current = {"name": self.backend.name, **self.backend.describe()}
         diffs = [
             line
@@ -255,6 +266,7 @@ class Resumer:
         An allowed change that neither the backend nor the driver applies is refused.
         """
         self._settings_checked = path
+        meta = as_written_by(self.backend, path, meta)
         options = self.options
         names = options.training_settings | self.backend.training_settings
         # identity first (another experiment's directory), then the model, then settings

@@ -396,6 +396,32 @@ def _submit(sbatch: str, script: str, script_path: Path, output_dir: Path) -> in
     return 0
 
 
+def _job_spec(
+    args: argparse.Namespace, recipe_args: Sequence[str], backend: str, run_dir: str
+) -> JobSpec:
+    """The job ``baton submit``'s flags describe, for a recipe of ``backend`` writing
+    to ``run_dir``; SLURM's output goes to ``run_dir/slurm``."""
+    return JobSpec(
+        recipe=str(Path(args.recipe).absolute()),
+        recipe_args=tuple(recipe_args),
+        backend=backend,
+        run_dir=run_dir,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        procs_per_node=args.procs_per_node,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        job_name=args.job_name or Path(args.recipe).stem,
+        signal_lead_s=args.signal_lead,
+        cpus_per_task=args.cpus_per_task,
+        mem=args.mem,
+        output_dir=str(Path(run_dir).absolute() / "slurm"),
+        workdir=str(Path.cwd()),
+        extra_sbatch=tuple(args.sbatch_arg),
+    )
+
+
 def main(argv: Sequence[str]) -> int:
     parser = _parser()
     args, recipe_args = parser.parse_known_args(list(argv))
@@ -420,26 +446,8 @@ def main(argv: Sequence[str]) -> int:
         if backend not in TORCH_BACKENDS | JAX_BACKENDS:
             raise SubmitError(f"backend {backend!r} has no SLURM launch; known: fabric, "
                               "torchtitan, megatron (torchrun), maxtext, jax (jax.distributed)")  # fmt: skip
-        output_dir = Path(run_dir).absolute() / "slurm"
-        spec = JobSpec(
-            recipe=str(Path(args.recipe).absolute()),
-            recipe_args=tuple(recipe_args),
-            backend=backend,
-            run_dir=run_dir,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            procs_per_node=args.procs_per_node,
-            time=args.time,
-            partition=args.partition,
-            account=args.account,
-            job_name=args.job_name or Path(args.recipe).stem,
-            signal_lead_s=args.signal_lead,
-            cpus_per_task=args.cpus_per_task,
-            mem=args.mem,
-            output_dir=str(output_dir),
-            workdir=str(Path.cwd()),
-            extra_sbatch=tuple(args.sbatch_arg),
-        )
+        spec = _job_spec(args, recipe_args, backend, run_dir)
+        output_dir = Path(spec.output_dir)
         script = batch_script(spec)
         check_layout(spec.recipe, recipe_args, spec, plans=plans)
     except SubmitError as error:

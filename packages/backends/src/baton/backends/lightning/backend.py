@@ -37,6 +37,7 @@ from baton.backends.fabric.backend import FabricBackend
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.stream import count_batch
+from baton.backends.fabric.weights import STATE_FILE
 from baton.backends.lightning.loop import LightningLoop
 from baton.backends.lightning.manual import check_manual
 from baton.backends.lightning.stream import EpochStream
@@ -380,8 +381,14 @@ class LightningBackend(FabricBackend):
             checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
         self.module.on_save_checkpoint(checkpoint)
         state["lightning"] = checkpoint
-        state["lightning_loop"] = self.loop.state_dict()
+        state[LOOP_STATE] = self.loop.state_dict()
         return state
+
+    def claims_checkpoint(self, saved_name: str, directory: Path) -> bool:
+        """A checkpoint recorded as ``fabric`` (as this backend's were before it had its
+        own name) is this backend's when it holds the LightningModule loop's state
+        (``baton.core.checkpoint_record.ClaimsRenamedCheckpoints``)."""
+        return saved_name == FORMER_NAME and holds_loop_state(directory)
 
     def _load_extra_state(self, remainder: dict[str, Any]) -> None:
         super()._load_extra_state(remainder)
@@ -391,8 +398,8 @@ class LightningBackend(FabricBackend):
             if key in checkpoint:
                 self.datamodule.load_state_dict(checkpoint[key])
         self.module.on_load_checkpoint(checkpoint)
-        if "lightning_loop" in remainder:
-            self.loop.load_state_dict(remainder["lightning_loop"])
+        if LOOP_STATE in remainder:
+            self.loop.load_state_dict(remainder[LOOP_STATE])
 
     def teardown(self) -> None:
         if self.fabric is None:
@@ -401,6 +408,29 @@ class LightningBackend(FabricBackend):
         if self.datamodule is not None:
             self.datamodule.teardown("fit")
         self.module.teardown("fit")
+
+
+#: the backend name this backend's checkpoints recorded before it had its own
+FORMER_NAME = "fabric"
+#: the state entry of the LightningModule loop (``LightningLoop.state_dict``)
+LOOP_STATE = "lightning_loop"
+#: where a sharded (FSDP) Fabric checkpoint keeps its plain values, beside the shards
+SHARDED_VALUES_FILE = "meta.pt"
+
+
+def holds_loop_state(directory: Path) -> bool:
+    """Whether the Fabric checkpoint in ``directory`` (a checkpoint's ``backend/``) holds
+    the LightningModule loop's state: a plain Fabric run's never does. Tensors are
+    memory-mapped, not read; the checkpoint is unpickled as ``fabric.load`` would."""
+    import torch
+
+    file = Path(directory) / STATE_FILE
+    if file.is_dir():
+        file = file / SHARDED_VALUES_FILE
+    if not file.is_file():
+        return False
+    state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
+    return isinstance(state, dict) and LOOP_STATE in state
 
 
 def check_callbacks(callbacks: Sequence[Any]) -> list[Any]:

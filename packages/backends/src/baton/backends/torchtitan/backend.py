@@ -27,7 +27,7 @@ Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
 history) and points it at baton's directory for each save. ``checkpoint.async_mode``
 (``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous; the second stages
 the copy on a thread while the next step runs forward and backward (on a CPU-only
-machine without pinned memory, see ``_stage_without_accelerator``). A checkpoint
+machine without pinned memory, see ``checkpoint_io.stage_without_accelerator``). A checkpoint
 saved on another layout loads through DCP's resharding (see ``layout_refusal``); the
 layout, samples consumed and the rest of ``checkpoint_facts`` go into ``baton.json``.
 
@@ -40,11 +40,9 @@ TorchTitan's initial load path reads the model weights only
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -53,10 +51,15 @@ from typing import Any
 import torch
 
 from baton.backends import torch_distributed
-from baton.backends.async_save import FuturePendingSave
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torch_model_state import TorchModelState
 from baton.backends.torchtitan.capture import StepCapture
+from baton.backends.torchtitan.checkpoint_io import (
+    RESHARD_DATA,
+    DcpSave,
+    TitanCheckpointIO,
+    stage_without_accelerator,
+)
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.plan import parallelism_plan
@@ -87,28 +90,6 @@ class RankLocal:
 def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's global value (its ``full_tensor()``); a plain tensor as it is."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-class DcpSave(FuturePendingSave):
-    """An asynchronous DCP save in flight through TorchTitan's ``CheckpointManager``:
-    its future, and the manager's own wait (staging, the writer process) on ``wait``."""
-
-    def __init__(self, future: Future[Any], checkpointer: Any) -> None:
-        super().__init__(future)
-        self.checkpointer = checkpointer
-
-    def _join(self) -> None:
-        self.checkpointer.maybe_wait_for_saving()
-        super()._join()
-
-
-#: what ``load`` does when the data-parallel degree changed: TorchTitan's data loader
-#: state is per data-parallel rank and does not reshard
-RESHARD_DATA = ("refuse", "restart")
-#: the side file checkpoints held before ``baton.json`` recorded their layout (read only)
-LEGACY_LAYOUT_FILE = "layout.json"
-#: the parallel degrees a layout is made of, as ``ParallelDims`` names them
-LAYOUT_KEYS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
 def launch_env(launch: Launch) -> dict[str, str]:
@@ -152,9 +133,7 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             )
         self.config = config
         self.reshard_data = reshard_data
-        #: the next ``load`` leaves the data loader out (``layout_refusal`` accepted a
-        #: change of data-parallel ranks with ``reshard_data="restart"``)
-        self._restart_data = False
+        self.checkpoints = TitanCheckpointIO(self)
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._model_state: TorchModelState | None = None
@@ -235,26 +214,9 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
             )
         self._capture = StepCapture(trainer)
         if cfg.checkpoint.async_mode == "async_with_pinned_mem":
-            self._stage_without_accelerator(trainer.checkpointer)
+            stage_without_accelerator(trainer.checkpointer)
         if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
-
-    @staticmethod
-    def _stage_without_accelerator(checkpointer: Any) -> None:
-        """``async_with_pinned_mem`` on a machine with no accelerator.
-
-        TorchTitan's stager copies with pinned memory and non-blocking copies, which DCP
-        refuses without an accelerator. Given a stager of the same kind (staging on its
-        own thread, into shared memory for the writer process) minus those two, the copy
-        overlaps the next step's forward and backward exactly as on a GPU: TorchTitan's
-        ``train_step`` waits for it before the optimizer changes the weights. Its copies
-        release the interpreter lock (``cpu_staging``), so the loop is not held up.
-        """
-        from baton.backends.torchtitan.cpu_staging import cpu_stager
-
-        if torch.accelerator.is_available() or getattr(checkpointer, "stager", 0) is not None:
-            return
-        checkpointer.stager = cpu_stager(shared_memory=True)
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
@@ -411,92 +373,28 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         why = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
         return {"weight_checksums": why} if why else {}
 
-    # -- checkpoints ------------------------------------------------------------------
+    # -- checkpoints: TitanCheckpointIO (checkpoint_io.py) ------------------------------
     def layout(self) -> dict[str, int]:
         """This run's parallel layout as TorchTitan resolved it, and its world size."""
-        dims = self.trainer.parallel_dims
-        facts = {key: int(getattr(dims, key)) for key in LAYOUT_KEYS}
-        return {**facts, "world_size": int(dims.world_size)}
+        return self.checkpoints.layout()
 
     def checkpoint_facts(self) -> CheckpointFacts:
-        """The layout, and the samples of the optimizer steps taken (TorchTitan's data
-        loader keeps its own position; the data has no fingerprint here)."""
-        dims = self.trainer.parallel_dims
-        training = self.trainer.config.training
-        per_step = int(getattr(training, "global_batch_size", -1) or -1)
-        if per_step <= 0:
-            per_step = int(training.local_batch_size) * int(dims.dp_replicate * dims.dp_shard)
-        return CheckpointFacts(self.layout(), samples=int(self.trainer.step) * per_step)
+        return self.checkpoints.facts()
 
     def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        """DCP reshards weights, optimizer and schedule onto any layout; TorchTitan's
-        data-loader position is per data-parallel rank and moves only while
-        ``dp_replicate x dp_shard`` stays. Otherwise ``reshard_data="refuse"`` (the
-        default) refuses, and ``"restart"`` makes the next ``load`` leave the data
-        loader at the beginning of its data."""
-        self._restart_data = False
-        now = self.layout()
-        before = int(saved.get("dp_replicate", 1)) * int(saved.get("dp_shard", 1))
-        after = now["dp_replicate"] * now["dp_shard"]
-        if before == after:
-            logger.info("resharding checkpoint from %s to %s", dict(saved), now)
-            return None
-        if self.reshard_data == "refuse":
-            return (
-                "DCP reshards weights, optimizer and schedule, but TorchTitan's data-loader "
-                f"position is per data-parallel rank and cannot move from {before} to "
-                f"{after} data-parallel ranks: keep dp_replicate x dp_shard = {before}, or "
-                "pass TorchTitanBackend(..., reshard_data='restart') to restart the data "
-                "from its beginning"
-            )
-        logger.warning(
-            "resharding checkpoint from %s to %s; the data loader restarts from the beginning "
-            "of its data (reshard_data='restart')",
-            dict(saved),
-            now,
-        )
-        self._restart_data = True
-        return None
+        return self.checkpoints.layout_refusal(saved)
 
     def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        """``layout.json``, written beside the DCP state before ``baton.json`` recorded it."""
-        file = Path(directory) / LEGACY_LAYOUT_FILE
-        return CheckpointFacts(json.loads(file.read_text())) if file.is_file() else None
+        return self.checkpoints.legacy_facts(directory)
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
         """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
-        checkpointer = self.trainer.checkpointer
-        checkpointer.maybe_wait_for_saving()
-        checkpointer.folder = str(directory)
-        checkpointer.save(curr_step=self.trainer.step, last_step=False)
-        future = checkpointer.save_future
-        if future is None:
-            return None
-        if asynchronous:
-            return DcpSave(future, checkpointer)
-        checkpointer.maybe_wait_for_saving()
-        return None
+        return self.checkpoints.save(directory, asynchronous=asynchronous)
 
     def load(self, directory: Path) -> None:
-        """Restore model, optimizer, scheduler, data loader and step from ``save``'s output.
-
-        A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
-        DCP's resharding, once core has asked ``layout_refusal`` (which may leave the
-        data loader out of this load: ``reshard_data="restart"``).
-        """
-        checkpointer = self.trainer.checkpointer
-        checkpointer.folder = str(directory)
-        step = checkpointer._find_load_step()
-        if step < 0:
-            raise FileNotFoundError(f"no TorchTitan checkpoint (step-N folder) in {directory}")
-        excluded = list(checkpointer.exclude_from_loading)
-        if self._restart_data and "dataloader" not in excluded:
-            checkpointer.exclude_from_loading = [*excluded, "dataloader"]
-        try:
-            checkpointer.load(step=step)
-        finally:
-            checkpointer.exclude_from_loading = excluded
-            self._restart_data = False
+        """Restore model, optimizer, scheduler, data loader and step from ``save``'s
+        output (through DCP's resharding onto this layout, ``layout_refusal``)."""
+        self.checkpoints.load(directory)
         self._batches = None  # a fresh iterator over the restored loader state
 
     # -- end --------------------------------------------------------------------------

@@ -102,6 +102,42 @@ def _fused_qkv(part: Any) -> dict[int, tuple[int, int]]:
     return fused
 
 
+def _whole_kv_groups(entry: Entry, group_rows: int) -> slice:
+    """The KV groups of ``entry``'s rows this rank holds (each ``group_rows`` rows of the
+    fused ``wqkv``); a shard that splits a group is refused, naming the fix."""
+    rows = entry.index[0]
+    if rows.start % group_rows or (rows.stop % group_rows and rows.stop != rows.start):
+        raise ValueError(
+            f"model_state: this rank holds rows {rows.start}:{rows.stop} of {entry.name}, "
+            f"which splits a KV group of {group_rows} rows; use a data or tensor parallel "
+            "degree that divides the number of KV heads"
+        )
+    return slice(rows.start // group_rows, rows.stop // group_rows)
+
+
+def _qkv_views(
+    heads_per_kv: int, head_dim: int
+) -> tuple[Callable[[Any], Any], Callable[[Any], Any], Callable[[Any], Any]]:
+    """The query, key and value views of a fused ``wqkv`` tensor (or a shard of whole KV
+    groups): its rows grouped by KV head, and the query and key rows' rotary order
+    undone by strides (``qkv_parts``)."""
+    half = head_dim // 2
+
+    def grouped(t: Any) -> Any:
+        return t.view(-1, heads_per_kv + 2, head_dim, *t.shape[1:])
+
+    def q_view(t: Any) -> Any:
+        return grouped(t)[:, :heads_per_kv].unflatten(2, (half, 2)).transpose(2, 3)
+
+    def k_view(t: Any) -> Any:
+        return grouped(t)[:, heads_per_kv].unflatten(1, (half, 2)).transpose(1, 2)
+
+    def v_view(t: Any) -> Any:
+        return grouped(t)[:, heads_per_kv + 1]
+
+    return q_view, k_view, v_view
+
+
 def qkv_parts(
     entry: Entry, heads_per_kv: int, head_dim: int, to_hf: Callable[[str], str]
 ) -> list[Entry]:
@@ -122,32 +158,13 @@ def qkv_parts(
     whole KV groups (FSDP and TP split the rows by group when their degree divides the
     number of KV heads; another split is refused)."""
     group_rows = (heads_per_kv + 2) * head_dim
-    rows = entry.index[0]
-    if rows.start % group_rows or (rows.stop % group_rows and rows.stop != rows.start):
-        raise ValueError(
-            f"model_state: this rank holds rows {rows.start}:{rows.stop} of {entry.name}, "
-            f"which splits a KV group of {group_rows} rows; use a data or tensor parallel "
-            "degree that divides the number of KV heads"
-        )
-    groups = slice(rows.start // group_rows, rows.stop // group_rows)
+    groups = _whole_kv_groups(entry, group_rows)
     n_kv = entry.global_shape[0] // group_rows
     tail_shape, tail_index = entry.global_shape[1:], entry.index[1:]
     half = head_dim // 2
     base = entry.name.removesuffix(".wqkv.weight").removesuffix(".wqkv.bias")
     param = entry.name.rsplit(".", 1)[1]
-
-    def grouped(t: Any) -> Any:
-        return t.view(-1, heads_per_kv + 2, head_dim, *t.shape[1:])
-
-    def q_view(t: Any) -> Any:
-        return grouped(t)[:, :heads_per_kv].unflatten(2, (half, 2)).transpose(2, 3)
-
-    def k_view(t: Any) -> Any:
-        return grouped(t)[:, heads_per_kv].unflatten(1, (half, 2)).transpose(1, 2)
-
-    def v_view(t: Any) -> Any:
-        return grouped(t)[:, heads_per_kv + 1]
-
+    q_view, k_view, v_view = _qkv_views(heads_per_kv, head_dim)
     every = (slice(0, 2), slice(0, half))
     parts = (
         ("q", q_view, (n_kv, heads_per_kv, 2, half), (groups, slice(0, heads_per_kv), *every)),

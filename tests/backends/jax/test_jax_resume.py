@@ -57,6 +57,7 @@ def test_resume_in_fresh_process_matches_uninterrupted_run_without_torch(tmp_pat
         "step": SAVE_AT,
         "samples": SAVE_AT * 8,
         "data": {"epoch": 0, "consumed": SAVE_AT},
+        "lr_scale": 1.0,  # no callback set a learning rate
     }
     meta = json.loads((checkpoint / "baton.json").read_text())
     assert meta["checkpoint"] == {"layout": {"processes": 1}, "samples": SAVE_AT * 8, "data": ""}

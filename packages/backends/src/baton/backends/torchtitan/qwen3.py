@@ -20,6 +20,60 @@ from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
 
 
+def _init(std: float = 0.02) -> dict[str, Any]:
+    """TorchTitan's parameter initialisers of a linear layer (normal weight, zero bias)."""
+    import torch.nn as nn
+
+    return {"weight": partial(nn.init.normal_, std=std), "bias": nn.init.zeros_}
+
+
+def _norm(spec: ModelSpec, width: int) -> Any:
+    """An RMSNorm over ``width`` with the spec's epsilon, initialised to ones."""
+    import torch.nn as nn
+    from torchtitan.models.common import RMSNorm
+
+    return RMSNorm.Config(
+        normalized_shape=width, eps=spec.norm_eps, param_init={"weight": nn.init.ones_}
+    )
+
+
+def _block(spec: ModelSpec, attn_backend: str) -> Any:
+    """One Qwen3 transformer block: grouped-query attention with per-head RMSNorm on
+    queries and keys (fused QKV, cos/sin rotary) and a SwiGLU feed-forward."""
+    from torchtitan.models.common import CosSinRoPE
+    from torchtitan.models.common.config_utils import (
+        get_attention_config,
+        make_ffn_config,
+        make_gqa_config,
+    )
+    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+
+    dim = spec.hidden_size
+    rope = CosSinRoPE.Config(dim=spec.head_dim, max_seq_len=spec.max_seq_len, theta=spec.rope_theta)
+    return Qwen3TransformerBlock.Config(
+        attention_norm=_norm(spec, dim),
+        ffn_norm=_norm(spec, dim),
+        attention=make_gqa_config(
+            dim=dim,
+            n_heads=spec.num_heads,
+            n_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            wqkv_param_init=_init(),
+            wo_param_init=_init(),
+            inner_attention=get_attention_config(attn_backend),
+            fuse_qkv=True,
+            rope=rope,
+            qk_norm=_norm(spec, spec.head_dim),
+        ),
+        feed_forward=make_ffn_config(
+            dim=dim,
+            hidden_dim=spec.ffn_hidden_size,
+            w1_param_init=_init(),
+            w2w3_param_init=_init(),
+        ),
+    )
+
+
 def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) -> Any:
     """TorchTitan's ``Qwen3Model.Config`` for a dense Qwen3 ``spec`` (the signature of a
     registry entry). A rotary scaling is refused: TorchTitan's cos/sin rotary has none."""
@@ -29,48 +83,10 @@ def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) ->
             "llama3 scaling); remove rope_scaling or train it with recipes/hf_finetune.py"
         )
     import torch.nn as nn
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
-    from torchtitan.models.common.config_utils import (
-        get_attention_config,
-        make_ffn_config,
-        make_gqa_config,
-    )
+    from torchtitan.models.common import Embedding, Linear
     from torchtitan.models.qwen3 import Qwen3Model
-    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 
     dim = spec.hidden_size
-    linear = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
-    ones = {"weight": nn.init.ones_}
-    rope = CosSinRoPE.Config(dim=spec.head_dim, max_seq_len=spec.max_seq_len, theta=spec.rope_theta)
-
-    def norm(width: int) -> Any:
-        return RMSNorm.Config(normalized_shape=width, eps=spec.norm_eps, param_init=ones)
-
-    layers = [
-        Qwen3TransformerBlock.Config(
-            attention_norm=norm(dim),
-            ffn_norm=norm(dim),
-            attention=make_gqa_config(
-                dim=dim,
-                n_heads=spec.num_heads,
-                n_kv_heads=spec.num_kv_heads,
-                head_dim=spec.head_dim,
-                wqkv_param_init=linear,
-                wo_param_init=linear,
-                inner_attention=get_attention_config(attn_backend),
-                fuse_qkv=True,
-                rope=rope,
-                qk_norm=norm(spec.head_dim),
-            ),
-            feed_forward=make_ffn_config(
-                dim=dim,
-                hidden_dim=spec.ffn_hidden_size,
-                w1_param_init=linear,
-                w2w3_param_init=linear,
-            ),
-        )
-        for _ in range(spec.num_layers)
-    ]
     return Qwen3Model.Config(
         dim=dim,
         vocab_size=spec.vocab_size,
@@ -80,7 +96,7 @@ def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) ->
             embedding_dim=dim,
             param_init={"weight": partial(nn.init.normal_, std=0.02)},
         ),
-        norm=norm(dim),
-        lm_head=Linear.Config(in_features=dim, out_features=spec.vocab_size, param_init=linear),
-        layers=layers,
+        norm=_norm(spec, dim),
+        lm_head=Linear.Config(in_features=dim, out_features=spec.vocab_size, param_init=_init()),
+        layers=[_block(spec, attn_backend) for _ in range(spec.num_layers)],
     )

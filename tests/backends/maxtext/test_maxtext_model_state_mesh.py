@@ -42,7 +42,7 @@ def mesh_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_sharded_gradient_norms_equal_transformers(mesh_report):
-    from baton.backends.maxtext.data import TextBatches, TextCorpus
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
     assert mesh_report["mesh"]["fsdp"] == 2 and mesh_report["mesh"]["tensor"] == 2
     assert "fsdp" in mesh_report["sharding"] or "tensor" in mesh_report["sharding"]

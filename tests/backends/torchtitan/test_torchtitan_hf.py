@@ -66,7 +66,7 @@ def test_init_from_hf_first_loss_equals_transformers(hf_run):
     tokens, labels = first_byte_batch(SEQ, BATCH)
     expected = hf_loss(load_llama(hf_run["hf_dir"]), tokens, labels)
     assert hf_run["losses"][1] == pytest.approx(expected, rel=1e-4)
-    spec = hf_run["driver"].settings["model_spec"]
+    spec = hf_run["driver"].options.settings["model_spec"]
     assert (spec["vocab_size"], spec["num_kv_heads"], spec["ffn_hidden_size"]) == (VOCAB, 2, 176)
 
 

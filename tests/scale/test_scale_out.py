@@ -98,7 +98,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 def _submit(cluster: SlurmCluster, run_dir: Path, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "baton.core.cli", "submit", str(RECIPE), "--run-dir",
-         str(run_dir), "--max-steps", str(STEPS), "--procs-per-node", "2", *args],
+         str(run_dir), "--max-steps", str(STEPS), "--procs-per-node", "2",
+         # the one test node's cores and memory, not baton submit's per-worker defaults
+         "--cpus-per-task", str(cluster.cpus), "--mem", "0", *args],
         env=cluster.env(_env()), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -97,6 +97,25 @@ STANDARD_METRICS: dict[str, tuple[str, str]] = {
         "1.0 when the optimizer skipped the step (a non-finite gradient)",
         "Megatron-Core",
     ),
+    "moe/aux_loss": (
+        "a mixture-of-experts model's load-balancing loss as the backend adds it to the "
+        "loss (coefficient included; summed over the MoE layers), on log steps",
+        "every backend training a Qwen3-MoE",
+    ),
+    "moe/z_loss": (
+        "the router z-loss as the backend adds it to the loss, where the model has one",
+        "backends whose MoE router adds a z-loss",
+    ),
+    "moe/load_balance": (
+        "the expert load balance of the step: tokens routed to the busiest expert over the "
+        "mean tokens per expert (1.0 is perfect balance), the largest over MoE layers",
+        "every backend training a Qwen3-MoE",
+    ),
+    "moe/dropped_fraction": (
+        "the fraction of routed token slots dropped by a capacity factor (0.0 when the "
+        "router is dropless)",
+        "backends whose router has a capacity factor",
+    ),
     "tokens": ("tokens trained on so far, all ranks together", "the driver"),
     "samples": ("samples trained on so far, all ranks together", "the driver"),
     "train_time_s": ("training wall time so far, over every resume", "the driver"),

@@ -41,6 +41,7 @@ from baton.core.callback import (
     STOP_REQUEST_PRIORITY,
     Callback,
 )
+from baton.core.checkpoint_io import CheckpointIO, UsesCheckpointIO
 from baton.core.checkpoint_record import CheckpointFacts, RecordsCheckpoint
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
@@ -73,6 +74,7 @@ __all__ = [
     "ChangesSettings",
     "CheckpointError",
     "CheckpointFacts",
+    "CheckpointIO",
     "Control",
     "DataExhausted",
     "Driver",
@@ -93,6 +95,7 @@ __all__ = [
     "StepOutput",
     "UnknownNameError",
     "UsageError",
+    "UsesCheckpointIO",
     "UsesRunDir",
     "UsesRunLimits",
     "abilities",

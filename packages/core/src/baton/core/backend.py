@@ -67,7 +67,15 @@ driver's limits before ``setup`` through ``use_run_limits(RunLimits(...))`` (the
 A backend records the facts its checkpoints depend on (the parallel layout, the data
 position in global samples, the data's fingerprint) and says whether a saved layout
 loads on its own through ``RecordsCheckpoint`` (``baton.core.checkpoint_record``): core
-writes them into ``baton.json`` and alone compares them on resume.
+writes them into ``baton.json`` and alone compares them on resume. A backend keeps all
+of its checkpoint I/O in one object, a ``CheckpointIO`` (``baton.core.checkpoint_io``:
+``save``, ``load``, ``facts``, ``layout_refusal``, ``legacy_facts``) held as
+``self.checkpoints``; inheriting ``UsesCheckpointIO`` gives it ``save``, ``load`` and the
+``RecordsCheckpoint`` methods, each handing over to that object::
+
+    class MyBackend(UsesCheckpointIO[MyCheckpointIO], BackendBase):
+        def __init__(self) -> None:
+            self.checkpoints = MyCheckpointIO(self)   # reads the engine's state when called
 """
 
 from __future__ import annotations

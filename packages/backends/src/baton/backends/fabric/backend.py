@@ -30,16 +30,23 @@ under their own names beside ``loss`` (and averaged over evaluation batches).
 
 from __future__ import annotations
 
-import atexit
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from baton.backends import torch_distributed
+from baton.backends.fabric.build import (
+    ModelFactory,
+    OptimizerFactory,
+    build_model,
+    is_sharded,
+    launch_fabric,
+    make_fabric,
+    setup_model_and_optimizer,
+)
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.checkpoint import (
     FabricCheckpointIO,
@@ -48,42 +55,29 @@ from baton.backends.fabric.checkpoint import (
     rng_state,
     with_every_rank,
 )
-from baton.backends.fabric.config import FabricConfig, fabric_arguments
+from baton.backends.fabric.config import FabricConfig
+from baton.backends.fabric.evaluation import evaluate_batches
 from baton.backends.fabric.model_state import FabricModelState
-from baton.backends.fabric.replay import FabricCorruptionChecks, StepReplay
-from baton.backends.fabric.step import (
-    BatchError,
-    call_model,
-    check_loss,
-    describe_batch,
-    split_loss,
-)
+from baton.backends.fabric.replay import FabricCorruptionChecks
+from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
 from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
-from baton.core.backend import BackendBase, PendingSave
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.backend import BackendBase
+from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
 
-ModelFactory = Callable[[], nn.Module]
-OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
-StepFn = Callable[[nn.Module, Any], Any]
 
 #: also importable from here (``LightningBackend`` and older code import them so)
 __all__ = ["BatchError", "FabricBackend", "FabricConfig", "split_loss"]
 
 
-def _destroy_process_group() -> None:
-    """Destroy the default process group if it still exists (at interpreter exit)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 class FabricBackend(
-    torch_distributed.TorchDistributed, FabricModelState, FabricCorruptionChecks, BackendBase
+    UsesCheckpointIO[FabricCheckpointIO],
+    torch_distributed.TorchDistributed,
+    FabricModelState,
+    BackendBase,
 ):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
@@ -103,6 +97,11 @@ class FabricBackend(
         flops_per_token: training FLOPs per token for MFU (default: 6 x parameters).
         describe: facts recorded in checkpoints; a resume with different ones fails.
         config: a ``FabricConfig``; keyword ``overrides`` set its fields.
+
+    Beside the step it owns its checkpoint I/O (``checkpoints``, ``fabric/checkpoint.py``),
+    its corruption checks (``corruption``, ``fabric/replay.py``) and the model-state view
+    (``fabric/model_state.py``); evaluation is ``fabric/evaluation.py``, building the
+    model and optimizer ``fabric/build.py``.
     """
 
     name = "fabric"
@@ -148,12 +147,12 @@ class FabricBackend(
         self.scheduler: Any = None
         self.stream: LoaderStream | None = None
         self._num_params = 0
-        self._checked = False
+        self._losses: BatchLoss | None = None
         self._as_built: AsBuilt | None = None
-        self._checkpoints: FabricCheckpointIO | None = None
+        self.checkpoints = FabricCheckpointIO(self)
+        self._corruption: FabricCorruptionChecks | None = None
         #: training samples every rank drew together (the data position core records)
         self.samples_consumed = 0
-        self.replay = StepReplay()
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -186,26 +185,20 @@ class FabricBackend(
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
         self.config.check()
-        self.fabric = self._make_fabric()
-        if Launch.from_env().source == "torchrun":
-            # baton's group (safe across torchrun's elastic restarts); Fabric then uses it.
-            # Like Fabric's own, it outlives the run (collectives after fit, a next run in
-            # the same process); an NCCL group is destroyed at exit, as Fabric does.
-            backend = "nccl" if self.fabric.device.type == "cuda" else "gloo"
-            self.init_process_group(backend)
-            if backend == "nccl":
-                atexit.register(_destroy_process_group)
-        self.fabric.launch()
+        self.fabric = launch_fabric(self._make_fabric(), join_group=self.init_process_group)
         self._device = self.fabric.device
         if self.config.seed is not None:
             from lightning.fabric.utilities.seed import seed_everything
 
             seed_everything(self.config.seed, verbose=False)
-        self.raw_model = self._build_model()
+        sharded = self._sharded()
+        self.raw_model = build_model(self.fabric, self.model_source, sharded=sharded)
         self._num_params = sum(p.numel() for p in self.raw_model.parameters())
         if self.config.init_from:
             load_weights(self.raw_model, self.config.init_from)
-        self.model, self.optimizer = self._setup_model_and_optimizer(self.raw_model)
+        self.model, self.optimizer = setup_model_and_optimizer(
+            self.fabric, self.raw_model, self.optimizer_source, sharded=sharded
+        )
         self.scheduler = (
             self.scheduler_source(self.optimizer) if self.scheduler_source is not None else None
         )
@@ -216,55 +209,11 @@ class FabricBackend(
         """The learning-rate schedulers stepped with the optimizer."""
         return [self.scheduler] if self.scheduler is not None else []
 
-    def _fabric_class(self) -> type:
-        from lightning.fabric import Fabric
-
-        return Fabric
-
     def _make_fabric(self) -> Any:
-        return self._fabric_class()(**fabric_arguments(self.config, Launch.from_env()))
+        return make_fabric(self.config)
 
     def _sharded(self) -> bool:
-        from lightning.fabric.strategies import FSDPStrategy, ModelParallelStrategy
-
-        return isinstance(self.fabric.strategy, FSDPStrategy | ModelParallelStrategy)
-
-    def _build_model(self) -> nn.Module:
-        source = self.model_source
-        if source is None:
-            raise ValueError("FabricBackend needs a model: an nn.Module or a factory returning one")
-        if isinstance(source, nn.Module):
-            return source
-        if self._sharded():
-            with self.fabric.init_module(empty_init=True):
-                model = source()
-        else:
-            model = source()
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")
-        return model
-
-    def _setup_model_and_optimizer(self, model: nn.Module) -> tuple[Any, Any]:
-        source = self.optimizer_source
-        if source is None:
-            raise ValueError(
-                "FabricBackend needs an optimizer: optimizer=lambda model: "
-                "torch.optim.AdamW(model.parameters(), lr=1e-3)"
-            )
-        if isinstance(source, torch.optim.Optimizer):
-            if self._sharded():
-                raise ValueError(
-                    "a sharded strategy builds the optimizer after the model is sharded: pass "
-                    "an optimizer factory (optimizer=lambda model: AdamW(model.parameters()))"
-                )
-            return self.fabric.setup(model, source)
-        wrapped = self.fabric.setup_module(model)
-        optimizer = source(wrapped)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"the optimizer factory returned {type(optimizer).__name__}, not a torch optimizer"
-            )
-        return wrapped, self.fabric.setup_optimizers(optimizer)
+        return is_sharded(self.fabric)
 
     def _training_data(self) -> Iterable[Any]:
         if self.data is None:
@@ -272,15 +221,11 @@ class FabricBackend(
         return self.data
 
     def _make_stream(self, data: Iterable[Any]) -> LoaderStream:
-        return shard_stream(self.fabric, data, self.config.on_epoch_end, self._epoch_ended)
-
-    def _epoch_ended(self, epoch: int) -> None:
-        """Called when epoch ``epoch`` of the training data is used up."""
+        return shard_stream(self.fabric, data, self.config.on_epoch_end)
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
-        self.steps_run += 1
-        return self._replayed_step(self._step) if self.replay.armed else self._step()
+        return self.corruption.run_step(self._step)
 
     def _step(self) -> StepOutput:
         assert self.stream is not None and self.optimizer is not None
@@ -291,14 +236,14 @@ class FabricBackend(
         waited = 0.0
         for micro in range(cfg.grad_accum):
             started = time.perf_counter()
-            host_batch = self.replay.draw(self.stream.next)
+            host_batch = self.corruption.draw(self.stream.next)
             waited += time.perf_counter() - started
             batch = fabric.to_device(host_batch)
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
             with fabric.no_backward_sync(self.model, enabled=micro < cfg.grad_accum - 1):
-                loss, extra = self._loss(batch, micro)
+                loss, extra = self._batch_loss().training(self.model, batch)
                 fabric.backward(loss if cfg.grad_accum == 1 else loss / cfg.grad_accum)
             total = loss.detach() if total is None else total + loss.detach()
             metrics.update(extra)
@@ -321,34 +266,18 @@ class FabricBackend(
             data_wait_s=waited,
         )
 
+    def _batch_loss(self) -> BatchLoss:
+        """How a batch becomes a loss (``step.BatchLoss``), from ``training_step`` or
+        ``loss_fn`` as they are when the first batch comes."""
+        if self._losses is None:
+            self._losses = BatchLoss(self.training_step, self.loss_fn)
+        return self._losses
+
     def _optimizer_step(self) -> None:
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _loss(self, batch: Any, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The loss of one batch (and extra lazy metrics); the first call checks both."""
-        if self._checked:
-            return self._compute_loss(batch, index)
-        try:
-            loss, extra = self._compute_loss(batch, index)
-        except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as error:
-            raise BatchError(
-                f"the model rejected the first training batch ({describe_batch(batch)}): "
-                f"{error}\nmake the data yield what the model's forward takes, or pass "
-                "loss_fn(model, batch) / training_step(model, batch) to say how"
-            ) from error
-        check_loss(loss, "training")
-        self._checked = True
-        return loss, extra
-
-    def _compute_loss(self, batch: Any, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        if self.training_step is not None:
-            return split_loss(self.training_step(self.model, batch))
-        if self.loss_fn is not None:
-            return split_loss(self.loss_fn(self.model, batch))
-        return split_loss(call_model(self.model, batch))
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
@@ -369,44 +298,26 @@ class FabricBackend(
         data, averaged over ranks."""
         if self.eval_data is None:
             raise ValueError("no evaluation data: pass eval_data=... to FabricBackend to evaluate")
-        sums: dict[str, torch.Tensor] = {}
-        count = 0
-        self.model.eval()
-        # evaluation draws no training randomness: a loader's seed, dropout (RNG forked)
-        cuda = [self.fabric.device] if self.fabric.device.type == "cuda" else []
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-                for index, batch in enumerate(self.eval_data):
-                    if self.config.eval_batches is not None and index >= self.config.eval_batches:
-                        break
-                    values = self._eval_values(self.fabric.to_device(batch), index)
-                    for key, value in values.items():
-                        value = torch.as_tensor(value, device=self.fabric.device).float()
-                        sums[key] = sums[key] + value if key in sums else value
-                    count += 1
-        finally:
-            self.model.train()
-        if count == 0:
-            raise ValueError("the evaluation data yielded no batch: it is empty")
-        means = {key: total / count for key, total in sums.items()}
-        if self.fabric.world_size > 1:
-            means = {k: self.fabric.all_reduce(v, reduce_op="mean") for k, v in means.items()}
-        return means
+        losses, model = self._batch_loss(), self.model
+        return evaluate_batches(
+            self.fabric,
+            model,
+            self.eval_data,
+            lambda batch: losses.evaluation(model, batch),
+            self.config.eval_batches,
+        )
 
-    def _eval_values(self, batch: Any, index: int) -> dict[str, Any]:
-        loss, extra = self._compute_loss(batch, index)
-        check_loss(loss, "evaluation", need_grad=False)
-        return {"loss": loss.detach(), **extra}
-
-    # -- checkpoints ----------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
+    # -- checkpoints: FabricCheckpointIO (checkpoint.py), through UsesCheckpointIO -----
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The live objects a checkpoint holds, restored in place by ``fabric.load``."""
         state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler
         return state
 
-    def _extra_state(self) -> dict[str, Any]:
-        """Plain-data state saved next to the model (a subclass adds its own)."""
+    def checkpoint_values(self) -> dict[str, Any]:
+        """Plain values saved beside the model: data position, random state, samples
+        consumed (every rank's; a subclass adds its own)."""
         assert self.stream is not None
         own = {
             "data": self.stream.state_dict(),
@@ -415,7 +326,8 @@ class FabricBackend(
         }
         return with_every_rank(own, self.fabric.world_size)  # fabric.save writes rank 0's
 
-    def _load_extra_state(self, remainder: dict[str, Any]) -> None:
+    def restore_checkpoint_values(self, remainder: dict[str, Any]) -> None:
+        """Restore this rank's ``checkpoint_values`` from what ``fabric.load`` left."""
         assert self.stream is not None
         own = own_rank_state(remainder, self.fabric.global_rank, self.fabric.world_size)
         self.stream.load_state_dict(own["data"])
@@ -423,46 +335,13 @@ class FabricBackend(
         restore_rng_state(own["rng"], self.fabric.device)
 
     @property
-    def checkpoints(self) -> FabricCheckpointIO:
-        """This run's checkpoint I/O (``fabric/checkpoint.py``), built after ``setup``."""
-        if self._checkpoints is None:
-            self._checkpoints = FabricCheckpointIO(
-                self.fabric, self.model, self.optimizer, self.raw_model
-            )
-        return self._checkpoints
-
-    @property
     def supports_async_save(self) -> bool:
         """Whole states (single device, DDP) are written by a thread; sharded ones not."""
         return self.checkpoints.asynchronous
 
-    def save(self, directory: Path, *, asynchronous: bool = False) -> PendingSave | None:
-        state = {**self._state(), **self._extra_state()}
-        return self.checkpoints.save(Path(directory), state, asynchronous=asynchronous)
-
-    def _wait_for_staging(self) -> None:
-        """Block until an asynchronous save has copied the weights and optimizer state."""
-        if self._checkpoints is not None:
-            self._checkpoints.wait_for_staging()
-
-    def load(self, directory: Path) -> None:
-        self._load_extra_state(self.checkpoints.load(Path(directory), self._state()))
-
-    def checkpoint_facts(self) -> CheckpointFacts:
-        return self.checkpoints.facts(self.samples_consumed)
-
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        return self.checkpoints.layout_refusal(saved, self.checkpoint_facts().layout)
-
-    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        """None: Fabric checkpoints never had a side file of facts."""
-        return None
-
     def teardown(self) -> None:
         """Wait for a save still being written and stop the writer thread."""
-        if self._checkpoints is not None:
-            self._checkpoints.close()
-            self._checkpoints = None
+        self.checkpoints.close()
 
     # -- resuming with changed settings ---------------------------------------------
     @property
@@ -480,3 +359,30 @@ class FabricBackend(
         at the new peak. Returns the names applied."""
         assert self._as_built is not None, "apply_changed_settings is called after setup"
         return self._as_built.reapply(self.optimizer, self._schedulers(), changes)
+
+    # -- silent-corruption checks: FabricCorruptionChecks (replay.py) -----------------
+    @property
+    def corruption(self) -> FabricCorruptionChecks:
+        """This run's weight checksums and step replay, built after ``setup``."""
+        if self._corruption is None:
+            self._corruption = FabricCorruptionChecks(
+                self.fabric,
+                self.raw_model,
+                self.optimizer,
+                schedulers=self._schedulers,
+                wait_for_staging=self.checkpoints.wait_for_staging,
+            )
+        return self._corruption
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        return self.corruption.gather_weight_checksums()
+
+    def replay_next_step(self) -> bool:
+        return self.corruption.replay_next_step()
+
+    def gather_replay_mismatches(self) -> list[list[str]]:
+        return self.corruption.gather_replay_mismatches()
+
+    @property
+    def refused_abilities(self) -> dict[str, str]:
+        return {} if self.fabric is None else self.corruption.refused_abilities()

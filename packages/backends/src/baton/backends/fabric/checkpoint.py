@@ -23,13 +23,16 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from baton.backends.async_save import BackgroundSaves, FuturePendingSave, StagingGate
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE
 from baton.core.checkpoint_record import CheckpointFacts
+
+if TYPE_CHECKING:
+    from baton.backends.fabric.backend import FabricBackend
 
 
 def host_copy(value: Any, defer: AbstractSet[int] = frozenset()) -> Any:
@@ -151,15 +154,18 @@ def own_rank_state(remainder: dict[str, Any], rank: int, world_size: int) -> dic
 
 class FabricCheckpointIO:
     """The Fabric backend's checkpoints: ``fabric.save``/``fabric.load`` of the state the
-    backend hands over, asynchronous saves staged as this module describes, and the
-    facts core records in ``baton.json``.
+    engine hands over (``checkpoint_state``: the live model, optimizer and schedulers;
+    ``checkpoint_values``: the data position, random state and samples consumed),
+    asynchronous saves staged as this module describes, and the facts core records in
+    ``baton.json``.
 
-    Built by the backend once Fabric, model and optimizer exist::
+    Built by the backend in ``__init__``; it reads the engine's Fabric, model and
+    optimizer when called, after ``setup``::
 
-        io = FabricCheckpointIO(fabric, model, optimizer, raw_model)
-        handle = io.save(directory, state, asynchronous=True)   # state: fabric.save's
-        io.wait_for_staging()                                   # before editing weights
-        remainder = io.load(directory, live_state)              # what fabric.load left
+        io = FabricCheckpointIO(backend)
+        handle = io.save(directory, asynchronous=True)
+        io.wait_for_staging()                    # before editing weights
+        io.load(directory)
         io.close()
 
     Staging stays here rather than in ``async_save.BackgroundSaves`` alone: the copy
@@ -168,13 +174,8 @@ class FabricCheckpointIO:
     optimizer hook can hold back.
     """
 
-    def __init__(self, fabric: Any, model: Any, optimizer: Any, raw_model: Any) -> None:
-        self.fabric, self.model, self.optimizer, self.raw_model = (
-            fabric,
-            model,
-            optimizer,
-            raw_model,
-        )
+    def __init__(self, engine: FabricBackend) -> None:
+        self.engine = engine
         self._saves = BackgroundSaves()
         #: holds the optimizer step while an asynchronous save copies the weights
         self._staging = StagingGate()
@@ -185,28 +186,29 @@ class FabricCheckpointIO:
         """Single-device and DDP states are whole on rank 0: a host copy is written by a
         thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
         Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
-        return writes_whole_state(self.fabric.strategy)
+        return writes_whole_state(self.engine.fabric.strategy)
 
-    def save(
-        self, directory: Path, state: dict[str, Any], *, asynchronous: bool
-    ) -> FuturePendingSave | None:
-        """Write ``state`` (``fabric.save``'s) as ``directory/STATE_FILE``; a handle when
-        ``asynchronous`` and the strategy allows it."""
-        if self.fabric.global_rank == 0:
-            save_hf_config(self.raw_model, directory)
+    def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
+        """Write the engine's state (``fabric.save``'s) as ``directory/STATE_FILE``; a
+        handle when ``asynchronous`` and the strategy allows it."""
+        engine = self.engine
+        fabric, model, optimizer = engine.fabric, engine.model, engine.optimizer
+        state = {**engine.checkpoint_state(), **engine.checkpoint_values()}
+        if fabric.global_rank == 0:
+            save_hf_config(engine.raw_model, directory)
         self.wait_for_staging()  # an earlier save still copying the weights
         path = directory / STATE_FILE
         if not (asynchronous and self.asynchronous):
-            self.fabric.save(path, state)
+            fabric.save(path, state)
             return None
-        state = plain_state(self.fabric.strategy, state, self.model, self.optimizer)
-        staged = host_copy(state, defer=step_owned_storage(self.model, self.optimizer))
+        state = plain_state(fabric.strategy, state, model, optimizer)
+        staged = host_copy(state, defer=step_owned_storage(model, optimizer))
         if self._staging_hook is None:  # the next optimizer step waits for the copy
-            self._staging_hook = self.optimizer.optimizer.register_step_pre_hook(
+            self._staging_hook = optimizer.optimizer.register_step_pre_hook(
                 lambda *_: self.wait_for_staging()
             )
         copying = self._staging.begin()
-        write = self.fabric.strategy.is_global_zero
+        write = fabric.strategy.is_global_zero
 
         def copy_then_write() -> None:
             with copying:  # the optimizer step may go on once the copy is taken
@@ -220,23 +222,26 @@ class FabricCheckpointIO:
         """Block until an asynchronous save has copied the weights and optimizer state."""
         self._staging.wait()
 
-    def load(self, directory: Path, state: dict[str, Any]) -> dict[str, Any]:
-        """``fabric.load`` into the live ``state``; returns the plain values it left."""
+    def load(self, directory: Path) -> None:
+        """``fabric.load`` into the engine's live state, then its plain values."""
         self.wait_for_staging()
-        return self.fabric.load(directory / STATE_FILE, state)
+        engine = self.engine
+        remainder = engine.fabric.load(directory / STATE_FILE, engine.checkpoint_state())
+        engine.restore_checkpoint_values(remainder)
 
-    def facts(self, samples: int) -> CheckpointFacts:
-        """The strategy's layout and ``samples`` consumed (the data is the user's
+    def facts(self) -> CheckpointFacts:
+        """The strategy's layout and the samples consumed (the data is the user's
         iterable: no fingerprint)."""
-        strategy = self.fabric.strategy
-        sharded = "sharded" if not writes_whole_state(strategy) else "whole"
-        layout = {"strategy": type(strategy).__name__, "state": sharded}
-        return CheckpointFacts({**layout, "world_size": int(self.fabric.world_size)}, samples)
+        fabric = self.engine.fabric
+        sharded = "sharded" if not writes_whole_state(fabric.strategy) else "whole"
+        layout = {"strategy": type(fabric.strategy).__name__, "state": sharded}
+        layout["world_size"] = int(fabric.world_size)
+        return CheckpointFacts(layout, self.engine.samples_consumed)
 
-    @staticmethod
-    def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
         """A whole state loads on any number of ranks and strategies that take a whole
         state; a sharded one (FSDP) only on the strategy that wrote it."""
+        current = self.facts().layout
         if saved.get("state") == current["state"] == "whole":
             return None
         if saved.get("strategy") == current["strategy"]:
@@ -246,6 +251,15 @@ class FabricCheckpointIO:
             f"into {current['strategy']}; resume with strategy {saved.get('strategy')!r}"
         )
 
+    @staticmethod
+    def legacy_facts(directory: Path) -> CheckpointFacts | None:
+        """None: Fabric checkpoints never had a side file of facts."""
+        return None
+
     def close(self) -> None:
-        """Wait for a save still being written and stop the writer thread."""
+        """Wait for a save still being written, stop the writer thread and release the
+        optimizer (a next ``setup`` builds another)."""
         self._saves.close()
+        if self._staging_hook is not None:
+            self._staging_hook.remove()
+            self._staging_hook = None

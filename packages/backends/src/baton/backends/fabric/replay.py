@@ -1,11 +1,13 @@
 """Step replay for the Fabric backend (ability ``step_replay``): one optimizer step run
-twice from the same state, the two results compared bitwise; and the mixin that gives
-``FabricBackend`` this ability and ``weight_checksums``.
+twice from the same state, the two results compared bitwise; and
+``FabricCorruptionChecks``, the object ``FabricBackend`` owns for this ability and
+``weight_checksums``.
 
 Example (what ``FabricBackend.train_step`` does once ``replay_next_step()`` armed it)::
 
     replay = StepReplay()
-    output = replay.run(backend, run_step)   # run_step(): the step, batches via draw()
+    output = replay.run(run_step, model, optimizer, schedulers, scaler, device)
+    # run_step(): the step, drawing its batches through replay.draw
     replay.mismatches                        # names whose checksums differ: [] if healthy
 
 Before the first run the snapshot takes the weights and buffers, the optimizer's state
@@ -22,14 +24,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from baton.backends.fabric.build import is_sharded
 from baton.backends.fabric.checkpoint import restore_rng_state, rng_state
 from baton.backends.weight_checksums import gather, gather_weight_checksums, state_checksums
+
+T = TypeVar("T")
 
 
 class Snapshot:
@@ -144,46 +149,77 @@ class StepReplay:
 
 
 class FabricCorruptionChecks:
-    """Mixed into ``FabricBackend``: the ``weight_checksums`` and ``step_replay``
-    abilities' methods. The backend's ``train_step`` draws each batch through
-    ``self.replay.draw`` and, when ``self.replay.armed``, runs its step through
-    ``self.replay.run``."""
+    """The ``weight_checksums`` and ``step_replay`` abilities of one Fabric run, owned by
+    its backend (``FabricBackend.corruption``, built after ``setup``): the backend's
+    ability methods delegate here, its ``train_step`` runs each step through
+    ``run_step`` and draws each batch through ``draw``.
 
-    replay: StepReplay
-    #: optimizer steps this process has run (counted by the backend's ``train_step``)
-    steps_run: int = 0
-    fabric: Any
-    raw_model: Any
-    optimizer: Any
-    _device: torch.device
+    Args:
+        fabric: the run's ``Fabric`` (strategy, ranks, the gradient scaler).
+        model: the unwrapped model whose weights are checked.
+        optimizer: its optimizer (the state checked and restored with the weights).
+        schedulers: ``schedulers()``, the learning-rate schedulers a replay restores.
+        wait_for_staging: blocks until an asynchronous save has copied the weights.
 
-    def _sharded(self) -> bool: ...
-    def _schedulers(self) -> list[Any]: ...
-    def _wait_for_staging(self) -> None: ...
+    Example::
+
+        checks = FabricCorruptionChecks(fabric, model, optimizer,
+                                        schedulers=lambda: [scheduler],
+                                        wait_for_staging=io.wait_for_staging)
+        checks.replay_next_step()               # arm: the next step runs twice
+        output = checks.run_step(step)          # step() draws via checks.draw(next_batch)
+        checks.gather_replay_mismatches()       # [[], []]: every rank healthy
+    """
+
+    def __init__(
+        self,
+        fabric: Any,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        schedulers: Callable[[], list[Any]],
+        wait_for_staging: Callable[[], None],
+    ) -> None:
+        self.fabric, self.model, self.optimizer = fabric, model, optimizer
+        self.schedulers = schedulers
+        self.wait_for_staging = wait_for_staging
+        self.replay = StepReplay()
+        #: optimizer steps this process has run through ``run_step``
+        self.steps_run = 0
+
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.fabric)
+
+    def run_step(self, step: Callable[[], T]) -> T:
+        """``step()``, twice from the same state when a replay is armed."""
+        self.steps_run += 1
+        if not self.replay.armed:
+            return step()
+        self.wait_for_staging()  # the replay restores weights an async save may be copying
+        scaler = getattr(getattr(self.fabric.strategy, "precision", None), "scaler", None)
+        return self.replay.run(
+            step, self.model, self.optimizer, self.schedulers(), scaler, self.fabric.device
+        )
+
+    def draw(self, draw_batch: Callable[[], Any]) -> Any:
+        """The step's next batch (``StepReplay.draw``: the kept one in a replay's second run)."""
+        return self.replay.draw(draw_batch)
 
     def gather_weight_checksums(self) -> list[dict[str, str]]:
         """Every rank's checksums of parameters and optimizer state (ability
         ``weight_checksums``); replicated (DDP, single-device) models only."""
-        return gather_weight_checksums(self.raw_model, self.optimizer, sharded=self._sharded())
+        return gather_weight_checksums(self.model, self.optimizer, sharded=self.sharded)
 
-    @property
     def refused_abilities(self) -> dict[str, str]:
         """Under a sharded strategy (FSDP) no rank holds a replica of a whole tensor."""
-        if self.fabric is None or not self._sharded():
+        if not self.sharded:
             return {}
         why = "this strategy shards every parameter: no rank holds a whole replica to "
         return {
             "weight_checksums": why + "compare; use strategy='ddp' to check replicas",
             "step_replay": why + "checksum; use strategy='ddp' to replay steps",
         }
-
-    def _replayed_step(self, run_step: Callable[[], Any]) -> Any:
-        """``run_step()`` run twice through ``self.replay`` (armed)."""
-        self._wait_for_staging()  # the replay restores weights an async save may be copying
-        scaler = getattr(getattr(self.fabric.strategy, "precision", None), "scaler", None)
-        return self.replay.run(
-            run_step, self.raw_model, self.optimizer, self._schedulers(), scaler, self._device
-        )
 
     def replay_next_step(self) -> bool:
         """Replay the next step (``False``, not yet: under DDP the first step of a process

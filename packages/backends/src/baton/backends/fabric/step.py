@@ -5,11 +5,15 @@ Example::
 
     loss, extra = split_loss(call_model(model, batch))   # model(**batch), .loss, ...
     check_loss(loss, "training")
+
+    losses = BatchLoss(training_step=None, loss_fn=my_loss)   # what FabricBackend uses
+    loss, extra = losses.training(model, batch)   # the first batch is checked
+    values = losses.evaluation(model, batch)      # {"loss": ..., **extra}, detached
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -90,3 +94,49 @@ def describe_batch(batch: Any) -> str:
         inner = ", ".join(describe_batch(v) for v in batch[:6])
         return f"{type(batch).__name__}({inner})"
     return type(batch).__name__
+
+
+StepFn = Callable[[nn.Module, Any], Any]
+
+
+class BatchLoss:
+    """How one batch becomes a loss (and other metrics): ``training_step(model, batch)``,
+    else ``loss_fn(model, batch)``, else what the model returns for the batch
+    (``call_model``), read by ``split_loss``. The first training batch is checked: a
+    batch the model rejects is a ``BatchError`` describing the batch and the fix."""
+
+    def __init__(self, training_step: StepFn | None, loss_fn: StepFn | None) -> None:
+        if loss_fn is not None and training_step is not None:
+            raise ValueError("pass either loss_fn or training_step, not both")
+        self.training_step, self.loss_fn = training_step, loss_fn
+        self._checked = False
+
+    def __call__(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The loss of ``batch`` and its other metrics, unchecked."""
+        if self.training_step is not None:
+            return split_loss(self.training_step(model, batch))
+        if self.loss_fn is not None:
+            return split_loss(self.loss_fn(model, batch))
+        return split_loss(call_model(model, batch))
+
+    def training(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The training loss of ``batch`` (and lazy metrics); the first call checks both."""
+        if self._checked:
+            return self(model, batch)
+        try:
+            loss, extra = self(model, batch)
+        except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as error:
+            raise BatchError(
+                f"the model rejected the first training batch ({describe_batch(batch)}): "
+                f"{error}\nmake the data yield what the model's forward takes, or pass "
+                "loss_fn(model, batch) / training_step(model, batch) to say how"
+            ) from error
+        check_loss(loss, "training")
+        self._checked = True
+        return loss, extra
+
+    def evaluation(self, model: nn.Module, batch: Any) -> dict[str, Any]:
+        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked)."""
+        loss, extra = self(model, batch)
+        check_loss(loss, "evaluation", need_grad=False)
+        return {"loss": loss.detach(), **extra}

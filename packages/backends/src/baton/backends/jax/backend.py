@@ -44,19 +44,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from baton.backends.async_save import FuturePendingSave
 from baton.backends.jax.checkpoint_io import JaxCheckpointIO
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax.model_state import JaxModelState, StepControls
 from baton.backends.jax.steps import LossFunctionError, loss_and_metrics, make_train_step
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
 
 
@@ -128,7 +126,7 @@ def describe_batch(batch: Any) -> str:
     return str(jax.tree.map(one, batch))
 
 
-class JaxBackend(JaxDistributed, BackendBase):
+class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase):
     """The user's flax model and optax optimizer, one jitted step per baton step."""
 
     name = "jax"
@@ -387,24 +385,7 @@ class JaxBackend(JaxDistributed, BackendBase):
         assert self.data is not None
         self.data.skip(steps)
 
-    # -- checkpoints: JaxCheckpointIO (checkpoint_io.py) --------------------------------
-    def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
-        """Orbax save of the train state, plus each process's data position."""
-        return self.checkpoints.save(directory, asynchronous=asynchronous)
-
-    def load(self, directory: Path) -> None:
-        """Restore a checkpoint written by ``save``: the train state, then the data position."""
-        self.checkpoints.load(directory)
-
-    def checkpoint_facts(self) -> CheckpointFacts:
-        return self.checkpoints.facts()
-
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        return self.checkpoints.layout_refusal(saved)
-
-    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        return self.checkpoints.legacy_facts(directory)
-
+    # -- checkpoints: JaxCheckpointIO (checkpoint_io.py), through UsesCheckpointIO ------
     def teardown(self) -> None:
         """Drop the device state and the compiled steps."""
         self.state = None

@@ -365,7 +365,7 @@ class LightningBackend(FabricBackend):
         return NamedMetrics(values)
 
     # -- checkpoints ----------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": self.model}
         for i, optimizer in enumerate(self.loop.optimizers):
             state["optimizer" if i == 0 else f"optimizer_{i}"] = optimizer
@@ -373,8 +373,8 @@ class LightningBackend(FabricBackend):
             state[f"scheduler_{i}"] = config.scheduler
         return state
 
-    def _extra_state(self) -> dict[str, Any]:
-        state = super()._extra_state()
+    def checkpoint_values(self) -> dict[str, Any]:
+        state = super().checkpoint_values()
         assert self.stream is not None
         checkpoint: dict[str, Any] = {"epoch": self.stream.epoch}
         if self.datamodule is not None:
@@ -390,8 +390,8 @@ class LightningBackend(FabricBackend):
         (``baton.core.checkpoint_record.ClaimsRenamedCheckpoints``)."""
         return saved_name == FORMER_NAME and holds_loop_state(directory)
 
-    def _load_extra_state(self, remainder: dict[str, Any]) -> None:
-        super()._load_extra_state(remainder)
+    def restore_checkpoint_values(self, remainder: dict[str, Any]) -> None:
+        super().restore_checkpoint_values(remainder)
         checkpoint = remainder.get("lightning", {})
         if self.datamodule is not None:
             key = type(self.datamodule).__qualname__

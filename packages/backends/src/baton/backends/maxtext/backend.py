@@ -50,23 +50,17 @@ from typing import Any
 
 import numpy as np
 
-from baton.backends.async_save import FuturePendingSave
 from baton.backends.jax_distributed import JaxDistributed
-from baton.backends.maxtext.background_save import (
-    train_step_keeping_state,
-)
+from baton.backends.maxtext.background_save import train_step_keeping_state
 from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus, eval_batches
-from baton.backends.maxtext.checkpoint import (
-    CheckpointerPendingSave,
-    dataset_type,
-)
+from baton.backends.maxtext.checkpoint import dataset_type
 from baton.backends.maxtext.checkpoint_io import MaxTextCheckpointIO
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import ShowsModelState
 from baton.backends.maxtext.plan import planned_on_host
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
@@ -89,7 +83,9 @@ def _check_supported(cfg: Any) -> None:
         )
 
 
-class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
+class MaxTextBackend(
+    UsesCheckpointIO[MaxTextCheckpointIO], ShowsModelState, JaxDistributed, BackendBase
+):
     """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
 
     name = "maxtext"
@@ -353,26 +349,7 @@ class MaxTextBackend(ShowsModelState, JaxDistributed, BackendBase):
             )
         return self._p_train_keeping
 
-    # -- checkpoints: MaxTextCheckpointIO (checkpoint_io.py) -----------------------------
-    def save(
-        self, directory: Path, *, asynchronous: bool = False
-    ) -> CheckpointerPendingSave | FuturePendingSave | None:
-        """MaxText's ``save_checkpoint`` of the state (and its data iterator) into ``directory``."""
-        return self.checkpoints.save(directory, asynchronous=asynchronous)
-
-    def load(self, directory: Path) -> None:
-        """Restore a checkpoint written by ``save``: state, data position, onto this layout."""
-        self.checkpoints.load(directory)
-
-    def checkpoint_facts(self) -> CheckpointFacts:
-        return self.checkpoints.facts()
-
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        return self.checkpoints.layout_refusal(saved)
-
-    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        return self.checkpoints.legacy_facts(directory)
-
+    # -- checkpoints: MaxTextCheckpointIO (checkpoint_io.py), through UsesCheckpointIO ----
     def restore_maxtext_checkpoint(self, step_dir: str | Path) -> int:
         """Load a checkpoint MaxText's own loop wrote (``<checkpoint_dir>/<name>``); the
         baton step to continue from (``MaxTextCheckpointIO.restore_maxtext_checkpoint``)."""

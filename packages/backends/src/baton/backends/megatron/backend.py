@@ -37,10 +37,7 @@ import torch
 import torch.distributed as dist
 
 from baton.backends.megatron.build import build_model, build_optimizer
-from baton.backends.megatron.checkpoint import (
-    MegatronSave,
-    load_weights,
-)
+from baton.backends.megatron.checkpoint import load_weights
 from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
@@ -59,13 +56,13 @@ from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
 
 log = logging.getLogger("baton")
 
 
-class MegatronBackend(TorchDistributed, BackendBase):
+class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, BackendBase):
     """Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop."""
 
     name = "megatron"
@@ -366,7 +363,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "replica to compare; launch more ranks than tensor x pipeline parallel"
         }
 
-    # -- checkpoints: MegatronCheckpointIO (checkpoint_io.py) ---------------------------
+    # -- checkpoints: MegatronCheckpointIO (checkpoint_io.py), through UsesCheckpointIO --
     def layout(self) -> dict[str, Any]:
         """This run's parallel layout, recorded in every checkpoint."""
         cfg = self.config
@@ -379,22 +376,6 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "distributed_optimizer": bool(cfg.ddp.use_distributed_optimizer),
             "padded_vocab_size": self.padded_vocab_size,
         }
-
-    def save(self, directory: Path, *, asynchronous: bool = False) -> MegatronSave | None:
-        return self.checkpoints.save(directory, asynchronous=asynchronous)
-
-    def load(self, directory: Path) -> None:
-        """Restore model, optimizer, scheduler, data position and RNG from ``directory``."""
-        self.checkpoints.load(directory)
-
-    def checkpoint_facts(self) -> CheckpointFacts:
-        return self.checkpoints.facts()
-
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        return self.checkpoints.layout_refusal(saved)
-
-    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        return self.checkpoints.legacy_facts(directory)
 
     # -- end --------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -56,7 +56,6 @@ from baton.backends.torch_model_state import TorchModelState
 from baton.backends.torchtitan.capture import StepCapture
 from baton.backends.torchtitan.checkpoint_io import (
     RESHARD_DATA,
-    DcpSave,
     TitanCheckpointIO,
     stage_without_accelerator,
 )
@@ -65,7 +64,7 @@ from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.plan import parallelism_plan
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
@@ -116,7 +115,7 @@ def resolve_paths(cfg: Any) -> None:
         cfg.hf_assets_path = str(Path(cfg.hf_assets_path).resolve())
 
 
-class TorchTitanBackend(TorchDistributed, BackendBase):
+class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, BackendBase):
     """TorchTitan's Trainer, its real train_step once per baton step."""
 
     name = "torchtitan"
@@ -373,28 +372,15 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
         why = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
         return {"weight_checksums": why} if why else {}
 
-    # -- checkpoints: TitanCheckpointIO (checkpoint_io.py) ------------------------------
+    # -- checkpoints: TitanCheckpointIO (checkpoint_io.py), through UsesCheckpointIO -----
     def layout(self) -> dict[str, int]:
         """This run's parallel layout as TorchTitan resolved it, and its world size."""
         return self.checkpoints.layout()
 
-    def checkpoint_facts(self) -> CheckpointFacts:
-        return self.checkpoints.facts()
-
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        return self.checkpoints.layout_refusal(saved)
-
-    def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
-        return self.checkpoints.legacy_facts(directory)
-
-    def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
-        """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
-        return self.checkpoints.save(directory, asynchronous=asynchronous)
-
     def load(self, directory: Path) -> None:
         """Restore model, optimizer, scheduler, data loader and step from ``save``'s
         output (through DCP's resharding onto this layout, ``layout_refusal``)."""
-        self.checkpoints.load(directory)
+        super().load(directory)
         self._batches = None  # a fresh iterator over the restored loader state
 
     # -- end --------------------------------------------------------------------------

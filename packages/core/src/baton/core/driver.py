@@ -16,9 +16,11 @@ limits. Beside it, each behind a small interface the loop calls:
 
 - ``options.RunOptions``: the run's options, one dataclass checked once;
 - ``startup``: the checks before anything is built (restart, launch, patches, lock);
-- ``saving.CheckpointSaver``: writing checkpoints, sync or async, and completing them;
-- ``resuming.Resumer``: choosing, verifying and loading the checkpoint to continue
-  from, and the policy on changed settings;
+- ``checkpoint_manager.CheckpointManager``: what a save records and a load restores
+  of the run (counters, callback states), over ``saving.CheckpointSaver`` (writing
+  checkpoints, sync or async, and completing them) and ``resuming.Resumer`` (choosing,
+  verifying and loading the checkpoint to continue from; the changed-settings policy);
+- ``shutdown``: the end of a run, cleanly or after an error;
 - ``run_record``: ``run.json`` and ``patches.json``.
 """
 
@@ -36,22 +38,20 @@ from baton.core.backend import (
     Ability,
     Backend,
     DataExhausted,
-    Evaluates,
-    RunLimits,
-    UsesRunDir,
-    UsesRunLimits,
 )
 from baton.core.callback import Callback
+from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
-from baton.core.metrics import StepOutput, evaluation_keys
+from baton.core.metrics import StepOutput
 from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
-from baton.core.resuming import Resumer, restore_callback_states
+from baton.core.reporting import LogValues, evaluate
+from baton.core.resuming import Resumer
 from baton.core.run_record import write_patch_report, write_run_record
 from baton.core.rundir import RunDirLock
-from baton.core.saving import CheckpointSaver, SavingAttributes, checkpoint_meta
-from baton.core.startup import check_needs, prepare
+from baton.core.shutdown import finish_after_error, tear_down
+from baton.core.startup import check_needs, prepare, setup_backend
 
 log = logging.getLogger("baton")
 
@@ -68,14 +68,18 @@ class RunResult:
     resumed_from: Path | None = None
     checkpoints: list[Path] = field(default_factory=list[Path])
 
-
-def introduce_run(backend: Backend, options: RunOptions) -> None:
-    """Before ``setup``, tell a backend that uses them the run directory (``UsesRunDir``)
-    and the driver's limits (``UsesRunLimits``)."""
-    if isinstance(backend, UsesRunDir):
-        backend.use_run_dir(options.run_dir)
-    if isinstance(backend, UsesRunLimits):
-        backend.use_run_limits(RunLimits(options.max_steps, options.max_tokens, options.max_time_s))
+    @classmethod
+    def of(cls, driver: Driver) -> RunResult:
+        """The result of ``driver``'s run as it stands."""
+        return cls(
+            step=driver.step,
+            tokens=driver.tokens,
+            samples=driver.samples,
+            train_time_s=driver.train_time_s,
+            stop_reason=driver.stop_reason,
+            resumed_from=driver.resumed_from,
+            checkpoints=list(driver.saved),
+        )
 
 
 class Driver(SavingAttributes):
@@ -123,17 +127,16 @@ class Driver(SavingAttributes):
         self.stop_reason = ""
         self.resumed_from: Path | None = None
         self.patch_report: list[PatchDecision] = []
-        self._extra_lazy: dict[str, Any] = {}
+        self._log_values = LogValues()
+        #: when training time started counting, less the training time before it
         self._clock_start = 0.0
-        self._time_before = 0.0
         self._dispatch = Dispatcher([])
         self._abilities: frozenset[Ability] = frozenset()
         self._training = False
         #: True in ``evaluate_checkpoint``: nothing is trained (no progress to show)
         self.evaluating_only = False
         self._lock: RunDirLock | None = None
-        self._saver = CheckpointSaver(backend, self.checkpoint_dir, self._announce_saved)
-        self._resumer = Resumer(backend, self.options)
+        self._checkpoints = CheckpointManager(self, Resumer(backend, self.options))
 
     # -- what callbacks read and call ---------------------------------------------------
     @property
@@ -155,14 +158,11 @@ class Driver(SavingAttributes):
 
     def record(self, name: str, value: Any) -> None:
         """Add a lazy value to the next log step's single host transfer."""
-        self._extra_lazy[name] = value
+        self._log_values.record(name, value)
 
     def dispatch(self, hook: str, *args: Any) -> None:
-        handlers = self._dispatch.table[hook]
-        if handlers:
-            args = (self, *args)  # built once for all handlers
-            for handler in handlers:
-                handler(*args)
+        """Call ``hook(driver, *args)`` on every callback that overrides it, in order."""
+        self._dispatch(hook, self, *args)
 
     def configure_saving(
         self, *, on_stop: bool | None = None, asynchronous: bool | None = None
@@ -174,25 +174,21 @@ class Driver(SavingAttributes):
             raise RuntimeError(
                 "configure_saving after training started: call it in on_configure or on_setup"
             )
-        changes: dict[str, bool] = {}
-        if on_stop is not None:
-            changes["save_on_stop"] = on_stop
-        if asynchronous is not None:
-            changes["async_save"] = asynchronous
-        self.options = self.options.replace(**changes)
+        changes = {"save_on_stop": on_stop, "async_save": asynchronous}
+        self.options = self.options.replace(**{k: v for k, v in changes.items() if v is not None})
 
     # -- the loop ---------------------------------------------------------------------
     def fit(self) -> RunResult:
         """Run training to a stop condition; always tears down, even when it raises."""
         with self._running():
             self.dispatch("on_configure")
-            self._setup_backend()
+            setup_backend(self.backend, self.options)
             self._abilities = check_needs(self.backend, self.options, self.callbacks)
             write_patch_report(
                 self.options.run_dir, self.backend, self.patch_report, write=self.is_global_zero
             )
             self.dispatch("on_setup")
-            self._resume()
+            self._checkpoints.resume()
             if self.is_global_zero:
                 write_run_record(
                     self.options.run_dir,
@@ -214,7 +210,7 @@ class Driver(SavingAttributes):
                 self.step += 1
                 self.tokens += output.tokens
                 self.samples += output.samples
-                self.train_time_s = self._time_before + time.monotonic() - self._clock_start
+                self.train_time_s = time.monotonic() - self._clock_start
                 self.control.request_stop_at_limits(
                     self.options, self.step, self.tokens, self.train_time_s
                 )
@@ -222,18 +218,10 @@ class Driver(SavingAttributes):
                 at_log_step = self.step % self.options.log_every == 0
                 if self._handle_events(output, at_log_step):
                     break
-                self._saver.poll(block=False, agree=at_log_step)
-            self._saver.poll(block=True)
+                self._checkpoints.saver.poll(block=False, agree=at_log_step)
+            self._checkpoints.saver.poll(block=True)
             self.dispatch("on_train_end")
-        return RunResult(
-            step=self.step,
-            tokens=self.tokens,
-            samples=self.samples,
-            train_time_s=self.train_time_s,
-            stop_reason=self.stop_reason,
-            resumed_from=self.resumed_from,
-            checkpoints=list(self.saved),
-        )
+        return RunResult.of(self)
 
     def evaluate_checkpoint(self, path: str | Path) -> dict[str, float]:
         """Evaluation only: build the backend, load the checkpoint at ``path`` (verified
@@ -251,19 +239,14 @@ class Driver(SavingAttributes):
         self.evaluating_only = True
         with self._running():
             self.dispatch("on_configure")
-            self._setup_backend()
+            setup_backend(self.backend, self.options)
             self.dispatch("on_setup")
-            self._resume()
+            self._checkpoints.resume()
             self.dispatch("on_train_start")
             metrics = self._evaluate()
             self.stop_reason = f"evaluated {path}"
             self.dispatch("on_train_end")
         return metrics
-
-    def _setup_backend(self) -> None:
-        """``backend.setup``, after telling it the run it is part of."""
-        introduce_run(self.backend, self.options)
-        self.backend.setup()
 
     def _handle_events(self, output: StepOutput, at_log_step: bool) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
@@ -277,7 +260,11 @@ class Driver(SavingAttributes):
             ranks=ranks, agree=self.backend.all_reduce_flags if at_log_step else None
         )
         if "log" in acting or at_log_step:
-            self._log(output)
+            counters = {"tokens": self.tokens, "samples": self.samples}
+            metrics = self._log_values.fetch(
+                self.backend, output, **counters, train_time_s=self.train_time_s
+            )
+            self.dispatch("on_log", metrics)
         if "eval" in acting or eval_due:
             started = time.perf_counter()
             self._evaluate()
@@ -285,7 +272,7 @@ class Driver(SavingAttributes):
         acting = ctl.acting_after_events(acting, ranks=ranks)
         stop = "stop" in acting
         if ctl.save_vetoed is None and ("save" in acting or (stop and self.options.save_on_stop)):
-            self._save(ctl.reason("save") or f"stop: {ctl.reason('stop')}")
+            self._checkpoints.save(ctl.reason("save") or f"stop: {ctl.reason('stop')}")
         if stop:
             self.stop_reason = ctl.reason("stop")
             log.info("stopping at step %d: %s", self.step, self.stop_reason)
@@ -296,7 +283,7 @@ class Driver(SavingAttributes):
         self.stop_reason = reason
         log.info("stopping after step %d: %s", self.step, reason)
         if self.options.save_on_stop and self.step > 0:
-            self._save(f"stop: {reason}")
+            self._checkpoints.save(f"stop: {reason}")
 
     # -- stop conditions -----------------------------------------------------------------
     def _limit_reached_before_step(self) -> bool:
@@ -306,62 +293,19 @@ class Driver(SavingAttributes):
             self.stop_reason = self.stop_reason or reasons[0]
         return bool(reasons)
 
-    # -- log and eval -----------------------------------------------------------------
-    def _log(self, output: StepOutput) -> None:
-        lazy = output.lazy_values()
-        lazy.update(self._extra_lazy)
-        self._extra_lazy = {}
-        metrics = self.backend.fetch(lazy)
-        metrics.update(
-            tokens=float(self.tokens), samples=float(self.samples), train_time_s=self.train_time_s
-        )
-        self.dispatch("on_log", metrics)
-
+    # -- log and eval: ``reporting`` -----------------------------------------------------
     def _evaluate(self) -> dict[str, float]:
-        """The evaluation phase: its metrics go to ``on_eval_end``, the backend's own keys
-        as ``eval/<key>``, names a user chose (``NamedMetrics``: ``val_loss``) as they are."""
-        backend = self.backend
-        if not isinstance(backend, Evaluates):
-            raise RuntimeError(f"backend {backend.name!r} cannot evaluate (no evaluate())")
-        self.dispatch("on_eval_start")
-        metrics = backend.fetch(evaluation_keys(backend.evaluate()))
-        self.dispatch("on_eval_end", metrics)
-        return metrics
+        return evaluate(self.backend, self.dispatch)
 
-    # -- checkpoints: saving (``saving``) and loading (``resuming``) ------------------------
+    # -- checkpoints: CheckpointManager (``checkpoint_manager``) -------------------------
     def save_checkpoint(self, reason: str = "requested") -> None:
         """Write a checkpoint of the current step now (``control.request_save`` defers it)."""
-        self._save(reason)
+        self._checkpoints.save(reason)
 
     def wait_for_saves(self) -> None:
         """Block until every checkpoint still being written is complete (renamed,
         ``latest`` updated, ``on_checkpoint_saved`` called). Call it on every rank."""
-        self._saver.poll(block=True)
-
-    def _save(self, reason: str) -> None:
-        self._saver.asynchronous = self.options.async_save and "async_save" in self._abilities
-        self._saver.save(self.step, lambda: self._snapshot(reason))
-
-    def _snapshot(self, reason: str) -> dict[str, Any]:
-        meta = checkpoint_meta(
-            reason=reason,
-            counters={
-                "step": self.step,
-                "tokens": self.tokens,
-                "samples": self.samples,
-                "train_time_s": self.train_time_s,
-            },
-            backend=self.backend,
-            callbacks=self.callbacks,
-            options=self.options,
-            resume_changes=self._resumer.changes,
-            patches=[d.name for d in self.patch_report if d.applied],
-        )
-        self.dispatch("on_save_checkpoint", meta)
-        return meta
-
-    def _announce_saved(self, path: Path) -> None:
-        self.dispatch("on_checkpoint_saved", path)
+        self._checkpoints.saver.poll(block=True)
 
     def load_checkpoint(self, path: str | Path | None = None, *, callbacks: bool = False) -> Path:
         """Restore a complete checkpoint in the middle of a run (a rollback).
@@ -372,9 +316,7 @@ class Driver(SavingAttributes):
         own memory of why). Call it from ``on_step_start``: the next step is then the
         one after the checkpoint's. Raises ``CheckpointError`` when none can be loaded.
         """
-        self._saver.poll(block=True)  # a save still being written completes first
-        loaded, meta = self._resumer.load(None if path is None else Path(path))
-        self._restore(loaded, meta, callbacks=callbacks)
+        loaded = self._checkpoints.load(None if path is None else Path(path), callbacks=callbacks)
         self._start_clock()
         return loaded
 
@@ -386,40 +328,21 @@ class Driver(SavingAttributes):
         then the backend state and the counters come back as in ``load_checkpoint``
         (callback states stay). Call it from ``on_step_start``.
         """
-        self._saver.poll(block=True)
-        self._saver.forget_after(self._resumer.rewind(Path(path)))
-        return self.load_checkpoint(path)
-
-    def _resume(self) -> None:
-        loaded = self._resumer.resume()
-        if loaded is not None:
-            self._restore(*loaded)
-
-    def _restore(self, path: Path, meta: dict[str, Any], *, callbacks: bool = True) -> None:
-        self.step = int(meta["step"])
-        self.tokens = int(meta["tokens"])
-        self.samples = int(meta.get("samples", 0))
-        self.train_time_s = float(meta.get("train_time_s", 0.0))
-        if callbacks:
-            restore_callback_states(self.callbacks, meta, path)
-            self.resumed_from = path
-            log.info("resumed from %s at step %d", path, self.step)
-        else:
-            log.info("rolled back to %s (step %d)", path, self.step)
-        self.dispatch("on_load_checkpoint", meta)
+        loaded = self._checkpoints.rollback(Path(path))
+        self._start_clock()
+        return loaded
 
     def _start_clock(self) -> None:
-        self._clock_start = time.monotonic()
-        self._time_before = self.train_time_s
+        self._clock_start = time.monotonic() - self.train_time_s
 
     # -- start and end ----------------------------------------------------------------
     def _prepare(self) -> None:
         """Every check before the backend builds anything (``startup.prepare``)."""
         start = prepare(self.backend, self.callbacks, self.options, evaluating=self.evaluating_only)
         self.options, self.callbacks = start.options, start.callbacks
-        self.patch_report, self._lock, self._resumer = start.patch_report, start.lock, start.resumer
+        self.patch_report, self._lock = start.patch_report, start.lock
         self._dispatch = Dispatcher(self.callbacks)
-        self._saver = CheckpointSaver(self.backend, self.checkpoint_dir, self._announce_saved)
+        self._checkpoints = CheckpointManager(self, start.resumer)
 
     @contextmanager
     def _running(self) -> Generator[None]:
@@ -430,33 +353,23 @@ class Driver(SavingAttributes):
             yield
         except BaseException as error:
             self.stop_reason = self.stop_reason or f"error: {type(error).__name__}: {error}"
-            self._finish_after_error(error)
+            finish_after_error(
+                self._checkpoints.saver,
+                error,
+                on_exception=self._dispatch.handlers("on_exception"),
+                driver=self,
+            )
             self._teardown(failed=True)
             raise
         self._teardown()
 
-    def _finish_after_error(self, error: BaseException) -> None:
-        try:  # saves already in flight are complete work: keep them
-            self._saver.poll(block=True, collective=False)
-        except Exception as save_error:
-            log.error("a pending checkpoint failed while handling an error: %r", save_error)
-        for handler in self._dispatch.handlers("on_exception"):
-            try:
-                handler(self, error)
-            except Exception as hook_error:
-                log.error("on_exception handler %r raised %r", handler, hook_error)
-
     def _teardown(self, failed: bool = False) -> None:
-        try:
-            self.backend.teardown()
-        except Exception as error:
-            log.error("backend teardown raised %r", error)
-        for handler in self._dispatch.handlers("on_teardown"):
-            try:
-                handler(self)
-            except Exception as error:
-                log.error("on_teardown handler %r raised %r", handler, error)
-        self._saver.close()
+        tear_down(
+            self.backend,
+            self._checkpoints.saver,
+            on_teardown=self._dispatch.handlers("on_teardown"),
+            driver=self,
+        )
         if self._lock is not None:  # a run that failed at once leaves no run directory
             self._lock.release(remove_if_unused=failed)
             self._lock = None

@@ -191,31 +191,6 @@ class CheckpointSaver:
             self._hasher = None
 
 
-class SavingAttributes:
-    """What callbacks read about the run's saves (``driver.saved``, ...)."""
-
-    _saver: CheckpointSaver
-
-    @property
-    def checkpoint_being_written(self) -> Path | None:
-        """The directory of the checkpoint being written, for ``on_save_checkpoint``: a
-        callback writes state too large for ``baton.json`` there, in a folder of its own
-        beside ``backend/`` (``EMA`` writes ``ema/``); on resume it reads it back from
-        ``resumed_from``. ``None`` before the first save."""
-        return self._saver.writing
-
-    @property
-    def saved(self) -> list[Path]:
-        """The checkpoints this run completed, oldest first."""
-        return self._saver.saved
-
-    @property
-    def save_blocking_s(self) -> float:
-        """Wall time this process spent blocked in checkpoint saves (an async save's
-        background write is not counted), for honest throughput."""
-        return self._saver.blocking_s
-
-
 def checkpoint_meta(
     *,
     reason: str,

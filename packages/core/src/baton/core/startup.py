@@ -10,7 +10,7 @@ anything or a file is written (a run directory this run created is removed again
     start.lock           # rank 0 holds the run directory (one run per directory)
                          # remote checkpoints (``remote``): store checked, newest fetched
     start.resumer        # the checkpoint to resume from, verified, settings checked
-    ...backend.setup()...
+    setup_backend(backend, start.options)   # run directory and limits told, then setup()
     have = check_needs(backend, start.options, start.callbacks)  # abilities, by requester
 """
 
@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from baton.core.backend import Ability, Backend, check_abilities
+from baton.core.backend import (
+    Ability,
+    Backend,
+    RunLimits,
+    UsesRunDir,
+    UsesRunLimits,
+    check_abilities,
+)
 from baton.core.callback import Callback
 from baton.core.checkpointing import CheckpointError
 from baton.core.errors import UsageError
@@ -156,3 +163,13 @@ def check_needs(
     if options.async_save and "async_save" not in have:
         log.info("backend %s saves synchronously (no async_save ability)", backend.name)
     return have
+
+
+def setup_backend(backend: Backend, options: RunOptions) -> None:
+    """``backend.setup()``, after telling a backend that uses them the run directory
+    (``UsesRunDir``) and the driver's limits (``UsesRunLimits``)."""
+    if isinstance(backend, UsesRunDir):
+        backend.use_run_dir(options.run_dir)
+    if isinstance(backend, UsesRunLimits):
+        backend.use_run_limits(RunLimits(options.max_steps, options.max_tokens, options.max_time_s))
+    backend.setup()

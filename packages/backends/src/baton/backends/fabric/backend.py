@@ -48,13 +48,7 @@ from baton.backends.fabric.build import (
     setup_model_and_optimizer,
 )
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
-from baton.backends.fabric.checkpoint import (
-    FabricCheckpointIO,
-    own_rank_state,
-    restore_rng_state,
-    rng_state,
-    with_every_rank,
-)
+from baton.backends.fabric.checkpoint import FabricCheckpointIO
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.evaluation import evaluate_batches
 from baton.backends.fabric.model_state import FabricModelState
@@ -308,40 +302,16 @@ class FabricBackend(
         )
 
     # -- checkpoints: FabricCheckpointIO (checkpoint.py), through UsesCheckpointIO -----
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The live objects a checkpoint holds, restored in place by ``fabric.load``."""
-        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler
-        return state
-
-    def checkpoint_values(self) -> dict[str, Any]:
-        """Plain values saved beside the model: data position, random state, samples
-        consumed (every rank's; a subclass adds its own)."""
-        assert self.stream is not None
-        own = {
-            "data": self.stream.state_dict(),
-            "rng": rng_state(self.fabric.device),
-            "samples": self.samples_consumed,
-        }
-        return with_every_rank(own, self.fabric.world_size)  # fabric.save writes rank 0's
-
-    def restore_checkpoint_values(self, remainder: dict[str, Any]) -> None:
-        """Restore this rank's ``checkpoint_values`` from what ``fabric.load`` left."""
-        assert self.stream is not None
-        own = own_rank_state(remainder, self.fabric.global_rank, self.fabric.world_size)
-        self.stream.load_state_dict(own["data"])
-        self.samples_consumed = int(own.get("samples", 0))
-        restore_rng_state(own["rng"], self.fabric.device)
-
     @property
     def supports_async_save(self) -> bool:
         """Whole states (single device, DDP) are written by a thread; sharded ones not."""
         return self.checkpoints.asynchronous
 
     def teardown(self) -> None:
-        """Wait for a save still being written and stop the writer thread."""
+        """Wait for a save still being written and stop the writer thread; forget what
+        was built around this run's model (a next ``setup`` builds it again)."""
         self.checkpoints.close()
+        self._corruption = self._losses = None
 
     # -- resuming with changed settings ---------------------------------------------
     @property

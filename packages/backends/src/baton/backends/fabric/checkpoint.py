@@ -153,11 +153,11 @@ def own_rank_state(remainder: dict[str, Any], rank: int, world_size: int) -> dic
 
 
 class FabricCheckpointIO:
-    """The Fabric backend's checkpoints: ``fabric.save``/``fabric.load`` of the state the
-    engine hands over (``checkpoint_state``: the live model, optimizer and schedulers;
-    ``checkpoint_values``: the data position, random state and samples consumed),
+    """The Fabric backend's checkpoints: ``fabric.save``/``fabric.load`` of the engine's
+    state (``state()``: the live model, optimizer and scheduler, restored in place;
+    ``values()``: each rank's data position, random state and samples consumed),
     asynchronous saves staged as this module describes, and the facts core records in
-    ``baton.json``.
+    ``baton.json``. ``LightningCheckpointIO`` adds what a LightningModule run holds.
 
     Built by the backend in ``__init__``; it reads the engine's Fabric, model and
     optimizer when called, after ``setup``::
@@ -193,7 +193,7 @@ class FabricCheckpointIO:
         handle when ``asynchronous`` and the strategy allows it."""
         engine = self.engine
         fabric, model, optimizer = engine.fabric, engine.model, engine.optimizer
-        state = {**engine.checkpoint_state(), **engine.checkpoint_values()}
+        state = {**self.state(), **self.values()}
         if fabric.global_rank == 0:
             save_hf_config(engine.raw_model, directory)
         self.wait_for_staging()  # an earlier save still copying the weights
@@ -225,9 +225,36 @@ class FabricCheckpointIO:
     def load(self, directory: Path) -> None:
         """``fabric.load`` into the engine's live state, then its plain values."""
         self.wait_for_staging()
+        self.restore_values(self.engine.fabric.load(directory / STATE_FILE, self.state()))
+
+    def state(self) -> dict[str, Any]:
+        """The live objects a checkpoint holds, restored in place by ``fabric.load``."""
         engine = self.engine
-        remainder = engine.fabric.load(directory / STATE_FILE, engine.checkpoint_state())
-        engine.restore_checkpoint_values(remainder)
+        state: dict[str, Any] = {"model": engine.model, "optimizer": engine.optimizer}
+        if engine.scheduler is not None:
+            state["scheduler"] = engine.scheduler
+        return state
+
+    def values(self) -> dict[str, Any]:
+        """Plain values saved beside the model: data position, random state, samples
+        consumed, every rank's (``with_every_rank``: ``fabric.save`` writes rank 0's)."""
+        engine = self.engine
+        assert engine.stream is not None
+        own = {
+            "data": engine.stream.state_dict(),
+            "rng": rng_state(engine.fabric.device),
+            "samples": engine.samples_consumed,
+        }
+        return with_every_rank(own, engine.fabric.world_size)
+
+    def restore_values(self, remainder: dict[str, Any]) -> None:
+        """Restore this rank's ``values()`` from what ``fabric.load`` left."""
+        engine = self.engine
+        assert engine.stream is not None
+        own = own_rank_state(remainder, engine.fabric.global_rank, engine.fabric.world_size)
+        engine.stream.load_state_dict(own["data"])
+        engine.samples_consumed = int(own.get("samples", 0))
+        restore_rng_state(own["rng"], engine.fabric.device)
 
     def facts(self) -> CheckpointFacts:
         """The strategy's layout and the samples consumed (the data is the user's

@@ -37,7 +37,11 @@ from baton.backends.fabric.backend import FabricBackend
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.stream import count_batch
-from baton.backends.fabric.weights import STATE_FILE
+from baton.backends.lightning.checkpoint_io import (
+    FORMER_NAME,
+    LightningCheckpointIO,
+    holds_loop_state,
+)
 from baton.backends.lightning.loop import LightningLoop
 from baton.backends.lightning.manual import check_manual
 from baton.backends.lightning.stream import EpochStream
@@ -198,6 +202,7 @@ class LightningBackend(FabricBackend):
         )
         self.module = module
         self.datamodule = datamodule
+        self.checkpoints = LightningCheckpointIO(self)
         #: the run's length was given here (else the driver's ``max_steps`` is used)
         self._length_given = max_steps is not None or max_epochs is not None
         self.loop = LightningLoop(
@@ -364,73 +369,21 @@ class LightningBackend(FabricBackend):
             )
         return NamedMetrics(values)
 
-    # -- checkpoints ----------------------------------------------------------------
-    def checkpoint_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": self.model}
-        for i, optimizer in enumerate(self.loop.optimizers):
-            state["optimizer" if i == 0 else f"optimizer_{i}"] = optimizer
-        for i, config in enumerate(self.loop.scheduler_configs):
-            state[f"scheduler_{i}"] = config.scheduler
-        return state
-
-    def checkpoint_values(self) -> dict[str, Any]:
-        state = super().checkpoint_values()
-        assert self.stream is not None
-        checkpoint: dict[str, Any] = {"epoch": self.stream.epoch}
-        if self.datamodule is not None:
-            checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
-        self.module.on_save_checkpoint(checkpoint)
-        state["lightning"] = checkpoint
-        state[LOOP_STATE] = self.loop.state_dict()
-        return state
-
+    # -- checkpoints: LightningCheckpointIO (checkpoint_io.py), through UsesCheckpointIO -
     def claims_checkpoint(self, saved_name: str, directory: Path) -> bool:
         """A checkpoint recorded as ``fabric`` (as this backend's were before it had its
         own name) is this backend's when it holds the LightningModule loop's state
         (``baton.core.checkpoint_record.ClaimsRenamedCheckpoints``)."""
         return saved_name == FORMER_NAME and holds_loop_state(directory)
 
-    def restore_checkpoint_values(self, remainder: dict[str, Any]) -> None:
-        super().restore_checkpoint_values(remainder)
-        checkpoint = remainder.get("lightning", {})
-        if self.datamodule is not None:
-            key = type(self.datamodule).__qualname__
-            if key in checkpoint:
-                self.datamodule.load_state_dict(checkpoint[key])
-        self.module.on_load_checkpoint(checkpoint)
-        if LOOP_STATE in remainder:
-            self.loop.load_state_dict(remainder[LOOP_STATE])
-
     def teardown(self) -> None:
+        super().teardown()
         if self.fabric is None:
             return
         self.loop.finish()
         if self.datamodule is not None:
             self.datamodule.teardown("fit")
         self.module.teardown("fit")
-
-
-#: the backend name this backend's checkpoints recorded before it had its own
-FORMER_NAME = "fabric"
-#: the state entry of the LightningModule loop (``LightningLoop.state_dict``)
-LOOP_STATE = "lightning_loop"
-#: where a sharded (FSDP) Fabric checkpoint keeps its plain values, beside the shards
-SHARDED_VALUES_FILE = "meta.pt"
-
-
-def holds_loop_state(directory: Path) -> bool:
-    """Whether the Fabric checkpoint in ``directory`` (a checkpoint's ``backend/``) holds
-    the LightningModule loop's state: a plain Fabric run's never does. Tensors are
-    memory-mapped, not read; the checkpoint is unpickled as ``fabric.load`` would."""
-    import torch
-
-    file = Path(directory) / STATE_FILE
-    if file.is_dir():
-        file = file / SHARDED_VALUES_FILE
-    if not file.is_file():
-        return False
-    state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
-    return isinstance(state, dict) and LOOP_STATE in state
 
 
 def check_callbacks(callbacks: Sequence[Any]) -> list[Any]:

@@ -171,22 +171,55 @@ class PackedTextDataset(IterableDataset, Stateful):
         self.window = int(state_dict["window"])
 
 
-def loader_options(
-    config: Any, local_batch_size: int, snapshot_every_n_steps: int | None
-) -> dict[str, Any]:
-    """``ParallelAwareDataloader``'s settings from a loader ``Config`` (the part every
-    baton loader passes on unchanged)."""
-    return {
-        "batch_size": local_batch_size,
-        "num_workers": config.num_workers,
-        "persistent_workers": config.persistent_workers,
-        "pin_memory": config.pin_memory,
-        "prefetch_factor": config.prefetch_factor,
-        "snapshot_every_n_steps": snapshot_every_n_steps,
-    }
+class BatonDataLoader(ParallelAwareDataloader):
+    """TorchTitan's data-loader protocol, once for every baton loader: the keyword
+    arguments TorchTitan's ``build_dataloader`` passes, and the loader settings of the
+    ``Config`` (workers, pinning, prefetch) handed on to ``ParallelAwareDataloader``
+    unchanged. A subclass defines its ``Config`` and builds its dataset
+    (``build_dataset``)."""
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs: Any,
+    ) -> None:
+        dataset = self.build_dataset(
+            config, tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
+        )
+        super().__init__(
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            batch_size=local_batch_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+        )
+
+    @classmethod
+    def build_dataset(
+        cls,
+        config: Any,
+        tokenizer: BaseTokenizer,
+        *,
+        seq_len: int,
+        dp_rank: int,
+        dp_world_size: int,
+    ) -> IterableDataset[Any]:
+        """This rank's dataset of ``seq_len``-token windows, as ``config`` says."""
+        raise NotImplementedError
 
 
-class LocalTextDataLoader(ParallelAwareDataloader):
+class LocalTextDataLoader(BatonDataLoader):
     """TorchTitan data loader over a local text corpus (``PackedTextDataset``)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -199,19 +232,17 @@ class LocalTextDataLoader(ParallelAwareDataloader):
         infinite: bool = True
         """Loop over the corpus forever (reshuffled each epoch)."""
 
-    def __init__(
-        self,
+    @classmethod
+    def build_dataset(
+        cls,
         config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
         tokenizer: BaseTokenizer,
+        *,
         seq_len: int,
-        local_batch_size: int,
-        snapshot_every_n_steps: int | None = 1,
-        **kwargs: Any,
-    ) -> None:
-        dataset = PackedTextDataset(
+        dp_rank: int,
+        dp_world_size: int,
+    ) -> PackedTextDataset:
+        return PackedTextDataset(
             paragraphs(config.dataset_path),
             tokenizer,
             seq_len=seq_len,
@@ -219,12 +250,6 @@ class LocalTextDataLoader(ParallelAwareDataloader):
             dp_world_size=dp_world_size,
             seed=config.seed,
             infinite=config.infinite,
-        )
-        super().__init__(
-            dataset,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            **loader_options(config, local_batch_size, snapshot_every_n_steps),
         )
 
 

@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.torchtitan.data import loader_options
+from baton.backends.torchtitan.data import BatonDataLoader
 from baton.data import PreparedDataset, load_tokenizer
 
 
@@ -102,7 +102,7 @@ class PreparedWindows(IterableDataset, Stateful):
         self.window = int(state_dict["window"])
 
 
-class PreparedDataLoader(ParallelAwareDataloader):
+class PreparedDataLoader(BatonDataLoader):
     """TorchTitan data loader over a prepared dataset (``PreparedWindows``)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -113,18 +113,16 @@ class PreparedDataLoader(ParallelAwareDataloader):
         infinite: bool = True
         """Start again from the first window after the last one."""
 
-    def __init__(
-        self,
+    @classmethod
+    def build_dataset(
+        cls,
         config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
         tokenizer: BaseTokenizer,
+        *,
         seq_len: int,
-        local_batch_size: int,
-        snapshot_every_n_steps: int | None = 1,
-        **kwargs: Any,
-    ) -> None:
+        dp_rank: int,
+        dp_world_size: int,
+    ) -> PreparedWindows:
         if not config.dataset_path:
             raise ValueError("PreparedDataLoader needs dataset_path (a prepared PREFIX)")
         data = PreparedDataset(config.dataset_path)
@@ -134,17 +132,11 @@ class PreparedDataLoader(ParallelAwareDataloader):
             info = load_tokenizer(path)
             data.check_tokenizer(info)
             eod_id = info.eod_id
-        dataset = PreparedWindows(
+        return PreparedWindows(
             data,
             eod_id=int(eod_id if eod_id is not None else -1),
             seq_len=seq_len,
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
             infinite=config.infinite,
-        )
-        super().__init__(
-            dataset,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            **loader_options(config, local_batch_size, snapshot_every_n_steps),
         )

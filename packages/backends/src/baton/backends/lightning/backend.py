@@ -45,6 +45,7 @@ from baton.backends.lightning.checkpoint_io import (
 from baton.backends.lightning.loop import LightningLoop
 from baton.backends.lightning.manual import check_manual
 from baton.backends.lightning.stream import EpochStream
+from baton.backends.lightning.validation import overrides
 from baton.core.backend import RunLimits
 from baton.core.metrics import NamedMetrics, StepOutput
 
@@ -258,7 +259,7 @@ class LightningBackend(FabricBackend):
         self.model = self.fabric.setup_module(module)
         module._fabric = None  # self.trainer, self.log, self.optimizers(): baton's TrainerView
         self.stream = loop.stream = EpochStream(self._loader(data_hooks.train_dataloader()))
-        if self.eval_data is None and _overrides(module, "validation_step"):
+        if self.eval_data is None and overrides(module, "validation_step"):
             self.eval_data = self._loader(data_hooks.val_dataloader())
         self._setup_optimizers()
         self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
@@ -412,9 +413,3 @@ def check_callbacks(callbacks: Sequence[Any]) -> list[Any]:
                 )
         accepted.append(callback)
     return accepted
-
-
-def _overrides(module: Any, name: str) -> bool:
-    import lightning.pytorch as pl
-
-    return getattr(type(module), name, None) is not getattr(pl.LightningModule, name)

@@ -28,9 +28,7 @@ Lightning callbacks run beside the module's hooks, callbacks first, with
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +36,7 @@ import torch
 from baton.backends.lightning.manual import run_manual_batch
 from baton.backends.lightning.stream import EpochStream
 from baton.backends.lightning.trainer import TrainerView
+from baton.backends.lightning.validation import isolated_rng, validate
 from baton.core.backend import DataExhausted
 
 
@@ -338,65 +337,11 @@ class LightningLoop:
         self.stream.end_epoch()
         return epoch_metrics
 
-    # -- validation --------------------------------------------------------------------
+    # -- validation: validation.py --------------------------------------------------
     def validate(self, limit: int | None, stage: str = "validate") -> dict[str, Any]:
         """``Trainer``'s validation loop over the evaluation data: the epoch-level values
         the module logged (``self.log`` in ``validation_step``/``on_validation_epoch_end``)."""
-        data = self.backend.eval_data
-        trainer = self.trainer
-        connector = trainer._logger_connector
-        first_loop_iter = connector._first_loop_iter
-        trainer.stage = stage
-        try:
-            if stage == "validate":
-                self.module_hook("on_validation_model_zero_grad")
-            with torch.inference_mode():  # the Trainer's whole validation loop
-                logged = self._validation_loop(data, limit)
-        finally:
-            trainer.stage = "train"
-            connector._first_loop_iter = first_loop_iter
-        return logged
-
-    def _validation_loop(self, data: Any, limit: int | None) -> dict[str, Any]:
-        trainer, module = self.trainer, self.module
-        connector = trainer._logger_connector
-        modes = {name: m.training for name, m in module.named_modules()}
-        self.module_hook("on_validation_model_eval")
-        self.hook("on_validation_start")
-        self.hook("on_validation_epoch_start")
-        for batch_idx, batch in enumerate(data):
-            if limit is not None and batch_idx >= limit:
-                break
-            self._validation_batch(batch, batch_idx)
-        connector.epoch_end_reached()
-        logged = dict(connector.update_eval_epoch_metrics())
-        connector.epoch_end_reached()
-        connector._evaluation_epoch_end()
-        self.hook("on_validation_epoch_end")
-        connector.on_epoch_end()
-        logged.update(connector.update_eval_epoch_metrics())
-        self.hook("on_validation_end")
-        connector.reset_results()
-        if _overrides(module, "on_validation_model_train"):
-            self.module_hook("on_validation_model_train")
-        else:
-            for name, submodule in module.named_modules():
-                submodule.train(modes.get(name, True))
-        return logged
-
-    def _validation_batch(self, batch: Any, batch_idx: int) -> None:
-        batch = self.fabric.to_device(batch)
-        connector = self.trainer._logger_connector
-        connector.on_batch_start(batch)
-        self.hook("on_validation_batch_start", batch, batch_idx)
-        module = self.module
-        previous, module._current_fx_name = module._current_fx_name, "validation_step"
-        try:
-            output = self.model.validation_step(batch, batch_idx)
-        finally:
-            module._current_fx_name = previous
-        self.hook("on_validation_batch_end", output, batch, batch_idx)
-        connector.on_batch_end()
+        return validate(self, limit, stage)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -419,29 +364,3 @@ class LightningLoop:
             k: v.to(device) if isinstance(v, torch.Tensor) else v
             for k, v in state["callback_metrics"].items()
         }
-
-
-@contextmanager
-def isolated_rng(device: torch.device) -> Iterator[None]:
-    """Python, NumPy and torch random states restored on exit (Lightning's ``isolate_rng``)."""
-    python_state = random.getstate()
-    try:
-        import numpy as np
-
-        numpy_state: Any = np.random.get_state()
-    except ImportError:  # pragma: no cover - numpy comes with torch
-        np, numpy_state = None, None
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-            if np is not None:
-                np.random.set_state(numpy_state)
-
-
-def _overrides(module: Any, name: str) -> bool:
-    import lightning.pytorch as pl
-
-    return getattr(type(module), name, None) is not getattr(pl.LightningModule, name)

@@ -20,6 +20,7 @@ limits. Beside it, each behind a small interface the loop calls:
   of the run (counters, callback states), over ``saving.CheckpointSaver`` (writing
   checkpoints, sync or async, and completing them) and ``resuming.Resumer`` (choosing,
   verifying and loading the checkpoint to continue from; the changed-settings policy);
+- ``reporting``: a log step's metrics in one host transfer, and an evaluation;
 - ``shutdown``: the end of a run, cleanly or after an error;
 - ``run_record``: ``run.json`` and ``patches.json``.
 """
@@ -34,11 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
-from baton.core.backend import (
-    Ability,
-    Backend,
-    DataExhausted,
-)
+from baton.core.backend import Ability, Backend, DataExhausted
 from baton.core.callback import Callback
 from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
 from baton.core.control import Control

@@ -16,9 +16,10 @@ another layout resumes through DCP's resharding (``--reshard-data restart`` when
 data-parallel degree changed: the data loader then starts over). ``--init-from CKPT``
 starts from a checkpoint's weights only (step 0, fresh optimizer).
 
-Model: TorchTitan's debug model (its vocabulary follows ``--tokenizer``), or any Llama
-``config.json`` with ``--model-config DIR_OR_FILE`` (registered as a flavour of
-TorchTitan's llama3 registry). ``--init-from HF_DIR`` (a ``save_pretrained`` directory)
+Model: TorchTitan's debug model (its vocabulary follows ``--tokenizer``), or any Llama,
+Qwen3 or Qwen3-MoE ``config.json`` with ``--model-config DIR_OR_FILE`` (registered as a
+flavour of TorchTitan's llama3 or qwen3 registry; a Qwen3-MoE with TorchTitan's MoE
+layer, ``--ep`` its expert-parallel degree). ``--init-from HF_DIR`` (a ``save_pretrained`` directory)
 trains that directory's architecture from its weights through TorchTitan's
 ``Llama3StateDictAdapter.from_hf``::
 
@@ -78,7 +79,8 @@ def recipe(
         pp: pipeline parallel stages.
         pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
+            directory) to build.
         reshard_data: when the data-parallel degree changed on resume: refuse or restart.
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.

@@ -5,6 +5,8 @@ uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 40 --resume auto
 uv run baton run recipes/torchtitan_llama3_debug.py --data-path corpus.jsonl --tokenizer tok/
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli run \
     recipes/torchtitan_llama3_debug.py --dp-shard 2 --tp 2        # FSDP x TP on 4 ranks
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \
+    recipes/torchtitan_llama3_debug.py --init-from qwen3-moe/ --ep 2  # experts on 2 ranks
 
 Data: ``--data-path`` (``.jsonl``/``.parquet`` through TorchTitan's Hugging Face loader,
 a ``baton data prepare`` prefix through ``PreparedDataLoader``, ``.txt`` through baton's
@@ -54,6 +56,7 @@ def recipe(
     tp: int = 1,
     pp: int = 1,
     pp_schedule: str = "1F1B",
+    ep: int = 1,
     init_from: str | None = None,
     model_config: str | None = None,
     reshard_data: str = "refuse",
@@ -78,6 +81,7 @@ def recipe(
         tp: tensor parallel degree.
         pp: pipeline parallel stages.
         pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
+        ep: expert parallel degree of a Qwen3-MoE (experts sharded over dp_shard x tp).
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
@@ -95,7 +99,7 @@ def recipe(
         tokenizer=tokenizer,
         log_freq=log_every,
     )
-    set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule)
+    set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule, ep=ep)
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     if spec is not None:

@@ -112,3 +112,30 @@ def test_qwen3_moe_logits_loss_balance_and_export_equal_transformers(tmp_path):
     with torch.no_grad():
         model.load_state_dict(adapter.from_hf(trained))
         torch.testing.assert_close(exported(tokens).logits, model(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_qwen3_30b_a3b_dry_run_plans_expert_parallelism(tmp_path, capfd):
+    """The real-size recipe plans Qwen3-30B-A3B (its config.json, written here) on EP x
+    TP x PP x FSDP without building it; an expert-parallel degree that does not divide
+    the experts is refused by name."""
+    from transformers import Qwen3MoeConfig
+
+    from baton.core.errors import UsageError
+
+    Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True, max_position_embeddings=40960,
+    ).save_pretrained(tmp_path / "a3b")  # fmt: skip
+    recipe = RECIPE.parent / "torchtitan_llama3_8b.py"
+    flags = ["--dry-run", "--model-config", str(tmp_path / "a3b"), "--seq-len", "4096"]
+    layout = ["--ep", "4", "--tp", "2", "--pp", "2", "--batch-size", "2", "--world-size", "32"]
+    assert build_driver(recipe, [*flags, *layout]) is None
+    plan = capfd.readouterr().out
+    assert "30.53 B parameters" in plan
+    assert "32 = dp_replicate 1 x dp_shard (FSDP) 8 x cp 1 x tp 2 x pp 2 (ep 4)" in plan
+    assert "128 per MoE layer x 48 layers, top 8; ep 4: 32 experts/rank" in plan
+    assert "28.99 B in experts, 3.35 B active per token" in plan
+    assert "~14.2 GiB/rank of weights, grads and AdamW state" in plan
+    with pytest.raises(UsageError, match="expert parallel degree 3 does not divide 128"):
+        build_driver(recipe, [*flags, "--ep", "3", "--world-size", "3"])

@@ -29,13 +29,17 @@ SEQ, BATCH, VOCAB = 64, 2, 512
 
 
 class Logged(Callback):
-    """Every logged metric, by step."""
+    """Every logged metric, by step, and the ``model_state`` parameter names."""
 
     def __init__(self) -> None:
         self.steps: dict[int, dict[str, float]] = {}
+        self.names: set[str] = set()
 
     def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
         self.steps[driver.step] = dict(metrics)
+
+    def on_step_end(self, driver: Any, output: Any) -> None:
+        self.names = {piece.name for piece in driver.backend.model_state().parameters()}
 
 
 def sdpa_model(config: Any) -> Any:
@@ -103,6 +107,9 @@ def test_qwen3_moe_logits_loss_balance_and_export_equal_transformers(tmp_path):
     assert hf["aux"] > 1.0  # so the term the two losses differ by is not negligible
     assert first["moe/load_balance"] == pytest.approx(hf["balance"], rel=1e-6)
     assert "moe/aux_loss" not in first and "moe/dropped_fraction" not in first
+    # Hugging Face names, but a grouped expert weight is one tensor for every expert's
+    assert {"model.layers.1.mlp.gate.weight", "model.layers.1.self_attn.q_norm.weight",
+            "layers.1.moe.routed_experts.inner_experts.w2_EDF"} <= logged.names  # fmt: skip
 
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0

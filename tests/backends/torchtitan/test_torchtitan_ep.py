@@ -1,7 +1,8 @@
 """TorchTitan's expert parallelism under baton on two CPU ranks (gloo; ``ep_worker.py``):
 a tiny Qwen3-MoE on FSDP 2 x EP 2 trains with exactly the losses of TorchTitan's own
-``Trainer.train()`` on that layout, records ``ep`` in its checkpoint's layout, and its
-step-2 checkpoint resumes on EP 1 through DCP's resharding with the same losses."""
+``Trainer.train()`` on that layout, records ``ep`` in its checkpoint's layout, its
+step-2 checkpoint resumes on EP 1 through DCP's resharding with the same losses, and
+``moe/load_balance`` is the same on EP 2 and EP 1 (every rank's tokens counted)."""
 
 from __future__ import annotations
 
@@ -33,5 +34,9 @@ def test_expert_parallel_2_equals_trainer_train_and_resumes_on_ep_1(tmp_path):
             "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1, "pp": 1, "ep": 2, "world_size": 2
         }  # fmt: skip
         # EP 2 -> EP 1: DCP reshards the experts; the run continues where it stopped
-        assert facts["ep1_resumed_start"] == {"step": 2, "count": 2}
+        assert facts["ep1_resumed_start"]["step"] == 2
         assert facts["ep1_resumed_losses"] == {s: reference[s] for s in ("3", "4")}
+        # moe/load_balance counts both ranks' tokens, whichever rank holds the experts
+        assert sorted(facts["ep2_balance"]) == ["1", "2", "3", "4"]
+        assert facts["ep2_balance"] == facts["ep1_balance"] == ranks[0]["ep2_balance"]
+        assert all(value >= 1.0 for value in facts["ep2_balance"].values())

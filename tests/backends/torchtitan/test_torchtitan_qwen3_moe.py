@@ -1,5 +1,5 @@
 """One model, TorchTitan: a Hugging Face Qwen3-MoE (4 experts, top 2, renormalised top-k
-weights) built by TorchTitan's own qwen3 model and MoE layer, loaded and exported through
+weights; a dense first layer) built by TorchTitan's own qwen3 model and MoE layer, loaded and exported through
 its own ``Qwen3StateDictAdapter``: logits equal ``transformers``', the first-step loss is
 ``transformers``' cross entropy (TorchTitan adds no auxiliary loss: the difference from
 ``transformers``' loss is exactly its ``router_aux_loss_coef`` term), ``moe/load_balance``
@@ -26,6 +26,8 @@ from support.titan_batches import first_byte_batch
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH, VOCAB = 64, 2, 512
+#: three layers, the first dense (mlp_only_layers): TorchTitan's feed-forward there
+SHAPE = {"num_hidden_layers": 3, "mlp_only_layers": [0]}
 
 
 class Logged(Callback):
@@ -79,9 +81,10 @@ def test_qwen3_moe_logits_loss_balance_and_export_equal_transformers(tmp_path):
     from baton.backends.torchtitan.qwen3 import qwen3_model_config
     from baton.tools.export import main as export_main
 
-    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB)
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB, **SHAPE)
     reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     spec = ModelSpec.from_hf(hf_dir)
+    assert spec.moe is not None and spec.moe.dense_layers == (0,)
     config = qwen3_model_config(spec)
     model = sdpa_model(config)
     adapter = Qwen3StateDictAdapter(config, None)

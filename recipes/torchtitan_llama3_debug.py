@@ -57,6 +57,7 @@ def recipe(
     pp: int = 1,
     pp_schedule: str = "1F1B",
     ep: int = 1,
+    expert_bias: float | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
     reshard_data: str = "refuse",
@@ -82,6 +83,8 @@ def recipe(
         pp: pipeline parallel stages.
         pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
         ep: expert parallel degree of a Qwen3-MoE (experts sharded over dp_shard x tp).
+        expert_bias: balance a Qwen3-MoE's experts with TorchTitan's expert bias, this
+            update rate (its own flavours use 1e-3); such a run does not export to HF.
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
@@ -110,6 +113,10 @@ def recipe(
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path
         config.checkpoint.initial_load_path = init_from
+    if expert_bias is not None:  # TorchTitan's auxiliary-loss-free balancing
+        from baton.backends.torchtitan.moe import use_expert_bias
+
+        use_expert_bias(config, expert_bias)
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = "async" if async_save else "disabled"

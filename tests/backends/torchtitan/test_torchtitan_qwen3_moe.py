@@ -149,3 +149,25 @@ def test_qwen3_30b_a3b_dry_run_plans_expert_parallelism(tmp_path, capfd):
     assert "~14.2 GiB/rank of weights, grads and AdamW state" in plan
     with pytest.raises(UsageError, match="expert parallel degree 3 does not divide 128"):
         build_driver(recipe, [*flags, "--ep", "3", "--world-size", "3"])
+
+
+def test_expert_bias_balancing_trains_and_its_export_is_refused(tmp_path, capfd):
+    """``--expert-bias``: TorchTitan's auxiliary-loss-free balancing updates the expert
+    bias; Hugging Face's Qwen3-MoE has none, so the export is refused by name. A model
+    without experts refuses the flag."""
+    from baton.core.errors import UsageError
+    from baton.tools.export import main as export_main
+
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB)
+    args = ["--max-steps", "1", "--seq-len", str(SEQ), "--batch-size", str(BATCH),
+            "--run-dir", str(tmp_path / "run"), "--no-progress", "--expert-bias", "0.001"]  # fmt: skip
+    driver = build_driver(RECIPE, ["--init-from", str(hf_dir), *args])
+    assert driver is not None
+    driver.fit()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    capfd.readouterr()
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 2
+    assert "layers.0.moe.expert_bias_E is not zero" in capfd.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="--expert-bias balances the experts"):
+        build_driver(RECIPE, args)

@@ -17,13 +17,15 @@ reference):
 - No auxiliary loss: TorchTitan's Qwen3-MoE adds no load-balancing loss to the loss
   (``router_aux_loss_coef`` is not applied; a warning says so) and balances, where
   enabled, with an expert bias (``MoE.load_balance_coeff``, auxiliary-loss-free
-  balancing). Hugging Face's Qwen3-MoE has no such bias, so it is off here
+  balancing). Hugging Face's Qwen3-MoE has no such bias, so it is off by default
   (``load_balance_coeff=None``): the trained model exports as exactly the model that
-  trained. ``--set`` can turn it on for a run that need not export.
+  trained. :func:`use_expert_bias` turns it on (the recipes' ``--expert-bias RATE``);
+  ``baton export`` then refuses the checkpoint (:func:`expert_bias_refusal`).
 
 Example::
 
-    layers = moe_layer_configs(spec, attention_for_layer)   # list of block configs
+    config = qwen3_model_config(spec)                 # MoE layers from moe_config(spec, ...)
+    use_expert_bias(trainer_config, 1e-3)             # TorchTitan's bias balancing on
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torchtitan.models.common.moe import GroupedExperts
 
+from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -123,3 +126,41 @@ def expert_init(std: float = 0.02) -> dict[str, Any]:
 
     normal = partial(nn.init.normal_, std=std)
     return {"w1_EFD": normal, "w2_EDF": normal, "w3_EFD": normal}
+
+
+#: the name of TorchTitan's expert-bias buffer in a checkpoint (``layers.N.moe.<name>``)
+EXPERT_BIAS = "expert_bias_E"
+
+
+def use_expert_bias(config: Any, rate: float) -> int:
+    """Turn on TorchTitan's auxiliary-loss-free balancing in a ``Trainer.Config``: every
+    MoE layer's ``load_balance_coeff`` (the step of the expert-bias update) is ``rate``;
+    returns how many layers it set. A model without experts is a ``UsageError``."""
+    from torchtitan.models.common.moe import MoE
+
+    if not rate > 0:
+        raise UsageError(f"--expert-bias must be a positive update rate, got {rate!r}")
+    layers = list(config.model_spec.model.traverse(MoE.Config))
+    if not layers:
+        raise UsageError(
+            "--expert-bias balances the experts of a mixture-of-experts model; this model has "
+            "none (pass a Qwen3-MoE with --model-config or --init-from)"
+        )
+    for _fqn, moe, _parent, _attr in layers:
+        moe.load_balance_coeff = rate
+    return len(layers)
+
+
+def expert_bias_refusal(weights: dict[str, Any]) -> str | None:
+    """Why a checkpoint's weights cannot export as a Hugging Face Qwen3-MoE: an expert
+    bias that routing adds (a run trained with :func:`use_expert_bias`); ``None`` if
+    there is none or it is zero."""
+    biased = [key for key, value in weights.items() if key.endswith(EXPERT_BIAS) and value.any()]
+    if not biased:
+        return None
+    return (
+        f"{biased[0]} is not zero: this run balanced its experts with TorchTitan's expert "
+        "bias (--expert-bias), which routing adds and Hugging Face's Qwen3-MoE has no place "
+        "for, so the exported model would route differently; train without --expert-bias "
+        "to export"
+    )

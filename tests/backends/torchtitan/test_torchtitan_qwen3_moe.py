@@ -127,7 +127,7 @@ def test_qwen3_moe_logits_loss_balance_and_export_equal_transformers(tmp_path):
 def test_qwen3_30b_a3b_dry_run_plans_expert_parallelism(tmp_path, capfd):
     """The real-size recipe plans Qwen3-30B-A3B (its config.json, written here) on EP x
     TP x PP x FSDP without building it; an expert-parallel degree that does not divide
-    the experts is refused by name."""
+    the experts, or one for a model without experts, is refused by name."""
     from transformers import Qwen3MoeConfig
 
     from baton.core.errors import UsageError
@@ -147,14 +147,16 @@ def test_qwen3_30b_a3b_dry_run_plans_expert_parallelism(tmp_path, capfd):
     assert "128 per MoE layer x 48 layers, top 8; ep 4: 32 experts/rank" in plan
     assert "28.99 B in experts, 3.35 B active per token" in plan
     assert "~14.2 GiB/rank of weights, grads and AdamW state" in plan
-    with pytest.raises(UsageError, match="expert parallel degree 3 does not divide 128"):
+    with pytest.raises(UsageError, match="expert parallel degree 3 does not divide the mo"):
         build_driver(recipe, [*flags, "--ep", "3", "--world-size", "3"])
+    with pytest.raises(UsageError, match="expert parallel degree 2 needs a mixture-of-expe"):
+        build_driver(recipe, ["--dry-run", "--ep", "2"])  # Llama 3 8B has no experts
 
 
 def test_expert_bias_balancing_trains_and_its_export_is_refused(tmp_path, capfd):
     """``--expert-bias``: TorchTitan's auxiliary-loss-free balancing updates the expert
     bias; Hugging Face's Qwen3-MoE has none, so the export is refused by name. A model
-    without experts refuses the flag."""
+    without experts refuses the flag, and a run of one refuses --ep."""
     from baton.core.errors import UsageError
     from baton.tools.export import main as export_main
 
@@ -171,3 +173,7 @@ def test_expert_bias_balancing_trains_and_its_export_is_refused(tmp_path, capfd)
     assert not (tmp_path / "out").exists()
     with pytest.raises(UsageError, match="--expert-bias balances the experts"):
         build_driver(RECIPE, args)
+    dense = build_driver(RECIPE, ["--ep", "2", "--run-dir", str(tmp_path / "dense")])
+    assert dense is not None
+    with pytest.raises(UsageError, match="expert parallel degree 2 needs a mixture-of-expe"):
+        dense.fit()  # refused before TorchTitan builds anything

@@ -204,6 +204,11 @@ class TorchTitanBackend(TorchDistributed, BackendBase):
                 f"the model's vocabulary sizes disagree ({mismatch}); change the vocabulary "
                 "with --model-config (a config.json) or a --tokenizer, not one field by --set"
             )
+        from baton.backends.torchtitan.moe import expert_parallel_refusal
+
+        refusal = expert_parallel_refusal(cfg)
+        if refusal is not None:
+            raise UsageError(refusal)
         self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer

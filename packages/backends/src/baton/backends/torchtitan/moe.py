@@ -164,3 +164,23 @@ def expert_bias_refusal(weights: dict[str, Any]) -> str | None:
         "for, so the exported model would route differently; train without --expert-bias "
         "to export"
     )
+
+
+def expert_parallel_refusal(config: Any) -> str | None:
+    """Why a ``Trainer.Config``'s expert-parallel degree cannot apply: a model without
+    experts, or experts that the degree does not divide; ``None`` when it fits."""
+    from torchtitan.models.common.moe import MoE
+
+    ep = int(getattr(config.parallelism, "expert_parallel_degree", 1))
+    if ep <= 1:
+        return None
+    layers = [moe for _fqn, moe, _p, _a in config.model_spec.model.traverse(MoE.Config)]
+    if not layers:
+        return (
+            f"expert parallel degree {ep} needs a mixture-of-experts model; this one has no "
+            "experts (pass a Qwen3-MoE with --model-config or --init-from, or drop --ep)"
+        )
+    experts = layers[0].num_experts
+    if experts % ep:
+        return f"expert parallel degree {ep} does not divide the model's {experts} experts"
+    return None

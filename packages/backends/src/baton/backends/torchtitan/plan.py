@@ -89,6 +89,11 @@ def _check_layout(config: Any, dims: Any) -> int:
     layers = len(getattr(config.model_spec.model, "layers", []) or [])
     if dims.pp > 1 and layers and layers < dims.pp:
         raise ValueError(f"pipeline degree {dims.pp} exceeds the model's {layers} layers")
+    from baton.backends.torchtitan.moe import expert_parallel_refusal
+
+    refusal = expert_parallel_refusal(config)
+    if refusal is not None:
+        raise ValueError(refusal)
     return global_batch
 
 
@@ -104,8 +109,6 @@ def expert_lines(model: Any, dims: Any) -> list[str]:
         return []
     first = layers[0]
     experts, top_k = first.routed_experts.inner_experts.num_experts, first.router.top_k
-    if experts % dims.ep:
-        raise ValueError(f"expert parallel degree {dims.ep} does not divide {experts} experts")
     expert_params = sum(
         p.numel() for m in layers for p in m.routed_experts.inner_experts.parameters()
     )

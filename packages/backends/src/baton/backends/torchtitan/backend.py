@@ -20,8 +20,9 @@ Example::
 Metrics: ``loss`` (global average over valid tokens, as TorchTitan logs it),
 ``grad_norm`` and ``lr`` (or ``lr/<optimizer>[/<group>]`` with several) come back
 as lazy values (``capture.StepCapture``), and for a mixture-of-experts model
-``moe/load_balance`` (``moe_metrics.ExpertLoad``, reduced on log steps only); TorchTitan's own metric logging keeps its
-``metrics.log_freq`` cadence and its host sync on those steps only.
+``moe/load_balance`` (``moe_metrics.ExpertLoad``, reduced on log steps only);
+TorchTitan's own metric logging keeps its ``metrics.log_freq`` cadence and its host
+sync on those steps only.
 
 Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
 ``CheckpointManager`` with ``interval=1`` and ``keep_latest_k=0`` (baton keeps the

@@ -13,7 +13,8 @@ whose shapes differ from it are refused, naming the first parameter and both sha
 A Llama, Qwen3 or Qwen3-MoE config is recorded as baton's model spec (resumes and
 ``--init-from`` checkpoints are compared with it). A Qwen3-MoE trains with its
 load-balancing loss (``router_aux_loss_coef`` times ``transformers``' load-balancing
-loss, added to the loss) and logs that term as ``moe/aux_loss``.
+loss, added to the loss) and logs that term as ``moe/aux_loss`` and the expert load
+balance as ``moe/load_balance``.
 Without ``--tokenizer`` the model reads UTF-8 bytes (of ``--data-path``, else the Python
 language reference); with it, ``--data-path`` is a prepared dataset or blend (``baton data
 prepare``) or ``.jsonl``/``.parquet``/``.txt`` files, and the tokenizer's vocabulary must
@@ -30,6 +31,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
+from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.text import text_loaders
 from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
@@ -66,24 +68,13 @@ def as_lm_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tor
 
 def window_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The causal-LM loss of token windows ``(x, y)`` (the model shifts labels itself)."""
+    return window_output(model, batch).loss
+
+
+def window_output(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+    """The model's output on token windows ``(x, y)`` (loss, and a MoE's router logits)."""
     ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
-    return model(input_ids=ids, labels=ids).loss
-
-
-def with_aux_loss(loss_fn: Any, coef: float) -> Any:
-    """``loss_fn`` (``None``: the model's own loss of a dict batch) that also returns the
-    load-balancing term a mixture-of-experts model added to its loss, as ``moe/aux_loss``
-    (a tensor: read on log steps only)."""
-
-    def loss_and_aux(model: Any, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if loss_fn is None:
-            output = model(**batch)
-        else:
-            ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
-            output = model(input_ids=ids, labels=ids)
-        return output.loss, {"moe/aux_loss": coef * output.aux_loss.detach()}
-
-    return loss_and_aux
+    return model(input_ids=ids, labels=ids)
 
 
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
@@ -191,8 +182,12 @@ def recipe(
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if spec is not None and spec.moe is not None:
         config.output_router_logits = True  # transformers adds the load-balancing loss
-        loss_fn = with_aux_loss(loss_fn, spec.moe.aux_loss_coef)
-        keys.append("moe/aux_loss")
+        loss_fn = with_moe_metrics(
+            None if loss_fn is None else window_output,
+            aux_loss_coef=spec.moe.aux_loss_coef,
+            experts_per_token=spec.moe.experts_per_token,
+        )
+        keys += ["moe/aux_loss", "moe/load_balance"]
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),

@@ -12,8 +12,10 @@ local Hugging Face directory (``tokenizer.json``; the Llama 3.1 one for real run
 ``--dp-replicate``) against ``--world-size`` ranks (default 8), builds the model on the
 meta device and prints the plan, without training (the backend's ``dry_run``).
 
-Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE``
-(Llama 3.1's ``rope_scaling`` included); ``--init-from HF_DIR`` (a ``save_pretrained``
+Model: Llama 3 8B, or any Llama, Qwen3 or Qwen3-MoE ``config.json`` with
+``--model-config DIR_OR_FILE`` (Llama 3.1's ``rope_scaling`` included; a Qwen3-MoE
+such as Qwen3-30B-A3B with TorchTitan's MoE layer, ``--ep`` its expert-parallel degree:
+``--dry-run --model-config Qwen3-30B-A3B/ --ep 8 --world-size 64`` plans it); ``--init-from HF_DIR`` (a ``save_pretrained``
 directory, e.g. Llama-3.1-8B) trains that directory's architecture from its weights
 through TorchTitan's ``Llama3StateDictAdapter.from_hf`` (a baton checkpoint: its weights)::
 
@@ -41,6 +43,7 @@ def recipe(
     tp: int = 1,
     pp: int = 1,
     pp_schedule: str = "1F1B",
+    ep: int = 1,
     batch_size: int = 1,
     seq_len: int = 8192,
     lr: float = 3e-4,
@@ -62,6 +65,7 @@ def recipe(
         tp: tensor parallel degree.
         pp: pipeline parallel stages.
         pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
+        ep: expert parallel degree of a Qwen3-MoE (experts sharded over dp_shard x tp).
         batch_size: sequences per step and data-parallel rank.
         seq_len: tokens per sequence.
         lr: peak learning rate.
@@ -71,7 +75,8 @@ def recipe(
         log_every: steps between log lines.
         run_dir: where checkpoints and logs go.
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
+            directory) to build.
     """
     from torchtitan.models.llama3.config_registry import llama3_8b
 
@@ -99,7 +104,13 @@ def recipe(
     config.training.seq_len = seq_len
     config.training.mixed_precision_param = "bfloat16"
     set_layout(
-        config, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule
+        config,
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        tp=tp,
+        pp=pp,
+        pp_schedule=pp_schedule,
+        ep=ep,
     )
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr

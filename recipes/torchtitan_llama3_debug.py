@@ -5,6 +5,8 @@ uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 40 --resume auto
 uv run baton run recipes/torchtitan_llama3_debug.py --data-path corpus.jsonl --tokenizer tok/
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli run \
     recipes/torchtitan_llama3_debug.py --dp-shard 2 --tp 2        # FSDP x TP on 4 ranks
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \
+    recipes/torchtitan_llama3_debug.py --init-from qwen3-moe/ --ep 2  # experts on 2 ranks
 
 Data: ``--data-path`` (``.jsonl``/``.parquet`` through TorchTitan's Hugging Face loader,
 a ``baton data prepare`` prefix through ``PreparedDataLoader``, ``.txt`` through baton's
@@ -16,9 +18,10 @@ another layout resumes through DCP's resharding (``--reshard-data restart`` when
 data-parallel degree changed: the data loader then starts over). ``--init-from CKPT``
 starts from a checkpoint's weights only (step 0, fresh optimizer).
 
-Model: TorchTitan's debug model (its vocabulary follows ``--tokenizer``), or any Llama
-``config.json`` with ``--model-config DIR_OR_FILE`` (registered as a flavour of
-TorchTitan's llama3 registry). ``--init-from HF_DIR`` (a ``save_pretrained`` directory)
+Model: TorchTitan's debug model (its vocabulary follows ``--tokenizer``), or any Llama,
+Qwen3 or Qwen3-MoE ``config.json`` with ``--model-config DIR_OR_FILE`` (registered as a
+flavour of TorchTitan's llama3 or qwen3 registry; a Qwen3-MoE with TorchTitan's MoE
+layer, ``--ep`` its expert-parallel degree). ``--init-from HF_DIR`` (a ``save_pretrained`` directory)
 trains that directory's architecture from its weights through TorchTitan's
 ``Llama3StateDictAdapter.from_hf``::
 
@@ -53,6 +56,8 @@ def recipe(
     tp: int = 1,
     pp: int = 1,
     pp_schedule: str = "1F1B",
+    ep: int = 1,
+    expert_bias: float | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
     reshard_data: str = "refuse",
@@ -77,8 +82,12 @@ def recipe(
         tp: tensor parallel degree.
         pp: pipeline parallel stages.
         pp_schedule: TorchTitan pipeline schedule: 1F1B, GPipe, Interleaved1F1B...
+        ep: expert parallel degree of a Qwen3-MoE (experts sharded over dp_shard x tp).
+        expert_bias: balance a Qwen3-MoE's experts with TorchTitan's expert bias, this
+            update rate (its own flavours use 1e-3); such a run does not export to HF.
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
+            directory) to build.
         reshard_data: when the data-parallel degree changed on resume: refuse or restart.
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
@@ -93,7 +102,7 @@ def recipe(
         tokenizer=tokenizer,
         log_freq=log_every,
     )
-    set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule)
+    set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule, ep=ep)
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     if spec is not None:
@@ -104,6 +113,10 @@ def recipe(
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path
         config.checkpoint.initial_load_path = init_from
+    if expert_bias is not None:  # TorchTitan's auxiliary-loss-free balancing
+        from baton.backends.torchtitan.moe import use_expert_bias
+
+        use_expert_bias(config, expert_bias)
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = "async" if async_save else "disabled"

@@ -30,7 +30,6 @@ QWEN3_MOE = {
 @pytest.mark.parametrize(
     ("recipe", "backend"),
     [
-        ("torchtitan_llama3_debug.py", "torchtitan"),
         ("megatron_gpt_tiny.py", "megatron"),
         ("maxtext_tiny.py", "maxtext"),
     ],

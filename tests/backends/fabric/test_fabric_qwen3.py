@@ -1,7 +1,7 @@
 """Qwen3 and Qwen3-MoE on Fabric through ``transformers``: ``recipes/hf_finetune.py
 --init-from`` a ``save_pretrained`` directory starts from its weights (the first loss is
 ``transformers``' own), records the spec, logs the MoE load-balancing term as
-``moe/aux_loss``, and ``baton export --format hf`` writes a directory ``transformers``
+``moe/aux_loss`` and the expert load balance as ``moe/load_balance``, and ``baton export --format hf`` writes a directory ``transformers``
 loads back with the trained model's logits."""
 
 from __future__ import annotations
@@ -67,6 +67,14 @@ def test_qwen3_init_from_trains_records_the_spec_and_exports(tmp_path, moe):
         term = 0.01 * out.aux_loss.item()
         assert record.logs[1]["moe/aux_loss"] == pytest.approx(term, rel=1e-5)
         assert all(record.logs[s]["moe/aux_loss"] > 0 for s in (1, 2))
+        # the busiest expert's share of the first batch's top-2 choices, worst layer
+        balance = max(
+            torch.bincount(layer.topk(2, dim=-1).indices.reshape(-1), minlength=4).max().item()
+            / (layer.shape[0] * 2 / 4)
+            for layer in out.router_logits
+        )
+        assert record.logs[1]["moe/load_balance"] == pytest.approx(balance, rel=1e-6)
+        assert record.logs[1]["moe/load_balance"] > 1.0
     else:
         assert "moe/aux_loss" not in record.logs[1]
 

@@ -100,7 +100,7 @@ STANDARD_METRICS: dict[str, tuple[str, str]] = {
     "moe/aux_loss": (
         "a mixture-of-experts model's load-balancing loss as the backend adds it to the "
         "loss (coefficient included; summed over the MoE layers), on log steps",
-        "every backend training a Qwen3-MoE",
+        "every backend training a Qwen3-MoE but TorchTitan (whose Qwen3-MoE adds none)",
     ),
     "moe/z_loss": (
         "the router z-loss as the backend adds it to the loss, where the model has one",

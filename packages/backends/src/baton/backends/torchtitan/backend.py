@@ -19,8 +19,10 @@ Example::
 
 Metrics: ``loss`` (global average over valid tokens, as TorchTitan logs it),
 ``grad_norm`` and ``lr`` (or ``lr/<optimizer>[/<group>]`` with several) come back
-as lazy values (``capture.StepCapture``); TorchTitan's own metric logging keeps its
-``metrics.log_freq`` cadence and its host sync on those steps only.
+as lazy values (``capture.StepCapture``), and for a mixture-of-experts model
+``moe/load_balance`` (``moe_metrics.ExpertLoad``, reduced on log steps only);
+TorchTitan's own metric logging keeps its ``metrics.log_freq`` cadence and its host
+sync on those steps only.
 
 Checkpoints: baton decides when and where; ``setup`` enables TorchTitan's
 ``CheckpointManager`` with ``interval=1`` and ``keep_latest_k=0`` (baton keeps the
@@ -61,6 +63,7 @@ from baton.backends.torchtitan.checkpoint_io import (
 )
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.hf import vocab_mismatch
+from baton.backends.torchtitan.moe_metrics import ExpertCounts, ExpertLoad
 from baton.backends.torchtitan.plan import parallelism_plan
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
@@ -135,6 +138,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self.checkpoints = TitanCheckpointIO(self)
         self.trainer: Any = None
         self._capture: StepCapture | None = None
+        self._experts: ExpertLoad | None = None
         self._model_state: TorchModelState | None = None
         self._batches: Iterator[Any] | None = None
         self._profiler: Any = None
@@ -200,6 +204,11 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
                 f"the model's vocabulary sizes disagree ({mismatch}); change the vocabulary "
                 "with --model-config (a config.json) or a --tokenizer, not one field by --set"
             )
+        from baton.backends.torchtitan.moe import expert_parallel_refusal
+
+        refusal = expert_parallel_refusal(cfg)
+        if refusal is not None:
+            raise UsageError(refusal)
         self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer
@@ -212,6 +221,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
                 "pass --model-config with a larger vocab_size or a smaller tokenizer"
             )
         self._capture = StepCapture(trainer)
+        self._experts = ExpertLoad.attach(trainer.model_parts)
         if cfg.checkpoint.async_mode == "async_with_pinned_mem":
             stage_without_accelerator(trainer.checkpointer)
         if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
@@ -268,6 +278,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         lrs = trainer.lr_schedulers.get_metrics()
         self._step_tokens = self._step_samples = 0
         self._step_wait_s = 0.0
+        if self._experts is not None:
+            self._experts.start_step()
         with capture.step():
             trainer.train_step(self._batches)
         self._profiler.step()
@@ -286,6 +298,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             metrics["lr"] = next(iter(lrs.values()))
         else:
             metrics.update(lrs)
+        counts = self._experts.step_counts() if self._experts is not None else None
+        if counts is not None:
+            metrics["moe/load_balance"] = counts
         loss = capture.loss
         dims = trainer.parallel_dims
         if loss is not None and (dims.dp_cp_enabled or dims.pp_enabled):
@@ -306,6 +321,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         )
 
     def _global(self, value: Any) -> Any:
+        if isinstance(value, ExpertCounts):
+            return value.load_balance(self.trainer.parallel_dims)
         if not isinstance(value, RankLocal):
             return value
         from torchtitan.distributed import utils as dist_utils
@@ -396,6 +413,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         finally:
             if self._capture is not None:
                 self._capture.remove()
+            if self._experts is not None:
+                self._experts.remove()
+            self._experts = None
             self._capture = None
             self._model_state = None
             self._profiler = None

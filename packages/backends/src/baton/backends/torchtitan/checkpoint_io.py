@@ -81,9 +81,12 @@ class TitanCheckpointIO:
         self._restart_data = False
 
     def layout(self) -> dict[str, int]:
-        """This run's parallel layout as TorchTitan resolved it, and its world size."""
+        """This run's parallel layout as TorchTitan resolved it (``ep`` where experts
+        are sharded), and its world size."""
         dims = self.engine.trainer.parallel_dims
         facts = {key: int(getattr(dims, key)) for key in LAYOUT_KEYS}
+        if dims.ep > 1:  # expert parallelism (recorded where used)
+            facts["ep"] = int(dims.ep)
         return {**facts, "world_size": int(dims.world_size)}
 
     def facts(self) -> CheckpointFacts:

@@ -63,21 +63,27 @@ def set_layout(
     tp: int = 1,
     pp: int = 1,
     pp_schedule: str | None = None,
+    ep: int = 1,
 ) -> Any:
     """Set TorchTitan's parallel layout on ``config.parallelism`` and return ``config``.
 
     ``dp_shard=-1`` gives FSDP every rank the other degrees leave; ``pp_schedule`` is one
-    of TorchTitan's pipeline schedules (``1F1B``, ``GPipe``, ``Interleaved1F1B``...).
+    of TorchTitan's pipeline schedules (``1F1B``, ``GPipe``, ``Interleaved1F1B``...);
+    ``ep`` shards a mixture-of-experts model's experts over that many ranks (TorchTitan
+    takes them from the data-parallel and tensor-parallel ranks: ``dp_shard x tp``
+    must be a multiple of it).
     The world size comes from the launcher; ``plan.parallelism_plan`` checks a layout
     against one without starting anything::
 
         set_layout(config, dp_shard=2, tp=2)      # FSDP x TP on 4 ranks
+        set_layout(config, dp_shard=2, ep=2)      # FSDP 2, experts over both ranks
     """
     par = config.parallelism
     par.data_parallel_replicate_degree = dp_replicate
     par.data_parallel_shard_degree = dp_shard
     par.tensor_parallel_degree = tp
     par.pipeline_parallel_degree = pp
+    par.expert_parallel_degree = ep
     if pp_schedule is not None:
         par.pipeline_parallel_schedule = pp_schedule
     return config

@@ -153,7 +153,14 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | N
         )
     spec = importlib.import_module(f"torchtitan.models.{name}").model_registry(flavor)
     adapter = spec.state_dict_adapter(spec.model, None)
-    hf_weights = adapter.to_hf(read_model_weights(folder))
+    weights = read_model_weights(folder)
+    if name == "qwen3":
+        from baton.backends.torchtitan.moe import expert_bias_refusal
+
+        refusal = expert_bias_refusal(weights)
+        if refusal is not None:
+            raise ExportError(f"{checkpoint_dir}: {refusal}")
+    hf_weights = adapter.to_hf(weights)
     dtype = str(hf_weights["model.embed_tokens.weight"].dtype).removeprefix("torch.")
     if name == "qwen3":  # the recorded spec (built from it), with the trained vocabulary
         vocab = int(hf_weights["model.embed_tokens.weight"].shape[0])

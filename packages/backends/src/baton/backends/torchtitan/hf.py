@@ -33,8 +33,10 @@ FLAVOR_PREFIX = "baton-"
 
 
 #: the model families (Hugging Face ``model_type``) built here: a Llama as a flavour of
-#: TorchTitan's llama3 registry, a dense Qwen3 of its qwen3 registry
-FAMILIES = frozenset({"llama", "qwen3"})
+#: TorchTitan's llama3 registry, a Qwen3 and a Qwen3-MoE of its qwen3 registry
+FAMILIES = frozenset({"llama", "qwen3", "qwen3_moe"})
+#: the families TorchTitan's qwen3 model builds
+QWEN3_FAMILIES = frozenset({"qwen3", "qwen3_moe"})
 
 
 def flavor_name(spec: LlamaSpec) -> str:
@@ -126,7 +128,7 @@ def register(spec: LlamaSpec) -> str:
     ``UsageError`` naming it."""
     spec.require_family(FAMILIES, backend="torchtitan")
     name = flavor_name(spec)
-    if spec.family == "qwen3":
+    if spec.family in QWEN3_FAMILIES:
         from torchtitan.models.qwen3 import qwen3_configs
 
         from baton.backends.torchtitan.qwen3 import qwen3_model_config
@@ -141,7 +143,7 @@ def register(spec: LlamaSpec) -> str:
 
 def registry(spec: LlamaSpec) -> Any:
     """The ``model_registry`` function of TorchTitan's model for ``spec``'s family."""
-    if spec.family == "qwen3":
+    if spec.family in QWEN3_FAMILIES:
         from torchtitan.models.qwen3 import model_registry
     else:
         from torchtitan.models.llama3 import model_registry

@@ -6,7 +6,9 @@ Names: the Hugging Face names, through the model's own state-dict adapter
 (``Llama3StateDictAdapter.from_hf_map``, the mapping ``--init-from`` and ``baton export``
 use): ``layers.0.attention.qkv_linear.wq.weight`` is ``model.layers.0.self_attn.q_proj.weight``.
 A parameter the adapter does not map (a model without an adapter) keeps TorchTitan's
-name. The fused QKV projection of a model built from the spec (``FusedQKVLinear.wqkv``) is
+name, and so does a mixture-of-experts layer's grouped expert weight
+(``layers.0.moe.routed_experts.inner_experts.w1_EFD``: one tensor for Hugging Face's
+``model.layers.0.mlp.experts.<e>.gate_proj.weight`` of every expert). The fused QKV projection of a model built from the spec (``FusedQKVLinear.wqkv``) is
 shown as ``q_proj``, ``k_proj`` and ``v_proj``, views shaped by KV group whose elements
 read row-major are Hugging Face's (``qkv_parts``: TorchTitan's grouping and its rotary
 row order undone by strides). A model with separate ``wq``/``wk`` (no spec) keeps
@@ -57,7 +59,7 @@ def hf_renamer(adapter: Any) -> Callable[[str], str]:
         abstract = re.sub(r"(\d+)", "{}", name, count=1)
         found = re.search(r"\d+", name)
         hf = to_hf.get(abstract)
-        if hf is None:
+        if hf is None or hf.count("{}") > 1:  # grouped experts: one tensor, many HF names
             return name
         return hf.format(found.group(0)) if found and "{}" in hf else hf
 

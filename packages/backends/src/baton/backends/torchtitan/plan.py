@@ -28,6 +28,45 @@ def parallelism_plan(config: Any, world_size: int) -> str:
         dims = ParallelDims.from_config(par, world_size)
     except AssertionError as error:
         raise ValueError(f"parallelism does not fit {world_size} ranks: {error}") from error
+    global_batch = _check_layout(config, dims)
+    batch_degree = dims.dp_replicate * dims.dp_shard
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    params, flops = model_config.get_nparams_and_flops(model, training.seq_len)
+    shards = dims.dp_shard * dims.cp * dims.tp * dims.pp
+    param_bytes = _BYTES[training.dtype]
+    # fp32 master weights + grads + two AdamW moments, sharded over FSDP/TP/PP/CP (the
+    # experts over EP x its FSDP, the same number of ranks)
+    state_gib = params * (param_bytes + 4 + 8) / shards / 2**30
+    tokens = global_batch * training.seq_len
+    lines = [
+        f"model        {config.model_spec.name} {config.model_spec.flavor}: "
+        f"{params / 1e9:.2f} B parameters, {flops / 1e9:.1f} GFLOP per token",
+        f"ranks        {world_size} = dp_replicate {dims.dp_replicate} x dp_shard (FSDP) "
+        f"{dims.dp_shard} x cp {dims.cp} x tp {dims.tp} x pp {dims.pp} (ep {dims.ep})"
+        + (f", schedule {par.pipeline_parallel_schedule}" if dims.pp > 1 else ""),
+        *expert_lines(model, dims),
+        f"precision    params {training.mixed_precision_param} in compute, "
+        f"{training.dtype} master, reduce {training.mixed_precision_reduce}",
+        f"batch        local {training.local_batch_size} x seq {training.seq_len}, "
+        f"global {global_batch} sequences = {tokens:,} tokens/step, "
+        f"grad accumulation {global_batch // (training.local_batch_size * batch_degree)}",
+        f"compile      {'on: ' + ', '.join(config.compile.components) if config.compile.enable else 'off'}",
+        f"act. ckpt    {type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint else 'off'}",
+        f"checkpoint   DCP, async_mode={config.checkpoint.async_mode}",
+        f"memory       ~{state_gib:.1f} GiB/rank of weights, grads and AdamW state",
+        f"train FLOPs  {flops * tokens / 1e15:.2f} PFLOP/step (TorchTitan's FLOPs per token, "
+        "active parameters and attention, x tokens)",
+    ]
+    return "\n".join(lines)
+
+
+def _check_layout(config: Any, dims: Any) -> int:
+    """The global batch in sequences, after the divisibility checks ``Trainer.__init__``
+    asserts (batch over data-parallel ranks, sequence over TP/CP, microbatches, stages)."""
+    par, training = config.parallelism, config.training
     batch_degree = dims.dp_replicate * dims.dp_shard
     global_batch = training.global_batch_size
     if global_batch < 0:
@@ -47,34 +86,42 @@ def parallelism_plan(config: Any, world_size: int) -> str:
                 f"training.local_batch_size {training.local_batch_size} is not a multiple of "
                 f"parallelism.pipeline_parallel_microbatch_size {micro}"
             )
-    model_config = config.model_spec.model
-    layers = len(getattr(model_config, "layers", []) or [])
+    layers = len(getattr(config.model_spec.model, "layers", []) or [])
     if dims.pp > 1 and layers and layers < dims.pp:
         raise ValueError(f"pipeline degree {dims.pp} exceeds the model's {layers} layers")
-    model_config.update_from_config(config=config)
-    with torch.device("meta"):
-        model = model_config.build()
-    params, flops = model_config.get_nparams_and_flops(model, training.seq_len)
-    shards = dims.dp_shard * dims.cp * dims.tp * dims.pp
-    param_bytes = _BYTES[training.dtype]
-    # fp32 master weights + grads + two AdamW moments, sharded over FSDP/TP/PP/CP
-    state_gib = params * (param_bytes + 4 + 8) / shards / 2**30
-    tokens = global_batch * training.seq_len
-    lines = [
-        f"model        {config.model_spec.name} {config.model_spec.flavor}: "
-        f"{params / 1e9:.2f} B parameters, {flops / 1e9:.1f} GFLOP per token",
-        f"ranks        {world_size} = dp_replicate {dims.dp_replicate} x dp_shard (FSDP) "
-        f"{dims.dp_shard} x cp {dims.cp} x tp {dims.tp} x pp {dims.pp} (ep {dims.ep})"
-        + (f", schedule {par.pipeline_parallel_schedule}" if dims.pp > 1 else ""),
-        f"precision    params {training.mixed_precision_param} in compute, "
-        f"{training.dtype} master, reduce {training.mixed_precision_reduce}",
-        f"batch        local {training.local_batch_size} x seq {training.seq_len}, "
-        f"global {global_batch} sequences = {tokens:,} tokens/step, "
-        f"grad accumulation {global_batch // (training.local_batch_size * batch_degree)}",
-        f"compile      {'on: ' + ', '.join(config.compile.components) if config.compile.enable else 'off'}",
-        f"act. ckpt    {type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint else 'off'}",
-        f"checkpoint   DCP, async_mode={config.checkpoint.async_mode}",
-        f"memory       ~{state_gib:.1f} GiB/rank of weights, grads and AdamW state",
-        f"train FLOPs  {6 * params * tokens / 1e15:.2f} PFLOP/step (6 x params x tokens)",
+    from baton.backends.torchtitan.moe import expert_parallel_refusal
+
+    refusal = expert_parallel_refusal(config)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return global_batch
+
+
+def expert_lines(model: Any, dims: Any) -> list[str]:
+    """The plan's lines on a mixture-of-experts model (none for a dense one): experts per
+    rank under expert parallelism, the experts' share of the parameters, the parameters
+    a token activates, and one MoE layer's bf16 weights a rank gathers in its forward
+    pass (its experts' over EP, the rest over TP)."""
+    from torchtitan.models.common.moe import MoE
+
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        return []
+    first = layers[0]
+    experts, top_k = first.routed_experts.inner_experts.num_experts, first.router.top_k
+    expert_params = sum(
+        p.numel() for m in layers for p in m.routed_experts.inner_experts.parameters()
+    )
+    total = sum(p.numel() for p in model.parameters())
+    active = total - expert_params * (1 - top_k / experts)
+    layer_experts = sum(p.numel() for p in first.routed_experts.inner_experts.parameters())
+    block = next(b for b in model.layers.children() if first in list(b.modules()))
+    layer_rest = sum(p.numel() for p in block.parameters()) - layer_experts
+    gathered_gib = (layer_experts / dims.ep + layer_rest / dims.tp) * 2 / 2**30
+    return [
+        f"experts      {experts} per MoE layer x {len(layers)} layers, top {top_k}; ep "
+        f"{dims.ep}: {experts // dims.ep} experts/rank, all-to-all over {dims.ep} ranks",
+        f"parameters   {expert_params / 1e9:.2f} B in experts, {active / 1e9:.2f} B active "
+        "per token",
+        f"gathered     ~{gathered_gib:.2f} GiB/rank of one layer's bf16 weights in forward",
     ]
-    return "\n".join(lines)

@@ -1,7 +1,9 @@
-"""A dense Qwen3 :class:`~baton.core.model_spec.ModelSpec` as TorchTitan's own ``qwen3``
-model: ``Qwen3Model`` made of TorchTitan's public config pieces (``make_gqa_config``
-with per-head RMSNorm on queries and keys, ``make_ffn_config``, ``CosSinRoPE``, Hugging
-Face's rotate-half rotary), registered as a flavour of ``torchtitan.models.qwen3``, so
+"""A Qwen3 or Qwen3-MoE :class:`~baton.core.model_spec.ModelSpec` as TorchTitan's own
+``qwen3`` model: ``Qwen3Model`` made of TorchTitan's public config pieces
+(``make_gqa_config`` with per-head RMSNorm on queries and keys, ``make_ffn_config`` or,
+on a Qwen3-MoE's sparse layers, TorchTitan's ``MoE`` (``torchtitan/moe.py``),
+``CosSinRoPE``, Hugging Face's rotate-half rotary), registered as a flavour of
+``torchtitan.models.qwen3``, so
 its parallelization and its state-dict adapter (``Qwen3StateDictAdapter``, which reads
 and writes Hugging Face's names) are TorchTitan's.
 
@@ -37,13 +39,13 @@ def _norm(spec: ModelSpec, width: int) -> Any:
     )
 
 
-def _block(spec: ModelSpec, attn_backend: str) -> Any:
-    """One Qwen3 transformer block: grouped-query attention with per-head RMSNorm on
-    queries and keys (fused QKV, cos/sin rotary) and a SwiGLU feed-forward."""
+def _block(spec: ModelSpec, attn_backend: str, layer: int) -> Any:
+    """Transformer block ``layer`` of a Qwen3: grouped-query attention with per-head
+    RMSNorm on queries and keys (fused QKV, cos/sin rotary), then a SwiGLU feed-forward
+    or, on a sparse layer of a Qwen3-MoE, TorchTitan's ``MoE`` (``torchtitan/moe.py``)."""
     from torchtitan.models.common import CosSinRoPE
     from torchtitan.models.common.config_utils import (
         get_attention_config,
-        make_ffn_config,
         make_gqa_config,
     )
     from torchtitan.models.qwen3.model import Qwen3TransformerBlock
@@ -65,18 +67,30 @@ def _block(spec: ModelSpec, attn_backend: str) -> Any:
             rope=rope,
             qk_norm=_norm(spec, spec.head_dim),
         ),
-        feed_forward=make_ffn_config(
-            dim=dim,
-            hidden_dim=spec.ffn_hidden_size,
-            w1_param_init=_init(),
-            w2w3_param_init=_init(),
-        ),
+        **_mlp(spec, layer),
     )
 
 
+def _mlp(spec: ModelSpec, layer: int) -> dict[str, Any]:
+    """The block's MLP field: ``moe`` on a sparse layer, else ``feed_forward``."""
+    if spec.moe is not None and spec.moe.is_sparse(layer):
+        from baton.backends.torchtitan.moe import expert_init, moe_config
+
+        return {"moe": moe_config(spec, _init(), expert_init())}
+    from torchtitan.models.common.config_utils import make_ffn_config
+
+    feed_forward = make_ffn_config(
+        dim=spec.hidden_size,
+        hidden_dim=spec.ffn_hidden_size,
+        w1_param_init=_init(),
+        w2w3_param_init=_init(),
+    )
+    return {"feed_forward": feed_forward}
+
+
 def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) -> Any:
-    """TorchTitan's ``Qwen3Model.Config`` for a dense Qwen3 ``spec`` (the signature of a
-    registry entry). A rotary scaling is refused: TorchTitan's cos/sin rotary has none."""
+    """TorchTitan's ``Qwen3Model.Config`` for a Qwen3 or Qwen3-MoE ``spec`` (the signature
+    of a registry entry). A rotary scaling is refused: TorchTitan's cos/sin rotary has none."""
     if spec.rope_scaling is not None:
         raise UsageError(
             "torchtitan cannot build a Qwen3 with rope_scaling (its cos/sin rotary has no "
@@ -85,6 +99,10 @@ def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) ->
     import torch.nn as nn
     from torchtitan.models.common import Embedding, Linear
     from torchtitan.models.qwen3 import Qwen3Model
+
+    from baton.backends.torchtitan.moe import warn_unapplied
+
+    warn_unapplied(spec)
 
     dim = spec.hidden_size
     return Qwen3Model.Config(
@@ -98,5 +116,5 @@ def qwen3_model_config(spec: ModelSpec, attn_backend: str = "flex", **_: Any) ->
         ),
         norm=_norm(spec, dim),
         lm_head=Linear.Config(in_features=dim, out_features=spec.vocab_size, param_init=_init()),
-        layers=[_block(spec, attn_backend) for _ in range(spec.num_layers)],
+        layers=[_block(spec, attn_backend, layer) for layer in range(spec.num_layers)],
     )

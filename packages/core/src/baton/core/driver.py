@@ -47,7 +47,7 @@ from baton.core.reporting import LogValues, evaluate
 from baton.core.resuming import Resumer
 from baton.core.run_record import write_patch_report, write_run_record
 from baton.core.rundir import RunDirLock
-from baton.core.shutdown import finish_after_error, tear_down
+from baton.core.shutdown import end_run
 from baton.core.startup import check_needs, prepare, setup_backend
 
 log = logging.getLogger("baton")
@@ -350,23 +350,13 @@ class Driver(SavingAttributes):
             yield
         except BaseException as error:
             self.stop_reason = self.stop_reason or f"error: {type(error).__name__}: {error}"
-            finish_after_error(
-                self._checkpoints.saver,
-                error,
-                on_exception=self._dispatch.handlers("on_exception"),
-                driver=self,
-            )
-            self._teardown(failed=True)
+            self._end(error)
             raise
-        self._teardown()
+        self._end()
 
-    def _teardown(self, failed: bool = False) -> None:
-        tear_down(
-            self.backend,
-            self._checkpoints.saver,
-            on_teardown=self._dispatch.handlers("on_teardown"),
-            driver=self,
-        )
+    def _end(self, error: BaseException | None = None) -> None:
+        """Tear down (``shutdown.end_run``), then release the run directory."""
+        end_run(self, self._checkpoints.saver, self._dispatch, error)
         if self._lock is not None:  # a run that failed at once leaves no run directory
-            self._lock.release(remove_if_unused=failed)
+            self._lock.release(remove_if_unused=error is not None)
             self._lock = None

@@ -1,56 +1,52 @@
 """How a run ends, cleanly or after an error: what must still happen, each step guarded
 so that one failure does not keep the next from running.
 
-After an error (``Driver``'s ``_running`` calls these, in this order)::
+Example (what ``Driver`` does when its body returns, or raises ``error``)::
 
-    finish_after_error(saver, error, on_exception=[cb.on_exception, ...], driver=driver)
-    tear_down(backend, saver, on_teardown=[cb.on_teardown, ...], driver=driver)
+    end_run(driver, saver, dispatcher)           # clean end
+    end_run(driver, saver, dispatcher, error)    # after an error
 
-A clean end calls ``tear_down`` alone. Checkpoints already being written are complete
-work: they are finished (without collectives, which a failed rank may never join)
-before ``on_exception`` runs; every handler's error is logged, never raised.
+After an error, checkpoints already being written are complete work: they are finished
+(without collectives, which a failed rank may never join), then ``on_exception`` runs.
+Always, then: ``backend.teardown()``, ``on_teardown`` and the saver's thread stopped.
+Every handler's error is logged, never raised.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from baton.core.backend import Backend
+from baton.core.dispatch import Dispatcher
 from baton.core.saving import CheckpointSaver
+
+if TYPE_CHECKING:
+    from baton.core.driver import Driver
 
 log = logging.getLogger("baton")
 
 
-def finish_after_error(
+def end_run(
+    driver: Driver,
     saver: CheckpointSaver,
-    error: BaseException,
-    *,
-    on_exception: Sequence[Callable[..., Any]],
-    driver: Any,
+    dispatcher: Dispatcher,
+    error: BaseException | None = None,
 ) -> None:
-    """Finish the saves in flight, then call each ``on_exception(driver, error)``."""
+    """End ``driver``'s run: after ``error``, finish the saves in flight and call each
+    ``on_exception(driver, error)``; then ``backend.teardown()``, each
+    ``on_teardown(driver)``, and stop the saver's thread."""
+    if error is not None:
+        try:
+            saver.poll(block=True, collective=False)
+        except Exception as save_error:
+            log.error("a pending checkpoint failed while handling an error: %r", save_error)
+        _call_each("on_exception", dispatcher.handlers("on_exception"), driver, error)
     try:
-        saver.poll(block=True, collective=False)
-    except Exception as save_error:
-        log.error("a pending checkpoint failed while handling an error: %r", save_error)
-    _call_each("on_exception", on_exception, driver, error)
-
-
-def tear_down(
-    backend: Backend,
-    saver: CheckpointSaver,
-    *,
-    on_teardown: Sequence[Callable[..., Any]],
-    driver: Any,
-) -> None:
-    """``backend.teardown()``, each ``on_teardown(driver)``, then stop the saver's thread."""
-    try:
-        backend.teardown()
-    except Exception as error:
-        log.error("backend teardown raised %r", error)
-    _call_each("on_teardown", on_teardown, driver)
+        driver.backend.teardown()
+    except Exception as teardown_error:
+        log.error("backend teardown raised %r", teardown_error)
+    _call_each("on_teardown", dispatcher.handlers("on_teardown"), driver)
     saver.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import logging
+import threading
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -140,8 +141,10 @@ def test_checkpoint_hooks_are_called(tmp_path):
         )
 
     driver = Driver(backend(), max_steps=2, run_dir=tmp_path)
-    driver.options = driver.options.replace(save_on_stop=True)
+    driver.options = driver.options.replace(save_on_stop=True, async_save=True)
     driver.fit()
+    # the run's end stopped the checkpoint writer thread (teardown closes the I/O)
+    assert not [t for t in threading.enumerate() if t.name.startswith("baton-save")]
     saved = torch.load(tmp_path / "checkpoints" / "step_000002" / "backend" / "state.pt")
     assert "weights_sum" in saved["lightning"]["note"]
     Driver(backend(), max_steps=3, run_dir=tmp_path, resume="auto").fit()

@@ -159,7 +159,11 @@ class Driver(SavingAttributes):
 
     def dispatch(self, hook: str, *args: Any) -> None:
         """Call ``hook(driver, *args)`` on every callback that overrides it, in order."""
-        self._dispatch(hook, self, *args)
+        handlers = self._dispatch.table[hook]
+        if handlers:  # most hooks have none: nothing more is built or called
+            args = (self, *args)
+            for handler in handlers:
+                handler(*args)
 
     def configure_saving(
         self, *, on_stop: bool | None = None, asynchronous: bool | None = None

@@ -1,0 +1,152 @@
+"""One model, MaxText: a Hugging Face Qwen3 and Qwen3-MoE built by MaxText's own ``qwen3``
+and ``qwen3_moe`` decoder blocks (``recipes/maxtext_tiny.py --init-from HF_DIR``), started
+from their weights and exported back. Two MaxText runs (imports take 20-40 s): a dense
+Qwen3 of one step, a Qwen3-MoE of two steps serving the logits, the auxiliary loss, the
+metrics, the recorded spec and the export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("maxtext")
+pytest.importorskip("transformers")
+
+import torch
+
+from baton.core import Callback
+from baton.core.errors import UsageError
+from baton.core.model_spec import ModelSpec
+from baton.core.recipe import build_driver
+from support.tiny_qwen3 import save_tiny_qwen3
+
+RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
+SEQ, BATCH = 64, 2
+
+
+class Logged(Callback):
+    """Every log step's metrics: ``steps[step] = {name: value}``."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, float]] = {}
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        self.steps[driver.step] = dict(metrics)
+
+
+def train(hf_dir: Path, run_dir: Path, steps: int, *extra: str) -> tuple[Any, Logged]:
+    logged = Logged()
+    driver = build_driver(RECIPE, [
+        "--init-from", str(hf_dir), "--max-steps", str(steps), "--log-every", "1",
+        "--eval-every", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ),
+        "--run-dir", str(run_dir), "--no-progress", "--overrides", "dtype=float32", *extra,
+    ])  # fmt: skip
+    driver.callbacks.append(logged)
+    driver.fit()
+    return driver, logged
+
+
+def batch_tensors(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs and targets the run reads at its step ``index + 1``."""
+    from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
+
+    batches = TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ)
+    batches.skip_to(index)
+    batch = next(batches)
+    return tuple(torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))  # type: ignore[return-value]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+
+
+def maxtext_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, coef: float) -> float:
+    """MaxText's load-balancing loss from ``transformers``' router logits: Switch
+    Transformer's per sequence, token fractions over top-k, averaged over the sequences
+    and the layers, weight ``coef * top_k`` (what baton sets)."""
+    per_layer = []
+    for logits in router_logits:
+        experts = logits.shape[-1]
+        probs = torch.softmax(logits.float(), -1).view(BATCH, SEQ, experts)
+        chosen = torch.topk(logits, top_k, dim=-1).indices.view(BATCH, SEQ, top_k)
+        density = torch.nn.functional.one_hot(chosen, experts).sum(2).float().mean(1) / top_k
+        loss = (density * probs.mean(1)).mean() * experts**2 * coef * top_k
+        per_layer.append(loss)
+    return float(torch.stack(per_layer).mean())
+
+
+def test_qwen3_dense_first_loss_equals_transformers(tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    hf_dir = save_tiny_qwen3(tmp_path / "hf")
+    driver, logged = train(hf_dir, tmp_path / "run", 1, "--no-callback", "checkpoint")
+    tokens, targets = batch_tensors(0)
+    reference = Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = cross_entropy(reference(tokens).logits, targets)
+    assert logged.steps[1]["loss"] == pytest.approx(expected, rel=1e-4)
+    assert "moe/aux_loss" not in logged.steps[1]
+    assert driver.options.settings["model_spec"] == ModelSpec.from_hf(hf_dir).to_dict()
+
+
+def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
+    """Step 1: MaxText's cross entropy is transformers' (the logits), its loss adds its
+    own load-balancing formula (differences from transformers' named in the docs); the
+    checkpoint after step 1 exports to a Qwen3MoeForCausalLM whose cross entropy on
+    batch 2 is MaxText's at step 2."""
+    from transformers import Qwen3MoeForCausalLM
+
+    from baton.tools.export import main as export_main
+
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True)
+    spec = ModelSpec.from_hf(hf_dir)
+    assert spec.moe is not None
+    driver, logged = train(hf_dir, tmp_path / "run", 2, "--save-every", "1", "--no-async-save")
+    assert driver.options.settings["model_spec"] == spec.to_dict()
+
+    tokens, targets = batch_tensors(0)
+    reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = reference(tokens, labels=targets, output_router_logits=True)
+    xent = cross_entropy(out.logits, targets)
+    first = logged.steps[1]
+    assert first["lm_loss"] == pytest.approx(xent, rel=1e-4)
+    aux = maxtext_aux_loss(out.router_logits, spec.moe.experts_per_token, spec.moe.aux_loss_coef)
+    assert first["moe/aux_loss"] == pytest.approx(aux, rel=1e-4)
+    assert first["loss"] == pytest.approx(xent + aux, rel=1e-4)
+    hf_aux = spec.moe.aux_loss_coef * float(out.aux_loss)
+    # the same scale (coef * top_k at perfect balance), another averaging (per sequence
+    # and per layer): 0.02046 against 0.02001 here
+    assert first["moe/aux_loss"] == pytest.approx(hf_aux, rel=0.05)
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    exported = Qwen3MoeForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    tokens, targets = batch_tensors(1)
+    with torch.no_grad():
+        assert logged.steps[2]["lm_loss"] == pytest.approx(
+            cross_entropy(exported(tokens).logits, targets), rel=1e-4
+        )
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"norm_topk_prob": False}, "norm_topk_prob"),
+        ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ],
+)
+def test_unbuildable_experts_are_refused_by_name_before_building(tmp_path, change, named):
+    from baton.backends.maxtext.hf import maxtext_settings
+
+    config = ModelSpec.from_hf_dict({
+        "model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+        **change,
+    })  # fmt: skip
+    with pytest.raises(UsageError, match=named):
+        maxtext_settings(config)

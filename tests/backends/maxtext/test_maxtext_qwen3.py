@@ -36,12 +36,15 @@ class Logged(Callback):
         self.steps[driver.step] = dict(metrics)
 
 
-def train(hf_dir: Path, run_dir: Path, steps: int, *extra: str) -> tuple[Any, Logged]:
+def train(
+    hf_dir: Path, run_dir: Path, steps: int, *extra: str, overrides: tuple[str, ...] = ()
+) -> tuple[Any, Logged]:
     logged = Logged()
     driver = build_driver(RECIPE, [
         "--init-from", str(hf_dir), "--max-steps", str(steps), "--log-every", "1",
         "--eval-every", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ),
-        "--run-dir", str(run_dir), "--no-progress", "--overrides", "dtype=float32", *extra,
+        "--run-dir", str(run_dir), "--no-progress", *extra,
+        "--overrides", "dtype=float32", *overrides,
     ])  # fmt: skip
     driver.callbacks.append(logged)
     driver.fit()
@@ -75,6 +78,25 @@ def maxtext_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, coef: 
         loss = (density * probs.mean(1)).mean() * experts**2 * coef * top_k
         per_layer.append(loss)
     return float(torch.stack(per_layer).mean())
+
+
+def expert_load(router_logits: tuple[torch.Tensor, ...], top_k: int, capacity_factor: float):
+    """The busiest expert's slots over the mean (the largest over layers) and the dropped
+    fraction of the slots (mean over layers) MaxText's router gives ``transformers``'
+    router logits: capacity per sequence, slots dropped in token order."""
+    import math
+
+    ratios, dropped = [], []
+    for logits in router_logits:
+        experts = logits.shape[-1]
+        chosen = torch.topk(logits, top_k, dim=-1).indices.view(BATCH, SEQ * top_k)
+        slots = torch.nn.functional.one_hot(chosen, experts)
+        ratios.append(float(slots.sum((0, 1)).max()) / (BATCH * SEQ * top_k / experts))
+        capacity = max(math.ceil(SEQ * top_k / experts) * capacity_factor, capacity_factor)
+        position = slots.cumsum(1) * slots
+        over = (position > int(capacity)).sum() if capacity_factor > 0 else 0
+        dropped.append(float(over) / (BATCH * SEQ * top_k))
+    return max(ratios), sum(dropped) / len(dropped)
 
 
 def test_qwen3_dense_first_loss_equals_transformers(tmp_path):
@@ -120,6 +142,10 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
     # the same scale (coef * top_k at perfect balance), another averaging (per sequence
     # and per layer): 0.02046 against 0.02001 here
     assert first["moe/aux_loss"] == pytest.approx(hf_aux, rel=0.05)
+    balance, dropped = expert_load(out.router_logits, spec.moe.experts_per_token, -1.0)
+    assert first["moe/load_balance"] == pytest.approx(balance, rel=1e-6)
+    assert balance > 1.0
+    assert first["moe/dropped_fraction"] == dropped == 0.0
 
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
@@ -129,6 +155,28 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
         assert logged.steps[2]["lm_loss"] == pytest.approx(
             cross_entropy(exported(tokens).logits, targets), rel=1e-4
         )
+
+
+def test_a_capacity_factor_that_drops_logs_the_dropped_fraction(tmp_path):
+    """capacity_factor 0.5: each expert takes half of its mean share of a sequence's slots
+    (16 of 128); the fraction dropped is what MaxText's masks drop from transformers'
+    routing of the same weights. One layer: a second layer's inputs would differ from
+    transformers' (dropless) by the first layer's drops."""
+    from transformers import Qwen3MoeForCausalLM
+
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, num_hidden_layers=1)
+    _, logged = train(
+        hf_dir, tmp_path / "run", 1, "--no-callback", "checkpoint",
+        overrides=("capacity_factor=0.5",),
+    )  # fmt: skip
+    tokens, _ = batch_tensors(0)
+    reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        router_logits = reference(tokens, output_router_logits=True).router_logits
+    balance, dropped = expert_load(router_logits, 2, 0.5)
+    assert 0.4 < dropped < 0.8
+    assert logged.steps[1]["moe/dropped_fraction"] == pytest.approx(dropped, rel=1e-6)
+    assert logged.steps[1]["moe/load_balance"] == pytest.approx(balance, rel=1e-6)
 
 
 @pytest.mark.parametrize(

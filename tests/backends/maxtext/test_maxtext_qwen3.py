@@ -2,10 +2,16 @@
 and ``qwen3_moe`` decoder blocks (``recipes/maxtext_tiny.py --init-from HF_DIR``), started
 from their weights and exported back. Two MaxText runs (imports take 20-40 s): a dense
 Qwen3 of one step, a Qwen3-MoE of two steps serving the logits, the auxiliary loss, the
-metrics, the recorded spec and the export."""
+metrics, the recorded spec and the export; an expert-parallel run with a capacity factor
+against MaxText's own loop (a fresh process); and the
+real-size recipe's ``--dry-run`` of Qwen3-30B-A3B in its own process, started first so
+that it overlaps with the rest."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +29,40 @@ from baton.core.recipe import build_driver
 from support.tiny_qwen3 import save_tiny_qwen3
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
+REAL_SIZE_RECIPE = RECIPE.with_name("maxtext_llama2_7b.py")
 SEQ, BATCH = 64, 2
+#: Qwen3-30B-A3B's config.json, as Qwen3MoeConfig writes it
+QWEN3_30B_A3B = {
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "max_position_embeddings": 40960,
+    "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def qwen3_30b_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Start the real-size recipe's ``--dry-run`` of Qwen3-30B-A3B on 16 simulated
+    devices (expert 8 x fsdp 2) in the background; its test collects it."""
+    from transformers import Qwen3MoeConfig
+
+    run_dir = tmp_path_factory.mktemp("qwen3_30b_dry_run")
+    Qwen3MoeConfig(**QWEN3_30B_A3B).save_pretrained(run_dir / "qwen3-30b-a3b")
+    command = [
+        sys.executable, "-m", "baton.core.cli", "run", str(REAL_SIZE_RECIPE), "--dry-run",
+        "--world-size=16", "--ep=8", "--dp-shard=2", "--batch-size=2",
+        f"--model-config={run_dir / 'qwen3-30b-a3b'}", f"--run-dir={run_dir / 'run'}",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["OMP_NUM_THREADS"] = "1"
+    process = subprocess.Popen(
+        command, env=env, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    yield process
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
 
 
 class Logged(Callback):
@@ -51,11 +90,11 @@ def train(
     return driver, logged
 
 
-def batch_tensors(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_tensors(index: int, batch: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     """The inputs and targets the run reads at its step ``index + 1``."""
     from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
 
-    batches = TextBatches(TextCorpus.load(None).train, batch_size=BATCH, seq_len=SEQ)
+    batches = TextBatches(TextCorpus.load(None).train, batch_size=batch, seq_len=SEQ)
     batches.skip_to(index)
     batch = next(batches)
     return tuple(torch.from_numpy(batch[k]).long() for k in ("inputs", "targets"))  # type: ignore[return-value]
@@ -80,7 +119,9 @@ def maxtext_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, coef: 
     return float(torch.stack(per_layer).mean())
 
 
-def expert_load(router_logits: tuple[torch.Tensor, ...], top_k: int, capacity_factor: float):
+def expert_load(
+    router_logits: tuple[torch.Tensor, ...], top_k: int, capacity_factor: float, batch: int = BATCH
+) -> tuple[float, float]:
     """The busiest expert's slots over the mean (the largest over layers) and the dropped
     fraction of the slots (mean over layers) MaxText's router gives ``transformers``'
     router logits: capacity per sequence, slots dropped in token order."""
@@ -89,13 +130,13 @@ def expert_load(router_logits: tuple[torch.Tensor, ...], top_k: int, capacity_fa
     ratios, dropped = [], []
     for logits in router_logits:
         experts = logits.shape[-1]
-        chosen = torch.topk(logits, top_k, dim=-1).indices.view(BATCH, SEQ * top_k)
+        chosen = torch.topk(logits, top_k, dim=-1).indices.view(batch, SEQ * top_k)
         slots = torch.nn.functional.one_hot(chosen, experts)
-        ratios.append(float(slots.sum((0, 1)).max()) / (BATCH * SEQ * top_k / experts))
+        ratios.append(float(slots.sum((0, 1)).max()) / (batch * SEQ * top_k / experts))
         capacity = max(math.ceil(SEQ * top_k / experts) * capacity_factor, capacity_factor)
         position = slots.cumsum(1) * slots
         over = (position > int(capacity)).sum() if capacity_factor > 0 else 0
-        dropped.append(float(over) / (BATCH * SEQ * top_k))
+        dropped.append(float(over) / (batch * SEQ * top_k))
     return max(ratios), sum(dropped) / len(dropped)
 
 
@@ -157,26 +198,41 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
         )
 
 
-def test_a_capacity_factor_that_drops_logs_the_dropped_fraction(tmp_path):
-    """capacity_factor 0.5: each expert takes half of its mean share of a sequence's slots
-    (16 of 128); the fraction dropped is what MaxText's masks drop from transformers'
+def test_expert_parallel_2_equals_maxtext_loop_and_logs_dropped_tokens(tmp_path):
+    """``expert_parallel_run.py`` (a fresh process: 2 simulated devices): baton's losses
+    on an expert-parallel mesh are MaxText's own ``train_loop``'s, bit for bit. With
+    capacity_factor 0.5 each expert takes half its mean share of a sequence's slots (16
+    of 128): the dropped fraction logged is what MaxText's masks drop from transformers'
     routing of the same weights. One layer: a second layer's inputs would differ from
     transformers' (dropless) by the first layer's drops."""
+    import json
+
     from transformers import Qwen3MoeForCausalLM
 
     hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, num_hidden_layers=1)
-    _, logged = train(
-        hf_dir, tmp_path / "run", 1, "--no-callback", "checkpoint",
-        overrides=("capacity_factor=0.5",),
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env |= {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu"}
+    script = Path(__file__).with_name("expert_parallel_run.py")
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, str(script), str(out), str(tmp_path), str(hf_dir)],
+        env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    tokens, _ = batch_tensors(0)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["layout"]["mesh"] == {"expert": 2} and report["layout"]["devices"] == 2
+    assert sorted(report["losses"]) == ["1", "2", "3"]
+    assert report["losses"] == report["reference"]  # bit for bit
+
+    tokens, _ = batch_tensors(0, batch=4)  # 2 sequences a device
     reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         router_logits = reference(tokens, output_router_logits=True).router_logits
-    balance, dropped = expert_load(router_logits, 2, 0.5)
+    balance, dropped = expert_load(router_logits, 2, 0.5, batch=4)
     assert 0.4 < dropped < 0.8
-    assert logged.steps[1]["moe/dropped_fraction"] == pytest.approx(dropped, rel=1e-6)
-    assert logged.steps[1]["moe/load_balance"] == pytest.approx(balance, rel=1e-6)
+    first = report["metrics"]["1"]
+    assert first["moe/dropped_fraction"] == pytest.approx(dropped, rel=1e-6)
+    assert first["moe/load_balance"] == pytest.approx(balance, rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -198,3 +254,15 @@ def test_unbuildable_experts_are_refused_by_name_before_building(tmp_path, chang
     })  # fmt: skip
     with pytest.raises(UsageError, match=named):
         maxtext_settings(config)
+
+
+def test_qwen3_30b_a3b_dry_run_plans_experts_and_memory(
+    qwen3_30b_dry_run: subprocess.Popen[str],
+) -> None:
+    stdout, stderr = qwen3_30b_dry_run.communicate(timeout=600)
+    assert qwen3_30b_dry_run.returncode == 0, stderr[-4000:]
+    assert "mesh         fsdp=2  expert=8" in stdout, stdout
+    assert "parameters   30,532,122,624 (30.53 B)" in stdout  # Qwen3-30B-A3B
+    assert "32 x 4096 tokens per step" in stdout
+    # fp32 weights, every one sharded 16 ways: 30.53e9 * 4 / 16 bytes
+    assert "memory       7.11 GiB of weights per device, 21.33 GiB with AdamW" in stdout

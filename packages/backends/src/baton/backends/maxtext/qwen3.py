@@ -3,9 +3,9 @@ blocks (QK norm, ``head_dim`` independent of the width, attention scaled by
 ``head_dim ** -0.5`` in the layer rather than folded into the query kernel) and its
 ``RoutedMoE`` experts.
 
-On CPU the experts run MaxText's dense einsum path (``sparse_matmul: False``,
-``megablox: False``: the grouped-matmul kernels need a TPU or GPU); without a capacity
-factor every routed token reaches its experts (dropless), with ``capacity_factor`` > 0
+On CPU the experts run MaxText's dense einsum path (:data:`CPU_EXPERTS`:
+``sparse_matmul: False``, ``megablox: False``; the grouped-matmul kernels need a TPU or
+GPU, and a recipe for those keeps MaxText's sparse path); without a capacity factor every routed token reaches its experts (dropless), with ``capacity_factor`` > 0
 MaxText drops the tokens past each expert's capacity, per sequence.
 
 MaxText's router takes the top-k gate logits and softmaxes them, which is Hugging
@@ -26,6 +26,7 @@ the gate kernel ``[embed, layers, experts]``, the experts ``[experts, layers, in
 Example::
 
     settings |= qwen3_settings(spec)            # decoder_block, use_qk_norm, experts
+    settings |= CPU_EXPERTS                     # on CPU
     layers["moe_block"] = experts_to_maxtext(hf, spec)
 """
 
@@ -37,6 +38,9 @@ import numpy as np
 
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
+
+#: MaxText's expert path that runs on CPU: dense einsums over every expert's capacity
+CPU_EXPERTS = {"sparse_matmul": False, "megablox": False}
 
 
 def check_buildable(spec: ModelSpec) -> None:
@@ -79,8 +83,6 @@ def qwen3_settings(spec: ModelSpec) -> dict[str, Any]:
         "base_mlp_dim": moe.expert_ffn_hidden_size,  # MaxText: equal in a fully sparse model
         "norm_topk_prob": True,
         "load_balance_loss_weight": moe.aux_loss_coef * moe.experts_per_token,
-        "sparse_matmul": False,  # the dense einsum path: runs on CPU
-        "megablox": False,
         "capacity_factor": -1.0,  # dropless, as transformers
     }
 

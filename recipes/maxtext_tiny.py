@@ -160,9 +160,11 @@ def recipe(
 
         settings |= maxtext_settings(spec) | (CPU_EXPERTS if spec.moe is not None else {})
     if init_from is not None and is_hf_dir(init_from):
-        from baton.backends.maxtext.hf import write_params
+        from baton.backends.maxtext.hf import write_params, write_params_apart
 
-        settings["load_parameters_path"] = str(write_params(init_from, f"{run_dir}/hf-params"))
+        # simulated devices: JAX starts in the run, so the conversion runs in a child
+        convert = write_params_apart if devices else write_params
+        settings["load_parameters_path"] = str(convert(init_from, f"{run_dir}/hf-params"))
     elif init_from is not None:
         settings["load_parameters_path"] = str(params_path(Path(init_from)))
     config = MaxTextConfig(

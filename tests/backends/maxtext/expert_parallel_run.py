@@ -8,9 +8,8 @@ as JSON.
    --dp-shard 1 --overrides capacity_factor=0.5`` for 3 steps (fp32);
 2. MaxText's own ``train_loop`` runs the same config on the same mesh and batches.
 
-The device count is fixed when JAX starts, hence a process of its own, which simulates
-the devices before the recipe converts the Hugging Face weights (the conversion starts
-JAX).
+The device count is fixed when JAX starts, hence a process of its own (the recipe
+converts the Hugging Face weights in a child process, leaving this one's JAX unstarted).
 """
 
 from __future__ import annotations
@@ -29,12 +28,8 @@ STEPS = 3
 def main(out: str, work_dir: str, hf_dir: str) -> None:
     from mesh_run import train_loop_losses
 
-    from baton.backends.maxtext.patches import simulate_host_devices
     from baton.core import Callback
-    from baton.core.patches import PatchRecorder
     from baton.core.recipe import build_driver
-
-    simulate_host_devices(PatchRecorder(), 2)  # for the whole process
 
     work = Path(work_dir)
     logged: dict[int, dict[str, float]] = {}

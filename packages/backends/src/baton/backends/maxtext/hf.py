@@ -183,6 +183,18 @@ def write_params(hf_dir: str | Path, out_dir: str | Path) -> Path:
     return out / "items"
 
 
+def write_params_apart(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """:func:`write_params` in a child process, so that this one's JAX stays unstarted
+    (MaxText's writer starts it; a run that simulates host devices must start it
+    itself)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from baton.backends.maxtext.hf import write_params as w; w(*sys.argv[1:])"
+    subprocess.run([sys.executable, "-c", code, str(hf_dir), str(out_dir)], check=True)
+    return Path(out_dir).resolve() / "items"
+
+
 def maxtext_to_hf(params: dict[str, Any], spec: LlamaSpec) -> dict[str, np.ndarray]:
     """Hugging Face tensors (``LlamaForCausalLM``, ``Qwen3ForCausalLM`` or
     ``Qwen3MoeForCausalLM``) from MaxText's (scanned) ``params`` tree (the inner

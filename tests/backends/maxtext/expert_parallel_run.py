@@ -5,8 +5,10 @@ as JSON.
     python expert_parallel_run.py OUT.json WORKDIR HF_DIR
 
 1. baton runs ``recipes/maxtext_tiny.py --init-from`` it with ``--devices 2 --ep 2
-   --dp-shard 1 --overrides capacity_factor=0.5`` for 3 steps (fp32);
-2. MaxText's own ``train_loop`` runs the same config on the same mesh and batches.
+   --dp-shard 1 --overrides capacity_factor=0.5`` for 3 steps (fp32), saving at step 2;
+2. MaxText's own ``train_loop`` runs the same config on the same mesh and batches;
+3. the step-2 checkpoint is restored onto fsdp 2 (no expert parallelism: orbax
+   reshards) and trains step 3.
 
 The device count is fixed when JAX starts, hence a process of its own (the recipe
 converts the Hugging Face weights in a child process, leaving this one's JAX unstarted).
@@ -26,7 +28,7 @@ STEPS = 3
 
 
 def main(out: str, work_dir: str, hf_dir: str) -> None:
-    from mesh_run import train_loop_losses
+    from mesh_run import restored, train_loop_losses
 
     from baton.core import Callback
     from baton.core.recipe import build_driver
@@ -41,16 +43,24 @@ def main(out: str, work_dir: str, hf_dir: str) -> None:
     argv = [
         f"--init-from={hf_dir}", "--devices=2", "--ep=2", "--dp-shard=1",
         "--batch-size=2", f"--max-steps={STEPS}", "--log-every=1", "--eval-every=0",
-        "--no-callback=checkpoint", "--no-progress", "--no-print-loss",
+        "--save-every=2", "--no-async-save", "--no-progress", "--no-print-loss",
         f"--run-dir={work / 'baton'}", "--overrides", "dtype=float32",
         "capacity_factor=0.5",
     ]  # fmt: skip
     driver = build_driver(RECIPE, argv)
     driver.callbacks.append(Record())
-    driver.fit()
+    checkpoint = driver.fit().checkpoints[0]
     layout = driver.backend.layout()
     reference = train_loop_losses(driver.backend.config, work)
+    fsdp = restored(
+        driver.backend.config, checkpoint, work,
+        {"ici_expert_parallelism": 1, "ici_fsdp_parallelism": 2},
+    )  # fmt: skip
+    continued = fsdp.fetch({"3": fsdp.train_step(3).loss})
     report = {
+        "checkpoint": checkpoint.name,
+        "continued_layout": fsdp.layout(),
+        "continued": continued,
         "layout": layout,
         "losses": {step: values["loss"] for step, values in logged.items()},
         "metrics": logged,

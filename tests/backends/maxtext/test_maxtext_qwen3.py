@@ -190,6 +190,7 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
 
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    assert ModelSpec.from_hf(tmp_path / "out") == spec
     exported = Qwen3MoeForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
     tokens, targets = batch_tensors(1)
     with torch.no_grad():
@@ -200,7 +201,8 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
 
 def test_expert_parallel_2_equals_maxtext_loop_and_logs_dropped_tokens(tmp_path):
     """``expert_parallel_run.py`` (a fresh process: 2 simulated devices): baton's losses
-    on an expert-parallel mesh are MaxText's own ``train_loop``'s, bit for bit. With
+    on an expert-parallel mesh are MaxText's own ``train_loop``'s, bit for bit, and its
+    checkpoint continues on fsdp 2. With
     capacity_factor 0.5 each expert takes half its mean share of a sequence's slots (16
     of 128): the dropped fraction logged is what MaxText's masks drop from transformers'
     routing of the same weights. One layer: a second layer's inputs would differ from
@@ -223,6 +225,10 @@ def test_expert_parallel_2_equals_maxtext_loop_and_logs_dropped_tokens(tmp_path)
     assert report["layout"]["mesh"] == {"expert": 2} and report["layout"]["devices"] == 2
     assert sorted(report["losses"]) == ["1", "2", "3"]
     assert report["losses"] == report["reference"]  # bit for bit
+    # the step-2 checkpoint restored onto fsdp 2 (orbax reshards the experts) goes on
+    assert report["checkpoint"] == "step_000002"
+    assert report["continued_layout"]["mesh"] == {"fsdp": 2}
+    assert report["continued"]["3"] == pytest.approx(report["losses"]["3"], rel=1e-4)
 
     tokens, _ = batch_tensors(0, batch=4)  # 2 sequences a device
     reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()

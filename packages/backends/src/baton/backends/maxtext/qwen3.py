@@ -5,8 +5,10 @@ blocks (QK norm, ``head_dim`` independent of the width, attention scaled by
 
 On CPU the experts run MaxText's dense einsum path (:data:`CPU_EXPERTS`:
 ``sparse_matmul: False``, ``megablox: False``; the grouped-matmul kernels need a TPU or
-GPU, and a recipe for those keeps MaxText's sparse path); without a capacity factor every routed token reaches its experts (dropless), with ``capacity_factor`` > 0
-MaxText drops the tokens past each expert's capacity, per sequence.
+GPU, and a recipe for those keeps MaxText's sparse path). Without a capacity factor
+every token goes through every expert, weighted by its router weights (zero off its
+top-k): dropless. With ``capacity_factor`` > 0 MaxText dispatches each sequence's
+tokens to fixed-size expert buffers and drops those past an expert's capacity.
 
 MaxText's router takes the top-k gate logits and softmaxes them, which is Hugging
 Face's ``norm_topk_prob: true``; every decoder layer is sparse. A spec asking for
@@ -39,7 +41,7 @@ import numpy as np
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
 
-#: MaxText's expert path that runs on CPU: dense einsums over every expert's capacity
+#: MaxText's expert path that runs on CPU: dense einsums over all the experts
 CPU_EXPERTS = {"sparse_matmul": False, "megablox": False}
 
 

@@ -32,7 +32,6 @@ QWEN3_MOE = {
     [
         ("torchtitan_llama3_debug.py", "torchtitan"),
         ("megatron_gpt_tiny.py", "megatron"),
-        ("maxtext_tiny.py", "maxtext"),
     ],
 )
 def test_a_qwen3_moe_config_is_refused_by_name_before_anything_is_built(tmp_path, recipe, backend):

@@ -66,10 +66,18 @@ def qwen3_30b_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 class Logged(Callback):
-    """Every log step's metrics: ``steps[step] = {name: value}``."""
+    """Every log step's metrics (``steps[step] = {name: value}``), and the model's logits
+    on the first batch before the first step (``first_logits``)."""
 
     def __init__(self) -> None:
         self.steps: dict[int, dict[str, float]] = {}
+        self.first_logits: torch.Tensor | None = None
+
+    def on_train_start(self, driver: Any) -> None:
+        from support.maxtext_forward import logits
+
+        tokens, _ = batch_tensors(0)
+        self.first_logits = torch.from_numpy(logits(driver.backend, tokens.numpy()))
 
     def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
         self.steps[driver.step] = dict(metrics)
@@ -140,7 +148,7 @@ def expert_load(
     return max(ratios), sum(dropped) / len(dropped)
 
 
-def test_qwen3_dense_first_loss_equals_transformers(tmp_path):
+def test_qwen3_dense_logits_and_first_loss_equal_transformers(tmp_path):
     from transformers import Qwen3ForCausalLM
 
     hf_dir = save_tiny_qwen3(tmp_path / "hf")
@@ -148,7 +156,9 @@ def test_qwen3_dense_first_loss_equals_transformers(tmp_path):
     tokens, targets = batch_tensors(0)
     reference = Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        expected = cross_entropy(reference(tokens).logits, targets)
+        expected_logits = reference(tokens).logits
+    expected = cross_entropy(expected_logits, targets)
+    torch.testing.assert_close(logged.first_logits, expected_logits, rtol=1e-4, atol=1e-4)
     assert logged.steps[1]["loss"] == pytest.approx(expected, rel=1e-4)
     assert "moe/aux_loss" not in logged.steps[1]
     assert driver.options.settings["model_spec"] == ModelSpec.from_hf(hf_dir).to_dict()
@@ -174,6 +184,7 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
     with torch.no_grad():
         out = reference(tokens, labels=targets, output_router_logits=True)
     xent = cross_entropy(out.logits, targets)
+    torch.testing.assert_close(logged.first_logits, out.logits, rtol=1e-4, atol=1e-4)
     first = logged.steps[1]
     assert first["lm_loss"] == pytest.approx(xent, rel=1e-4)
     aux = maxtext_aux_loss(out.router_logits, spec.moe.experts_per_token, spec.moe.aux_loss_coef)

@@ -35,6 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.backends.maxtext import MaxTextBackend, MaxTextConfig, per_device_batch
+from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.dry_run import is_planning, require_data
@@ -128,6 +129,7 @@ def recipe(
     }
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
+    check_expert_parallel(spec, ep)
     if spec is not None:  # that architecture instead of llama2-7b's (vocabulary included)
         from baton.backends.maxtext.hf import maxtext_settings
 

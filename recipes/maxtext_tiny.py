@@ -25,6 +25,7 @@ from pathlib import Path
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig, per_device_batch
 from baton.backends.maxtext.checkpoint import params_path
+from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
@@ -154,6 +155,7 @@ def recipe(
         )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
+    check_expert_parallel(spec, ep)
     if spec is not None:
         from baton.backends.maxtext.hf import maxtext_settings
         from baton.backends.maxtext.qwen3 import CPU_EXPERTS

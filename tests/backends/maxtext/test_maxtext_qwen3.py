@@ -253,6 +253,23 @@ def test_expert_parallel_2_equals_maxtext_loop_and_logs_dropped_tokens(tmp_path)
 
 
 @pytest.mark.parametrize(
+    ("config", "ep", "named"),
+    [({"moe": True}, 3, "does not divide the model's 4 experts"),
+     ({"moe": False}, 2, "this qwen3 model has no experts to split")],
+)  # fmt: skip
+def test_an_expert_parallel_degree_that_cannot_split_the_experts_is_refused(
+    tmp_path, config, ep, named
+):
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", **config)
+    args = ["--model-config", str(hf_dir), "--ep", str(ep), "--run-dir", str(tmp_path / "run")]
+    for recipe in (RECIPE, REAL_SIZE_RECIPE):
+        with pytest.raises(UsageError, match=named):
+            build_driver(recipe, [*args, "--data-path", "d", "--tokenizer", "t"]
+                         if recipe == REAL_SIZE_RECIPE else args)  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
     ("change", "named"),
     [
         ({"norm_topk_prob": False}, "norm_topk_prob"),

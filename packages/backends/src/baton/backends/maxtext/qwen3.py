@@ -69,6 +69,23 @@ def check_buildable(spec: ModelSpec) -> None:
         )
 
 
+def check_expert_parallel(spec: ModelSpec | None, ep: int) -> None:
+    """Refuse ``--ep`` (``ici_expert_parallelism``) above 1 for a spec without experts, or
+    one that does not divide the experts, naming both numbers."""
+    if ep <= 1 or spec is None:
+        return
+    if spec.moe is None:
+        raise UsageError(
+            f"--ep {ep}: this {spec.family} model has no experts to split; lay the devices "
+            "out with --dp-shard, --dp-replicate or --tp"
+        )
+    if spec.moe.num_experts % ep:
+        raise UsageError(
+            f"--ep {ep} does not divide the model's {spec.moe.num_experts} experts; use a "
+            f"divisor of {spec.moe.num_experts}"
+        )
+
+
 def qwen3_settings(spec: ModelSpec) -> dict[str, Any]:
     """MaxText config keys of a ``qwen3`` or ``qwen3_moe`` spec (the rest is shared with
     Llama); a value MaxText cannot build is a ``UsageError`` naming it."""

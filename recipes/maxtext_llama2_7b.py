@@ -16,10 +16,14 @@ devices), print the mesh MaxText would build, no training (``baton run --dry-run
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --world-size 8
     uv run baton run recipes/maxtext_llama2_7b.py --dry-run --world-size 16 \
         --dp-shard 4 --tp 2 --dp-replicate 2
+    uv run baton run recipes/maxtext_llama2_7b.py --dry-run --world-size 16 \
+        --model-config qwen3-30b-a3b/ --ep 8 --dp-shard 2      # Qwen3-30B-A3B
 
-Model: Llama 2 7B (MaxText's ``llama2-7b``), or any Llama ``config.json`` with
-``--model-config DIR_OR_FILE`` (MaxText config keys, scanned layers; Llama 3.1's
-``rope_scaling`` as MaxText's ``llama3.1`` rope); ``--init-from HF_DIR`` (a
+Model: Llama 2 7B (MaxText's ``llama2-7b``), or any Llama, Qwen3 or Qwen3-MoE
+``config.json`` with ``--model-config DIR_OR_FILE`` (MaxText config keys, scanned layers;
+Llama 3.1's ``rope_scaling`` as MaxText's ``llama3.1`` rope; experts on MaxText's sparse
+path: grouped matmuls, megablox on TPU, ``ragged_dot`` on GPU), laid out with ``--ep``
+too (MaxText's ``ici_expert_parallelism``); ``--init-from HF_DIR`` (a
 ``save_pretrained`` directory) trains that directory's architecture from its weights,
 converted once into ``<run-dir>/hf-params`` (a baton checkpoint: its weights), step 0:
     uv run baton run recipes/maxtext_llama2_7b.py --init-from hf/Llama-2-7b \
@@ -31,6 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.backends.maxtext import MaxTextBackend, MaxTextConfig, per_device_batch
+from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.dry_run import is_planning, require_data
@@ -43,6 +48,7 @@ HARDWARE = {
         "remat_policy": "minimal_with_context",
         "max_segments_per_seq": 32,
         "scan_layers": False,
+        "megablox": False,  # experts: jax's ragged_dot (megablox is a TPU kernel)
     },
     "tpu": {"hardware": "tpu", "attention": "flash", "remat_policy": "minimal"},
 }
@@ -57,6 +63,7 @@ def recipe(
     dp_shard: int = -1,
     tp: int = 1,
     dp_replicate: int = 1,
+    ep: int = 1,
     dcn_data_parallelism: int = -1,
     data_path: str | None = None,
     tokenizer: str | None = None,
@@ -82,6 +89,8 @@ def recipe(
         dp_shard: FSDP degree within a host (-1: the devices left).
         tp: tensor parallel degree within a host.
         dp_replicate: data parallel degree within a host.
+        ep: expert parallel degree within a host (a model with experts;
+            ici_expert_parallelism).
         dcn_data_parallelism: data parallel degree across hosts (-1: the rest).
         data_path: a prepared prefix or blend, or JSON/Parquet files (required to train).
         tokenizer: a Hugging Face tokenizer directory (required to train).
@@ -90,7 +99,8 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
+            directory) to build.
     """
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
@@ -110,6 +120,7 @@ def recipe(
         "ici_fsdp_parallelism": dp_shard,
         "ici_tensor_parallelism": tp,
         "ici_data_parallelism": dp_replicate,
+        "ici_expert_parallelism": ep,
         "dcn_data_parallelism": dcn_data_parallelism,
         "vocab_size": vocab_size,
         "use_iota_embed": True,
@@ -118,6 +129,7 @@ def recipe(
     }
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
+    check_expert_parallel(spec, ep)
     if spec is not None:  # that architecture instead of llama2-7b's (vocabulary included)
         from baton.backends.maxtext.hf import maxtext_settings
 

@@ -14,6 +14,8 @@ uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path "0.7 d
 uv run baton run recipes/maxtext_tiny.py --tokenizer runs/tok --data-path data/corpus \
     --eval-data-path data/heldout --eval-every 25   # MaxText's pipeline evaluates too
 uv run baton run recipes/maxtext_tiny.py --devices 4 --dp-shard 2 --tp 2   # a mesh of 4 CPUs
+uv run baton run recipes/maxtext_tiny.py --init-from tiny-qwen3-moe/ --devices 2 --ep 2 \
+    --dp-shard 1                                  # experts split over 2 CPUs
 uv run baton run recipes/maxtext_tiny.py --init-from runs/maxtext_tiny/checkpoints/step_000050
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig, per_device_batch
 from baton.backends.maxtext.checkpoint import params_path
+from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
@@ -62,6 +65,7 @@ def recipe(
     dp_replicate: int = 1,
     dp_shard: int = -1,
     tp: int = 1,
+    ep: int = 1,
     init_from: str | None = None,
     model_config: str | None = None,
     run_dir: str = "runs/maxtext_tiny",
@@ -102,8 +106,11 @@ def recipe(
         dp_replicate: data parallel degree of the mesh (MaxText's ici_data_parallelism).
         dp_shard: FSDP degree of the mesh (-1: the devices left; ici_fsdp_parallelism).
         tp: tensor parallel degree of the mesh (ici_tensor_parallelism).
+        ep: expert parallel degree of the mesh, a model with experts
+            (ici_expert_parallelism; MaxText also splits the batch over it).
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
+            directory) to build (experts on MaxText's dense CPU path).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
         print_loss: print the loss line on log steps.
@@ -130,6 +137,7 @@ def recipe(
         "ici_data_parallelism": dp_replicate,
         "ici_fsdp_parallelism": dp_shard,
         "ici_tensor_parallelism": tp,
+        "ici_expert_parallelism": ep,
     }
     if vocab_size is not None:
         settings["vocab_size"] = vocab_size
@@ -147,14 +155,18 @@ def recipe(
         )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
+    check_expert_parallel(spec, ep)
     if spec is not None:
         from baton.backends.maxtext.hf import maxtext_settings
+        from baton.backends.maxtext.qwen3 import CPU_EXPERTS
 
-        settings |= maxtext_settings(spec)
+        settings |= maxtext_settings(spec) | (CPU_EXPERTS if spec.moe is not None else {})
     if init_from is not None and is_hf_dir(init_from):
-        from baton.backends.maxtext.hf import write_params
+        from baton.backends.maxtext.hf import write_params, write_params_apart
 
-        settings["load_parameters_path"] = str(write_params(init_from, f"{run_dir}/hf-params"))
+        # simulated devices: JAX starts in the run, so the conversion runs in a child
+        convert = write_params_apart if devices else write_params
+        settings["load_parameters_path"] = str(convert(init_from, f"{run_dir}/hf-params"))
     elif init_from is not None:
         settings["load_parameters_path"] = str(params_path(Path(init_from)))
     config = MaxTextConfig(

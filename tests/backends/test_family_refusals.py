@@ -31,7 +31,6 @@ QWEN3_MOE = {
     ("recipe", "backend"),
     [
         ("megatron_gpt_tiny.py", "megatron"),
-        ("maxtext_tiny.py", "maxtext"),
     ],
 )
 def test_a_qwen3_moe_config_is_refused_by_name_before_anything_is_built(tmp_path, recipe, backend):

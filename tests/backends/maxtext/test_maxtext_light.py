@@ -36,6 +36,7 @@ def test_import_registers_backend_and_patches_without_jax() -> None:
         "maxtext_cpu_platform",
         "maxtext_host_devices",
         "maxtext_jax_settings",
+        "maxtext_moe_load_metrics",
         "maxtext_no_hlo_dump",
         "maxtext_output_dir",
         "maxtext_quiet",

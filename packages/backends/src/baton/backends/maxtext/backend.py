@@ -69,6 +69,7 @@ from baton.core.metrics import StepOutput
 _METRIC_NAMES: dict[str, str] = {
     "learning/raw_grad_norm": "grad_norm",
     "learning/grad_norm": "grad_norm_clipped",
+    "learning/moe_lb_loss": "moe/aux_loss",  # as MaxText adds it to the loss
 }
 
 
@@ -270,8 +271,9 @@ class MaxTextBackend(
             self.state, metrics = self._run_train_step(batch, keep_state=keep)
         scalars = metrics["scalar"]
         values: dict[str, Any] = {}
+        skipped = {"learning/loss"} | ({"learning/moe_lb_loss"} if cfg.num_experts <= 1 else set())
         for key, value in scalars.items():
-            if key != "learning/loss":
+            if key not in skipped:
                 values[_METRIC_NAMES.get(str(key), str(key).removeprefix("learning/"))] = value
         values["lr"] = self._lr_metric(step - 1)  # MaxText's 0-based step; computed when fetched
         samples = int(cfg.global_batch_size_to_train_on)

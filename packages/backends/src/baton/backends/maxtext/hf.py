@@ -1,6 +1,8 @@
-"""A :class:`~baton.core.model_spec.LlamaSpec` as MaxText config keys, and Hugging Face
-Llama weights into MaxText's parameter layout.
+"""A :class:`~baton.core.model_spec.ModelSpec` as MaxText config keys, and Hugging Face
+Llama, Qwen3 and Qwen3-MoE weights into MaxText's parameter layout (and back).
 
+A Qwen3 is MaxText's ``qwen3`` / ``qwen3_moe`` decoder block
+(:mod:`baton.backends.maxtext.qwen3`: QK norm, experts); a Llama is ``llama2``:
 MaxText builds the model (``decoder_block: llama2``, SwiGLU ``mlp_activations``, RMSNorm,
 rotary positions of the default type, which rotate halves as Hugging Face does).
 MaxText's own converters (``maxtext.checkpoint_conversion``) target its named model
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from baton.backends.hf_io import read_safetensors
+from baton.backends.maxtext.qwen3 import experts_to_hf, experts_to_maxtext, qwen3_settings
 from baton.core.model_spec import LlamaSpec
 
 #: the Llama 3.1 rotary scaling MaxText's ``llama3.1`` rope fixes (all of its values)
@@ -72,16 +75,19 @@ def pairs_to_halves(kernel: np.ndarray) -> np.ndarray:
     return np.concatenate([kernel[..., ::2], kernel[..., 1::2]], axis=-1)
 
 
+#: MaxText's dense MLP kernels and the Hugging Face projection of each
+DENSE_MLP = {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}
+
 #: the model families (Hugging Face ``model_type``) built here
-FAMILIES = frozenset({"llama"})
+FAMILIES = frozenset({"llama", "qwen3", "qwen3_moe"})
 
 
 def maxtext_settings(spec: LlamaSpec) -> dict[str, Any]:
     """MaxText config keys that build ``spec``; a family they cannot build yet is a
     ``UsageError`` naming it."""
     spec.require_family(FAMILIES, backend="maxtext")
-    return rope_settings(spec) | {
-        "decoder_block": "llama2",
+    family = qwen3_settings(spec) if spec.qk_norm else {"decoder_block": "llama2"}
+    shape = {
         "base_emb_dim": spec.hidden_size,
         "base_num_query_heads": spec.num_heads,
         "base_num_kv_heads": spec.num_kv_heads,
@@ -98,6 +104,7 @@ def maxtext_settings(spec: LlamaSpec) -> dict[str, Any]:
         "fused_qkv": False,
         "fused_mlp": False,
     }
+    return rope_settings(spec) | shape | family  # a Qwen3-MoE's base_mlp_dim: its experts'
 
 
 def hf_to_maxtext(hf: dict[str, np.ndarray], spec: LlamaSpec) -> dict[str, Any]:
@@ -109,6 +116,9 @@ def hf_to_maxtext(hf: dict[str, np.ndarray], spec: LlamaSpec) -> dict[str, Any]:
         return np.stack(layers, axis=1)  # MaxText's param_scan_axis
 
     pairs = interleaves_rope(spec)
+    # MaxText's llama2 block folds the attention scale into the query kernel; qwen3
+    # scales in the layer (query_pre_attn_scalar)
+    query_scale = 1.0 if spec.qk_norm else 1 / math.sqrt(hd)
 
     def heads(count: int, scale: float = 1.0, rotated: bool = False) -> Any:
         def convert(w: np.ndarray) -> np.ndarray:
@@ -121,18 +131,13 @@ def hf_to_maxtext(hf: dict[str, np.ndarray], spec: LlamaSpec) -> dict[str, Any]:
     layers = {
         "self_attention": {
             "query": {"kernel": stack(layer + "self_attn.q_proj.weight",
-                                      heads(spec.num_heads, 1 / math.sqrt(hd), rotated=True))},
+                                      heads(spec.num_heads, query_scale, rotated=True))},
             "key": {"kernel": stack(layer + "self_attn.k_proj.weight",
                                     heads(spec.num_kv_heads, rotated=True))},
             "value": {"kernel": stack(layer + "self_attn.v_proj.weight",
                                       heads(spec.num_kv_heads))},
             "out": {"kernel": stack(layer + "self_attn.o_proj.weight",
                                     lambda w: w.T.reshape(spec.num_heads, hd, emb))},
-        },
-        "mlp": {
-            "wi_0": {"kernel": stack(layer + "mlp.gate_proj.weight", lambda w: w.T)},
-            "wi_1": {"kernel": stack(layer + "mlp.up_proj.weight", lambda w: w.T)},
-            "wo": {"kernel": stack(layer + "mlp.down_proj.weight", lambda w: w.T)},
         },
         "pre_self_attention_layer_norm": {
             "scale": stack(layer + "input_layernorm.weight", lambda w: w)
@@ -141,6 +146,17 @@ def hf_to_maxtext(hf: dict[str, np.ndarray], spec: LlamaSpec) -> dict[str, Any]:
             "scale": stack(layer + "post_attention_layernorm.weight", lambda w: w)
         },
     }  # fmt: skip
+    if spec.qk_norm:
+        attention = layers["self_attention"]
+        attention["query_norm"] = {"scale": stack(layer + "self_attn.q_norm.weight", np.asarray)}
+        attention["key_norm"] = {"scale": stack(layer + "self_attn.k_norm.weight", np.asarray)}
+    if spec.moe is not None:
+        layers["moe_block"] = experts_to_maxtext(hf, spec)
+    else:
+        layers["mlp"] = {
+            name: {"kernel": stack(layer + f"mlp.{projection}.weight", lambda w: w.T)}
+            for name, projection in DENSE_MLP.items()
+        }
     decoder: dict[str, Any] = {"layers": layers, "decoder_norm": {"scale": hf["model.norm.weight"]}}
     if not spec.tie_embeddings:
         decoder["logits_dense"] = {"kernel": hf["lm_head.weight"].T}
@@ -167,13 +183,27 @@ def write_params(hf_dir: str | Path, out_dir: str | Path) -> Path:
     return out / "items"
 
 
+def write_params_apart(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """:func:`write_params` in a child process, so that this one's JAX stays unstarted
+    (MaxText's writer starts it; a run that simulates host devices must start it
+    itself)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from baton.backends.maxtext.hf import write_params as w; w(*sys.argv[1:])"
+    subprocess.run([sys.executable, "-c", code, str(hf_dir), str(out_dir)], check=True)
+    return Path(out_dir).resolve() / "items"
+
+
 def maxtext_to_hf(params: dict[str, Any], spec: LlamaSpec) -> dict[str, np.ndarray]:
-    """Hugging Face ``LlamaForCausalLM`` tensors from MaxText's (scanned) ``params`` tree
-    (the inner collection: ``{"decoder": ..., "token_embedder": ...}``)."""
+    """Hugging Face tensors (``LlamaForCausalLM``, ``Qwen3ForCausalLM`` or
+    ``Qwen3MoeForCausalLM``) from MaxText's (scanned) ``params`` tree (the inner
+    collection: ``{"decoder": ..., "token_embedder": ...}``)."""
     emb, hd = spec.hidden_size, spec.head_dim
     decoder = params["decoder"]
     layers = decoder["layers"]
-    attention, mlp = layers["self_attention"], layers["mlp"]
+    attention = layers["self_attention"]
+    query_scale = 1.0 if spec.qk_norm else math.sqrt(hd)
     out = {
         "model.embed_tokens.weight": params["token_embedder"]["embedding"],
         "model.norm.weight": decoder["decoder_norm"]["scale"],
@@ -187,18 +217,23 @@ def maxtext_to_hf(params: dict[str, Any], spec: LlamaSpec) -> dict[str, np.ndarr
 
     for i in range(spec.num_layers):
         name = f"model.layers.{i}."
-        query = rotated(attention["query"]["kernel"][:, i]) * math.sqrt(hd)
+        query = rotated(attention["query"]["kernel"][:, i]) * query_scale
         out[name + "self_attn.q_proj.weight"] = query.reshape(emb, -1).T
         key = rotated(attention["key"]["kernel"][:, i])
         out[name + "self_attn.k_proj.weight"] = key.reshape(emb, -1).T
         value = attention["value"]["kernel"][:, i]
         out[name + "self_attn.v_proj.weight"] = value.reshape(emb, -1).T
         out[name + "self_attn.o_proj.weight"] = attention["out"]["kernel"][:, i].reshape(-1, emb).T
-        out[name + "mlp.gate_proj.weight"] = mlp["wi_0"]["kernel"][:, i].T
-        out[name + "mlp.up_proj.weight"] = mlp["wi_1"]["kernel"][:, i].T
-        out[name + "mlp.down_proj.weight"] = mlp["wo"]["kernel"][:, i].T
+        if spec.qk_norm:
+            out[name + "self_attn.q_norm.weight"] = attention["query_norm"]["scale"][:, i]
+            out[name + "self_attn.k_norm.weight"] = attention["key_norm"]["scale"][:, i]
+        if spec.moe is None:
+            for key, projection in DENSE_MLP.items():
+                out[name + f"mlp.{projection}.weight"] = layers["mlp"][key]["kernel"][:, i].T
         norm = layers["pre_self_attention_layer_norm"]["scale"][:, i]
         out[name + "input_layernorm.weight"] = norm
         norm = layers["post_self_attention_layer_norm"]["scale"][:, i]
         out[name + "post_attention_layernorm.weight"] = norm
+    if spec.moe is not None:
+        out |= experts_to_hf(layers["moe_block"], spec)
     return {key: np.ascontiguousarray(value, dtype=np.float32) for key, value in out.items()}

@@ -1,4 +1,5 @@
-"""A dry run of a MaxText config: its mesh, parameter count and FLOPs, without
+"""A dry run of a MaxText config: its mesh, parameter count, FLOPs and the memory of the
+weights per device (each parameter's shard under MaxText's sharding rules), without
 allocating the model, on simulated host devices (``MaxTextBackend.dry_run``, the
 ``dry_run`` ability behind ``baton run RECIPE --dry-run``).
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import copy
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.patches import simulate_host_devices
@@ -28,6 +30,8 @@ class Plan:
     tflops_per_device_step: float
     global_batch: int
     seq_len: int
+    #: bytes of one device's shards of the weights (the largest over the devices' shapes)
+    weight_bytes_per_device: int = 0
 
     def summary(self) -> str:
         axes = {k: v for k, v in self.mesh_shape.items() if v > 1} or {"(all axes)": 1}
@@ -39,6 +43,9 @@ class Plan:
                 f"parameters   {self.params:,} ({self.params / 1e9:.2f} B)",
                 f"batch        {self.global_batch} x {self.seq_len} tokens per step",
                 f"TFLOPs       {self.tflops_per_device_step:,.1f} per device per step",
+                f"memory       {self.weight_bytes_per_device / 2**30:,.2f} GiB of weights per "
+                f"device, {3 * self.weight_bytes_per_device / 2**30:,.2f} GiB with AdamW's two "
+                "moments (activations and gradients not counted)",
             ]
         )
 
@@ -84,7 +91,8 @@ def dry_run(config: MaxTextConfig, simulate_devices: int | None = None) -> Plan:
             f"({jax.process_count()} processes): {error}"
         ) from None
     _create, abstract_model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
-    params = max_utils.calculate_num_params_from_pytree(nnx.state(abstract_model, nnx.Param))
+    weights = nnx.state(abstract_model, nnx.Param)
+    params = max_utils.calculate_num_params_from_pytree(weights)
     tflops, _, _ = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
     first = jax.devices()[0]
     return Plan(
@@ -94,4 +102,21 @@ def dry_run(config: MaxTextConfig, simulate_devices: int | None = None) -> Plan:
         tflops_per_device_step=float(tflops),
         global_batch=int(cfg.global_batch_size_to_train_on),
         seq_len=int(cfg.max_target_length),
+        weight_bytes_per_device=bytes_per_device(weights),
     )
+
+
+def bytes_per_device(abstract: Any) -> int:
+    """The bytes of one device's shards of an abstract tree (``ShapeDtypeStruct`` leaves
+    with their ``NamedSharding``)."""
+    import math
+
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree.leaves(abstract):
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total

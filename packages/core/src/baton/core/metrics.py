@@ -99,7 +99,8 @@ STANDARD_METRICS: dict[str, tuple[str, str]] = {
     ),
     "moe/aux_loss": (
         "a mixture-of-experts model's load-balancing loss as the backend adds it to the "
-        "loss (coefficient included; summed over the MoE layers), on log steps",
+        "loss (coefficient included), on log steps: each framework's own formula "
+        "(docs/one-model.md names how each differs from `transformers`')",
         "every backend training a Qwen3-MoE but TorchTitan (whose Qwen3-MoE adds none)",
     ),
     "moe/z_loss": (

@@ -30,3 +30,20 @@ def megatron_outputs(
     finally:
         backend.teardown()
         recorder.undo()
+
+
+def first_micro_batch(backend: Any) -> dict[str, torch.Tensor]:
+    """The first micro-batch ``backend``'s training would read (set up and torn down
+    under baton's CPU patches): ``tokens``, ``labels``, ``loss_mask``, ``position_ids``."""
+    from baton.backends.megatron import cpu
+    from baton.core.patches import PatchRecorder
+
+    recorder = PatchRecorder()
+    if not torch.cuda.is_available():
+        cpu.install_all(recorder)
+    try:
+        backend.setup()
+        return next(backend.train_streams[0])
+    finally:
+        backend.teardown()
+        recorder.undo()

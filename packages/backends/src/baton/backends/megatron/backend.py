@@ -54,6 +54,7 @@ from baton.backends.megatron.data import (
     open_prepared,
 )
 from baton.backends.megatron.model_state import MegatronModelState
+from baton.backends.megatron.moe_metrics import MoeMetrics
 from baton.backends.megatron.plan import layout_plan
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
@@ -90,6 +91,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
         self.source: PreparedSource | None = None
         self.checkpoints = MegatronCheckpointIO(self)
         self._model_state: MegatronModelState | None = None
+        #: a model with experts: its ``moe/*`` metrics (``moe_metrics.py``)
+        self._moe: MoeMetrics | None = None
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -171,11 +174,14 @@ class MegatronBackend(TorchDistributed, BackendBase):
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=cfg.model.virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=cfg.model.expert_model_parallel_size,
+            expert_tensor_parallel_size=cfg.model.expert_tensor_parallel_size,
         )
         torch.manual_seed(cfg.seed)
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
         self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
         self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
+        self._moe = MoeMetrics(self.chunks) if cfg.model.num_moe_experts else None
         self._build_data()
         if cfg.init_from is not None:
             self.load_weights(Path(cfg.init_from))
@@ -287,6 +293,8 @@ class MegatronBackend(TorchDistributed, BackendBase):
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
+        if self._moe is not None:
+            self._moe.begin_step()
         reduced = self._run_schedule(self.train_streams, forward_only=False)
         finalize_model_grads(self.chunks)
         if self._model_state is not None:  # gradients before clipping, to the watchers
@@ -298,12 +306,22 @@ class MegatronBackend(TorchDistributed, BackendBase):
         metrics: dict[str, Any] = {"lr": lr, "skipped_update": 0.0 if update_successful else 1.0}
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
+        if self._moe is not None:
+            metrics.update(self._moe_metrics())
         return StepOutput(
             loss=self._mean_loss(reduced),
             metrics=metrics,
             tokens=cfg.global_batch_size * cfg.seq_len,
             samples=cfg.global_batch_size,
             data_wait_s=sum(stream.take_wait() for stream in self.train_streams),
+        )
+
+    def _moe_metrics(self) -> dict[str, torch.Tensor]:
+        assert self._moe is not None
+        return self._moe.step_metrics(
+            self.num_microbatches,
+            data_parallel=self.config.data_parallel_size(self.world_size),
+            tensor_parallel=self.config.model.tensor_model_parallel_size,
         )
 
     @torch.no_grad()
@@ -403,6 +421,9 @@ class MegatronBackend(TorchDistributed, BackendBase):
         from megatron.core import parallel_state
 
         self.checkpoints.close()
+        if self._moe is not None:
+            self._moe.close()
+            self._moe = None
         parallel_state.destroy_model_parallel()
         self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None

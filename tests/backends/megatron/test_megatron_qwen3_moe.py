@@ -1,0 +1,141 @@
+"""One model, Megatron-Core: a Hugging Face Qwen3-MoE built as a ``GPTModel`` with
+Megatron's own MoE layers (``TopKRouter``, ``SequentialMLP`` experts), its weights loaded
+by baton's mapping: logits equal ``transformers'``; the first step's loss and
+load-balancing loss are ``transformers'`` (the auxiliary loss by Megatron's per-layer
+formula, the difference to ``transformers'`` measured); trained and exported back,
+``transformers`` loads the trained model's logits; a capacity factor drops tokens and says
+how many."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("transformers")
+
+import torch
+
+from baton.core import Callback
+from baton.core.errors import UsageError
+from baton.core.model_spec import ModelSpec
+from baton.core.recipe import build_driver
+from support.megatron_model import first_micro_batch, megatron_outputs
+from support.tiny_qwen3 import save_tiny_qwen3
+
+RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
+VOCAB = 512
+#: one micro-batch a step: Megatron's load-balancing loss is per micro-batch
+ONE_MICRO_BATCH = ["--batch-size", "4", "--global-batch-size", "4", "--eval-every", "0"]
+
+
+class Record(Callback):
+    def __init__(self) -> None:
+        self.logs: dict[int, dict[str, float]] = {}
+
+    def on_log(self, driver, metrics):
+        self.logs[driver.step] = dict(metrics)
+
+
+def switch_aux_per_layer(router_logits, *, top_k: int, experts: int) -> torch.Tensor:
+    """Megatron's ``aux_loss`` from each layer's router logits: Switch Transformer's
+    ``E x sum_i f_i P_i`` per layer, ``f_i`` the share of the ``tokens x top_k`` routed
+    slots expert i takes, ``P_i`` its mean softmax probability; summed over layers."""
+    total = torch.zeros(())
+    for logits in router_logits:
+        probs = logits.softmax(-1)
+        chosen = torch.nn.functional.one_hot(probs.topk(top_k, -1).indices, experts)
+        share = chosen.sum(1).float().mean(0) / top_k
+        total += experts * (share * probs.mean(0)).sum()
+    return total
+
+
+def busiest_over_mean(router_logits, *, top_k: int) -> float:
+    ratios = []
+    for logits in router_logits:
+        counts = torch.bincount(logits.topk(top_k, -1).indices.flatten(), minlength=4).float()
+        ratios.append(float(counts.max() / counts.mean()))
+    return max(ratios)
+
+
+def test_qwen3_moe_logits_first_step_loss_and_export(tmp_path):
+    from transformers import Qwen3MoeForCausalLM
+
+    from baton.tools.export import main as export_main
+
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB)
+    reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    argv = ["--init-from", str(hf_dir), "--max-steps", "2", "--save-every", "2",
+            "--no-async-save", "--log-every", "1", "--run-dir", str(tmp_path / "run"),
+            "--no-progress", *ONE_MICRO_BATCH]  # fmt: skip
+    driver = build_driver(RECIPE, argv)
+    recorded = driver.options.settings["model_spec"]
+    assert ModelSpec.from_dict(recorded) == ModelSpec.from_hf(hf_dir)  # the spec round-trips
+    assert recorded["moe"]["num_experts"] == 4 and recorded["moe"]["norm_topk_prob"] is True
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = reference(tokens).logits
+    torch.testing.assert_close(
+        megatron_outputs(driver.backend, tokens), expected, rtol=1e-4, atol=1e-4
+    )
+
+    batch = first_micro_batch(build_driver(RECIPE, argv).backend)
+    with torch.no_grad():
+        out = reference(batch["tokens"], output_router_logits=True)
+    lm = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["labels"].flatten())
+    megatron_aux = 0.01 * switch_aux_per_layer(out.router_logits, top_k=2, experts=4)
+    record = Record()
+    driver.callbacks.append(record)
+    driver.fit()
+    first = record.logs[1]
+    assert first["loss"] == pytest.approx(float(lm), rel=1e-5)  # Megatron's loss: no aux term
+    assert first["moe/aux_loss"] == pytest.approx(float(megatron_aux), rel=1e-5)
+    # transformers' term (all layers' tokens pooled, no division by top-k) differs from
+    # Megatron's per-layer one; here by about 1%, a 4e-5 share of the total loss
+    transformers_total = float(lm) + 0.01 * float(out.aux_loss)
+    assert first["loss"] + first["moe/aux_loss"] == pytest.approx(transformers_total, rel=1e-4)
+    assert first["moe/aux_loss"] != pytest.approx(0.01 * float(out.aux_loss), rel=1e-3)
+    assert first["moe/load_balance"] == busiest_over_mean(out.router_logits, top_k=2)
+    assert "moe/dropped_fraction" not in first  # dropless
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
+    exported = Qwen3MoeForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = exported(tokens).logits
+    reloaded = build_driver(RECIPE, [  # the checkpoint's own Megatron model
+        "--model-config", str(hf_dir), "--init-from", str(checkpoint),
+        "--run-dir", str(tmp_path / "ref"),
+    ])  # fmt: skip
+    torch.testing.assert_close(
+        got, megatron_outputs(reloaded.backend, tokens), rtol=1e-4, atol=1e-4
+    )
+    assert not torch.allclose(got, expected, atol=1e-3)  # trained: not the start any more
+
+
+def test_a_capacity_factor_drops_tokens_and_logs_the_fraction(tmp_path):
+    """One MoE layer after a dense one (``mlp_only_layers``: Megatron's ``moe_layer_freq``)."""
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB, mlp_only_layers=[0])
+    driver = build_driver(RECIPE, [
+        "--init-from", str(hf_dir), "--capacity-factor", "0.5", "--max-steps", "1",
+        "--save-every", "0", "--log-every", "1", "--run-dir", str(tmp_path / "run"),
+        "--no-progress", *ONE_MICRO_BATCH,
+    ])  # fmt: skip
+    record = Record()
+    driver.callbacks.append(record)
+    driver.fit()
+    logs = record.logs[1]
+    # 256 tokens x top 2 over 4 experts at capacity 0.5: each expert keeps at most 64 of
+    # the 512 slots, so at least half are dropped, and the busiest expert holds <= 64
+    kept = 512 * (1 - logs["moe/dropped_fraction"])
+    assert 0.5 <= logs["moe/dropped_fraction"] < 1.0
+    assert logs["moe/load_balance"] * kept / 4 == pytest.approx(64.0)
+
+
+def test_expert_parallel_sizes_are_checked_before_building(tmp_path):
+    moe_dir = save_tiny_qwen3(tmp_path / "moe", moe=True, vocab_size=VOCAB)
+    with pytest.raises(UsageError, match="--ep 3 must divide the model's 4 experts"):
+        build_driver(RECIPE, ["--init-from", str(moe_dir), "--ep", "3"])
+    with pytest.raises(UsageError, match="apply to a mixture-of-experts model"):
+        build_driver(RECIPE, ["--capacity-factor", "1.0"])

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 import torch
 
+from baton.backends.hf_io import read_safetensors
 from baton.core import Callback
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
@@ -33,9 +34,14 @@ ONE_MICRO_BATCH = ["--batch-size", "4", "--global-batch-size", "4", "--eval-ever
 class Record(Callback):
     def __init__(self) -> None:
         self.logs: dict[int, dict[str, float]] = {}
+        self.parameters: dict[str, tuple[int, ...]] = {}
 
     def on_log(self, driver, metrics):
         self.logs[driver.step] = dict(metrics)
+
+    def on_step_end(self, driver, output):
+        pieces = driver.backend.model_state().parameters()
+        self.parameters = {piece.name: piece.global_shape for piece in pieces}
 
 
 def switch_aux_per_layer(router_logits, *, top_k: int, experts: int) -> torch.Tensor:
@@ -98,6 +104,12 @@ def test_qwen3_moe_logits_first_step_loss_and_export(tmp_path):
     assert first["moe/aux_loss"] != pytest.approx(0.01 * float(out.aux_loss), rel=1e-3)
     assert first["moe/load_balance"] == busiest_over_mean(out.router_logits, top_k=2)
     assert "moe/dropped_fraction" not in first  # dropless
+    # model_state shows the experts (and router) by their Hugging Face names and shapes
+    saved = read_safetensors(str(hf_dir))  # save_pretrained's names: one tensor an expert
+    hf_shapes = {name: tuple(tensor.shape) for name, tensor in saved.items()}
+    assert set(record.parameters) == set(hf_shapes)
+    mlp = {name: shape for name, shape in record.parameters.items() if ".mlp." in name}
+    assert len(mlp) == 2 * (1 + 4 * 3) and all(mlp[n] == hf_shapes[n] for n in mlp)
 
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0

@@ -393,6 +393,7 @@ class MegatronBackend(TorchDistributed, BackendBase):
             "tensor": tp,
             "pipeline": pp,
             "virtual_pipeline": cfg.model.virtual_pipeline_model_parallel_size or 1,
+            "expert": cfg.model.expert_model_parallel_size,
             "data": cfg.data_parallel_size(self.world_size),
             "distributed_optimizer": bool(cfg.ddp.use_distributed_optimizer),
             "padded_vocab_size": self.padded_vocab_size,

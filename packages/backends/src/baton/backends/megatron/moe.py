@@ -136,6 +136,20 @@ def global_expert_name(name: str, num_experts: int | None) -> str:
     return f"{match.group(1)}{first + int(match.group(2))}{match.group(3)}"
 
 
+def hf_expert_name(name: str) -> str | None:
+    """The Hugging Face name of a global Megatron router or expert ``linear_fc2`` name
+    (``None`` for any other; an expert's fused ``linear_fc1`` is shown as its halves)."""
+    router = re.fullmatch(r"decoder\.layers\.(\d+)\.mlp\.router\.weight", name)
+    if router is not None:
+        return HF_ROUTER.format(router.group(1))
+    down = re.fullmatch(
+        r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.linear_fc2\.weight", name
+    )
+    if down is not None:
+        return HF_EXPERT.format(down.group(1), down.group(2), "down_proj.weight")
+    return None
+
+
 def split_experts(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
     """A checkpoint tensor by local-spec name: a layer's stacked experts
     (``...mlp.experts.experts.linear_fc1.weight``, ``[num_experts, ...]``, as

@@ -151,3 +151,34 @@ def test_expert_parallel_sizes_are_checked_before_building(tmp_path):
         build_driver(RECIPE, ["--init-from", str(moe_dir), "--ep", "3"])
     with pytest.raises(UsageError, match="apply to a mixture-of-experts model"):
         build_driver(RECIPE, ["--capacity-factor", "1.0"])
+
+
+def test_qwen3_30b_a3b_dry_run_plans_experts_and_memory(tmp_path, capsys):
+    """The real-size recipe plans Qwen3-30B-A3B from its config.json alone."""
+    import transformers
+
+    transformers.Qwen3MoeConfig(
+        num_hidden_layers=48, num_experts=128, num_experts_per_tok=8, hidden_size=2048,
+        moe_intermediate_size=768, intermediate_size=6144, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, vocab_size=151936, norm_topk_prob=True,
+    ).save_pretrained(tmp_path / "qwen3-30b-a3b")  # fmt: skip
+    recipe = RECIPE.with_name("megatron_llama3_8b.py")
+    plan = ["--dry-run", "--model-config", str(tmp_path / "qwen3-30b-a3b")]
+    assert (
+        build_driver(recipe, [*plan, "--world-size", "64", "--tp", "1", "--pp", "2", "--ep", "8"])
+        is None
+    )
+    out = capsys.readouterr().out
+    assert "experts 128 in each of 48 MoE layers, top 8, FFN 768; 16 experts a rank" in out
+    assert "world size 64 = tensor 1 x pipeline 2 x data 32; " in out
+    assert "experts: expert 8 x expert tensor 1 x expert data 4" in out
+    # 1.53 B dense (attention, embedding, output) and 29.0 B in experts; a rank holds half
+    # the dense layers and 16 of 128 experts of half the layers: 0.76 + 1.81 B
+    assert "parameters 30.53 B; per model-parallel rank 2.58 B; active per token 3.35 B" in out
+    # bf16 weights and fp32 gradients (6 bytes a parameter), fp32 main weights and Adam
+    # moments (12 bytes) over data 32 (dense) and expert data 4 (experts)
+    assert "memory per rank 19.7 GiB" in out
+    with pytest.raises(UsageError, match="--ep 3 must divide the model's 128 experts"):
+        build_driver(recipe, [*plan, "--world-size", "64", "--ep", "3"])
+    with pytest.raises(UsageError, match="expert parallel 16 x expert tensor parallel 2 does not"):
+        build_driver(recipe, [*plan, "--world-size", "16", "--tp", "2", "--ep", "16"])

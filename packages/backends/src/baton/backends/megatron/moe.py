@@ -14,6 +14,8 @@ layer spec); :func:`moe_fields` sets the config from the spec's :class:`MoeSpec`
   (docs/one-model.md, "Megatron-Core and Qwen3-MoE").
 - Dense layers (``mlp_only_layers``, ``decoder_sparse_step``) are ``moe_layer_freq``, one
   0 or 1 per layer.
+- The token dispatcher is ``allgather`` (Megatron's default): ``alltoall`` copies its
+  split sizes to the host on a CUDA stream and needs a GPU. The router runs in fp32.
 
 Weights, per MoE layer (``E`` is the global expert number; under expert parallelism a
 rank holds experts ``rank x E/ep ...`` as its ``local_experts.0 ...``)::
@@ -63,6 +65,7 @@ def moe_fields(spec: ModelSpec) -> dict[str, Any]:
         moe_layer_freq=[int(moe.is_sparse(i)) for i in range(spec.num_layers)],
         moe_token_dispatcher_type="allgather",
         moe_grouped_gemm=False,
+        moe_router_dtype="fp32",  # the router's logits and softmax in fp32 under bf16 too
     )
 
 

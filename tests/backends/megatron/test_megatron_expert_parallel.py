@@ -2,8 +2,9 @@
 layers, 2 of its 4 experts on each rank, trains through baton's loop bit for bit as a
 plain Megatron-Core loop with the same layout (plain.py); its checkpoint is refused under
 another expert-parallel degree with both layouts named, and its weights start a run on
-one rank; ``baton export`` of a Qwen3-MoE trained at expert parallel 2 loads in
-``transformers`` with the checkpoint's logits."""
+one rank; ``baton export`` of a Qwen3-MoE trained at expert parallel 2 (its replicas
+checked each step by ``CorruptionCheck``) loads in ``transformers`` with the checkpoint's
+logits."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def test_export_from_expert_parallel_2_loads_in_transformers(tmp_path):
     torchrun(HERE / "hf_worker.py", str(RECIPE), *[
         "--init-from", str(hf_dir), "--ep", "2", "--max-steps", "2", "--save-every", "2",
         "--no-async-save", "--run-dir", str(tmp_path / "run"), "--no-progress",
+        # replicas compared each step: experts by global number (no false finding to stop on)
+        "--callback", "corruption_check:every_n_steps=1",
     ])  # fmt: skip
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 import torch
 
 from baton.core.recipe import build_driver
-from support.megatron_model import megatron_outputs
+from support.megatron_model import first_micro_batches, megatron_aux_loss, megatron_outputs
 from support.tiny_qwen3 import save_tiny_qwen3
 from support.torchrun import torchrun
 
@@ -55,10 +55,26 @@ def test_export_from_expert_parallel_2_loads_in_transformers(tmp_path):
     hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=512)
     torchrun(HERE / "hf_worker.py", str(RECIPE), *[
         "--init-from", str(hf_dir), "--ep", "2", "--max-steps", "2", "--save-every", "2",
-        "--no-async-save", "--run-dir", str(tmp_path / "run"), "--no-progress",
+        "--no-async-save", "--run-dir", str(tmp_path / "run"), "--no-progress", "--log-every", "1",
         # replicas compared each step: experts by global number (no false finding to stop on)
         "--callback", "corruption_check:every_n_steps=1",
     ])  # fmt: skip
+    # the first step's loss and load-balancing loss over both ranks: transformers' on the
+    # two micro-batches one rank would read (Megatron's aux loss: its per-layer formula,
+    # averaged over micro-batches)
+    first = json.loads((tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()[0])
+    reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    losses, aux = [], []
+    single = build_driver(RECIPE, ["--init-from", str(hf_dir), "--run-dir", str(tmp_path / "one")])
+    for batch in first_micro_batches(single.backend, 2):
+        with torch.no_grad():
+            out = reference(batch["tokens"], output_router_logits=True)
+        logits, labels = out.logits.flatten(0, 1), batch["labels"].flatten()
+        losses.append(torch.nn.functional.cross_entropy(logits, labels))
+        aux.append(0.01 * megatron_aux_loss(out.router_logits, top_k=2, experts=4))
+    assert first["step"] == 1 and first["loss"] == pytest.approx(float(sum(losses) / 2), rel=1e-5)
+    assert first["moe/aux_loss"] == pytest.approx(float(sum(aux) / 2), rel=1e-5)
+
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
     assert export_main([str(checkpoint), str(tmp_path / "out"), "--format", "hf"]) == 0
     tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))

@@ -22,7 +22,7 @@ from baton.core import Callback
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
 from baton.core.recipe import build_driver
-from support.megatron_model import first_micro_batch, megatron_outputs
+from support.megatron_model import first_micro_batches, megatron_aux_loss, megatron_outputs
 from support.tiny_qwen3 import save_tiny_qwen3
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
@@ -42,19 +42,6 @@ class Record(Callback):
     def on_step_end(self, driver, output):
         pieces = driver.backend.model_state().parameters()
         self.parameters = {piece.name: piece.global_shape for piece in pieces}
-
-
-def switch_aux_per_layer(router_logits, *, top_k: int, experts: int) -> torch.Tensor:
-    """Megatron's ``aux_loss`` from each layer's router logits: Switch Transformer's
-    ``E x sum_i f_i P_i`` per layer, ``f_i`` the share of the ``tokens x top_k`` routed
-    slots expert i takes, ``P_i`` its mean softmax probability; summed over layers."""
-    total = torch.zeros(())
-    for logits in router_logits:
-        probs = logits.softmax(-1)
-        chosen = torch.nn.functional.one_hot(probs.topk(top_k, -1).indices, experts)
-        share = chosen.sum(1).float().mean(0) / top_k
-        total += experts * (share * probs.mean(0)).sum()
-    return total
 
 
 def busiest_over_mean(router_logits, *, top_k: int) -> float:
@@ -86,11 +73,11 @@ def test_qwen3_moe_logits_first_step_loss_and_export(tmp_path):
         megatron_outputs(driver.backend, tokens), expected, rtol=1e-4, atol=1e-4
     )
 
-    batch = first_micro_batch(build_driver(RECIPE, argv).backend)
+    (batch,) = first_micro_batches(build_driver(RECIPE, argv).backend)
     with torch.no_grad():
         out = reference(batch["tokens"], output_router_logits=True)
     lm = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["labels"].flatten())
-    megatron_aux = 0.01 * switch_aux_per_layer(out.router_logits, top_k=2, experts=4)
+    megatron_aux = 0.01 * megatron_aux_loss(out.router_logits, top_k=2, experts=4)
     record = Record()
     driver.callbacks.append(record)
     driver.fit()

@@ -55,7 +55,7 @@ from baton.backends.megatron.data import (
 )
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
-from baton.backends.megatron.plan import layout_plan
+from baton.backends.megatron.plan import layout_plan, moe_layer_count
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
@@ -97,14 +97,23 @@ class MegatronBackend(TorchDistributed, BackendBase):
     # -- facts ----------------------------------------------------------------------
     @property
     def flops_per_token(self) -> float:
-        """6 x parameters + attention (the PaLM estimate), over the whole model."""
+        """6 x parameters a token uses + attention (the PaLM estimate), over the whole
+        model (a MoE layer: its router and the token's top-k experts)."""
         m = self.config.model
         h, layers, seq = m.hidden_size, m.num_layers, self.config.seq_len
         ffn = m.ffn_hidden_size or 4 * h
         kv = (m.num_query_groups or m.num_attention_heads) / m.num_attention_heads
-        per_layer = 2 * h * h + 2 * h * h * kv + (3 if m.gated_linear_unit else 2) * h * ffn
+        matrices = 3 if m.gated_linear_unit else 2
+        attention = 2 * h * h + 2 * h * h * kv
+        mlp = matrices * h * ffn
+        # a MoE layer: its router and the token's top-k experts
+        routed = (m.num_moe_experts or 0) * h + m.moe_router_topk * matrices * h * (
+            m.moe_ffn_hidden_size or ffn
+        )
+        sparse = moe_layer_count(m)
+        used = layers * attention + (layers - sparse) * mlp + sparse * routed
         vocab = self.padded_vocab_size
-        return 6.0 * (layers * per_layer + vocab * h) + 12.0 * layers * h * seq
+        return 6.0 * (used + vocab * h) + 12.0 * layers * h * seq
 
     def describe(self) -> dict[str, Any]:
         """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""

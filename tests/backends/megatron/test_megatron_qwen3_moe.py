@@ -114,13 +114,16 @@ def test_qwen3_moe_logits_first_step_loss_and_export(tmp_path):
 
 
 def test_a_capacity_factor_drops_tokens_and_logs_the_fraction(tmp_path):
-    """One MoE layer after a dense one (``mlp_only_layers``: Megatron's ``moe_layer_freq``)."""
+    """One MoE layer after a dense one (``mlp_only_layers``: Megatron's ``moe_layer_freq``),
+    a capacity factor and Megatron's router z-loss (set on its native config)."""
+    from transformers import Qwen3MoeForCausalLM
+
     hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB, mlp_only_layers=[0])
-    driver = build_driver(RECIPE, [
-        "--init-from", str(hf_dir), "--capacity-factor", "0.5", "--max-steps", "1",
-        "--save-every", "0", "--log-every", "1", "--run-dir", str(tmp_path / "run"),
-        "--no-progress", *ONE_MICRO_BATCH,
-    ])  # fmt: skip
+    argv = ["--init-from", str(hf_dir), "--capacity-factor", "0.5", "--max-steps", "1",
+            "--set", "model.moe_z_loss_coeff=0.001", "--save-every", "0", "--log-every", "1",
+            "--run-dir", str(tmp_path / "run"), "--no-progress", *ONE_MICRO_BATCH]  # fmt: skip
+    (batch,) = first_micro_batches(build_driver(RECIPE, argv).backend)
+    driver = build_driver(RECIPE, argv)
     record = Record()
     driver.callbacks.append(record)
     driver.fit()
@@ -130,6 +133,13 @@ def test_a_capacity_factor_drops_tokens_and_logs_the_fraction(tmp_path):
     kept = 512 * (1 - logs["moe/dropped_fraction"])
     assert 0.5 <= logs["moe/dropped_fraction"] < 1.0
     assert logs["moe/load_balance"] * kept / 4 == pytest.approx(64.0)
+    # the z-loss: coefficient x mean over tokens of logsumexp(router logits)^2 (ST-MoE);
+    # the MoE layer follows the dense one, so its router sees transformers' inputs
+    reference = Qwen3MoeForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        (logits,) = reference(batch["tokens"], output_router_logits=True).router_logits
+    expected = 0.001 * logits.logsumexp(-1).square().mean()
+    assert logs["moe/z_loss"] == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_expert_parallel_sizes_are_checked_before_building(tmp_path):

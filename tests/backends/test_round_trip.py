@@ -21,36 +21,25 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import torch
 
-from baton.core import Callback, Driver
 from baton.core.recipe import build_driver
 from support.megatron_model import megatron_outputs
+from support.round_trip import (
+    RECIPES,
+    TRAIN,
+    VOCAB,
+    MaxTextLoads,
+    export,
+    megatron_target,
+    prepared_corpus,
+    targets,
+    tokens,
+    train_argv,
+    window,
+)
+from support.round_trip import maxtext_target as load_maxtext_target
 from support.tiny_llama import load_llama, save_tiny_llama
 
-RECIPES = Path(__file__).parents[2] / "recipes"
-VOCAB = 512
-TRAIN = {
-    "torchtitan": ("torchtitan_llama3_debug.py", ["--seq-len", "64", "--batch-size", "2"]),
-    "megatron": ("megatron_gpt_tiny.py", ["--no-async-save"]),
-    "fabric": ("hf_finetune.py", ["--eval-every", "50"]),
-    "maxtext": ("maxtext_tiny.py", [
-        "--batch-size", "2", "--eval-every", "0", "--no-async-save",
-        "--no-progress", "--overrides", "dtype=float32",
-    ]),
-}  # fmt: skip
 TARGETS = ["torchtitan", "megatron", "fabric", "maxtext"]
-
-
-def _window() -> torch.Tensor:
-    """A fixed batch of 2 x 33 token ids: inputs are the first 32, targets the last 32."""
-    return torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(1))
-
-
-def _tokens() -> torch.Tensor:
-    return _window()[:, :-1]
-
-
-def _targets() -> torch.Tensor:
-    return _window()[:, 1:]
 
 
 def titan_logits(hf_dir: Path) -> torch.Tensor:
@@ -72,7 +61,7 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
     with torch.no_grad():
         model.init_weights(buffer_device=None)
         model.load_state_dict(weights)
-        return model.eval()(_tokens())
+        return model.eval()(tokens())
 
 
 def megatron_logits(
@@ -80,32 +69,7 @@ def megatron_logits(
 ) -> torch.Tensor:
     """Megatron-Core's GPTModel built by the recipe from ``--init-from hf_dir``; with
     ``labels``, its per-token losses (Megatron's own cross entropy) instead of logits."""
-    argv = ["--init-from", str(hf_dir), "--run-dir", str(run_dir)]
-    backend = build_driver(RECIPES / "megatron_gpt_tiny.py", argv).backend
-    return megatron_outputs(backend, _tokens(), labels)
-
-
-class MaxTextLoads(Callback):
-    """Once MaxText's setup has loaded ``--init-from`` (the recipe's conversion, then
-    MaxText's ``load_parameters_path``): the model's loss and logits on the fixed batch.
-    Then each other Hugging Face directory through the same conversion
-    (``hf.write_params``) and MaxText's ``load_params_from_path``, and its logits."""
-
-    def __init__(self, others: dict[str, Path], work: Path) -> None:
-        self.others, self.work = others, work
-        self.logits: dict[str, torch.Tensor] = {}
-        self.loss = float("nan")  # by MaxText's eval_step on the fixed batch
-
-    def on_train_start(self, driver: Driver) -> None:
-        from baton.backends.maxtext.hf import write_params
-        from support.maxtext_forward import load_params, logits, loss
-
-        backend, tokens = driver.backend, _tokens().numpy()
-        self.loss = loss(backend, tokens, _targets().numpy())
-        self.logits["init-from"] = torch.from_numpy(logits(backend, tokens))
-        for name, hf_dir in self.others.items():
-            load_params(backend, write_params(hf_dir, self.work / name))
-            self.logits[name] = torch.from_numpy(logits(backend, tokens))
+    return megatron_outputs(megatron_target(hf_dir, run_dir), tokens(), labels)
 
 
 @pytest.fixture(scope="module")
@@ -113,66 +77,27 @@ def maxtext_target(exports) -> MaxTextLoads:
     """One MaxText model (fp32), built by ``maxtext_tiny.py --init-from`` the source Llama
     and stopped before its first step, then loaded with each backend's export."""
     root = exports["root"]
-    argv = ["--init-from", str(root / "source"), "--run-dir", str(root / "maxtext-target")]
-    argv += ["--max-steps", "1", "--batch-size", "2", "--seq-len", "32"]
-    argv += [
-        "--eval-every",
-        "0",
-        "--save-every",
-        "0",
-        "--no-callback",
-        "checkpoint",
-        "--no-progress",
-    ]
-    driver = build_driver(RECIPES / "maxtext_tiny.py", [*argv, "--overrides", "dtype=float32"])
-    # setup (which loads --init-from) and the callbacks, no step
-    driver.options = driver.options.replace(max_steps=0)
-    loads = MaxTextLoads({name: exports[name] for name in TRAIN}, root / "maxtext-params")
-    driver.callbacks.append(loads)
-    driver.fit()
-    return loads
+    return load_maxtext_target(root / "source", {n: exports[n] for n in TRAIN}, root)
 
 
 def fabric_logits(hf_dir: Path, _run_dir: Path | None = None) -> torch.Tensor:
     """Fabric's model is transformers' LlamaForCausalLM from the directory."""
     with torch.no_grad():
-        return load_llama(hf_dir)(_tokens()).logits
-
-
-def prepared_corpus(root: Path) -> list[str]:
-    """A 512-id byte-level BPE (end of document ``<|endoftext|>`` id 0, padding id 1) and
-    the CPython reference prepared with it: the data flags every training run shares."""
-    import json
-
-    from baton.data import train_tokenizer
-    from baton.data.corpus import reference_documents
-    from baton.tools.data.prepare import prepare
-
-    tokenizer = train_tokenizer(root / "tok", vocab_size=VOCAB)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()))
-    prepare([corpus], tokenizer, root / "corpus", workers=1)
-    return ["--tokenizer", str(tokenizer.path), "--data-path", str(root / "corpus")]
+        return load_llama(hf_dir)(tokens()).logits
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each backend trains 2 steps from the same HF Llama on the same tokenized data and
     exports its checkpoint."""
-    from baton.tools.export import main as export_main
-
     root = tmp_path_factory.mktemp("round_trip")
     source = save_tiny_llama(root / "source", vocab_size=VOCAB)
     data = prepared_corpus(root)
     out: dict[str, Any] = {"root": root}
     for name, (recipe, extra) in TRAIN.items():
         run_dir = root / f"run-{name}"
-        argv = ["--init-from", str(source), "--max-steps", "2", "--save-every", "2"]
-        argv += ["--log-every", "1", "--run-dir", str(run_dir), *data, *extra]
-        build_driver(RECIPES / recipe, argv).fit()
-        checkpoint = run_dir / "checkpoints" / "step_000002"
-        assert export_main([str(checkpoint), str(root / name), "--format", "hf"]) == 0
-        out[name] = root / name
+        build_driver(RECIPES / recipe, train_argv(source, run_dir, data, extra)).fit()
+        out[name] = export(run_dir, root / name)
     return out
 
 
@@ -215,12 +140,12 @@ def test_first_step_losses_of_the_four_backends_agree(exports, maxtext_target, t
     from baton.backends.megatron.step import gpt_loss
 
     source = exports["root"] / "source"
-    window, targets = _window(), _targets()
+    batch, labels = window(), targets()
     with torch.no_grad():
-        fabric = float(load_llama(source)(input_ids=window, labels=window).loss)
-    titan = float(cross_entropy_loss(titan_logits(source), targets)) / targets.numel()
-    per_token = megatron_logits(source, tmp_path / "m", labels=targets)
-    total, count, _ = gpt_loss(torch.ones_like(targets), per_token)
+        fabric = float(load_llama(source)(input_ids=batch, labels=batch).loss)
+    titan = float(cross_entropy_loss(titan_logits(source), labels)) / labels.numel()
+    per_token = megatron_logits(source, tmp_path / "m", labels=labels)
+    total, count, _ = gpt_loss(torch.ones_like(labels), per_token)
     losses = {
         "fabric": fabric,
         "torchtitan": titan,

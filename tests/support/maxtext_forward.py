@@ -58,6 +58,12 @@ def logits(backend: Any, tokens: Any) -> np.ndarray:
 
 def loss(backend: Any, tokens: Any, targets: Any) -> float:
     """Mean cross entropy of ``targets`` given ``tokens``, by MaxText's ``eval_step``."""
+    return losses(backend, tokens, targets)[0]
+
+
+def losses(backend: Any, tokens: Any, targets: Any) -> tuple[float, float]:
+    """MaxText's ``eval_step`` on one batch: the mean cross entropy and the
+    load-balancing loss it adds to it (``moe_lb_loss``; 0.0 without experts)."""
     import jax
     from flax.core.spmd import logical_axis_rules
     from maxtext.trainers.pre_train import train
@@ -66,10 +72,11 @@ def loss(backend: Any, tokens: Any, targets: Any) -> float:
     batch = token_batch(tokens, targets)
     with jax.set_mesh(backend.mesh), logical_axis_rules(cfg.logical_axis_rules):
         scalars = train.eval_step(backend.graphdef, cfg, backend.state, batch)["scalar"]
-    total, weights = jax.device_get(
-        (scalars["evaluation/total_loss"], scalars["evaluation/total_weights"])
-    )
-    return float(total) / float(weights)
+    total, weights, balance = jax.device_get((
+        scalars["evaluation/total_loss"], scalars["evaluation/total_weights"],
+        scalars["evaluation/moe_lb_loss"],
+    ))  # fmt: skip
+    return float(total) / float(weights), float(balance)
 
 
 def load_params(backend: Any, items: str | Path) -> None:
@@ -90,3 +97,21 @@ def load_params(backend: Any, items: str | Path) -> None:
     )
     pure = restored.to_pure_dict() if isinstance(restored, nnx.State) else restored
     nnx.replace_by_pure_dict(model, pure)
+
+
+def maxtext_aux_loss(router_logits: Any, *, top_k: int, coef: float, sequences: int) -> float:
+    """MaxText's load-balancing loss from ``transformers``' router logits (one
+    ``[tokens, experts]`` tensor a layer, ``sequences`` sequences of equal length):
+    Switch Transformer's per sequence, token fractions over top-k, averaged over the
+    sequences and the layers, weight ``coef * top_k`` (what baton sets)."""
+    import torch
+
+    per_layer = []
+    for logits in router_logits:
+        experts = logits.shape[-1]
+        probs = torch.softmax(logits.float(), -1).view(sequences, -1, experts)
+        chosen = torch.topk(logits, top_k, dim=-1).indices.view(sequences, -1, top_k)
+        density = torch.nn.functional.one_hot(chosen, experts).sum(2).float().mean(1) / top_k
+        loss = (density * probs.mean(1)).mean() * experts**2 * coef * top_k
+        per_layer.append(loss)
+    return float(torch.stack(per_layer).mean())

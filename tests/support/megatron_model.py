@@ -32,6 +32,40 @@ def megatron_outputs(
         recorder.undo()
 
 
+def megatron_losses(
+    backend: Any, tokens: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """Set ``backend`` up (under baton's CPU patches where there is no GPU), run its
+    single-stage GPTModel causally in training mode (its router adds the load-balancing
+    loss only there; no weights change) on one micro-batch and tear it down: Megatron's
+    per-token losses and ``moe/aux_loss`` as the backend reports it for that micro-batch
+    (the coefficient times the layers' tracked ``load_balancing_loss``)."""
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+    from baton.backends.megatron import cpu
+    from baton.core.patches import PatchRecorder
+
+    recorder = PatchRecorder()
+    if not torch.cuda.is_available():
+        cpu.install_all(recorder)
+    try:
+        backend.setup()
+        model = backend.chunks[0].module.train()
+        length = tokens.shape[1]
+        positions = torch.arange(length).unsqueeze(0).expand_as(tokens)
+        mask = torch.triu(torch.ones(length, length, dtype=torch.bool), 1)[None, None]
+        tracker = get_moe_metrics_tracker()
+        tracker.clear()
+        per_token = model(tokens, positions, mask, labels=labels).detach()
+        tracked = tracker.metrics["load_balancing_loss"].values
+        aux = float(tracked.sum()) * model.config.moe_aux_loss_coeff
+        tracker.clear()
+        return per_token, aux
+    finally:
+        backend.teardown()
+        recorder.undo()
+
+
 def first_micro_batches(backend: Any, count: int = 1) -> list[dict[str, torch.Tensor]]:
     """The first ``count`` micro-batches ``backend``'s training would read on one rank
     (set up and torn down under baton's CPU patches): each with ``tokens``, ``labels``,

@@ -26,6 +26,7 @@ from baton.core import Callback
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec
 from baton.core.recipe import build_driver
+from support.maxtext_forward import maxtext_aux_loss
 from support.tiny_qwen3 import save_tiny_qwen3
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
@@ -112,21 +113,6 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> float:
     return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()))
 
 
-def maxtext_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int, coef: float) -> float:
-    """MaxText's load-balancing loss from ``transformers``' router logits: Switch
-    Transformer's per sequence, token fractions over top-k, averaged over the sequences
-    and the layers, weight ``coef * top_k`` (what baton sets)."""
-    per_layer = []
-    for logits in router_logits:
-        experts = logits.shape[-1]
-        probs = torch.softmax(logits.float(), -1).view(BATCH, SEQ, experts)
-        chosen = torch.topk(logits, top_k, dim=-1).indices.view(BATCH, SEQ, top_k)
-        density = torch.nn.functional.one_hot(chosen, experts).sum(2).float().mean(1) / top_k
-        loss = (density * probs.mean(1)).mean() * experts**2 * coef * top_k
-        per_layer.append(loss)
-    return float(torch.stack(per_layer).mean())
-
-
 def expert_load(
     router_logits: tuple[torch.Tensor, ...], top_k: int, capacity_factor: float, batch: int = BATCH
 ) -> tuple[float, float]:
@@ -187,7 +173,10 @@ def test_qwen3_moe_logits_aux_loss_and_export_match_transformers(tmp_path):
     torch.testing.assert_close(logged.first_logits, out.logits, rtol=1e-4, atol=1e-4)
     first = logged.steps[1]
     assert first["lm_loss"] == pytest.approx(xent, rel=1e-4)
-    aux = maxtext_aux_loss(out.router_logits, spec.moe.experts_per_token, spec.moe.aux_loss_coef)
+    moe = spec.moe
+    aux = maxtext_aux_loss(
+        out.router_logits, top_k=moe.experts_per_token, coef=moe.aux_loss_coef, sequences=BATCH
+    )
     assert first["moe/aux_loss"] == pytest.approx(aux, rel=1e-4)
     assert first["loss"] == pytest.approx(xent + aux, rel=1e-4)
     hf_aux = spec.moe.aux_loss_coef * float(out.aux_loss)

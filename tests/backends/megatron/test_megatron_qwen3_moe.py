@@ -179,3 +179,19 @@ def test_qwen3_30b_a3b_dry_run_plans_experts_and_memory(tmp_path, capsys):
         build_driver(recipe, [*plan, "--world-size", "64", "--ep", "3"])
     with pytest.raises(UsageError, match="expert parallel 16 x expert tensor parallel 2 does not"):
         build_driver(recipe, [*plan, "--world-size", "16", "--tp", "2", "--ep", "16"])
+
+
+def test_the_expert_mapping_round_trips_bit_for_bit(tmp_path):
+    """Hugging Face -> Megatron -> Hugging Face, a dense layer and a MoE layer."""
+    from baton.backends.megatron.hf import hf_to_megatron, megatron_to_hf
+
+    hf_dir = save_tiny_qwen3(tmp_path / "hf", moe=True, vocab_size=VOCAB, mlp_only_layers=[0])
+    spec = ModelSpec.from_hf(hf_dir)
+    weights = read_safetensors(str(hf_dir))
+    megatron = hf_to_megatron(weights, spec)
+    fc1 = megatron["decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"]
+    assert fc1.shape == (64, 64)  # gate over up, 32 rows each
+    assert "decoder.layers.0.mlp.linear_fc1.weight" in megatron  # the dense layer
+    back = megatron_to_hf(megatron, spec)
+    assert sorted(back) == sorted(weights)
+    assert all(torch.equal(back[k], weights[k]) for k in weights)

@@ -8,11 +8,14 @@ uv run baton run recipes/megatron_gpt_tiny.py --data-path data/corpus --tokenize
 uv run baton run recipes/megatron_gpt_tiny.py --llama       # Llama-style blocks (RMSNorm, SwiGLU, RoPE)
 uv run baton run recipes/megatron_gpt_tiny.py --model-config tiny-llama/   # any Llama config.json
 uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-llama/      # + its HF weights
+uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-qwen3-moe/  # Megatron's MoE layers
+    ... --capacity-factor 1.0                          # the router drops what overflows
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
     ... --pp 2                                         # 1F1B over 2 stages
     ... --pp 2 --vpp 2 --layers 4                      # interleaved
     ... --tp 2 --distributed-optimizer
+    ... --init-from tiny-qwen3-moe/ --ep 2             # expert parallel: 2 experts a rank
 
 Megatron's own path end to end: a prepared dataset (or a blend "0.7 A 0.3 B") read with
 the Hugging Face tokenizer through megatron.core.tokenizers, or without them the bytes of
@@ -27,6 +30,7 @@ from __future__ import annotations
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
 from baton.backends.megatron.hf import transformer_fields, use_spec
+from baton.backends.megatron.moe import moe_layout
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, resolve_spec
@@ -47,6 +51,8 @@ def recipe(
     tp: int = 1,
     pp: int = 1,
     vpp: int = 1,
+    ep: int = 1,
+    capacity_factor: float | None = None,
     sequence_parallel: bool = False,
     distributed_optimizer: bool = False,
     seed: int = 1234,
@@ -85,6 +91,10 @@ def recipe(
         tp: tensor parallel degree.
         pp: pipeline parallel stages.
         vpp: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        ep: expert parallel degree (a mixture-of-experts --model-config: each rank holds
+            num_experts / ep experts).
+        capacity_factor: tokens an expert takes, as a multiple of its even share; the
+            router drops the rest (mixture-of-experts; default: dropless).
         sequence_parallel: Megatron's sequence parallelism (with --tp).
         distributed_optimizer: shard optimizer state over data-parallel ranks.
         seed: seed of the weights and of the data order.
@@ -131,6 +141,7 @@ def recipe(
             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
             sequence_parallel=sequence_parallel,
             pipeline_dtype=torch.float32 if pp > 1 else None,
+            **moe_layout(spec, ep=ep, capacity_factor=capacity_factor),
         ),
         seq_len=seq_len,
         micro_batch_size=batch_size,

@@ -25,6 +25,12 @@ directory's architecture from its weights (a baton checkpoint: its weights), ste
 
     torchrun --nproc-per-node 8 -m baton.core.cli run recipes/megatron_llama3_8b.py \\
         --init-from hf/Llama-3.1-8B --data-path data/web --tokenizer hf/Llama-3.1-8B
+
+A Qwen3 or Qwen3-MoE ``config.json`` builds that model; ``--ep`` spreads a MoE model's
+experts over expert-parallel ranks (Megatron's MoE layers)::
+
+    uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 64 \\
+        --model-config hf/Qwen3-30B-A3B --tp 1 --pp 2 --ep 8
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ def llama3_8b_config(
     global_batch_size: int,
     lr: float,
     spec: LlamaSpec | None = None,
+    expert_parallel: int = 1,
 ) -> MegatronConfig:
     """The 8B run's Megatron configuration; ``spec``: that architecture instead of 8B's."""
     import torch
@@ -52,6 +59,7 @@ def llama3_8b_config(
     from megatron.core.transformer import TransformerConfig
 
     from baton.backends.megatron.hf import transformer_fields, use_spec
+    from baton.backends.megatron.moe import moe_layout
 
     architecture = dict(
         num_layers=32,
@@ -80,6 +88,7 @@ def llama3_8b_config(
         virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         sequence_parallel=tensor_parallel > 1,
         use_cpu_initialization=False,
+        **moe_layout(spec, ep=expert_parallel, capacity_factor=None),
     )
     config = MegatronConfig(
         model=model,
@@ -112,6 +121,7 @@ def recipe(
     tp: int = 2,
     pp: int = 1,
     vpp: int = 1,
+    ep: int = 1,
     seq_len: int = 8192,
     batch_size: int = 1,
     global_batch_size: int = 128,
@@ -130,6 +140,7 @@ def recipe(
         tp: tensor parallel degree (above 1: sequence parallel too).
         pp: pipeline parallel stages.
         vpp: model chunks per pipeline stage (above 1: interleaved 1F1B).
+        ep: expert parallel degree (a mixture-of-experts --model-config, e.g. Qwen3-30B-A3B).
         seq_len: tokens per sequence.
         batch_size: sequences per forward pass and data-parallel rank (the micro batch).
         global_batch_size: sequences per optimizer step over all ranks.
@@ -139,7 +150,7 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints, logs and the dataset index cache go.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face config.json (Llama, Qwen3, Qwen3-MoE) or its directory.
     """
     require_data(
         "a prepared prefix or blend '0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare` "
@@ -158,6 +169,7 @@ def recipe(
         global_batch_size,
         lr,
         spec,
+        expert_parallel=ep,
     )
     config.data.data_path, config.data.tokenizer = data_path, tokenizer
     config.data.train_samples = max_steps * global_batch_size

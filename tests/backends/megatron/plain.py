@@ -35,6 +35,9 @@ class Layout:
     bpe: bool = False
     #: the model's vocabulary before padding (``v384``: the same padded size for TP 1 and 2)
     vocab_size: int | None = None
+    #: MoE layers (``moe``): 4 experts, top 2, Megatron's aux loss; ``ep2``: expert parallel 2
+    moe: bool = False
+    ep: int = 1
 
     @classmethod
     def parse(cls, name: str) -> Layout:
@@ -44,6 +47,10 @@ class Layout:
                 continue
             if word.startswith("tp"):
                 values["tp"] = int(word[2:])
+            elif word == "moe":
+                values["moe"] = True
+            elif word.startswith("ep"):
+                values.update(moe=True, ep=int(word[2:]))
             elif word.startswith("vpp"):
                 values["vpp"] = int(word[3:])
                 values["num_layers"] = 4
@@ -72,6 +79,19 @@ class Layout:
             virtual_pipeline_model_parallel_size=self.vpp,
             sequence_parallel=self.sp,
             pipeline_dtype=torch.float32 if self.pp > 1 else None,
+            **(self.experts() if self.moe else {}),
+        )
+
+    def experts(self) -> dict[str, Any]:
+        """Megatron's MoE fields of the ``moe`` layouts (every layer sparse)."""
+        return dict(
+            num_moe_experts=4,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=64,
+            moe_aux_loss_coeff=0.01,
+            moe_router_load_balancing_type="aux_loss",
+            moe_token_dispatcher_type="allgather",
+            expert_model_parallel_size=self.ep,
         )
 
 
@@ -116,7 +136,10 @@ def plain_loop(
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(
-            layout.tp, layout.pp, virtual_pipeline_model_parallel_size=layout.vpp
+            layout.tp,
+            layout.pp,
+            virtual_pipeline_model_parallel_size=layout.vpp,
+            expert_model_parallel_size=layout.ep,
         )
         torch.manual_seed(SEED)
         tensor_parallel.model_parallel_cuda_manual_seed(SEED)
@@ -137,7 +160,9 @@ def plain_loop(
         for stage in stages:
             model = GPTModel(
                 config=config,
-                transformer_layer_spec=get_gpt_layer_local_spec(),
+                transformer_layer_spec=get_gpt_layer_local_spec(
+                    num_experts=config.num_moe_experts, moe_grouped_gemm=False
+                ),
                 vocab_size=padded,
                 max_sequence_length=64,
                 pre_process=parallel_state.is_pipeline_first_stage(False, stage),

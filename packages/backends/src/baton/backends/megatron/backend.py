@@ -51,7 +51,8 @@ from baton.backends.megatron.data import (
     open_prepared,
 )
 from baton.backends.megatron.model_state import MegatronModelState
-from baton.backends.megatron.plan import layout_plan
+from baton.backends.megatron.moe_metrics import MoeMetrics
+from baton.backends.megatron.plan import layout_plan, moe_layer_count
 from baton.backends.megatron.step import gpt_forward_step
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
@@ -87,18 +88,29 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self.source: PreparedSource | None = None
         self.checkpoints = MegatronCheckpointIO(self)
         self._model_state: MegatronModelState | None = None
+        #: a model with experts: its ``moe/*`` metrics (``moe_metrics.py``)
+        self._moe: MoeMetrics | None = None
 
     # -- facts ----------------------------------------------------------------------
     @property
     def flops_per_token(self) -> float:
-        """6 x parameters + attention (the PaLM estimate), over the whole model."""
+        """6 x parameters a token uses + attention (the PaLM estimate), over the whole
+        model (a MoE layer: its router and the token's top-k experts)."""
         m = self.config.model
         h, layers, seq = m.hidden_size, m.num_layers, self.config.seq_len
         ffn = m.ffn_hidden_size or 4 * h
         kv = (m.num_query_groups or m.num_attention_heads) / m.num_attention_heads
-        per_layer = 2 * h * h + 2 * h * h * kv + (3 if m.gated_linear_unit else 2) * h * ffn
+        matrices = 3 if m.gated_linear_unit else 2
+        attention = 2 * h * h + 2 * h * h * kv
+        mlp = matrices * h * ffn
+        # a MoE layer: its router and the token's top-k experts
+        routed = (m.num_moe_experts or 0) * h + m.moe_router_topk * matrices * h * (
+            m.moe_ffn_hidden_size or ffn
+        )
+        sparse = moe_layer_count(m)
+        used = layers * attention + (layers - sparse) * mlp + sparse * routed
         vocab = self.padded_vocab_size
-        return 6.0 * (layers * per_layer + vocab * h) + 12.0 * layers * h * seq
+        return 6.0 * (used + vocab * h) + 12.0 * layers * h * seq
 
     def describe(self) -> dict[str, Any]:
         """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""
@@ -168,11 +180,14 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=cfg.model.virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=cfg.model.expert_model_parallel_size,
+            expert_tensor_parallel_size=cfg.model.expert_tensor_parallel_size,
         )
         torch.manual_seed(cfg.seed)
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
         self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
         self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
+        self._moe = MoeMetrics(self.chunks) if cfg.model.num_moe_experts else None
         self._build_data()
         if cfg.init_from is not None:
             self.load_weights(Path(cfg.init_from))
@@ -284,6 +299,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.optimizer.param_groups[0]["lr"]
+        if self._moe is not None:
+            self._moe.begin_step()
         reduced = self._run_schedule(self.train_streams, forward_only=False)
         finalize_model_grads(self.chunks)
         if self._model_state is not None:  # gradients before clipping, to the watchers
@@ -295,12 +312,22 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         metrics: dict[str, Any] = {"lr": lr, "skipped_update": 0.0 if update_successful else 1.0}
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
+        if self._moe is not None:
+            metrics.update(self._moe_metrics())
         return StepOutput(
             loss=self._mean_loss(reduced),
             metrics=metrics,
             tokens=cfg.global_batch_size * cfg.seq_len,
             samples=cfg.global_batch_size,
             data_wait_s=sum(stream.take_wait() for stream in self.train_streams),
+        )
+
+    def _moe_metrics(self) -> dict[str, torch.Tensor]:
+        assert self._moe is not None
+        return self._moe.step_metrics(
+            self.num_microbatches,
+            data_parallel=self.config.data_parallel_size(self.world_size),
+            tensor_parallel=self.config.model.tensor_model_parallel_size,
         )
 
     @torch.no_grad()
@@ -372,6 +399,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             "tensor": tp,
             "pipeline": pp,
             "virtual_pipeline": cfg.model.virtual_pipeline_model_parallel_size or 1,
+            "expert": cfg.model.expert_model_parallel_size,
             "data": cfg.data_parallel_size(self.world_size),
             "distributed_optimizer": bool(cfg.ddp.use_distributed_optimizer),
             "padded_vocab_size": self.padded_vocab_size,
@@ -384,6 +412,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         from megatron.core import parallel_state
 
         self.checkpoints.close()
+        if self._moe is not None:
+            self._moe.close()
+            self._moe = None
         parallel_state.destroy_model_parallel()
         self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None

@@ -23,23 +23,29 @@ def transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(config: MegatronConfig) -> Any:
+def layer_spec(config: MegatronConfig, vp_stage: int | None = None) -> Any:
     """The transformer layer spec ``config.layer_spec`` names (``auto``: Transformer
-    Engine's where it is installed and a GPU is present, else Megatron's local one)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    Engine's where it is installed and a GPU is present, else Megatron's local one). A
+    model with experts gets Megatron's decoder block spec: MoE layers where
+    ``moe_layer_freq`` says, dense ones elsewhere (this pipeline stage's layers)."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
 
     choice = config.layer_spec
     if choice == "auto":
         te = transformer_engine_available() and torch.cuda.is_available()
         choice = "transformer_engine" if te else "local"
-    if choice == "transformer_engine":
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
+    model = config.model
+    if model.num_moe_experts:
+        return specs.get_gpt_decoder_block_spec(
+            model,
+            use_transformer_engine=choice == "transformer_engine",
+            normalization=model.normalization,
+            vp_stage=vp_stage,
         )
-
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.model.qk_layernorm)
-    return get_gpt_layer_local_spec(
-        normalization=config.model.normalization, qk_layernorm=config.model.qk_layernorm
+    if choice == "transformer_engine":
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=model.qk_layernorm)
+    return specs.get_gpt_layer_local_spec(
+        normalization=model.normalization, qk_layernorm=model.qk_layernorm
     )
 
 
@@ -60,7 +66,7 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
     for stage in stages:
         model = GPTModel(
             config=cfg.model,
-            transformer_layer_spec=layer_spec(cfg),
+            transformer_layer_spec=layer_spec(cfg, stage),
             vocab_size=vocab_size,
             max_sequence_length=cfg.seq_len,
             pre_process=parallel_state.is_pipeline_first_stage(

@@ -108,6 +108,8 @@ def show_layout(layout: Mapping[str, Any]) -> str:
         f"tensor {layout.get('tensor')} x pipeline {layout.get('pipeline')}"
         f" (virtual {layout.get('virtual_pipeline', 1)}) x data {layout.get('data')}"
     )
+    if layout.get("expert", 1) > 1:
+        text += f", expert {layout['expert']}"
     return text + (", distributed optimizer" if layout.get("distributed_optimizer") else "")
 
 
@@ -176,8 +178,9 @@ def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tupl
     """Why ``dist_checkpointing`` cannot load a checkpoint of layout ``saved`` onto
     ``current`` (``None``: it reshards it), and whether the model-parallel shards are the
     same (then the RNG states load too)."""
-    model_parallel = ("tensor", "pipeline", "virtual_pipeline")
-    same_model_parallel = all(saved.get(k) == current[k] for k in model_parallel)
+    model_parallel = ("tensor", "pipeline", "virtual_pipeline", "expert")
+    # a checkpoint from before expert parallelism has no "expert": it had one degree
+    same_model_parallel = all(saved.get(k, 1) == current.get(k, 1) for k in model_parallel)
     problem = None
     if saved.get("padded_vocab_size", current["padded_vocab_size"]) != current["padded_vocab_size"]:
         problem = (
@@ -185,6 +188,12 @@ def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tupl
             f"{current['padded_vocab_size']} here (the vocabulary is padded to a multiple "
             "of make_vocab_size_divisible_by x tensor parallel); set config.vocab_size to "
             "a multiple of that for both tensor sizes"
+        )
+    elif saved.get("expert", 1) != current.get("expert", 1):
+        problem = (
+            "Megatron's optimizer state follows the expert-parallel degree (one optimizer "
+            "at 1; above it a dense and an expert optimizer, the experts' state split over "
+            "the expert-parallel ranks)"
         )
     elif saved.get("distributed_optimizer") != current["distributed_optimizer"]:
         problem = (

@@ -16,7 +16,8 @@ fp32 main copy of each parameter (``"<parameter>:main_param"``). The distributed
 optimizer shards its state over the data-parallel ranks: only the weights are compared.
 With tensor or pipeline parallelism each rank's names carry its coordinates
 (``"<parameter>@tp1.pp0"``; ``"chunk1."`` first for a virtual pipeline's second chunk):
-ranks are compared with the replicas of their own shard only.
+ranks are compared with the replicas of their own shard only. Under expert parallelism
+an expert is named by its global number, so it is compared across the ranks holding it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from baton.backends.megatron.hf import gpt_model
+from baton.backends.megatron.moe import global_expert_name
 from baton.backends.weight_checksums import optimizer_state_items, tensor_checksums
 
 
@@ -44,7 +46,11 @@ def named_replicas(chunks: list[Any]) -> list[tuple[str, torch.Tensor]]:
     for index, chunk in enumerate(chunks):
         prefix = f"chunk{index}." if index else ""
         module = gpt_model(chunk)
-        named += [(f"{prefix}{name}{where}", p) for name, p in module.named_parameters()]
+        experts = module.config.num_moe_experts  # experts by global number: each its own
+        named += [
+            (f"{prefix}{global_expert_name(name, experts)}{where}", p)
+            for name, p in module.named_parameters()
+        ]
     return named
 
 

@@ -21,6 +21,7 @@ a plain script can call them too::
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -171,16 +172,46 @@ class CudaMeansCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+#: Megatron's collectives that allocate on ``torch.cuda.current_device()`` and run inside
+#: autograd's backward (the expert dispatcher's gathers and reduce-scatters)
+BACKWARD_COLLECTIVES = (
+    "_gather_along_last_dim",
+    "_gather_along_first_dim",
+    "_reduce_scatter_along_first_dim",
+)
+
+
+def _in_device_mode(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run under ``CudaMeansCpu`` even where the mode is off: a mode is
+    off while it handles a call, and a backward pass reaches it as one call
+    (``torch.autograd.backward``), so the backward functions it runs see no mode."""
+    from torch.overrides import _get_current_function_mode
+
+    @functools.wraps(function)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if isinstance(_get_current_function_mode(), CudaMeansCpu):
+            return function(*args, **kwargs)
+        with CudaMeansCpu():
+            return function(*args, **kwargs)
+
+    return wrapped
+
+
 def install_device_mode(recorder: PatchRecorder) -> None:
-    """Enter ``CudaMeansCpu`` and make ``torch.cuda.current_device()`` answer 0.
+    """Enter ``CudaMeansCpu`` and make ``torch.cuda.current_device()`` answer 0; Megatron's
+    :data:`BACKWARD_COLLECTIVES` enter the mode themselves (they run in backward passes).
 
     The mode stays active until undone (it is a per-thread stack: undo pops it, so
     modes entered after it must be left first).
     """
+    from megatron.core.tensor_parallel import mappings
+
     mode = CudaMeansCpu()
     mode.__enter__()
     recorder.on_undo("exit CudaMeansCpu", lambda: mode.__exit__(None, None, None))
     recorder.setattr(torch.cuda, "current_device", lambda: 0)
+    for name in BACKWARD_COLLECTIVES:
+        recorder.setattr(mappings, name, _in_device_mode(getattr(mappings, name)))
 
 
 @contextlib.contextmanager

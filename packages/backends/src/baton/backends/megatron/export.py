@@ -1,4 +1,5 @@
-"""Export a Megatron-Core checkpoint written by baton as a Hugging Face Llama directory.
+"""Export a Megatron-Core checkpoint written by baton as a Hugging Face Llama, Qwen3 or
+Qwen3-MoE directory.
 
 A ``dist_checkpointing`` save (``torch_dist``) stores each weight as one global tensor,
 whatever tensor- or pipeline-parallel layout wrote it (the layers stacked along a first
@@ -18,12 +19,14 @@ Example::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
 from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.megatron.hf import TE_NORMS, megatron_to_hf
+from baton.backends.megatron.moe import split_experts
 from baton.core.errors import ExportError
 from baton.core.model_spec import exported_spec
 
@@ -54,17 +57,24 @@ def read_global_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def unstack_layers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``decoder.layers.X`` of shape ``[L, ...]`` -> ``decoder.layers.{i}.X`` (local-spec
-    names: Transformer Engine's fused layer norms become the separate norms)."""
+    """``decoder.layers.X`` of shape ``[L, ...]`` (or already per layer,
+    ``decoder.layers.N.X``, as Megatron saves a model with MoE layers) ->
+    ``decoder.layers.{i}.X`` (local-spec names: Transformer Engine's fused layer norms
+    become the separate norms; the experts one tensor each, ``moe.split_experts``)."""
     out: dict[str, torch.Tensor] = {}
     for key, tensor in weights.items():
         if not key.startswith("decoder.layers."):
             out[key] = tensor
             continue
         rest = key.removeprefix("decoder.layers.")
+        numbered = re.fullmatch(r"(\d+)\.(.*)", rest)
+        if numbered is not None:
+            rest, layers = numbered.group(2), [(int(numbered.group(1)), tensor)]
+        else:
+            layers = list(enumerate(tensor.unbind(0)))
         rest = TE_NORMS.get(rest, rest)
-        for index, layer in enumerate(tensor.unbind(0)):
-            out[f"decoder.layers.{index}.{rest}"] = layer
+        for index, layer in layers:
+            out.update(split_experts(f"decoder.layers.{index}.{rest}", layer))
     return out
 
 

@@ -34,6 +34,13 @@ from typing import Any
 import torch
 
 from baton.backends.hf_io import read_safetensors
+from baton.backends.megatron.moe import (
+    experts_to_hf,
+    experts_to_megatron,
+    global_expert_name,
+    is_sparse,
+    moe_fields,
+)
 from baton.core.model_spec import LlamaSpec
 
 #: Hugging Face name -> Megatron name, per layer (``{}`` is the layer index)
@@ -58,8 +65,9 @@ FIXED_ROPE_SCALING = {
 }
 
 
-#: the model families (Hugging Face ``model_type``) built here (a Qwen3: QK layer norm)
-FAMILIES = frozenset({"llama", "qwen3"})
+#: the model families (Hugging Face ``model_type``) built here (a Qwen3: QK layer norm;
+#: a Qwen3-MoE: Megatron's MoE layers, ``moe.py``)
+FAMILIES = frozenset({"llama", "qwen3", "qwen3_moe"})
 #: a Qwen3's per-head query and key norms, Hugging Face's names -> Megatron's
 QK_NORM_NAMES = {
     "model.layers.{}.self_attn.q_norm.weight": "decoder.layers.{}.self_attention.q_layernorm.weight",
@@ -90,6 +98,7 @@ def transformer_fields(spec: LlamaSpec) -> dict[str, Any]:
         add_qkv_bias=False,
         bias_activation_fusion=False,
         qk_layernorm=spec.qk_norm,
+        **moe_fields(spec),
     )
 
 
@@ -112,9 +121,13 @@ def use_spec(config: Any, spec: LlamaSpec) -> Any:
     return config
 
 
-def layer_names(spec: LlamaSpec) -> dict[str, str]:
-    """The per-layer tensors copied as they are (Hugging Face name -> Megatron name)."""
-    return {**LAYER_NAMES, **(QK_NORM_NAMES if spec.qk_norm else {})}
+def layer_names(spec: LlamaSpec, layer: int) -> dict[str, str]:
+    """The tensors of ``layer`` copied as they are (Hugging Face name -> Megatron name;
+    a MoE layer's experts are mapped by ``moe.py``)."""
+    names = {**LAYER_NAMES, **(QK_NORM_NAMES if spec.qk_norm else {})}
+    if is_sparse(spec, layer):
+        return {hf: mg for hf, mg in names.items() if ".mlp." not in hf}
+    return names
 
 
 def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, torch.Tensor]:
@@ -129,7 +142,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
     out["output_layer.weight"] = hf["model.embed_tokens.weight" if spec.tie_embeddings
                                     else "lm_head.weight"]  # fmt: skip
     for i in range(spec.num_layers):
-        for hf_name, mg_name in layer_names(spec).items():
+        for hf_name, mg_name in layer_names(spec, i).items():
             out[mg_name.format(i)] = hf[hf_name.format(i)]
         attn = f"model.layers.{i}.self_attn."
         q = hf[attn + "q_proj.weight"].reshape(spec.num_kv_heads, group * hd, hidden)
@@ -137,6 +150,9 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
         v = hf[attn + "v_proj.weight"].reshape(spec.num_kv_heads, hd, hidden)
         qkv = torch.cat([q, k, v], dim=1).reshape(-1, hidden)
         out[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = qkv
+        if is_sparse(spec, i):
+            out.update(experts_to_megatron(hf, spec, i))
+            continue
         mlp = f"model.layers.{i}.mlp."
         fc1 = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]], dim=0)
         out[f"decoder.layers.{i}.mlp.linear_fc1.weight"] = fc1
@@ -155,7 +171,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
     if not spec.tie_embeddings:
         out["lm_head.weight"] = mg["output_layer.weight"]
     for i in range(spec.num_layers):
-        for hf_name, mg_name in layer_names(spec).items():
+        for hf_name, mg_name in layer_names(spec, i).items():
             out[hf_name.format(i)] = mg[mg_name.format(i)]
         qkv = mg[f"decoder.layers.{i}.self_attention.linear_qkv.weight"]
         q, k, v = qkv.reshape(spec.num_kv_heads, (group + 2) * hd, hidden).split(
@@ -165,6 +181,9 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
         out[attn + "q_proj.weight"] = q.reshape(-1, hidden)
         out[attn + "k_proj.weight"] = k.reshape(-1, hidden)
         out[attn + "v_proj.weight"] = v.reshape(-1, hidden)
+        if is_sparse(spec, i):
+            out.update(experts_to_hf(mg, spec, i))
+            continue
         gate, up = mg[f"decoder.layers.{i}.mlp.linear_fc1.weight"].chunk(2, dim=0)
         out[f"model.layers.{i}.mlp.gate_proj.weight"] = gate
         out[f"model.layers.{i}.mlp.up_proj.weight"] = up
@@ -173,7 +192,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[str, to
 
 def local_shard(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     """This tensor-parallel rank's part of a full tensor (``size`` ranks)."""
-    if size == 1 or full.dim() == 1:  # norms are replicated
+    if size == 1 or full.dim() == 1 or name.endswith("router.weight"):  # replicated
         return full
     if name.endswith("linear_fc1.weight"):  # gate and up are split separately
         gate, up = full.chunk(2, dim=0)
@@ -193,19 +212,20 @@ def gpt_model(chunk: Any) -> Any:
 def load_full_weights(chunks: list[Any], full: dict[str, torch.Tensor]) -> None:
     """Copy full Megatron tensors into this rank's model chunks (DDP-wrapped or not):
     each chunk's layers by their global number, each tensor's tensor-parallel part."""
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state as ps
 
-    rank = parallel_state.get_tensor_model_parallel_rank()
-    size = parallel_state.get_tensor_model_parallel_world_size()
+    dense = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    experts = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
     for chunk in chunks:
         module = gpt_model(chunk)
         numbers = [layer.layer_number - 1 for layer in module.decoder.layers]
         for name, param in module.state_dict(keep_vars=True).items():
             if name.endswith("_extra_state") or not isinstance(param, torch.Tensor):
                 continue
-            source = global_name(name, numbers)
+            source = global_expert_name(global_name(name, numbers), module.config.num_moe_experts)
             if source not in full:
                 raise KeyError(f"no Hugging Face weight maps to Megatron's {name} ({source})")
+            rank, size = experts if ".local_experts." in name else dense
             with torch.no_grad():
                 param.copy_(local_shard(name, full[source], rank, size))
 

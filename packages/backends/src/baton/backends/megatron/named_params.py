@@ -28,12 +28,14 @@ Example::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from baton.backends.megatron.hf import LAYER_NAMES, global_name, gpt_model
+from baton.backends.megatron.hf import LAYER_NAMES, QK_NORM_NAMES, global_name, gpt_model
+from baton.backends.megatron.moe import global_expert_name, hf_expert_name
 from baton.backends.torch_pieces import Entry, View
 
 #: Megatron global name -> Hugging Face name, outside the layers
@@ -42,7 +44,7 @@ _OUTER_NAMES = {
     "decoder.final_layernorm.weight": "model.norm.weight",
     "output_layer.weight": "lm_head.weight",
 }
-_LAYER_HF = {mg.format("{}"): hf for hf, mg in LAYER_NAMES.items()}
+_LAYER_HF = {mg.format("{}"): hf for hf, mg in {**LAYER_NAMES, **QK_NORM_NAMES}.items()}
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class _Layout:
     tp_rank: int
     tp_size: int
     replica_zero: bool  # data-parallel (and context-parallel) rank 0
+    expert_replica_zero: bool  # expert-data-parallel rank 0 (the experts' replicas)
 
 
 def named_entries(chunks: list[Any], spec: Any = None) -> list[Entry]:
@@ -61,6 +64,7 @@ def named_entries(chunks: list[Any], spec: Any = None) -> list[Entry]:
         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
         tp_size=parallel_state.get_tensor_model_parallel_world_size(),
         replica_zero=parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0,
+        expert_replica_zero=parallel_state.get_expert_data_parallel_rank() == 0,
     )
     entries: list[Entry] = []
     for chunk in chunks:
@@ -68,7 +72,7 @@ def named_entries(chunks: list[Any], spec: Any = None) -> list[Entry]:
         numbers = [layer.layer_number - 1 for layer in module.decoder.layers]
         config = module.config
         for local, param in module.named_parameters():
-            megatron = global_name(local, numbers)
+            megatron = global_expert_name(global_name(local, numbers), config.num_moe_experts)
             entries.extend(_entries(megatron, param, config, layout, spec))
     return entries
 
@@ -76,14 +80,14 @@ def named_entries(chunks: list[Any], spec: Any = None) -> list[Entry]:
 def _entries(name: str, param: Any, config: Any, layout: _Layout, spec: Any) -> list[Entry]:
     partitioned = bool(getattr(param, "tensor_model_parallel", False))
     counted = (
-        layout.replica_zero
+        (layout.expert_replica_zero if ".local_experts." in name else layout.replica_zero)
         and (partitioned or layout.tp_rank == 0)
         and not getattr(param, "shared", False)
     )
     parts = 1 if not partitioned else layout.tp_size
     if name.endswith("self_attention.linear_qkv.weight") and spec is not None:
         return _qkv_parts(name, param, config, layout, counted)
-    if name.endswith("mlp.linear_fc1.weight") and config.gated_linear_unit:
+    if name.endswith("linear_fc1.weight") and config.gated_linear_unit:  # dense or an expert
         return _fc1_parts(name, param, layout, counted, hf=spec is not None)
     dim = int(getattr(param, "partition_dim", 0)) if partitioned else 0
     shape = list(param.shape)
@@ -101,6 +105,9 @@ def _hf_name(name: str) -> str:
     """The Hugging Face name of a global Megatron name (``decoder.layers.3.x``)."""
     if name in _OUTER_NAMES:
         return _OUTER_NAMES[name]
+    expert = hf_expert_name(name)
+    if expert is not None:
+        return expert
     parts = name.split(".")
     key = "decoder.layers.{}." + ".".join(parts[3:])
     if parts[:2] != ["decoder", "layers"] or key not in _LAYER_HF:
@@ -154,10 +161,12 @@ def _fc1_parts(name: str, param: Any, layout: _Layout, counted: bool, *, hf: boo
     layer = name.split(".")[2]
     index = (slice(layout.tp_rank * local, (layout.tp_rank + 1) * local), slice(0, hidden))
     shape = (local * layout.tp_size, hidden)
+    mlp = f"model.layers.{layer}.mlp."
+    expert = re.search(r"\.local_experts\.(\d+)\.", name)
+    if expert is not None:  # one of a MoE layer's experts
+        mlp += f"experts.{expert.group(1)}."
     names = (
-        [f"model.layers.{layer}.mlp.gate_proj.weight", f"model.layers.{layer}.mlp.up_proj.weight"]
-        if hf
-        else [f"{name}.gate", f"{name}.up"]
+        [f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"] if hf else [f"{name}.gate", f"{name}.up"]
     )
     views = [_rows(0, local, tuple(param.shape)), _rows(local, 2 * local, tuple(param.shape))]
     return [

@@ -4,6 +4,7 @@ processes; the agreement table and the loss chart over all of them."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks.sinks.jsonl import read_jsonl
-from baton.core.model_spec import LlamaSpec
+from baton.core.model_spec import LlamaSpec, ModelSpec
 from baton.data import PreparedDataset, load_tokenizer
 from baton.tools.compare import main, max_relative_difference
 
@@ -80,3 +81,52 @@ def test_compare_refuses_an_init_from_that_is_no_hugging_face_model(tmp_path, ca
     code = main([f"--init-from={tmp_path}", f"--recipes={ROOT / 'recipes'}"])
     assert code == 2
     assert "is not a Hugging Face model directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_trains_one_qwen3_moe_config_on_all_four(tmp_path: Path) -> None:
+    """``--model-config`` a Qwen3-MoE ``config.json``: compare writes its model with
+    ``transformers``' own class, all four train it, and the table says which loss
+    differences to expect (TorchTitan adds no load-balancing loss)."""
+    from support.tiny_qwen3 import save_tiny_qwen3
+
+    config = save_tiny_qwen3(tmp_path / "config", moe=True, vocab_size=512) / "config.json"
+    run_dir = tmp_path / "compare"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
+    command = [
+        sys.executable, "-m", "baton.core.cli", "compare", "--steps=2", "--seq-len=32",
+        "--batch=2", "--vocab-size=512", f"--model-config={config}", f"--run-dir={run_dir}",
+        f"--recipes={ROOT / 'recipes'}",
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    tails = "\n".join(
+        f"--- {b}\n" + "\n".join((run_dir / f"{b}.log").read_text().splitlines()[-15:])
+        for b in BACKENDS
+        if (run_dir / f"{b}.log").is_file()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr + tails
+    written = ModelSpec.from_hf(run_dir / "model")  # Qwen3MoeForCausalLM.save_pretrained
+    assert written == ModelSpec.from_hf(config)
+    assert json.loads((run_dir / "model" / "config.json").read_text())["architectures"] == [
+        "Qwen3MoeForCausalLM"
+    ]
+    first = {}
+    for backend in BACKENDS:
+        records = [
+            r for r in read_jsonl(run_dir / backend / "logs" / "metrics.jsonl") if "loss" in r
+        ]
+        assert [r["step"] for r in records] == [1, 2], backend
+        first[backend] = records[0]
+        assert abs(records[0]["loss"] - math.log(512)) < 1.0, (backend, records[0])
+    assert "moe/aux_loss" not in first["torchtitan"]
+    assert all("moe/aux_loss" in first[b] for b in ("fabric", "megatron", "maxtext"))
+    assert "differences to expect" in result.stdout
+    assert "torchtitan: loss = cross entropy alone: TorchTitan adds no load-balancing loss" in (
+        result.stdout
+    )
+
+
+def test_compare_refuses_a_model_config_and_init_from_together(tmp_path, capsys):
+    code = main([f"--init-from={tmp_path}", f"--model-config={tmp_path}"])
+    assert code == 2
+    assert "not both" in capsys.readouterr().err

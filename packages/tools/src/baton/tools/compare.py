@@ -1,25 +1,29 @@
-"""The same Llama weights on Fabric, TorchTitan, Megatron-Core and MaxText, on identical
-tokens, with how far their per-step losses agree and the four loss curves on one chart.
+"""The same weights (a Llama, Qwen3 or Qwen3-MoE) on Fabric, TorchTitan, Megatron-Core and
+MaxText, on identical tokens, with how far their per-step losses agree and the four loss
+curves on one chart.
 
 uv run baton compare                                  # zero setup, ~5 min on CPU
 uv run baton compare --steps 100 --backends megatron maxtext
 uv run baton compare --data-path data/corpus --tokenizer runs/tok
-uv run baton compare --init-from hf_models/tiny-llama  # a save_pretrained Llama of yours
+uv run baton compare --init-from hf_models/tiny-llama  # a save_pretrained model of yours
+uv run baton compare --model-config qwen3_moe.json      # its model, random weights
 
 Without ``--data-path``/``--tokenizer`` it trains a byte-level BPE (``--vocab-size``
 tokens) on the Python language reference and prepares that text once with it
 (``baton data prepare``), under ``<run-dir>/data``; a second run reuses both. Without
-``--init-from`` it writes one randomly initialised Llama (``--layers/--hidden/--heads``,
-SwiGLU width ``8/3 x hidden`` rounded up to 256, the tokenizer's vocabulary rounded up
-to 128, fp32) with ``save_pretrained`` to ``<run-dir>/model``. Each backend then runs its
+``--init-from`` it writes the model of ``--model-config`` (a ``config.json``, built by
+``transformers``' own class), else one Llama (``--layers/--hidden/--heads``, SwiGLU width
+``8/3 x hidden`` rounded up to 256, the tokenizer's vocabulary rounded up to 128),
+randomly initialised in fp32, with ``save_pretrained`` to ``<run-dir>/model``. Each backend then runs its
 own recipe from ``--recipes`` (the project's ``recipes/``) with ``--init-from`` that
 directory, in its own process (``baton run``: a backend owns its process group or JAX
 runtime), on that dataset and tokenizer with the same steps, batch, sequence length and
 learning rate, into ``<run-dir>/<backend>`` (its output in ``<run-dir>/<backend>.log``):
-Fabric ``hf_finetune.py`` (``transformers``' Llama), TorchTitan
-``torchtitan_llama3_debug.py`` (a llama3 flavour of the spec), Megatron-Core
-``megatron_gpt_tiny.py`` (GPTModel with Llama blocks), MaxText ``maxtext_tiny.py``
-(its ``llama2`` decoder block, ``dtype=float32``). All four start from the same weights,
+Fabric ``hf_finetune.py`` (``transformers``' own model class), TorchTitan
+``torchtitan_llama3_debug.py`` (its llama3 or qwen3 model), Megatron-Core
+``megatron_gpt_tiny.py`` (GPTModel, with MoE layers for a Qwen3-MoE), MaxText
+``maxtext_tiny.py`` (its ``llama2``, ``qwen3`` or ``qwen3_moe`` decoder block,
+``dtype=float32``). All four start from the same weights,
 in fp32. The loss curves land in ``<run-dir>/comparison/loss.png`` (``baton plot`` with
 the run directories) and a table prints each backend's first and final loss and the
 largest relative difference of its per-step losses from the first backend's.
@@ -36,6 +40,9 @@ Where the four still differ (each recipe keeps its backend's own choices):
 - AdamW settings and the LR schedule (warmup, decay) are each backend's own; the peak
   learning rate ``--lr`` is shared. Fabric's sequences are one token longer (its model
   shifts the labels itself), so every backend predicts ``--seq-len`` targets a sample.
+- A mixture-of-experts model's loss is each backend's own: the load-balancing term is in
+  Fabric's and MaxText's logged loss (each its own formula), in Megatron-Core's gradient
+  only, and TorchTitan adds none (``MOE_LOSSES``, printed under the table).
 """
 
 from __future__ import annotations
@@ -52,7 +59,14 @@ from typing import Any
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 from baton.core.errors import UsageError
-from baton.core.model_spec import LlamaSpec, is_hf_dir
+from baton.core.model_spec import ModelSpec
+from baton.tools.compare_model import (
+    MOE_LOSSES,
+    check_model,
+    check_model_config,
+    save_model,
+    tiny_llama_spec,
+)
 
 #: where the backends' tiny recipes are found unless ``--recipes`` says otherwise
 RECIPES = Path("recipes")
@@ -64,11 +78,6 @@ RECIPE_FILES = {
     "megatron": "megatron_gpt_tiny.py",
     "maxtext": "maxtext_tiny.py",
 }
-
-
-def llama_ffn(hidden: int) -> int:
-    """Llama's SwiGLU width: 8/3 of the model width rounded up to a multiple of 256."""
-    return -(-8 * hidden // 3 // 256) * 256
 
 
 def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
@@ -87,59 +96,6 @@ def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
                 out.write(json.dumps({"text": document}) + "\n")
         prepare([source], tokenizer, prefix, workers=1, force=True)
     return str(prefix), str(tokenizer)
-
-
-def tiny_llama_spec(
-    *, layers: int, hidden: int, heads: int, vocab_size: int, seq_len: int
-) -> LlamaSpec:
-    """The Llama ``baton compare`` builds when no ``--init-from`` is given: the vocabulary
-    rounded up to a multiple of 128 (MaxText's and Megatron's padding agree there)."""
-    if hidden % heads:
-        raise ValueError(f"--hidden {hidden} is not a multiple of --heads {heads}")
-    return LlamaSpec(
-        vocab_size=-(-vocab_size // 128) * 128,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=heads,
-        ffn_hidden_size=llama_ffn(hidden),
-        head_dim=hidden // heads,
-        max_seq_len=max(256, seq_len + 1),
-    )
-
-
-def save_llama(spec: LlamaSpec, directory: Path, seed: int = 0) -> Path:
-    """A randomly initialised fp32 ``LlamaForCausalLM`` of ``spec``, with ``save_pretrained``."""
-    try:
-        import torch
-        import transformers
-    except ImportError as error:
-        raise UsageError(
-            f"building the model to compare needs torch and transformers ({error}): install "
-            "baton-tools[export], or pass --init-from a Hugging Face Llama directory"
-        ) from None
-    config = transformers.LlamaConfig(**spec.to_hf_config())
-    torch.manual_seed(seed)
-    transformers.LlamaForCausalLM(config).float().save_pretrained(directory)
-    return directory
-
-
-def check_model(init_from: str, tokenizer_vocab: int) -> LlamaSpec:
-    """The spec of ``--init-from``; refused when it is no Hugging Face Llama directory or
-    its vocabulary is smaller than the tokenizer's."""
-    if not is_hf_dir(init_from):
-        raise ValueError(
-            f"--init-from {init_from} is not a Hugging Face model directory (config.json "
-            "and *.safetensors, as save_pretrained writes them)"
-        )
-    spec = LlamaSpec.from_hf(init_from)
-    spec.require_family({"llama"}, backend="baton compare (all four backends)")
-    if spec.vocab_size < tokenizer_vocab:
-        raise ValueError(
-            f"--init-from {init_from} has {spec.vocab_size} vocabulary rows, the tokenizer "
-            f"{tokenizer_vocab} ids; use a model built for this tokenizer"
-        )
-    return spec
 
 
 def backend_command(
@@ -209,9 +165,12 @@ def max_relative_difference(values: Sequence[float], reference: Sequence[float])
     return max(abs(v - r) / abs(r) for v, r in pairs)
 
 
-def agreement_table(runs: dict[str, list[float]], wall: dict[str, float]) -> str:
+def agreement_table(
+    runs: dict[str, list[float]], wall: dict[str, float], expect: dict[str, str] | None = None
+) -> str:
     """Each run's first and final loss and its largest per-step relative difference
-    from the first run's losses."""
+    from the first run's losses; then, from ``expect``, what each backend's loss holds
+    (a mixture-of-experts model: ``MOE_LOSSES``)."""
     reference_name, reference = next(iter(runs.items()))
     head = f"{'backend':<12}{'steps':>6}{'first loss':>12}{'final loss':>12}"
     lines = [head + f"{'max rel diff vs ' + reference_name:>26}{'wall s':>8}"]
@@ -222,6 +181,9 @@ def agreement_table(runs: dict[str, list[float]], wall: dict[str, float]) -> str
             f"{backend:<12}{len(values):>6}{first:>12.4f}{last:>12.4f}{diff:>26.2e}"
             f"{wall.get(backend, math.nan):>8.0f}"
         )
+    if expect:
+        lines.append("differences to expect (each backend's own loss):")
+        lines += [f"  {backend}: {expect[backend]}" for backend in runs if backend in expect]
     return "\n".join(lines)
 
 
@@ -237,11 +199,12 @@ def compare(
     data_path: str | None = None,
     tokenizer: str | None = None,
     init_from: str | None = None,
+    model_config: str | None = None,
     backends: tuple[str, ...] = BACKENDS,
     run_dir: str = "runs/compare_backends",
     recipes: str | Path = RECIPES,
 ) -> None:
-    """Train the same Llama weights on each backend on the same tokens; compare the losses.
+    """Train the same weights on each backend on the same tokens; compare the losses.
 
     Args:
         steps: optimizer steps on each backend.
@@ -254,47 +217,75 @@ def compare(
         vocab_size: the BPE trained when no --tokenizer is given.
         data_path: a prepared prefix (`baton data prepare`); with --tokenizer.
         tokenizer: the tokenizer directory the data was prepared with.
-        init_from: a Hugging Face Llama directory (save_pretrained) all backends start
-            from (None: a tiny one built from --layers/--hidden/--heads).
+        init_from: a Hugging Face model directory (save_pretrained) all backends start
+            from (None: one written from --model-config, else a tiny Llama built from
+            --layers/--hidden/--heads).
+        model_config: a Llama, Qwen3 or Qwen3-MoE config.json (or its directory) whose
+            model is written with random weights for all backends to start from.
         backends: which backends to run, in order (the first is the reference).
         run_dir: where the data, the model, each backend's run and the chart go.
         recipes: the directory holding each backend's recipe.
     """
     recipes = Path(recipes)
     _check_arguments(backends, data_path, tokenizer, recipes)
-    if init_from is not None:  # the model checked before any data is prepared
-        check_model(init_from, 0)
-    else:
-        tiny_llama_spec(layers=layers, hidden=hidden, heads=heads, vocab_size=1, seq_len=seq_len)
+    shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
+    _check_model_choice(init_from, model_config, shape)  # before any data is prepared
     root = Path(run_dir)
     if data_path is None or tokenizer is None:
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
-    shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
-    init_from = _starting_model(init_from, tokenizer, root / "model", shape)
+    init_from = _starting_model(init_from, model_config, tokenizer, root / "model", shape)
     settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
                 "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr, "recipes": recipes}  # fmt: skip
     wall, failed = _run_backends(backends, root, settings)
-    _report(backends, root, wall)
+    moe = ModelSpec.from_hf(init_from).moe is not None
+    _report(backends, root, wall, MOE_LOSSES if moe else None)
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
 
 
+def _check_model_choice(
+    init_from: str | None, model_config: str | None, shape: dict[str, int]
+) -> None:
+    """``ValueError`` (or ``UsageError``) for a model ``compare`` could not start from:
+    both ``--init-from`` and ``--model-config``, or either one unreadable, or a bad shape."""
+    if init_from is not None and model_config is not None:
+        raise ValueError(
+            "pass --init-from (weights to start from) or --model-config (a config.json to "
+            "write random weights for), not both"
+        )
+    if init_from is not None:
+        check_model(init_from, 0)
+    elif model_config is not None:
+        check_model_config(model_config, 0)
+    else:
+        tiny_llama_spec(**shape, vocab_size=1)
+
+
 def _starting_model(
-    init_from: str | None, tokenizer: str, directory: Path, shape: dict[str, int]
+    init_from: str | None,
+    model_config: str | None,
+    tokenizer: str,
+    directory: Path,
+    shape: dict[str, int],
 ) -> str:
-    """``init_from``, or a tiny Llama of ``shape`` for the tokenizer saved in
-    ``directory``, checked against the tokenizer's vocabulary."""
+    """``init_from``, or the model of ``model_config`` (else a tiny Llama of ``shape`` for
+    the tokenizer) saved in ``directory``, checked against the tokenizer's vocabulary."""
     from baton.data import load_tokenizer
 
     tokenizer_vocab = load_tokenizer(tokenizer).vocab_size
     if init_from is None:
-        spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab)
-        init_from = str(save_llama(spec, directory))
+        if model_config is not None:
+            spec = check_model_config(model_config, tokenizer_vocab)
+        else:
+            spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab)
+        init_from = str(save_model(spec, directory))
     spec = check_model(init_from, tokenizer_vocab)
+    experts = "" if spec.moe is None else f", {spec.moe.num_experts} experts"
     print(
-        f"model: {init_from} ({spec.num_layers} layers, width {spec.hidden_size}, "
-        f"{spec.num_heads} heads, vocabulary {spec.vocab_size}); every backend starts there",
+        f"model: {init_from} ({spec.family}, {spec.num_layers} layers, width "
+        f"{spec.hidden_size}, {spec.num_heads} heads{experts}, vocabulary "
+        f"{spec.vocab_size}); every backend starts there",
         flush=True,
     )
     return init_from
@@ -346,14 +337,17 @@ def _run_backends(
     return wall, failed
 
 
-def _report(backends: Sequence[str], root: Path, wall: dict[str, float]) -> None:
+def _report(
+    backends: Sequence[str], root: Path, wall: dict[str, float], expect: dict[str, str] | None
+) -> None:
     """The agreement table and the loss charts of the backends that finished."""
     finished = [b for b in backends if (root / b / "logs" / FILE_NAME).is_file()]
     if finished:
         from baton.tools.plot import plot_runs
 
         charts = plot_runs([root / b for b in finished], root / "comparison")
-        print("\n" + agreement_table({b: losses(root / b) for b in finished}, wall))
+        runs = {b: losses(root / b) for b in finished}
+        print("\n" + agreement_table(runs, wall, expect))
         print("charts: " + ", ".join(str(path) for path in charts))
 
 
@@ -372,7 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-path", default=None, help="a `baton data prepare` prefix")
     parser.add_argument("--tokenizer", default=None, help="the tokenizer it was prepared with")
     parser.add_argument(
-        "--init-from", default=None, help="a Hugging Face Llama directory all backends start from"
+        "--init-from", default=None, help="a Hugging Face model directory all backends start from"
+    )
+    parser.add_argument(
+        "--model-config",
+        default=None,
+        help="a Llama, Qwen3 or Qwen3-MoE config.json: its model, random weights, for all",
     )
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help="which, in order")
     parser.add_argument("--run-dir", default="runs/compare_backends", help="where results go")
@@ -391,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_path=args.data_path,
             tokenizer=args.tokenizer,
             init_from=args.init_from,
+            model_config=args.model_config,
             backends=tuple(args.backends),
             run_dir=args.run_dir,
             recipes=args.recipes,

@@ -9,24 +9,24 @@ uv run baton compare --init-from hf_models/tiny-llama  # a save_pretrained model
 uv run baton compare --model-config qwen3_moe.json      # its model, random weights
 
 Without ``--data-path``/``--tokenizer`` it trains a byte-level BPE (``--vocab-size``
-tokens) on the Python language reference and prepares that text once with it
-(``baton data prepare``), under ``<run-dir>/data``; a second run reuses both. Without
+tokens) on the Python language reference and prepares that text once with it (``baton
+data prepare``), under ``<run-dir>/data``; a second run reuses both. Without
 ``--init-from`` it writes the model of ``--model-config`` (a ``config.json``, built by
-``transformers``' own class), else one Llama (``--layers/--hidden/--heads``, SwiGLU width
-``8/3 x hidden`` rounded up to 256, the tokenizer's vocabulary rounded up to 128),
-randomly initialised in fp32, with ``save_pretrained`` to ``<run-dir>/model``. Each backend then runs its
-own recipe from ``--recipes`` (the project's ``recipes/``) with ``--init-from`` that
-directory, in its own process (``baton run``: a backend owns its process group or JAX
-runtime), on that dataset and tokenizer with the same steps, batch, sequence length and
-learning rate, into ``<run-dir>/<backend>`` (its output in ``<run-dir>/<backend>.log``):
-Fabric ``hf_finetune.py`` (``transformers``' own model class), TorchTitan
-``torchtitan_llama3_debug.py`` (its llama3 or qwen3 model), Megatron-Core
-``megatron_gpt_tiny.py`` (GPTModel, with MoE layers for a Qwen3-MoE), MaxText
-``maxtext_tiny.py`` (its ``llama2``, ``qwen3`` or ``qwen3_moe`` decoder block,
-``dtype=float32``). All four start from the same weights,
-in fp32. The loss curves land in ``<run-dir>/comparison/loss.png`` (``baton plot`` with
-the run directories) and a table prints each backend's first and final loss and the
-largest relative difference of its per-step losses from the first backend's.
+``transformers``' own class), else one Llama (``--layers/--hidden/--heads``, SwiGLU
+width ``8/3 x hidden`` rounded up to 256, the tokenizer's vocabulary rounded up to 128),
+randomly initialised in fp32, with ``save_pretrained`` to ``<run-dir>/model``. Each
+backend then runs its own recipe from ``--recipes`` (the project's ``recipes/``) with
+``--init-from`` that directory, in its own process (``baton run``: a backend owns its
+process group or JAX runtime), on that dataset and tokenizer with the same steps, batch,
+sequence length and learning rate, into ``<run-dir>/<backend>`` (its output in
+``<run-dir>/<backend>.log``): Fabric ``hf_finetune.py`` (``transformers``' own model
+class), TorchTitan ``torchtitan_llama3_debug.py`` (its llama3 or qwen3 model),
+Megatron-Core ``megatron_gpt_tiny.py`` (GPTModel, with MoE layers for a Qwen3-MoE),
+MaxText ``maxtext_tiny.py`` (its ``llama2``, ``qwen3`` or ``qwen3_moe`` decoder block,
+``dtype=float32``). All four start from the same weights, in fp32. The loss curves land
+in ``<run-dir>/comparison/loss.png`` (``baton plot`` with the run directories) and a
+table prints each backend's first and final loss and the largest relative difference of
+its per-step losses from the first backend's.
 
 Where the four still differ (each recipe keeps its backend's own choices):
 

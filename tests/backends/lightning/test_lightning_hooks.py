@@ -76,3 +76,24 @@ def test_overridden_hooks_run_with_their_name_and_empty_ones_are_left_out():
     assert seen == ["optimizer"]
     assert hooks.overridden("on_after_backward")
     assert not hooks.module_overrides("configure_gradient_clipping", "clip_gradients")
+
+
+def test_a_logged_metric_is_searched_for_its_device_until_it_moves():
+    from lightning.pytorch.trainer.connectors.logger_connector.result import (
+        _ResultCollection,
+    )
+
+    from baton.backends.lightning.trainer import settled_results_class
+
+    results = settled_results_class(_ResultCollection)(training=True)
+    value = torch.tensor(2.5)
+    results.log("training_step", "loss", value, on_step=True, on_epoch=True, batch_size=4)
+    metric = results["training_step.loss"]
+    cpu = value.device
+    assert metric._settled_on == cpu  # found there by self.log's .to(value.device)
+    assert metric.to(cpu) is metric
+    metric.cpu()  # a move (nn.Module._apply), if only to where it is: searched again
+    assert metric._settled_on is None
+    results.log("training_step", "loss", value, on_step=True, on_epoch=True, batch_size=4)
+    assert metric._settled_on == cpu
+    assert metric.compute().item() == 2.5  # mean over the two logged values, as Lightning's

@@ -220,9 +220,12 @@ class LightningLoop:
         if not self.module.automatic_optimization:
             result["extra"], result["loss"] = run_manual_batch(self, batch, batch_idx)
         elif stepping:
-            optimizer = self.lightning_optimizers[0]
-            epoch = self.current_epoch
-            self.module_hook("optimizer_step", epoch, batch_idx, optimizer, closure)
+            if self.hooks.module_overrides("optimizer_step"):
+                optimizer = self.lightning_optimizers[0]
+                epoch = self.current_epoch
+                self.module_hook("optimizer_step", epoch, batch_idx, optimizer, closure)
+            else:  # where Lightning's optimizer_step -> LightningOptimizer.step end
+                self.optimizer_step(self.optimizers[0], closure)
             self.global_step += 1
             self._step_schedulers("step", plateau=False, index=batch_idx + 1)
             if is_last:
@@ -328,7 +331,12 @@ class LightningLoop:
                             f"is not available; available: {sorted(self.trainer.callback_metrics)}"
                         )
                     continue
-            self.module_hook("lr_scheduler_step", config.scheduler, monitored)
+            if self.hooks.module_overrides("lr_scheduler_step"):
+                self.module_hook("lr_scheduler_step", config.scheduler, monitored)
+            elif monitored is None:  # Lightning's lr_scheduler_step
+                config.scheduler.step()
+            else:
+                config.scheduler.step(monitored)
 
     def _finish_pending(self, stopping: bool = False) -> dict[str, Any]:
         """What the Trainer runs after validation: plateau schedulers, the epoch's end
@@ -402,11 +410,12 @@ class LightningLoop:
         connector = self.trainer._logger_connector
         connector.on_batch_start(batch)
         self.hook("on_validation_batch_start", batch, batch_idx)
-        previous = self.hooks.fx_name("validation_step")
+        module = self.module
+        previous, module._current_fx_name = module._current_fx_name, "validation_step"
         try:
             output = self.model.validation_step(batch, batch_idx)
         finally:
-            self.hooks.restore_fx_name(previous)
+            module._current_fx_name = previous
         self.hook("on_validation_batch_end", output, batch, batch_idx)
         connector.on_batch_end()
 

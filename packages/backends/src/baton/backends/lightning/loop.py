@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from baton.backends.lightning.hooks import Hooks
 from baton.backends.lightning.manual import run_manual_batch
 from baton.backends.lightning.stream import EpochStream
 from baton.backends.lightning.trainer import TrainerView
@@ -68,6 +69,7 @@ class LightningLoop:
         self.lightning_optimizers: list[Any] = []
         self.scheduler_configs: list[Any] = []
         self.trainer = TrainerView(self)
+        self.hooks = Hooks(backend.module, callbacks, self.trainer)
         #: batch index of the last stepping batch whose after-validation work is pending
         self._pending_batch: int | None = None
         self._started = False
@@ -123,18 +125,12 @@ class LightningLoop:
 
     # -- hooks -------------------------------------------------------------------------
     def hook(self, name: str, *args: Any) -> Any:
-        """Lightning callbacks' ``name`` then the module's, as the Trainer calls them."""
-        for callback in self.callbacks:
-            getattr(callback, name)(self.trainer, self.module, *args)
-        return self.module_hook(name, *args)
+        """Lightning callbacks' ``name`` then the module's, as the Trainer calls them
+        (``Hooks``: calls that would do nothing are left out)."""
+        return self.hooks(name, *args)
 
     def module_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        module = self.module
-        previous, module._current_fx_name = module._current_fx_name, name
-        try:
-            return getattr(module, name)(*args, **kwargs)
-        finally:
-            module._current_fx_name = previous
+        return self.hooks.module_hook(name, *args, **kwargs)
 
     # -- training ----------------------------------------------------------------------
     def start(self) -> None:
@@ -223,19 +219,23 @@ class LightningLoop:
         if not self.module.automatic_optimization:
             result["extra"], result["loss"] = run_manual_batch(self, batch, batch_idx)
         elif stepping:
-            optimizer = self.lightning_optimizers[0]
-            epoch = self.current_epoch
-            self.module_hook("optimizer_step", epoch, batch_idx, optimizer, closure)
+            if self.hooks.module_overrides("optimizer_step"):
+                optimizer = self.lightning_optimizers[0]
+                epoch = self.current_epoch
+                self.module_hook("optimizer_step", epoch, batch_idx, optimizer, closure)
+            else:  # where Lightning's optimizer_step -> LightningOptimizer.step end
+                self.optimizer_step(self.optimizers[0], closure)
             self.global_step += 1
             self._step_schedulers("step", plateau=False, index=batch_idx + 1)
             if is_last:
                 self._step_schedulers("epoch", plateau=False, index=self.current_epoch + 1)
         else:
             closure()
-        outputs = dict(result["extra"])
-        if "normalized" in result:
-            outputs = {"loss": result["normalized"], **outputs}
-        self.hook("on_train_batch_end", outputs, batch, batch_idx)
+        if self.hooks.overridden("on_train_batch_end"):
+            outputs = dict(result["extra"])
+            if result.get("normalized") is not None:
+                outputs = {"loss": result["normalized"], **outputs}
+            self.hook("on_train_batch_end", outputs, batch, batch_idx)
         self.trainer._logger_connector.on_batch_end()
         return result["loss"]
 
@@ -243,28 +243,30 @@ class LightningLoop:
         from baton.backends.fabric.step import split_loss
 
         accum = self.config.grad_accum
-        module = self.module
         with self.fabric.no_backward_sync(self.model, enabled=not stepping):
-            previous, module._current_fx_name = module._current_fx_name, "training_step"
+            previous = self.hooks.fx_name("training_step")
             try:
                 output = self.model.training_step(batch, batch_idx)
             finally:
-                module._current_fx_name = previous
+                self.hooks.restore_fx_name(previous)
             if output is None:
                 raise ValueError(
                     "training_step returned None (Lightning skips the step); baton's "
                     "LightningBackend needs the loss: return it (or a dict with 'loss')"
                 )
             loss, extra = split_loss(output)
-            normalized = loss / accum
+            # x / 1 is x bit for bit, forward and backward: the Trainer's division by 1
+            # is a kernel and an autograd node that change nothing
+            normalized = loss / accum if accum != 1 else loss
             if batch_idx % accum == 0:
                 optimizer = self.optimizers[0].optimizer
                 self.hook("on_before_zero_grad", optimizer)
                 self.module_hook("optimizer_zero_grad", self.current_epoch, batch_idx, optimizer)
             self.backward(normalized)
+        listened = self.hooks.overridden("on_train_batch_end")  # the outputs' only reader
         return {
             "closure_loss": normalized,
-            "normalized": normalized.detach().clone(),
+            "normalized": normalized.detach().clone() if listened else None,
             "loss": loss.detach(),
             "extra": extra,
         }
@@ -285,15 +287,29 @@ class LightningLoop:
             self.hook("on_before_optimizer_step", raw)
             self.backend.before_clipping()
             if self.module.automatic_optimization:
-                self.module_hook(
-                    "configure_gradient_clipping",
-                    raw,
-                    gradient_clip_val=self.config.grad_clip,
-                    gradient_clip_algorithm=self.trainer.gradient_clip_algorithm,
-                )
+                self._clip_gradients(raw)
             return output
 
         return optimizer.step(closure=after_closure, **kwargs)
+
+    def _clip_gradients(self, optimizer: Any) -> None:
+        """``configure_gradient_clipping`` with the Trainer's settings. Where the module
+        keeps Lightning's ``configure_gradient_clipping`` and ``clip_gradients``, what they
+        end in is called directly: the clipping of ``gradient_clip_val`` (none without
+        one), without their checks of values that come from the validated config."""
+        clip_val, algorithm = self.config.grad_clip, self.trainer.gradient_clip_algorithm
+        if isinstance(clip_val, int | float | None) and not self.hooks.module_overrides(
+            "configure_gradient_clipping", "clip_gradients"
+        ):
+            if clip_val is not None:
+                self.trainer.strategy.clip_gradients(optimizer, clip_val, algorithm)
+            return
+        self.module_hook(
+            "configure_gradient_clipping",
+            optimizer,
+            gradient_clip_val=clip_val,
+            gradient_clip_algorithm=algorithm,
+        )
 
     def _step_schedulers(self, interval: str, *, plateau: bool, index: int) -> None:
         """As ``Trainer``'s ``_update_learning_rates``."""
@@ -314,7 +330,12 @@ class LightningLoop:
                             f"is not available; available: {sorted(self.trainer.callback_metrics)}"
                         )
                     continue
-            self.module_hook("lr_scheduler_step", config.scheduler, monitored)
+            if self.hooks.module_overrides("lr_scheduler_step"):
+                self.module_hook("lr_scheduler_step", config.scheduler, monitored)
+            elif monitored is None:  # Lightning's lr_scheduler_step
+                config.scheduler.step()
+            else:
+                config.scheduler.step(monitored)
 
     def _finish_pending(self, stopping: bool = False) -> dict[str, Any]:
         """What the Trainer runs after validation: plateau schedulers, the epoch's end

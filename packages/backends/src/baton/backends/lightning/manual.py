@@ -48,18 +48,17 @@ def run_manual_batch(
 ) -> tuple[dict[str, Any], torch.Tensor | None]:
     """``training_step`` of one batch under manual optimization: the outputs
     ``on_train_batch_end`` receives, and the loss if it returned one."""
-    module = loop.module
 
     def count_step() -> None:
         loop.global_step += 1
 
     for optimizer in loop.lightning_optimizers:
         optimizer._on_after_step = count_step
-    previous, module._current_fx_name = module._current_fx_name, "training_step"
+    previous = loop.hooks.fx_name("training_step")
     try:
         output = loop.model.training_step(batch, batch_idx)
     finally:
-        module._current_fx_name = previous
+        loop.hooks.restore_fx_name(previous)
         for optimizer in loop.lightning_optimizers:
             optimizer._on_after_step = _nothing
     if isinstance(output, Mapping):

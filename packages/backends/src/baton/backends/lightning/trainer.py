@@ -68,14 +68,26 @@ def settled_results_class(results: type) -> type:
     about a millisecond per logged value, a tenth of a small model's step, for nothing
     once the state lives on that device. A metric whose tensors (its state, defaults and
     caches) are all on the device returns at once; any other call moves as Lightning does,
-    so the values are Lightning's, bit for bit."""
+    so the values are Lightning's, bit for bit. Once a metric was found on a device, it is
+    not searched again until it is moved (``_apply``): what ``self.log`` writes into it is
+    computed from values on the device it was just asked to be on."""
     from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
 
     class SettledMetric(_ResultMetric):
+        _settled_on: Any = None  # the device all its tensors were last found on
+
         def to(self, *args: Any, **kwargs: Any) -> Any:
-            if self.is_tensor and len(args) == 1 and not kwargs and _on(self.__dict__, args[0]):
-                return self
+            if len(args) == 1 and not kwargs and self.is_tensor:
+                if self._settled_on == args[0]:
+                    return self
+                if _on(self.__dict__, args[0]):
+                    object.__setattr__(self, "_settled_on", args[0])
+                    return self
             return super().to(*args, **kwargs)
+
+        def _apply(self, *args: Any, **kwargs: Any) -> Any:
+            object.__setattr__(self, "_settled_on", None)  # moved: search again next time
+            return super()._apply(*args, **kwargs)
 
     class SettledResults(results):
         def __setitem__(self, key: str, metric: Any) -> None:

@@ -1,0 +1,99 @@
+"""Hooks: the calls Trainer.fit makes, minus those of empty hooks nobody overrides."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import lightning.pytorch as pl
+import torch
+
+from baton.backends.lightning.hooks import NO_OP_HOOKS, Hooks
+
+
+def _body_is_empty(function: object) -> bool:
+    source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    return all(isinstance(node, ast.Pass) for node in body[1 if docstring else 0 :])
+
+
+def test_the_hooks_left_out_are_empty_in_lightning():
+    """A Lightning release that gives one of them a body fails here, not silently."""
+    for name in sorted(NO_OP_HOOKS):
+        assert _body_is_empty(getattr(pl.LightningModule, name)), f"LightningModule.{name}"
+        assert _body_is_empty(getattr(pl.Callback, name)), f"Callback.{name}"
+
+
+class Module(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+        self.calls: list[tuple[str, str | None]] = []
+
+    def on_after_backward(self) -> None:
+        self.calls.append(("on_after_backward", self._current_fx_name))
+
+
+class Watcher(pl.Callback):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self.calls.append("on_after_backward")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.calls.append(f"on_train_batch_end {outputs['loss']} {batch_idx}")
+
+
+def test_overridden_hooks_run_with_their_name_and_empty_ones_are_left_out():
+    module, watcher, idle = Module(), Watcher(), pl.Callback()
+    hooks = Hooks(module, [idle, watcher], trainer=None)
+    module._current_fx_name = "training_step"
+
+    hooks("on_after_backward")
+    hooks("on_train_batch_end", {"loss": 1.5}, None, 3)
+    assert hooks("on_before_backward", torch.ones(())) is None  # nobody overrides it
+
+    assert watcher.calls == ["on_after_backward", "on_train_batch_end 1.5 3"]
+    assert module.calls == [("on_after_backward", "on_after_backward")]
+    assert module._current_fx_name == "training_step"  # restored
+    assert hooks.overridden("on_train_batch_end")  # by the watcher
+    assert not hooks.overridden("on_before_zero_grad")
+    assert hooks.overridden("optimizer_zero_grad")  # not empty in Lightning: always called
+
+    # a hook set on the instance counts as overridden, as Lightning's is_overridden sees it
+    seen: list[object] = []
+
+    def on_before_zero_grad(optimizer: object) -> None:
+        seen.append(optimizer)
+
+    module.on_before_zero_grad = on_before_zero_grad  # type: ignore[method-assign]
+    module.on_after_backward = print  # a builtin: Lightning cannot compare it, so it runs
+    hooks = Hooks(module, [], trainer=None)
+    hooks("on_before_zero_grad", "optimizer")
+    assert seen == ["optimizer"]
+    assert hooks.overridden("on_after_backward")
+    assert not hooks.module_overrides("configure_gradient_clipping", "clip_gradients")
+
+
+def test_a_logged_metric_is_searched_for_its_device_until_it_moves():
+    from lightning.pytorch.trainer.connectors.logger_connector.result import (
+        _ResultCollection,
+    )
+
+    from baton.backends.lightning.trainer import settled_results_class
+
+    results = settled_results_class(_ResultCollection)(training=True)
+    value = torch.tensor(2.5)
+    results.log("training_step", "loss", value, on_step=True, on_epoch=True, batch_size=4)
+    metric = results["training_step.loss"]
+    cpu = value.device
+    assert metric._settled_on == cpu  # found there by self.log's .to(value.device)
+    assert metric.to(cpu) is metric
+    metric.cpu()  # a move (nn.Module._apply), if only to where it is: searched again
+    assert metric._settled_on is None
+    results.log("training_step", "loss", value, on_step=True, on_epoch=True, batch_size=4)
+    assert metric._settled_on == cpu
+    assert metric.compute().item() == 2.5  # mean over the two logged values, as Lightning's

@@ -97,3 +97,34 @@ def test_a_logged_metric_is_searched_for_its_device_until_it_moves():
     results.log("training_step", "loss", value, on_step=True, on_epoch=True, batch_size=4)
     assert metric._settled_on == cpu
     assert metric.compute().item() == 2.5  # mean over the two logged values, as Lightning's
+
+
+def test_the_log_signature_patch_answers_as_lightning_and_undoes():
+    """``lightning_log_signature``: ``self.log``'s check whether ``training_step`` takes
+    ``dataloader_iter`` gives Lightning's answers, per function, and is Lightning's own
+    function again after the run's undo."""
+    from lightning.pytorch.core import module as lightning_module
+
+    from baton.backends.lightning.patches import LightningLogSignature
+    from baton.core.patches import PatchRecorder
+
+    class Plain(pl.LightningModule):
+        def training_step(self, batch, batch_idx):
+            return batch
+
+    class Iterating(pl.LightningModule):
+        def training_step(self, dataloader_iter):
+            return next(dataloader_iter)
+
+    original = lightning_module.is_param_in_hook_signature
+    recorder = PatchRecorder()
+    LightningLogSignature().apply(None, recorder)  # type: ignore[arg-type]
+    patched = lightning_module.is_param_in_hook_signature
+    assert patched is not original
+    for cls, expected in ((Plain, False), (Iterating, True)):
+        for _ in range(2):  # the second answer is the kept one
+            step = cls().training_step
+            assert patched(step, "dataloader_iter", explicit=True) is expected
+            assert original(step, "dataloader_iter", explicit=True) is expected
+    assert recorder.undo() == []
+    assert lightning_module.is_param_in_hook_signature is original

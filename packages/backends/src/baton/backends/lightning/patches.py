@@ -1,13 +1,21 @@
-"""The LightningModule backend's patches: Fabric's, registered under its name.
+"""The LightningModule backend's patches: Fabric's quiet, registered under its name, and
+``self.log``'s signature check done once per function.
 
 A LightningModule runs through Lightning Fabric, so the messages Fabric prints are the
-same as under the ``fabric`` backend (``baton.backends.fabric.patches``).
+same as under the ``fabric`` backend (``baton.backends.fabric.patches``). This module
+imports neither torch nor lightning (``baton patches`` lists them without a framework).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from baton.backends.fabric.patches import FabricQuiet
-from baton.core.patches import register_patch
+from baton.core.patches import Patch, PatchRecorder, register_patch
+
+if TYPE_CHECKING:
+    from baton.core.driver import Driver
 
 
 @register_patch
@@ -16,3 +24,57 @@ class LightningQuiet(FabricQuiet):
 
     name = "lightning_quiet"
     backend = "lightning"
+
+
+@register_patch
+class LightningLogSignature(Patch):
+    """Read ``training_step``'s signature once per function in ``self.log``, not per call."""
+
+    # ``LightningModule.log`` asks on every call, while training, whether the module's
+    # ``training_step`` declares ``dataloader_iter`` (``is_param_in_hook_signature``: an
+    # ``inspect.getfullargspec`` of the bound method, about a third of ``self.log``'s
+    # time). A function's signature does not change, so the answer is kept per function
+    # (a module that assigns another ``training_step`` is asked again); the undo restores
+    # Lightning's function when the run ends.
+
+    name = "lightning_log_signature"
+    backend = "lightning"
+    versions = ">=2.6,<2.7"
+    phase = "setup"
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        from lightning.pytorch.core import module
+
+        recorder.setattr(
+            module,
+            "is_param_in_hook_signature",
+            signature_answers_kept(module.is_param_in_hook_signature),
+        )
+
+
+def signature_answers_kept(ask: Callable[..., bool]) -> Callable[..., bool]:
+    """``ask(hook, param, explicit, min_args)`` answered once per (function, question).
+
+    >>> calls = []
+    >>> def ask(hook, param, explicit=False, min_args=None):
+    ...     calls.append(param)
+    ...     return True
+    >>> kept = signature_answers_kept(ask)
+    >>> kept(len, "x"), kept(len, "x"), calls
+    (True, True, ['x'])
+    """
+    answers: dict[tuple[Any, str, bool, int | None], bool] = {}
+
+    def kept(
+        hook_fx: Callable[..., Any],
+        param: str,
+        explicit: bool = False,
+        min_args: int | None = None,
+    ) -> bool:
+        key = (getattr(hook_fx, "__func__", hook_fx), param, explicit, min_args)
+        answer = answers.get(key)
+        if answer is None:
+            answer = answers[key] = ask(hook_fx, param, explicit, min_args)
+        return answer
+
+    return kept

@@ -106,7 +106,8 @@ def recipe(
             or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B".
         tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
-        model_config: a Hugging Face Llama config.json (or its directory) to build.
+        model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
+            directory) to build.
         run_dir: where checkpoints, logs and the byte dataset go.
         progress: show the progress bar.
     """

@@ -171,6 +171,15 @@ VOCABULARY: tuple[Term, ...] = (
         1,
         ("expert_parallel", "ici_expert_parallelism"),
     ),
+    Term(
+        "capacity_factor",
+        float,
+        "tokens a mixture-of-experts expert takes, as a multiple of its even share; above "
+        "it tokens drop (none: dropless)",
+        "parallel",
+        0,
+        ("moe_expert_capacity_factor",),
+    ),
     # -- optimizer and schedule ------------------------------------------------------
     Term("lr", float, "peak learning rate (after warmup)", "schedule", None, ("learning_rate",)),
     Term("min_lr", float, "the learning rate the decay ends at", "schedule", 0),

@@ -15,11 +15,10 @@ import sys
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from baton.backends.torchtitan.patches.common import VERSIONS, no_accelerator
-from baton.core.patches import Patch, PatchRecorder
+from baton.backends.torchtitan.patches.common import CpuOnlyPatch
+from baton.core.patches import PatchRecorder
 
 if TYPE_CHECKING:
-    from baton.core.backend import Backend
     from baton.core.driver import Driver
 
 #: torchtitan modules that copy ``device_type`` / ``device_module`` at import time
@@ -83,7 +82,7 @@ def _device_copies(device_type: str, device_module: Any) -> list[tuple[Any, str]
     return found
 
 
-class TorchTitanCpuDevice(Patch):
+class TorchTitanCpuDevice(CpuOnlyPatch):
     """Run TorchTitan on CPU: it falls back to "cuda" when no accelerator exists.
 
     ``torchtitan.tools.utils`` picks ``device_type = "cuda"`` when torch finds no
@@ -95,12 +94,7 @@ class TorchTitanCpuDevice(Patch):
     """
 
     name = "torchtitan_cpu_device"
-    backend = "torchtitan"
-    versions = VERSIONS
     phase = "configure"
-
-    def condition(self, backend: Backend) -> tuple[bool, str]:
-        return no_accelerator()
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
         for name in DEVICE_COPIES:
@@ -133,7 +127,7 @@ class TorchTitanCpuDevice(Patch):
             recorder.setattr(config.training, "disable_cuda_graphs", True)
 
 
-class TorchTitanCpuAttention(Patch):
+class TorchTitanCpuAttention(CpuOnlyPatch):
     """Swap FlexAttention for SDPA on CPU: FlexAttention has no CPU backward in torch 2.13.
 
     Every ``FlexAttention.Config`` in the model config becomes a
@@ -143,12 +137,7 @@ class TorchTitanCpuAttention(Patch):
     """
 
     name = "torchtitan_cpu_attention"
-    backend = "torchtitan"
-    versions = VERSIONS
     phase = "configure"
-
-    def condition(self, backend: Backend) -> tuple[bool, str]:
-        return no_accelerator()
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
         from torchtitan.models.common.attention import (

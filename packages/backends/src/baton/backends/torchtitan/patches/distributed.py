@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from baton.backends.torchtitan.patches.common import VERSIONS, no_accelerator
+from baton.backends.torchtitan.patches.common import VERSIONS, CpuOnlyPatch
 from baton.core.patches import Patch, PatchRecorder
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def _gloo_fsdp_modules(driver: Driver) -> list[Any]:
     return found
 
 
-class TorchTitanGlooFsdpSumReduction(Patch):
+class TorchTitanGlooFsdpSumReduction(CpuOnlyPatch):
     """Reduce FSDP gradients with a plain SUM on gloo: gloo has no ``PREMUL_SUM``.
 
     TorchTitan sets every FSDP module's gradient divide factor to 1 (it scales the
@@ -121,12 +121,7 @@ class TorchTitanGlooFsdpSumReduction(Patch):
     """
 
     name = "torchtitan_gloo_fsdp_sum_reduction"
-    backend = "torchtitan"
-    versions = VERSIONS
     phase = "setup"
-
-    def condition(self, backend: Backend) -> tuple[bool, str]:
-        return no_accelerator()
 
     def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
         for module in _gloo_fsdp_modules(driver):

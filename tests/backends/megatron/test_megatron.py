@@ -291,6 +291,7 @@ def test_weights_only_start_matches_source_model_on_the_same_batch(runs: Runs) -
 
     # the source model, loaded in full, evaluated on the first batch
     from baton.backends.megatron import cpu
+    from baton.backends.megatron.step import mean_loss, run_schedule
     from baton.core.patches import PatchRecorder
 
     recorder = PatchRecorder()
@@ -305,11 +306,17 @@ def test_weights_only_start_matches_source_model_on_the_same_batch(runs: Runs) -
         assert backend.train_stream.consumed == SAVE_AT * 8
         for stream in backend.train_streams:
             stream.consumed = 0
-        backend.num_microbatches = 2
         for chunk in backend.chunks:
             chunk.eval()
         with torch.no_grad():
-            reference = backend._mean_loss(backend._run_schedule(backend.train_streams, True))
+            reduced = run_schedule(
+                backend.chunks,
+                backend.train_streams,
+                backend.config,
+                num_microbatches=2,
+                forward_only=True,
+            )
+            reference = mean_loss(reduced, torch.device("cpu"))
     finally:
         backend.teardown()
         recorder.undo()

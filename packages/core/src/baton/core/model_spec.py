@@ -33,6 +33,25 @@ from pathlib import Path
 from typing import Any, cast
 
 from baton.core.errors import ExportError, UsageError
+from baton.core.moe_spec import MoeSpec
+from baton.core.rope_scaling import ROPE_TYPES, RopeScaling
+
+__all__ = [
+    "FAMILIES",
+    "QK_NORM_FAMILIES",
+    "ROPE_TYPES",
+    "LlamaSpec",
+    "ModelSpec",
+    "MoeSpec",
+    "RopeScaling",
+    "check_init_from",
+    "check_same_architecture",
+    "exported_spec",
+    "first_difference",
+    "is_hf_dir",
+    "recorded_spec",
+    "resolve_spec",
+]
 
 #: ``config.json`` values a spec cannot express, with the value it requires
 _REQUIRED = {
@@ -49,148 +68,6 @@ FAMILIES = {
 }
 #: the families whose attention normalises queries and keys per head (RMSNorm)
 QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe"})
-#: the rotary types a Llama spec builds (Hugging Face's ``rope_type``)
-ROPE_TYPES = ("default", "llama3")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3.1-style rotary frequency scaling (Hugging Face ``rope_type: "llama3"``):
-    frequencies whose wavelength exceeds ``original_max_position_embeddings /
-    low_freq_factor`` are divided by ``factor``, those under ``original_max_position_embeddings
-    / high_freq_factor`` are kept, and the band between is interpolated.
-
-    Llama 3.1's values are ``RopeScaling(8.0, 1.0, 4.0, 8192)``; Llama 3.2's factor is 32.
-    """
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-    def __post_init__(self) -> None:
-        if not self.factor > 0:
-            raise UsageError(
-                f"model spec: rope_scaling factor must be positive, got {self.factor!r}"
-            )
-        if not self.high_freq_factor > self.low_freq_factor > 0:
-            raise UsageError(
-                "model spec: rope_scaling needs high_freq_factor > low_freq_factor > 0, got "
-                f"{self.high_freq_factor!r} and {self.low_freq_factor!r}"
-            )
-        original: Any = self.original_max_position_embeddings  # as read from JSON
-        if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
-            raise UsageError(
-                "model spec: rope_scaling original_max_position_embeddings must be a positive "
-                f"integer, got {original!r}"
-            )
-
-    @classmethod
-    def from_hf_dict(cls, scaling: dict[str, Any], *, source: str) -> RopeScaling | None:
-        """The scaling of a ``config.json``'s ``rope_scaling`` or ``rope_parameters``
-        (``None`` for plain rotary positions); any other ``rope_type`` is a ``UsageError``
-        naming it."""
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if rope_type not in ROPE_TYPES:
-            raise UsageError(
-                f"{source}: rope_type {rope_type!r} is not supported; supported: 'default' "
-                "(plain rotary positions) and 'llama3' (Llama 3.1-style rope_scaling)"
-            )
-        if rope_type == "default":
-            return None
-        missing = [field.name for field in fields(cls) if field.name not in scaling]
-        if missing:
-            raise UsageError(f"{source}: rope_scaling of type 'llama3' needs {', '.join(missing)}")
-        return cls(
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        """The ``rope_scaling`` entry of a ``config.json``."""
-        return {"rope_type": "llama3", **asdict(self)}
-
-    def refuse_unless(self, fixed: dict[str, Any], *, backend: str) -> None:
-        """Raise ``UsageError`` naming every value that differs from ``fixed``: the values
-        ``backend`` cannot set (they are constants of its rotary embedding)."""
-        differ = [name for name, value in fixed.items() if getattr(self, name) != value]
-        if differ:
-            have = ", ".join(f"{name}={getattr(self, name)!r}" for name in differ)
-            need = ", ".join(f"{name}={fixed[name]!r}" for name in differ)
-            raise UsageError(
-                f"{backend} cannot build this rope_scaling: it has {have}, and {backend} "
-                f"fixes {need}; train this model on TorchTitan or Fabric (any llama3 scaling)"
-            )
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    """The mixture-of-experts MLPs of a ``qwen3_moe`` model: each token goes to the
-    ``experts_per_token`` experts its router scores highest, each expert a SwiGLU MLP of
-    width ``expert_ffn_hidden_size``. Names follow the architecture; the Hugging Face
-    ``config.json`` key of each is in its comment."""
-
-    num_experts: int  # num_experts
-    experts_per_token: int  # num_experts_per_tok
-    expert_ffn_hidden_size: int  # moe_intermediate_size
-    #: renormalise the top-k router weights to sum to one (norm_topk_prob)
-    norm_topk_prob: bool = False
-    #: weight of the load-balancing loss added to the loss (router_aux_loss_coef)
-    aux_loss_coef: float = 0.001
-    #: every ``sparse_step``-th layer is sparse (decoder_sparse_step)
-    sparse_step: int = 1
-    #: layers with a dense MLP of the model's ``ffn_hidden_size`` (mlp_only_layers)
-    dense_layers: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("num_experts", "experts_per_token", "expert_ffn_hidden_size", "sparse_step"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UsageError(
-                    f"model spec: moe {name} must be a positive integer, got {value!r}"
-                )
-        if self.experts_per_token > self.num_experts:
-            raise UsageError(
-                f"model spec: num_experts_per_tok ({self.experts_per_token}) exceeds "
-                f"num_experts ({self.num_experts})"
-            )
-        object.__setattr__(self, "dense_layers", tuple(int(i) for i in self.dense_layers))
-
-    def is_sparse(self, layer: int) -> bool:
-        """Whether ``layer`` (0-based) has experts (as ``transformers`` decides)."""
-        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
-
-    @classmethod
-    def from_hf_dict(cls, config: dict[str, Any]) -> MoeSpec:
-        """The experts of a ``qwen3_moe`` ``config.json`` (defaults: Qwen3MoeConfig's;
-        ``transformers`` 5 writes ``num_experts`` as ``num_local_experts``)."""
-        return cls(
-            num_experts=int(config.get("num_experts", config.get("num_local_experts", 128))),
-            experts_per_token=int(config.get("num_experts_per_tok", 8)),
-            expert_ffn_hidden_size=int(config.get("moe_intermediate_size", 768)),
-            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-            aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
-            sparse_step=int(config.get("decoder_sparse_step", 1)),
-            dense_layers=tuple(config.get("mlp_only_layers") or ()),
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        """The ``config.json`` entries of these experts."""
-        return {
-            "num_experts": self.num_experts,
-            "num_experts_per_tok": self.experts_per_token,
-            "moe_intermediate_size": self.expert_ffn_hidden_size,
-            "norm_topk_prob": self.norm_topk_prob,
-            "router_aux_loss_coef": self.aux_loss_coef,
-            "decoder_sparse_step": self.sparse_step,
-            "mlp_only_layers": list(self.dense_layers),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data (a list of dense layers)."""
-        return {**asdict(self), "dense_layers": list(self.dense_layers)}
 
 
 @dataclass(frozen=True)

@@ -34,26 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from baton.backends.megatron.build import build_model, build_optimizer
 from baton.backends.megatron.checkpoint import load_weights
 from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
-from baton.backends.megatron.data import (
-    ByteEodTokenizer,
-    PreparedSource,
-    SampleStream,
-    build_gpt_datasets,
-    build_indexed_dataset,
-    check_split_not_empty,
-    open_prepared,
-)
+from baton.backends.megatron.data import ByteEodTokenizer, PreparedSource, SampleStream
+from baton.backends.megatron.evaluation import evaluate_loss
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
-from baton.backends.megatron.plan import layout_plan, moe_layer_count
-from baton.backends.megatron.step import gpt_forward_step
+from baton.backends.megatron.plan import flops_per_token, layout_plan
+from baton.backends.megatron.step import mean_loss, run_schedule
+from baton.backends.megatron.training_data import build_data, open_data
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
@@ -94,23 +87,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     # -- facts ----------------------------------------------------------------------
     @property
     def flops_per_token(self) -> float:
-        """6 x parameters a token uses + attention (the PaLM estimate), over the whole
-        model (a MoE layer: its router and the token's top-k experts)."""
-        m = self.config.model
-        h, layers, seq = m.hidden_size, m.num_layers, self.config.seq_len
-        ffn = m.ffn_hidden_size or 4 * h
-        kv = (m.num_query_groups or m.num_attention_heads) / m.num_attention_heads
-        matrices = 3 if m.gated_linear_unit else 2
-        attention = 2 * h * h + 2 * h * h * kv
-        mlp = matrices * h * ffn
-        # a MoE layer: its router and the token's top-k experts
-        routed = (m.num_moe_experts or 0) * h + m.moe_router_topk * matrices * h * (
-            m.moe_ffn_hidden_size or ffn
-        )
-        sparse = moe_layer_count(m)
-        used = layers * attention + (layers - sparse) * mlp + sparse * routed
-        vocab = self.padded_vocab_size
-        return 6.0 * (used + vocab * h) + 12.0 * layers * h * seq
+        """6 x parameters a token uses + attention (the PaLM estimate; ``plan.py``)."""
+        return flops_per_token(self.config, self.padded_vocab_size)
 
     def describe(self) -> dict[str, Any]:
         """The config's shape facts plus the tokenizer (its fingerprint, or ``bytes``)."""
@@ -136,31 +114,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     # -- build ------------------------------------------------------------------------
     def check_data(self) -> None:
-        """Open and check the configured data and tokenizer before anything is built:
-        ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
-        data's, one with more tokens than the model's vocabulary, or a split share that
-        gets no document."""
-        from baton.data import DataError, check_model_vocab
-
-        data = self.config.data
-        if data.data_path is None:
-            if data.tokenizer is not None:
-                raise DataError(
-                    f"tokenizer {data.tokenizer} given without a data path: prepare the text "
-                    "with `baton data prepare ... --tokenizer DIR --output PREFIX` and pass "
-                    "the prefix (or a blend) as the data path"
-                )
-            self.source = None
-            return
-        if data.tokenizer is None:
-            raise DataError(
-                f"data path {data.data_path!r} needs the tokenizer it was prepared with: "
-                "pass its Hugging Face tokenizer directory"
-            )
-        self.source = open_prepared(data.data_path, data.tokenizer)
-        if self.config.vocab_size is not None:
-            check_model_vocab(self.source.info, self.config.vocab_size)
-        check_split_not_empty(self.source, data.split or "98,2,0")
+        """Open and check the configured data and tokenizer before anything is built
+        (``DataError`` naming the problem; see ``training_data.open_data``)."""
+        self.source = open_data(self.config)
 
     def dry_run(self, world_size: int) -> str:
         """The parallel layout on ``world_size`` ranks, checked by the configuration
@@ -188,7 +144,14 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
         self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
         self._moe = MoeMetrics(self.chunks) if cfg.model.num_moe_experts else None
-        self._build_data()
+        self.train_streams, self.valid_dataset = build_data(
+            cfg,
+            self.source,
+            chunks=len(self.chunks),
+            rank=self.rank,
+            world_size=self.world_size,
+            barrier=self.barrier,
+        )
         if cfg.init_from is not None:
             self.load_weights(Path(cfg.init_from))
 
@@ -205,90 +168,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     def train_stream(self) -> SampleStream | None:
         return self.train_streams[0] if self.train_streams else None
 
-    def _build_data(self) -> None:
-        from megatron.core import parallel_state
-
-        cfg = self.config
-        if self.source is not None:
-            datasets = self._prepared_datasets(self.source)
-        elif cfg.data.kind == "mock":
-            datasets = build_gpt_datasets(None, seq_len=cfg.seq_len, seed=cfg.seed, mock=True)
-        else:
-            prefix = str(Path(cfg.data.cache_dir) / "text")
-            if self.rank == 0:
-                build_indexed_dataset(prefix, cfg.data.text_path)
-            self.barrier()
-            prefix = build_indexed_dataset(prefix, cfg.data.text_path)  # verifies the hash
-            datasets = build_gpt_datasets(
-                prefix, seq_len=cfg.seq_len, seed=cfg.seed, split=cfg.data.split or "969,30,1"
-            )
-        train, valid, _ = datasets
-        self.train_streams = [
-            SampleStream(
-                train,
-                micro_batch_size=cfg.micro_batch_size,
-                dp_rank=parallel_state.get_data_parallel_rank(),
-                dp_size=parallel_state.get_data_parallel_world_size(),
-            )
-            for _ in self.chunks
-        ]
-        self.valid_dataset = valid
-
-    def _prepared_datasets(self, source: PreparedSource) -> list[Any]:
-        """GPTDataset splits (a BlendedDataset over several prefixes) of prepared data."""
-        cfg = self.config
-        sizes: list[int | None] = [None, None, None]
-        if cfg.data.train_samples is not None or source.blend.weights is not None:
-            if cfg.data.train_samples is None:
-                raise ValueError(
-                    f"the weighted blend {source.blend} needs config.data.train_samples "
-                    "(steps x global batch size: the samples Megatron draws from the blend)"
-                )
-            eval_samples = (
-                cfg.data.eval_micro_batches
-                * cfg.micro_batch_size
-                * max(1, cfg.data_parallel_size(self.world_size))
-            )
-            sizes = [cfg.data.train_samples, eval_samples, eval_samples]
-        return build_gpt_datasets(
-            source.blend,
-            seq_len=cfg.seq_len,
-            seed=cfg.seed,
-            split=cfg.data.split or "98,2,0",
-            tokenizer=source.tokenizer,
-            sizes=sizes,
-        )
-
     # -- the step ---------------------------------------------------------------------
-    def _run_schedule(self, streams: list[Any], forward_only: bool) -> list[Any]:
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        cfg = self.config
-        return get_forward_backward_func()(
-            forward_step_func=gpt_forward_step,
-            data_iterator=streams if len(streams) > 1 else streams[0],
-            model=self.chunks,
-            num_microbatches=self.num_microbatches,
-            seq_length=cfg.seq_len,
-            micro_batch_size=cfg.micro_batch_size,
-            decoder_seq_length=cfg.seq_len,
-            forward_only=forward_only,
-        )
-
-    def _mean_loss(self, reduced: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        """Token-mean loss over micro-batches and data-parallel ranks (stays on device)."""
-        from megatron.core import parallel_state
-
-        if reduced:
-            pair = torch.stack([r["lm loss"] for r in reduced]).sum(0)
-        else:  # not the last pipeline stage: contributes nothing
-            pair = torch.zeros(2, device=self._device)
-        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-            dist.all_reduce(pair, group=parallel_state.get_pipeline_model_parallel_group())
-        if parallel_state.get_data_parallel_world_size() > 1:
-            dist.all_reduce(pair, group=parallel_state.get_data_parallel_group())
-        return pair[0] / pair[1].clamp(min=1)
-
     def train_step(self, step: int) -> StepOutput:
         from megatron.core.distributed import finalize_model_grads
 
@@ -301,7 +181,13 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         lr = self.optimizer.param_groups[0]["lr"]
         if self._moe is not None:
             self._moe.begin_step()
-        reduced = self._run_schedule(self.train_streams, forward_only=False)
+        reduced = run_schedule(
+            self.chunks,
+            self.train_streams,
+            cfg,
+            num_microbatches=self.num_microbatches,
+            forward_only=False,
+        )
         finalize_model_grads(self.chunks)
         if self._model_state is not None:  # gradients before clipping, to the watchers
             self._model_state.before_clipping()
@@ -315,7 +201,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         if self._moe is not None:
             metrics.update(self._moe_metrics())
         return StepOutput(
-            loss=self._mean_loss(reduced),
+            loss=mean_loss(reduced, self._device),
             metrics=metrics,
             tokens=cfg.global_batch_size * cfg.seq_len,
             samples=cfg.global_batch_size,
@@ -330,33 +216,10 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             tensor_parallel=self.config.model.tensor_model_parallel_size,
         )
 
-    @torch.no_grad()
     def evaluate(self) -> Mapping[str, Any]:
-        """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid split."""
-        from megatron.core import parallel_state
-
-        cfg = self.config
-        if self.valid_dataset is None or len(self.valid_dataset) == 0:
-            raise RuntimeError("no validation split: set config.data.split with a valid share")
-        streams = [
-            SampleStream(
-                self.valid_dataset,
-                micro_batch_size=cfg.micro_batch_size,
-                dp_rank=parallel_state.get_data_parallel_rank(),
-                dp_size=parallel_state.get_data_parallel_world_size(),
-            )
-            for _ in self.chunks
-        ]
-        saved, self.num_microbatches = self.num_microbatches, cfg.data.eval_micro_batches
-        for chunk in self.chunks:
-            chunk.eval()
-        try:
-            reduced = self._run_schedule(streams, forward_only=True)
-        finally:
-            self.num_microbatches = saved
-            for chunk in self.chunks:
-                chunk.train()
-        return {"loss": self._mean_loss(reduced)}
+        """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid
+        split (``evaluation.py``)."""
+        return evaluate_loss(self.chunks, self.valid_dataset, self.config, self._device)
 
     # -- the model to callbacks -------------------------------------------------------
     def model_state(self) -> MegatronModelState:

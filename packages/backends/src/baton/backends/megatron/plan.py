@@ -7,6 +7,7 @@ Example::
 
     print(layout_plan(config, world_size=16))
     # world size 16 = tensor 2 x pipeline 4 x data 2 ...
+    flops_per_token(config, vocab_size=32000)   # the PaLM estimate, for MFU
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def moe_layer_count(model: Any) -> int:
     if isinstance(freq, int):
         return sum(1 for layer in range(model.num_layers) if layer % freq == 0)
     return sum(freq)
+
+
+def flops_per_token(config: MegatronConfig, vocab_size: int) -> float:
+    """6 x parameters a token uses + attention (the PaLM estimate), over the whole
+    model (a MoE layer: its router and the token's top-k experts), with ``vocab_size``
+    embedding rows (``MegatronBackend.flops_per_token``)."""
+    m = config.model
+    h, layers, seq = m.hidden_size, m.num_layers, config.seq_len
+    ffn = m.ffn_hidden_size or 4 * h
+    kv = (m.num_query_groups or m.num_attention_heads) / m.num_attention_heads
+    matrices = 3 if m.gated_linear_unit else 2
+    attention = 2 * h * h + 2 * h * h * kv
+    mlp = matrices * h * ffn
+    # a MoE layer: its router and the token's top-k experts
+    routed = (m.num_moe_experts or 0) * h + m.moe_router_topk * matrices * h * (
+        m.moe_ffn_hidden_size or ffn
+    )
+    sparse = moe_layer_count(m)
+    used = layers * attention + (layers - sparse) * mlp + sparse * routed
+    return 6.0 * (used + vocab_size * h) + 12.0 * layers * h * seq
 
 
 def expert_layout(config: MegatronConfig, world_size: int) -> tuple[int, int, int]:

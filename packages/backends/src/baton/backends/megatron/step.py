@@ -1,11 +1,10 @@
 """Megatron's forward step and loss for GPT, as its schedules call them once per
-micro-batch.
+micro-batch, the schedule over a step's micro-batches, and the loss it reports.
 
 Example::
 
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    reduced = get_forward_backward_func()(forward_step_func=gpt_forward_step, ...)
+    reduced = run_schedule(chunks, streams, config, num_microbatches=4, forward_only=False)
+    loss = mean_loss(reduced, device)   # token mean over micro-batches and ranks
 """
 
 from __future__ import annotations
@@ -34,3 +33,45 @@ def gpt_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: An
     batch = next(data_iterator)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(gpt_loss, batch["loss_mask"])
+
+
+def run_schedule(
+    chunks: list[Any],
+    streams: list[Any],
+    config: Any,
+    *,
+    num_microbatches: int,
+    forward_only: bool,
+) -> list[dict[str, torch.Tensor]]:
+    """Megatron's schedule (no pipelining, 1F1B or interleaved, as the parallel state
+    says) over ``num_microbatches`` micro-batches: one stream per model chunk. Returns
+    the last pipeline stage's reduced losses (``[]`` on other stages)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    return get_forward_backward_func()(
+        forward_step_func=gpt_forward_step,
+        data_iterator=streams if len(streams) > 1 else streams[0],
+        model=chunks,
+        num_microbatches=num_microbatches,
+        seq_length=config.seq_len,
+        micro_batch_size=config.micro_batch_size,
+        decoder_seq_length=config.seq_len,
+        forward_only=forward_only,
+    )
+
+
+def mean_loss(reduced: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """Token-mean loss over micro-batches, pipeline stages and data-parallel ranks
+    (stays on ``device``)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if reduced:
+        pair = torch.stack([r["lm loss"] for r in reduced]).sum(0)
+    else:  # not the last pipeline stage: contributes nothing
+        pair = torch.zeros(2, device=device)
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.all_reduce(pair, group=parallel_state.get_pipeline_model_parallel_group())
+    if parallel_state.get_data_parallel_world_size() > 1:
+        dist.all_reduce(pair, group=parallel_state.get_data_parallel_group())
+    return pair[0] / pair[1].clamp(min=1)

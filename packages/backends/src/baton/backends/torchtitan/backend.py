@@ -43,9 +43,7 @@ TorchTitan's initial load path reads the model weights only
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,7 @@ import torch
 from baton.backends import torch_distributed
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.torch_model_state import TorchModelState
+from baton.backends.torchtitan.batches import CountedBatches
 from baton.backends.torchtitan.capture import StepCapture
 from baton.backends.torchtitan.checkpoint_io import (
     RESHARD_DATA,
@@ -62,9 +61,11 @@ from baton.backends.torchtitan.checkpoint_io import (
     stage_without_accelerator,
 )
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
+from baton.backends.torchtitan.evaluation import validate
 from baton.backends.torchtitan.hf import vocab_mismatch
-from baton.backends.torchtitan.moe_metrics import ExpertCounts, ExpertLoad
+from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import parallelism_plan
+from baton.backends.torchtitan.reduction import RankLocal, full_tensor, global_value
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
@@ -74,24 +75,6 @@ from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RankLocal:
-    """A per-rank loss whose global value is a sum over the loss mesh (data and
-    context parallel ranks) and, under pipeline parallelism, comes from the rank that
-    holds the last stage (the others hold TorchTitan's placeholder ``-1``).
-
-    The reduction runs in ``fetch`` (log steps only, on every rank at the same step),
-    the same collective TorchTitan's ``train_step`` runs when it logs.
-    """
-
-    value: torch.Tensor
-
-
-def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's global value (its ``full_tensor()``); a plain tensor as it is."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def launch_env(launch: Launch) -> dict[str, str]:
@@ -140,12 +123,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self._capture: StepCapture | None = None
         self._experts: ExpertLoad | None = None
         self._model_state: TorchModelState | None = None
-        self._batches: Iterator[Any] | None = None
+        self._batches: CountedBatches | None = None
         self._profiler: Any = None
         self._steps_run = 0
-        self._step_tokens = 0
-        self._step_samples = 0
-        self._step_wait_s = 0.0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
 
     # -- facts ------------------------------------------------------------------------
@@ -249,26 +229,11 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self.init_process_group(backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds))
 
     # -- the step ---------------------------------------------------------------------
-    def _counted_batches(self) -> Iterator[Any]:
-        trainer = self.trainer
-        batches = trainer.batch_generator(trainer.dataloader)
-        while True:
-            started = time.perf_counter()
-            try:
-                input_dict, labels = next(batches)
-            except StopIteration:
-                return
-            finally:
-                self._step_wait_s += time.perf_counter() - started
-            self._step_tokens += labels.numel()
-            self._step_samples += labels.shape[0]
-            yield input_dict, labels
-
     def train_step(self, step: int) -> StepOutput:
         trainer, capture = self.trainer, self._capture
         assert trainer is not None and capture is not None, "call setup() first"
         if self._batches is None:  # after any resume, like TorchTitan's train()
-            self._batches = self._counted_batches()
+            self._batches = CountedBatches(trainer)
             self._profiler = self.config.profiler.build(
                 global_step=step - 1, base_folder=self.config.dump_folder
             )
@@ -276,8 +241,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         trainer.step = step
         trainer.gc_handler.run(step)
         lrs = trainer.lr_schedulers.get_metrics()
-        self._step_tokens = self._step_samples = 0
-        self._step_wait_s = 0.0
+        self._batches.start_step()
         if self._experts is not None:
             self._experts.start_step()
         with capture.step():
@@ -309,56 +273,22 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         return StepOutput(
             loss=loss,
             metrics=metrics,
-            tokens=self._step_tokens * degree,
-            samples=self._step_samples * degree,
-            data_wait_s=self._step_wait_s,
+            tokens=self._batches.tokens * degree,
+            samples=self._batches.samples * degree,
+            data_wait_s=self._batches.wait_s,
         )
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Reduce rank-local values over the loss mesh, then one host transfer."""
         return torch_distributed.fetch(
-            {key: self._global(value) for key, value in values.items()}, prepare=_full_tensor
+            {key: global_value(value, self.trainer) for key, value in values.items()},
+            prepare=full_tensor,
         )
 
-    def _global(self, value: Any) -> Any:
-        if isinstance(value, ExpertCounts):
-            return value.load_balance(self.trainer.parallel_dims)
-        if not isinstance(value, RankLocal):
-            return value
-        from torchtitan.distributed import utils as dist_utils
-
-        trainer, loss = self.trainer, value.value.reshape(())
-        dims = trainer.parallel_dims
-        if dims.pp_enabled:
-            if not trainer.pp_has_last_stage:
-                loss = torch.zeros_like(loss)
-            loss = dist_utils.dist_sum_tensor(loss, dims.get_mesh("pp"))
-        if dims.dp_cp_enabled:
-            loss = dist_utils.dist_sum_tensor(loss, dims.get_optional_mesh("loss"))
-        return loss
-
     def evaluate(self) -> Mapping[str, Any]:
-        """Run TorchTitan's validator (``config.validator``) and return its loss."""
-        trainer = self.trainer
-        if not self.config.validator.enable:
-            raise RuntimeError(
-                "TorchTitan's validator is disabled: set config.validator.enable = True "
-                "(and its dataloader) to evaluate"
-            )
-        processor = trainer.metrics_processor
-        seen: dict[str, float] = {}
-        original = processor.log_validation
-
-        def log_validation(loss: float, step: int, extra_metrics: Any = None) -> None:
-            seen["loss"] = loss
-            original(loss=loss, step=step, extra_metrics=extra_metrics)
-
-        processor.log_validation = log_validation
-        try:
-            trainer.validator.validate(trainer.model_parts, trainer.step)
-        finally:
-            del processor.log_validation
-        return seen
+        """Run TorchTitan's validator (``config.validator``) and return its loss
+        (``evaluation.py``)."""
+        return validate(self.trainer, self.config)
 
     # -- the model, its gradients and optimizer (model_state, gradients) --------------
     def model_state(self) -> TorchModelState:

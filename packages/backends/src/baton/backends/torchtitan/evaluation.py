@@ -1,0 +1,34 @@
+"""The TorchTitan backend's evaluation: TorchTitan's own validator
+(``config.validator``), its loss caught on the way to TorchTitan's metrics logging.
+
+Example (what ``TorchTitanBackend.evaluate`` does)::
+
+    validate(trainer, config)   # {"loss": 2.31}; RuntimeError if the validator is off
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def validate(trainer: Any, config: Any) -> dict[str, float]:
+    """Run ``trainer.validator`` once and return its loss (TorchTitan still logs it)."""
+    if not config.validator.enable:
+        raise RuntimeError(
+            "TorchTitan's validator is disabled: set config.validator.enable = True "
+            "(and its dataloader) to evaluate"
+        )
+    processor = trainer.metrics_processor
+    seen: dict[str, float] = {}
+    original = processor.log_validation
+
+    def log_validation(loss: float, step: int, extra_metrics: Any = None) -> None:
+        seen["loss"] = loss
+        original(loss=loss, step=step, extra_metrics=extra_metrics)
+
+    processor.log_validation = log_validation
+    try:
+        trainer.validator.validate(trainer.model_parts, trainer.step)
+    finally:
+        del processor.log_validation
+    return seen

@@ -1,0 +1,56 @@
+"""TorchTitan's notes about settings baton owns, hidden (each exact, with its reason)."""
+
+from __future__ import annotations
+
+from baton.backends.torchtitan.patches.common import VERSIONS
+from baton.core.quiet import Quiet, QuietPatch
+
+#: TorchTitan logs on the root logger (``torchtitan.tools.logging``)
+TORCHTITAN_LOGGER = "root"
+
+
+class TorchTitanQuiet(QuietPatch):
+    """Hide TorchTitan's notes about settings baton owns (each with its reason)."""
+
+    name = "torchtitan_quiet"
+    backend = "torchtitan"
+    distribution = "torchtitan"
+    versions = VERSIONS
+    quiet = (
+        Quiet(
+            "initial_load_model_only=True has no effect without an initial_load_path",
+            logger=TORCHTITAN_LOGGER,
+            reason="TorchTitan's own checkpoint default; baton starts from a checkpoint with "
+            "--resume or --init-from, not through initial_load_path",
+        ),
+        Quiet(
+            "model.safetensors.index.json not found at hf_assets_path",
+            logger=TORCHTITAN_LOGGER,
+            reason="hf_assets_path is the tokenizer's directory; the index only matters "
+            "for saving TorchTitan checkpoints in Hugging Face format, which baton never "
+            "does (baton export writes its own)",
+        ),
+        Quiet(
+            "torch.distributed is already initialized. Skipping init_distributed.",
+            logger=TORCHTITAN_LOGGER,
+            reason="baton creates the process group from the launch before TorchTitan builds",
+        ),
+        Quiet(
+            "Error running lspci:",
+            logger=TORCHTITAN_LOGGER,
+            reason="TorchTitan asks lspci for the GPU model to estimate MFU; without lspci it "
+            "uses the device name, which is what baton reports",
+        ),
+        Quiet(
+            "Peak flops undefined for: cpu,",
+            logger=TORCHTITAN_LOGGER,
+            reason="a CPU has no peak-flops entry: MFU on CPU means nothing either way "
+            "(an unknown GPU still shows the note)",
+        ),
+        Quiet(
+            "DTensor random operators may not have complete support on cpu device mesh",
+            category=UserWarning,
+            module=r"torch\.distributed\.tensor",
+            reason="torch's note for a CPU mesh; baton seeds and checkpoints the RNG itself",
+        ),
+    )

@@ -1,0 +1,57 @@
+"""Values a TorchTitan step returns that become global only when fetched (log steps,
+on every rank at the same step): a rank-local loss and the experts' token counts.
+
+Example (what ``TorchTitanBackend.train_step`` and ``fetch`` do)::
+
+    loss = RankLocal(capture.loss)                 # on a data/context/pipeline-parallel run
+    global_value(loss, trainer)                    # the loss TorchTitan logs, on device
+    torch_distributed.fetch(values, prepare=full_tensor)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from baton.backends.torchtitan.moe_metrics import ExpertCounts
+
+
+@dataclass
+class RankLocal:
+    """A per-rank loss whose global value is a sum over the loss mesh (data and
+    context parallel ranks) and, under pipeline parallelism, comes from the rank that
+    holds the last stage (the others hold TorchTitan's placeholder ``-1``).
+
+    The reduction runs in ``fetch`` (log steps only, on every rank at the same step),
+    the same collective TorchTitan's ``train_step`` runs when it logs.
+    """
+
+    value: torch.Tensor
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's global value (its ``full_tensor()``); a plain tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def global_value(value: Any, trainer: Any) -> Any:
+    """``value`` reduced over ``trainer``'s meshes: a :class:`RankLocal` loss summed
+    over the pipeline and loss meshes, :class:`ExpertCounts` as their load balance;
+    anything else as it is."""
+    if isinstance(value, ExpertCounts):
+        return value.load_balance(trainer.parallel_dims)
+    if not isinstance(value, RankLocal):
+        return value
+    from torchtitan.distributed import utils as dist_utils
+
+    loss = value.value.reshape(())
+    dims = trainer.parallel_dims
+    if dims.pp_enabled:
+        if not trainer.pp_has_last_stage:
+            loss = torch.zeros_like(loss)
+        loss = dist_utils.dist_sum_tensor(loss, dims.get_mesh("pp"))
+    if dims.dp_cp_enabled:
+        loss = dist_utils.dist_sum_tensor(loss, dims.get_optional_mesh("loss"))
+    return loss

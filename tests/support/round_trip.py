@@ -106,6 +106,7 @@ def maxtext_target(source: Path, others: dict[str, Path], root: Path) -> MaxText
     argv += ["--max-steps", "1", "--batch-size", "2", "--seq-len", "32", "--eval-every", "0"]
     argv += ["--save-every", "0", "--no-callback", "checkpoint", "--no-progress"]
     driver = build_driver(RECIPES / "maxtext_tiny.py", [*argv, "--overrides", "dtype=float32"])
+    assert driver is not None
     # setup (which loads --init-from) and the callbacks, no step
     driver.options = driver.options.replace(max_steps=0)
     loads = MaxTextLoads(others, root / "maxtext-params")
@@ -118,4 +119,6 @@ def megatron_target(hf_dir: Path, run_dir: Path) -> Any:
     """Megatron-Core's backend as ``megatron_gpt_tiny.py --init-from hf_dir`` builds it
     (not set up: ``support.megatron_model`` runs it)."""
     argv = ["--init-from", str(hf_dir), "--run-dir", str(run_dir)]
-    return build_driver(RECIPES / "megatron_gpt_tiny.py", argv).backend
+    driver = build_driver(RECIPES / "megatron_gpt_tiny.py", argv)
+    assert driver is not None
+    return driver.backend

@@ -38,6 +38,7 @@ from support.round_trip import (
 )
 from support.round_trip import maxtext_target as load_maxtext_target
 from support.tiny_llama import load_llama, save_tiny_llama
+from support.titan_model import sdpa_model
 
 TARGETS = ["torchtitan", "megatron", "fabric", "maxtext"]
 
@@ -45,7 +46,6 @@ TARGETS = ["torchtitan", "megatron", "fabric", "maxtext"]
 def titan_logits(hf_dir: Path) -> torch.Tensor:
     """TorchTitan's model for the directory's spec, weights through TorchTitan's own
     ``Llama3StateDictAdapter.from_hf`` (SDPA attention, as on CPU)."""
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
     from baton.backends.hf_io import read_safetensors
@@ -53,15 +53,9 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
     from baton.core.model_spec import LlamaSpec
 
     config = model_config(LlamaSpec.from_hf(hf_dir))
-    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if parent is not None:
-            setattr(parent, attr, ScaledDotProductAttention.Config())
-    model = config.build()
     weights = Llama3StateDictAdapter(config, None).from_hf(read_safetensors(str(hf_dir)))
     with torch.no_grad():
-        model.init_weights(buffer_device=None)
-        model.load_state_dict(weights)
-        return model.eval()(tokens())
+        return sdpa_model(config, weights)(tokens())
 
 
 def megatron_logits(

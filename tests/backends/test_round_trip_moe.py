@@ -42,6 +42,7 @@ from support.round_trip import (
     train_argv,
 )
 from support.tiny_qwen3 import TINY_EXPERTS, save_tiny_qwen3
+from support.titan_model import sdpa_model
 from support.torchrun import torchrun
 
 TARGETS = ["torchtitan", "megatron", "fabric", "maxtext"]
@@ -65,7 +66,6 @@ def fabric_logits(hf_dir: Path) -> torch.Tensor:
 def titan_logits(hf_dir: Path) -> torch.Tensor:
     """TorchTitan's qwen3 model with its MoE layers for the directory's spec, weights
     through TorchTitan's own ``Qwen3StateDictAdapter.from_hf`` (SDPA attention)."""
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 
     from baton.backends.hf_io import read_safetensors
@@ -73,15 +73,9 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
     from baton.core.model_spec import ModelSpec
 
     config = qwen3_model_config(ModelSpec.from_hf(hf_dir))
-    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if parent is not None:
-            setattr(parent, attr, ScaledDotProductAttention.Config())
-    model = config.build()
     weights = Qwen3StateDictAdapter(config, None).from_hf(read_safetensors(str(hf_dir)))
     with torch.no_grad():
-        model.init_weights(buffer_device=None)
-        model.load_state_dict(weights)
-        return model.eval()(tokens())
+        return sdpa_model(config, weights)(tokens())
 
 
 @pytest.fixture(scope="module")

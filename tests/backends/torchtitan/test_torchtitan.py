@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from support.titan_model import sdpa_model
 from support.torchrun import torchrun
 
 pytest.importorskip("torchtitan")
@@ -262,20 +263,12 @@ def test_8b_recipe_dry_run_validates_layouts_and_needs_data(capsys):
 def _titan_model(checkpoint: Path) -> Any:
     """TorchTitan's llama3 debug model (SDPA attention, as trained on CPU) with the
     checkpoint's weights, read by DCP in this process."""
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.llama3 import model_registry
 
     from baton.backends.torchtitan.export import dcp_folder, read_model_weights
 
     config = model_registry("debugmodel").model
-    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if parent is not None:  # what the torchtitan_cpu_attention patch does
-            setattr(parent, attr, ScaledDotProductAttention.Config())
-    model = config.build()
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)  # buffers (the RoPE table) as the trainer has them
-    model.load_state_dict(read_model_weights(dcp_folder(checkpoint)))
-    return model.eval()
+    return sdpa_model(config, read_model_weights(dcp_folder(checkpoint)))
 
 
 def _first_batch(data: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from baton.core.recipe import build_driver
 from support.recording import Losses
 from support.tiny_llama import hf_loss, load_llama, save_tiny_llama
 from support.titan_batches import first_byte_batch
+from support.titan_model import sdpa_model
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH, VOCAB = 64, 2, 512
@@ -31,19 +32,12 @@ SEQ, BATCH, VOCAB = 64, 2, 512
 
 def _titan_logits(spec: Any, weights: dict[str, torch.Tensor], tokens: torch.Tensor) -> Any:
     """TorchTitan's model for ``spec`` (SDPA, as on CPU) with ``weights``: its logits."""
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 
     from baton.backends.torchtitan.hf import model_config
 
     config = model_config(spec)
-    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if parent is not None:
-            setattr(parent, attr, ScaledDotProductAttention.Config())
-    model = config.build()
     with torch.no_grad():
-        model.init_weights(buffer_device=None)
-        model.load_state_dict(weights)
-        return model.eval()(tokens)
+        return sdpa_model(config, weights)(tokens)
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ from support.recording import Losses
 from support.tiny_llama import hf_loss
 from support.tiny_qwen3 import save_tiny_qwen3
 from support.titan_batches import first_byte_batch
+from support.titan_model import sdpa_model
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH, VOCAB = 64, 2, 512
 
 
 def test_qwen3_logits_equal_transformers_and_init_from_starts_there(tmp_path):
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
     from transformers import Qwen3ForCausalLM
 
@@ -39,18 +39,11 @@ def test_qwen3_logits_equal_transformers_and_init_from_starts_there(tmp_path):
     reference = Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     spec = ModelSpec.from_hf(hf_dir)
     config = qwen3_model_config(spec)
-    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if parent is not None:  # SDPA, as on CPU
-            setattr(parent, attr, ScaledDotProductAttention.Config())
-    model = config.build()
     weights = Qwen3StateDictAdapter(config, None).from_hf(read_safetensors(hf_dir))
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(0))
+    model = sdpa_model(config, weights)
     with torch.no_grad():
-        model.init_weights(buffer_device=None)
-        model.load_state_dict(weights)
-        torch.testing.assert_close(
-            model.eval()(tokens), reference(tokens).logits, rtol=1e-4, atol=1e-4
-        )
+        torch.testing.assert_close(model(tokens), reference(tokens).logits, rtol=1e-4, atol=1e-4)
 
     record = Losses()
     driver = build_driver(RECIPE, [

@@ -23,6 +23,7 @@ from baton.core.model_spec import ModelSpec
 from baton.core.recipe import build_driver
 from support.tiny_qwen3 import save_tiny_qwen3
 from support.titan_batches import first_byte_batch
+from support.titan_model import sdpa_model
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH, VOCAB = 64, 2, 512
@@ -42,19 +43,6 @@ class Logged(Callback):
 
     def on_step_end(self, driver: Any, output: Any) -> None:
         self.names = {piece.name for piece in driver.backend.model_state().parameters()}
-
-
-def sdpa_model(config: Any) -> Any:
-    """``config`` built with SDPA attention (as on CPU) and TorchTitan's initialisation."""
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
-
-    for _fqn, _cfg, parent, attr in list(config.traverse(FlexAttention.Config)):
-        if parent is not None:
-            setattr(parent, attr, ScaledDotProductAttention.Config())
-    model = config.build()
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    return model.eval()
 
 
 def hf_reference(model: Any, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

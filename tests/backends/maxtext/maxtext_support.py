@@ -43,3 +43,22 @@ def record_save_handles(backend: Any) -> list[str]:
 
     backend.save = recorded
     return handles
+
+
+@contextlib.contextmanager
+def in_background(command: list[str], cwd: Path) -> Iterator[Any]:
+    """``command`` (a fresh process, e.g. a recipe's ``--dry-run``) running while the
+    module's other tests do (JAX picks its platform itself; one thread); killed after."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["OMP_NUM_THREADS"] = "1"
+    process = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

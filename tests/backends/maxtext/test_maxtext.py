@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backends.maxtext.maxtext_support import outside_driver, record_save_handles
+from backends.maxtext.maxtext_support import in_background, outside_driver, record_save_handles
 
 pytestmark = pytest.mark.slow
 
@@ -64,15 +64,8 @@ def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "--batch-size=8",  # per data-parallel rank: 4 per device, 32 sequences a step
         f"--run-dir={run_dir}",
     ]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["OMP_NUM_THREADS"] = "1"
-    process = subprocess.Popen(
-        command, env=env, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    yield process
-    if process.poll() is None:
-        process.kill()
-        process.communicate()
+    with in_background(command, run_dir) as process:
+        yield process
 
 
 class _Losses:

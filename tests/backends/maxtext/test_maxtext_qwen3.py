@@ -21,6 +21,7 @@ pytest.importorskip("maxtext")
 pytest.importorskip("transformers")
 
 import torch
+from backends.maxtext.maxtext_support import in_background
 
 from baton.core import Callback
 from baton.core.errors import UsageError
@@ -55,15 +56,8 @@ def qwen3_30b_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "--world-size=16", "--ep=8", "--dp-shard=2", "--batch-size=2",
         f"--model-config={run_dir / 'qwen3-30b-a3b'}", f"--run-dir={run_dir / 'run'}",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["OMP_NUM_THREADS"] = "1"
-    process = subprocess.Popen(
-        command, env=env, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    yield process
-    if process.poll() is None:
-        process.kill()
-        process.communicate()
+    with in_background(command, run_dir) as process:
+        yield process
 
 
 class Logged(Callback):

@@ -48,6 +48,14 @@ class TorchTitanQuiet(QuietPatch):
             "(an unknown GPU still shows the note)",
         ),
         Quiet(
+            "In CPU autocast, but the target dtype is not supported. Disabling autocast.",
+            category=UserWarning,
+            module=r"torch\.amp",
+            reason="TorchTitan's MoE router asks autocast for float32 scores; CPU autocast "
+            "takes only bfloat16 and float16 and steps aside, so the router computes in its "
+            "inputs' dtype (float32 in a CPU run, what it asked for)",
+        ),
+        Quiet(
             "DTensor random operators may not have complete support on cpu device mesh",
             category=UserWarning,
             module=r"torch\.distributed\.tensor",

@@ -1,5 +1,5 @@
-"""The LightningModule backend's patches: Fabric's quiet, registered under its name, and
-``self.log``'s signature check done once per function.
+"""The LightningModule backend's patches: Fabric's (quiet, no NVML retry), registered
+under its name, and ``self.log``'s signature check done once per function.
 
 A LightningModule runs through Lightning Fabric, so the messages Fabric prints are the
 same as under the ``fabric`` backend (``baton.backends.fabric.patches``). This module
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from baton.backends.fabric.patches import FabricQuiet
+from baton.backends.fabric.patches import FabricNoNvmlRetry, FabricQuiet
 from baton.core.patches import Patch, PatchRecorder, register_patch
 
 if TYPE_CHECKING:
@@ -23,6 +23,14 @@ class LightningQuiet(FabricQuiet):
     """Hide Lightning's process-group banner on multi-process runs (each with its reason)."""
 
     name = "lightning_quiet"
+    backend = "lightning"
+
+
+@register_patch
+class LightningNoNvmlRetry(FabricNoNvmlRetry):
+    """On a host without an NVIDIA driver, stop torch retrying to load NVML at each step."""
+
+    name = "lightning_no_nvml_retry"
     backend = "lightning"
 
 

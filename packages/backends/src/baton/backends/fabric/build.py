@@ -15,6 +15,7 @@ Example (what ``FabricBackend.setup`` does)::
 from __future__ import annotations
 
 import atexit
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -39,14 +40,24 @@ def launch_fabric(fabric: Any, join_group: Callable[[str], Any]) -> Any:
     """``fabric`` launched. Under torchrun, ``join_group(backend)`` first joins baton's
     process group (safe across torchrun's elastic restarts), which Fabric then uses.
     Like Fabric's own, it outlives the run (collectives after fit, a next run in the
-    same process); an NCCL group is destroyed at exit, as Fabric does."""
+    same process); whatever group is live is destroyed at interpreter exit, Gloo's too:
+    Fabric does so only for NCCL, and a Gloo group left to the interpreter's finalization
+    can abort the process after a successful run ("terminate called without an active
+    exception": its worker threads still hold work when Python is torn down)."""
+    import torch.distributed as dist
+
     if Launch.from_env().source == "torchrun":
-        backend = "nccl" if fabric.device.type == "cuda" else "gloo"
-        join_group(backend)
-        if backend == "nccl":
-            atexit.register(_destroy_process_group)
+        join_group("nccl" if fabric.device.type == "cuda" else "gloo")
     fabric.launch()
+    if dist.is_initialized():
+        _destroy_at_exit()
     return fabric
+
+
+@functools.cache
+def _destroy_at_exit() -> None:
+    """Register ``_destroy_process_group`` with ``atexit`` (once per process)."""
+    atexit.register(_destroy_process_group)
 
 
 def _destroy_process_group() -> None:

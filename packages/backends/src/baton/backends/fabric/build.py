@@ -15,7 +15,6 @@ Example (what ``FabricBackend.setup`` does)::
 from __future__ import annotations
 
 import atexit
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,20 +43,25 @@ def launch_fabric(fabric: Any, join_group: Callable[[str], Any]) -> Any:
     Fabric does so only for NCCL, and a Gloo group left to the interpreter's finalization
     can abort the process after a successful run ("terminate called without an active
     exception": its worker threads still hold work when Python is torn down)."""
-    import torch.distributed as dist
-
     if Launch.from_env().source == "torchrun":
         join_group("nccl" if fabric.device.type == "cuda" else "gloo")
     fabric.launch()
-    if dist.is_initialized():
-        _destroy_at_exit()
+    destroy_group_at_exit()
     return fabric
 
 
-@functools.cache
-def _destroy_at_exit() -> None:
-    """Register ``_destroy_process_group`` with ``atexit`` (once per process)."""
-    atexit.register(_destroy_process_group)
+def destroy_group_at_exit() -> None:
+    """If a process group exists, destroy it at interpreter exit (registered once per
+    process), while Python can still run what the group's threads release."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and not _EXIT_HOOK:
+        atexit.register(_destroy_process_group)
+        _EXIT_HOOK.append(_destroy_process_group)
+
+
+#: the exit hook, once registered
+_EXIT_HOOK: list[Callable[[], None]] = []
 
 
 def _destroy_process_group() -> None:

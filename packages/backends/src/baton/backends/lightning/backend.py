@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.fabric.backend import FabricBackend
+from baton.backends.fabric.build import destroy_group_at_exit
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.stream import count_batch
@@ -225,6 +226,7 @@ class LightningBackend(FabricBackend):
             check_manual(self.config)
         self.fabric = self._make_fabric()
         self.fabric.launch()
+        destroy_group_at_exit()  # Gloo's too (Fabric destroys only NCCL's)
         self._device = self.fabric.device
         from lightning.fabric.strategies import ParallelStrategy
         from lightning.fabric.utilities.seed import reset_seed, seed_everything

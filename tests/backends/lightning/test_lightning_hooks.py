@@ -7,6 +7,7 @@ import inspect
 import textwrap
 
 import lightning.pytorch as pl
+import pytest
 import torch
 
 from baton.backends.lightning.hooks import NO_OP_HOOKS, Hooks
@@ -128,3 +129,76 @@ def test_the_log_signature_patch_answers_as_lightning_and_undoes():
             assert original(step, "dataloader_iter", explicit=True) is expected
     assert recorder.undo() == []
     assert lightning_module.is_param_in_hook_signature is original
+
+
+@pytest.mark.filterwarnings("ignore:You called `self.log\\('count'")
+def test_repeated_log_calls_take_the_fast_path_and_log_what_lightning_logs():
+    """``lightning_log_fast_path``: a module logging through the fast path (Lightning's
+    ``log`` only for calls it has not accepted yet) ends each step with the result
+    collection of one logging through Lightning's ``log`` alone: step and epoch values,
+    mean with batch sizes, max, an integer value, a new hook resetting its values, a
+    validation stage; a wrong call still gets Lightning's error."""
+    from baton.backends.lightning.log_fast_path import log_with_fast_path
+    from baton.backends.lightning.trainer import TrainerView
+
+    original = pl.LightningModule.log
+    underlying: list[str] = []
+
+    def counted(module, name, value, *args, **kwargs):
+        underlying.append(name)
+        return original(module, name, value, *args, **kwargs)
+
+    fast = log_with_fast_path(counted)
+
+    def logs(log, module) -> None:
+        module._current_fx_name = "training_step"
+        log(module, "loss", torch.tensor(2.0) * module.k)
+        log(module, "acc", torch.tensor([0.5]) * module.k, on_step=True, on_epoch=True,
+            prog_bar=True, batch_size=3)  # fmt: skip
+        log(module, "peak", torch.tensor(1.0) + module.k, reduce_fx="max", on_epoch=True)
+        log(module, "count", torch.tensor(module.k), on_epoch=True)  # an int: made float
+        module._current_fx_name = "on_train_batch_end"
+        log(module, "after", torch.tensor(0.25) * module.k, on_step=True, on_epoch=False)
+
+    modules, views = [Module(), Module()], [TrainerView(None), TrainerView(None)]
+    for module, view in zip(modules, views, strict=True):
+        module.trainer = view
+    for k in range(1, 7):
+        for log, module, view in zip((fast, original), modules, views, strict=True):
+            if k == 5:  # a new epoch: its first batch resets the hooks' epoch values
+                view._logger_connector.epoch_end_reached()
+            module.k = k
+            view._logger_connector.on_batch_start(batch=torch.zeros(3, 2))
+            logs(log, module)
+            view._logger_connector.on_batch_end()
+        step = [view._results.metrics(True) for view in views]
+        epoch = [view._results.metrics(False) for view in views]
+        assert step[0] == step[1] and epoch[0] == epoch[1]
+        assert step[0]["log"]["acc_step"] == 0.5 * k
+    assert epoch[0]["log"]["peak_epoch"] == 7.0 and epoch[0]["log"]["acc_epoch"] == 2.75
+    assert underlying == ["loss", "acc", "peak", "count", "after"]  # the first step only
+
+    views[0].stage = views[1].stage = "validate"
+    for log, module in zip((fast, original), modules, strict=True):
+        for _ in range(2):
+            module._current_fx_name = "validation_step"
+            log(module, "val_loss", torch.tensor(3.0) * module.k)
+    assert views[0]._results.metrics(False) == views[1]._results.metrics(False)
+    assert underlying[5:] == ["val_loss"]
+    with pytest.raises(Exception, match="single element"):
+        fast(modules[0], "val_loss", torch.ones(2))
+    with pytest.raises(Exception, match="twice in `validation_step` with different"):
+        fast(modules[0], "val_loss", torch.tensor(1.0), on_step=True)
+
+
+def test_the_log_fast_path_patch_is_lightnings_log_again_after_the_undo():
+    from baton.backends.lightning.patches import LightningLogFastPath
+    from baton.core.patches import PatchRecorder
+
+    original = pl.LightningModule.log
+    recorder = PatchRecorder()
+    LightningLogFastPath().apply(None, recorder)  # type: ignore[arg-type]
+    assert pl.LightningModule.log is not original
+    assert getattr(pl.LightningModule.log, "__baton_fast_path__", False)
+    assert recorder.undo() == []
+    assert pl.LightningModule.log is original

@@ -1,5 +1,6 @@
 """The LightningModule backend's patches: Fabric's (quiet, no NVML retry), registered
-under its name, and ``self.log``'s signature check done once per function.
+under its name; ``self.log``'s signature check done once per function, and a repeated
+``self.log`` call going straight to its update.
 
 A LightningModule runs through Lightning Fabric, so the messages Fabric prints are the
 same as under the ``fabric`` backend (``baton.backends.fabric.patches``). This module
@@ -58,6 +59,30 @@ class LightningLogSignature(Patch):
             "is_param_in_hook_signature",
             signature_answers_kept(module.is_param_in_hook_signature),
         )
+
+
+@register_patch
+class LightningLogFastPath(Patch):
+    """A ``self.log`` call Lightning accepted once goes straight to its update when repeated."""
+
+    # ``LightningModule.log`` re-validates every call (the value's type, the hook's levels,
+    # the name, the stored metadata), about half of its time, before the steps that depend
+    # on the value. Under baton's TrainerView a call already accepted (same hook, name and
+    # arguments, the same stored metric, a scalar tensor) runs only those steps, with
+    # Lightning's functions (``log_fast_path``); a module under a Lightning ``Trainer``, a
+    # first call or any other value goes through Lightning's ``log``. The undo restores it.
+
+    name = "lightning_log_fast_path"
+    backend = "lightning"
+    versions = ">=2.6,<2.7"
+    phase = "setup"
+
+    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+        from lightning.pytorch.core.module import LightningModule
+
+        from baton.backends.lightning.log_fast_path import log_with_fast_path
+
+        recorder.setattr(LightningModule, "log", log_with_fast_path(LightningModule.log))
 
 
 def signature_answers_kept(ask: Callable[..., bool]) -> Callable[..., bool]:

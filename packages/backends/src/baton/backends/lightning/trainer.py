@@ -137,6 +137,8 @@ class TrainerView:
         self._train_results = settled(training=True)
         self._val_results = settled(training=False)
         self._logger_connector = _LoggerConnector(self)  # type: ignore[arg-type]
+        #: ``self.log`` calls Lightning accepted (``log_fast_path``): call -> stored metric
+        self._log_calls: dict[tuple[Any, ...], tuple[str, Any, int | None]] = {}
         self.strategy = StrategyView(loop)
         self.precision_plugin = self.strategy
 

@@ -94,86 +94,100 @@ def interleave(
 
 
 class Lockstep:
-    """Run several training loops side by side, one block of steps at a time.
+    """Run several training loops side by side, one block of steps at a time, each loop
+    in a process of its own.
 
-    Finer interleaving than ``interleave``: each loop runs in its own thread and calls
-    ``mark()`` at the end of every block (say every 10 steps); the loops take turns,
-    one block each, while the others wait. Each block's time is measured inside its
-    thread, from resuming to the next ``mark``, so the loops never overlap and block
-    i of every loop was measured within a second of the others'. The order rotates
-    every round (A B C, B C A, C A B, ...) so that no loop always runs right after the
-    same neighbour.
+    Finer interleaving than ``interleave``: each loop calls ``mark()`` at the end of
+    every block (say every 10 steps); the loops take turns, one block each, while the
+    others wait. Each block's time is measured inside its process, from resuming to the
+    next ``mark``, so the loops never overlap and block i of every loop was measured
+    within a second of the others'. The order rotates every round (A B C, B C A, C A B,
+    ...) so that no loop always runs right after the same neighbour.
+
+    A loop is ``(function, args)``, called as ``function(*args, mark)`` in a spawned
+    process (so ``function`` lives at a module's top level); what it returns comes back
+    from ``run``. Separate processes, as users run them: loops sharing one interpreter
+    share its environment (a patch one loop's framework sets for its run reaches the
+    others), its garbage collector and its allocator.
 
     Example::
 
-        def loop(mark):                   # a loop calls mark() after each block
-            for step in range(1, 101):
+        def loop(steps, mark):            # a loop calls mark() after each block
+            for step in range(1, steps + 1):
                 train_one_step()
                 if step % 10 == 0:
                     mark()
+            return "done"
 
-        blocks = Lockstep({"a": loop, "b": other_loop}).run()   # name -> block seconds
+        blocks, results = Lockstep({"a": (loop, (100,)), "b": (other_loop, (100,))}).run()
         ratio = paired_ratio(blocks["b"][1:], blocks["a"][1:])  # drop the warm-up block
     """
 
-    def __init__(self, loops: Mapping[str, Callable[[Callable[[], None]], Any]]) -> None:
+    def __init__(self, loops: Mapping[str, tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
         self.loops = dict(loops)
 
-    def run(self) -> dict[str, list[float]]:
-        import threading
+    def run(self) -> tuple[dict[str, list[float]], dict[str, Any]]:
+        """``(name -> block seconds, name -> what the loop returned)``."""
+        import multiprocessing
 
-        go = {name: threading.Semaphore(0) for name in self.loops}
-        done = {name: threading.Semaphore(0) for name in self.loops}
+        context = multiprocessing.get_context("spawn")
+        pipes: dict[str, Any] = {}
+        processes = []
+        for name, (function, args) in self.loops.items():
+            pipes[name], theirs = context.Pipe()
+            process = context.Process(
+                target=_lockstep_loop, args=(theirs, function, args), name=name, daemon=True
+            )
+            process.start()
+            processes.append(process)
         blocks: dict[str, list[float]] = {name: [] for name in self.loops}
-        finished: set[str] = set()
-        errors: dict[str, BaseException] = {}
-
-        def worker(name: str) -> None:
-            go[name].acquire()
-            start = time.perf_counter()
-
-            def mark() -> None:
-                nonlocal start
-                blocks[name].append(time.perf_counter() - start)
-                done[name].release()
-                go[name].acquire()
-                start = time.perf_counter()
-
-            try:
-                self.loops[name](mark)
-            except BaseException as error:
-                errors[name] = error
-            finally:
-                finished.add(name)
-                done[name].release()
-
-        threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in self.loops]
-        for thread in threads:
-            thread.start()
+        results: dict[str, Any] = {}
         names = list(self.loops)
         turn = 0
-        while len(finished) < len(names):
-            # rotate who goes first each round, so no loop always follows the same one
-            order = names[turn % len(names) :] + names[: turn % len(names)]
-            turn += 1
-            for name in order:
-                if name in finished:
-                    continue
-                gc.collect()
-                go[name].release()
-                done[name].acquire()
-            if errors:
-                break
-        for name in self.loops:  # let any loop still waiting run to its end
-            while name not in finished:
-                go[name].release()
-                done[name].acquire()
-        for thread in threads:
-            thread.join()
-        if errors:
-            name, error = next(iter(errors.items()))
-            raise RuntimeError(f"loop {name!r} failed: {error!r}") from error
-        return blocks
+        try:
+            while len(results) < len(names):
+                # rotate who goes first each round, so no loop always follows the same one
+                order = names[turn % len(names) :] + names[: turn % len(names)]
+                turn += 1
+                for name in order:
+                    if name in results:
+                        continue
+                    pipes[name].send("go")
+                    try:
+                        kind, value = pipes[name].recv()
+                    except EOFError:
+                        raise RuntimeError(f"loop {name!r} failed: its process died") from None
+                    if kind == "error":
+                        raise RuntimeError(f"loop {name!r} failed: {value}")
+                    if kind == "block":
+                        blocks[name].append(value)
+                    else:
+                        results[name] = value
+        finally:
+            for process in processes:
+                if process.is_alive() and process.name not in results:
+                    process.kill()
+                process.join()
+        return blocks, results
+
+
+def _lockstep_loop(pipe: Any, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """One ``Lockstep`` loop, in its own process: wait for each turn, time each block."""
+    pipe.recv()
+    start = time.perf_counter()
+
+    def mark() -> None:
+        nonlocal start
+        pipe.send(("block", time.perf_counter() - start))
+        pipe.recv()
+        start = time.perf_counter()
+
+    try:
+        result = function(*args, mark)
+    except BaseException as error:  # reported to the parent, which names the loop
+        pipe.send(("error", repr(error)))
+        return
+    pipe.send(("done", result))
 
 
 class Stopwatch:

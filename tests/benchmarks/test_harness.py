@@ -49,30 +49,21 @@ def test_table_and_json(tmp_path) -> None:
 
 
 def test_lockstep_takes_turns_one_block_at_a_time() -> None:
+    """Each loop in a process of its own; the blocks' ends, on the clock the processes
+    share, come in turns, rotating who goes first; what a loop returns comes back."""
     from benchmarks.harness import Lockstep
+    from support.lockstep_loops import stamped
 
-    order: list[str] = []
-
-    def loop(name: str, blocks: int):
-        def run(mark) -> None:
-            for _ in range(blocks):
-                order.append(name)
-                mark()
-
-        return run
-
-    times = Lockstep({"a": loop("a", 3), "b": loop("b", 2)}).run()
-    assert order == ["a", "b", "b", "a", "a"]  # each round one block each, rotating
+    times, results = Lockstep({"a": (stamped, (3,)), "b": (stamped, (2,))}).run()
+    ends = sorted((stamp, name) for name, stamps in results.items() for stamp in stamps)
+    assert [name for _, name in ends] == ["a", "b", "b", "a", "a"]  # one block each a round
     assert [len(times["a"]), len(times["b"])] == [3, 2]
     assert all(t >= 0 for t in times["a"] + times["b"])
 
 
 def test_lockstep_reports_a_failing_loop() -> None:
     from benchmarks.harness import Lockstep
-
-    def bad(mark) -> None:
-        mark()
-        raise ValueError("boom")
+    from support.lockstep_loops import failing, stamped
 
     with pytest.raises(RuntimeError, match=r"loop 'bad' failed.*boom"):
-        Lockstep({"ok": lambda mark: [mark() for _ in range(3)], "bad": bad}).run()
+        Lockstep({"ok": (stamped, (3,)), "bad": (failing, ())}).run()

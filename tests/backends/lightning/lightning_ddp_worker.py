@@ -30,6 +30,8 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     seen = {"losses": record.losses, "validations": record.validations, "epochs": record.epochs}
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    if torch.distributed.is_initialized():  # as torch asks of every script (Trainer leaves it)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

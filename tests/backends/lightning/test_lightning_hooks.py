@@ -153,8 +153,15 @@ def test_repeated_log_calls_take_the_fast_path_and_log_what_lightning_logs():
     def logs(log, module) -> None:
         module._current_fx_name = "training_step"
         log(module, "loss", torch.tensor(2.0) * module.k)
-        log(module, "acc", torch.tensor([0.5]) * module.k, on_step=True, on_epoch=True,
-            prog_bar=True, batch_size=3)  # fmt: skip
+        log(
+            module,
+            "acc",
+            torch.tensor([0.5]) * module.k,
+            on_step=True,
+            on_epoch=True,
+            prog_bar=True,
+            batch_size=5,
+        )  # the batch holds 3: the given size is what counts
         log(module, "peak", torch.tensor(1.0) + module.k, reduce_fx="max", on_epoch=True)
         log(module, "count", torch.tensor(module.k), on_epoch=True)  # an int: made float
         module._current_fx_name = "on_train_batch_end"
@@ -174,6 +181,14 @@ def test_repeated_log_calls_take_the_fast_path_and_log_what_lightning_logs():
         step = [view._results.metrics(True) for view in views]
         epoch = [view._results.metrics(False) for view in views]
         assert step[0] == step[1] and epoch[0] == epoch[1]
+        states = [
+            {
+                key: (m.value, getattr(m, "cumulated_batch_size", None))
+                for key, m in v._results.items()
+            }
+            for v in views
+        ]  # the accumulated values and batch sizes, not only the means
+        assert states[0] == states[1]
         assert step[0]["log"]["acc_step"] == 0.5 * k
     assert epoch[0]["log"]["peak_epoch"] == 7.0 and epoch[0]["log"]["acc_epoch"] == 2.75
     assert underlying == ["loss", "acc", "peak", "count", "after"]  # the first step only

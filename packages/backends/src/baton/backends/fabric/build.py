@@ -15,6 +15,7 @@ Example (what ``FabricBackend.setup`` does)::
 from __future__ import annotations
 
 import atexit
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,13 +56,13 @@ def destroy_group_at_exit() -> None:
     process), while Python can still run what the group's threads release."""
     import torch.distributed as dist
 
-    if dist.is_initialized() and not _EXIT_HOOK:
-        atexit.register(_destroy_process_group)
-        _EXIT_HOOK.append(_destroy_process_group)
+    if dist.is_initialized():
+        _register_exit_hook()
 
 
-#: the exit hook, once registered
-_EXIT_HOOK: list[Callable[[], None]] = []
+@functools.cache
+def _register_exit_hook() -> None:
+    atexit.register(_destroy_process_group)
 
 
 def _destroy_process_group() -> None:

@@ -20,12 +20,17 @@ Example (what the ``lightning_log_fast_path`` patch installs for a run)::
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from lightning.pytorch.core.module import LightningModule
 
 from baton.backends.lightning.trainer import TrainerView
+
+#: ``LightningModule.log``'s parameters (a remembered call's ``batch_size``)
+_LOG = inspect.signature(LightningModule.log)
 
 
 def log_with_fast_path(log: Callable[..., None]) -> Callable[..., None]:
@@ -55,7 +60,8 @@ def log_with_fast_path(log: Callable[..., None]) -> Callable[..., None]:
             log(module, name, value, *args, **kwargs)
             key = f"{fx}.{name}"
             if fx is not None and results.dataloader_idx is None and key in results:
-                trainer._log_calls[call] = (key, results[key], _batch_size(args, kwargs))
+                given = _LOG.bind(module, name, value, *args, **kwargs).arguments
+                trainer._log_calls[call] = (key, results[key], given.get("batch_size"))
             return
         key, metric, batch_size = seen
         value = value.clone().detach().squeeze()  # LightningModule.__to_tensor
@@ -72,12 +78,3 @@ def log_with_fast_path(log: Callable[..., None]) -> Callable[..., None]:
 
     fast_log.__baton_fast_path__ = True  # type: ignore[attr-defined]
     return fast_log
-
-
-def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The ``batch_size`` argument of a ``self.log(name, value, ...)`` call."""
-    # positional order after (name, value): prog_bar, logger, on_step, on_epoch, reduce_fx,
-    # enable_graph, sync_dist, sync_dist_group, add_dataloader_idx, batch_size
-    if len(args) > 9:
-        return args[9]
-    return kwargs.get("batch_size")

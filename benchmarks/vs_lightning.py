@@ -19,8 +19,8 @@ The same model (``baton.backends.fabric.models.gpt``'s GPT), data (its byte wind
 Reports time per step and the paired ratios b/a, c/a and d/c. (a) and (b) must produce
 the same losses bit for bit, and so must (c) and (d); the table says whether they did.
 The loops run side by side, each in a process of its own (as users run them), taking
-turns one block of 10 steps at a time (``harness.Lockstep``); a block ends with its log step, whose loss read also
-synchronises a GPU, so each block's time is complete. Time per step is the median block
+turns one block of 10 steps at a time (``harness.Lockstep``); a block ends with its log
+step, whose loss read also synchronises a GPU, so each block's time is complete. Time per step is the median block
 over 10; ratios are medians of per-block pairs. Where CUDA is available all run on the GPU.
 
 Run alone: ``uv run python benchmarks/run.py --only lightning``.

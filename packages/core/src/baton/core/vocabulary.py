@@ -261,6 +261,34 @@ VOCABULARY: tuple[Term, ...] = (
         ("tokenizer_path",),
     ),
     Term("text_key", str, "the text field of .jsonl/.parquet records", "data"),
+    # -- objective -------------------------------------------------------------------
+    Term(
+        "objective",
+        str,
+        "what a step minimises: pretrain (every next token), sft (the supervised tokens of "
+        "prepared conversations) or dpo (preference pairs against a reference)",
+        "objective",
+        None,
+        ("task", "training_type", "use_sft", "use_dpo"),
+    ),
+    Term(
+        "dpo_beta",
+        float,
+        "DPO's beta: how far the policy may move from the reference",
+        "objective",
+        0,
+        ("beta",),
+    ),
+    Term("dpo_loss", str, "DPO's loss: sigmoid or ipo", "objective", None, ("loss_type",)),
+    Term(
+        "reference",
+        str,
+        "DPO's reference model: a Hugging Face directory or checkpoint (None: the starting "
+        "weights)",
+        "objective",
+        None,
+        ("ref_model", "reference_model"),
+    ),
 )
 
 #: each term by its name

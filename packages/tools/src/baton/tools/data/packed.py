@@ -153,7 +153,7 @@ def _write(
     finally:
         builder.data_file.close()
     builder.finalize(str(temporaries["idx"]))
-    packing = dict(manifest_fields.pop("packing", None) or {"method": "given"})
+    packing: dict[str, Any] = dict(manifest_fields.pop("packing", None) or {"method": "given"})
     packing.update(rows=len(rows), fill=tokens_total / (len(rows) * (seq_len + 1)))
     manifest: dict[str, Any] = {
         "format": PACKED_FORMAT,

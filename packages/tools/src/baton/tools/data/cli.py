@@ -74,8 +74,8 @@ def cmd_tokenizer(argv: Sequence[str]) -> int:
     return 0
 
 
-def cmd_prepare(argv: Sequence[str]) -> int:
-    from baton.tools.data.prepare import DTYPES, prepare
+def _prepare_parser() -> argparse.ArgumentParser:
+    from baton.tools.data.prepare import DTYPES
     from baton.tools.data.sources import TXT_SPLITS
 
     parser = argparse.ArgumentParser(
@@ -94,6 +94,11 @@ def cmd_prepare(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="token dtype in .bin")
     parser.add_argument("--force", action="store_true", help="replace an existing output")
+    _add_posttrain_options(parser)
+    return parser
+
+
+def _add_posttrain_options(parser: argparse.ArgumentParser) -> None:
     post = parser.add_argument_group(
         "post-training (conversations and preference pairs, packed into rows)"
     )
@@ -123,7 +128,12 @@ def cmd_prepare(argv: Sequence[str]) -> int:
         action="store_true",
         help="cut documents longer than a row (default: refuse them)",
     )
-    args = parser.parse_args(argv)
+
+
+def cmd_prepare(argv: Sequence[str]) -> int:
+    from baton.tools.data.prepare import prepare
+
+    args = _prepare_parser().parse_args(argv)
     if args.workers < 1:
         return _fail("prepare", f"--workers must be at least 1, not {args.workers}")
     if args.seq_len is not None or args.format is not None:

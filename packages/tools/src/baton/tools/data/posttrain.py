@@ -49,6 +49,14 @@ class _SourceCounts:
     documents: int = 0
     tokens: int = 0
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.source.path),
+            "bytes": self.source.size,
+            "documents": self.documents,
+            "tokens": self.tokens,
+        }
+
 
 @dataclass
 class _Read:
@@ -165,6 +173,27 @@ def _fit(items: list[_Item], capacity: int, seq_len: int, truncate: bool) -> dic
     return {"truncated": len(long), "dropped_without_targets": len(dropped)}
 
 
+def _check_options(seq_len: int, input_format: str | None, mask: str) -> None:
+    if seq_len < 1:
+        raise DataError(f"--seq-len must be at least 1, not {seq_len}")
+    if input_format is not None and input_format not in FORMATS:
+        raise DataError(f"--format {input_format!r} is not one of {', '.join(FORMATS)}")
+    if mask not in MASKS:
+        raise DataError(f"--mask {mask!r} is not one of {', '.join(MASKS)}")
+
+
+def _open_records(inputs: Sequence[str | Path]) -> list[Source]:
+    sources = open_sources(inputs)
+    for source in sources:
+        if source.kind == "txt":
+            raise DataError(
+                f"{source.path} is plain text; conversations and preference pairs come as "
+                ".jsonl, .parquet or a saved dataset directory (plain text is prepared "
+                "without --seq-len)"
+            )
+    return sources
+
+
 def prepare_posttrain(
     inputs: Sequence[str | Path],
     tokenizer: str | Path,
@@ -187,24 +216,12 @@ def prepare_posttrain(
     from baton.tools.data.packed import write_packed
     from baton.tools.data.prepare import check_output
 
-    if seq_len < 1:
-        raise DataError(f"--seq-len must be at least 1, not {seq_len}")
-    if input_format is not None and input_format not in FORMATS:
-        raise DataError(f"--format {input_format!r} is not one of {', '.join(FORMATS)}")
-    if mask not in MASKS:
-        raise DataError(f"--mask {mask!r} is not one of {', '.join(MASKS)}")
+    _check_options(seq_len, input_format, mask)
     name = split_prefix(output)
     files = [Path(name + ".bin"), Path(name + ".idx"), mask_path(name), manifest_path(name)]
     prefix = check_output(output, force, files)
     info = load_tokenizer(tokenizer)
-    sources = open_sources(inputs)
-    for source in sources:
-        if source.kind == "txt":
-            raise DataError(
-                f"{source.path} is plain text; conversations and preference pairs come as "
-                ".jsonl, .parquet or a saved dataset directory (plain text is prepared "
-                "without --seq-len)"
-            )
+    sources = _open_records(inputs)
     chat = ChatTokenizer.load(tokenizer, chat_template)
     read = _read(sources, chat, input_format, mask)
     fmt = str(read.input_format)
@@ -212,15 +229,6 @@ def prepare_posttrain(
     counts = _fit(read.items, capacity, seq_len, truncate)
     rows_of_items = best_fit_decreasing([item.length for item in read.items], capacity)
     rows = [[doc for index in row for doc in read.items[index].documents] for row in rows_of_items]
-    sources_json = [
-        {
-            "path": str(count.source.path),
-            "bytes": count.source.size,
-            "documents": count.documents,
-            "tokens": count.tokens,
-        }
-        for count in read.counts
-    ]
     return write_packed(
         prefix,
         rows,
@@ -231,7 +239,7 @@ def prepare_posttrain(
         template=chat.template if read.conversational else None,
         mask=_mask_rule(fmt, mask),
         packing={"method": "best_fit_decreasing"},
-        sources=sources_json,
+        sources=[count.to_json() for count in read.counts],
         records=len(read.items),
         **counts,
     )

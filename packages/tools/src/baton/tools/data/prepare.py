@@ -175,7 +175,7 @@ def _progress(enabled: bool, total: int):
     )
 
 
-def _builder(path: Path, dtype: np.dtype) -> Any:
+def indexed_builder(path: Path, dtype: np.dtype) -> Any:
     """megatron-core's ``IndexedDatasetBuilder`` writing ``path``, imported quietly."""
     import logging
     import warnings
@@ -193,6 +193,24 @@ def _builder(path: Path, dtype: np.dtype) -> Any:
     finally:
         logging.disable(logging.NOTSET)
     return IndexedDatasetBuilder(str(path), dtype=dtype.type)
+
+
+def check_output(output: str | Path, force: bool, files: Sequence[Path]) -> str:
+    """The prefix of ``output``; :class:`DataError` for a directory, or for existing
+    ``files`` without ``force``."""
+    prefix = split_prefix(output)
+    if Path(prefix).is_dir() or str(output).endswith(("/", os.sep)):
+        raise DataError(
+            f"--output {output} is a directory; give a prefix inside it, e.g. "
+            f"{Path(prefix) / 'corpus'} (writes corpus.bin, corpus.idx, corpus.json)"
+        )
+    existing = [str(path) for path in files if path.exists()]
+    if existing and not force:
+        raise DataError(
+            f"{', '.join(existing)} already exist; pass --force to replace them, or choose "
+            "another --output"
+        )
+    return prefix
 
 
 def prepare(
@@ -217,19 +235,8 @@ def prepare(
     info = tokenizer if isinstance(tokenizer, TokenizerInfo) else load_tokenizer(tokenizer)
     token_dtype = choose_dtype(info, dtype)
     sources = open_sources(inputs, text_key=text_key, txt_split=txt_split)
-    prefix = split_prefix(output)
-    if Path(prefix).is_dir() or str(output).endswith(("/", os.sep)):
-        raise DataError(
-            f"--output {output} is a directory; give a prefix inside it, e.g. "
-            f"{Path(prefix) / 'corpus'} (writes corpus.bin, corpus.idx, corpus.json)"
-        )
+    prefix = check_output(output, force, list(_outputs(split_prefix(output)).values()))
     finals = _outputs(prefix)
-    existing = [str(path) for path in finals.values() if path.exists()]
-    if existing and not force:
-        raise DataError(
-            f"{', '.join(existing)} already exist; pass --force to replace them, or choose "
-            "another --output"
-        )
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     temporaries = {kind: Path(f"{path}.partial-{os.getpid()}") for kind, path in finals.items()}
@@ -336,7 +343,9 @@ def _write(
     tokenizer_json = (info.path / "tokenizer.json").read_text(encoding="utf-8")
     pool = _start_pool(workers, (tokenizer_json, info.eod_id, token_dtype.name, workers == 1))
     try:
-        builder = _builder(temporaries["bin"], token_dtype)  # imports megatron as workers start
+        builder = indexed_builder(
+            temporaries["bin"], token_dtype
+        )  # imports megatron as workers start
         try:
             tally = _tokenize_into(builder, pool, sources, workers, progress)
         finally:

@@ -175,7 +175,7 @@ def _progress(enabled: bool, total: int):
     )
 
 
-def _builder(path: Path, dtype: np.dtype) -> Any:
+def indexed_builder(path: Path, dtype: np.dtype) -> Any:
     """megatron-core's ``IndexedDatasetBuilder`` writing ``path``, imported quietly."""
     import logging
     import warnings
@@ -336,7 +336,9 @@ def _write(
     tokenizer_json = (info.path / "tokenizer.json").read_text(encoding="utf-8")
     pool = _start_pool(workers, (tokenizer_json, info.eod_id, token_dtype.name, workers == 1))
     try:
-        builder = _builder(temporaries["bin"], token_dtype)  # imports megatron as workers start
+        builder = indexed_builder(
+            temporaries["bin"], token_dtype
+        )  # imports megatron as workers start
         try:
             tally = _tokenize_into(builder, pool, sources, workers, progress)
         finally:

@@ -14,11 +14,15 @@ import torch
 from support.posttrain import (
     chat_tokenizer,
     conversations,
+    dpo_reference,
     dpo_reference_pairs,
     pairs_of_documents,
     preference_documents,
     preference_pairs,
+    preference_prefix,
     sft_document,
+    sft_prefix,
+    sft_reference,
     sft_reference_documents,
     tiny_model,
 )
@@ -125,3 +129,19 @@ def test_dpo_reference_equals_the_formulas(setup, loss_type: str) -> None:
     assert result["rewards/accuracies"] == pytest.approx(float((margins > 0).double().mean()))
     assert result["logps/chosen"] == pytest.approx(float(pi[0::2].mean()), rel=1e-5)
     assert result["logps/rejected"] == pytest.approx(float(pi[1::2].mean()), rel=1e-5)
+
+
+def test_prefixes_hold_packed_conversations_and_trl_pairs(setup, tmp_path: Path) -> None:
+    from baton.data.packed import PackedDataset
+
+    tok, policy, _, _ = setup
+    sft = PackedDataset(sft_prefix(tmp_path, tok, seq_len=96, num_rows=4))
+    assert sft.objective == "sft" and sft.num_rows == 4
+    assert all(2 <= len(sft.row(r)) <= 4 for r in range(4))
+    pairs = preference_prefix(tmp_path, tok, seq_len=96, num_rows=3)
+    assert PackedDataset(pairs).objective == "preference"
+    # dpo_reference checks that TRL tokenized the pairs into the dataset's documents
+    result = dpo_reference(policy, policy, pairs, rows=[0, 2], beta=0.1, loss_type="sigmoid")
+    assert result["loss"] == pytest.approx(math.log(2), rel=1e-6)
+    loss, grad_norm = sft_reference(policy, sft.prefix, rows=[1])
+    assert loss > 0 and grad_norm > 0

@@ -161,3 +161,37 @@ def test_a_reference_of_another_architecture_is_refused(files, tmp_path):
             files, tmp_path, "--objective", "dpo", "--data-path", str(files["pairs"]),
             "--reference", str(other),
         )  # fmt: skip
+
+
+def logged_first_step(run_dir: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").open()]
+    return next(row for row in rows if row.get("step") == 1 and "loss" in row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_two_ddp_ranks_equal_the_references(files, tmp_path, objective):
+    """Under torchrun (2 ranks, gloo) a step's loss is the mean over both ranks' batches:
+    the same as the references on all the step's rows."""
+    from support.torchrun import torchrun
+
+    cli = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli.py"
+    data = files["sft"] if objective == "sft" else files["pairs"]
+    extra = ["--reference", str(files["ref"])] if objective == "dpo" else []
+    torchrun(
+        cli, "run", str(RECIPE), "--objective", objective, "--data-path", str(data),
+        "--init-from", str(files["policy"]), "--tokenizer", str(files["tok"]), *extra,
+        "--batch-size", "2", "--max-steps", "1", "--log-every", "1", "--eval-every", "0",
+        "--save-every", "0", "--no-progress", "--run-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    got = logged_first_step(tmp_path / "run")
+    rows = first_rows(data, batch_size=2, steps_rows=4)  # both ranks' rows of step 1
+    if objective == "sft":
+        loss, grad_norm = sft_reference(files["policy"], data, rows)
+        assert got["loss"] == pytest.approx(loss, rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
+    else:
+        trl = dpo_reference(files["policy"], files["ref"], data, rows, 0.1, "sigmoid")
+        assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
+        assert got["logps/chosen"] == pytest.approx(trl["logps/chosen"], rel=1e-5)
+        assert got["rewards/accuracies"] == pytest.approx(trl["rewards/accuracies"])

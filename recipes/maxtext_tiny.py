@@ -178,7 +178,7 @@ def recipe(
         )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
-    check_reference(reference, spec)
+    check_reference(reference, spec, tokenizer)
     check_expert_parallel(spec, ep)
     if spec is not None:
         from baton.backends.maxtext.hf import maxtext_settings

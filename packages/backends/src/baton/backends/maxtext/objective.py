@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec, first_difference, is_hf_dir
 from baton.data import DataError, check_model_vocab, check_tokenizer, load_tokenizer
@@ -73,14 +75,29 @@ def check_run_data(
             check_objective(prefix, "pretrain")
 
 
-def check_reference(reference: str | None, spec: ModelSpec | None) -> None:
+def check_reference(reference: str | None, spec: ModelSpec | None, tokenizer: str | None) -> None:
     """``UsageError`` if a Hugging Face reference model differs from the run's model
-    (``spec``, from --init-from or --model-config) in architecture or vocabulary."""
-    if reference is None or spec is None or not is_hf_dir(reference):
+    (``spec``, from --init-from or --model-config) in architecture, or ships another
+    tokenizer than the run's."""
+    if reference is None or not is_hf_dir(reference):
         return
-    field = first_difference(ModelSpec.from_hf(reference).to_dict(), spec.to_dict())
+    field = (
+        None
+        if spec is None
+        else first_difference(ModelSpec.from_hf(reference).to_dict(), spec.to_dict())
+    )
     if field is not None:
         raise UsageError(
             f"--reference {reference} is another model than the one trained (its {field} "
             "differs); pass a reference of the same architecture and tokenizer"
+        )
+    theirs = Path(reference) / "tokenizer.json"
+    if (
+        tokenizer
+        and theirs.is_file()
+        and load_tokenizer(reference).fingerprint != load_tokenizer(tokenizer).fingerprint
+    ):
+        raise UsageError(
+            f"--reference {reference} has another tokenizer than --tokenizer {tokenizer}; "
+            "pass a reference trained with the run's tokenizer"
         )

@@ -19,12 +19,11 @@ from typing import Any
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.reference import (
     compute_reference,
-    load_reference,
     reference_fingerprint,
     reference_params,
-    store_reference,
 )
-from baton.data import DataError, load_tokenizer
+from baton.backends.reference_logps import stored_or_computed
+from baton.data import DataError
 from baton.data.packed import PackedDataset, mask_path
 
 log = logging.getLogger(__name__)
@@ -39,26 +38,24 @@ def packed_fingerprint(data: PackedDataset) -> str:
 
 def reference_values(backend: Any, data: PackedDataset, fingerprint: str) -> Any:
     """The reference log-probability of every sequence: stored beside the data, or
-    computed with MaxText's model now and stored (by process 0)."""
-    import jax
-
+    computed with MaxText's model now and stored (``stored_or_computed`` refuses values
+    stored for another tokenizer or other data)."""
     config = backend.config
-    facts = {
-        "engine": "maxtext",
-        "reference": {"fingerprint": fingerprint, "source": config.reference or "starting weights"},
-        "tokenizer_fingerprint": load_tokenizer(config.tokenizer).fingerprint,
-        "data_fingerprint": packed_fingerprint(data),
-        "sequences": data.num_sequences,
-    }
-    values = load_reference(data.prefix, fingerprint, facts)
-    if values is not None:
-        log.info("DPO reference log-probabilities read from beside %s", data.prefix)
-        return values
-    log.info("computing the DPO reference's log-probabilities of %d sequences", data.num_sequences)
-    values = compute_reference(backend, data, reference_params(backend, config.reference))
-    if jax.process_index() == 0:
-        store_reference(data.prefix, fingerprint, values, facts)
-    return values
+
+    def compute() -> Any:
+        log.info(
+            "computing the DPO reference's log-probabilities of %d sequences", data.num_sequences
+        )
+        return compute_reference(backend, data, reference_params(backend, config.reference))
+
+    return stored_or_computed(
+        data.prefix,
+        fingerprint,
+        tokenizer_fingerprint=data.manifest["tokenizer"]["fingerprint"],
+        engine="maxtext",
+        compute=compute,
+        num_sequences=data.num_sequences,
+    )
 
 
 def post_training_stream(backend: Any) -> tuple[PackedBatches, str]:

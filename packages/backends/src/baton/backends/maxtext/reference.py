@@ -1,31 +1,25 @@
-"""DPO's reference log-probabilities, computed once by MaxText before training and kept
-beside the prepared data.
+"""DPO's reference log-probabilities, computed once by MaxText before training.
 
 The reference is the run's starting weights, a Hugging Face directory (the same
 architecture and vocabulary as the run's model) or a baton/MaxText checkpoint. Its
 log-probability of every sequence of the dataset (the sum over the sequence's
-supervised targets) is computed with MaxText's model on this run's mesh, row by row as
-the data is packed, and stored as ``PREFIX.reference-<fingerprint16>.npy`` (float64,
-``[num_sequences]``) with ``PREFIX.reference-<fingerprint16>.json`` recording the
-reference's fingerprint (its weights' files and the model settings), the tokenizer's, the
-data's and the engine. A later run with the same reference and data reads the file; a
-changed reference has another fingerprint, so another file.
+supervised targets) is computed with MaxText's model on this run's mesh, a global batch
+of rows at a time as training packs them. ``baton.backends.reference_logps`` stores the
+values beside the data (``PREFIX.reference-<fingerprint16>.npy`` and its ``.json``
+record) under the fingerprint made here: the reference's files, MaxText's model settings
+and the engine, so a changed reference is another file and MaxText never reads values
+another engine computed.
 
 Example::
 
-    fingerprint = reference_fingerprint(source, settings)
-    values = load_reference(prefix, fingerprint, facts)      # None when not stored yet
-    if values is None:
-        values = compute_reference(backend, data, reference_params(backend, source))
-        store_reference(prefix, fingerprint, values, facts)
+    fingerprint = reference_fingerprint(source, backend.hparams)
+    values = compute_reference(backend, data, reference_params(backend, source))
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +28,8 @@ import numpy as np
 from baton.backends.maxtext.dpo import document_logps, target_logps
 from baton.backends.maxtext.dpo_loss import model_logits
 from baton.backends.maxtext.packed_batches import maxtext_batch
+from baton.backends.reference_logps import model_fingerprint
 from baton.core.errors import UsageError
-from baton.data import fingerprint_file
 from baton.data.packed import PackedDataset
 
 #: the MaxText settings that decide a model's log-probabilities
@@ -70,61 +64,17 @@ def model_settings(hparams: Any) -> dict[str, str]:
     return {key: as_text(getattr(hparams, key)) for key in MODEL_KEYS}
 
 
-def files_fingerprint(directory: Path) -> str:
-    """SHA-256 over the names and contents of the weight and config files of a directory
-    (every file for a MaxText checkpoint)."""
-    if (directory / "config.json").is_file():
-        files = sorted([directory / "config.json", *directory.glob("*.safetensors")])
-    else:
-        files = sorted(p for p in directory.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(f"{file.relative_to(directory)}:{fingerprint_file(file)}\n".encode())
-    return digest.hexdigest()
-
-
 def reference_fingerprint(source: str | None, hparams: Any) -> str:
-    """The reference's fingerprint: its weights (``source``'s files; without a source, the
-    initialisation seed) and the model settings."""
+    """The reference's fingerprint: its weights and config files (``model_fingerprint``;
+    without a source, the initialisation seed), MaxText's model settings and the engine
+    (MaxText computes its own reference values)."""
     weights = (
-        files_fingerprint(Path(source).resolve())
+        model_fingerprint(source)
         if source
         else f"random init, seed {getattr(hparams, 'init_weights_seed', 0)}"
     )
-    facts = {"weights": weights, "model": model_settings(hparams)}
+    facts = {"weights": weights, "model": model_settings(hparams), "engine": "maxtext"}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
-
-
-def reference_paths(prefix: str, fingerprint: str) -> tuple[Path, Path]:
-    """``PREFIX.reference-<fingerprint16>.npy`` and its ``.json``."""
-    stem = f"{prefix}.reference-{fingerprint[:16]}"
-    return Path(stem + ".npy"), Path(stem + ".json")
-
-
-def load_reference(prefix: str, fingerprint: str, facts: Mapping[str, Any]) -> np.ndarray | None:
-    """The stored values for this reference and data, or None (not stored, or stored for
-    other data or another tokenizer: computed again)."""
-    values_path, facts_path = reference_paths(prefix, fingerprint)
-    if not (values_path.is_file() and facts_path.is_file()):
-        return None
-    stored = json.loads(facts_path.read_text(encoding="utf-8"))
-    if any(stored.get(key) != value for key, value in facts.items()):
-        return None
-    return np.load(values_path)
-
-
-def store_reference(
-    prefix: str, fingerprint: str, values: np.ndarray, facts: Mapping[str, Any]
-) -> None:
-    """Write the values and their record (temporaries renamed, the record last)."""
-    values_path, facts_path = reference_paths(prefix, fingerprint)
-    temporary = values_path.with_name(f"{values_path.name}.tmp{os.getpid()}")
-    with open(temporary, "wb") as handle:
-        np.save(handle, values.astype(np.float64))
-    os.replace(temporary, values_path)
-    temporary = facts_path.with_name(f"{facts_path.name}.tmp{os.getpid()}")
-    temporary.write_text(json.dumps(dict(facts), indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, facts_path)
 
 
 def check_same_model(source: str, hparams: Any) -> None:

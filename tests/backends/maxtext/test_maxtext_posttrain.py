@@ -109,3 +109,42 @@ def test_wrong_kind_of_data_is_refused_before_the_model_is_built(tmp_path, token
     with pytest.raises(DataError, match="pretraining text"):
         build_driver(RECIPE, [*base, "--data-path", str(text), "--objective", "sft"])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_dpo_from_the_starting_weights_resumes_on_the_stored_reference(tmp_path, tokenizer):
+    """Without --reference the reference is the starting weights: the first loss is ln 2
+    and every reward 0. A resume from the step-1 checkpoint reads the stored reference
+    values and continues with the uninterrupted run's step-2 loss."""
+    import math
+
+    policy = tiny_model(tmp_path / "policy", family="llama")
+    prefix = preference_prefix(tmp_path / "data", tokenizer, SEQ, num_rows=ROWS)
+    flags = [
+        "--objective", "dpo", "--init-from", str(policy), "--tokenizer", str(tokenizer),
+        "--data-path", str(prefix), "--batch-size", "4", "--lr", "1e-2",
+    ]  # fmt: skip
+
+    def run(name: str, *extra: str) -> dict[int, dict[str, float]]:
+        logged = Logged()
+        driver = build_driver(RECIPE, [
+            "--max-steps", "2", "--log-every", "1", "--seq-len", str(SEQ), "--no-progress",
+            "--run-dir", str(tmp_path / name), *flags, *extra,
+            "--overrides", "dtype=float32", f"jax_cache_dir={tmp_path / 'jax_cache'}",
+        ])  # fmt: skip
+        driver.callbacks.append(logged)
+        driver.fit()
+        return logged.steps
+
+    whole = run("whole", "--save-every", "1", "--no-async-save")
+    assert whole[1]["loss"] == pytest.approx(math.log(2), rel=1e-6)
+    assert whole[1]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert whole[2]["loss"] != pytest.approx(math.log(2), rel=1e-4)  # the policy moved
+    stored = list(prefix.parent.glob("pairs.reference-*.npy"))
+    written = stored[0].stat().st_mtime_ns
+    checkpoint = tmp_path / "whole" / "checkpoints" / "step_000001"
+    resumed = run("resumed", "--save-every", "0", f"--resume={checkpoint}")
+    assert sorted(resumed) == [2]
+    assert resumed[2]["loss"] == whole[2]["loss"]
+    assert list(prefix.parent.glob("pairs.reference-*.npy")) == stored
+    assert stored[0].stat().st_mtime_ns == written  # read, not computed again

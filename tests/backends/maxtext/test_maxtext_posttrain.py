@@ -115,20 +115,21 @@ def test_wrong_kind_of_data_is_refused_before_the_model_is_built(tmp_path, token
 def test_dpo_from_the_starting_weights_resumes_on_the_stored_reference(tmp_path, tokenizer):
     """Without --reference the reference is the starting weights: the first loss is ln 2
     and every reward 0. A resume from the step-1 checkpoint reads the stored reference
-    values and continues with the uninterrupted run's step-2 loss."""
+    values and continues with the uninterrupted run's step-2 loss. A checkpoint as both
+    the starting weights and the reference gives ln 2 again (MaxText loads it twice)."""
     import math
 
     policy = tiny_model(tmp_path / "policy", family="llama")
     prefix = preference_prefix(tmp_path / "data", tokenizer, SEQ, num_rows=ROWS)
     flags = [
-        "--objective", "dpo", "--init-from", str(policy), "--tokenizer", str(tokenizer),
+        "--objective", "dpo", "--model-config", str(policy), "--tokenizer", str(tokenizer),
         "--data-path", str(prefix), "--batch-size", "4", "--lr", "1e-2",
     ]  # fmt: skip
 
-    def run(name: str, *extra: str) -> dict[int, dict[str, float]]:
+    def run(name: str, *extra: str, steps: int = 2) -> dict[int, dict[str, float]]:
         logged = Logged()
         driver = build_driver(RECIPE, [
-            "--max-steps", "2", "--log-every", "1", "--seq-len", str(SEQ), "--no-progress",
+            "--max-steps", str(steps), "--log-every", "1", "--seq-len", str(SEQ), "--no-progress",
             "--run-dir", str(tmp_path / name), *flags, *extra,
             "--overrides", "dtype=float32", f"jax_cache_dir={tmp_path / 'jax_cache'}",
         ])  # fmt: skip
@@ -136,15 +137,21 @@ def test_dpo_from_the_starting_weights_resumes_on_the_stored_reference(tmp_path,
         driver.fit()
         return logged.steps
 
-    whole = run("whole", "--save-every", "1", "--no-async-save")
+    whole = run("whole", "--init-from", str(policy), "--save-every", "1", "--no-async-save")
     assert whole[1]["loss"] == pytest.approx(math.log(2), rel=1e-6)
     assert whole[1]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert whole[2]["loss"] != pytest.approx(math.log(2), rel=1e-4)  # the policy moved
     stored = list(prefix.parent.glob("pairs.reference-*.npy"))
     written = stored[0].stat().st_mtime_ns
     checkpoint = tmp_path / "whole" / "checkpoints" / "step_000001"
-    resumed = run("resumed", "--save-every", "0", f"--resume={checkpoint}")
+    resumed = run(
+        "resumed", "--init-from", str(policy), "--save-every", "0", f"--resume={checkpoint}"
+    )
     assert sorted(resumed) == [2]
     assert resumed[2]["loss"] == whole[2]["loss"]
     assert list(prefix.parent.glob("pairs.reference-*.npy")) == stored
     assert stored[0].stat().st_mtime_ns == written  # read, not computed again
+    again = run("again", "--save-every", "0", "--init-from", str(checkpoint),
+                "--reference", str(checkpoint), steps=1)  # fmt: skip
+    assert again[1]["loss"] == pytest.approx(math.log(2), rel=1e-6)
+    assert again[1]["logps/chosen"] != pytest.approx(whole[1]["logps/chosen"], rel=1e-4)

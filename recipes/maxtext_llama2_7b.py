@@ -152,7 +152,8 @@ def recipe(
     check_expert_parallel(spec, ep)
     check_objective_settings(objective, dpo_loss, dpo_beta)
     if not is_planning():  # data of the wrong kind: refused before anything is built
-        check_run_data(objective, data_path, tokenizer, vocab_size if spec is None else None)
+        vocab = vocab_size if spec is None else None
+        check_run_data(objective, data_path, tokenizer, vocab, seq_len)
         check_reference(reference, spec, tokenizer)
     if spec is not None:  # that architecture instead of llama2-7b's (vocabulary included)
         from baton.backends.maxtext.hf import maxtext_settings

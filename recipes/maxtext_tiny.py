@@ -166,7 +166,7 @@ def recipe(
     )
 
     check_objective_settings(objective, dpo_loss, dpo_beta)  # refused before anything is built
-    check_run_data(objective, data_path, tokenizer)
+    check_run_data(objective, data_path, tokenizer, seq_len=seq_len)
     has_eval_data = (tokenizer is None or eval_data_path is not None) and objective == "pretrain"
     if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
         eval_every = 25 if has_eval_data else 0

@@ -103,6 +103,9 @@ def test_wrong_kind_of_data_is_refused_before_the_model_is_built(tmp_path, token
         build_driver(RECIPE, [*base, "--data-path", str(prefix)])
     with pytest.raises(DataError, match="--objective sft"):
         build_driver(RECIPE, [*base, "--data-path", str(prefix), "--objective", "dpo"])
+    with pytest.raises(DataError, match=f"pass --seq-len {SEQ}"):
+        build_driver(RECIPE, [*base, "--data-path", str(prefix), "--objective", "sft",
+                              "--seq-len", "64"])  # fmt: skip
     text = tmp_path / "text"  # tokens without a post-training manifest: pretraining text
     for suffix in (".bin", ".idx"):
         Path(f"{text}{suffix}").write_bytes(b"")

@@ -17,7 +17,7 @@ from pathlib import Path
 from baton.core.errors import UsageError
 from baton.core.model_spec import ModelSpec, first_difference, is_hf_dir
 from baton.data import DataError, check_model_vocab, check_tokenizer, load_tokenizer
-from baton.data.packed import check_objective
+from baton.data.packed import check_objective, read_packed_manifest
 
 #: the objectives the MaxText backend trains
 OBJECTIVES = ("pretrain", "sft", "dpo")
@@ -36,10 +36,15 @@ def check_objective_settings(objective: str, dpo_loss: str, dpo_beta: float) -> 
 
 
 def check_post_training_data(
-    objective: str, data_path: str | None, tokenizer: str | None, vocab_size: int | None = None
+    objective: str,
+    data_path: str | None,
+    tokenizer: str | None,
+    vocab_size: int | None = None,
+    seq_len: int | None = None,
 ) -> None:
     """``DataError`` unless ``data_path`` is one prepared dataset for ``objective`` (``sft``
-    or ``dpo``) made with ``tokenizer``, whose ids fit ``vocab_size`` embedding rows."""
+    or ``dpo``) made with ``tokenizer``, whose ids fit ``vocab_size`` embedding rows and
+    whose rows fit ``seq_len`` tokens."""
     if not data_path or not tokenizer:
         raise DataError(
             f"--objective {objective} trains on prepared data: pass --data-path PREFIX (from "
@@ -56,15 +61,25 @@ def check_post_training_data(
     check_tokenizer(data_path, info)
     if vocab_size is not None:
         check_model_vocab(info, int(vocab_size))
+    rows = int((read_packed_manifest(data_path) or {}).get("seq_len", 0))
+    if seq_len is not None and rows > seq_len:
+        raise DataError(
+            f"{data_path} holds rows of {rows} tokens, more than --seq-len {seq_len}; "
+            f"pass --seq-len {rows}"
+        )
 
 
 def check_run_data(
-    objective: str, data_path: str | None, tokenizer: str | None, vocab_size: int | None = None
+    objective: str,
+    data_path: str | None,
+    tokenizer: str | None,
+    vocab_size: int | None = None,
+    seq_len: int | None = None,
 ) -> None:
     """The data of a run fits its objective: a pretraining run on tokenized data reads no
     post-training prefix; an SFT or DPO run reads one prepared dataset of its kind."""
     if objective != "pretrain":
-        check_post_training_data(objective, data_path, tokenizer, vocab_size)
+        check_post_training_data(objective, data_path, tokenizer, vocab_size, seq_len)
         return
     if not data_path or not tokenizer:
         return  # text for the byte stream

@@ -11,7 +11,7 @@ Every record is read and checked, rendered (:class:`~baton.tools.data.chat.ChatT
 and packed by best-fit decreasing into rows of at most ``seq_len + 1`` tokens (a preference
 pair, chosen then rejected, is one item, so it stays in one row) before anything is
 written; bad input raises :class:`DataError` and writes nothing. Then
-:func:`~baton.tools.data.packed.write_packed` writes ``PREFIX.bin/.idx/.mask.bin/.json``.
+:func:`~baton.data.packed.write_packed` writes ``PREFIX.bin/.idx/.mask.bin/.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.data import DataError, load_tokenizer, manifest_path, split_prefix
-from baton.data.packed import mask_path
+from baton.data.packed import mask_path, write_packed
 from baton.tools.data.chat import MASKS, ChatTokenizer
 from baton.tools.data.formats import FORMATS, check_record, record_format
 from baton.tools.data.packing import best_fit_decreasing
@@ -213,7 +213,6 @@ def prepare_posttrain(
     (prompt/completion records and pairs mask the completion). Raises :class:`DataError`,
     with nothing written, for any bad input.
     """
-    from baton.tools.data.packed import write_packed
     from baton.tools.data.prepare import check_output
 
     _check_options(seq_len, input_format, mask)

@@ -209,18 +209,20 @@ def cmd_callbacks(argv: Sequence[str]) -> int:
 
 def _callback_arguments(name: str) -> int:
     from baton.core.callback_flags import callback_class, callback_signature, describe_parameter
+    from baton.core.config_values import spelled_as_text
 
     cls = callback_class(name, "baton callbacks")
-    signature = callback_signature(cls)
+    # arguments only code can give (a rich Console) are no flags: left out
+    params = [p for p in callback_signature(cls).params if spelled_as_text(p.annotation)]
     print(f"{name} ({cls.__module__}:{cls.__qualname__}): {_doc_line(cls)}")
     table = _table("argument", "type", "default", "what it sets")
-    for param in signature.params:
+    for param in params:
         table.add_row(param.name, *describe_parameter(param))
-    if signature.params:
+    if params:
         _print(table)
     else:
         print("takes no arguments")
-    example = next(iter(signature.params), None)
+    example = next(iter(params), None)
     if example is not None:
         print(f"use: baton run RECIPE.py --callback {name}:{example.name}=VALUE")
     return 0

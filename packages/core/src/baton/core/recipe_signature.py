@@ -82,7 +82,9 @@ def summary_of(doc: str) -> str:
     except docstring_parser.ParseError:
         return doc.strip()
     parts = [parsed.short_description or "", parsed.long_description or ""]
-    return "\n\n".join(p for p in parts if p)
+    # a first paragraph over several lines is one paragraph, not a summary line and another
+    joint = "\n\n" if parsed.blank_after_short_description else "\n"
+    return joint.join(p for p in parts if p)
 
 
 def read_signature(path: Path, function: str = "recipe") -> Signature | None:

@@ -157,6 +157,8 @@ def load_recipe(path: str | Path) -> Callable[..., Any]:
         raise RecipeError(
             f"{path}:{error.lineno}: syntax error ({error.msg}); fix the recipe file"
         ) from None
+    except RecipeError:  # says what is wrong itself (an @extends naming no file)
+        raise
     except ImportError as error:
         raise RecipeError(
             f"{path} cannot be imported: {error}; install what it needs (`uv sync`) or fix "

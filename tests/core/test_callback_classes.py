@@ -247,3 +247,19 @@ def test_a_plugin_that_fails_to_import_is_named(
     )
     status, out = baton(capsys, "callbacks")  # every later lookup says it again
     assert status == 2 and "baton plugin 'broken'" in out
+
+
+def test_a_registered_callbacks_changed_argument_is_refused_on_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same for a registered callback given by name (``ema:decay`` on a model run)."""
+    run = ["run", str(SCALAR), "--run-dir", str(tmp_path / "run")]
+    status, out = baton(capsys, *run, "--max-steps", "3", "--callback", "goodput:interval_s=2")
+    assert status == 0, out
+    resume = ("--resume", "auto", "--max-steps", "4", "--callback", "goodput:interval_s=5")
+    status, out = baton(capsys, *run, *resume, "--allow-changed", "max_steps")
+    assert status == 2 and "would change goodput.interval_s (2.0 -> 5.0)" in out
+    status, out = baton(capsys, *run, *resume, "--allow-changed", "max_steps,goodput.interval_s")
+    assert status == 0, out
+    recorded = newest_meta(tmp_path / "run")["settings"]["callbacks"]  # type: ignore[index]
+    assert [(r["name"], r["interval_s"]) for r in recorded] == [("goodput", 5.0)]

@@ -155,6 +155,7 @@ def test_dropping_or_adding_a_stateful_callback_on_resume_is_said(
     assert status == 0, out
     lines = [line for line in out.splitlines() if "resuming without callback" in line]
     assert len(lines) == 1 and "'embed_norm'" in lines[0] and "is not used" in lines[0]
+    assert "nothing dropped" not in out  # the checkpoint's run had it: no recipe to blame
 
 
 def test_a_class_named_by_module_and_a_config_files_class_path(

@@ -276,6 +276,8 @@ class CallbackFlags:
 
     added: tuple[CallbackChoice, ...] = ()
     dropped: tuple[str, ...] = ()
+    #: the names a resumed checkpoint's run added (dropping one of them needs no warning)
+    recorded: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, callbacks: Any, dropped: Any, source: str) -> CallbackFlags:
@@ -295,21 +297,30 @@ class CallbackFlags:
         dropped = (normal_name(n, f"--no-callback {n}") for n in no_callback)
         return CallbackFlags(added, (*self.dropped, *dropped))
 
-    def recorded_choices(self, records: Any, source: str) -> list[CallbackChoice]:
-        """The callbacks a checkpoint's run added (its settings' ``callbacks``, each
-        ``{"name": ..., argument: value}``) that this run neither gives nor drops: a
-        resume rebuilds them with their recorded arguments."""
+    def with_recorded(
+        self, records: Any, source: str
+    ) -> tuple[CallbackFlags, tuple[CallbackChoice, ...]]:
+        """These and the callbacks a checkpoint's run added (its settings' ``callbacks``,
+        each ``{"name": ..., argument: value}``) that this run neither gives nor drops: a
+        resume rebuilds those (returned too) with their recorded arguments."""
         given = {choice.name for choice in self.added} | set(self.dropped)
-        choices: list[CallbackChoice] = []
-        for record in _as_list(records, "callbacks", source):
-            table = cast(dict[str, Any], record) if isinstance(record, dict) else {}
-            name = table.get("name")
-            if not isinstance(name, str) or name in given:
-                continue
-            arguments = {str(k): v for k, v in table.items() if k != "name"}
-            where = f"{source}: callbacks: {class_label(name)}"
-            choices.append(CallbackChoice(name, arguments, source=where, from_text=False))
-        return choices
+        tables = [
+            cast(dict[str, Any], r)
+            for r in _as_list(records, "callbacks", source)
+            if isinstance(r, dict)
+        ]
+        names = tuple(t["name"] for t in tables if isinstance(t.get("name"), str))
+        again = tuple(
+            CallbackChoice(
+                name,
+                {str(k): v for k, v in table.items() if k != "name"},
+                source=f"{source}: callbacks: {class_label(name)}",
+                from_text=False,
+            )
+            for table, name in ((t, t["name"]) for t in tables if t.get("name") in names)
+            if name not in given
+        )
+        return CallbackFlags((*again, *self.added), self.dropped, names), again
 
     def build(self) -> list[tuple[CallbackChoice, Callback]]:
         """Each added callback built, and each dropped name checked: done before the
@@ -324,7 +335,7 @@ class CallbackFlags:
         """The recipe's callbacks with these changes (a warning for a dropped name the
         recipe did not add)."""
         result, unused = apply_callback_choices(callbacks, built, self.dropped)
-        for name in unused:
+        for name in (n for n in unused if n not in self.recorded):
             log.warning(
                 "--no-callback %s: the recipe adds no %s callback; nothing dropped", name, name
             )

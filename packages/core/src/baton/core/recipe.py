@@ -411,7 +411,7 @@ def with_recorded_callbacks(
     """A resume's callbacks: the ones the checkpoint's run added (``recorded``, its
     settings) rebuilt with their recorded arguments, where this run neither gives nor
     drops them, before this run's own."""
-    again = callbacks.recorded_choices(recorded.get("callbacks"), "checkpoint settings")
+    callbacks, again = callbacks.with_recorded(recorded.get("callbacks"), "checkpoint settings")
     if not again:
         return callbacks, added
     log.info(
@@ -419,7 +419,7 @@ def with_recorded_callbacks(
         ", ".join(class_label(choice.name) for choice in again),
     )
     rebuilt = [(choice, build_callback(choice)) for choice in again]
-    return dataclasses.replace(callbacks, added=(*again, *callbacks.added)), [*rebuilt, *added]
+    return callbacks, [*rebuilt, *added]
 
 
 def print_config(

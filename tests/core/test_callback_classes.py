@@ -191,6 +191,7 @@ def test_a_class_named_by_module_and_a_config_files_class_path(
         ("{file}:EmbedNorm:scale=big", "scale is 'big', not a number"),
         ("{file}:EmbedNorm:scal=2", "EmbedNorm has no argument 'scal'; did you mean 'scale'?"),
         ("nosuchpkg.callbacks:Thing", "no module named 'nosuchpkg.callbacks'; install"),
+        ("nosuchpkg.Thing:x=1", "no module named 'nosuchpkg'; install the package"),
         ("baton.callbacks.watchdog:Watchdg", "did you mean 'Watchdog'?"),
     ],
 )

@@ -51,6 +51,7 @@ from baton.core.callback_paths import (
     class_label,
     is_class_path,
     load_class,
+    names_class,
     normal_name,
     split_class_path,
 )
@@ -136,7 +137,7 @@ def config_callback(entry: Any, source: str) -> CallbackChoice:
 def callback_class(name: str, source: str) -> type[Callback]:
     """The callback class a registered name or a class path names, or a one-line error
     (the closest registered name when there is one, else the list)."""
-    if is_class_path(name):
+    if names_class(name):
         return load_class(name, source)
     try:
         cls = CALLBACKS.get(name)

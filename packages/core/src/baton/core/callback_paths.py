@@ -29,15 +29,23 @@ from types import ModuleType
 from baton.core.callback import Callback
 from baton.core.errors import UsageError, did_you_mean
 
+#: the module names files are imported under (``baton_callback_file__home_me_cb_py``)
+FILE_MODULE_PREFIX = "baton_callback_file_"
 #: files already imported, by resolved path: a class loaded twice is the same class
 _FILES: dict[Path, ModuleType] = {}
 
 
-def is_class_path(name: str) -> bool:
-    """Whether ``name`` (``--callback``'s text) names a class by file or module rather
-    than by registered name: its part before the first ``:`` is a path or dotted."""
-    head = name.partition(":")[0]
+def is_class_path(text: str) -> bool:
+    """Whether ``text`` (``--callback``'s, as given) names a class by file or module
+    rather than by registered name: its part before the first ``:`` is a path or dotted."""
+    head = text.partition(":")[0]
     return _is_file(head) or "." in head
+
+
+def names_class(name: str) -> bool:
+    """Whether a callback's name as recorded (``normal_name``) is a class path,
+    ``TARGET:Class``; registered names have no ``:``."""
+    return ":" in name
 
 
 def _is_file(head: str) -> bool:
@@ -82,7 +90,7 @@ def normal_name(text: str, source: str) -> str:
 def class_label(name: str) -> str:
     """How messages and ``--allow-changed`` name a callback: the registered name, or a
     class path's class name (``/x/my_callbacks.py:EmbedNorm`` -> ``EmbedNorm``)."""
-    return name.rpartition(":")[2] if is_class_path(name) else name
+    return name.rpartition(":")[2]
 
 
 def load_class(target: str, source: str) -> type[Callback]:
@@ -124,7 +132,7 @@ def _load_file(path: Path, source: str) -> ModuleType:
             f"{source}: callback file {path} does not exist; give the path of a Python file "
             "that defines the class, e.g. --callback my_callbacks.py:MyCallback"
         )
-    module_name = "baton_callback_file_" + re.sub(r"\W", "_", str(path))
+    module_name = FILE_MODULE_PREFIX + re.sub(r"\W", "_", str(path))
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UsageError(f"{source}: {path} is not a Python file; give a .py file")
@@ -165,4 +173,12 @@ def _import(module: str, name: str, source: str) -> ModuleType:
         ) from None
 
 
-__all__ = ["class_label", "is_class_path", "load_class", "normal_name", "split_class_path"]
+__all__ = [
+    "FILE_MODULE_PREFIX",
+    "class_label",
+    "is_class_path",
+    "load_class",
+    "names_class",
+    "normal_name",
+    "split_class_path",
+]

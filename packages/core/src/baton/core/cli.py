@@ -17,6 +17,7 @@ recipe or settings) or 1 (the run failed); ``BATON_DEBUG=1`` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import shutil
@@ -209,12 +210,16 @@ def cmd_callbacks(argv: Sequence[str]) -> int:
 
 def _callback_arguments(name: str) -> int:
     from baton.core.callback_flags import callback_class, callback_signature, describe_parameter
+    from baton.core.callback_paths import FILE_MODULE_PREFIX, normal_name
     from baton.core.config_values import spelled_as_text
 
-    cls = callback_class(name, "baton callbacks")
+    cls = callback_class(normal_name(name, "baton callbacks"), "baton callbacks")
     # arguments only code can give (a rich Console) are no flags: left out
     params = [p for p in callback_signature(cls).params if spelled_as_text(p.annotation)]
-    print(f"{name} ({cls.__module__}:{cls.__qualname__}): {_doc_line(cls)}")
+    where = (
+        inspect.getfile(cls) if cls.__module__.startswith(FILE_MODULE_PREFIX) else cls.__module__
+    )
+    print(f"{name} ({where}:{cls.__qualname__}): {_doc_line(cls)}")
     table = _table("argument", "type", "default", "what it sets")
     for param in params:
         table.add_row(param.name, *describe_parameter(param))

@@ -305,23 +305,20 @@ class CallbackFlags:
         each ``{"name": ..., argument: value}``) that this run neither gives nor drops: a
         resume rebuilds those (returned too) with their recorded arguments."""
         given = {choice.name for choice in self.added} | set(self.dropped)
-        tables = [
-            cast(dict[str, Any], r)
-            for r in _as_list(records, "callbacks", source)
-            if isinstance(r, dict)
-        ]
-        names = tuple(t["name"] for t in tables if isinstance(t.get("name"), str))
-        again = tuple(
-            CallbackChoice(
-                name,
-                {str(k): v for k, v in table.items() if k != "name"},
-                source=f"{source}: callbacks: {class_label(name)}",
-                from_text=False,
-            )
-            for table, name in ((t, t["name"]) for t in tables if t.get("name") in names)
-            if name not in given
-        )
-        return CallbackFlags((*again, *self.added), self.dropped, names), again
+        names: list[str] = []
+        again: list[CallbackChoice] = []
+        for record in _as_list(records, "callbacks", source):
+            table = cast(dict[str, Any], record) if isinstance(record, dict) else {}
+            name = table.get("name")
+            if not isinstance(name, str):
+                continue
+            names.append(name)
+            if name not in given:
+                arguments = {str(k): v for k, v in table.items() if k != "name"}
+                where = f"{source}: callbacks: {class_label(name)}"
+                again.append(CallbackChoice(name, arguments, source=where, from_text=False))
+        flags = CallbackFlags((*again, *self.added), self.dropped, tuple(names))
+        return flags, tuple(again)
 
     def build(self) -> list[tuple[CallbackChoice, Callback]]:
         """Each added callback built, and each dropped name checked: done before the

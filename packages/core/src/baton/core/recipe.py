@@ -52,6 +52,7 @@ __all__ = [
 import tyro
 import yaml
 
+from baton.core.callback import Callback
 from baton.core.callback_flags import CallbackChoice, CallbackFlags, build_callback
 from baton.core.callback_paths import class_label
 from baton.core.config_values import conform
@@ -99,7 +100,7 @@ class RecipeFlags:
     print_config: bool = False
     """Print the resolved parameters (YAML) and exit without training."""
     set: tuple[str, ...] = ()
-    """Override a field of the backend's native config, KEY.PATH=VALUE (given once per field)."""
+    """Override a field of the backend's native config: KEY.PATH=VALUE."""
     callback: tuple[str, ...] = ()
     """Add (or configure) a callback: NAME[:key=value,...] or FILE.py:Class[:key=value,...]."""
     no_callback: tuple[str, ...] = ()
@@ -405,9 +406,9 @@ def build_driver(
 
 def with_recorded_callbacks(
     callbacks: CallbackFlags,
-    added: list[tuple[CallbackChoice, Any]],
+    added: list[tuple[CallbackChoice, Callback]],
     recorded: Mapping[str, Any],
-) -> tuple[CallbackFlags, list[tuple[CallbackChoice, Any]]]:
+) -> tuple[CallbackFlags, list[tuple[CallbackChoice, Callback]]]:
     """A resume's callbacks: the ones the checkpoint's run added (``recorded``, its
     settings) rebuilt with their recorded arguments, where this run neither gives nor
     drops them, before this run's own."""

@@ -179,6 +179,11 @@ def test_a_class_named_by_module_and_a_config_files_class_path(
     names = {type(cb).__name__: cb for cb in driver.callbacks}
     assert names["EmbedNorm"].scale == 4.0  # type: ignore[attr-defined]
     assert names["Watchdog"].timeout_s == 9.0  # type: ignore[attr-defined]
+    toml = tmp_path / "exp.toml"
+    toml.write_text(f'callbacks = ["{my_callbacks}:EmbedNorm:scale=5"]\n')
+    driver = build_driver(SCALAR, [*argv, "--config", str(toml)])
+    assert driver is not None
+    assert [cb.scale for cb in driver.callbacks if type(cb).__name__ == "EmbedNorm"] == [5.0]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

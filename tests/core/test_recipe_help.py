@@ -70,6 +70,7 @@ def check_help_is_clean(path: Path, raw: str) -> None:
     box = next(i for i, line in enumerate(lines) if re.sub(r"\W", "", line) == "options")
     description = "\n".join(lines[1:box])
     assert "\n\n\n" not in description, f"{path.name}: stray blank lines in --help"
+    assert not re.search(r"^│\s+│$", raw, re.M), f"{path.name}: a blank line among the flags"
     shown = [" ".join(p.split()) for p in description.split("\n") if p.strip()]
     summary = [" ".join(p.split()) for p in signature(path).summary.split("\n\n")]
     assert shown == [p for p in summary if p], f"{path.name}: a paragraph broken in --help"

@@ -156,6 +156,12 @@ def test_dropping_or_adding_a_stateful_callback_on_resume_is_said(
     lines = [line for line in out.splitlines() if "resuming without callback" in line]
     assert len(lines) == 1 and "'embed_norm'" in lines[0] and "is not used" in lines[0]
     assert "nothing dropped" not in out  # the checkpoint's run had it: no recipe to blame
+    # an evaluation of a checkpoint with the callback's state says nothing about it
+    with_state = run_dir / "checkpoints" / "step_000004"
+    assert "embed_norm" in json.loads((with_state / "baton.json").read_text())["callbacks"]
+    status, out = baton(capsys, "eval", str(SCALAR), "--checkpoint", str(with_state))
+    assert status == 0, out
+    assert "eval/loss" in out and "callback" not in out
 
 
 def test_a_class_named_by_module_and_a_config_files_class_path(

@@ -388,11 +388,11 @@ def same_on_every_rank(
 
 
 def restore_callback_states(
-    callbacks: Sequence[Callback], meta: dict[str, Any], path: Path
+    callbacks: Sequence[Callback], meta: dict[str, Any], path: Path, *, announce: bool = True
 ) -> None:
-    """Give each stateful callback its state from the checkpoint; a stateful callback
-    the checkpoint's run did not have, or one it had and this run drops, is said in one
-    log line each."""
+    """Give each stateful callback its state from the checkpoint; with ``announce``, a
+    stateful callback the checkpoint's run did not have, or one it had and this run
+    drops, is said in one log line each."""
     states: dict[str, Any] = meta.get("callbacks", {})
     keys = {cb.state_key for cb in callbacks if cb.state_key is not None}
     for cb in callbacks:
@@ -400,7 +400,7 @@ def restore_callback_states(
             continue
         if cb.state_key in states:
             cb.load_state_dict(states[cb.state_key])
-        else:
+        elif announce:
             log.warning(
                 "resuming with callback %r, which the run of checkpoint %s did not have: it "
                 "starts from its initial state",
@@ -408,7 +408,7 @@ def restore_callback_states(
                 path,
             )
     dropped = sorted(set(states) - keys)
-    if dropped:
+    if dropped and announce:
         log.warning(
             "resuming without callback%s %s, which the run of checkpoint %s had: %s state "
             "there is not used",

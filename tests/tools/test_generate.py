@@ -102,6 +102,15 @@ def test_a_checkpoint_of_the_hf_finetune_recipe(tmp_path: Path, capsys) -> None:
     assert generated(capsys, str(checkpoint), "--prompt", PROMPT, "--max-new-tokens", "6") == want
     # the run directory stands for its latest checkpoint
     assert generated(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "6") == want
+    # a run fine-tuned on conversations takes the chat template by itself (a byte-level
+    # model has none: refused, naming the reason)
+    meta_file = checkpoint / "baton.json"
+    meta = json.loads(meta_file.read_text())
+    meta["settings"]["objective"] = "sft"
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert baton(["generate", str(checkpoint), "--prompt", PROMPT]) == 2
+    assert "objective 'sft' (conversations) asks for a chat template" in capsys.readouterr().err
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, hf_dir: Path, capsys) -> None:

@@ -57,8 +57,19 @@ def wait_for_exit(pid: int) -> float:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: its ``/proc`` state (a zombie has ended), else a signal 0."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return False  # /proc works and has no such process
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")

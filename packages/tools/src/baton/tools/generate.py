@@ -55,9 +55,13 @@ class Model:
     settings: dict[str, Any]
 
     @property
-    def chat(self) -> bool:
-        """Whether the run was fine-tuned on conversations."""
-        return self.settings.get("objective") in CHAT_OBJECTIVES
+    def chat_reason(self) -> str | None:
+        """Why prompts take the chat template (the run was fine-tuned on conversations),
+        or ``None``."""
+        objective = self.settings.get("objective")
+        if objective in CHAT_OBJECTIVES:
+            return f"the run's objective {objective!r} (conversations)"
+        return None
 
 
 def checkpoint_of(source: Path) -> Path | None:
@@ -88,7 +92,8 @@ def hugging_face_model(source: Path) -> Iterator[Model]:
         )
     from baton.tools.export import export_hf
 
-    settings: dict[str, Any] = read_meta(checkpoint).get("settings") or {}
+    # sizes only here: the export reads and checks every byte
+    settings: dict[str, Any] = read_meta(checkpoint, verify="size").get("settings") or {}
     with tempfile.TemporaryDirectory(prefix="baton-generate-") as scratch:
         yield Model(export_hf(checkpoint, Path(scratch) / "hf"), settings)
 
@@ -126,15 +131,17 @@ def load_tokenizer(model: Model, override: Path | None) -> Any:
     )
 
 
-def prompt_ids(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
-    """The prompt's token ids, through the chat template when ``chat``."""
+def prompt_ids(tokenizer: Any, prompt: str, chat: str | None) -> list[int]:
+    """The prompt's token ids, through the chat template when ``chat`` says why
+    (``"--chat"``, or the run's objective)."""
+    if chat is not None and (
+        isinstance(tokenizer, ByteTokenizer) or not getattr(tokenizer, "chat_template", None)
+    ):
+        fix = "leave out --chat" if chat == "--chat" else "pass --tokenizer DIR with one"
+        raise UsageError(f"{chat} asks for a chat template and the tokenizer has none: {fix}")
     if isinstance(tokenizer, ByteTokenizer):
-        if chat:
-            raise UsageError("a byte-level model has no chat template: leave out --chat")
         return tokenizer.encode(prompt)
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise UsageError("the tokenizer has no chat template: leave out --chat")
+    if chat is not None:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
@@ -155,7 +162,8 @@ def generate(
     """The continuation ``transformers``' ``generate`` gives ``prompt`` (greedy when
     ``temperature`` is 0), decoded without special tokens."""
     tokenizer = load_tokenizer(model, tokenizer_dir)
-    ids = prompt_ids(tokenizer, prompt, chat or model.chat)
+    why = "--chat" if chat else model.chat_reason
+    ids = prompt_ids(tokenizer, prompt, why)
     import torch
     from transformers import AutoModelForCausalLM
 

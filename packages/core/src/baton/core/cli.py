@@ -3,6 +3,7 @@
 baton run recipes/quickstart.py --max-steps 50 --resume auto
 baton eval recipes/quickstart.py --checkpoint runs/quickstart/checkpoints/latest
 baton export runs/hf_finetune/checkpoints/latest --format hf exported/
+baton generate runs/hf_finetune --prompt "def main(" --max-new-tokens 20
 baton callbacks
 baton backends
 baton patches --backend torchtitan
@@ -275,6 +276,7 @@ TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "goodput": ("baton.tools.goodput", "baton-tools"),
     "submit": ("baton.tools.submit", "baton-tools"),
     "export": ("baton.tools.export", "baton-tools"),
+    "generate": ("baton.tools.generate", "baton-tools[export]"),
     "data": ("baton.tools.data", "baton-tools[data]"),
     "compare": ("baton.tools.compare", "baton-tools[data]"),
 }

@@ -72,6 +72,8 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "chatml": chat_tokenizer(root / "chatml", CHATML),
         "generation": chat_tokenizer(root / "generation", CHATML_GENERATION),
         "none": chat_tokenizer(root / "none", None),
+        # a header counting the turns: a prefix of the conversation is no prefix of it
+        "counting": chat_tokenizer(root / "counting", "{{ messages | length }} turns\n" + CHATML),
     }
 
 
@@ -308,6 +310,12 @@ BAD = {  # name -> (records, extra arguments, tokenizer, words of the message)
         [],
         "chatml",
         ["line 2 is preference", "two formats"],
+    ),
+    "template prefixes differ": (
+        [{"messages": CONVERSATIONS[1]}],
+        [],
+        "counting",
+        ["does not render the conversation up to turn 1 as a prefix", "{% generation %}"],
     ),
     "no seq-len": ([{"messages": CONVERSATIONS[1]}], [None], "chatml", ["--seq-len"]),
 }

@@ -267,6 +267,29 @@ def test_truncate_cuts_and_counts(tokenizers: dict[str, Path], tmp_path: Path, c
     assert all(sum(len(t) for t, _ in data.row(r)) <= 25 for r in range(data.num_rows))
 
 
+def test_truncate_pairs(tokenizers: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """Both sides of a long pair are cut to share one row; a pair whose prompt alone fills
+    its share has nothing left to score and is dropped (counted)."""
+    long_answer = {"prompt": "Say it:", "chosen": " yes" * 30, "rejected": " no" * 5}
+    long_prompt = {"prompt": "word " * 200, "chosen": " a", "rejected": " b"}
+    source = jsonl(tmp_path / "pairs.jsonl", [long_answer, long_prompt, PAIRS[0]])
+    (chosen, _), (rejected, _) = ChatTokenizer.load(tokenizers["chatml"]).pair(**PAIRS[0])
+    capacity = len(chosen) + len(rejected)  # PAIRS[0] just fits
+    status, _, err = prepare(
+        capsys, source, "--tokenizer", tokenizers["chatml"], "--output", tmp_path / "p",
+        "--seq-len", capacity - 1, "--truncate",
+    )  # fmt: skip
+    assert (status, err) == (0, "")
+    data = PackedDataset(tmp_path / "p")
+    manifest = data.manifest
+    assert (manifest["truncated"], manifest["dropped_without_targets"]) == (2, 1)
+    assert data.num_sequences == 4  # two pairs left
+    for row in range(data.num_rows):
+        documents = data.row(row)
+        assert sum(len(tokens) for tokens, _ in documents) <= capacity
+        assert all(mask.any() for _, mask in documents)
+
+
 PAIR = {"prompt": "p", "chosen": "a", "rejected": "b"}
 BAD = {  # name -> (records, extra arguments, tokenizer, words of the message)
     "no assistant turn": (

@@ -188,6 +188,25 @@ def test_best_fit_decreasing() -> None:
     assert len(rows) == 5  # 42 tokens: the fewest rows of 10 that can hold them
 
 
+def test_packing_fills_rows_at_least_as_well_as_trl() -> None:
+    """On a spread of conversation lengths, as many or fewer rows than TRL's own
+    best-fit-decreasing ``pack_dataset`` (which packs each batch of 1000 on its own)."""
+    import datasets
+    import numpy as np
+    from trl.data_utils import pack_dataset
+
+    rng = np.random.default_rng(0)
+    capacity = 2048
+    lengths = np.clip(rng.lognormal(5.5, 0.9, size=3000).astype(int), 8, capacity).tolist()
+    ours = best_fit_decreasing(lengths, capacity)
+    dataset = datasets.Dataset.from_dict({"input_ids": [[1] * length for length in lengths]})
+    theirs = pack_dataset(dataset, seq_length=capacity, strategy="bfd")
+    assert sum(len(row) for row in theirs["input_ids"]) == sum(lengths)  # nothing cut
+    assert len(ours) <= len(theirs)
+    fill = sum(lengths) / (len(ours) * capacity)
+    assert fill > 0.95, fill
+
+
 def test_prepare_messages_packs_and_masks(
     tokenizers: dict[str, Path], tmp_path: Path, capsys
 ) -> None:

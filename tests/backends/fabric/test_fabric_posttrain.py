@@ -263,3 +263,35 @@ def test_resuming_dpo_with_a_changed_reference_is_refused(files, tmp_path):
     shutil.copytree(files["policy"], reference)  # other weights at the same path
     with pytest.raises(UsageError, match="reference_fingerprint"):
         run(files, tmp_path, *args, "--max-steps", "2", "--resume", "auto")
+
+
+@pytest.mark.slow
+def test_prepared_chat_jsonl_trains_sft_then_dpo(files, tmp_path):
+    """The documented path: `baton data prepare` of a chat .jsonl and of pairs, SFT on
+    the conversations, then DPO on the pairs from the SFT export."""
+    from baton.core.cli import main as baton
+    from support.posttrain import conversations, preference_pairs
+
+    chats, pairs = tmp_path / "chat.jsonl", tmp_path / "pairs.jsonl"
+    chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(40)))
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in preference_pairs(40)))
+    tok = str(files["tok"])
+    for source, output in ((chats, "chat"), (pairs, "prefs")):
+        argv = ["data", "prepare", str(source), "--tokenizer", tok, "--seq-len", "128"]
+        assert baton([*argv, "--output", str(tmp_path / output)]) == 0
+    common = ["--tokenizer", tok, "--batch-size", "2", "--max-steps", "2", "--log-every", "1",
+              "--eval-every", "0", "--save-every", "2", "--no-progress"]  # fmt: skip
+    sft_run = tmp_path / "sft"
+    assert baton(["run", str(RECIPE), "--objective", "sft", "--data-path",
+                  str(tmp_path / "chat"), "--init-from", str(files["policy"]), *common,
+                  "--run-dir", str(sft_run)]) == 0  # fmt: skip
+    export = tmp_path / "sft-export"
+    assert baton(["export", str(sft_run / "checkpoints" / "step_000002"), "--format", "hf",
+                  str(export)]) == 0  # fmt: skip
+    assert baton(["run", str(RECIPE), "--objective", "dpo", "--data-path",
+                  str(tmp_path / "prefs"), "--init-from", str(export), *common,
+                  "--run-dir", str(tmp_path / "dpo")]) == 0  # fmt: skip
+    first = logged_first_step(tmp_path / "dpo")
+    # the reference is the starting weights: every pair's first loss is ln 2
+    assert first["loss"] == pytest.approx(0.6931471805599453, rel=1e-5)
+    assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-5)

@@ -3,6 +3,7 @@ every second of the wall time is attributed, and redone steps count once as badp
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -33,18 +34,15 @@ def start(run_dir: Path) -> subprocess.Popen[str]:
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[float, str]:
-    """Wait for the run's end; returns when it printed its ``done:`` line (after its
-    teardown: what follows is the interpreter's exit, outside any run) and its output."""
+    """Wait for the run's end; returns when its process had exited (the interpreter's
+    exit after the teardown is the attempt's too) and its output."""
     assert proc.stdout is not None
-    lines, done_at = [], None
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("done:"):
-            done_at = time.time()
+    lines = list(proc.stdout)
     proc.wait(timeout=120)
+    exited_by = time.time()
     output = "".join(lines)
-    assert proc.returncode == 0 and done_at is not None, output
-    return done_at, output
+    assert proc.returncode == 0 and any(x.startswith("done:") for x in lines), output
+    return exited_by, output
 
 
 def kill_after(proc: subprocess.Popen[str], step: int) -> None:
@@ -65,6 +63,20 @@ def kill_after(proc: subprocess.Popen[str], step: int) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
+def exit_recorded(run_dir: Path) -> dict:
+    """The step mark once the exit watcher has extended it to the process's end."""
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            mark = json.loads((run_dir / "goodput.mark").read_bytes())
+        except ValueError:
+            mark = {}
+        if mark.get("exited"):
+            return mark
+        time.sleep(0.05)
+    pytest.fail("the goodput exit watcher did not record the process's end")
+
+
 def resume_step(run_dir: Path) -> int:
     latest = ckpt.latest(run_dir / "checkpoints")
     assert latest is not None, "no complete checkpoint before the kill"
@@ -76,9 +88,12 @@ def test_killed_twice_every_second_attributed_and_redone_steps_badput(tmp_path, 
     began = time.time()
     kill_after(start(run_dir), 14)
     first_resume = resume_step(run_dir)
+    exit_recorded(run_dir)
     kill_after(start(run_dir), 27)
     second_resume = resume_step(run_dir)
+    exit_recorded(run_dir)
     ended, _ = finish(start(run_dir))
+    exit_recorded(run_dir)
 
     summary = summarise(read_ledger(run_dir))
     seconds = summary.seconds
@@ -117,3 +132,47 @@ def test_killed_twice_every_second_attributed_and_redone_steps_badput(tmp_path, 
 def test_goodput_without_a_ledger_names_the_callback(tmp_path, capsys):
     assert goodput_main([str(tmp_path)]) == 2
     assert "add the Goodput callback" in capsys.readouterr().err
+
+
+KILL_RECIPE = Path(__file__).with_name("recipe_goodput_kill.py")
+
+
+def run_kill_recipe(run_dir: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The scalar kill recipe as ``baton run``; returns the process and when it ended."""
+    command = [sys.executable, "-m", "baton.core.cli", "run", str(KILL_RECIPE)]
+    command += ["--run-dir", str(run_dir), "--max-steps", "16", "--save-every", "5", *flags]
+    env = {**cli_env(), "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    return proc, time.time()
+
+
+def test_steps_after_the_last_line_survive_a_kill_and_count_redone_exactly(tmp_path):
+    run_dir = tmp_path / "run"
+    killed, killed_by = run_kill_recipe(run_dir, "--kill-at", "13")
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    # the watcher saw the kill about when this test did
+    assert exit_recorded(run_dir)["t1"] == pytest.approx(killed_by, abs=2.0)
+    assert resume_step(run_dir) == 10
+    lines = (run_dir / "goodput.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["step"] == 0 for line in lines)  # no line after a step
+    # the mark alone says how far the killed attempt went
+    (attempt,) = summarise(read_ledger(run_dir)).attempts
+    assert attempt.last_step == 13 and attempt.steps == {"new": 13, "redone": 0}
+
+    began_resume = time.time()
+    resumed, ended = run_kill_recipe(run_dir, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    exit_recorded(run_dir)
+    summary = summarise(read_ledger(run_dir))
+    first, second = summary.attempts
+    assert first.steps == {"new": 13, "redone": 0}  # appended from the mark by the resume
+    assert second.steps == {"new": 16 - 13, "redone": 13 - 10}
+    assert summary.steps == {"new": 16, "redone": 3}
+    assert sum(summary.seconds.values()) == pytest.approx(summary.wall_s, rel=1e-6)
+    # the interpreter's exit after the teardown line is the attempt's (shutdown), and the
+    # killed attempt's span ends at the kill
+    teardown_line = json.loads((run_dir / "goodput.jsonl").read_text().splitlines()[-1])
+    assert teardown_line["attempt"] == second.attempt
+    assert teardown_line["t1"] < second.t1 and second.t1 == pytest.approx(ended, abs=2.0)
+    assert second.t0 >= began_resume - 1
+    assert first.t1 == pytest.approx(killed_by, abs=2.0) and first.seconds["shutdown"] > 0

@@ -67,8 +67,14 @@ def test_callbacks_added_configured_dropped_and_recorded(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--callback", "wachdog"], "unknown callback 'wachdog'; registered callbacks: "),
-        (["--callback", "watchdog:timeout=3"], "has no argument 'timeout'; it takes: timeout_s,"),
+        (["--callback", "wachdog"], "unknown callback 'wachdog'; did you mean 'watchdog'?"),
+        (["--callback", "emma"], "unknown callback 'emma'; did you mean 'ema'?"),
+        (["--callback", "zzz"], "unknown callback 'zzz'; registered callbacks: checkpoint,"),
+        (
+            ["--callback", "watchdog:timeout=3"],
+            "has no argument 'timeout'; did you mean 'timeout_s'?",
+        ),
+        (["--callback", "watchdog:zz=3"], "has no argument 'zz'; it takes: timeout_s,"),
         (["--callback", "watchdog:timeout_s=soon"], "timeout_s is 'soon', not a number"),
         (["--callback", "watchdog:action=explode"], "not one of 'warn', 'abort'"),
         (["--callback", "watchdog:timeout_s=-1"], "timeout_s and poll_s must be > 0"),

@@ -95,7 +95,8 @@ def test_print_config_prints_resolved_values_and_trains_nothing(recipe_file, tmp
 
 @pytest.mark.parametrize(
     "config, message",
-    [("max_stepz: 3\n", "unknown parameters ['max_stepz']; the recipe takes"),
+    [("max_stepz: 3\n", "unknown parameter 'max_stepz' .did you mean 'max_steps'"),
+     ("qqq: 3\n", "unknown parameters ['qqq']; the recipe takes"),
      ("max_steps: [\n", "does not parse"),
      ("- 1\n", "expected a table")],
 )  # fmt: skip

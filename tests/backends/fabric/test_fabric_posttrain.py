@@ -154,6 +154,17 @@ def test_wrong_data_for_the_objective_is_refused(files, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_cli_refuses_sft_data_for_dpo_in_one_line(files, tmp_path, capsys):
+    from baton.core.cli import main as baton
+
+    argv = ["run", str(RECIPE), "--objective", "dpo", "--data-path", str(files["sft"])]
+    argv += ["--init-from", str(files["policy"]), "--tokenizer", str(files["tok"])]
+    assert baton([*argv, "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--objective sft" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_reference_of_another_architecture_is_refused(files, tmp_path):
     other = tiny_model(tmp_path / "qwen", family="qwen3")
     with pytest.raises(UsageError, match="same architecture"):
@@ -195,3 +206,92 @@ def test_two_ddp_ranks_equal_the_references(files, tmp_path, objective):
         assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
         assert got["logps/chosen"] == pytest.approx(trl["logps/chosen"], rel=1e-5)
         assert got["rewards/accuracies"] == pytest.approx(trl["rewards/accuracies"])
+
+
+@pytest.mark.slow
+def test_sft_killed_between_saves_resumes_bitwise(files, tmp_path):
+    """An SFT run SIGKILLed after its step-3 checkpoint and resumed ends at step 6 with
+    the weights and optimizer state of the run that was never stopped."""
+    import signal
+    import subprocess
+    import sys
+
+    from support.states import assert_bitwise_equal, load_state
+
+    flags = ["--objective", "sft", "--data-path", str(files["sft"]), "--init-from",
+             str(files["policy"]), "--tokenizer", str(files["tok"]), "--batch-size", "2",
+             "--log-every", "1", "--eval-every", "0", "--save-every", "3", "--no-progress"]  # fmt: skip
+    straight = tmp_path / "straight"
+    run_args = [sys.executable, "-m", "baton.core.cli", "run", str(RECIPE), *flags]
+    done = subprocess.run(
+        [*run_args, "--max-steps", "6", "--run-dir", str(straight)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    killer = ROOT / "tests" / "support" / "killed_run.py"
+    done = subprocess.run(
+        [sys.executable, str(killer), "--saved", "3", "--next-save", "6", str(RECIPE), *flags,
+         "--max-steps", "1000", "--run-dir", str(killed)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
+    done = subprocess.run(
+        [*run_args, "--max-steps", "6", "--run-dir", str(killed), "--resume", "auto",
+         "--allow-changed", "max_steps"],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stdout + done.stderr
+
+    a = load_state(straight / "checkpoints" / "step_000006")
+    b = load_state(killed / "checkpoints" / "step_000006")
+    for part in ("model", "optimizer"):
+        assert_bitwise_equal(a[part], b[part], part)
+
+
+def test_resuming_dpo_with_a_changed_reference_is_refused(files, tmp_path):
+    import shutil
+
+    reference = tmp_path / "reference"
+    shutil.copytree(files["ref"], reference)
+    args = ["--objective", "dpo", "--data-path", str(files["pairs"]), "--batch-size", "2",
+            "--reference", str(reference)]  # fmt: skip
+    run(files, tmp_path, *args)
+    shutil.rmtree(reference)
+    shutil.copytree(files["policy"], reference)  # other weights at the same path
+    with pytest.raises(UsageError, match="reference_fingerprint"):
+        run(files, tmp_path, *args, "--max-steps", "2", "--resume", "auto")
+
+
+@pytest.mark.slow
+def test_prepared_chat_jsonl_trains_sft_then_dpo(files, tmp_path):
+    """The documented path: `baton data prepare` of a chat .jsonl and of pairs, SFT on
+    the conversations, then DPO on the pairs from the SFT export."""
+    from baton.core.cli import main as baton
+    from support.posttrain import conversations, preference_pairs
+
+    chats, pairs = tmp_path / "chat.jsonl", tmp_path / "pairs.jsonl"
+    chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(40)))
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in preference_pairs(40)))
+    tok = str(files["tok"])
+    for source, output in ((chats, "chat"), (pairs, "prefs")):
+        argv = ["data", "prepare", str(source), "--tokenizer", tok, "--seq-len", "128"]
+        assert baton([*argv, "--output", str(tmp_path / output)]) == 0
+    common = ["--tokenizer", tok, "--batch-size", "2", "--max-steps", "2", "--log-every", "1",
+              "--eval-every", "0", "--save-every", "2", "--no-progress"]  # fmt: skip
+    sft_run = tmp_path / "sft"
+    assert baton(["run", str(RECIPE), "--objective", "sft", "--data-path",
+                  str(tmp_path / "chat"), "--init-from", str(files["policy"]), *common,
+                  "--run-dir", str(sft_run)]) == 0  # fmt: skip
+    export = tmp_path / "sft-export"
+    assert baton(["export", str(sft_run / "checkpoints" / "step_000002"), "--format", "hf",
+                  str(export)]) == 0  # fmt: skip
+    assert baton(["run", str(RECIPE), "--objective", "dpo", "--data-path",
+                  str(tmp_path / "prefs"), "--init-from", str(export), *common,
+                  "--run-dir", str(tmp_path / "dpo")]) == 0  # fmt: skip
+    first = logged_first_step(tmp_path / "dpo")
+    # the reference is the starting weights: every pair's first loss is ln 2
+    assert first["loss"] == pytest.approx(0.6931471805599453, rel=1e-5)
+    assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-5)

@@ -1,4 +1,4 @@
-"""Fan out every logged metric to TensorBoard, W&B, a JSONL file and the console.
+"""Fan out every logged metric to TensorBoard, W&B, MLflow, a JSONL file and the console.
 
 Example::
 
@@ -9,10 +9,19 @@ Example::
         CompositeLogger(["jsonl", "tensorboard", WandbSink(project="lm"), "console"]),
     ])
 
-Sinks are given by name (``jsonl``, ``tensorboard``, ``wandb``, ``console``) or as
-objects. ``tensorboard`` and ``wandb`` need the ``baton-callbacks[tensorboard]`` /
-``[wandb]`` extras: naming one that is not installed is an error that says so, and the
-default sinks leave TensorBoard out when it is missing. Only rank 0 logs unless
+Sinks are given by name (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``, ``console``)
+or as objects. ``tensorboard``, ``wandb`` and ``mlflow`` need the
+``baton-callbacks[tensorboard]`` / ``[wandb]`` / ``[mlflow]`` extras: naming one that is
+not installed is an error that says so, and the default sinks leave TensorBoard out when
+it is missing. From the command line::
+
+    baton run recipes/quickstart.py --callback logger:sinks=[jsonl,mlflow,console]
+    baton run recipes/quickstart.py \
+        --callback logger:sinks=[jsonl,mlflow],mlflow_tracking_uri=http://localhost:5000
+
+A sink with state (MLflow's run id) has it kept in every checkpoint under the logger's
+``state_key`` (``"logger"``, set only when such a sink is present), so a resumed run
+continues the same MLflow run. Only rank 0 logs unless
 ``rank_zero_only=False``. A sink that fails (W&B unreachable, a full disk) is reported
 once with a warning and training goes on; a sink that fails to open is dropped for the
 run.
@@ -32,12 +41,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from baton.callbacks.log_thread import LogThread
-from baton.callbacks.sinks import MissingSinkPackage, Phase, Sink, build_sink, check_installed
+from baton.callbacks.sinks import (
+    MissingSinkPackage,
+    Phase,
+    Sink,
+    StatefulSink,
+    build_sink,
+    check_installed,
+)
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core.callback import LOGGER_PRIORITY, Callback
+from baton.core.errors import UsageError
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
@@ -62,9 +79,11 @@ class CompositeLogger(Callback):
     phase; a failing sink warns once, never stops.
 
     Args:
-        sinks: sink names (jsonl, tensorboard, wandb, console) or sink objects.
+        sinks: sink names (jsonl, tensorboard, wandb, mlflow, console) or sink objects.
         rank_zero_only: only rank 0 logs.
         threaded: sinks write on a background thread.
+        mlflow_tracking_uri: the ``mlflow`` sink's tracking URI (default:
+            ``$MLFLOW_TRACKING_URI``, else a file store in ``<run_dir>/logs/mlflow``).
     """
 
     priority = LOGGER_PRIORITY
@@ -75,15 +94,36 @@ class CompositeLogger(Callback):
         *,
         rank_zero_only: bool = True,
         threaded: bool = True,
+        mlflow_tracking_uri: str | None = None,
     ) -> None:
         if sinks is DEFAULT_SINKS:  # the defaults leave out what is not installed
             sinks = [name for name in DEFAULT_SINKS if _installed(name)]
-        self.sinks: list[Sink] = [build_sink(s) if isinstance(s, str) else s for s in sinks]
+        if mlflow_tracking_uri is not None and "mlflow" not in sinks:
+            raise UsageError(
+                "mlflow_tracking_uri is given but no mlflow sink: add it, "
+                "e.g. --callback logger:sinks=[jsonl,mlflow],mlflow_tracking_uri=URI"
+            )
+        mlflow = {"tracking_uri": mlflow_tracking_uri}
+        self.sinks: list[Sink] = [
+            s if not isinstance(s, str) else build_sink(s, **(mlflow if s == "mlflow" else {}))
+            for s in sinks
+        ]
+        self._stateful = [s for s in self.sinks if isinstance(s, StatefulSink)]
+        # checkpoints hold the logger's state only where a sink has some
+        self.state_key = "logger" if self._stateful else None
         self.rank_zero_only = rank_zero_only
         self.threaded = threaded
         self._active: list[Sink] = []
         self._thread: LogThread | None = None
         self._warned: set[str] = set()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {sink.name: sink.state_dict() for sink in self._stateful}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for sink in self._stateful:
+            if sink.name in state:
+                sink.load_state_dict(state[sink.name])
 
     def console_keys(self) -> list[str] | None:
         """The console line's keys (``[]``: every metric; ``None``: no console sink)."""

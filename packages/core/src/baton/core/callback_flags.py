@@ -8,6 +8,11 @@ its signature like recipe flags::
     baton run recipes/quickstart.py --callback loss_guard:action=rollback,max_rollbacks=2
     baton run recipes/quickstart.py --no-callback progress
     baton run recipes/quickstart.py --callback logger:sinks=[jsonl,console]
+    baton run recipes/quickstart.py --callback my_callbacks.py:EmbedNorm:scale=2
+    baton run recipes/quickstart.py --callback mypkg.callbacks:EmbedNorm
+
+A class of your own is named by its file or module and class
+(``baton.core.callback_paths``), typed and checked the same way.
 
 A ``--callback`` whose class the recipe already added replaces the recipe's one (that
 is how one is configured); any other is appended. ``--no-callback NAME`` drops the
@@ -19,6 +24,7 @@ something else (``on``, ``1e-3``) is taken as text where the argument takes text
       - goodput
       - name: watchdog
         timeout_s: 600
+      - my_callbacks.py:EmbedNorm:scale=2
     no_callbacks: [progress]
 
 From code::
@@ -41,8 +47,16 @@ from typing import Any, cast
 import yaml
 
 from baton.core.callback import Callback
+from baton.core.callback_paths import (
+    class_label,
+    is_class_path,
+    load_class,
+    names_class,
+    normal_name,
+    split_class_path,
+)
 from baton.core.config_values import ValueMismatch, coerce, describe
-from baton.core.errors import UsageError
+from baton.core.errors import UsageError, did_you_mean
 from baton.core.recipe_signature import Param, Signature, help_by_name, summary_of
 from baton.core.registry import CALLBACKS, UnknownNameError
 
@@ -51,7 +65,8 @@ log = logging.getLogger("baton")
 
 @dataclasses.dataclass(frozen=True)
 class CallbackChoice:
-    """A registered callback's name and the arguments given for it (not yet typed)."""
+    """A callback's registered name or class path (``FILE.py:Class``, ``module:Class``)
+    and the arguments given for it (not yet typed)."""
 
     name: str
     arguments: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
@@ -78,21 +93,27 @@ def split_top_level(text: str, separator: str = ",") -> list[str]:
 
 
 def parse_callback_flag(text: str) -> CallbackChoice:
-    """``NAME`` or ``NAME:key=value,key=value`` as given to ``--callback``."""
-    name, _, rest = text.partition(":")
-    name = name.strip()
+    """``NAME`` or ``NAME:key=value,key=value`` as given to ``--callback``; ``NAME`` may
+    be a class path, ``FILE.py:Class`` or ``module:Class``."""
+    source = f"--callback {text}"
+    if is_class_path(text):
+        name, rest = split_class_path(text, source)
+    else:
+        name, _, rest = text.partition(":")
+        name = name.strip()
     if not name:
         raise UsageError(f"--callback {text!r}: give a callback name, e.g. --callback goodput")
     arguments: dict[str, Any] = {}
     for item in split_top_level(rest):
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
+            shown = text[: len(text) - len(rest)].rstrip(":")
             raise UsageError(
                 f"--callback {text}: {item!r} is not key=value; "
-                f"write --callback {name}:key=value,key=value"
+                f"write --callback {shown}:key=value,key=value"
             )
         arguments[key.strip().replace("-", "_")] = value.strip()
-    return CallbackChoice(name, arguments, source=f"--callback {text}")
+    return CallbackChoice(name, arguments, source=source)
 
 
 def config_callback(entry: Any, source: str) -> CallbackChoice:
@@ -104,8 +125,8 @@ def config_callback(entry: Any, source: str) -> CallbackChoice:
     table = cast(dict[str, Any], entry) if isinstance(entry, dict) else {}
     if isinstance(table.get("name"), str):
         arguments = {str(k).replace("-", "_"): v for k, v in table.items() if k != "name"}
-        name = cast(str, table["name"])
-        where = f"--config {source}: callbacks: {name}"
+        where = f"--config {source}: callbacks: {table['name']}"
+        name = normal_name(cast(str, table["name"]), where)
         return CallbackChoice(name, arguments, source=where, from_text=False)
     raise UsageError(
         f"--config {source}: callbacks: {entry!r} is not a callback; write a name "
@@ -114,13 +135,23 @@ def config_callback(entry: Any, source: str) -> CallbackChoice:
 
 
 def callback_class(name: str, source: str) -> type[Callback]:
-    """The registered callback class, or a one-line error listing the registered names."""
+    """The callback class a registered name or a class path names, or a one-line error
+    (the closest registered name when there is one, else the list)."""
+    if names_class(name):
+        return load_class(name, source)
     try:
         cls = CALLBACKS.get(name)
     except UnknownNameError:
+        close = did_you_mean(name, CALLBACKS.names())
+        if close is not None:
+            raise UsageError(
+                f"{source}: unknown callback {name!r}; did you mean {close!r}? "
+                "(`baton callbacks` lists them)"
+            ) from None
         known = ", ".join(CALLBACKS.names())
         raise UsageError(
-            f"{source}: unknown callback {name!r}; registered callbacks: {known}"
+            f"{source}: unknown callback {name!r}; registered callbacks: {known} (or a class "
+            "of your own: --callback my_callbacks.py:MyCallback)"
         ) from None
     return cast(type[Callback], cls)
 
@@ -178,10 +209,14 @@ def callback_arguments(choice: CallbackChoice, cls: type) -> dict[str, Any]:
     for key, value in choice.arguments.items():
         param = params.get(key)
         if param is None:
-            takes = ", ".join(params) or "no arguments"
-            raise UsageError(
-                f"{choice.source}: {choice.name} has no argument {key!r}; it takes: {takes}"
+            label = class_label(choice.name)
+            close = did_you_mean(key, params)
+            takes = (
+                f"did you mean {close!r}?"
+                if close
+                else "it takes: " + (", ".join(params) or "no arguments")
             )
+            raise UsageError(f"{choice.source}: {label} has no argument {key!r}; {takes}")
         try:
             typed[key] = _typed(value, param.annotation, choice.from_text)
         except ValueMismatch:
@@ -193,8 +228,8 @@ def callback_arguments(choice: CallbackChoice, cls: type) -> dict[str, Any]:
     ]
     if missing:
         raise UsageError(
-            f"{choice.source}: {choice.name} needs {', '.join(missing)}; "
-            f"write --callback {choice.name}:{missing[0]}=VALUE"
+            f"{choice.source}: {class_label(choice.name)} needs {', '.join(missing)}; "
+            f"give {missing[0]}=VALUE among its arguments"
         )
     return typed
 
@@ -242,6 +277,8 @@ class CallbackFlags:
 
     added: tuple[CallbackChoice, ...] = ()
     dropped: tuple[str, ...] = ()
+    #: the names a resumed checkpoint's run added (dropping one of them needs no warning)
+    recorded: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, callbacks: Any, dropped: Any, source: str) -> CallbackFlags:
@@ -252,12 +289,36 @@ class CallbackFlags:
             raise UsageError(
                 f"--config {source}: no_callbacks: list callback names, e.g. [progress]"
             )
-        return cls(tuple(config_callback(e, source) for e in entries), tuple(names))
+        dropped = (normal_name(n, f"--config {source}: no_callbacks: {n}") for n in names)
+        return cls(tuple(config_callback(e, source) for e in entries), tuple(dropped))
 
     def with_flags(self, callback: Sequence[str], no_callback: Sequence[str]) -> CallbackFlags:
         """These and the command line's (which come after a config file's)."""
         added = (*self.added, *(parse_callback_flag(text) for text in callback))
-        return CallbackFlags(added, (*self.dropped, *no_callback))
+        dropped = (normal_name(n, f"--no-callback {n}") for n in no_callback)
+        return CallbackFlags(added, (*self.dropped, *dropped))
+
+    def with_recorded(
+        self, records: Any, source: str
+    ) -> tuple[CallbackFlags, tuple[CallbackChoice, ...]]:
+        """These and the callbacks a checkpoint's run added (its settings' ``callbacks``,
+        each ``{"name": ..., argument: value}``) that this run neither gives nor drops: a
+        resume rebuilds those (returned too) with their recorded arguments."""
+        given = {choice.name for choice in self.added} | set(self.dropped)
+        names: list[str] = []
+        again: list[CallbackChoice] = []
+        for record in _as_list(records, "callbacks", source):
+            table = cast(dict[str, Any], record) if isinstance(record, dict) else {}
+            name = table.get("name")
+            if not isinstance(name, str):
+                continue
+            names.append(name)
+            if name not in given:
+                arguments = {str(k): v for k, v in table.items() if k != "name"}
+                where = f"{source}: callbacks: {class_label(name)}"
+                again.append(CallbackChoice(name, arguments, source=where, from_text=False))
+        flags = CallbackFlags((*again, *self.added), self.dropped, tuple(names))
+        return flags, tuple(again)
 
     def build(self) -> list[tuple[CallbackChoice, Callback]]:
         """Each added callback built, and each dropped name checked: done before the
@@ -272,7 +333,7 @@ class CallbackFlags:
         """The recipe's callbacks with these changes (a warning for a dropped name the
         recipe did not add)."""
         result, unused = apply_callback_choices(callbacks, built, self.dropped)
-        for name in unused:
+        for name in (n for n in unused if n not in self.recorded):
             log.warning(
                 "--no-callback %s: the recipe adds no %s callback; nothing dropped", name, name
             )

@@ -102,7 +102,10 @@ class CheckpointManager:
         driver.samples = int(meta.get("samples", 0))
         driver.train_time_s = float(meta.get("train_time_s", 0.0))
         if callbacks:
-            restore_callback_states(driver.callbacks, meta, path)
+            # an evaluation trains nothing: callbacks added or dropped are no news
+            restore_callback_states(
+                driver.callbacks, meta, path, announce=not driver.evaluating_only
+            )
             driver.resumed_from = path
             log.info("resumed from %s at step %d", path, driver.step)
         else:

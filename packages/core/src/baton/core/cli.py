@@ -3,6 +3,7 @@
 baton run recipes/quickstart.py --max-steps 50 --resume auto
 baton eval recipes/quickstart.py --checkpoint runs/quickstart/checkpoints/latest
 baton export runs/hf_finetune/checkpoints/latest --format hf exported/
+baton generate runs/hf_finetune --prompt "def main(" --max-new-tokens 20
 baton callbacks
 baton backends
 baton patches --backend torchtitan
@@ -17,6 +18,7 @@ recipe or settings) or 1 (the run failed); ``BATON_DEBUG=1`` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import shutil
@@ -209,18 +211,24 @@ def cmd_callbacks(argv: Sequence[str]) -> int:
 
 def _callback_arguments(name: str) -> int:
     from baton.core.callback_flags import callback_class, callback_signature, describe_parameter
+    from baton.core.callback_paths import FILE_MODULE_PREFIX, normal_name
+    from baton.core.config_values import spelled_as_text
 
-    cls = callback_class(name, "baton callbacks")
-    signature = callback_signature(cls)
-    print(f"{name} ({cls.__module__}:{cls.__qualname__}): {_doc_line(cls)}")
+    cls = callback_class(normal_name(name, "baton callbacks"), "baton callbacks")
+    # arguments only code can give (a rich Console) are no flags: left out
+    params = [p for p in callback_signature(cls).params if spelled_as_text(p.annotation)]
+    where = (
+        inspect.getfile(cls) if cls.__module__.startswith(FILE_MODULE_PREFIX) else cls.__module__
+    )
+    print(f"{name} ({where}:{cls.__qualname__}): {_doc_line(cls)}")
     table = _table("argument", "type", "default", "what it sets")
-    for param in signature.params:
+    for param in params:
         table.add_row(param.name, *describe_parameter(param))
-    if signature.params:
+    if params:
         _print(table)
     else:
         print("takes no arguments")
-    example = next(iter(signature.params), None)
+    example = next(iter(params), None)
     if example is not None:
         print(f"use: baton run RECIPE.py --callback {name}:{example.name}=VALUE")
     return 0
@@ -268,6 +276,7 @@ TOOL_COMMANDS: dict[str, tuple[str, str]] = {
     "goodput": ("baton.tools.goodput", "baton-tools"),
     "submit": ("baton.tools.submit", "baton-tools"),
     "export": ("baton.tools.export", "baton-tools"),
+    "generate": ("baton.tools.generate", "baton-tools[export]"),
     "data": ("baton.tools.data", "baton-tools[data]"),
     "compare": ("baton.tools.compare", "baton-tools[data]"),
 }

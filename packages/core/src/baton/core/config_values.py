@@ -69,6 +69,29 @@ def describe(annotation: Any) -> str:
     return _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
+def spelled_as_text(annotation: Any) -> bool:
+    """Whether a command line or a config file can give a value of this type: numbers,
+    text, paths, true/false, null, a ``Literal``'s choices, tables, lists of these and
+    unions with one of these (``Console | None`` has none: a ``Console`` is built in code).
+
+    >>> spelled_as_text(float | None), spelled_as_text(list[str]), spelled_as_text(object)
+    (True, True, False)
+    """
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any or origin is Literal:
+        return True
+    if origin is typing.Annotated:
+        return spelled_as_text(args[0])
+    if origin in (typing.Union, types.UnionType):  # some member other than null
+        return any(spelled_as_text(a) for a in args if a is not type(None))
+    if origin in (tuple, list, abc.Sequence):
+        return all(spelled_as_text(a) for a in args if a is not Ellipsis)
+    if origin in (dict, abc.Mapping):  # a YAML table
+        return True
+    return annotation in _NAMES
+
+
 def _conform(value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)

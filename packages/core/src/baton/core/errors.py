@@ -18,6 +18,9 @@ Example::
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class BatonError(Exception):
     """A problem reported to the user as its message alone."""
@@ -49,3 +52,15 @@ class DataRequired(RecipeError):
 class ExportError(UsageError):
     """A checkpoint that cannot be exported in the asked format (``baton export``); the
     message names the problem and the fix (exit status 2)."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str | None:
+    """The one choice closest to a mistyped ``name``, if any is close (``difflib``).
+
+    >>> did_you_mean("emma", ["ema", "freeze", "gc"])
+    'ema'
+    >>> did_you_mean("max_step", ["lr", "max_steps"])
+    'max_steps'
+    """
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None

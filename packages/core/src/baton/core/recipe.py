@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import math
 import re
 import sys
@@ -51,15 +52,20 @@ __all__ = [
 import tyro
 import yaml
 
-from baton.core.callback_flags import CallbackFlags
+from baton.core.callback import Callback
+from baton.core.callback_flags import CallbackChoice, CallbackFlags, build_callback
+from baton.core.callback_paths import class_label
 from baton.core.config_values import conform
 from baton.core.console_line import apply_console_keys
 from baton.core.driver import Driver
 from baton.core.dry_run import plan, planning
-from baton.core.errors import RecipeError, UsageError
+from baton.core.errors import RecipeError, UsageError, did_you_mean
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
+from baton.core.resuming import planned_settings
 from baton.core.vocabulary import TERMS
+
+log = logging.getLogger("baton")
 
 RECIPE_FUNCTION = "recipe"
 
@@ -94,11 +100,11 @@ class RecipeFlags:
     print_config: bool = False
     """Print the resolved parameters (YAML) and exit without training."""
     set: tuple[str, ...] = ()
-    """Override a field of the backend's native config, KEY.PATH=VALUE (repeatable)."""
+    """Override a field of the backend's native config: KEY.PATH=VALUE."""
     callback: tuple[str, ...] = ()
-    """Add (or configure) a registered callback: NAME or NAME:key=value,key=value (repeatable)."""
+    """Add (or configure) a callback: NAME[:key=value,...] or FILE.py:Class[:key=value,...]."""
     no_callback: tuple[str, ...] = ()
-    """Drop a callback the recipe adds, by registered name (repeatable)."""
+    """Drop a callback the recipe adds, by registered name or class path."""
     console_keys: str | None = None
     """Keys of the console line: 'loss,lr' (exactly these) or '+my/metric' (added)."""
     dry_run: bool = False
@@ -117,10 +123,11 @@ _RUN_OPTION_HELP = {
     "and resumed from with --resume auto: 's3://bucket/prefix'",
     "config": "YAML or TOML file of parameter values; flags given here override it",
     "print_config": "print the resolved parameters (YAML) and exit without training",
-    "set": "override a field of the backend's native config: --set KEY.PATH=VALUE (repeatable)",
-    "callback": "add a registered callback, or configure the recipe's: NAME or "
-    "NAME:key=value,key=value (repeatable; `baton callbacks NAME` lists its arguments)",
-    "no_callback": "drop a callback the recipe adds, by its registered name (repeatable)",
+    "set": "override a field of the backend's native config: --set KEY.PATH=VALUE",
+    "callback": "add a callback, or configure the recipe's: NAME[:key=value,...] by registered "
+    "name (`baton callbacks NAME` lists its arguments), or a class of your own: "
+    "FILE.py:Class[:key=value,...] or MODULE:Class[:key=value,...]",
+    "no_callback": "drop a callback the recipe adds, by its registered name or class path",
     "console_keys": "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
     "(added to the recipe's)",
     "dry_run": "check the run's parallel layout and print its plan, without training "
@@ -151,6 +158,8 @@ def load_recipe(path: str | Path) -> Callable[..., Any]:
         raise RecipeError(
             f"{path}:{error.lineno}: syntax error ({error.msg}); fix the recipe file"
         ) from None
+    except RecipeError:  # says what is wrong itself (an @extends naming no file)
+        raise
     except ImportError as error:
         raise RecipeError(
             f"{path} cannot be imported: {error}; install what it needs (`uv sync`) or fix "
@@ -179,7 +188,7 @@ def recipe_arguments(
     own: set[str] = set()
     for param in signature.params:
         default = defaults.get(param.name, param.default)
-        annotated = Annotated[param.annotation, tyro.conf.arg(help=param.help or None)]
+        annotated = Annotated[param.annotation, _flag_help(param.help)]
         fields.append((param.name, annotated, dataclasses.field(default=default)))
         own.add(param.name)
     for f in dataclasses.fields(RecipeFlags):
@@ -187,13 +196,21 @@ def recipe_arguments(
             kind: Any = f.type if f.name not in _REPEATABLE else tuple[str, ...]
             if f.name in _REPEATABLE:
                 kind = Annotated[kind, tyro.conf.UseAppendAction]
-            annotated = Annotated[kind, tyro.conf.arg(help=_RUN_OPTION_HELP[f.name])]
+            annotated = Annotated[kind, _flag_help(_RUN_OPTION_HELP[f.name])]
             fields.append(
                 (f.name, annotated, dataclasses.field(default=defaults.get(f.name, f.default)))
             )
     # required parameters first, as dataclasses demand
     fields.sort(key=lambda item: item[2].default is not dataclasses.MISSING)
     return dataclasses.make_dataclass("RecipeArguments", fields)
+
+
+def _flag_help(text: str) -> Any:
+    """A flag's help for tyro, which adds ``(default: ...)`` unless the text already
+    says what the default is."""
+    if "default:" in text.lower():
+        return tyro.conf.arg(help=text, help_behavior_hint="")
+    return tyro.conf.arg(help=text or None)
 
 
 def read_config_file(path: str | Path, known: set[str]) -> dict[str, Any]:
@@ -217,6 +234,10 @@ def read_config_file(path: str | Path, known: set[str]) -> dict[str, Any]:
     table = cast(dict[Any, Any], values)
     values = {str(k).replace("-", "_"): v for k, v in table.items()}
     unknown = sorted(set(values) - known)
+    close = {name: did_you_mean(name, known) for name in unknown}
+    if unknown and all(close.values()):
+        named = ", ".join(f"{name!r} (did you mean {close[name]!r}?)" for name in unknown)
+        raise RecipeError(f"--config {path}: unknown parameter {named}; fix the key in the file")
     if unknown:
         raise RecipeError(
             f"--config {path}: unknown parameters {unknown}; the recipe takes: "
@@ -278,7 +299,8 @@ def parse_recipe_args(
         defaults |= {k: conform(k, v, types[k], config) for k, v in from_file.items()}
     args_cls = recipe_arguments(signature, defaults)
     parsed = cast(
-        Any, tyro.cli(args_cls, args=list(argv), prog=prog, description=signature.summary)
+        Any,
+        tyro.cli(args_cls, args=list(argv), prog=prog, description=help_paragraphs(signature)),
     )
     values: dict[str, Any] = dataclasses.asdict(parsed)
     options = RecipeFlags(**{f.name: values[f.name] for f in dataclasses.fields(RecipeFlags)})
@@ -286,6 +308,20 @@ def parse_recipe_args(
     check_recipe_values(signature, kwargs)
     callbacks = callbacks.with_flags(options.callback, options.no_callback)
     return kwargs, options, callbacks
+
+
+def help_paragraphs(signature: Signature) -> str:
+    """The recipe's summary as ``--help`` shows it: each paragraph on one line (the
+    terminal wraps it), a blank line before each paragraph that starts with a letter
+    (tyro starts a new line before one that starts otherwise, ``--flag``, and would add
+    a second blank line)."""
+    paragraphs = [" ".join(p.split()) for p in signature.summary.split("\n\n")]
+    text = ""
+    for paragraph in filter(None, paragraphs):
+        if text:
+            text += "\n\n" if paragraph[0].isalpha() else "\n"
+        text += paragraph
+    return text
 
 
 def check_recipe_values(signature: Signature, values: dict[str, Any]) -> None:
@@ -343,6 +379,11 @@ def build_driver(
     driver = call_recipe(path, fn, kwargs, dry_run=options.dry_run)
     if driver is None:
         return None
+    if not options.dry_run:
+        resume = run_flags(options, kwargs).get("resume", driver.options.resume)
+        callbacks, added = with_recorded_callbacks(
+            callbacks, added, planned_settings(driver.options.run_dir, resume)
+        )
     driver.callbacks = callbacks.apply(driver.callbacks, added)
     if options.console_keys is not None:
         apply_console_keys(driver.callbacks, options.console_keys)
@@ -361,6 +402,25 @@ def build_driver(
     settings.setdefault("recipe", str(path))
     driver.options = driver.options.replace(**run_flags(options, kwargs), settings=settings)
     return driver
+
+
+def with_recorded_callbacks(
+    callbacks: CallbackFlags,
+    added: list[tuple[CallbackChoice, Callback]],
+    recorded: Mapping[str, Any],
+) -> tuple[CallbackFlags, list[tuple[CallbackChoice, Callback]]]:
+    """A resume's callbacks: the ones the checkpoint's run added (``recorded``, its
+    settings) rebuilt with their recorded arguments, where this run neither gives nor
+    drops them, before this run's own."""
+    callbacks, again = callbacks.with_recorded(recorded.get("callbacks"), "checkpoint settings")
+    if not again:
+        return callbacks, added
+    log.info(
+        "resuming with the callbacks the checkpoint's run added: %s",
+        ", ".join(class_label(choice.name) for choice in again),
+    )
+    rebuilt = [(choice, build_callback(choice)) for choice in again]
+    return callbacks, [*rebuilt, *added]
 
 
 def print_config(

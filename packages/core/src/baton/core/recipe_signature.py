@@ -15,6 +15,9 @@ Example::
 Returns ``None`` when the source cannot be read this way (a default that is not a
 literal, an annotation naming the recipe's own classes): the caller then imports the
 recipe and inspects the function.
+
+A recipe decorated ``@extends("base.py")`` (``baton.core.recipe_extension``) has the
+wrapped recipe's parameters and then its own, after its first (the driver).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class AtLeast:
 
 _ANNOTATION_SCOPE["AtLeast"] = AtLeast
 
+#: the name of ``recipe_extension``'s decorator, as a recipe's source spells it
+EXTENDS = "extends"
+
 
 @dataclasses.dataclass(frozen=True)
 class Param:
@@ -82,7 +88,9 @@ def summary_of(doc: str) -> str:
     except docstring_parser.ParseError:
         return doc.strip()
     parts = [parsed.short_description or "", parsed.long_description or ""]
-    return "\n\n".join(p for p in parts if p)
+    # a first paragraph over several lines is one paragraph, not a summary line and another
+    joint = "\n\n" if parsed.blank_after_short_description else "\n"
+    return joint.join(p for p in parts if p)
 
 
 def read_signature(path: Path, function: str = "recipe") -> Signature | None:
@@ -94,7 +102,10 @@ def read_signature(path: Path, function: str = "recipe") -> Signature | None:
     node = next(
         (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None
     )
-    if node is None or node.args.vararg or node.args.posonlyargs:
+    if node is None or node.args.vararg or node.args.posonlyargs or node.args.kwarg:
+        return None
+    base = _extended_recipe(node)
+    if base is not None and not node.args.args:
         return None
     doc = ast.get_docstring(node) or ""
     helps = help_by_name(doc)
@@ -102,6 +113,8 @@ def read_signature(path: Path, function: str = "recipe") -> Signature | None:
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(node.args.defaults))
     defaults += list(node.args.defaults)
     pairs = list(zip(positional, defaults, strict=True))
+    if base is not None:
+        pairs = pairs[1:]  # the wrapped recipe's driver
     pairs += list(zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True))
     params: list[Param] = []
     for arg, default_node in pairs:
@@ -120,17 +133,76 @@ def read_signature(path: Path, function: str = "recipe") -> Signature | None:
         if isinstance(annotation, str):
             return None
         params.append(Param(arg.arg, annotation, default, helps.get(arg.arg, "")))
-    return Signature(tuple(params), summary_of(doc), doc)
+    own = Signature(tuple(params), summary_of(doc), doc)
+    if base is None:
+        return own
+    try:
+        base_path = base_recipe_path(base, path.parent)
+    except RecipeError:
+        return None  # importing reports it
+    wrapped = read_signature(base_path)
+    return None if wrapped is None else extend_signature(wrapped, own)
 
 
-def signature_of(fn: Callable[..., Any]) -> Signature:
-    """The same, from an imported function (any defaults and annotations)."""
-    hints = typing.get_type_hints(fn, include_extras=True)
+def _extended_recipe(node: ast.FunctionDef) -> str | None:
+    """The path in an ``@extends("...")`` decorator of ``node``, if it has one."""
+    for decorator in node.decorator_list:
+        if not isinstance(decorator, ast.Call) or len(decorator.args) != 1:
+            continue
+        name = decorator.func
+        called = name.id if isinstance(name, ast.Name) else getattr(name, "attr", None)
+        argument = decorator.args[0]
+        if called == EXTENDS and isinstance(argument, ast.Constant):
+            return str(cast(object, argument.value))
+    return None
+
+
+def base_recipe_path(base: str | Path, folder: Path) -> Path:
+    """The wrapped recipe's file: ``base`` relative to ``folder`` (the new recipe's), else
+    as given (relative to the working directory); an error when neither exists."""
+    for candidate in (folder / base, Path(base)):
+        if candidate.is_file():
+            return candidate
+    raise RecipeError(
+        f"@{EXTENDS}({str(base)!r}): no recipe file there (looked in {folder} and the "
+        "working directory); give the wrapped recipe's path relative to this recipe"
+    )
+
+
+def extend_signature(base: Signature, own: Signature) -> Signature:
+    """The wrapped recipe's parameters, then the new one's; a shared name takes the new
+    default (and help, where it has one). The summary is the new recipe's."""
+    mine = {p.name: p for p in own.params}
+    params = [
+        dataclasses.replace(p, default=mine[p.name].default, help=mine[p.name].help or p.help)
+        if p.name in mine
+        else p
+        for p in base.params
+    ]
+    shared = {p.name for p in base.params}
+    params += [p for p in own.params if p.name not in shared]
+    return Signature(tuple(params), own.summary or base.summary, own.description)
+
+
+def signature_of(fn: Callable[..., Any], *, skip: int = 0) -> Signature:
+    """The same, from an imported function (any defaults and annotations), its first
+    ``skip`` parameters left out; an ``@extends`` recipe's own ``recipe_signature``."""
+    declared = getattr(fn, "recipe_signature", None)
+    if isinstance(declared, Signature):
+        return declared
     doc = inspect.getdoc(fn) or ""
     helps = help_by_name(doc)
     params: list[Param] = []
-    for param in inspect.signature(fn).parameters.values():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+    listed = list(inspect.signature(fn).parameters.values())[skip:]
+    if any(p.kind is p.VAR_KEYWORD for p in listed):
+        raise RecipeError(
+            "recipe() takes **keywords, whose flags the command line cannot know; to build "
+            f'on another recipe and keep its flags, decorate it: @{EXTENDS}("base_recipe.py") '
+            "def recipe(driver: Driver, ...) (baton.core.recipe_extension)"
+        )
+    hints = typing.get_type_hints(fn, include_extras=True) if listed else {}
+    for param in listed:
+        if param.kind is param.VAR_POSITIONAL:
             continue
         if param.name not in hints:
             raise RecipeError(

@@ -24,26 +24,41 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any, cast
 
+from baton.core.errors import UsageError
+
 log = logging.getLogger("baton")
 
 _plugins_loaded = False
+
+
+class PluginError(UsageError):
+    """An installed plugin whose module fails to import; the message names the plugin,
+    its distribution and the error (exit status 2)."""
 
 
 def load_plugins() -> None:
     """Import every module announced under the ``baton.plugins`` entry-point group, once.
 
     Plugin modules register components at import; they keep heavy imports (torch,
-    jax, a backend's own package) inside functions, so this stays cheap.
+    jax, a backend's own package) inside functions, so this stays cheap. A plugin that
+    fails to import is a ``PluginError`` (its components would otherwise be missing
+    without a word), raised again on every lookup until it imports.
     """
     global _plugins_loaded
     if _plugins_loaded:
         return
-    _plugins_loaded = True
     for ep in sorted(entry_points(group="baton.plugins"), key=lambda e: e.name):
         try:
             import_module(ep.value)
-        except ImportError as error:  # an extra not installed: its names stay unknown
-            log.debug("baton plugin %s not importable: %s", ep.value, error)
+        except Exception as error:
+            dist = ep.dist.name if ep.dist is not None else None
+            owner = f" (distribution {dist})" if dist else ""
+            raise PluginError(
+                f"baton plugin {ep.name!r}{owner} failed to import {ep.value}: "
+                f"{type(error).__name__}: {error}; fix or install what it needs"
+                + (f", or uninstall it (pip uninstall {dist})" if dist else "")
+            ) from error
+    _plugins_loaded = True
 
 
 class UnknownNameError(KeyError):

@@ -15,6 +15,12 @@ no longer matches what is recorded::
 Recipes and backends add their own names: ``Driver(training_settings={"vocab_file"})``
 or a backend attribute ``training_settings``.
 
+The arguments of the callbacks a run added (``--callback ema:decay=0.95``, recorded in
+the settings' ``callbacks``) are settings too, named ``LABEL.argument``::
+
+    changed_callback_settings(saved, current)
+    # {"ema.decay": (0.95, 0.5)}: refused unless --allow-changed ema.decay
+
 Before any setting is compared, the checkpoint must be this run's at all
 (``check_same_run``): written by the same backend and recipe, else the directory holds
 another experiment and no ``--allow-changed`` makes it this one::
@@ -29,8 +35,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from baton.core.callback_paths import class_label
 from baton.core.errors import UsageError
 
 #: settings whose change alters training (a recipe parameter or driver limit of that name)
@@ -103,6 +110,30 @@ def changed_settings(
         for name in sorted(set(names))
         if name in saved and name in current and saved[name] != current[name]
     }
+
+
+def callback_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``LABEL.argument -> value`` for each callback the settings record (``callbacks``:
+    ``[{"name": "ema", "decay": 0.95}]`` -> ``{"ema.decay": 0.95}``); a class path's label
+    is its class name."""
+    flat: dict[str, Any] = {}
+    records: Any = settings.get("callbacks")
+    for record in cast(list[Any], records) if isinstance(records, list) else []:
+        table = cast(dict[str, Any], record) if isinstance(record, dict) else {}
+        name = table.get("name")
+        if isinstance(name, str):
+            label = class_label(name)
+            flat |= {f"{label}.{key}": value for key, value in table.items() if key != "name"}
+    return flat
+
+
+def changed_callback_settings(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """``LABEL.argument -> (saved, current)`` for the arguments of callbacks both runs
+    added that differ (a callback added or dropped is not a change of its arguments)."""
+    old, new = callback_settings(saved), callback_settings(current)
+    return changed_settings(old, new, old.keys() & new.keys())
 
 
 def check_changes(

@@ -27,6 +27,7 @@ no restored state depends on. Each allowed change is recorded in later checkpoin
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -40,7 +41,12 @@ from baton.core.checkpoint_record import as_written_by, check_record
 from baton.core.errors import UsageError
 from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
-from baton.core.resume_settings import changed_settings, check_changes, check_same_run
+from baton.core.resume_settings import (
+    changed_callback_settings,
+    changed_settings,
+    check_changes,
+    check_same_run,
+)
 from baton.core.rundir import set_aside
 
 log = logging.getLogger("baton")
@@ -72,6 +78,8 @@ class Resumer:
         self._fallbacks: list[Path] = []
         self._failures: list[str] = []
         self._allowed_now: dict[str, tuple[Any, Any]] = {}
+        #: the changed callback arguments (``ema.decay``): the callback applies them
+        self._callback_changes: set[str] = set()
         #: the checkpoint whose settings were checked (and their changes logged) last
         self._settings_checked: Path | None = None
 
@@ -276,7 +284,11 @@ class Resumer:
             options.settings.get("model_spec"),
             what=f"checkpoint {path}",
         )
-        changes = changed_settings(meta.get("settings", {}), options.settings, names)
+        saved = meta.get("settings", {})
+        changes = changed_settings(saved, options.settings, names)
+        by_callbacks = changed_callback_settings(saved, options.settings)
+        self._callback_changes = set(by_callbacks)
+        changes |= by_callbacks
         allowed = check_changes(changes, set(options.allow_changed), path)
         self.changes = list(meta.get("resume_changes", []))
         self._allowed_now = allowed
@@ -317,7 +329,9 @@ class Resumer:
         appliers: dict[str, str] = {}
         for name, (old, new) in changes.items():
             by_driver = name in limits and limits[name] == new
-            if name in backend_names:
+            if name in self._callback_changes:  # built with its new argument
+                appliers[name] = "callback"
+            elif name in backend_names:
                 appliers[name] = "backend and driver" if by_driver else "backend"
             elif by_driver:
                 appliers[name] = "driver"
@@ -374,17 +388,58 @@ def same_on_every_rank(
 
 
 def restore_callback_states(
-    callbacks: Sequence[Callback], meta: dict[str, Any], path: Path
+    callbacks: Sequence[Callback], meta: dict[str, Any], path: Path, *, announce: bool = True
 ) -> None:
-    """Give each stateful callback its state from the checkpoint (warn where missing)."""
+    """Give each stateful callback its state from the checkpoint; with ``announce``, a
+    stateful callback the checkpoint's run did not have, or one it had and this run
+    drops, is said in one log line each."""
     states: dict[str, Any] = meta.get("callbacks", {})
+    keys = {cb.state_key for cb in callbacks if cb.state_key is not None}
     for cb in callbacks:
         if cb.state_key is None:
             continue
         if cb.state_key in states:
             cb.load_state_dict(states[cb.state_key])
-        else:
-            log.warning("checkpoint %s has no state for callback %r", path, cb.state_key)
+        elif announce:
+            log.warning(
+                "resuming with callback %r, which the run of checkpoint %s did not have: it "
+                "starts from its initial state",
+                cb.state_key,
+                path,
+            )
+    dropped = sorted(set(states) - keys)
+    if dropped and announce:
+        log.warning(
+            "resuming without callback%s %s, which the run of checkpoint %s had: %s state "
+            "there is not used",
+            "s" if len(dropped) > 1 else "",
+            ", ".join(repr(key) for key in dropped),
+            path,
+            "their" if len(dropped) > 1 else "its",
+        )
+
+
+def planned_settings(run_dir: Path, resume: str) -> dict[str, Any]:
+    """The settings recorded by the checkpoint a resume would start from (``auto``: the
+    first of ``resume_order`` whose ``baton.json`` reads), unverified; ``{}`` when there
+    is none (the ``Resumer`` then says why)."""
+    if resume == "none":
+        return {}
+    checkpoint_dir = run_dir / "checkpoints"
+    if resume == "auto":
+        candidates = ckpt.resume_order(checkpoint_dir)
+    else:
+        named = Path(resume)
+        candidates = [named if named.exists() else checkpoint_dir / named]
+    for candidate in candidates:
+        try:
+            meta: Any = json.loads((candidate / ckpt.META_FILE).read_text())
+            settings: Any = meta["settings"]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if isinstance(settings, dict):
+            return {str(k): v for k, v in cast(dict[Any, Any], settings).items()}
+    return {}
 
 
 def error_summary(error: BaseException, limit: int = 600) -> str:

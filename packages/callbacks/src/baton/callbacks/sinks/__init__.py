@@ -3,7 +3,9 @@
 A sink has ``open(driver)``, ``write(step, metrics, phase)`` and ``close()``;
 ``phase`` is ``"train"`` (a log step's metrics) or ``"eval"`` (an evaluation's). Sinks are
 registered by name in ``SINKS`` so recipes and config files can say
-``CompositeLogger(["jsonl", "tensorboard", "wandb", "console"])``.
+``CompositeLogger(["jsonl", "tensorboard", "wandb", "mlflow", "console"])``. A sink that
+has ``state_dict()`` / ``load_state_dict(state)`` (MLflow's run id) has that state kept
+in every checkpoint by ``CompositeLogger``.
 
 Example::
 
@@ -14,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from baton.core.registry import Registry
 
@@ -38,16 +40,27 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class StatefulSink(Sink, Protocol):
+    """A sink whose state (JSON-serialisable) travels in checkpoints."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 SINKS: Registry[type] = Registry("log sink")
 SINKS.add_lazy("jsonl", "baton.callbacks.sinks.jsonl:JsonlSink")
 SINKS.add_lazy("tensorboard", "baton.callbacks.sinks.tensorboard:TensorBoardSink")
 SINKS.add_lazy("wandb", "baton.callbacks.sinks.wandb:WandbSink")
+SINKS.add_lazy("mlflow", "baton.callbacks.sinks.mlflow:MlflowSink")
 SINKS.add_lazy("console", "baton.callbacks.sinks.console:ConsoleSink")
 
 #: sink name -> (the modules it needs, the baton-callbacks extra that installs them)
 OPTIONAL_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
     "tensorboard": (("tensorboard", "crc32c"), "tensorboard"),
     "wandb": (("wandb",), "wandb"),
+    "mlflow": (("mlflow",), "mlflow"),
 }
 
 
@@ -72,10 +85,19 @@ def check_installed(name: str) -> None:
         )
 
 
-def build_sink(name: str) -> Sink:
-    """The registered sink ``name``, after checking that its package is installed."""
+def build_sink(name: str, **arguments: Any) -> Sink:
+    """The registered sink ``name`` (built with ``arguments``), after checking that its
+    package is installed."""
     check_installed(name)
-    return SINKS.build(name)
+    return SINKS.build(name, **arguments)
 
 
-__all__ = ["SINKS", "MissingSinkPackage", "Phase", "Sink", "build_sink", "check_installed"]
+__all__ = [
+    "SINKS",
+    "MissingSinkPackage",
+    "Phase",
+    "Sink",
+    "StatefulSink",
+    "build_sink",
+    "check_installed",
+]

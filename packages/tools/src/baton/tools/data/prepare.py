@@ -10,10 +10,10 @@ Example::
 Documents are read in order in this process, tokenized in batches by ``workers`` worker
 processes (each with its own copy of the tokenizer, ``encode_batch_fast``; the tokenizer's
 own special tokens are added as it is configured to add them), the end-of-document token
-is appended to each, and megatron-core's ``IndexedDatasetBuilder`` writes ``PREFIX.bin``
-and ``PREFIX.idx`` (one sequence per document, exactly as Megatron's
-``preprocess_data.py``) in input order, so the same input gives the same bytes whatever the
-number of workers. ``PREFIX.json`` is the manifest (tokenizer fingerprint, counts, sources).
+is appended to each, and :class:`~baton.data.indexed_writer.IndexedWriter` writes
+``PREFIX.bin`` and ``PREFIX.idx`` (the bytes of megatron-core's ``IndexedDatasetBuilder``,
+one sequence per document, exactly as Megatron's ``preprocess_data.py``) in input order,
+so the same input gives the same bytes whatever the number of workers. ``PREFIX.json`` is the manifest (tokenizer fingerprint, counts, sources).
 
 Worker processes are started with ``spawn``: a script that calls :func:`prepare` with
 ``workers > 1`` must do so under ``if __name__ == "__main__":`` (recipes run by ``baton run``
@@ -44,6 +44,7 @@ from baton.data import (
     manifest_path,
     split_prefix,
 )
+from baton.data.indexed_writer import IndexedWriter
 from baton.tools.data.sources import Source, open_sources
 
 #: token dtypes ``--dtype`` accepts (megatron-core's DType names)
@@ -173,26 +174,6 @@ def _progress(enabled: bool, total: int):
         disable=not enabled,
         transient=False,
     )
-
-
-def indexed_builder(path: Path, dtype: np.dtype) -> Any:
-    """megatron-core's ``IndexedDatasetBuilder`` writing ``path``, imported quietly."""
-    import logging
-    import warnings
-
-    logging.disable(logging.WARNING)  # torch and megatron-core announce missing CUDA/TE/apex
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    except ImportError as error:
-        raise DataError(
-            f"baton data prepare writes through megatron-core's builder, which does not import "
-            f"({error}); install baton-tools[data]"
-        ) from None
-    finally:
-        logging.disable(logging.NOTSET)
-    return IndexedDatasetBuilder(str(path), dtype=dtype.type)
 
 
 def check_output(output: str | Path, force: bool, files: Sequence[Path]) -> str:
@@ -343,13 +324,11 @@ def _write(
     tokenizer_json = (info.path / "tokenizer.json").read_text(encoding="utf-8")
     pool = _start_pool(workers, (tokenizer_json, info.eod_id, token_dtype.name, workers == 1))
     try:
-        builder = indexed_builder(
-            temporaries["bin"], token_dtype
-        )  # imports megatron as workers start
+        builder = IndexedWriter(temporaries["bin"], token_dtype)
         try:
             tally = _tokenize_into(builder, pool, sources, workers, progress)
         finally:
-            builder.data_file.close()
+            builder.close()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     uses_key = any(source.kind != "txt" for source in sources)

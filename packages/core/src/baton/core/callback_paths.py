@@ -1,0 +1,184 @@
+"""Callbacks named by where their class lives: a Python file or an importable module.
+
+Beside registered names (``ema``), ``--callback`` and a config's ``callbacks:`` take a
+class path, with the same ``:key=value,...`` arguments::
+
+    --callback my_callbacks.py:EmbedNorm:scale=2     # a file (relative to the working directory)
+    --callback mypkg.callbacks:EmbedNorm:scale=2     # a module on the Python path
+    --callback mypkg.callbacks.EmbedNorm             # the same, written as one dotted name
+
+A file's path is recorded resolved (absolute), so a resume rebuilds the same class
+from another working directory. From code::
+
+    is_class_path("ema")                                # False: a registered name
+    target, rest = split_class_path("my_callbacks.py:EmbedNorm:scale=2", "--callback ...")
+    # ("/home/me/exp/my_callbacks.py:EmbedNorm", "scale=2")
+    load_class(target, "--callback ...")                # the class, a Callback subclass
+    class_label(target)                                 # "EmbedNorm" (--allow-changed EmbedNorm.scale)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from baton.core.callback import Callback
+from baton.core.errors import UsageError, did_you_mean
+
+#: the module names files are imported under (``baton_callback_file__home_me_cb_py``)
+FILE_MODULE_PREFIX = "baton_callback_file_"
+#: files already imported, by resolved path: a class loaded twice is the same class
+_FILES: dict[Path, ModuleType] = {}
+
+
+def is_class_path(text: str) -> bool:
+    """Whether ``text`` (``--callback``'s, as given) names a class by file or module
+    rather than by registered name: its part before the first ``:`` is a path or dotted."""
+    head = text.partition(":")[0]
+    return _is_file(head) or "." in head
+
+
+def names_class(name: str) -> bool:
+    """Whether a callback's name as recorded (``normal_name``) is a class path,
+    ``TARGET:Class``; registered names have no ``:``."""
+    return ":" in name
+
+
+def _is_file(head: str) -> bool:
+    return head.endswith(".py") or "/" in head or "\\" in head
+
+
+def split_class_path(text: str, source: str) -> tuple[str, str]:
+    """``(TARGET:Class, arguments text)`` of a class path as given: a file resolved to
+    an absolute path, ``pkg.mod.Class`` written ``pkg.mod:Class``."""
+    head, _, rest = text.partition(":")
+    class_name, _, after = rest.partition(":")
+    class_name = class_name.strip()
+    if _is_file(head):
+        if not class_name.isidentifier():
+            raise UsageError(
+                f"{source}: name the class in {head}, e.g. --callback {head}:MyCallback"
+                f"{':' + rest if rest else ''}"
+            )
+        return f"{Path(head).expanduser().resolve()}:{class_name}", after
+    if class_name.isidentifier():
+        return f"{head}:{class_name}", after
+    module, _, attr = head.rpartition(".")
+    if not module or not attr.isidentifier():
+        raise UsageError(
+            f"{source}: {head!r} names no class; write MODULE:Class (mypkg.callbacks:MyCallback) "
+            "or FILE.py:Class"
+        )
+    return f"{module}:{attr}", rest
+
+
+def normal_name(text: str, source: str) -> str:
+    """A callback's name as recorded: a registered name unchanged, a class path as
+    ``split_class_path`` writes it (arguments not allowed here)."""
+    if not is_class_path(text):
+        return text
+    target, rest = split_class_path(text, source)
+    if rest.strip():
+        raise UsageError(f"{source}: {text!r}: give the arguments as the entry's own keys")
+    return target
+
+
+def class_label(name: str) -> str:
+    """How messages and ``--allow-changed`` name a callback: the registered name, or a
+    class path's class name (``/x/my_callbacks.py:EmbedNorm`` -> ``EmbedNorm``)."""
+    return name.rpartition(":")[2]
+
+
+def load_class(target: str, source: str) -> type[Callback]:
+    """The ``Callback`` subclass ``target`` (``FILE.py:Class`` or ``module:Class``)
+    names; a missing file or module, a missing class or one that is not a baton
+    ``Callback`` is a one-line ``UsageError``."""
+    where, _, name = target.rpartition(":")
+    module = _load_file(Path(where), source) if _is_file(where) else _import(where, name, source)
+    found = getattr(module, name, None)
+    if not isinstance(found, type):
+        own = [
+            n
+            for n, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, Callback) and v.__module__ == module.__name__
+        ]
+        close = did_you_mean(name, own)
+        hint = (
+            f"did you mean {close!r}?"
+            if close
+            else f"its callbacks: {', '.join(own)}"
+            if own
+            else "define a subclass of baton.core.Callback there"
+        )
+        raise UsageError(f"{source}: {where} defines no class {name!r}; {hint}")
+    if not issubclass(found, Callback):
+        raise UsageError(
+            f"{source}: {where}:{name} is not a baton Callback; make it a subclass of "
+            "baton.core.Callback (class "
+            f"{name}(Callback): ...)"
+        )
+    return found
+
+
+def _load_file(path: Path, source: str) -> ModuleType:
+    if path in _FILES:
+        return _FILES[path]
+    if not path.is_file():
+        raise UsageError(
+            f"{source}: callback file {path} does not exist; give the path of a Python file "
+            "that defines the class, e.g. --callback my_callbacks.py:MyCallback"
+        )
+    module_name = FILE_MODULE_PREFIX + re.sub(r"\W", "_", str(path))
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{source}: {path} is not a Python file; give a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # annotations and dataclasses look it up
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        del sys.modules[module_name]
+        raise UsageError(
+            f"{source}: {path}:{error.lineno}: syntax error ({error.msg}); fix the file"
+        ) from None
+    except Exception as error:
+        del sys.modules[module_name]
+        raise UsageError(
+            f"{source}: {path} raised {type(error).__name__} while loading: {error}; fix the "
+            "file (or install what it imports)"
+        ) from None
+    _FILES[path] = module
+    return module
+
+
+def _import(module: str, name: str, source: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is not None and module.startswith(error.name):
+            raise UsageError(
+                f"{source}: no module named {module!r}; install the package that provides "
+                f"it, or give a file: --callback path/to/file.py:{name}"
+            ) from None
+        raise UsageError(
+            f"{source}: module {module} cannot be imported: {error}; install what it needs"
+        ) from None
+    except Exception as error:
+        raise UsageError(
+            f"{source}: importing {module} raised {type(error).__name__}: {error}; fix the module"
+        ) from None
+
+
+__all__ = [
+    "FILE_MODULE_PREFIX",
+    "class_label",
+    "is_class_path",
+    "load_class",
+    "names_class",
+    "normal_name",
+    "split_class_path",
+]

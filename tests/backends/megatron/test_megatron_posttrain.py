@@ -52,11 +52,11 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def run_argv(fixtures: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
+def run_argv(fixtures: dict[str, Path], run_dir: Path, *extra: str, steps: int = 1) -> list[str]:
     return [
         "--init-from", str(fixtures["model"]), "--tokenizer", str(fixtures["tokenizer"]),
         "--seq-len", str(SEQ_LEN), "--batch-size", "2", "--global-batch-size", "4",
-        "--max-steps", "1", "--log-every", "1", "--save-every", "0", "--no-async-save",
+        "--max-steps", str(steps), "--log-every", "1", "--save-every", "0", "--no-async-save",
         "--no-progress", "--run-dir", str(run_dir), *extra,
     ]  # fmt: skip
 
@@ -204,3 +204,42 @@ def test_dpo_first_step_equals_trl_on_two_ranks(fixtures, tmp_path, layout):
     assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
     assert got["rewards/accuracies"] == trl["rewards/accuracies"]
     assert len(list(tmp_path.glob("pairs.reference-*.npy"))) == 1
+
+
+class StopAfter(Callback):
+    """Stop the run after ``step``, saving a checkpoint (as a preempted run does)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, driver: Any, output: Any) -> None:
+        if driver.step == self.step:
+            driver.control.request_save("test")
+            driver.control.request_stop("test")
+
+
+def test_sft_resumes_where_it_stopped_and_a_dpo_reference_change_is_refused(fixtures, tmp_path):
+    """An SFT run stopped after 2 of 3 steps and resumed gives step 3 the loss of a run
+    that never stopped (the rows consumed are in the checkpoint); a DPO checkpoint records
+    its reference, and resuming it against another reference is refused."""
+    from baton.core.errors import UsageError
+
+    def run(
+        objective: str, run_dir: Path, *extra: str, stop: int = 0
+    ) -> dict[int, dict[str, float]]:
+        argv = run_argv(fixtures, run_dir, "--objective", objective, "--lr", "1e-2", steps=3)
+        data = fixtures["sft" if objective == "sft" else "pairs"]
+        driver = build_driver(RECIPE, [*argv, "--data-path", str(data), *extra])
+        record = FirstStep()
+        driver.callbacks += [record, StopAfter(stop)] if stop else [record]
+        driver.fit()
+        return record.metrics
+
+    straight = run("sft", tmp_path / "straight")
+    run("sft", tmp_path / "stopped", stop=2)
+    resumed = run("sft", tmp_path / "stopped", "--resume", "auto")
+    assert list(resumed) == [3] and resumed[3]["loss"] == straight[3]["loss"]
+
+    run("dpo", tmp_path / "dpo", "--reference", str(fixtures["reference"]), stop=1)
+    with pytest.raises(UsageError, match="different setup:\n  reference: checkpoint has"):
+        run("dpo", tmp_path / "dpo", "--reference", str(fixtures["model"]), "--resume", "auto")

@@ -176,22 +176,33 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     def _score_reference(self) -> None:
         """DPO: every sequence's reference log-probability, stored beside the data (and
-        computed by this model with the reference's weights first if not stored yet),
+        computed first, with the reference's weights in this model, if not stored yet),
         given to the training rows (``reference.py``)."""
-        from baton.backends.megatron.reference import ReferenceModel, compute_reference_logps
+        from baton.backends.megatron.reference import (
+            check_reference,
+            compute_reference_logps,
+            reference_fingerprint,
+        )
+        from baton.backends.reference_logps import stored_or_computed
 
         assert self.source is not None, "check_data refuses DPO without prepared data"
         rows = self.train_streams[0].dataset
-        reference = ReferenceModel.of(self.config, self.source.info)
-        values = reference.stored(rows.data)
-        if values is None:
-            self.load_weights(reference.path)
-            values = compute_reference_logps(self.chunks, rows, self.config, self._device)
-            if self.rank == 0:
-                reference.store(rows.data, values)
-            self.barrier()
-        rows.reference = values
-        self.reference_fingerprint = reference.fingerprint
+        path = check_reference(self.config, self.source.info)
+        fingerprint = reference_fingerprint(path)
+
+        def scored() -> Any:
+            self.load_weights(path)
+            return compute_reference_logps(self.chunks, rows, self.config, self._device)
+
+        rows.reference = stored_or_computed(
+            rows.data.prefix,
+            fingerprint,
+            tokenizer_fingerprint=self.source.info.fingerprint,
+            engine=self.name,
+            compute=scored,
+            num_sequences=rows.data.num_sequences,
+        )
+        self.reference_fingerprint = fingerprint
 
     def load_weights(self, directory: Path) -> None:
         """Load only the model's weights (a checkpoint under any layout it can reshard,

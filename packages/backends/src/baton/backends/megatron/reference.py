@@ -1,32 +1,30 @@
 """DPO's reference log-probabilities on Megatron: computed once by this engine before
-training, stored beside the prepared data, tied to the reference's fingerprint.
+training with a forward-only pass of Megatron's schedule, stored beside the prepared data
+through ``baton.backends.reference_logps`` (``PREFIX.reference-<fingerprint16>.npy`` and
+its ``.json``, shared by every engine), tied to the reference's fingerprint.
 
 The reference is ``config.reference`` (a Hugging Face directory or baton checkpoint) or,
-by default, the starting weights ``config.init_from``. Its fingerprint hashes the files
-of its weights (xxh3-128 of each, as checkpoint manifests do) and the model it is
-built as; the values go to ``PREFIX.reference-<fingerprint16>.npy`` (float64, one sum
-per sequence: the reference's log-probabilities of the document's supervised targets)
-with ``PREFIX.reference-<fingerprint16>.json`` recording the reference, tokenizer, engine
-and data fingerprints. Another reference has another file; a stored file whose
-tokenizer or data differ from the run's is refused.
+by default, the starting weights ``config.init_from``; it must be the policy's
+architecture and use the data's tokenizer.
 
 Example (what ``MegatronBackend.setup`` does for ``--objective dpo``)::
 
-    reference = ReferenceModel.of(config, tokenizer=info)      # checked, fingerprinted
-    values = reference.stored(data)                            # None: not computed yet
-    if values is None:
-        load_weights(chunks, optimizer, reference.path)
-        values = compute_reference_logps(chunks, rows, config, device)
-        reference.store(data, values)                          # rank 0
+    path = check_reference(config, tokenizer_info)     # UsageError: none, another model
+
+    def scored():                                      # only when nothing is stored
+        load_weights(chunks, optimizer, path)
+        return compute_reference_logps(chunks, rows, config, device)
+
+    logps = stored_or_computed(
+        rows.data.prefix, reference_fingerprint(path), engine="megatron", compute=scored,
+        tokenizer_fingerprint=tokenizer_info.fingerprint,
+    )
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,23 +34,13 @@ import torch
 
 from baton.backends.megatron.config import MegatronConfig
 from baton.core.errors import UsageError
-from baton.data import DataError, TokenizerInfo
+from baton.data import TokenizerInfo
 from baton.data.packed import PackedDataset
-
-log = logging.getLogger("baton")
 
 
 def _weights_dir(path: Path) -> Path:
     """Where a reference's weights are: a checkpoint's ``backend/`` folder, else ``path``."""
     return path / "backend" if (path / "backend").is_dir() else path
-
-
-def _architecture(config: MegatronConfig) -> dict[str, Any]:
-    """The model the reference is built as (its spec, else the config's shape)."""
-    if config.spec is not None:
-        return config.spec.to_dict()
-    shape = config.describe()
-    return {k: v for k, v in shape.items() if k not in ("seq_len", "global_batch_size")}
 
 
 def check_reference(config: MegatronConfig, tokenizer: TokenizerInfo) -> Path:
@@ -91,77 +79,18 @@ def check_reference(config: MegatronConfig, tokenizer: TokenizerInfo) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class ReferenceModel:
-    """A checked reference, its fingerprint, and where its values go beside the data."""
+def reference_fingerprint(path: Path) -> str:
+    """The reference's fingerprint: a Hugging Face directory's as every engine takes it
+    (``reference_logps.model_fingerprint``: its weight and config files), a checkpoint's
+    from the xxh3-128 of every file of its weights (as checkpoint manifests record)."""
+    from baton.backends.reference_logps import model_fingerprint
+    from baton.core.checkpointing import manifest
+    from baton.core.model_spec import is_hf_dir
 
-    path: Path
-    fingerprint: str
-    tokenizer: str
-
-    @classmethod
-    def of(cls, config: MegatronConfig, tokenizer: TokenizerInfo) -> ReferenceModel:
-        from baton.core.checkpointing import manifest
-
-        path = check_reference(config, tokenizer)
-        facts = {"weights": manifest(_weights_dir(path)), "model": _architecture(config)}
-        digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode())
-        return cls(path, digest.hexdigest(), tokenizer.fingerprint)
-
-    def files(self, data: PackedDataset) -> tuple[Path, Path]:
-        """``PREFIX.reference-<fingerprint16>.npy`` and its ``.json``."""
-        stem = f"{data.prefix}.reference-{self.fingerprint[:16]}"
-        return Path(stem + ".npy"), Path(stem + ".json")
-
-    def record(self, data: PackedDataset) -> dict[str, Any]:
-        return {
-            "reference": self.fingerprint,
-            "reference_path": str(self.path),
-            "tokenizer": self.tokenizer,
-            "engine": "megatron",
-            "data": data_fingerprint(data),
-        }
-
-    def stored(self, data: PackedDataset) -> numpy.ndarray | None:
-        """The stored values (``None``: not computed yet); ``DataError`` for values of
-        this reference computed on other data or with another tokenizer."""
-        values, facts = self.files(data)
-        if not (values.is_file() and facts.is_file()):
-            return None
-        saved = json.loads(facts.read_text())
-        expected = self.record(data)
-        for key in ("tokenizer", "data"):
-            if saved.get(key) != expected[key]:
-                raise DataError(
-                    f"{values} holds reference log-probabilities of another "
-                    f"{'tokenizer' if key == 'tokenizer' else 'version of the data'}; "
-                    "remove it (and its .json) to compute them again"
-                )
-        array = numpy.load(values)
-        if array.shape != (data.num_sequences,):
-            raise DataError(f"{values} has shape {array.shape}, not ({data.num_sequences},); "
-                            "remove it (and its .json) to compute it again")  # fmt: skip
-        return array
-
-    def store(self, data: PackedDataset, logps: numpy.ndarray) -> None:
-        """Write the values, then their record (each renamed into place)."""
-        values, facts = self.files(data)
-        partial = values.with_name(f"{values.stem}.partial-{os.getpid()}.npy")
-        numpy.save(partial, logps.astype(numpy.float64))
-        os.replace(partial, values)
-        partial = facts.with_name(f"{facts.name}.partial-{os.getpid()}")
-        partial.write_text(json.dumps(self.record(data), indent=2) + "\n")
-        os.replace(partial, facts)
-        log.info("reference log-probabilities of %s stored in %s", self.path, values)
-
-
-def data_fingerprint(data: PackedDataset) -> str:
-    """The prepared data's identity: its index (sequences, rows) and file sizes."""
-    from baton.data import fingerprint_file
-
-    sizes = [Path(data.prefix + suffix).stat().st_size for suffix in (".bin", ".mask.bin")]
-    facts = {"idx": fingerprint_file(data.prefix + ".idx"), "sizes": sizes}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+    if is_hf_dir(path):
+        return model_fingerprint(path)
+    files = json.dumps(manifest(_weights_dir(path)), sort_keys=True)
+    return hashlib.sha256(files.encode()).hexdigest()
 
 
 @torch.no_grad()

@@ -243,3 +243,14 @@ def test_sft_resumes_where_it_stopped_and_a_dpo_reference_change_is_refused(fixt
     run("dpo", tmp_path / "dpo", "--reference", str(fixtures["reference"]), stop=1)
     with pytest.raises(UsageError, match="different setup:\n  reference: checkpoint has"):
         run("dpo", tmp_path / "dpo", "--reference", str(fixtures["model"]), "--resume", "auto")
+
+
+def test_evaluation_of_a_post_training_run_is_refused_with_the_reason(fixtures, tmp_path):
+    """SFT trains on every row: asking to evaluate fails before the first step, saying why."""
+    from baton.core.abilities import MissingAbilityError
+
+    argv = run_argv(fixtures, tmp_path / "run", "--objective", "sft")
+    driver = build_driver(RECIPE, [*argv, "--data-path", str(fixtures["sft"])])
+    driver.options = driver.options.replace(eval_every=1)
+    with pytest.raises(MissingAbilityError, match="no validation split"):
+        driver.fit()

@@ -293,13 +293,20 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     @property
     def refused_abilities(self) -> dict[str, str]:
-        """Checksums need data-parallel replicas to compare."""
-        if not self.chunks or self.config.data_parallel_size(self.world_size) > 1:
-            return {}
-        return {
-            "weight_checksums": "data-parallel size 1: every rank holds its own shard, no "
-            "replica to compare; launch more ranks than tensor x pipeline parallel"
-        }
+        """Checksums need data-parallel replicas to compare; SFT and DPO train on every
+        row of their data, so there is no validation split to evaluate."""
+        refused: dict[str, str] = {}
+        if self.config.objective != "pretrain":
+            refused["evaluate"] = (
+                f"--objective {self.config.objective} trains on every packed row: no "
+                "validation split; run with --eval-every 0"
+            )
+        if self.chunks and self.config.data_parallel_size(self.world_size) == 1:
+            refused["weight_checksums"] = (
+                "data-parallel size 1: every rank holds its own shard, no "
+                "replica to compare; launch more ranks than tensor x pipeline parallel"
+            )
+        return refused
 
     # -- checkpoints: MegatronCheckpointIO (checkpoint_io.py), through UsesCheckpointIO --
     def layout(self) -> dict[str, Any]:

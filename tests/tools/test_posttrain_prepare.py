@@ -72,6 +72,8 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "chatml": chat_tokenizer(root / "chatml", CHATML),
         "generation": chat_tokenizer(root / "generation", CHATML_GENERATION),
         "none": chat_tokenizer(root / "none", None),
+        # a header counting the turns: a prefix of the conversation is no prefix of it
+        "counting": chat_tokenizer(root / "counting", "{{ messages | length }} turns\n" + CHATML),
     }
 
 
@@ -186,6 +188,25 @@ def test_best_fit_decreasing() -> None:
     assert len(rows) == 5  # 42 tokens: the fewest rows of 10 that can hold them
 
 
+def test_packing_fills_rows_at_least_as_well_as_trl() -> None:
+    """On a spread of conversation lengths, as many or fewer rows than TRL's own
+    best-fit-decreasing ``pack_dataset`` (which packs each batch of 1000 on its own)."""
+    import datasets
+    import numpy as np
+    from trl.data_utils import pack_dataset
+
+    rng = np.random.default_rng(0)
+    capacity = 2048
+    lengths = np.clip(rng.lognormal(5.5, 0.9, size=3000).astype(int), 8, capacity).tolist()
+    ours = best_fit_decreasing(lengths, capacity)
+    dataset = datasets.Dataset.from_dict({"input_ids": [[1] * length for length in lengths]})
+    theirs = pack_dataset(dataset, seq_length=capacity, strategy="bfd")
+    assert sum(len(row) for row in theirs["input_ids"]) == sum(lengths)  # nothing cut
+    assert len(ours) <= len(theirs)
+    fill = sum(lengths) / (len(ours) * capacity)
+    assert fill > 0.95, fill
+
+
 def test_prepare_messages_packs_and_masks(
     tokenizers: dict[str, Path], tmp_path: Path, capsys
 ) -> None:
@@ -265,6 +286,29 @@ def test_truncate_cuts_and_counts(tokenizers: dict[str, Path], tmp_path: Path, c
     assert all(sum(len(t) for t, _ in data.row(r)) <= 25 for r in range(data.num_rows))
 
 
+def test_truncate_pairs(tokenizers: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """Both sides of a long pair are cut to share one row; a pair whose prompt alone fills
+    its share has nothing left to score and is dropped (counted)."""
+    long_answer = {"prompt": "Say it:", "chosen": " yes" * 30, "rejected": " no" * 5}
+    long_prompt = {"prompt": "word " * 200, "chosen": " a", "rejected": " b"}
+    source = jsonl(tmp_path / "pairs.jsonl", [long_answer, long_prompt, PAIRS[0]])
+    (chosen, _), (rejected, _) = ChatTokenizer.load(tokenizers["chatml"]).pair(**PAIRS[0])
+    capacity = len(chosen) + len(rejected)  # PAIRS[0] just fits
+    status, _, err = prepare(
+        capsys, source, "--tokenizer", tokenizers["chatml"], "--output", tmp_path / "p",
+        "--seq-len", capacity - 1, "--truncate",
+    )  # fmt: skip
+    assert (status, err) == (0, "")
+    data = PackedDataset(tmp_path / "p")
+    manifest = data.manifest
+    assert (manifest["truncated"], manifest["dropped_without_targets"]) == (2, 1)
+    assert data.num_sequences == 4  # two pairs left
+    for row in range(data.num_rows):
+        documents = data.row(row)
+        assert sum(len(tokens) for tokens, _ in documents) <= capacity
+        assert all(mask.any() for _, mask in documents)
+
+
 PAIR = {"prompt": "p", "chosen": "a", "rejected": "b"}
 BAD = {  # name -> (records, extra arguments, tokenizer, words of the message)
     "no assistant turn": (
@@ -308,6 +352,12 @@ BAD = {  # name -> (records, extra arguments, tokenizer, words of the message)
         [],
         "chatml",
         ["line 2 is preference", "two formats"],
+    ),
+    "template prefixes differ": (
+        [{"messages": CONVERSATIONS[1]}],
+        [],
+        "counting",
+        ["does not render the conversation up to turn 1 as a prefix", "{% generation %}"],
     ),
     "no seq-len": ([{"messages": CONVERSATIONS[1]}], [None], "chatml", ["--seq-len"]),
 }
@@ -364,6 +414,22 @@ def test_parquet_and_saved_dataset(tokenizers: dict[str, Path], tmp_path: Path, 
         assert (status, err) == (0, "")
         tokens.append(Path(f"{tmp_path}/out-{name}.bin").read_bytes())
     assert tokens[0] == tokens[1] == tokens[2]
+    # every column in every row: a null field is absent, so formats are told apart per row
+    nulls: list[str | None] = [None] * len(records)
+    mixed = datasets.Dataset.from_dict(
+        {
+            "messages": [*CONVERSATIONS, None],
+            "prompt": [*nulls, "p"],
+            "completion": [*nulls, "c"],
+        }
+    )
+    mixed.to_parquet(str(tmp_path / "mixed.parquet"))
+    capsys.readouterr()
+    status, _, err = prepare(
+        capsys, tmp_path / "mixed.parquet", "--tokenizer", tokenizers["chatml"],
+        "--output", tmp_path / "mixed", "--seq-len", "128",
+    )  # fmt: skip
+    assert status == 2 and "row 4 is prompt_completion but" in err and "row 1 is messages" in err
 
 
 def test_text_without_seq_len_refuses_conversations(

@@ -18,14 +18,16 @@ Masks (1: the token is a supervised target):
 * ``assistant``: every assistant turn; ``last_assistant``: the last one; ``all``: every token.
   A template with ``{% generation %}`` marks the assistant's tokens itself
   (``return_assistant_tokens_mask``); for any other, the span of assistant turn ``i`` is
-  what ``messages[:i + 1]`` adds to ``messages[:i]`` rendered with the generation prompt,
-  and a template whose prefixes do not render as prefixes of the whole is refused.
+  what ``messages[:i + 1]`` adds to ``messages[:i]`` rendered with the generation prompt
+  (text rendered, the whole tokenized once with offsets), and a template whose prefixes
+  do not render as prefixes of the whole, or a token across a turn's edge, is refused.
 * prompt/completion and pairs: the completion's tokens (TRL's: where the tokenized prompt
   and prompt + completion diverge); string completions get the end-of-sequence token.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import re
@@ -111,7 +113,7 @@ class ChatTokenizer:
         """The ids of ``turns`` rendered by the chat template (``apply_chat_template``)."""
         return list(self._apply(turns, add_generation_prompt=generation_prompt)["input_ids"])
 
-    def _apply(self, turns: list[dict], **options: Any) -> Any:
+    def _apply(self, turns: list[dict] | list[list[dict]], **options: Any) -> Any:
         if self.template is None:
             raise DataError(
                 f"tokenizer {self.directory} has no chat template; pass one with "
@@ -119,6 +121,8 @@ class ChatTokenizer:
                 "chat_template.jinja)"
             )
         try:
+            if options.get("tokenize") is False:
+                return self.tokenizer.apply_chat_template(turns, **options)
             return self.tokenizer.apply_chat_template(
                 turns, tokenize=True, return_dict=True, **options
             )
@@ -151,8 +155,7 @@ class ChatTokenizer:
             ids, marks = list(output["input_ids"]), list(output["assistant_masks"])
             spans = _runs(marks)
         else:
-            ids = self.render(turns)
-            spans = self._assistant_spans(turns, ids)
+            ids, spans = self._assistant_spans(turns)
         if not spans:
             raise DataError(
                 "the chat template marks no assistant token in this conversation; "
@@ -165,23 +168,39 @@ class ChatTokenizer:
             flags[start:end] = [1] * (end - start)
         return ids, flags
 
-    def _assistant_spans(self, turns: list[dict], ids: list[int]) -> list[tuple[int, int]]:
+    def _assistant_spans(self, turns: list[dict]) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of ``turns`` and the token spans of their assistant turns, found from the
+        rendered text of prefixes (one tokenization, with offsets, of the whole)."""
+        answers = [number for number, turn in enumerate(turns) if turn["role"] == "assistant"]
+        # two batched renders: every prefix up to an assistant turn, then through it
+        *throughs, text = self._apply([turns[: n + 1] for n in answers] + [turns], tokenize=False)
+        befores = self._apply(
+            [turns[:n] for n in answers], tokenize=False, add_generation_prompt=True
+        )
+        # apply_chat_template(tokenize=True) is this call through transformers' wrapper
+        encoding = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        ids = encoding.ids
+        starts = [start for start, _ in encoding.offsets]
+        ends = [end for _, end in encoding.offsets]
         spans = []
-        for number, turn in enumerate(turns):
-            if turn["role"] != "assistant":
-                continue
-            before = self.render(turns[:number], generation_prompt=True)
-            through = self.render(turns[: number + 1])
-            if through != ids[: len(through)] or before != through[: len(before)]:
+        for number, before, through in zip(answers, befores, throughs, strict=True):
+            first = bisect.bisect_left(starts, len(before))  # first token of the turn
+            end = bisect.bisect_left(starts, len(through))  # first token after it
+            if (
+                not text.startswith(through)
+                or not through.startswith(before)
+                or (first > 0 and ends[first - 1] > len(before))
+                or (end > 0 and ends[end - 1] > len(through))
+            ):
                 raise DataError(
                     "the chat template does not render the conversation up to turn "
                     f"{number} as a prefix of the whole, so the assistant's tokens cannot be "
                     "found; use a template that marks them with {% generation %} "
                     "(--chat-template FILE), or pass --mask all"
                 )
-            if len(through) > len(before):
-                spans.append((len(before), len(through)))
-        return spans
+            if end > first:
+                spans.append((first, end))
+        return ids, spans
 
     def prompt_completion(self, prompt: Any, completion: Any) -> Tokens:
         """``(ids, mask)``: the mask covers the completion, as TRL's ``SFTTrainer``."""

@@ -7,6 +7,7 @@ Example::
     baton data prepare web.jsonl notes.txt --tokenizer runs/tok --output data/corpus
     baton data prepare shards/*.parquet --text-key content --tokenizer runs/tok \\
         --output data/web --workers 8
+    baton data prepare chat.jsonl --tokenizer runs/tok --seq-len 2048 --output data/chat
     baton data inspect data/corpus -n 3
 
 Bad input (a missing file or key, text that is not UTF-8, an empty corpus, an existing
@@ -80,7 +81,9 @@ def _prepare_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="baton data prepare",
-        description="Tokenize local text into Megatron's indexed dataset (PREFIX.bin/.idx/.json).",
+        description="Tokenize local text into Megatron's indexed dataset (PREFIX.bin/.idx/.json); "
+        "with --seq-len, conversations or preference pairs packed into rows with a loss mask "
+        "(PREFIX.mask.bin).",
     )
     parser.add_argument("inputs", nargs="+", help=".txt, .jsonl, .parquet or saved dataset dirs")
     parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer directory")

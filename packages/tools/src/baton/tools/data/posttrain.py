@@ -7,7 +7,8 @@ Example::
     manifest = prepare_posttrain(["chat.jsonl"], "runs/tok", "data/chat", seq_len=2048)
     manifest["objective"], manifest["packing"]["fill"]     # "sft", 0.97
 
-Every record is read and checked, rendered (:class:`~baton.tools.data.chat.ChatTokenizer`)
+Every record is read and checked first (a bad record is refused before ``transformers``
+is imported), then rendered (:class:`~baton.tools.data.chat.ChatTokenizer`)
 and packed by best-fit decreasing into rows of at most ``seq_len + 1`` tokens (a preference
 pair, chosen then rejected, is one item, so it stays in one row) before anything is
 written; bad input raises :class:`DataError` and writes nothing. Then
@@ -98,9 +99,11 @@ def _tokenize(chat: ChatTokenizer, record: dict[str, Any], fmt: str, rule: str) 
     return [chosen, rejected]
 
 
-def _read(sources: list[Source], chat: ChatTokenizer, forced: str | None, mask: str) -> _Read:
+def _check_all(sources: list[Source], forced: str | None) -> tuple[_Read, list[tuple]]:
+    """Every record read and checked (before the chat tokenizer is even imported), with
+    the source counts it adds to."""
     read = _Read(input_format=forced)
-    rule = ""
+    records = []
     for counts, where, record in _records(sources):
         if not read.counts or read.counts[-1] is not counts:
             read.counts.append(counts)
@@ -112,10 +115,18 @@ def _read(sources: list[Source], chat: ChatTokenizer, forced: str | None, mask: 
                 f"{where} is {fmt} but {read.first_where} is {read.input_format}: two formats "
                 "in one dataset; prepare each format on its own, or pass --format"
             )
-        if not rule:
-            rule = _mask_rule(fmt, mask)
         check_record(record, fmt, where)
         read.conversational |= fmt == "messages" or isinstance(record["prompt"], list)
+        records.append((counts, where, record))
+    if not records:
+        names = ", ".join(str(source.path) for source in sources)
+        raise DataError(f"no records in {names}; check the files")
+    return read, records
+
+
+def _tokenize_all(read: _Read, records: list[tuple], chat: ChatTokenizer, rule: str) -> None:
+    fmt = str(read.input_format)
+    for counts, where, record in records:
         try:
             documents = _tokenize(chat, record, fmt, rule)
         except DataError as error:
@@ -128,10 +139,6 @@ def _read(sources: list[Source], chat: ChatTokenizer, forced: str | None, mask: 
         read.items.append(_Item(documents, where))
         counts.documents += len(documents)
         counts.tokens += sum(len(tokens) for tokens, _ in documents)
-    if not read.items:
-        names = ", ".join(str(source.path) for source in sources)
-        raise DataError(f"no records in {names}; check the files")
-    return read
 
 
 def _truncate(item: _Item, capacity: int) -> bool:
@@ -221,9 +228,11 @@ def prepare_posttrain(
     prefix = check_output(output, force, files)
     info = load_tokenizer(tokenizer)
     sources = _open_records(inputs)
-    chat = ChatTokenizer.load(tokenizer, chat_template)
-    read = _read(sources, chat, input_format, mask)
+    read, records = _check_all(sources, input_format)
     fmt = str(read.input_format)
+    rule = _mask_rule(fmt, mask)
+    chat = ChatTokenizer.load(tokenizer, chat_template)
+    _tokenize_all(read, records, chat, rule)
     capacity = seq_len + 1
     counts = _fit(read.items, capacity, seq_len, truncate)
     rows_of_items = best_fit_decreasing([item.length for item in read.items], capacity)
@@ -236,7 +245,7 @@ def prepare_posttrain(
         tokenizer=info,
         input_format=fmt,
         template=chat.template if read.conversational else None,
-        mask=_mask_rule(fmt, mask),
+        mask=rule,
         packing={"method": "best_fit_decreasing"},
         sources=[count.to_json() for count in read.counts],
         records=len(read.items),

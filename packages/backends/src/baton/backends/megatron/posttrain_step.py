@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from baton.backends.megatron.step import gpt_loss
+from baton.backends.megatron.step import gpt_loss, on_model_device
 
 #: a loss function on a packed micro-batch and the model's per-token losses
 PackedLoss = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[Any, Any, Any]]
@@ -52,8 +52,7 @@ def packed_forward_step(
     """The ``forward_step_func`` of a packed micro-batch (bind ``loss`` first): Megatron's
     per-token losses of the labels under the block-causal mask, then ``loss``. The
     micro-batch moves to the model's device."""
-    device = next(model.parameters()).device
-    batch = {key: value.to(device) for key, value in next(data_iterator).items()}
+    batch = on_model_device(next(data_iterator), model)
     output = model(
         batch["tokens"],
         batch["position_ids"],

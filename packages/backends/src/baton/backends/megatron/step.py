@@ -28,9 +28,19 @@ def gpt_loss(
     return total, count, {"lm loss": torch.stack([total.detach().clone(), count.float()])}
 
 
+def on_model_device(
+    batch: dict[str, torch.Tensor], model: Any, *, non_blocking: bool = True
+) -> dict[str, torch.Tensor]:
+    """``batch`` on the device of ``model``'s parameters (the streams read host memory;
+    on a GPU the micro-batch must follow the model)."""
+    device = next(model.parameters()).device
+    return {key: value.to(device, non_blocking=non_blocking) for key, value in batch.items()}
+
+
 def gpt_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: Any) -> Any:
-    """The ``forward_step_func`` Megatron's schedules call once per micro-batch."""
-    batch = next(data_iterator)
+    """The ``forward_step_func`` Megatron's schedules call once per micro-batch (the
+    micro-batch moved to the model's device)."""
+    batch = on_model_device(next(data_iterator), model)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(gpt_loss, batch["loss_mask"])
 

@@ -6,9 +6,8 @@ log-probability of every sequence of the dataset (the sum over the sequence's
 supervised targets) is computed with MaxText's model on this run's mesh, a global batch
 of rows at a time as training packs them. ``baton.backends.reference_logps`` stores the
 values beside the data (``PREFIX.reference-<fingerprint16>.npy`` and its ``.json``
-record) under the fingerprint made here: the reference's files, MaxText's model settings
-and the engine, so a changed reference is another file and MaxText never reads values
-another engine computed.
+record, one file per reference for every engine) under the reference's fingerprint, so
+a changed reference is another file.
 
 Example::
 
@@ -30,6 +29,7 @@ from baton.backends.maxtext.dpo_loss import model_logits
 from baton.backends.maxtext.packed_batches import maxtext_batch
 from baton.backends.reference_logps import model_fingerprint
 from baton.core.errors import UsageError
+from baton.core.model_spec import is_hf_dir
 from baton.data.packed import PackedDataset
 
 #: the MaxText settings that decide a model's log-probabilities
@@ -65,15 +65,24 @@ def model_settings(hparams: Any) -> dict[str, str]:
 
 
 def reference_fingerprint(source: str | None, hparams: Any) -> str:
-    """The reference's fingerprint: its weights and config files (``model_fingerprint``;
-    without a source, the initialisation seed), MaxText's model settings and the engine
-    (MaxText computes its own reference values)."""
-    weights = (
-        model_fingerprint(source)
-        if source
-        else f"random init, seed {getattr(hparams, 'init_weights_seed', 0)}"
-    )
-    facts = {"weights": weights, "model": model_settings(hparams), "engine": "maxtext"}
+    """The reference's fingerprint: a Hugging Face directory's as every engine takes it
+    (``model_fingerprint``: its weight and config files), so the stored values are one file
+    per reference for every engine; a checkpoint's from the xxh3-128 of every file of its
+    parameters (as checkpoint manifests record); starting weights drawn at random: the
+    initialisation seed and MaxText's model settings."""
+    if source and is_hf_dir(source):
+        return model_fingerprint(source)
+    if source:
+        from baton.backends.maxtext.checkpoint import params_path
+        from baton.core.checkpointing import manifest
+
+        files = json.dumps(manifest(params_path(source)), sort_keys=True)
+        return hashlib.sha256(files.encode()).hexdigest()
+    facts = {
+        "weights": f"random init, seed {getattr(hparams, 'init_weights_seed', 0)}",
+        "model": model_settings(hparams),
+        "engine": "maxtext",
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 

@@ -233,6 +233,7 @@ def test_8b_dry_run_plan_validates_without_gpus():
     plan = parallelism_plan(llama3_8b(), world_size=8)
     assert "8.03 B parameters" in plan
     assert "dp_shard (FSDP) 8" in plan
+    assert "act. ckpt    selective\n" in plan  # SelectiveAC.Config, named as a user says it
     bad = llama3_8b()
     bad.parallelism.tensor_parallel_degree = 3
     with pytest.raises(ValueError, match="does not fit 8 ranks"):

@@ -320,9 +320,7 @@ class CallbackFlags:
                 arguments = {str(k): v for k, v in table.items() if k != "name"}
                 where = f"{source}: callbacks: {class_label(name)}"
                 again.append(CallbackChoice(name, arguments, source=where, from_text=False))
-        flags = CallbackFlags(
-            (*again, *self.added), self.dropped, tuple(names), self.switched_off
-        )
+        flags = CallbackFlags((*again, *self.added), self.dropped, tuple(names), self.switched_off)
         return flags, tuple(again)
 
     def build(self) -> list[tuple[CallbackChoice, Callback]]:

@@ -90,7 +90,9 @@ class RecipeFlags:
     run's ones replace the returned driver's ``RunOptions`` fields of the same name.
     Each field's ``metadata["help"]`` is its ``--help`` text."""
 
-    resume: str = _flag("none", "'auto' (latest valid checkpoint), 'none', or a checkpoint directory")
+    resume: str = _flag(
+        "none", "'auto' (latest valid checkpoint), 'none', or a checkpoint directory"
+    )
     patches: str | None = _flag(
         None, "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)"
     )
@@ -127,8 +129,9 @@ class RecipeFlags:
         (), "drop a callback the recipe adds, by its registered name or class path"
     )
     console_keys: str | None = _flag(
-        None, "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
-        "(added to the recipe's)"
+        None,
+        "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
+        "(added to the recipe's)",
     )
     dry_run: bool = _flag(
         False,

@@ -38,8 +38,10 @@ from typing import Any, Unpack
 from baton.core.backend import Ability, Backend, DataExhausted
 from baton.core.callback import Callback
 from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
+from baton.core.checkpointing import checkpoints_dir
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
+from baton.core.errors import UsageError
 from baton.core.metrics import StepOutput
 from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
@@ -138,7 +140,7 @@ class Driver(SavingAttributes):
     # -- what callbacks read and call ---------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path:
-        return self.options.run_dir / "checkpoints"
+        return checkpoints_dir(self.options.run_dir)
 
     @property
     def log_dir(self) -> Path:
@@ -362,5 +364,6 @@ class Driver(SavingAttributes):
         """Tear down (``shutdown.end_run``), then release the run directory."""
         end_run(self, self._checkpoints.saver, self._dispatch, error)
         if self._lock is not None:  # a run that failed at once leaves no run directory
-            self._lock.release(remove_if_unused=error is not None)
+            refused = isinstance(error, UsageError) and not self._training
+            self._lock.release(remove_if_unused=error is not None, remove_created=refused)
             self._lock = None

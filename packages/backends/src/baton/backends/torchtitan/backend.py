@@ -107,7 +107,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
     name = "torchtitan"
     distribution = "torchtitan"
 
-    def __init__(self, config: Any, *, reshard_data: str = "refuse") -> None:
+    def __init__(
+        self, config: Any, *, reshard_data: str = "refuse", reference: str | None = None
+    ) -> None:
         if reshard_data not in RESHARD_DATA:
             raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
         if config is None or not hasattr(config, "model_spec"):
@@ -118,6 +120,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             )
         self.config = config
         self.reshard_data = reshard_data
+        #: DPO's reference weights (a Hugging Face directory or checkpoint; None: the
+        #: starting weights), read only when ``config.loss`` is ``dpo.DpoLoss``
+        self.reference = reference
         self.checkpoints = TitanCheckpointIO(self)
         self.trainer: Any = None
         self._capture: StepCapture | None = None

@@ -1,0 +1,68 @@
+"""What a TorchTitan run minimises: pretraining, supervised fine-tuning or DPO.
+
+``use_objective`` sets a ``Trainer.Config`` for the vocabulary's ``objective``, after
+checking the data fits it (before anything is built: one ``DataError`` line, exit 2):
+
+- ``pretrain``: the config as it is (the data must not be post-training rows);
+- ``sft``: the packed rows through ``PackedDataLoader`` (labels at TorchTitan's ignore
+  index outside the supervised tokens, positions restarting per document). TorchTitan's
+  own cross-entropy sums over the supervised tokens and ``Trainer.train_step`` divides by
+  ``global_valid_tokens``, the supervised tokens of every micro-batch and data-parallel
+  rank of the step: the loss is their global mean;
+- ``dpo``: the pairs with their documents, and ``dpo.DpoLoss`` as TorchTitan's loss
+  function (the reference log-probabilities are computed before the first step).
+
+Example::
+
+    config = llama3_debug(seq_len=96, tokenizer="tok/")
+    use_objective(config, "sft", "data/chat")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baton.core.errors import UsageError
+from baton.data.manifest import split_prefix
+from baton.data.packed import check_objective
+
+#: the objectives of the vocabulary's ``objective`` term
+OBJECTIVES = ("pretrain", "sft", "dpo")
+#: DPO's losses (TRL's ``loss_type`` names)
+DPO_LOSSES = ("sigmoid", "ipo")
+
+
+def check_run_objective(objective: str, data_path: str | None) -> None:
+    """Refuse an objective the data does not fit (``DataError``/``UsageError``, one line)."""
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    if data_path is None:
+        if objective != "pretrain":
+            raise UsageError(
+                f"--objective {objective} trains on data prepared by `baton data prepare "
+                "... --seq-len N`; pass its prefix with --data-path"
+            )
+        return
+    check_objective(data_path, objective)
+
+
+def use_objective(
+    config: Any,
+    objective: str,
+    data_path: str | None,
+    *,
+    dpo_beta: float = 0.1,
+    dpo_loss: str = "sigmoid",
+) -> None:
+    """Set ``config`` (TorchTitan's ``Trainer.Config``) up for ``objective`` on
+    ``data_path``; refuses data of another objective first."""
+    check_run_objective(objective, data_path)
+    if objective == "pretrain" or data_path is None:
+        return
+    from baton.backends.torchtitan.packed import PackedDataLoader
+
+    config.dataloader = PackedDataLoader.Config(
+        dataset_path=split_prefix(data_path), documents=objective == "dpo"
+    )
+    if objective == "dpo":
+        raise UsageError("--objective dpo: this TorchTitan build trains pretrain and sft")

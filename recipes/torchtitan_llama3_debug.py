@@ -122,7 +122,6 @@ def recipe(
         tokenizer=tokenizer,
         log_freq=log_every,
     )
-    use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
     set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule, ep=ep)
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
@@ -130,6 +129,7 @@ def recipe(
         use_spec(config, spec)
     elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
         set_vocab(config, tokenizer_vocab(tokenizer))
+    use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
     if init_from is not None and is_hf_dir(init_from):
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path

@@ -18,7 +18,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from jinja2 import nodes
@@ -50,3 +51,17 @@ def allow_generation_tags(
         tokenizer._chat_template = environment.from_string(template)
 
     return with_generation_tags
+
+
+@contextmanager
+def generation_tags_allowed() -> Iterator[None]:
+    """TorchTitan's tokenizers built inside accept ``{% generation %}`` tags (what the
+    patch does for a run, here for a tokenizer read while a recipe is built)."""
+    from torchtitan.components.tokenizer import BaseTokenizer
+
+    original = BaseTokenizer.set_chat_template
+    BaseTokenizer.set_chat_template = allow_generation_tags(original)
+    try:
+        yield
+    finally:
+        BaseTokenizer.set_chat_template = original

@@ -65,4 +65,10 @@ def use_objective(
         dataset_path=split_prefix(data_path), documents=objective == "dpo"
     )
     if objective == "dpo":
-        raise UsageError("--objective dpo: this TorchTitan build trains pretrain and sft")
+        if dpo_loss not in DPO_LOSSES:
+            raise UsageError(f"--dpo-loss {dpo_loss!r}: use one of {', '.join(DPO_LOSSES)}")
+        if dpo_beta <= 0:
+            raise UsageError(f"--dpo-beta {dpo_beta}: must be positive")
+        from baton.backends.torchtitan.dpo import DpoLoss
+
+        config.loss = DpoLoss.Config(beta=dpo_beta, loss_type=dpo_loss)

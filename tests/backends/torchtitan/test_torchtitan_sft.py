@@ -4,7 +4,13 @@ never crosses a document) with ``Trainer.train_step`` running the step.
 
 The first step's loss and gradient norm equal ``transformers`` computing every
 conversation of the step's rows on its own, unpacked (``support.posttrain.sft_reference``),
-on the same weights (``--init-from`` a tiny Hugging Face Llama), in fp32 on CPU.
+on the same weights (``--init-from`` a tiny Hugging Face Llama), in fp32. On CPU the
+documents are masked by SDPA under TorchTitan's document mask (the
+``torchtitan_cpu_attention`` patch); on a machine with a GPU the same tests run
+TorchTitan's FlexAttention with its ``block_causal`` mask, no patch involved::
+
+    OMP_NUM_THREADS=1 uv run --frozen pytest -q tests/backends/torchtitan/test_torchtitan_sft.py \
+        tests/backends/torchtitan/test_torchtitan_dpo.py
 """
 
 from __future__ import annotations
@@ -26,10 +32,16 @@ SEQ, BATCH = 96, 2
 
 
 class Logged(Callback):
-    """Every metric of every log step: ``values[step][name]``."""
+    """Every metric of every log step (``values[step][name]``) and the inner attention
+    the model was built with."""
 
     def __init__(self) -> None:
         self.values: dict[int, dict[str, float]] = {}
+        self.attention = ""
+
+    def on_train_start(self, driver: Any) -> None:
+        layer = driver.backend.trainer.model_parts[0].layers["0"]
+        self.attention = type(layer.attention.inner_attention).__name__
 
     def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
         self.values[driver.step] = dict(metrics)
@@ -58,12 +70,17 @@ def sft_args(assets: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
 
 
 def test_first_sft_step_equals_transformers_on_each_conversation(assets):
+    """On a GPU: TorchTitan's FlexAttention with its block_causal mask from the
+    positions; on CPU: SDPA under the same document mask (``DocumentSdpa``)."""
+    import torch
+
     logged = Logged()
     driver = build_driver(RECIPE, sft_args(assets, assets["root"] / "run"))
     driver.callbacks.append(logged)
     driver.fit()
     loss, grad_norm = sft_reference(assets["model"], assets["sft"], rows=range(BATCH))
     first = logged.values[1]
+    assert logged.attention == ("FlexAttention" if torch.cuda.is_available() else "DocumentSdpa")
     assert first["loss"] == pytest.approx(loss, rel=1e-5)
     assert first["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
 

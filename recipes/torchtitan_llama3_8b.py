@@ -94,7 +94,7 @@ def recipe(
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
-    from baton.backends.torchtitan.objective import use_objective
+    from baton.backends.torchtitan.objective import check_reference, use_objective
 
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
@@ -138,6 +138,7 @@ def recipe(
         except (OSError, ValueError) as error:
             raise RecipeError(str(error)) from None
         use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
+        check_reference(reference, spec, data_path if objective == "dpo" else None)
     return Driver(
         TorchTitanBackend(config, reference=reference),
         standard_callbacks(async_save=async_save),

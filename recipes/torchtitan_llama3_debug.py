@@ -46,7 +46,7 @@ from __future__ import annotations
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
-from baton.backends.torchtitan.objective import use_objective
+from baton.backends.torchtitan.objective import check_reference, use_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
@@ -130,6 +130,7 @@ def recipe(
     elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
         set_vocab(config, tokenizer_vocab(tokenizer))
     use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
+    check_reference(reference, spec, data_path if objective == "dpo" else None)
     if init_from is not None and is_hf_dir(init_from):
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path

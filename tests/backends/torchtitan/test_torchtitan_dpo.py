@@ -126,3 +126,13 @@ def test_sft_data_in_a_dpo_run_is_refused_before_the_build(assets, tmp_path):
             "--objective", "dpo", "--data-path", str(conversations),
             "--tokenizer", str(assets["tokenizer"]), "--seq-len", str(SEQ),
         ])  # fmt: skip
+
+
+def test_a_reference_of_another_architecture_is_refused_before_the_build(assets, tmp_path):
+    other = tiny_model(tmp_path / "other", vocab_size=640)
+    with pytest.raises(UsageError, match="--reference .* different architecture: vocab_size"):
+        build_driver(RECIPE, [
+            "--objective", "dpo", "--data-path", str(assets["pairs"]),
+            "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
+            "--reference", str(other), "--seq-len", str(SEQ),
+        ])  # fmt: skip

@@ -12,10 +12,13 @@ checking the data fits it (before anything is built: one ``DataError`` line, exi
 - ``dpo``: the pairs with their documents, and ``dpo.DpoLoss`` as TorchTitan's loss
   function (the reference log-probabilities are computed before the first step).
 
+``check_reference`` refuses a DPO reference of another architecture or tokenizer.
+
 Example::
 
     config = llama3_debug(seq_len=96, tokenizer="tok/")
     use_objective(config, "sft", "data/chat")
+    check_reference("ref-model/", spec, "data/pairs")   # before a DPO run is built
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 from baton.core.errors import UsageError
+from baton.core.model_spec import (
+    ModelSpec,
+    check_same_architecture,
+    is_hf_dir,
+    recorded_spec,
+)
 from baton.data.manifest import split_prefix
 from baton.data.packed import check_objective
 
@@ -72,3 +81,32 @@ def use_objective(
         from baton.backends.torchtitan.dpo import DpoLoss
 
         config.loss = DpoLoss.Config(beta=dpo_beta, loss_type=dpo_loss)
+
+
+def check_reference(reference: str | None, spec: ModelSpec | None, data_path: str | None) -> None:
+    """Refuse a DPO ``--reference`` that is missing, of another architecture than the
+    policy's ``spec`` (a Hugging Face directory's ``config.json`` or a checkpoint's
+    recorded spec), or whose tokenizer files differ from the data's tokenizer."""
+    if reference is None:
+        return
+    from pathlib import Path
+
+    if not Path(reference).is_dir():
+        raise UsageError(
+            f"--reference {reference} is not a directory; pass a Hugging Face model "
+            "directory or a baton checkpoint"
+        )
+    what = f"--reference {reference}"
+    hf = is_hf_dir(reference)
+    saved = ModelSpec.from_hf(reference).to_dict() if hf else recorded_spec(reference)
+    check_same_architecture(saved, spec.to_dict() if spec is not None else None, what=what)
+    if hf and data_path is not None and (Path(reference) / "tokenizer.json").is_file():
+        from baton.data import load_tokenizer
+        from baton.data.packed import PackedDataset
+
+        expected = PackedDataset(data_path).manifest.get("tokenizer", {}).get("fingerprint")
+        if expected and load_tokenizer(reference).fingerprint != expected:
+            raise UsageError(
+                f"{what} carries another tokenizer than the one {data_path} was prepared "
+                "with; pass a reference trained with the data's tokenizer"
+            )

@@ -136,3 +136,34 @@ def test_a_reference_of_another_architecture_is_refused_before_the_build(assets,
             "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
             "--reference", str(other), "--seq-len", str(SEQ),
         ])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_resumed_dpo_run_continues_with_the_same_losses(assets, tmp_path):
+    """The rows' position comes back from the checkpoint and the stored reference
+    log-probabilities are read again: steps 3-4 after a resume at step 2 equal an
+    uninterrupted run's."""
+
+    class StopAtTwo(Callback):
+        def on_step_end(self, driver: Any, output: Any) -> None:
+            if driver.step == 2:
+                driver.control.request_stop("interrupted")
+
+    def losses(run_dir: Path, *extra: str, stop: bool = False) -> dict[int, float]:
+        logged = Logged()
+        driver = build_driver(RECIPE, [
+            "--objective", "dpo", "--data-path", str(assets["pairs"]),
+            "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
+            "--reference", str(assets["reference"]), "--seq-len", str(SEQ),
+            "--batch-size", "1", "--max-steps", "4", "--log-every", "1",
+            "--save-every", "2", "--run-dir", str(run_dir), "--no-progress", *extra,
+        ])  # fmt: skip
+        driver.callbacks += [logged, *([StopAtTwo()] if stop else [])]
+        driver.fit()
+        return {step: metrics["loss"] for step, metrics in logged.values.items()}
+
+    whole = losses(tmp_path / "whole")
+    assert set(losses(tmp_path / "parts", stop=True)) == {1, 2}
+    resumed = losses(tmp_path / "parts", "--resume", "auto")
+    assert resumed == {3: whole[3], 4: whole[4]}
+    assert len({whole[1], whole[2], whole[3], whole[4]}) == 4  # each step reads other rows

@@ -131,3 +131,10 @@ def test_chat_templates_with_generation_tags_load_in_torchtitans_tokenizer(asset
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat"}]
     expected = AutoTokenizer.from_pretrained(path).apply_chat_template(messages, tokenize=False)
     assert titan.apply_chat_template(messages) == expected
+
+
+def test_a_sequence_length_other_than_the_rows_is_refused_before_the_build(assets, tmp_path):
+    args = sft_args(assets, tmp_path / "run")
+    args[args.index("--seq-len") + 1] = "64"
+    with pytest.raises(UsageError, match=f"rows of {SEQ} tokens.*pass --seq-len {SEQ}"):
+        build_driver(RECIPE, args)

@@ -69,7 +69,14 @@ def use_objective(
     if objective == "pretrain" or data_path is None:
         return
     from baton.backends.torchtitan.packed import PackedDataLoader
+    from baton.data.packed import PackedDataset
 
+    packed = PackedDataset(data_path)
+    if packed.seq_len != config.training.seq_len:
+        raise UsageError(
+            f"{packed.prefix} was packed into rows of {packed.seq_len} tokens but the run's "
+            f"sequence length is {config.training.seq_len}; pass --seq-len {packed.seq_len}"
+        )
     config.dataloader = PackedDataLoader.Config(
         dataset_path=split_prefix(data_path), documents=objective == "dpo"
     )

@@ -42,7 +42,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.torchtitan.data import BatonDataLoader
-from baton.data import load_tokenizer
+from baton.data import DataError, load_tokenizer
 from baton.data.packed import PackedDataset
 
 #: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
@@ -119,7 +119,7 @@ def open_packed(path: str, tokenizer: BaseTokenizer, seq_len: int) -> PackedData
     ``training.seq_len``, and the tokenizer it was prepared with."""
     data = PackedDataset(path)
     if data.seq_len != seq_len:
-        raise ValueError(
+        raise DataError(
             f"{data.prefix} was packed into rows of {data.seq_len} tokens but the run's "
             f"seq_len is {seq_len}; pass --seq-len {data.seq_len}"
         )

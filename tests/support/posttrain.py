@@ -184,7 +184,7 @@ def _write(
     prefix: Path, rows: list, objective: str, seq_len: int, tokenizer_dir: Any, **fields: Any
 ) -> Path:
     from baton.data import load_tokenizer
-    from baton.tools.data.packed import write_packed
+    from baton.data.packed import write_packed
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     write_packed(

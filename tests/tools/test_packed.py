@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from baton.data import DataError, PreparedDataset, TokenizerInfo, read_manifest
-from baton.data.packed import PackedDataset, check_objective, mask_path
-from baton.tools.data.packed import write_packed
+from baton.data.indexed_writer import IndexedWriter
+from baton.data.packed import PackedDataset, check_objective, mask_path, write_packed
 
 SEQ_LEN = 8
 ROWS = [  # row 0: two documents (5 + 4 = 9 = seq_len + 1); row 1: one, padded
@@ -120,3 +120,24 @@ def test_reader_names_the_fix(chat: str, tokenizer: TokenizerInfo, tmp_path: Pat
     with pytest.raises(DataError, match="is pretraining text, but --objective sft"):
         check_objective(chat, "sft")
     check_objective(chat, "pretrain")
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_indexed_writer_writes_megatron_builders_bytes(tmp_path: Path, dtype: type) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    documents = [([3, 4, 5, 6, 0, 7, 8, 0], [5, 3]), ([1], [1]), ([9] * 70_000, [40_000, 30_000])]
+    ours = IndexedWriter(tmp_path / "ours.bin", dtype)
+    theirs = IndexedDatasetBuilder(str(tmp_path / "theirs.bin"), dtype=dtype)
+    for tokens, lengths in documents:
+        ours.add_document(np.array(tokens), lengths)
+        theirs.add_document(np.array(tokens), lengths)
+    ours.finalize(tmp_path / "ours.idx")
+    theirs.finalize(str(tmp_path / "theirs.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours{suffix}").read_bytes() == (
+            tmp_path / f"theirs{suffix}"
+        ).read_bytes()
+    read = IndexedDataset(str(tmp_path / "ours"))
+    assert read.document_indices.tolist() == [0, 2, 3, 5]
+    assert read[1].tolist() == [7, 8, 0]

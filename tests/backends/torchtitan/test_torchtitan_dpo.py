@@ -89,6 +89,7 @@ def test_reference_logps_are_stored_beside_the_data_and_reused(assets, tmp_path)
 
     import numpy as np
 
+    from baton.backends.reference_logps import model_fingerprint
     from baton.data.packed import PackedDataset
 
     stored = sorted(assets["pairs"].parent.glob("pairs.reference-*.npy"))
@@ -97,8 +98,10 @@ def test_reference_logps_are_stored_beside_the_data_and_reused(assets, tmp_path)
         stored = sorted(assets["pairs"].parent.glob("pairs.reference-*.npy"))
     assert len(stored) == 1
     record = json.loads(stored[0].with_suffix(".json").read_text())
-    assert record["engine"] == "torchtitan" and record["source"] == str(assets["reference"])
-    assert stored[0].name == f"pairs.reference-{record['fingerprint'][:16]}.npy"
+    fingerprint = model_fingerprint(assets["reference"])
+    assert record["engine"] == "torchtitan"
+    assert record["reference"]["fingerprint"] == fingerprint
+    assert stored[0].name == f"pairs.reference-{fingerprint[:16]}.npy"
     logps = np.load(stored[0])
     assert logps.shape == (PackedDataset(assets["pairs"]).num_sequences,) and (logps < 0).all()
     before = stored[0].stat().st_mtime_ns

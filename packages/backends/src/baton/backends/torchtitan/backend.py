@@ -220,7 +220,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         if isinstance(trainer.loss_fn, DpoLoss):  # the reference, before any step or resume
             from baton.backends.torchtitan.reference import pair_feed
 
-            self._pairs = pair_feed(trainer, cfg, self.reference, writer=self.rank == 0)
+            self._pairs = pair_feed(trainer, cfg, self.reference)
             trainer.loss_fn.feed = self._pairs
 
     def _join_launch(self) -> None:

@@ -2,13 +2,13 @@
 kept beside the data.
 
 For every document of a packed preference dataset, the sum of the reference model's
-log-probabilities over its supervised targets, as float64 ``[num_sequences]`` in
-``PREFIX.reference-<fingerprint16>.npy``, with ``PREFIX.reference-<fingerprint16>.json``
-recording the reference's fingerprint, the tokenizer's, the engine and the data's. The
-fingerprint covers the reference weights (the files they come from: a Hugging Face
-directory's safetensors, a checkpoint's DCP files, or the seed of a fresh
-initialisation), the model's architecture, the tokenizer and the data, so a changed
-reference, tokenizer or dataset never reuses another's numbers.
+log-probabilities over its supervised targets, float64 ``[num_sequences]``, stored by
+the engines' shared ``baton.backends.reference_logps`` as
+``PREFIX.reference-<fingerprint16>.npy`` with its record (the reference's, the
+tokenizer's and the data's fingerprints, the engine). The fingerprint is the reference
+weights' files (a Hugging Face directory, a checkpoint; for a fresh initialisation its
+seed and parameter shapes); a stored file made with another tokenizer or data is
+refused.
 
 The reference is the starting weights (what ``setup`` loaded) or another Hugging Face
 directory or checkpoint, loaded into the same TorchTitan model through its checkpointer
@@ -19,7 +19,7 @@ the document mask), and one all-reduce gathers the sums.
 
 Example::
 
-    feed = pair_feed(trainer, config, source=None, writer=rank == 0)   # after setup's load
+    feed = pair_feed(trainer, config, source=None)   # after setup loaded the weights
     trainer.loss_fn.feed = feed
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,92 +35,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from baton.backends.reference_logps import model_fingerprint, stored_or_computed
 from baton.backends.torchtitan.dpo import PairFeed, document_sums
 from baton.backends.torchtitan.packed import DOCUMENT_KEYS, row_sample
-from baton.core.checkpointing import file_digest
 from baton.core.errors import UsageError
 from baton.data.packed import PackedDataset
 
-#: the files whose bytes are a reference's weights
-WEIGHT_SUFFIXES = (".safetensors", ".distcp", ".metadata")
 
-
-def weights_fingerprint(config: Any, source: str | None) -> dict[str, Any]:
-    """What the reference weights are: the digests of the files at ``source`` (or of the
-    starting weights' files), or the seed of a fresh initialisation."""
-    from baton.backends.torchtitan.export import dcp_folder
-
-    checkpoint = config.checkpoint
-    path = source or checkpoint.initial_load_path
-    if not path:
-        return {"initialisation": {"seed": config.debug.seed}}
-    folder = Path(path)
-    if not any(folder.glob("*.safetensors")):
-        folder = dcp_folder(path)
-    files = sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES)
-    if not files:
-        raise UsageError(f"{path} holds no weights; pass a Hugging Face directory or checkpoint")
-    return {"files": {p.name: file_digest(p) for p in files}}
-
-
-def architecture(model: Any) -> dict[str, list[int]]:
-    """The model's parameters by name and global shape (the same on every layout)."""
-    return {name: list(value.shape) for name, value in sorted(model.state_dict().items())}
-
-
-def reference_fingerprint(
-    config: Any, model: Any, source: str | None, data: PackedDataset
-) -> dict[str, Any]:
-    """The record a reference's log-probabilities are tied to, and its ``fingerprint``."""
-    tokenizer = data.manifest.get("tokenizer", {})
-    data_digest = hashlib.sha256()
-    for suffix in (".json", ".idx"):
-        data_digest.update(Path(data.prefix + suffix).read_bytes())
-    record = {
-        "engine": "torchtitan",
-        "weights": weights_fingerprint(config, source),
-        "source": str(source) if source else "starting weights",
-        "model": architecture(model),
-        "tokenizer": tokenizer.get("fingerprint"),
-        "data": data_digest.hexdigest(),
-    }
-    spec = {key: record[key] for key in ("engine", "weights", "model", "tokenizer", "data")}
-    record["fingerprint"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    return record
-
-
-def reference_paths(prefix: str, fingerprint: str) -> tuple[Path, Path]:
-    """``(PREFIX.reference-<fp16>.npy, PREFIX.reference-<fp16>.json)``."""
-    stem = f"{prefix}.reference-{fingerprint[:16]}"
-    return Path(stem + ".npy"), Path(stem + ".json")
-
-
-def read_stored(prefix: str, record: dict[str, Any], num_sequences: int) -> np.ndarray | None:
-    """The stored log-probabilities for ``record``, or None if there are none yet."""
-    values, meta = reference_paths(prefix, record["fingerprint"])
-    if not (values.is_file() and meta.is_file()):
-        return None
-    stored = json.loads(meta.read_text())
-    if stored.get("fingerprint") != record["fingerprint"]:
-        raise UsageError(
-            f"{meta} belongs to another reference, tokenizer or dataset; delete "
-            f"{values.name} and {meta.name} to compute them again"
-        )
-    logps = np.load(values)
-    if logps.shape != (num_sequences,):
-        raise UsageError(f"{values} does not fit {prefix}; delete it to compute it again")
-    return logps
-
-
-def write_stored(prefix: str, record: dict[str, Any], logps: np.ndarray) -> None:
-    """Write the log-probabilities and their record (temporaries renamed, json last)."""
-    values, meta = reference_paths(prefix, record["fingerprint"])
-    partial = f".partial-{os.getpid()}"
-    with open(str(values) + partial, "wb") as file:
-        np.save(file, logps)
-    Path(str(meta) + partial).write_text(json.dumps(record, indent=2, sort_keys=True))
-    os.replace(str(values) + partial, values)
-    os.replace(str(meta) + partial, meta)
+def reference_fingerprint(config: Any, model: Any, source: str | None) -> str:
+    """The fingerprint of the reference weights: the files at ``source`` (or of the
+    starting weights, ``--init-from``), through the engines' shared ``model_fingerprint``;
+    a fresh initialisation's seed and architecture where no file holds them."""
+    path = source or config.checkpoint.initial_load_path
+    if path:
+        return model_fingerprint(path)
+    shapes = {name: list(value.shape) for name, value in sorted(model.state_dict().items())}
+    fresh = {"engine": "torchtitan", "seed": config.debug.seed, "parameters": shapes}
+    return hashlib.sha256(json.dumps(fresh, sort_keys=True).encode()).hexdigest()
 
 
 def _rows_of_rank(num_rows: int, rank: int, ranks: int, batch_size: int) -> list[list[int]]:
@@ -201,9 +131,10 @@ def compute_reference_logps(
     return all_reduce(out.to(trainer.device)).cpu().numpy()
 
 
-def pair_feed(trainer: Any, config: Any, source: str | None, *, writer: bool) -> PairFeed:
+def pair_feed(trainer: Any, config: Any, source: str | None) -> PairFeed:
     """The ``PairFeed`` of a DPO run: the stored reference log-probabilities for this
-    reference and data, or computed now (and written by the ``writer`` rank)."""
+    reference, or computed now on every rank and written (every rank writes the same
+    numbers, atomically: ``reference_logps.stored_or_computed``)."""
     from torchtitan.distributed import utils as dist_utils
 
     dims = trainer.parallel_dims
@@ -218,14 +149,16 @@ def pair_feed(trainer: Any, config: Any, source: str | None, *, writer: bool) ->
     def all_reduce(value: torch.Tensor) -> torch.Tensor:
         return value if mesh is None else dist_utils.dist_sum_tensor(value, mesh)
 
-    record = reference_fingerprint(config, trainer.model_parts[0], source, data)
-    logps = read_stored(data.prefix, record, data.num_sequences)
-    if logps is None:
-        logps = compute_reference_logps(
+    logps = stored_or_computed(
+        data.prefix,
+        reference_fingerprint(config, trainer.model_parts[0], source),
+        tokenizer_fingerprint=data.manifest.get("tokenizer", {}).get("fingerprint", ""),
+        engine="torchtitan",
+        compute=lambda: compute_reference_logps(
             trainer, data, source=source, batch_size=config.training.local_batch_size,
             rank=0 if mesh is None else mesh.get_local_rank(),
             ranks=1 if mesh is None else mesh.size(), all_reduce=all_reduce,
-        )  # fmt: skip
-        if writer:
-            write_stored(data.prefix, record, logps)
+        ),
+        num_sequences=data.num_sequences,
+    )  # fmt: skip
     return PairFeed(torch.from_numpy(logps), count=all_reduce)

@@ -170,3 +170,20 @@ def test_a_resumed_dpo_run_continues_with_the_same_losses(assets, tmp_path):
     resumed = losses(tmp_path / "parts", "--resume", "auto")
     assert resumed == {3: whole[3], 4: whole[4]}
     assert len({whole[1], whole[2], whole[3], whole[4]}) == 4  # each step reads other rows
+
+
+def test_dpo_runs_torchtitans_step_without_cuda_graphs(assets, tmp_path):
+    """The loss takes each micro-batch's documents in Python (PairFeed): a replayed CUDA
+    graph of the forward-backward would not, so a DPO config turns them off (SFT keeps
+    TorchTitan's default)."""
+    from baton.backends.torchtitan.dpo import DpoLoss
+
+    driver = build_driver(RECIPE, [
+        "--objective", "dpo", "--data-path", str(assets["pairs"]),
+        "--tokenizer", str(assets["tokenizer"]), "--seq-len", str(SEQ),
+        "--dpo-loss", "ipo", "--dpo-beta", "0.5", "--run-dir", str(tmp_path),
+    ])  # fmt: skip
+    config = driver.backend.config
+    assert config.training.disable_cuda_graphs is True
+    assert isinstance(config.loss, DpoLoss.Config)
+    assert (config.loss.beta, config.loss.loss_type) == (0.5, "ipo")

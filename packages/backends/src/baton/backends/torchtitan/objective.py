@@ -10,7 +10,9 @@ checking the data fits it (before anything is built: one ``DataError`` line, exi
   ``global_valid_tokens``, the supervised tokens of every micro-batch and data-parallel
   rank of the step: the loss is their global mean;
 - ``dpo``: the pairs with their documents, and ``dpo.DpoLoss`` as TorchTitan's loss
-  function (the reference log-probabilities are computed before the first step).
+  function (the reference log-probabilities are computed before the first step), run
+  eagerly: TorchTitan's CUDA graphs (on by default on a GPU) are turned off, since the
+  loss takes each micro-batch's documents from ``PairFeed`` in Python.
 
 ``check_reference`` refuses a DPO reference of another architecture or tokenizer.
 
@@ -88,6 +90,9 @@ def use_objective(
         from baton.backends.torchtitan.dpo import DpoLoss
 
         config.loss = DpoLoss.Config(beta=dpo_beta, loss_type=dpo_loss)
+        # the loss reads each micro-batch's documents beside the batch (PairFeed), which
+        # a replayed CUDA graph of TorchTitan's forward-backward would not see
+        config.training.disable_cuda_graphs = True
 
 
 def check_reference(reference: str | None, spec: ModelSpec | None, data_path: str | None) -> None:

@@ -395,6 +395,22 @@ def test_parquet_and_saved_dataset(tokenizers: dict[str, Path], tmp_path: Path, 
         assert (status, err) == (0, "")
         tokens.append(Path(f"{tmp_path}/out-{name}.bin").read_bytes())
     assert tokens[0] == tokens[1] == tokens[2]
+    # every column in every row: a null field is absent, so formats are told apart per row
+    nulls: list[str | None] = [None] * len(records)
+    mixed = datasets.Dataset.from_dict(
+        {
+            "messages": [*CONVERSATIONS, None],
+            "prompt": [*nulls, "p"],
+            "completion": [*nulls, "c"],
+        }
+    )
+    mixed.to_parquet(str(tmp_path / "mixed.parquet"))
+    capsys.readouterr()
+    status, _, err = prepare(
+        capsys, tmp_path / "mixed.parquet", "--tokenizer", tokenizers["chatml"],
+        "--output", tmp_path / "mixed", "--seq-len", "128",
+    )  # fmt: skip
+    assert status == 2 and "row 4 is prompt_completion but" in err and "row 1 is messages" in err
 
 
 def test_text_without_seq_len_refuses_conversations(

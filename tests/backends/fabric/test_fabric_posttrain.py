@@ -249,3 +249,17 @@ def test_sft_killed_between_saves_resumes_bitwise(files, tmp_path):
     b = load_state(killed / "checkpoints" / "step_000006")
     for part in ("model", "optimizer"):
         assert_bitwise_equal(a[part], b[part], part)
+
+
+def test_resuming_dpo_with_a_changed_reference_is_refused(files, tmp_path):
+    import shutil
+
+    reference = tmp_path / "reference"
+    shutil.copytree(files["ref"], reference)
+    args = ["--objective", "dpo", "--data-path", str(files["pairs"]), "--batch-size", "2",
+            "--reference", str(reference)]  # fmt: skip
+    run(files, tmp_path, *args)
+    shutil.rmtree(reference)
+    shutil.copytree(files["policy"], reference)  # other weights at the same path
+    with pytest.raises(UsageError, match="reference_fingerprint"):
+        run(files, tmp_path, *args, "--max-steps", "2", "--resume", "auto")

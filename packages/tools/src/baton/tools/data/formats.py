@@ -34,10 +34,12 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 def record_format(record: dict[str, Any], where: str) -> str:
     """The format whose fields ``record`` has; :class:`DataError` when it has none or two."""
-    found = [name for name, fields in FIELDS.items() if all(key in record for key in fields)]
+    # a null field is absent (Parquet and saved datasets hold every column in every row)
+    present = {key for key, value in record.items() if value is not None}
+    found = [name for name, fields in FIELDS.items() if present.issuperset(fields)]
     if len(found) == 1:
         return found[0]
-    keys = ", ".join(sorted(map(str, record))) or "none"
+    keys = ", ".join(sorted(map(str, present))) or "none"
     if not found:
         raise DataError(
             f"{where} has none of the post-training formats' fields (its keys: {keys}); give "
@@ -108,7 +110,7 @@ def _text_of(value: Any) -> str:
 
 def check_record(record: dict[str, Any], fmt: str, where: str) -> None:
     """Raise :class:`DataError` naming the fix for a record that ``fmt`` cannot use."""
-    missing = [key for key in FIELDS[fmt] if key not in record]
+    missing = [key for key in FIELDS[fmt] if record.get(key) is None]
     if missing:
         raise DataError(
             f"{where} has no {', '.join(map(repr, missing))} for format {fmt}; fix the record "
@@ -129,7 +131,7 @@ def check_record(record: dict[str, Any], fmt: str, where: str) -> None:
         _check_turns(values["prompt"], where, "prompt")
         for key in answers:
             _check_turns(values[key], where, key)
-        check_conversation(values["prompt"] + values[answers[0]], where, f"prompt + {answers[0]}")
+            check_conversation(values["prompt"] + values[key], where, f"prompt + {key}")
     for key in answers:
         if not _text_of(values[key]).strip():
             raise DataError(f"{where}: the {key} is empty; drop the record or fill it in")

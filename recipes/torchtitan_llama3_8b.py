@@ -29,6 +29,8 @@ through TorchTitan's ``Llama3StateDictAdapter.from_hf`` (a baton checkpoint: its
 
 from __future__ import annotations
 
+from typing import Any
+
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
@@ -94,7 +96,12 @@ def recipe(
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
-    from baton.backends.torchtitan.objective import check_reference, use_objective
+    from baton.backends.torchtitan.objective import (
+        OBJECTIVE_SETTINGS,
+        check_reference,
+        reference_fingerprint,
+        use_objective,
+    )
 
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
@@ -139,11 +146,16 @@ def recipe(
             raise RecipeError(str(error)) from None
         use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
         check_reference(reference, spec, data_path if objective == "dpo" else None)
+    fingerprint = reference_fingerprint(objective, reference, init_from)
+    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    if fingerprint is not None:  # a resume with other reference weights is refused
+        settings["reference_fingerprint"] = fingerprint
     return Driver(
-        TorchTitanBackend(config, reference=reference),
+        TorchTitanBackend(config, reference=reference, reference_fingerprint=fingerprint),
         standard_callbacks(async_save=async_save),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings=settings or None,
+        training_settings=OBJECTIVE_SETTINGS,
     )

@@ -43,10 +43,17 @@ every ``--save-every`` steps and at the end.
 
 from __future__ import annotations
 
+from typing import Any
+
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
-from baton.backends.torchtitan.objective import check_reference, use_objective
+from baton.backends.torchtitan.objective import (
+    OBJECTIVE_SETTINGS,
+    check_reference,
+    reference_fingerprint,
+    use_objective,
+)
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
@@ -142,11 +149,21 @@ def recipe(
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = "async" if async_save else "disabled"
+    fingerprint = reference_fingerprint(objective, reference, init_from)
+    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    if fingerprint is not None:  # a resume with other reference weights is refused
+        settings["reference_fingerprint"] = fingerprint
     return Driver(
-        TorchTitanBackend(config, reshard_data=reshard_data, reference=reference),
+        TorchTitanBackend(
+            config,
+            reshard_data=reshard_data,
+            reference=reference,
+            reference_fingerprint=fingerprint,
+        ),
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings=settings or None,
+        training_settings=OBJECTIVE_SETTINGS,
     )

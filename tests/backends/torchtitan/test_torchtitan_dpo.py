@@ -187,3 +187,22 @@ def test_dpo_runs_torchtitans_step_without_cuda_graphs(assets, tmp_path):
     assert config.training.disable_cuda_graphs is True
     assert isinstance(config.loss, DpoLoss.Config)
     assert (config.loss.beta, config.loss.loss_type) == (0.5, "ipo")
+
+
+def test_resuming_dpo_with_changed_reference_weights_is_refused(assets, tmp_path):
+    import shutil
+
+    reference = tmp_path / "reference"
+    shutil.copytree(assets["reference"], reference)
+    args = [
+        "--objective", "dpo", "--data-path", str(assets["pairs"]),
+        "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
+        "--reference", str(reference), "--seq-len", str(SEQ), "--batch-size", "1",
+        "--max-steps", "1", "--save-every", "1", "--run-dir", str(tmp_path / "run"),
+        "--no-progress",
+    ]  # fmt: skip
+    build_driver(RECIPE, args).fit()
+    shutil.rmtree(reference)
+    shutil.copytree(assets["policy"], reference)  # other weights at the same path
+    with pytest.raises(UsageError, match="reference_fingerprint"):
+        build_driver(RECIPE, [*args, "--max-steps", "2", "--resume", "auto"]).fit()

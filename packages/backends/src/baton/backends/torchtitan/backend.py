@@ -111,7 +111,12 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
     distribution = "torchtitan"
 
     def __init__(
-        self, config: Any, *, reshard_data: str = "refuse", reference: str | None = None
+        self,
+        config: Any,
+        *,
+        reshard_data: str = "refuse",
+        reference: str | None = None,
+        reference_fingerprint: str | None = None,
     ) -> None:
         if reshard_data not in RESHARD_DATA:
             raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
@@ -126,6 +131,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         #: DPO's reference weights (a Hugging Face directory or checkpoint; None: the
         #: starting weights), read only when ``config.loss`` is ``dpo.DpoLoss``
         self.reference = reference
+        self.reference_fingerprint = reference_fingerprint
         self.checkpoints = TitanCheckpointIO(self)
         self.trainer: Any = None
         self._capture: StepCapture | None = None
@@ -220,7 +226,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         if isinstance(trainer.loss_fn, DpoLoss):  # the reference, before any step or resume
             from baton.backends.torchtitan.reference import pair_feed
 
-            self._pairs = pair_feed(trainer, cfg, self.reference)
+            self._pairs = pair_feed(trainer, cfg, self.reference, self.reference_fingerprint)
             trainer.loss_fn.feed = self._pairs
 
     def _join_launch(self) -> None:

@@ -122,3 +122,22 @@ def check_reference(reference: str | None, spec: ModelSpec | None, data_path: st
                 f"{what} carries another tokenizer than the one {data_path} was prepared "
                 "with; pass a reference trained with the data's tokenizer"
             )
+
+
+#: the settings of a post-training run a resume must not change
+OBJECTIVE_SETTINGS = frozenset({"objective", "dpo_beta", "dpo_loss", "reference_fingerprint"})
+
+
+def reference_fingerprint(
+    objective: str, reference: str | None, init_from: str | None
+) -> str | None:
+    """The fingerprint of a DPO run's reference weights (``--reference``, else the
+    starting weights of ``--init-from``; None for other objectives or a fresh
+    initialisation): recorded in the run's settings, so a resume with other reference
+    weights is refused, and the name of the stored log-probabilities."""
+    source = reference or init_from
+    if objective != "dpo" or source is None:
+        return None
+    from baton.backends.reference_logps import model_fingerprint
+
+    return model_fingerprint(source)

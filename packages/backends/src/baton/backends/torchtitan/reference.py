@@ -131,10 +131,13 @@ def compute_reference_logps(
     return all_reduce(out.to(trainer.device)).cpu().numpy()
 
 
-def pair_feed(trainer: Any, config: Any, source: str | None) -> PairFeed:
+def pair_feed(
+    trainer: Any, config: Any, source: str | None, fingerprint: str | None = None
+) -> PairFeed:
     """The ``PairFeed`` of a DPO run: the stored reference log-probabilities for this
     reference, or computed now on every rank and written (every rank writes the same
-    numbers, atomically: ``reference_logps.stored_or_computed``)."""
+    numbers, atomically: ``reference_logps.stored_or_computed``). ``fingerprint``: the
+    reference's, if the recipe already took it (``objective.reference_fingerprint``)."""
     from torchtitan.distributed import utils as dist_utils
 
     dims = trainer.parallel_dims
@@ -151,7 +154,7 @@ def pair_feed(trainer: Any, config: Any, source: str | None) -> PairFeed:
 
     logps = stored_or_computed(
         data.prefix,
-        reference_fingerprint(config, trainer.model_parts[0], source),
+        fingerprint or reference_fingerprint(config, trainer.model_parts[0], source),
         tokenizer_fingerprint=data.manifest.get("tokenizer", {}).get("fingerprint", ""),
         engine="torchtitan",
         compute=lambda: compute_reference_logps(

@@ -65,7 +65,12 @@ from baton.backends.torchtitan.evaluation import validate
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import parallelism_plan
-from baton.backends.torchtitan.reduction import RankLocal, full_tensor, global_value
+from baton.backends.torchtitan.reduction import (
+    RankLocal,
+    full_tensor,
+    global_value,
+    model_parameters,
+)
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
@@ -136,6 +141,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._experts: ExpertLoad | None = None
+        self._parameters: int | None = None
         self._model_state: TorchModelState | None = None
         self._batches: CountedBatches | None = None
         self._pairs: PairFeed | None = None
@@ -168,10 +174,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             "local_batch_size": cfg.training.local_batch_size,
             "global_batch_size": cfg.training.global_batch_size,
         }
-        if self.trainer is not None:
-            facts["parameters"] = sum(
-                p.numel() for m in self.trainer.model_parts for p in m.parameters()
-            )
+        if self._parameters is not None:
+            facts["parameters"] = self._parameters
         return facts
 
     # -- build ------------------------------------------------------------------------
@@ -217,6 +221,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             )
         self._capture = StepCapture(trainer)
         self._experts = ExpertLoad.attach(trainer.model_parts)
+        #: every stage's parameters together (recorded in checkpoints, compared on resume)
+        self._parameters = model_parameters(trainer)
         if cfg.checkpoint.async_mode == "async_with_pinned_mem":
             stage_without_accelerator(trainer.checkpointer)
         if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)

@@ -30,7 +30,7 @@ RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "jax": ("jax_tiny.py", ()),
 }
 
-BATON_LOG_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (INFO|WARNING|ERROR|CRITICAL) ")
+BATON_LOG_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 STEP_LINE = re.compile(r"^step +\d+ \| ")
 DONE_LINE = re.compile(r"^done: step \d+, ")
 
@@ -56,12 +56,15 @@ def foreign_lines(output: str) -> list[str]:
     ]
 
 
-def run_recipe(recipe: str | Path, run_dir: Path, *flags: str) -> str:
-    """Run ``recipe`` (a name under ``recipes/`` or a path) for 2 steps without the
-    progress bar; its stdout and stderr together."""
-    path = ROOT / "recipes" / recipe if isinstance(recipe, str) else recipe
-    if isinstance(recipe, str):
-        flags = ("--no-progress", *flags)  # a test recipe has no progress bar to turn off
+#: the summary of the patches a run applied (``baton.core.run_record.patch_summary``)
+PATCH_SUMMARY = re.compile(r"^\[\d\d:\d\d:\d\d\] INFO +patches: \d+ applied", re.M)
+#: one patch's line, shown at ``--verbose``
+EACH_PATCH = re.compile(r"^\[\d\d:\d\d:\d\d\] DEBUG +patch \S+ +(applied|skipped) \(", re.M)
+
+
+def baton(*args: str | Path, cwd: Path) -> str:
+    """``python -m baton.core.cli ARGS`` in a fresh process, as a user's shell starts it;
+    its stdout and stderr together (it must succeed)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu", COLUMNS="300")
     env.pop("PYTHONWARNINGS", None)
     env.pop("BATON_PATCHES", None)
@@ -70,13 +73,22 @@ def run_recipe(recipe: str | Path, run_dir: Path, *flags: str) -> str:
     # INFO lines in every child
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     done = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", "run", str(path),
-         "--max-steps", "2", "--run-dir", str(run_dir), *flags],
-        env=env, capture_output=True, text=True, timeout=900, cwd=run_dir.parent,
+        [sys.executable, "-m", "baton.core.cli", *map(str, args)],
+        env=env, capture_output=True, text=True, timeout=900, cwd=cwd,
     )  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     return output
+
+
+def run_recipe(recipe: str | Path, run_dir: Path, *flags: str, steps: int = 2) -> str:
+    """Run ``recipe`` (a name under ``recipes/`` or a path) for ``steps`` steps without
+    the progress bar; its stdout and stderr together."""
+    path = ROOT / "recipes" / recipe if isinstance(recipe, str) else recipe
+    if isinstance(recipe, str):
+        flags = ("--no-progress", *flags)  # a test recipe has no progress bar to turn off
+    argv = ["run", path, "--max-steps", str(steps), "--run-dir", run_dir, *flags]
+    return baton(*argv, cwd=run_dir.parent)
 
 
 def test_baton_log_lines_are_told_apart_from_framework_lines() -> None:
@@ -104,6 +116,7 @@ def test_a_tiny_run_prints_only_what_baton_chose_to_show(backend: str, tmp_path:
     output = run_recipe(recipe, tmp_path / "run", *flags)
     assert foreign_lines(output) == [], output
     assert re.search(r"^done: step 2, ", output, re.M), output
+    assert len(PATCH_SUMMARY.findall(output)) <= 1 and not EACH_PATCH.search(output), output
 
 
 @pytest.mark.slow
@@ -115,3 +128,39 @@ def test_a_two_process_fabric_run_shows_no_process_group_banner(tmp_path: Path) 
     output = run_recipe(recipe, tmp_path / "run")
     assert foreign_lines(output) == [], output
     assert re.search(r"^done: step 2, ", output, re.M), output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["megatron", "torchtitan"])
+def test_a_resume_an_evaluation_and_an_export_print_no_framework_warning(
+    backend: str, tmp_path: Path
+) -> None:
+    """Loading a checkpoint is where the frameworks warn (Megatron-Core's ShardedTensor
+    and one-process DCP reads, TorchTitan's scheduler restore): a resume at ``--verbose``
+    (each patch on its line), ``baton eval`` (with no resume message) and ``baton
+    export`` show none of it."""
+    from support.tiny_llama import save_tiny_llama
+
+    recipe, _ = RECIPES[backend]
+    run_dir = tmp_path / "run"
+    # Megatron-Core exports runs built from a Hugging Face config
+    flags = ("--init-from", str(save_tiny_llama(tmp_path / "hf"))) if backend == "megatron" else ()
+    first = run_recipe(recipe, run_dir, *flags)
+    assert len(PATCH_SUMMARY.findall(first)) == 1 and not EACH_PATCH.search(first), first
+    resume = ("--resume", "auto", "--allow-changed", "max_steps", "--verbose")
+    resumed = run_recipe(recipe, run_dir, *flags, *resume, steps=3)
+    assert foreign_lines(resumed) == [], resumed
+    assert "resumed from" in resumed and len(PATCH_SUMMARY.findall(resumed)) == 1, resumed
+    assert re.search(rf"DEBUG +patch {backend}_quiet +applied \(", resumed), resumed
+    checkpoint = run_dir / "checkpoints" / "latest"
+    if backend == "megatron":  # (TorchTitan's evaluation needs its validator's data)
+        evaluated = baton(
+            "eval", ROOT / "recipes" / recipe, "--checkpoint", checkpoint, "--no-progress",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert "resumed from" not in evaluated and "Warning" not in evaluated, evaluated
+        assert re.search(r"^eval/loss \d", evaluated, re.M), evaluated
+    exported = baton("export", checkpoint, "--format", "hf", tmp_path / "hf_out", cwd=tmp_path)
+    assert exported.splitlines() == [
+        f"exported the weights of {checkpoint} to {tmp_path / 'hf_out'} (Hugging Face format)"
+    ], exported

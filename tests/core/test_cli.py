@@ -114,7 +114,7 @@ def test_eval_rebuilds_the_run_and_keeps_its_own_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`baton eval` builds the run from the checkpoint's recorded settings (flags
-    override), warns of nothing, and logs into RUN_DIR/evals/<checkpoint>, replaced on
+    override), warns of nothing, says it evaluates (not that it resumed), and logs into RUN_DIR/evals/<checkpoint>, replaced on
     each evaluation: the run's own logs and the recipe's default run directory stay as
     they are (unless --run-dir is given); `baton eval --help` explains itself."""
     monkeypatch.chdir(tmp_path)
@@ -134,6 +134,7 @@ def test_eval_rebuilds_the_run_and_keeps_its_own_record(
         assert main(["eval", str(recipe), "--checkpoint", str(checkpoint)]) == 0
         out, err = capsys.readouterr()
         assert "eval/loss" in out and "resuming with" not in err  # --lr 0.05 came along
+        assert "resumed from" not in out + err and f"evaluating {checkpoint} (step 6)" in out
     assert not (tmp_path / "runs").exists(), "eval wrote into the recipe's default run dir"
     assert (trained / "logs" / "metrics.jsonl").read_text() == before  # the run's own record
     record = (trained / "evals" / "step_000006" / "logs" / "metrics.jsonl").read_text()

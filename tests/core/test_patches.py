@@ -159,3 +159,32 @@ def test_bad_patch_definitions_are_rejected():
         type("BadPhase", (Patch,), {"name": "x", "backend": "scalar", "phase": "whenever"})
     with pytest.raises(ValueError, match="version range"):
         type("BadRange", (Patch,), {"name": "x", "backend": "scalar", "versions": "~~1"})
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_run_logs_one_patch_line_and_each_patch_at_verbose(
+    tmp_path, scalar_patches, monkeypatch, capsys, verbose
+):
+    import logging
+
+    from baton.core.logs import setup_logging
+    from baton.core.run_record import patch_summary
+
+    monkeypatch.delenv("BATON_PATCHES", raising=False)
+    logger = setup_logging(level=logging.DEBUG if verbose else logging.INFO)
+    try:
+        driver = Driver(ScalarBackend(), max_steps=1, run_dir=tmp_path)
+        driver.fit()
+    finally:
+        logger.setLevel(logging.INFO)
+    lines = capsys.readouterr().out.splitlines()
+    summary = patch_summary(driver.patch_report, tmp_path / "patches.json")
+    assert summary.startswith("patches: 1 applied (test_set_flag), 2 skipped; details in ")
+    assert [line for line in lines if "patches:" in line] == [
+        line for line in lines if line.endswith(summary)
+    ]
+    assert len([line for line in lines if "patches:" in line]) == 1
+    each = [line for line in lines if " patch test_" in line]
+    assert len(each) == (3 if verbose else 0)
+    if verbose:
+        assert any("test_old_only" in line and "skipped (" in line for line in each)

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from baton.core.cli import main
 from baton.core.recipe import RecipeError, build_driver
@@ -213,3 +214,36 @@ def test_eval_every_zero_turns_evaluation_off(recipe_file, tmp_path) -> None:
     driver.callbacks.append(Evals())
     driver.fit()
     assert seen == []
+
+
+def test_a_dropped_callback_turns_the_recipes_switch_of_its_name_off(tmp_path, capsys) -> None:
+    """``--no-callback progress`` on a recipe that takes ``progress: bool``: the printed
+    config (and the run's settings) read ``progress: false``, and the run has no bar."""
+    recipe = tmp_path / "switch_recipe.py"
+    recipe.write_text(
+        textwrap.dedent(
+            '''
+            from baton.callbacks import Progress
+            from baton.core import Driver
+            from support.scalar_backend import ScalarBackend
+
+
+            def recipe(run_dir: str, progress: bool = True) -> Driver:
+                """Descend on a scalar.
+
+                Args:
+                    run_dir: where the run goes.
+                    progress: show the progress bar.
+                """
+                callbacks = [Progress()] if progress else []
+                return Driver(ScalarBackend(), max_steps=1, run_dir=run_dir, callbacks=callbacks)
+            '''
+        )
+    )
+    argv = ["--run-dir", str(tmp_path / "r"), "--no-callback", "progress"]
+    assert main(["run", str(recipe), *argv, "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["progress"] is False and printed["no_callbacks"] == ["progress"]
+    driver = build_driver(recipe, argv)
+    assert driver is not None and driver.callbacks == []
+    assert driver.options.settings["progress"] is False

@@ -117,6 +117,7 @@ def test_patches_undone_after_teardown(first_run):
     assert first_run["after"]["process_group"] is False
     report = {d.name: d.applied for d in first_run["driver"].patch_report}
     assert report == {
+        "torchtitan_chat_template_generation": True,
         "torchtitan_cpu_attention": True,
         "torchtitan_cpu_device": True,
         "torchtitan_dcp_safe_loading": True,
@@ -201,6 +202,7 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
         "torchtitan_fsdp_partial_dtensor",
         "torchtitan_gloo_fsdp_sum_reduction",
         "torchtitan_pipeline_microbatch_step",
+        "torchtitan_chat_template_generation",
         "torchtitan_quiet",
     ):
         assert name in out
@@ -233,6 +235,7 @@ def test_8b_dry_run_plan_validates_without_gpus():
     plan = parallelism_plan(llama3_8b(), world_size=8)
     assert "8.03 B parameters" in plan
     assert "dp_shard (FSDP) 8" in plan
+    assert "act. ckpt    selective\n" in plan  # SelectiveAC.Config, named as a user says it
     bad = llama3_8b()
     bad.parallelism.tensor_parallel_degree = 3
     with pytest.raises(ValueError, match="does not fit 8 ranks"):

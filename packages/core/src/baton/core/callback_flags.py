@@ -279,6 +279,9 @@ class CallbackFlags:
     dropped: tuple[str, ...] = ()
     #: the names a resumed checkpoint's run added (dropping one of them needs no warning)
     recorded: tuple[str, ...] = ()
+    #: dropped names whose recipe switch (its parameter of that name) was turned off
+    #: instead: the recipe adds none, which needs no warning either
+    switched_off: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, callbacks: Any, dropped: Any, source: str) -> CallbackFlags:
@@ -317,7 +320,7 @@ class CallbackFlags:
                 arguments = {str(k): v for k, v in table.items() if k != "name"}
                 where = f"{source}: callbacks: {class_label(name)}"
                 again.append(CallbackChoice(name, arguments, source=where, from_text=False))
-        flags = CallbackFlags((*again, *self.added), self.dropped, tuple(names))
+        flags = CallbackFlags((*again, *self.added), self.dropped, tuple(names), self.switched_off)
         return flags, tuple(again)
 
     def build(self) -> list[tuple[CallbackChoice, Callback]]:
@@ -333,7 +336,7 @@ class CallbackFlags:
         """The recipe's callbacks with these changes (a warning for a dropped name the
         recipe did not add)."""
         result, unused = apply_callback_choices(callbacks, built, self.dropped)
-        for name in (n for n in unused if n not in self.recorded):
+        for name in (n for n in unused if n not in (*self.recorded, *self.switched_off)):
             log.warning(
                 "--no-callback %s: the recipe adds no %s callback; nothing dropped", name, name
             )

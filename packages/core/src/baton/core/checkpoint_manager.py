@@ -107,7 +107,10 @@ class CheckpointManager:
                 driver.callbacks, meta, path, announce=not driver.evaluating_only
             )
             driver.resumed_from = path
-            log.info("resumed from %s at step %d", path, driver.step)
+            if driver.evaluating_only:  # an evaluation, not a resume
+                log.info("evaluating %s (step %d)", path, driver.step)
+            else:
+                log.info("resumed from %s at step %d", path, driver.step)
         else:
             log.info("rolled back to %s (step %d)", path, driver.step)
         driver.dispatch("on_load_checkpoint", meta)

@@ -10,7 +10,8 @@ other ranks through only at ``WARNING`` and above, prefixed with their rank::
     # rank 0: "checkpoint runs/x/checkpoints/step_000100 saved (every 100 steps)"
     # rank 3: "[rank 3] log sink 'wandb' failed to open ..." (warnings only)
 
-``BATON_LOG_ALL_RANKS=1`` shows every rank's lines at ``INFO`` (each prefixed).
+``BATON_LOG_ALL_RANKS=1`` shows every rank's lines at ``INFO`` (each prefixed);
+``setup_logging(level=logging.DEBUG)`` (``--verbose``) adds baton's detail lines.
 
 The user's own loggers print the same way: a recipe's (or its package's)
 ``logging.getLogger("my_recipe").info(...)`` shows on rank 0 like baton's lines. Code
@@ -114,15 +115,16 @@ def _console_handler(rank: int) -> logging.Handler:
     return handler
 
 
-def setup_logging(launch: Launch | None = None) -> logging.Logger:
+def setup_logging(launch: Launch | None = None, level: int = logging.INFO) -> logging.Logger:
     """Point the ``baton`` logger, and the user's own loggers, at the console for this
-    process's rank."""
+    process's rank. ``level`` is rank 0's for baton's lines (``logging.DEBUG`` at
+    ``--verbose``: every patch applied, ...); the user's loggers print from ``INFO``."""
     launch = Launch.from_env() if launch is None else launch
     every_rank = os.environ.get("BATON_LOG_ALL_RANKS", "") not in ("", "0")
-    level = logging.INFO if launch.rank == 0 or every_rank else logging.WARNING
+    shown = launch.rank == 0 or every_rank
     logger = logging.getLogger(LOGGER)
     logger.handlers[:] = [_console_handler(launch.rank)]
     logger.propagate = False
-    logger.setLevel(level)
-    _route_own_loggers(_console_handler(launch.rank), level)
+    logger.setLevel(level if shown else logging.WARNING)
+    _route_own_loggers(_console_handler(launch.rank), logging.INFO if shown else logging.WARNING)
     return logger

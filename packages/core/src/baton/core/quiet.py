@@ -94,9 +94,10 @@ def _remove_warning_filter(entry: tuple[object, ...]) -> None:
 
 def _child_filter(quiet: Quiet) -> str | None:
     """The ``PYTHONWARNINGS`` item for processes the run spawns (builtin categories only:
-    the child resolves the name before anything is imported)."""
+    the child resolves the name before anything is imported; a message with the list's
+    separators, ``:`` or ``,``, cannot be written there)."""
     category = quiet.category
-    if category is None or category.__module__ != "builtins" or ":" in quiet.message:
+    if category is None or category.__module__ != "builtins" or {":", ","} & set(quiet.message):
         return None
     return f"ignore:{quiet.message}:{category.__name__}"
 

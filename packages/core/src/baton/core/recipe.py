@@ -60,6 +60,7 @@ from baton.core.console_line import apply_console_keys
 from baton.core.driver import Driver
 from baton.core.dry_run import plan, planning
 from baton.core.errors import RecipeError, UsageError, did_you_mean
+from baton.core.logs import setup_logging
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
 from baton.core.resuming import planned_settings
@@ -78,62 +79,72 @@ NON_NEGATIVE = re.compile(r"^(max_.+|min_.+|.+_steps|.+_tokens|.+_every|seed|.+_
 ORDERED = (("min_lr", "lr"),)
 
 
+def _flag(default: Any, help: str) -> Any:
+    """A ``RecipeFlags`` field: its default and its ``--help`` text (written here only)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclasses.dataclass
 class RecipeFlags:
     """Flags every recipe gets from ``baton run`` (beside its own parameters); the
-    run's ones replace the returned driver's ``RunOptions`` fields of the same name."""
+    run's ones replace the returned driver's ``RunOptions`` fields of the same name.
+    Each field's ``metadata["help"]`` is its ``--help`` text."""
 
-    resume: str = "none"
-    """'auto' (latest valid checkpoint), 'none', or a checkpoint directory."""
-    patches: str | None = None
-    """Patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)."""
-    overwrite: bool = False
-    """Start fresh where checkpoints exist: move the old checkpoints and logs aside."""
-    allow_changed: str = ""
-    """Training settings that may differ from the checkpoint's on resume: 'lr,max_steps'."""
-    verify: str = "full"
-    """Checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)."""
-    checkpoint_upload: str | None = None
-    """Also keep checkpoints in object storage: 's3://bucket/prefix' (uploaded in the background)."""
-    config: str | None = None
-    """YAML or TOML file of parameter values; flags given here override it."""
-    print_config: bool = False
-    """Print the resolved parameters (YAML) and exit without training."""
-    set: tuple[str, ...] = ()
-    """Override a field of the backend's native config: KEY.PATH=VALUE."""
-    callback: tuple[str, ...] = ()
-    """Add (or configure) a callback: NAME[:key=value,...] or FILE.py:Class[:key=value,...]."""
-    no_callback: tuple[str, ...] = ()
-    """Drop a callback the recipe adds, by registered name or class path."""
-    console_keys: str | None = None
-    """Keys of the console line: 'loss,lr' (exactly these) or '+my/metric' (added)."""
-    dry_run: bool = False
-    """Check the run's parallel layout and print its plan, without training."""
-    world_size: int | None = None
-    """Ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)."""
+    resume: str = _flag(
+        "none", "'auto' (latest valid checkpoint), 'none', or a checkpoint directory"
+    )
+    patches: str | None = _flag(
+        None, "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)"
+    )
+    overwrite: bool = _flag(
+        False, "start fresh where checkpoints exist: move the old checkpoints and logs aside"
+    )
+    allow_changed: str = _flag(
+        "", "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'"
+    )
+    verify: str = _flag(
+        "full", "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)"
+    )
+    checkpoint_upload: str | None = _flag(
+        None,
+        "also keep checkpoints in object storage, uploaded in the background "
+        "and resumed from with --resume auto: 's3://bucket/prefix'",
+    )
+    config: str | None = _flag(
+        None, "YAML or TOML file of parameter values; flags given here override it"
+    )
+    print_config: bool = _flag(
+        False, "print the resolved parameters (YAML) and exit without training"
+    )
+    set: tuple[str, ...] = _flag(
+        (), "override a field of the backend's native config: --set KEY.PATH=VALUE"
+    )
+    callback: tuple[str, ...] = _flag(
+        (),
+        "add a callback, or configure the recipe's: NAME[:key=value,...] by registered "
+        "name (`baton callbacks NAME` lists its arguments), or a class of your own: "
+        "FILE.py:Class[:key=value,...] or MODULE:Class[:key=value,...]",
+    )
+    no_callback: tuple[str, ...] = _flag(
+        (), "drop a callback the recipe adds, by its registered name or class path"
+    )
+    console_keys: str | None = _flag(
+        None,
+        "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
+        "(added to the recipe's)",
+    )
+    dry_run: bool = _flag(
+        False,
+        "check the run's parallel layout and print its plan, without training "
+        "(backends with the dry_run ability: torchtitan, megatron, maxtext)",
+    )
+    world_size: int | None = _flag(
+        None, "ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)"
+    )
+    verbose: bool = _flag(
+        False, "print baton's detail lines too: each patch applied or skipped and why"
+    )
 
-
-_RUN_OPTION_HELP = {
-    "resume": "'auto' (latest valid checkpoint), 'none', or a checkpoint directory",
-    "patches": "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)",
-    "overwrite": "start fresh where checkpoints exist: move the old checkpoints and logs aside",
-    "allow_changed": "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'",
-    "verify": "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)",
-    "checkpoint_upload": "also keep checkpoints in object storage, uploaded in the background "
-    "and resumed from with --resume auto: 's3://bucket/prefix'",
-    "config": "YAML or TOML file of parameter values; flags given here override it",
-    "print_config": "print the resolved parameters (YAML) and exit without training",
-    "set": "override a field of the backend's native config: --set KEY.PATH=VALUE",
-    "callback": "add a callback, or configure the recipe's: NAME[:key=value,...] by registered "
-    "name (`baton callbacks NAME` lists its arguments), or a class of your own: "
-    "FILE.py:Class[:key=value,...] or MODULE:Class[:key=value,...]",
-    "no_callback": "drop a callback the recipe adds, by its registered name or class path",
-    "console_keys": "keys of the console line: 'loss,lr' (exactly these) or '+my/metric' "
-    "(added to the recipe's)",
-    "dry_run": "check the run's parallel layout and print its plan, without training "
-    "(backends with the dry_run ability: torchtitan, megatron, maxtext)",
-    "world_size": "ranks (devices) --dry-run plans for (default: $WORLD_SIZE, else 8)",
-}
 
 #: flags given more than once, each adding an item
 _REPEATABLE = ("set", "callback", "no_callback")
@@ -196,7 +207,7 @@ def recipe_arguments(
             kind: Any = f.type if f.name not in _REPEATABLE else tuple[str, ...]
             if f.name in _REPEATABLE:
                 kind = Annotated[kind, tyro.conf.UseAppendAction]
-            annotated = Annotated[kind, _flag_help(_RUN_OPTION_HELP[f.name])]
+            annotated = Annotated[kind, _flag_help(f.metadata["help"])]
             fields.append(
                 (f.name, annotated, dataclasses.field(default=defaults.get(f.name, f.default)))
             )
@@ -307,7 +318,22 @@ def parse_recipe_args(
     kwargs = {k: v for k, v in values.items() if k in own}
     check_recipe_values(signature, kwargs)
     callbacks = callbacks.with_flags(options.callback, options.no_callback)
-    return kwargs, options, callbacks
+    return kwargs, options, switch_off_dropped(signature, kwargs, callbacks)
+
+
+def switch_off_dropped(
+    signature: Signature, kwargs: dict[str, Any], callbacks: CallbackFlags
+) -> CallbackFlags:
+    """A dropped callback that the recipe adds through a switch of the same name
+    (``--no-callback progress`` where the recipe takes ``progress: bool``) turns the
+    switch off in ``kwargs``: the run's settings, ``run.json`` and ``--print-config``
+    then read ``progress: false`` beside ``no_callbacks: [progress]``, not ``true``."""
+    switches = {p.name for p in signature.params if p.annotation is bool}
+    off = [n for n in callbacks.dropped if n in switches and kwargs.get(n) is True]
+    if not off:
+        return callbacks
+    kwargs.update(dict.fromkeys(off, False))
+    return dataclasses.replace(callbacks, switched_off=(*callbacks.switched_off, *off))
 
 
 def help_paragraphs(signature: Signature) -> str:
@@ -372,6 +398,8 @@ def build_driver(
         fn = load_recipe(path)
         signature = signature_of(fn)
     kwargs, options, callbacks = parse_recipe_args(signature, argv, f"baton run {path}", recorded)
+    if options.verbose:
+        setup_logging(level=logging.DEBUG)
     added = callbacks.build()  # a bad name or argument stops here, before the recipe runs
     if options.print_config:
         print_config(kwargs, options, callbacks.record(added))

@@ -80,8 +80,9 @@ def git_state() -> dict[str, Any] | None:
 def write_patch_report(
     run_dir: Path, backend: Backend, report: Sequence[PatchDecision], *, write: bool
 ) -> None:
-    """``run_dir/patches.json`` (when ``write``: rank 0) and one log line per patch.
-    Called after ``setup``, when the backend knows its rank."""
+    """``run_dir/patches.json`` (when ``write``: rank 0), one log line summarising it
+    (``patch_summary``) and, at ``--verbose`` (the ``baton`` logger at ``DEBUG``), one
+    line per patch. Called after ``setup``, when the backend knows its rank."""
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
@@ -93,12 +94,51 @@ def write_patch_report(
             },
         )
     for decision in report:
-        log.info(
+        log.debug(
             "patch %-32s %s (%s)",
             decision.name,
             "applied" if decision.applied else "skipped",
             decision.reason,
         )
+    if report:
+        log.info("%s", patch_summary(report, run_dir / PATCH_REPORT))
+
+
+def patch_summary(report: Sequence[PatchDecision], details: Path) -> str:
+    """One line for the patches a run applied, names sharing a prefix folded into one
+    ``prefix_*`` (``patch_names``).
+
+    >>> from baton.core.patches import PatchDecision as D
+    >>> patch_summary([D("megatron_cpu_streams", True, ""), D("megatron_cpu_device", True, ""),
+    ...                D("megatron_quiet", True, ""), D("megatron_tp_fix", False, "")],
+    ...               Path("runs/a/patches.json"))
+    'patches: 3 applied (megatron_cpu_*, megatron_quiet), 1 skipped; details in runs/a/patches.json'
+    """
+    applied = [d.name for d in report if d.applied]
+    skipped = len(report) - len(applied)
+    names = f" ({', '.join(patch_names(applied))})" if applied else ""
+    tail = f", {skipped} skipped" if skipped else ""
+    return f"patches: {len(applied)} applied{names}{tail}; details in {details}"
+
+
+def patch_names(names: Sequence[str]) -> list[str]:
+    """``names`` in order, those sharing their first two words (``megatron_cpu``) as one
+    ``megatron_cpu_*``.
+
+    >>> patch_names(["megatron_cpu_streams", "megatron_cpu_device", "megatron_quiet",
+    ...              "megatron_quiet_cpu", "dcp_safe_loading"])
+    ['megatron_cpu_*', 'megatron_quiet*', 'dcp_safe_loading']
+    """
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault("_".join(name.split("_")[:2]), []).append(name)
+    folded: list[str] = []
+    for prefix, members in groups.items():
+        if len(members) == 1:
+            folded.append(members[0])
+        else:
+            folded.append(prefix + ("*" if prefix in members else "_*"))
+    return folded
 
 
 def write_run_record(

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from baton.core.checkpointing import CheckpointError, read_meta
 from baton.core.errors import ExportError, UsageError
+from baton.core.quiet import quiet_imports
 from baton.tools.ema_export import EMA_DIR, assemble, replace_weights
 
 FORMATS = ("hf",)
@@ -67,6 +68,7 @@ def main(argv: Sequence[str]) -> int:
         "--ema", action="store_true", help="the EMA callback's averaged weights (CKPT/ema/)"
     )
     args = parser.parse_args(list(argv))
+    quiet_imports()  # the backends' known-harmless notes (reading a checkpoint in one process)
     try:
         out = export_hf(args.checkpoint.resolve(), args.out_dir, ema=args.ema)
     except (UsageError, CheckpointError) as error:

@@ -148,6 +148,30 @@ class MegatronQuiet(QuietPatch):
             for collective in ("reduce_scatter_tensor", "all_gather_into_tensor")
         ),
         Quiet(
+            "torch.distributed is disabled, unavailable or uninitialized, assuming the intent "
+            "is to load in a single process",
+            category=UserWarning,
+            module=r"torch\.distributed\.checkpoint\.",
+            reason="Megatron-Core's dist_checkpointing reads each rank's shards with "
+            "torch.distributed.checkpoint.load(..., no_dist=True) on purpose: every load "
+            "says it, on one rank or many",
+        ),
+        Quiet(
+            "The argument order of load has been changed",
+            category=UserWarning,
+            module=r"torch\.distributed\.checkpoint\.",
+            reason="Megatron-Core's dist_checkpointing passes the storage reader "
+            "positionally; torch maps it to the keyword itself, the load is the same",
+        ),
+        Quiet(
+            "Please use DTensor instead and we are deprecating ShardedTensor",
+            category=FutureWarning,
+            # on CPU the call runs through baton's device mode (megatron/cpu.py)
+            module=r"megatron\.|baton\.backends\.megatron\.cpu",
+            reason="Megatron-Core's dist_checkpointing builds ShardedTensors to load its "
+            "checkpoints; baton calls no ShardedTensor API",
+        ),
+        Quiet(
             "The pynvml package is deprecated",
             category=FutureWarning,
             reason="Megatron's save starts a helper process that imports torch afresh, outside "

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _BYTES = {"bfloat16": 2, "float32": 4}
@@ -54,13 +55,25 @@ def parallelism_plan(config: Any, world_size: int) -> str:
         f"global {global_batch} sequences = {tokens:,} tokens/step, "
         f"grad accumulation {global_batch // (training.local_batch_size * batch_degree)}",
         f"compile      {'on: ' + ', '.join(config.compile.components) if config.compile.enable else 'off'}",
-        f"act. ckpt    {type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint else 'off'}",
+        f"act. ckpt    {activation_checkpointing(config.activation_checkpoint)}",
         f"checkpoint   DCP, async_mode={config.checkpoint.async_mode}",
         f"memory       ~{state_gib:.1f} GiB/rank of weights, grads and AdamW state",
         f"train FLOPs  {flops * tokens / 1e15:.2f} PFLOP/step (TorchTitan's FLOPs per token, "
         "active parameters and attention, x tokens)",
     ]
     return "\n".join(lines)
+
+
+def activation_checkpointing(config: Any) -> str:
+    """TorchTitan's activation checkpointing config as the plan names it: ``none``, or
+    its class without ``AC`` in words (``SelectiveAC.Config``: ``selective``, ``FullAC``:
+    ``full``, ``MemoryBudgetAC``: ``memory budget 0.5``)."""
+    if config is None:
+        return "none"
+    owner = type(config).__qualname__.split(".")[0].removesuffix("AC")
+    name = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", owner).lower() or owner
+    budget = getattr(config, "memory_budget", None)
+    return name if budget is None else f"{name} {budget:g}"
 
 
 def _check_layout(config: Any, dims: Any) -> int:

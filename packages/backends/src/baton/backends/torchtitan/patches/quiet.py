@@ -56,6 +56,23 @@ class TorchTitanQuiet(QuietPatch):
             "inputs' dtype (float32 in a CPU run, what it asked for)",
         ),
         Quiet(
+            "To get the last learning rate computed by the scheduler, please use `get_last_lr()`",
+            category=UserWarning,
+            module=r"torch\.optim\.lr_scheduler",
+            reason="on resume TorchTitan's LRSchedulersContainer.load_state_dict recomputes "
+            "each LambdaLR's last learning rate with get_lr(), outside a step, as it means to; "
+            "the schedule continues from the restored step",
+        ),
+        Quiet(
+            "torch.distributed is disabled, unavailable or uninitialized, assuming the intent "
+            "is to load in a single process",
+            category=UserWarning,
+            module=r"torch\.distributed\.checkpoint\.",
+            reason="baton reads a TorchTitan checkpoint in one process where no process group "
+            "exists (baton export, a start from a checkpoint's weights): one process is the "
+            "intent",
+        ),
+        Quiet(
             "DTensor random operators may not have complete support on cpu device mesh",
             category=UserWarning,
             module=r"torch\.distributed\.tensor",

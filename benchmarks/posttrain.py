@@ -12,6 +12,13 @@
   precomputed (before the first step, not timed) against ``DPOTrainer`` computing its
   reference live, each step the same number of pairs. Target: <= 0.7.
 
+* **chat_prepare**: tokens per second of ``baton data prepare`` on conversations (``.jsonl``
+  of ``messages``; rendering, masks, packing and writing included) against
+  ``apply_chat_template(tokenize=True)`` alone on the same conversations, both with the
+  tokenizer loaded from its directory, for a ChatML template with ``{% generation %}``
+  tags (transformers marks the assistant's tokens) and one without (baton renders each
+  conversation's prefixes to find them). Target: >= 0.8.
+
 Each round builds both runs afresh and times their steps after the first two (callbacks
 at step start and end); the ratio is the median over rounds of the paired medians.
 """
@@ -263,6 +270,84 @@ def dpo_round(files: dict[str, Any], root: Path, steps: int, rows: int, pairs_pe
     return ours.per_step(), times.per_step()
 
 
+#: a ChatML template; ``{marks}`` is where the assistant's content goes
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}{marks}{{- '\\n' }}"
+    "{%- else %}{{- message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+ASSISTANT = "{{- message['content'] + '<|im_end|>' }}"
+TEMPLATES = {
+    "generation tags": CHATML.replace(
+        "{marks}", "{% generation %}" + ASSISTANT + "{% endgeneration %}"
+    ),
+    "plain template": CHATML.replace("{marks}", ASSISTANT),
+}
+
+
+def conversations(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """``count`` conversations of one to three user/assistant exchanges."""
+    rng = random.Random(seed)
+    talks = []
+    for _ in range(count):
+        turns = []
+        for _ in range(rng.randint(1, 3)):
+            turns.append({"role": "user", "content": text(rng, 8, 40)})
+            turns.append({"role": "assistant", "content": text(rng, 16, 80)})
+        talks.append(turns)
+    return talks
+
+
+def chat_prepare_rows(files: dict[str, Any], root: Path, quick: bool) -> list[Row]:
+    """``baton data prepare`` on conversations against ``apply_chat_template`` alone."""
+    import json
+
+    import transformers
+
+    from baton.tools.data.posttrain import prepare_posttrain
+
+    talks = conversations(100 if quick else 600)
+    data = root / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in talks))
+    rows: list[Row] = []
+    for name, template in TEMPLATES.items():
+        directory = root / f"tok-{name.split()[0]}"
+        tokenizer = transformers.AutoTokenizer.from_pretrained(files["tok"])
+        tokenizer.chat_template = template
+        tokenizer.save_pretrained(directory)
+        alone, ours = [], []
+        tokens = 0
+        for _ in range(1 if quick else 3):
+            started = time.perf_counter()
+            loaded = transformers.AutoTokenizer.from_pretrained(directory)
+            rendered = [
+                loaded.apply_chat_template(m, tokenize=True, return_dict=True) for m in talks
+            ]
+            tokens = sum(len(r["input_ids"]) for r in rendered)
+            alone.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            prepare_posttrain([data], directory, root / "chats", seq_len=1024, force=True)
+            ours.append(time.perf_counter() - started)
+        ratio = paired_ratio(alone, ours)  # tokens/s of prepare over tokens/s alone
+        rate = tokens / median(alone)
+        case = f"chat prepare, {name}"
+        rows += [
+            Row(
+                "posttrain", f"apply_chat_template alone, {name}", rate / 1e3, "k tokens/s",
+                note=f"{len(talks)} conversations, {tokens} tokens",
+            ),
+            Row(
+                "posttrain", case, tokens / median(ours) / 1e3, "k tokens/s", ratio=ratio,
+                baseline=f"apply_chat_template alone, {name}", target=">= 0.8",
+                passed=ratio >= 0.8, note="render, mask, pack, write",
+            ),
+        ]  # fmt: skip
+    return rows
+
+
 def run(quick: bool = False) -> list[Row]:
     import shutil
 
@@ -281,6 +366,7 @@ def run(quick: bool = False) -> list[Row]:
         groups = [pair_documents(files["tokenizer"], p) for p in pairs]
         packed_rows = write_rows(root / "pairs", groups, "preference", capacity - 1, files["tok"])
         pairs_per_step = max(1, round(rows * len(pairs) / packed_rows))
+        out += chat_prepare_rows(files, root, quick)
         ours_sft, trl_sft, ours_dpo, trl_dpo = [], [], [], []
         for round_index in range(rounds):
             for name in ("baton", "trl"):

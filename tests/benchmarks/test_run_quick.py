@@ -61,5 +61,8 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
         "packing: baton bfd",
         "sft step: baton fabric",
         "dpo step: baton fabric (precomputed)",
+        "chat prepare, generation tags",
+        "chat prepare, plain template",
     ):
         assert cases[("posttrain", case)]["ratio"] is not None
+    assert cases[("startup", "baton data prepare, 0.5 MB JSON Lines")]["ratio"] is not None

@@ -130,3 +130,61 @@ def test_compare_refuses_a_model_config_and_init_from_together(tmp_path, capsys)
     code = main([f"--init-from={tmp_path}", f"--model-config={tmp_path}"])
     assert code == 2
     assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_sft_first_step_losses_agree_on_fabric_and_megatron(tmp_path: Path) -> None:
+    """``--objective sft`` on one prepared set of conversations whose rows all fit in one
+    batch: both backends' first step reads the same rows, and their first-step losses
+    (the mean over the supervised tokens) agree within 1e-5 relative, as printed."""
+    from baton.data.packed import PackedDataset
+    from baton.tools.data.posttrain import prepare_posttrain
+    from support.posttrain import chat_tokenizer, conversations, tiny_model
+
+    tokenizer, model = chat_tokenizer(tmp_path / "tok"), tiny_model(tmp_path / "model")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(8)))
+    prefix = tmp_path / "data" / "chat"
+    prepare_posttrain([chat], tokenizer, prefix, seq_len=96)
+    rows = PackedDataset(prefix).num_rows
+    assert 1 < rows < 10  # one batch of every row; Fabric holds none out under 10 rows
+    run_dir = tmp_path / "compare"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
+    command = [
+        sys.executable, "-m", "baton.core.cli", "compare", "--objective=sft", "--steps=2",
+        "--seq-len=96", f"--batch={rows}", f"--data-path={prefix}", f"--tokenizer={tokenizer}",
+        f"--init-from={model}", f"--run-dir={run_dir}", f"--recipes={ROOT / 'recipes'}",
+        "--backends", "fabric", "megatron",
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    tails = "\n".join(
+        f"--- {b}\n" + "\n".join((run_dir / f"{b}.log").read_text().splitlines()[-15:])
+        for b in ("fabric", "megatron")
+        if (run_dir / f"{b}.log").is_file()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr + tails
+    printed = result.stdout.split("first-step loss", 1)[1].splitlines()[1:3]
+    first = {line.split()[0]: float(line.split()[1]) for line in printed}
+    for backend in ("fabric", "megatron"):
+        command_line = (run_dir / f"{backend}.log").read_text().splitlines()[0]
+        assert "--objective=sft" in command_line and f"--data-path={prefix}" in command_line
+        logged = [
+            r for r in read_jsonl(run_dir / backend / "logs" / "metrics.jsonl") if "loss" in r
+        ]
+        assert [r["step"] for r in logged] == [1, 2], backend
+        assert first[backend] == pytest.approx(logged[0]["loss"], rel=1e-7), backend
+    assert abs(first["megatron"] - first["fabric"]) / first["fabric"] < 1e-5, printed
+    assert abs(first["fabric"] - math.log(512)) < 1.0  # an untrained model
+
+
+def test_compare_sft_refuses_a_backend_whose_recipe_has_no_objective(tmp_path, capsys):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "hf_finetune.py").write_text((ROOT / "recipes" / "hf_finetune.py").read_text())
+    (recipes / "maxtext_tiny.py").write_text("def recipe(seq_len: int = 8):\n    pass\n")
+    code = main(
+        ["--objective=sft", f"--data-path={tmp_path}/chat.jsonl", f"--tokenizer={tmp_path}",
+         f"--recipes={recipes}", "--backends", "fabric", "maxtext"]
+    )  # fmt: skip
+    assert code == 2
+    assert "the recipe of maxtext has no --objective; choose from fabric" in capsys.readouterr().err

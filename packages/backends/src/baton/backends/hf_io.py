@@ -42,6 +42,8 @@ TOKENIZER_FILES = (
     "tokenizer.model",
     "vocab.json",
     "merges.txt",
+    "chat_template.jinja",  # the chat template, where transformers saves it
+    "chat_template.json",  # the same, as older transformers save it
 )
 
 

@@ -35,7 +35,12 @@ from baton.core.errors import UsageError
 #: files of a model directory that make its fingerprint (weights and architecture)
 FINGERPRINTED = (".safetensors", ".bin", ".pt", ".pth", ".json")
 #: what a model directory's fingerprint leaves out: files that do not change the weights
-NOT_FINGERPRINTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+NOT_FINGERPRINTED = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.json",
+)
 
 
 def _hash_files(digest: Any, files: list[Path], root: Path) -> None:

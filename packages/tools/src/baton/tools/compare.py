@@ -43,6 +43,21 @@ Where the four still differ (each recipe keeps its backend's own choices):
 - A mixture-of-experts model's loss is each backend's own: the load-balancing term is in
   Fabric's and MaxText's logged loss (each its own formula), in Megatron-Core's gradient
   only, and TorchTitan adds none (``MOE_LOSSES``, printed under the table).
+
+Supervised fine-tuning (``--objective sft``) runs each recipe with ``--objective sft`` on
+conversations packed once by ``baton data prepare --seq-len`` (``--data-path`` a chat
+``.jsonl``/``.parquet``, prepared into ``<run-dir>/data/chat`` with ``--tokenizer``,
+whose chat template renders it; or a prefix already prepared that way), and prints each
+backend's first-step loss and its relative difference from the first backend's::
+
+    uv run baton compare --objective sft --data-path chat.jsonl --tokenizer hf_model \
+        --init-from hf_model --seq-len 512 --batch 8 --backends fabric megatron
+
+The loss is the mean over the step's supervised tokens on every backend. When ``--batch``
+holds every row of the data (and fewer than 10 rows, so Fabric holds none out for
+evaluation) every backend's first step reads the same rows, and the first-step losses
+agree within 1e-5 relative; otherwise each backend's own order picks the rows. Without
+``--backends`` it runs the backends whose recipe takes ``--objective``.
 """
 
 from __future__ import annotations
@@ -78,6 +93,49 @@ RECIPE_FILES = {
     "megatron": "megatron_gpt_tiny.py",
     "maxtext": "maxtext_tiny.py",
 }
+#: what ``--objective`` may ask of every backend
+OBJECTIVES = ("pretrain", "sft")
+#: input files that ``--objective sft`` prepares as conversations (anything else: a prefix)
+CHAT_SUFFIXES = (".jsonl", ".parquet")
+
+
+def takes_objective(recipe: Path) -> bool:
+    """Whether the recipe at ``recipe`` has an ``objective`` flag (post-training)."""
+    from baton.core.recipe_signature import read_signature
+
+    signature = read_signature(recipe)
+    return signature is not None and any(p.name == "objective" for p in signature.params)
+
+
+def sft_backends(recipes: Path) -> tuple[str, ...]:
+    """The backends whose recipe in ``recipes`` trains ``--objective sft``, in order."""
+    return tuple(
+        b for b in BACKENDS if (recipes / RECIPE_FILES[b]).is_file()
+        and takes_objective(recipes / RECIPE_FILES[b])
+    )  # fmt: skip
+
+
+def prepare_chat(source: str, tokenizer: str, data_dir: Path, seq_len: int) -> str:
+    """The prefix of ``source`` (a chat ``.jsonl``/``.parquet``, or a prefix prepared with
+    ``baton data prepare --seq-len``): conversations packed once into ``data_dir/chat``
+    (``seq_len`` inputs a row), or ``source`` itself. ``ValueError`` for a prefix of
+    other data or of another row width."""
+    from baton.data.packed import PackedDataset, check_objective
+
+    if Path(source).suffix in CHAT_SUFFIXES:
+        from baton.tools.data.posttrain import prepare_posttrain
+
+        prefix = data_dir / "chat"
+        prepare_posttrain([source], tokenizer, prefix, seq_len=seq_len, force=True)
+        return str(prefix)
+    check_objective(source, "sft")
+    width = PackedDataset(source).seq_len
+    if width != seq_len:
+        raise ValueError(
+            f"--data-path {source} holds rows of {width} tokens, --seq-len is {seq_len}; "
+            f"pass --seq-len {width}"
+        )
+    return source
 
 
 def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
@@ -110,9 +168,10 @@ def backend_command(
     batch: int,
     lr: float,
     recipes: Path = RECIPES,
+    objective: str = "pretrain",
 ) -> list[str]:
     """``python -m baton.core.cli run <backend's recipe> --init-from ...`` with the shared
-    settings."""
+    settings (``--objective sft``: on packed rows of ``seq_len`` inputs)."""
     no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
     common = [
         f"--init-from={init_from}",
@@ -125,8 +184,11 @@ def backend_command(
         "--save-every=0",
         "--overwrite",
     ]
+    if objective != "pretrain":
+        common.append(f"--objective={objective}")
     own = {
-        # its model shifts the labels itself: one token more gives --seq-len targets
+        # its model shifts the labels itself: one token more gives --seq-len targets (packed
+        # rows, read with --objective sft, hold their own seq_len + 1 tokens)
         "fabric": [f"--seq-len={seq_len + 1}", f"--batch-size={batch}", "--eval-every=0"],
         "torchtitan": [f"--seq-len={seq_len}", f"--batch-size={batch}", "--no-progress"],
         "megatron": [
@@ -187,6 +249,17 @@ def agreement_table(
     return "\n".join(lines)
 
 
+def first_step_table(runs: dict[str, list[float]]) -> str:
+    """Each run's first-step loss and its relative difference from the first run's."""
+    reference_name, reference = next(iter(runs.items()))
+    base = reference[0] if reference else math.nan
+    lines = [f"{'backend':<12}{'first-step loss':>18}{'rel diff vs ' + reference_name:>24}"]
+    for backend, values in runs.items():
+        first = values[0] if values else math.nan
+        lines.append(f"{backend:<12}{first:>18.8f}{abs(first - base) / abs(base):>24.2e}")
+    return "\n".join(lines)
+
+
 def compare(
     steps: int = 50,
     layers: int = 6,
@@ -200,9 +273,10 @@ def compare(
     tokenizer: str | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
-    backends: tuple[str, ...] = BACKENDS,
+    backends: tuple[str, ...] | None = None,
     run_dir: str = "runs/compare_backends",
     recipes: str | Path = RECIPES,
+    objective: str = "pretrain",
 ) -> None:
     """Train the same weights on each backend on the same tokens; compare the losses.
 
@@ -222,24 +296,38 @@ def compare(
             --layers/--hidden/--heads).
         model_config: a Llama, Qwen3 or Qwen3-MoE config.json (or its directory) whose
             model is written with random weights for all backends to start from.
-        backends: which backends to run, in order (the first is the reference).
+        backends: which backends to run, in order (the first is the reference; None: all
+            four, or for sft those whose recipe takes --objective).
         run_dir: where the data, the model, each backend's run and the chart go.
         recipes: the directory holding each backend's recipe.
+        objective: pretrain (next token over text) or sft (conversations: --data-path a
+            chat .jsonl/.parquet or a prefix prepared with --seq-len, and --tokenizer).
     """
     recipes = Path(recipes)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective {objective}: choose from {' '.join(OBJECTIVES)}")
+    if backends is None:
+        backends = BACKENDS if objective == "pretrain" else sft_backends(recipes)
     _check_arguments(backends, data_path, tokenizer, recipes)
+    if objective == "sft":
+        _check_sft(backends, data_path, tokenizer, recipes)
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
     _check_model_choice(init_from, model_config, shape)  # before any data is prepared
     root = Path(run_dir)
-    if data_path is None or tokenizer is None:
+    if objective == "sft":
+        assert data_path is not None and tokenizer is not None  # _check_sft
+        data_path = prepare_chat(data_path, tokenizer, root / "data", seq_len)
+        print(f"data: {data_path} (conversations, packed), tokenizer {tokenizer}", flush=True)
+    elif data_path is None or tokenizer is None:
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
     init_from = _starting_model(init_from, model_config, tokenizer, root / "model", shape)
     settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
-                "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr, "recipes": recipes}  # fmt: skip
+                "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr, "recipes": recipes,
+                "objective": objective}  # fmt: skip
     wall, failed = _run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
-    _report(backends, root, wall, MOE_LOSSES if moe else None)
+    _report(backends, root, wall, MOE_LOSSES if moe else None, first_step=objective == "sft")
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
 
@@ -313,6 +401,24 @@ def _check_arguments(
         )
 
 
+def _check_sft(
+    backends: Sequence[str], data_path: str | None, tokenizer: str | None, recipes: Path
+) -> None:
+    """``ValueError`` for an SFT comparison without conversations and their tokenizer, or
+    on a backend whose recipe has no ``--objective``."""
+    if data_path is None or tokenizer is None:
+        raise ValueError(
+            "--objective sft needs --data-path (a chat .jsonl/.parquet, or a prefix from "
+            "`baton data prepare --seq-len`) and --tokenizer (with its chat template)"
+        )
+    without = [b for b in backends if not takes_objective(recipes / RECIPE_FILES[b])]
+    if without:
+        raise ValueError(
+            f"--objective sft: the recipe of {' '.join(without)} has no --objective; choose "
+            f"from {' '.join(sft_backends(recipes)) or '(none)'}"
+        )
+
+
 def _run_backends(
     backends: Sequence[str], root: Path, settings: dict[str, Any]
 ) -> tuple[dict[str, float], list[str]]:
@@ -338,9 +444,15 @@ def _run_backends(
 
 
 def _report(
-    backends: Sequence[str], root: Path, wall: dict[str, float], expect: dict[str, str] | None
+    backends: Sequence[str],
+    root: Path,
+    wall: dict[str, float],
+    expect: dict[str, str] | None,
+    *,
+    first_step: bool = False,
 ) -> None:
-    """The agreement table and the loss charts of the backends that finished."""
+    """The agreement table and the loss charts of the backends that finished (and, with
+    ``first_step``, their first-step losses to more digits)."""
     finished = [b for b in backends if (root / b / "logs" / FILE_NAME).is_file()]
     if finished:
         from baton.tools.plot import plot_runs
@@ -348,6 +460,8 @@ def _report(
         charts = plot_runs([root / b for b in finished], root / "comparison")
         runs = {b: losses(root / b) for b in finished}
         print("\n" + agreement_table(runs, wall, expect))
+        if first_step:
+            print("\n" + first_step_table(runs))
         print("charts: " + ", ".join(str(path) for path in charts))
 
 
@@ -373,7 +487,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="a Llama, Qwen3 or Qwen3-MoE config.json: its model, random weights, for all",
     )
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help="which, in order")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        help="which, in order (default: all four; for sft those whose recipe takes it)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="pretrain",
+        help="pretrain (text) or sft (conversations: --data-path chat.jsonl or a prefix)",
+    )
     parser.add_argument("--run-dir", default="runs/compare_backends", help="where results go")
     parser.add_argument("--recipes", default=str(RECIPES), help="the backends' recipes")
     args = parser.parse_args(argv)
@@ -391,9 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer=args.tokenizer,
             init_from=args.init_from,
             model_config=args.model_config,
-            backends=tuple(args.backends),
+            backends=None if args.backends is None else tuple(args.backends),
             run_dir=args.run_dir,
             recipes=args.recipes,
+            objective=args.objective,
         )
     except (ValueError, UsageError) as error:
         print(f"baton compare: {error}", file=sys.stderr)

@@ -38,6 +38,7 @@ from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Driver
 from baton.core.errors import UsageError
 from baton.core.model_spec import FAMILIES, ModelSpec, check_init_from
+from baton.data import resolve_tokenizer
 
 
 def save_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
@@ -141,6 +142,7 @@ def recipe(
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if init_from is None and model_config is None:
@@ -217,5 +219,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

@@ -40,6 +40,7 @@ from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.dry_run import require_data
 from baton.core.model_spec import LlamaSpec, check_init_from, resolve_spec
+from baton.data import resolve_tokenizer
 
 
 def llama3_8b_config(
@@ -152,6 +153,7 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face config.json (Llama, Qwen3, Qwen3-MoE) or its directory.
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a prepared prefix or blend '0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare` "
         "and the Llama 3 tokenizer directory it was prepared with",
@@ -181,5 +183,5 @@ def recipe(
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

@@ -32,6 +32,7 @@ from baton.core import Driver
 from baton.core.dry_run import require_data
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.recipe import RecipeError
+from baton.data import resolve_tokenizer
 
 
 def recipe(
@@ -83,6 +84,7 @@ def recipe(
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
 
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
         "directory such as Llama 3.1's",
@@ -129,5 +131,5 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

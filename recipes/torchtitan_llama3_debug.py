@@ -39,6 +39,7 @@ from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_voca
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.data import resolve_tokenizer
 
 
 def recipe(
@@ -92,6 +93,7 @@ def recipe(
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     config = llama3_debug(
         steps=max_steps,
         seq_len=seq_len,
@@ -126,5 +128,5 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

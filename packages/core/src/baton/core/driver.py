@@ -40,6 +40,7 @@ from baton.core.callback import Callback
 from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
+from baton.core.errors import UsageError
 from baton.core.metrics import StepOutput
 from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
@@ -362,5 +363,6 @@ class Driver(SavingAttributes):
         """Tear down (``shutdown.end_run``), then release the run directory."""
         end_run(self, self._checkpoints.saver, self._dispatch, error)
         if self._lock is not None:  # a run that failed at once leaves no run directory
-            self._lock.release(remove_if_unused=error is not None)
+            refused = isinstance(error, UsageError) and not self._training
+            self._lock.release(remove_if_unused=error is not None, discard=refused)
             self._lock = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ class RunDirLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self.created_run_dir = False
+        self.created_lock_file = False
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -47,6 +49,7 @@ class RunDirLock:
         if not self.run_dir.exists():
             self.run_dir.mkdir(parents=True)
             self.created_run_dir = True
+        self.created_lock_file = not self.path.exists()
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -67,12 +70,18 @@ class RunDirLock:
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         self._fd = fd
 
-    def release(self, *, remove_if_unused: bool = False) -> None:
+    def release(self, *, remove_if_unused: bool = False, discard: bool = False) -> None:
         """Drop the lock. ``remove_if_unused``: a run directory this lock created and
-        nothing else wrote to is removed again (a run that failed before it began)."""
+        nothing else wrote to is removed again (a run that failed before it began).
+        ``discard``: a refused run leaves nothing behind: the run directory this lock
+        created goes with all it holds, else the lock file this lock created."""
         if self._fd is None:
             return
-        if remove_if_unused and self.created_run_dir:
+        if discard and self.created_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        elif discard and self.created_lock_file:
+            self.path.unlink(missing_ok=True)
+        elif remove_if_unused and self.created_run_dir:
             leftovers = [p for p in self.run_dir.rglob("*") if p != self.path and not p.is_dir()]
             if not leftovers:
                 self.path.unlink(missing_ok=True)

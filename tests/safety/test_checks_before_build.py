@@ -70,6 +70,11 @@ CASES = {
         ["--pp", "3"],
         "--pp 3 does not divide the model's 2 layers",
     ),
+    "megatron --data-path that is not there": (
+        "megatron_gpt_tiny.py",
+        ["--data-path", "{tmp}/absent/corpus"],
+        "data path {tmp}/absent/corpus is neither a text file nor a prepared dataset",
+    ),
     "maxtext --tp 3 with 4 heads": (
         "maxtext_tiny.py",
         ["--tp", "3", "--devices", "3", "--dp-shard", "1"],
@@ -88,4 +93,15 @@ def test_refused_before_the_build(name, tmp_path, capsys):
     status, said = baton(capsys, *argv, *(f.format(tmp=tmp_path) for f in flags))
     assert status == 2, said
     assert message.format(tmp=tmp_path) in said and "Traceback" not in said
+    assert not run_dir.exists()
+
+
+def test_a_refused_megatron_run_leaves_no_data_cache(tmp_path, capsys):
+    """Megatron indexes its byte corpus under the run directory while it builds; a run
+    refused at setup (a Freeze glob that matches nothing) takes that away too."""
+    run_dir = tmp_path / "run"
+    argv = ["run", str(RECIPES / "megatron_gpt_tiny.py"), "--run-dir", str(run_dir)]
+    argv += ["--max-steps", "1", "--eval-every", "0", "--no-progress"]
+    status, said = baton(capsys, *argv, "--callback", "freeze:patterns=[nothing.*]")
+    assert status == 2 and "matches no parameter" in said, said
     assert not run_dir.exists()

@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "native": "benchmarks.native",
     "prepare": "benchmarks.prepare",
     "startup": "benchmarks.startup",
+    "posttrain": "benchmarks.posttrain",
 }
 
 

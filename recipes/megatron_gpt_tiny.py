@@ -9,6 +9,9 @@ uv run baton run recipes/megatron_gpt_tiny.py --llama       # Llama-style blocks
 uv run baton run recipes/megatron_gpt_tiny.py --model-config tiny-llama/   # any Llama config.json
 uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-llama/      # + its HF weights
 uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-qwen3-moe/  # Megatron's MoE layers
+uv run baton run recipes/megatron_gpt_tiny.py --objective sft --init-from tiny-llama/ \\
+    --data-path data/chat --tokenizer runs/tok --seq-len 512   # conversations, packed
+    ... --objective dpo --data-path data/pairs --dpo-beta 0.1  # preference pairs
     ... --capacity-factor 1.0                          # the router drops what overflows
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
@@ -31,6 +34,7 @@ from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
 from baton.backends.megatron.hf import transformer_fields, use_spec
 from baton.backends.megatron.moe import moe_layout
+from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, resolve_spec
@@ -65,6 +69,10 @@ def recipe(
     tokenizer: str | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
+    objective: str = "pretrain",
+    dpo_beta: float = 0.1,
+    dpo_loss: str = "sigmoid",
+    reference: str | None = None,
     run_dir: str = "runs/megatron_gpt_tiny",
     progress: bool = True,
 ) -> Driver:
@@ -100,7 +108,8 @@ def recipe(
         distributed_optimizer: shard optimizer state over data-parallel ranks.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none).
+        eval_every: steps between evaluations (0: none; pretraining only: sft and dpo
+            train on every row of their data).
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
@@ -109,6 +118,12 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
+        objective: pretrain, sft (conversations packed by `baton data prepare --seq-len`,
+            the loss on their supervised tokens) or dpo (packed preference pairs).
+        dpo_beta: DPO's beta.
+        dpo_loss: DPO's loss: sigmoid or ipo.
+        reference: DPO's reference model, a Hugging Face directory or checkpoint
+            (default: the --init-from weights).
         run_dir: where checkpoints, logs and the byte dataset go.
         progress: show the progress bar.
     """
@@ -161,6 +176,7 @@ def recipe(
     config.optimizer.min_lr = lr / 10 if min_lr is None else min_lr
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
+    set_objective(config, objective, dpo_beta=dpo_beta, dpo_loss=dpo_loss, reference=reference)
     prepared = tokenizer is not None  # else --data-path is a text file of bytes
     config.data.text_path = None if prepared else data_path
     config.data.data_path = data_path if prepared else None
@@ -172,7 +188,7 @@ def recipe(
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
-        eval_every=eval_every,
+        eval_every=eval_every if objective == "pretrain" else 0,
         run_dir=run_dir,
         settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

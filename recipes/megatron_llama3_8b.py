@@ -17,6 +17,8 @@ Data: prepared datasets (``baton data prepare``; a prefix or a blend such as
 ``"0.7 data/web 0.3 data/code"``) read with the Llama 3 tokenizer directory they were
 prepared with, through Megatron's GPTDataset. Without ``--data-path`` and ``--tokenizer``
 the recipe refuses to start. The model keeps Llama 3's 128256-row vocabulary.
+``--objective sft`` / ``dpo`` fine-tune on conversations or preference pairs packed by
+``baton data prepare --seq-len N`` (pass ``--seq-len N`` and ``--init-from`` the model).
 
 Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE`` (built
 through ``TransformerConfig``; Llama 3.x ``rope_scaling`` as Megatron's ``rope_scaling``);
@@ -36,6 +38,7 @@ experts over expert-parallel ranks (Megatron's MoE layers)::
 from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
+from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.dry_run import require_data
@@ -133,6 +136,10 @@ def recipe(
     run_dir: str = "runs/megatron_llama3_8b",
     init_from: str | None = None,
     model_config: str | None = None,
+    objective: str = "pretrain",
+    dpo_beta: float = 0.1,
+    dpo_loss: str = "sigmoid",
+    reference: str | None = None,
 ) -> Driver:
     """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout).
 
@@ -152,6 +159,12 @@ def recipe(
         run_dir: where checkpoints, logs and the dataset index cache go.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face config.json (Llama, Qwen3, Qwen3-MoE) or its directory.
+        objective: pretrain, sft (conversations packed by `baton data prepare --seq-len`)
+            or dpo (packed preference pairs).
+        dpo_beta: DPO's beta.
+        dpo_loss: DPO's loss: sigmoid or ipo.
+        reference: DPO's reference model, a Hugging Face directory or checkpoint
+            (default: the --init-from weights).
     """
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
@@ -177,6 +190,7 @@ def recipe(
     config.data.train_samples = max_steps * global_batch_size
     config.data.cache_dir = f"{run_dir}/data"
     config.init_from = init_from  # weights only: fresh optimizer, step 0
+    set_objective(config, objective, dpo_beta=dpo_beta, dpo_loss=dpo_loss, reference=reference)
     return Driver(
         MegatronBackend(config),
         standard_callbacks(save_every=save_every, async_save=True),

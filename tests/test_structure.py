@@ -1,7 +1,9 @@
-"""The shape of every package in ``packages/``: small modules, classes and functions, and no
-import cycles (a lazy import inside a function counts: it still ties the two modules
-together; a package importing its own submodule counts too). Imports under
-``if TYPE_CHECKING:`` are left out: they never run."""
+"""The shape of every package in ``packages/``: no import cycles (a lazy import inside a
+function counts: it still ties the two modules together; a package importing its own
+submodule counts too; imports under ``if TYPE_CHECKING:`` are left out: they never run),
+and a smoke detector for size: the largest module, class and function are printed, and
+only a module or function well past any reasonable size fails (a class has no cap: its
+size is its methods'). Nothing is split to satisfy it; a split follows a job."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "callbacks", "data", "backends", "tools")
-MAX_MODULE_LINES = 500
-MAX_CLASS_LINES = 400
-#: a function or method, measured like a class: from ``def`` to its last line
-MAX_FUNCTION_LINES = 60
+#: the smoke detector's alarms, well past the largest unit today (printed by the test)
+MAX_MODULE_LINES = 800
+#: a function or method, from ``def`` to its last line
+MAX_FUNCTION_LINES = 100
 
 
 def modules() -> dict[str, Path]:
@@ -106,21 +108,39 @@ def test_no_import_cycles() -> None:
     assert cycles(graph) == []
 
 
-def test_modules_classes_and_functions_stay_small() -> None:
-    """Smoke detectors, not targets: a unit past its limit is split by responsibility."""
-    too_big = []
+def sizes() -> dict[str, list[tuple[int, str]]]:
+    """Every module's, class's and function's length in lines, with where it is."""
+    found: dict[str, list[tuple[int, str]]] = {"module": [], "class": [], "function": []}
     for file in modules().values():
         text = file.read_text()
-        where = file.relative_to(ROOT)
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            too_big.append(f"{where}: {len(text.splitlines())} lines")
+        where = str(file.relative_to(ROOT))
+        found["module"].append((len(text.splitlines()), where))
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef):
+            kind = (
+                "class"
+                if isinstance(node, ast.ClassDef)
+                else "function"
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                else None
+            )
+            if kind is not None:
                 size = (node.end_lineno or node.lineno) - node.lineno + 1
-                if size > MAX_CLASS_LINES:
-                    too_big.append(f"{where}:{node.name}: {size} lines")
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                size = (node.end_lineno or node.lineno) - node.lineno + 1
-                if size > MAX_FUNCTION_LINES:
-                    too_big.append(f"{where}:{node.name}(): {size} lines")
+                found[kind].append((size, f"{where}:{node.name}"))
+    return found
+
+
+def test_no_module_or_function_is_far_too_big() -> None:
+    """A smoke detector, not a target: the largest of each kind is printed (``pytest -s``);
+    a module past ``MAX_MODULE_LINES`` or a function past ``MAX_FUNCTION_LINES`` fails."""
+    found = sizes()
+    for kind, measured in found.items():
+        size, where = max(measured)
+        print(f"largest {kind}: {where} ({size} lines)")
+    limits = {"module": MAX_MODULE_LINES, "function": MAX_FUNCTION_LINES}
+    too_big = [
+        f"{where}: {size} lines (the {kind} alarm is at {limits[kind]})"
+        for kind in limits
+        for size, where in found[kind]
+        if size > limits[kind]
+    ]
     assert too_big == []

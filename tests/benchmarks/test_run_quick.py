@@ -38,6 +38,7 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
         "native",
         "prepare",
         "startup",
+        "posttrain",
     }
     assert not [r for r in rows if r["note"].startswith("error")]
     for row in rows:
@@ -56,3 +57,9 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
     assert cases[("checkpoint", "fabric: synchronous save blocks")]["value"] > 0
     fabric_native = cases[("native", "fabric: bare loop over train_step vs baton")]
     assert fabric_native["ratio"] is not None
+    for case in (
+        "packing: baton bfd",
+        "sft step: baton fabric",
+        "dpo step: baton fabric (precomputed)",
+    ):
+        assert cases[("posttrain", case)]["ratio"] is not None

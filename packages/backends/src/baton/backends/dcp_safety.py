@@ -1,4 +1,5 @@
-"""Loading a torch distributed checkpoint (DCP) never runs code found in it.
+"""Loading a torch distributed checkpoint (DCP), or a ``torch.save`` checkpoint file,
+never runs code found in it.
 
 torch's ``FileSystemReader.read_metadata`` unpickles the checkpoint's ``.metadata`` file
 with plain ``pickle`` and ``DefaultLoadPlanner.load_bytes`` reads byte entries with
@@ -25,6 +26,13 @@ Registration::
 It applies to torch versions whose weights-only unpickler accepts an allow-list
 (``TORCH_VERSIONS``) and whose DCP still has these two entry points; the run's patch
 report says why it is skipped elsewhere. Nothing here imports torch at import time.
+
+A ``torch.save`` file loaded directly (a Fabric or LightningModule checkpoint's
+``state.pt``) is read by torch's weights-only unpickler under the same allow-list::
+
+    with weights_only_loading(path):          # refusal: UnsafeCheckpointError naming path
+        state = fabric.load(path, live_objects, weights_only=True)
+    state = load_weights_only(path, mmap=True)
 """
 
 from __future__ import annotations
@@ -33,9 +41,12 @@ import functools
 import importlib
 import io
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from baton.core.checkpointing import CheckpointError
 from baton.core.patches import Patch, PatchRecorder, version_matches
 
 if TYPE_CHECKING:
@@ -77,8 +88,9 @@ BYTES_GLOBALS = (
 )
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
-    """A checkpoint file names something other than checkpoint data: it was refused."""
+class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
+    """A checkpoint file names something other than checkpoint data: it was refused (a
+    ``CheckpointError``: one line, wherever a resume meets it)."""
 
 
 @functools.cache
@@ -112,8 +124,26 @@ def _safe_globals(names: tuple[str, ...]) -> list[Any]:
     )
 
 
+#: what a ``torch.save`` checkpoint file may name, besides what torch's weights-only
+#: unpickler allows by default (tensors, containers, numbers, strings)
+CHECKPOINT_GLOBALS = METADATA_GLOBALS + BYTES_GLOBALS
+
+#: the line of torch's weights-only refusal that names what was refused
+_TORCH_REASON = "WeightsUnpickler error:"
+
+
+def _reason(error: Exception) -> str:
+    """The one line of ``error`` that says what was refused (torch's own message is a
+    paragraph of advice first)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(_TORCH_REASON):
+            return line.removeprefix(_TORCH_REASON).split(". Please")[0].strip()
+    return lines[0] if lines else type(error).__name__
+
+
 def _refused(what: str, error: Exception) -> UnsafeCheckpointError:
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    reason = _reason(error)
     return UnsafeCheckpointError(
         f"refused to load {what}: it names something that is not checkpoint data ({reason}); "
         "a crafted or foreign checkpoint would run code here. Resume only from checkpoints "
@@ -147,11 +177,39 @@ def check_saved_bytes(value: io.BytesIO, what: str) -> None:
     """Refuse a ``torch.save`` byte entry that names anything outside the allow-list."""
     import torch
 
-    with torch.serialization.safe_globals(_safe_globals(METADATA_GLOBALS + BYTES_GLOBALS)):
+    with torch.serialization.safe_globals(_safe_globals(CHECKPOINT_GLOBALS)):
         try:
             torch.load(value, map_location="cpu", weights_only=True)
         except _REFUSALS as error:
             raise _refused(what, error) from None
+
+
+@contextmanager
+def weights_only_loading(file: str | Path) -> Iterator[None]:
+    """Inside, torch's weights-only unpickler also accepts ``CHECKPOINT_GLOBALS``, and its
+    refusal of ``file`` (anything else named in it) is an ``UnsafeCheckpointError``
+    naming ``file``. Loads inside must pass ``weights_only=True``."""
+    import torch
+
+    with torch.serialization.safe_globals(_safe_globals(CHECKPOINT_GLOBALS)):
+        try:
+            yield
+        except pickle.UnpicklingError as error:
+            if isinstance(error, UnsafeCheckpointError) or "weights only" not in (
+                str(error).lower()
+            ):
+                raise  # already refused, or a damaged file: not a question of safety
+            raise _refused(str(file), error) from None
+
+
+def load_weights_only(file: str | Path, **kwargs: Any) -> Any:
+    """``torch.load(file, map_location="cpu", weights_only=True, **kwargs)`` under
+    ``weights_only_loading``: a file naming anything outside the allow-list is refused
+    before it is created or called."""
+    import torch
+
+    with weights_only_loading(file):
+        return torch.load(file, map_location="cpu", weights_only=True, **kwargs)
 
 
 class _MetadataPickle:

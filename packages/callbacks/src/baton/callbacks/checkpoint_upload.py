@@ -129,7 +129,7 @@ class CheckpointUpload(Callback):
             return
         store = self.store
         store.check()
-        checkpoint_dir = options.run_dir / "checkpoints"
+        checkpoint_dir = ckpt.checkpoints_dir(options.run_dir)
         if rank_zero and not options.resumes:
             remote = store.names()
             if remote and not options.overwrite:

@@ -2,7 +2,7 @@
 
 Example::
 
-    Driver(backend, callbacks=[EMA(decay=0.999), Checkpoint(every=500)])
+    Driver(backend, callbacks=[EMA(decay=0.999), Checkpoint(every_n_steps=500)])
     Driver(backend, callbacks=[EMA(decay=0.999, use_for_eval=True)], eval_every=100)
 
     uv run baton export runs/x/checkpoints/latest --format hf exported/ --ema

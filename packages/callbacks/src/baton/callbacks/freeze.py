@@ -12,7 +12,9 @@ The way Lightning's ``BackboneFinetuning`` trains a head before the body: steps
 were (the backend's ``model_state().freeze``: no gradient, no update, no optimizer-state
 change), and from step ``until_step + 1`` they train again. Patterns are ``fnmatch``
 globs over the ``model_state`` names (Hugging Face names for a model-spec run); a
-pattern that matches no parameter is refused with the names there are. The decision is
+pattern that matches no parameter on any rank is refused, on every rank alike, with the
+names there are (under pipeline parallelism a stage freezes the matching parameters it
+holds, and one holding none of them freezes nothing). The decision is
 made before each step from the step number, so a resume (or a rollback) inside the
 frozen window freezes again and one after it does not; the state records what was
 frozen.
@@ -61,11 +63,15 @@ class Freeze(Callback):
         assert isinstance(driver.backend, HasModelState)  # requires() was checked
         self._state = driver.backend.model_state()
         names = [p.name for p in self._state.parameters()]
-        for pattern in self.patterns:
-            if not any(matches(name, pattern) for name in names):
+        here = [any(matches(name, pattern) for name in names) for pattern in self.patterns]
+        # every rank's names: a pipeline stage or shard may hold none of a pattern's
+        # parameters, while another holds them; all ranks refuse alike, or none does
+        anywhere = driver.backend.all_reduce_flags(here)
+        for pattern, matched in zip(self.patterns, anywhere, strict=True):
+            if not matched:
                 raise UsageError(
-                    f"Freeze: pattern {pattern!r} matches no parameter; the names are like "
-                    f"{', '.join(names[:4])} ({len(names)} in all)"
+                    f"Freeze: pattern {pattern!r} matches no parameter on any rank; the "
+                    f"names are like {', '.join(names[:4])} ({len(names)} on this rank)"
                 )
 
     def wanted(self, step: int) -> bool:

@@ -34,7 +34,10 @@ from baton.core.errors import RunError, UsageError
 log = logging.getLogger("baton")
 
 META_FILE = "baton.json"
+#: a checkpoint's folder of the backend's own files (beside ``baton.json``)
 BACKEND_DIR = "backend"
+#: a run's folder of checkpoints, inside its run directory
+CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 HASH = "xxh3_128"
@@ -42,6 +45,21 @@ HASH = "xxh3_128"
 VERIFY_MODES = ("full", "size")
 _NAME = re.compile(r"^step_(\d+)$")
 _CHUNK = 1 << 22
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    """Where the run in ``run_dir`` keeps its checkpoints.
+
+    >>> checkpoints_dir(Path("runs/x")).as_posix()
+    'runs/x/checkpoints'
+    """
+    return run_dir / CHECKPOINTS_DIR
+
+
+def native_dir(path: Path) -> Path:
+    """The backend's own folder of the checkpoint at ``path`` (its ``BACKEND_DIR``), or
+    ``path`` itself where it has none (a backend's folder given directly)."""
+    return path / BACKEND_DIR if (path / BACKEND_DIR).is_dir() else path
 
 
 class CheckpointError(RunError):

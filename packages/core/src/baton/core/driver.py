@@ -38,6 +38,7 @@ from typing import Any, Unpack
 from baton.core.backend import Ability, Backend, DataExhausted
 from baton.core.callback import Callback
 from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
+from baton.core.checkpointing import checkpoints_dir
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
 from baton.core.errors import UsageError
@@ -139,7 +140,7 @@ class Driver(SavingAttributes):
     # -- what callbacks read and call ---------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path:
-        return self.options.run_dir / "checkpoints"
+        return checkpoints_dir(self.options.run_dir)
 
     @property
     def log_dir(self) -> Path:
@@ -364,5 +365,5 @@ class Driver(SavingAttributes):
         end_run(self, self._checkpoints.saver, self._dispatch, error)
         if self._lock is not None:  # a run that failed at once leaves no run directory
             refused = isinstance(error, UsageError) and not self._training
-            self._lock.release(remove_if_unused=error is not None, discard=refused)
+            self._lock.release(remove_if_unused=error is not None, remove_created=refused)
             self._lock = None

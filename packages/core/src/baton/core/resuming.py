@@ -72,7 +72,7 @@ class Resumer:
         self.backend = backend
         self.options = options
         self.evaluating = evaluating
-        self.checkpoint_dir = options.run_dir / "checkpoints"
+        self.checkpoint_dir = ckpt.checkpoints_dir(options.run_dir)
         self.changes: list[dict[str, Any]] = []
         #: the verified checkpoint to load first, and the fallbacks, verified when needed
         self._first: Candidate | None = None

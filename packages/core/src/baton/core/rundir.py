@@ -70,27 +70,26 @@ class RunDirLock:
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         self._fd = fd
 
-    def release(self, *, remove_if_unused: bool = False, discard: bool = False) -> None:
+    def release(self, *, remove_if_unused: bool = False, remove_created: bool = False) -> None:
         """Drop the lock. ``remove_if_unused``: a run directory this lock created and
         nothing else wrote to is removed again (a run that failed before it began).
-        ``discard``: a refused run leaves nothing behind: the run directory this lock
-        created goes with all it holds, else the lock file this lock created."""
+        ``remove_created``: a run directory this lock created is removed with all it
+        holds, which is that run's alone (a run refused before it trained: its patch
+        report, a data cache its backend built); in a directory that was there before,
+        the lock file, when this lock created it."""
         if self._fd is None:
             return
-        if discard and self.created_run_dir:
+        if self.created_run_dir and (remove_created or (remove_if_unused and self._unused())):
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        elif discard and self.created_lock_file:
+        elif remove_created and self.created_lock_file:  # the user's directory: our lock only
             self.path.unlink(missing_ok=True)
-        elif remove_if_unused and self.created_run_dir:
-            leftovers = [p for p in self.run_dir.rglob("*") if p != self.path and not p.is_dir()]
-            if not leftovers:
-                self.path.unlink(missing_ok=True)
-                for d in sorted(self.run_dir.rglob("*"), reverse=True):
-                    d.rmdir()
-                self.run_dir.rmdir()
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+
+    def _unused(self) -> bool:
+        """Whether the run directory holds no file but the lock."""
+        return all(p == self.path or p.is_dir() for p in self.run_dir.rglob("*"))
 
     def __enter__(self) -> RunDirLock:
         self.acquire()

@@ -4,7 +4,7 @@ becomes complete (durable, renamed, ``latest``) on every rank.
 The loop decides *when* (a callback's request, a stop); a ``CheckpointSaver`` does the
 rest::
 
-    saver = CheckpointSaver(backend, run_dir / "checkpoints", on_saved=announce)
+    saver = CheckpointSaver(backend, ckpt.checkpoints_dir(run_dir), on_saved=announce)
     saver.asynchronous = True               # where the backend has ``async_save``
     saver.save(step, lambda: meta)          # writes, or starts writing, step_000100
     saver.poll(block=False, agree=True)     # after each step: finish what is written

@@ -79,7 +79,7 @@ def prepare(
         resumer.plan(rank_zero=launch.rank == 0)
     except BaseException as error:
         if lock is not None:  # leave the run directory as it was
-            lock.release(remove_if_unused=True, discard=isinstance(error, UsageError))
+            lock.release(remove_if_unused=True, remove_created=isinstance(error, UsageError))
         raise
     return Start(options, merged, report, lock, resumer)
 

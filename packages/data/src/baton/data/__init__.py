@@ -2,7 +2,7 @@
 
 ``baton data tokenizer`` / :func:`train_tokenizer` make a Hugging Face tokenizer directory
 offline; ``baton data prepare`` tokenizes local text into Megatron's indexed format
-(``PREFIX.bin`` + ``PREFIX.idx``, written by megatron-core's builder) plus a manifest
+(``PREFIX.bin`` + ``PREFIX.idx``, the bytes megatron-core's builder writes) plus a manifest
 ``PREFIX.json``. This package reads them with numpy alone (the ``tokenizers`` library is
 imported only by the tokenizer functions), so every backend can use it without pulling in
 another backend's framework.

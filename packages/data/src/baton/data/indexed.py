@@ -1,6 +1,6 @@
 """Megatron's indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``) read with numpy memory maps.
 
-This is the format ``baton data prepare`` writes through megatron-core's own builder and
+This is the format ``baton data prepare`` writes (:mod:`baton.data.indexed_writer`) and
 that Megatron-Core's ``IndexedDataset``/``GPTDataset`` and MaxText's Grain ``mmap`` source
 read. This reader needs only numpy, so any backend can use it.
 

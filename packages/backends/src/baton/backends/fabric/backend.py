@@ -26,6 +26,18 @@ for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``). Each may retu
 scalar tensor, an object with ``.loss`` (Hugging Face outputs), a dict with ``"loss"``
 and other metrics, or ``(loss, {name: value})``: the other scalar metrics are logged
 under their own names beside ``loss`` (and averaged over evaluation batches).
+
+With ``mean_over=count(batch)`` a step's loss is a mean over the items of the whole
+global batch (every micro-batch and rank: supervised tokens, preference pairs) rather
+than a mean of per-batch means. The backend draws the step's micro-batches first, counts
+their items, sums the count over ranks (one all-reduce) and hands each batch (a dict) to
+the loss with that total under ``"num_items_in_batch"`` (``transformers``' own keyword:
+its loss is then the batch's sum divided by it). The loss and every other metric the loss
+returns are each micro-batch's share of the global mean: the backend adds them over
+micro-batches and ranks (one more all-reduce) and scales the backward pass so the
+averaged gradient is the gradient of the global mean::
+
+    FabricBackend(model, optimizer, rows, mean_over=lambda b: int((b["labels"] != -100).sum()))
 """
 
 from __future__ import annotations
@@ -90,6 +102,9 @@ class FabricBackend(
             its 2-D integer tensor's size.
         flops_per_token: training FLOPs per token for MFU (default: 6 x parameters).
         describe: facts recorded in checkpoints; a resume with different ones fails.
+        mean_over: ``mean_over(batch) -> int``, the items a step's loss is a mean over
+            (see the module docs): the global batch's, handed to the loss under
+            ``"num_items_in_batch"``.
         config: a ``FabricConfig``; keyword ``overrides`` set its fields.
 
     Beside the step it owns its checkpoint I/O (``checkpoints``, ``fabric/checkpoint.py``),
@@ -114,6 +129,7 @@ class FabricBackend(
         count_tokens: Callable[[Any], int] | None = None,
         flops_per_token: float | None = None,
         describe: Mapping[str, Any] | None = None,
+        mean_over: Callable[[Any], int] | None = None,
         config: FabricConfig | None = None,
         **overrides: Any,
     ) -> None:
@@ -132,6 +148,7 @@ class FabricBackend(
         self.loss_fn = loss_fn
         self.training_step = training_step
         self.count_tokens = count_tokens
+        self.mean_over = mean_over
         self._flops_per_token = flops_per_token
         self._describe = dict(describe or {})
         self.fabric: Any = None
@@ -222,6 +239,8 @@ class FabricBackend(
         return self.corruption.run_step(self._step)
 
     def _step(self) -> StepOutput:
+        if self.mean_over is not None:
+            return self._global_mean_step(self.mean_over)
         assert self.stream is not None and self.optimizer is not None
         fabric, cfg = self.fabric, self.config
         metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
@@ -254,6 +273,56 @@ class FabricBackend(
         self.samples_consumed += samples * world
         return StepOutput(
             loss=total if cfg.grad_accum == 1 else total / cfg.grad_accum,
+            metrics=metrics,
+            tokens=tokens * world,
+            samples=samples * world,
+            data_wait_s=waited,
+        )
+
+    def _global_mean_step(self, mean_over: Callable[[Any], int]) -> StepOutput:
+        """A step whose loss (and metrics) are means over the items of the global batch
+        (``mean_over``; see the module docs)."""
+        assert self.stream is not None and self.optimizer is not None
+        fabric, cfg = self.fabric, self.config
+        started = time.perf_counter()
+        host_batches = [self.corruption.draw(self.stream.next) for _ in range(cfg.grad_accum)]
+        waited = time.perf_counter() - started
+        count = torch.tensor(float(sum(mean_over(b) for b in host_batches)), device=self._device)
+        if fabric.world_size > 1:
+            count = fabric.all_reduce(count, reduce_op="sum")
+        count = count.clamp(min=1.0)  # a global batch without items contributes nothing
+        shares: dict[str, torch.Tensor] = {}
+        samples = tokens = 0
+        for micro, host_batch in enumerate(host_batches):
+            batch = fabric.to_device(host_batch)
+            n_samples, n_tokens = count_batch(batch)
+            samples += n_samples
+            tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
+            with fabric.no_backward_sync(self.model, enabled=micro < cfg.grad_accum - 1):
+                loss, extra = self._batch_loss().training(
+                    self.model, {**batch, "num_items_in_batch": count}
+                )
+                # each share is already divided by the global count; DDP averages the
+                # ranks' gradients and the global mean is their sum
+                fabric.backward(loss * fabric.world_size if fabric.world_size > 1 else loss)
+            for name, value in {"loss": loss, **extra}.items():
+                value = torch.as_tensor(value, device=self._device).detach().float()
+                shares[name] = value if name not in shares else shares[name] + value
+        if fabric.world_size > 1:
+            summed = fabric.all_reduce(torch.stack(list(shares.values())), reduce_op="sum")
+            shares = dict(zip(shares, summed.unbind(), strict=True))
+        metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
+        metrics.update({k: v for k, v in shares.items() if k != "loss"})
+        self.before_clipping()
+        if cfg.grad_clip is not None:
+            metrics["grad_norm"] = fabric.clip_gradients(
+                self.model, self.optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
+            )
+        self._optimizer_step()
+        world = fabric.world_size
+        self.samples_consumed += samples * world
+        return StepOutput(
+            loss=shares["loss"],
             metrics=metrics,
             tokens=tokens * world,
             samples=samples * world,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from baton.backends.async_save import BackgroundSaves, FuturePendingSave, StagingGate
+from baton.backends.dcp_safety import weights_only_loading
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE
 from baton.core.checkpoint_record import CheckpointFacts
 
@@ -223,9 +224,14 @@ class FabricCheckpointIO:
         self._staging.wait()
 
     def load(self, directory: Path) -> None:
-        """``fabric.load`` into the engine's live state, then its plain values."""
+        """``fabric.load`` into the engine's live state, then its plain values; unpickled
+        weights-only under the checkpoint allow-list (``dcp_safety``): a file naming
+        anything else is refused, nothing in it run."""
         self.wait_for_staging()
-        self.restore_values(self.engine.fabric.load(directory / STATE_FILE, self.state()))
+        path = directory / STATE_FILE
+        with weights_only_loading(path):
+            remainder = self.engine.fabric.load(path, self.state(), weights_only=True)
+        self.restore_values(remainder)
 
     def state(self) -> dict[str, Any]:
         """The live objects a checkpoint holds, restored in place by ``fabric.load``."""

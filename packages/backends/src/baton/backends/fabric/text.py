@@ -84,10 +84,12 @@ def prepared_windows(spec: str, tokenizer: Any, seq_len: int) -> Dataset:
     """Windows of a prepared dataset or blend; the data must have been prepared with
     ``tokenizer`` (its fingerprint is checked against the manifest)."""
     from baton.data import PreparedDataset, parse_blend
+    from baton.data.packed import check_objective
 
     blend = parse_blend(spec)
     parts: list[Dataset] = []
     for prefix in blend.prefixes:
+        check_objective(prefix, "pretrain")  # post-training data: DataError naming the fix
         data = PreparedDataset(prefix)
         data.check_tokenizer(tokenizer)
         parts.append(TokenWindows(data.tokens, seq_len))

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from baton.backends.hf_io import read_safetensors
+from baton.core.checkpointing import BACKEND_DIR
 
 #: where a checkpoint of a Hugging Face model keeps its config (``baton export`` reads it)
 HF_CONFIG_DIR = "hf"
@@ -63,7 +64,7 @@ def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         state_file = next(
-            (p for p in (path / "backend" / STATE_FILE, path / STATE_FILE) if p.is_file()), None
+            (p for p in (path / BACKEND_DIR / STATE_FILE, path / STATE_FILE) if p.is_file()), None
         )
         if files:
             return read_safetensors(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from baton.backends.dcp_safety import load_weights_only
 from baton.backends.fabric.checkpoint import FabricCheckpointIO
 from baton.backends.fabric.weights import STATE_FILE
 
@@ -79,13 +80,12 @@ class LightningCheckpointIO(FabricCheckpointIO):
 def holds_loop_state(directory: Path) -> bool:
     """Whether the Fabric checkpoint in ``directory`` (a checkpoint's ``backend/``) holds
     the LightningModule loop's state: a plain Fabric run's never does. Tensors are
-    memory-mapped, not read; the checkpoint is unpickled as ``fabric.load`` would."""
-    import torch
-
+    memory-mapped, not read; the checkpoint is unpickled weights-only, as ``load`` does
+    (a file naming anything but checkpoint data is refused: ``UnsafeCheckpointError``)."""
     file = Path(directory) / STATE_FILE
     if file.is_dir():
         file = file / SHARDED_VALUES_FILE
     if not file.is_file():
         return False
-    state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
+    state = load_weights_only(file, mmap=True)
     return isinstance(state, dict) and LOOP_STATE in state

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.async_save import SaveHandle
+from baton.core.checkpointing import BACKEND_DIR
 
 STATE_DIR = "checkpoint"
 #: the data position of a baton stream, as ``data.json`` beside the state
@@ -48,7 +49,7 @@ def params_path(checkpoint: str | Path) -> Path:
     ``backend`` part, a MaxText step directory (``.../checkpoints/5``) or its ``items``.
     """
     checkpoint = Path(checkpoint).resolve()
-    for base in (checkpoint / "backend", checkpoint):
+    for base in (checkpoint / BACKEND_DIR, checkpoint):
         if (base / STATE_DIR).is_dir():
             return base / STATE_DIR / str(saved_name(base)) / "items"
     if checkpoint.name == "items" and checkpoint.is_dir():

@@ -44,8 +44,9 @@ from baton.backends.megatron.data import ByteEodTokenizer, PreparedSource, Sampl
 from baton.backends.megatron.evaluation import evaluate_loss
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
+from baton.backends.megatron.objective import forward_step_of, objective_metrics, use_objective
 from baton.backends.megatron.plan import flops_per_token, layout_plan
-from baton.backends.megatron.step import mean_loss, run_schedule
+from baton.backends.megatron.step import gpt_forward_step, mean_loss, run_schedule
 from baton.backends.megatron.training_data import build_data, open_data
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
@@ -83,6 +84,10 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self._model_state: MegatronModelState | None = None
         #: a model with experts: its ``moe/*`` metrics (``moe_metrics.py``)
         self._moe: MoeMetrics | None = None
+        #: DPO's reference model fingerprint (``reference.py``), recorded in checkpoints
+        self.reference_fingerprint: str | None = None
+        #: the schedule's forward step: pretraining's, or SFT's / DPO's on packed rows
+        self._forward_step: Callable[..., Any] = gpt_forward_step
 
     # -- facts ----------------------------------------------------------------------
     @property
@@ -100,7 +105,12 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         elif self.config.data.tokenizer is not None:
             path = load_tokenizer(self.config.data.tokenizer).path / "tokenizer.json"
             tokenizer = fingerprint_file(path)[:16]
-        return {**self.config.describe(), "tokenizer": tokenizer}
+        facts = {**self.config.describe(), "tokenizer": tokenizer}
+        if self.config.objective != "pretrain":  # (absent from pretraining checkpoints)
+            facts["objective"] = self.config.objective
+        if self.reference_fingerprint is not None:
+            facts["reference"] = self.reference_fingerprint[:16]
+        return facts
 
     @property
     def tokenizer_vocab_size(self) -> int:
@@ -115,8 +125,13 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     # -- build ------------------------------------------------------------------------
     def check_data(self) -> None:
         """Open and check the configured data and tokenizer before anything is built
-        (``DataError`` naming the problem; see ``training_data.open_data``)."""
+        (``DataError`` naming the problem; see ``training_data.open_data``), and DPO's
+        reference model (``reference.check_reference``)."""
         self.source = open_data(self.config)
+        if self.config.objective == "dpo" and self.source is not None:
+            from baton.backends.megatron.reference import check_reference
+
+            check_reference(self.config, self.source.info)
 
     def dry_run(self, world_size: int) -> str:
         """The parallel layout on ``world_size`` ranks, checked by the configuration
@@ -142,6 +157,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         )
         torch.manual_seed(cfg.seed)
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+        use_objective(cfg)
+        self._forward_step = forward_step_of(cfg)
         self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
         self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
         self._moe = MoeMetrics(self.chunks) if cfg.model.num_moe_experts else None
@@ -153,8 +170,40 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             world_size=self.world_size,
             barrier=self.barrier,
         )
+        if cfg.objective == "dpo":
+            self._score_reference()
         if cfg.init_from is not None:
             self.load_weights(Path(cfg.init_from))
+
+    def _score_reference(self) -> None:
+        """DPO: every sequence's reference log-probability, stored beside the data (and
+        computed first, with the reference's weights in this model, if not stored yet),
+        given to the training rows (``reference.py``)."""
+        from baton.backends.megatron.reference import (
+            check_reference,
+            compute_reference_logps,
+            reference_fingerprint,
+        )
+        from baton.backends.reference_logps import stored_or_computed
+
+        assert self.source is not None, "check_data refuses DPO without prepared data"
+        rows = self.train_streams[0].dataset
+        path = check_reference(self.config, self.source.info)
+        fingerprint = reference_fingerprint(path)
+
+        def scored() -> Any:
+            self.load_weights(path)
+            return compute_reference_logps(self.chunks, rows, self.config, self._device)
+
+        rows.reference = stored_or_computed(
+            rows.data.prefix,
+            fingerprint,
+            tokenizer_fingerprint=self.source.info.fingerprint,
+            engine=self.name,
+            compute=scored,
+            num_sequences=rows.data.num_sequences,
+        )
+        self.reference_fingerprint = fingerprint
 
     def load_weights(self, directory: Path) -> None:
         """Load only the model's weights (a checkpoint under any layout it can reshard,
@@ -171,8 +220,6 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
-        from megatron.core.distributed import finalize_model_grads
-
         assert self.train_streams, "setup() must run before train_step()"
         cfg = self.config
         for chunk in self.chunks:
@@ -188,8 +235,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             cfg,
             num_microbatches=self.num_microbatches,
             forward_only=False,
-        )
-        finalize_model_grads(self.chunks)
+            forward_step=self._forward_step,
+        )  # Megatron's schedule ends in finalize_model_grads (``use_objective``)
         if self._model_state is not None:  # gradients before clipping, to the watchers
             self._model_state.before_clipping()
         self.checkpoints.wait_for_staging()  # a save still copies what the step changes
@@ -201,6 +248,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             metrics["grad_norm"] = grad_norm
         if self._moe is not None:
             metrics.update(self._moe_metrics())
+        metrics.update(objective_metrics(cfg, reduced, self._device))
         return StepOutput(
             loss=mean_loss(reduced, self._device),
             metrics=metrics,
@@ -246,13 +294,20 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     @property
     def refused_abilities(self) -> dict[str, str]:
-        """Checksums need data-parallel replicas to compare."""
-        if not self.chunks or self.config.data_parallel_size(self.world_size) > 1:
-            return {}
-        return {
-            "weight_checksums": "data-parallel size 1: every rank holds its own shard, no "
-            "replica to compare; launch more ranks than tensor x pipeline parallel"
-        }
+        """Checksums need data-parallel replicas to compare; SFT and DPO train on every
+        row of their data, so there is no validation split to evaluate."""
+        refused: dict[str, str] = {}
+        if self.config.objective != "pretrain":
+            refused["evaluate"] = (
+                f"--objective {self.config.objective} trains on every packed row: no "
+                "validation split; run with --eval-every 0"
+            )
+        if self.chunks and self.config.data_parallel_size(self.world_size) == 1:
+            refused["weight_checksums"] = (
+                "data-parallel size 1: every rank holds its own shard, no "
+                "replica to compare; launch more ranks than tensor x pipeline parallel"
+            )
+        return refused
 
     # -- checkpoints: MegatronCheckpointIO (checkpoint_io.py), through UsesCheckpointIO --
     def layout(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from baton.backends.async_save import SaveHandle
+from baton.core.checkpointing import native_dir
 
 log = logging.getLogger("baton")
 
@@ -297,8 +298,7 @@ def load_weights(chunks: list[Any], optimizer: Any, directory: Path) -> None:
             load_hf(chunks, str(directory))
             optimizer.reload_model_params()
         return
-    if (directory / "backend").is_dir():
-        directory = directory / "backend"
+    directory = native_dir(directory)
     if not directory.is_dir():
         raise FileNotFoundError(
             f"init_from {directory} is not a checkpoint directory; pass a checkpoint "

@@ -132,6 +132,16 @@ class MegatronConfig:
     #: the shared model spec the model is built from (``hf.use_spec`` sets it): its
     #: parameters are then shown by their Hugging Face names (``model_state``)
     spec: LlamaSpec | None = None
+    #: what a step minimises: ``pretrain`` (every next token), ``sft`` (the supervised
+    #: tokens of packed conversations, ``baton data prepare --seq-len``) or ``dpo``
+    #: (packed preference pairs against a reference model)
+    objective: Literal["pretrain", "sft", "dpo"] = "pretrain"
+    #: DPO's beta and loss (``sigmoid`` or ``ipo``)
+    dpo_beta: float = 0.1
+    dpo_loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    #: DPO's reference model: a Hugging Face directory or baton checkpoint (``None``: the
+    #: starting weights, ``init_from``)
+    reference: str | None = None
 
     def parallel_sizes(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) sizes from the model config."""

@@ -27,6 +27,7 @@ import torch
 from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.megatron.hf import TE_NORMS, megatron_to_hf
 from baton.backends.megatron.moe import split_experts
+from baton.core.checkpointing import native_dir
 from baton.core.errors import ExportError
 from baton.core.model_spec import exported_spec
 
@@ -84,7 +85,7 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     special-token ids, tokenizer files); returns ``out_dir``."""
     checkpoint = Path(checkpoint_dir)
     spec = exported_spec(checkpoint)
-    folder = checkpoint / "backend" if (checkpoint / "backend").is_dir() else checkpoint
+    folder = native_dir(checkpoint)
     weights = unstack_layers(read_global_weights(folder))
     try:
         hf = megatron_to_hf(weights, spec)

@@ -28,15 +28,18 @@ from baton.backends.megatron.data import (
     check_split_not_empty,
     open_prepared,
 )
+from baton.backends.megatron.packed_data import PackedRows, check_data_objective, open_packed
 
 
 def open_data(config: MegatronConfig) -> PreparedSource | None:
     """Open and check the configured data and tokenizer (``None``: the byte corpus):
-    ``DataError`` for a missing tokenizer or ``.idx``, a tokenizer other than the
-    data's, one with more tokens than the model's vocabulary, or a split share that
-    gets no document."""
+    ``DataError`` for data that does not fit the objective (``check_data_objective``),
+    a missing tokenizer or ``.idx``, a tokenizer other than the data's, one with more
+    tokens than the model's vocabulary, a split share that gets no document, or packed
+    rows of another ``seq_len``."""
     from baton.data import DataError, check_model_vocab
 
+    check_data_objective(config)
     data = config.data
     if data.text_path is not None and not Path(data.text_path).is_file():
         raise DataError(
@@ -60,7 +63,10 @@ def open_data(config: MegatronConfig) -> PreparedSource | None:
     source = open_prepared(data.data_path, data.tokenizer)
     if config.vocab_size is not None:
         check_model_vocab(source.info, config.vocab_size)
-    check_split_not_empty(source, data.split or "98,2,0")
+    if config.objective == "pretrain":
+        check_split_not_empty(source, data.split or "98,2,0")
+    else:
+        open_packed(config)
     return source
 
 
@@ -90,7 +96,13 @@ def build_data(
     barrier: Callable[[], None],
 ) -> tuple[list[SampleStream], Any]:
     """The training streams (one per model chunk) and the validation split; rank 0
-    indexes the byte corpus while the others wait at ``barrier``."""
+    indexes the byte corpus while the others wait at ``barrier``. Post-training data
+    (``config.objective`` sft or dpo) is one stream of packed rows (``PackedRows``) per
+    chunk, all of it trained on: no validation split."""
+    if config.objective != "pretrain":
+        assert source is not None, "open_data refuses post-training without prepared data"
+        rows = PackedRows(open_packed(config), pad_id=source.info.eod_id)
+        return streams_over(rows, config, chunks), None
     if source is not None:
         datasets = prepared_datasets(config, source, world_size)
     elif config.data.kind == "mock":

@@ -30,6 +30,7 @@ from typing import Any
 
 from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.torchtitan.hf import FLAVOR_PREFIX, register
+from baton.core.checkpointing import BACKEND_DIR
 from baton.core.errors import ExportError
 from baton.core.model_spec import LlamaSpec, RopeScaling, recorded_spec
 
@@ -43,8 +44,9 @@ ARCHITECTURES = ("llama3", "qwen3")
 def dcp_folder(checkpoint_dir: str | Path) -> Path:
     """The TorchTitan DCP folder (the one holding ``.metadata``) inside ``checkpoint_dir``."""
     path = Path(checkpoint_dir)
-    for candidate in (path, path / "backend", *sorted(path.glob("step-*")),
-                      *sorted(path.glob("backend/step-*"))):  # fmt: skip
+    backend = path / BACKEND_DIR
+    for candidate in (path, backend, *sorted(path.glob("step-*")),
+                      *sorted(backend.glob("step-*"))):  # fmt: skip
         if (candidate / ".metadata").is_file():
             return candidate
     raise ExportError(

@@ -7,6 +7,7 @@ Example::
     baton data prepare web.jsonl notes.txt --tokenizer runs/tok --output data/corpus
     baton data prepare shards/*.parquet --text-key content --tokenizer runs/tok \\
         --output data/web --workers 8
+    baton data prepare chat.jsonl --tokenizer runs/tok --seq-len 2048 --output data/chat
     baton data inspect data/corpus -n 3
 
 Bad input (a missing file or key, text that is not UTF-8, an empty corpus, an existing
@@ -74,13 +75,15 @@ def cmd_tokenizer(argv: Sequence[str]) -> int:
     return 0
 
 
-def cmd_prepare(argv: Sequence[str]) -> int:
-    from baton.tools.data.prepare import DTYPES, prepare
+def _prepare_parser() -> argparse.ArgumentParser:
+    from baton.tools.data.prepare import DTYPES
     from baton.tools.data.sources import TXT_SPLITS
 
     parser = argparse.ArgumentParser(
         prog="baton data prepare",
-        description="Tokenize local text into Megatron's indexed dataset (PREFIX.bin/.idx/.json).",
+        description="Tokenize local text into Megatron's indexed dataset (PREFIX.bin/.idx/.json); "
+        "with --seq-len, conversations or preference pairs packed into rows with a loss mask "
+        "(PREFIX.mask.bin).",
     )
     parser.add_argument("inputs", nargs="+", help=".txt, .jsonl, .parquet or saved dataset dirs")
     parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer directory")
@@ -94,11 +97,53 @@ def cmd_prepare(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="token dtype in .bin")
     parser.add_argument("--force", action="store_true", help="replace an existing output")
-    args = parser.parse_args(argv)
+    _add_posttrain_options(parser)
+    return parser
+
+
+def _add_posttrain_options(parser: argparse.ArgumentParser) -> None:
+    post = parser.add_argument_group(
+        "post-training (conversations and preference pairs, packed into rows)"
+    )
+    post.add_argument(
+        "--seq-len",
+        type=int,
+        help="tokens per row (a row holds seq_len + 1 tokens); required for conversations "
+        "and pairs, whose output is packed rows with a loss mask",
+    )
+    post.add_argument(
+        "--format",
+        choices=("messages", "prompt_completion", "preference"),
+        help="the records' format (default: recognised from their fields)",
+    )
+    post.add_argument(
+        "--chat-template", help="a Jinja chat template file, for a tokenizer without one"
+    )
+    post.add_argument(
+        "--mask",
+        choices=("assistant", "all", "last_assistant"),
+        default="assistant",
+        help="the supervised tokens of a conversation (prompt/completion and pairs: the "
+        "completion)",
+    )
+    post.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut documents longer than a row (default: refuse them)",
+    )
+
+
+def cmd_prepare(argv: Sequence[str]) -> int:
+    from baton.tools.data.prepare import prepare
+
+    args = _prepare_parser().parse_args(argv)
     if args.workers < 1:
         return _fail("prepare", f"--workers must be at least 1, not {args.workers}")
+    if args.seq_len is not None or args.format is not None:
+        return _prepare_posttrain(args)
     started = time.perf_counter()
     try:
+        _refuse_conversations(args.inputs, args.text_key)
         manifest = prepare(
             args.inputs,
             args.tokenizer,
@@ -119,6 +164,61 @@ def cmd_prepare(argv: Sequence[str]) -> int:
         f"wrote {args.output}.bin/.idx/.json: {manifest.documents:,} documents, "
         f"{manifest.tokens:,} {manifest.dtype} tokens in {seconds:.1f} s "
         f"({manifest.tokens / max(seconds, 1e-9):,.0f} tokens/s)"
+    )
+    return 0
+
+
+def _refuse_conversations(inputs: Sequence[str], text_key: str) -> None:
+    """Raise :class:`DataError` if the first input holds conversations or pairs (they need
+    ``--seq-len``) rather than text."""
+    from baton.tools.data.formats import FIELDS
+    from baton.tools.data.sources import open_sources
+
+    source = open_sources(inputs[:1], text_key)[0]
+    if source.kind != "jsonl":  # Parquet and datasets: their text-column check says it
+        return
+    for where, record in source.records():
+        if text_key not in record and any(
+            all(key in record for key in keys) for keys in FIELDS.values()
+        ):
+            raise DataError(
+                f"{where} is a conversation or preference pair, not text: prepare it with "
+                "--seq-len N (the packed row length), or pass --text-key for text"
+            )
+        return
+
+
+def _prepare_posttrain(args: argparse.Namespace) -> int:
+    from baton.tools.data.posttrain import prepare_posttrain
+
+    if args.seq_len is None:
+        return _fail("prepare", "conversations and pairs are packed into rows: pass --seq-len N")
+    started = time.perf_counter()
+    try:
+        manifest = prepare_posttrain(
+            args.inputs,
+            args.tokenizer,
+            args.output,
+            seq_len=args.seq_len,
+            input_format=args.format,
+            chat_template=args.chat_template,
+            mask=args.mask,
+            truncate=args.truncate,
+            force=args.force,
+        )
+    except DataError as error:
+        return _fail("prepare", str(error))
+    except KeyboardInterrupt:
+        return _fail("prepare", "interrupted; nothing was written")
+    seconds = time.perf_counter() - started
+    packing = manifest["packing"]
+    cut = f", {manifest['truncated']:,} cut to a row" if manifest["truncated"] else ""
+    print(
+        f"wrote {args.output}.bin/.idx/.mask.bin/.json ({manifest['objective']}, "
+        f"{manifest['input_format']}): {manifest['records']:,} records, "
+        f"{manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
+        f"({manifest['supervised_tokens']:,} supervised) in {packing['rows']:,} rows of "
+        f"{args.seq_len + 1}, fill {packing['fill']:.1%}{cut}, in {seconds:.1f} s"
     )
     return 0
 

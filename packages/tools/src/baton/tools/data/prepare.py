@@ -10,10 +10,10 @@ Example::
 Documents are read in order in this process, tokenized in batches by ``workers`` worker
 processes (each with its own copy of the tokenizer, ``encode_batch_fast``; the tokenizer's
 own special tokens are added as it is configured to add them), the end-of-document token
-is appended to each, and megatron-core's ``IndexedDatasetBuilder`` writes ``PREFIX.bin``
-and ``PREFIX.idx`` (one sequence per document, exactly as Megatron's
-``preprocess_data.py``) in input order, so the same input gives the same bytes whatever the
-number of workers. ``PREFIX.json`` is the manifest (tokenizer fingerprint, counts, sources).
+is appended to each, and :class:`~baton.data.indexed_writer.IndexedWriter` writes
+``PREFIX.bin`` and ``PREFIX.idx`` (the bytes of megatron-core's ``IndexedDatasetBuilder``,
+one sequence per document, exactly as Megatron's ``preprocess_data.py``) in input order,
+so the same input gives the same bytes whatever the number of workers. ``PREFIX.json`` is the manifest (tokenizer fingerprint, counts, sources).
 
 Worker processes are started with ``spawn``: a script that calls :func:`prepare` with
 ``workers > 1`` must do so under ``if __name__ == "__main__":`` (recipes run by ``baton run``
@@ -44,6 +44,7 @@ from baton.data import (
     manifest_path,
     split_prefix,
 )
+from baton.data.indexed_writer import IndexedWriter
 from baton.tools.data.sources import Source, open_sources
 
 #: token dtypes ``--dtype`` accepts (megatron-core's DType names)
@@ -175,24 +176,22 @@ def _progress(enabled: bool, total: int):
     )
 
 
-def _builder(path: Path, dtype: np.dtype) -> Any:
-    """megatron-core's ``IndexedDatasetBuilder`` writing ``path``, imported quietly."""
-    import logging
-    import warnings
-
-    logging.disable(logging.WARNING)  # torch and megatron-core announce missing CUDA/TE/apex
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    except ImportError as error:
+def check_output(output: str | Path, force: bool, files: Sequence[Path]) -> str:
+    """The prefix of ``output``; :class:`DataError` for a directory, or for existing
+    ``files`` without ``force``."""
+    prefix = split_prefix(output)
+    if Path(prefix).is_dir() or str(output).endswith(("/", os.sep)):
         raise DataError(
-            f"baton data prepare writes through megatron-core's builder, which does not import "
-            f"({error}); install baton-tools[data]"
-        ) from None
-    finally:
-        logging.disable(logging.NOTSET)
-    return IndexedDatasetBuilder(str(path), dtype=dtype.type)
+            f"--output {output} is a directory; give a prefix inside it, e.g. "
+            f"{Path(prefix) / 'corpus'} (writes corpus.bin, corpus.idx, corpus.json)"
+        )
+    existing = [str(path) for path in files if path.exists()]
+    if existing and not force:
+        raise DataError(
+            f"{', '.join(existing)} already exist; pass --force to replace them, or choose "
+            "another --output"
+        )
+    return prefix
 
 
 def prepare(
@@ -217,19 +216,8 @@ def prepare(
     info = tokenizer if isinstance(tokenizer, TokenizerInfo) else load_tokenizer(tokenizer)
     token_dtype = choose_dtype(info, dtype)
     sources = open_sources(inputs, text_key=text_key, txt_split=txt_split)
-    prefix = split_prefix(output)
-    if Path(prefix).is_dir() or str(output).endswith(("/", os.sep)):
-        raise DataError(
-            f"--output {output} is a directory; give a prefix inside it, e.g. "
-            f"{Path(prefix) / 'corpus'} (writes corpus.bin, corpus.idx, corpus.json)"
-        )
+    prefix = check_output(output, force, list(_outputs(split_prefix(output)).values()))
     finals = _outputs(prefix)
-    existing = [str(path) for path in finals.values() if path.exists()]
-    if existing and not force:
-        raise DataError(
-            f"{', '.join(existing)} already exist; pass --force to replace them, or choose "
-            "another --output"
-        )
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     temporaries = {kind: Path(f"{path}.partial-{os.getpid()}") for kind, path in finals.items()}
@@ -336,11 +324,11 @@ def _write(
     tokenizer_json = (info.path / "tokenizer.json").read_text(encoding="utf-8")
     pool = _start_pool(workers, (tokenizer_json, info.eod_id, token_dtype.name, workers == 1))
     try:
-        builder = _builder(temporaries["bin"], token_dtype)  # imports megatron as workers start
+        builder = IndexedWriter(temporaries["bin"], token_dtype)
         try:
             tally = _tokenize_into(builder, pool, sources, workers, progress)
         finally:
-            builder.data_file.close()
+            builder.close()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     uses_key = any(source.kind != "txt" for source in sources)

@@ -82,7 +82,43 @@ class Source:
             if paragraph:
                 yield "\n".join(paragraph)
 
-    def _jsonl(self) -> Iterator[str]:
+    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(where, record)`` of every row in file order: ``where`` names the file and line
+        (or row) for messages; for JSON Lines, Parquet and saved datasets only."""
+        if self.kind == "txt":
+            raise DataError(
+                f"{self.path} is plain text; conversations and preference pairs come as "
+                ".jsonl, .parquet or a saved dataset directory"
+            )
+        if self.kind == "jsonl":
+            yield from self._json_records()
+            return
+        if self.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            try:
+                batches = pq.ParquetFile(self.path).iter_batches(batch_size=1024)
+                rows = (row for batch in batches for row in batch.to_pylist())
+            except Exception as error:
+                raise DataError(f"{self.path} is not a Parquet file ({error})") from None
+        else:
+            rows = self._dataset_rows()
+        for number, row in enumerate(rows, start=1):
+            yield f"{self.path} row {number}", row
+
+    def _dataset_rows(self) -> Iterator[dict[str, Any]]:
+        import datasets
+
+        dataset = datasets.load_from_disk(str(self.path))
+        if not isinstance(dataset, datasets.Dataset):
+            raise DataError(
+                f"{self.path} holds several splits ({', '.join(map(str, dataset))}); pass one "
+                "split's directory, e.g. the train/ folder inside it"
+            )
+        for row in dataset:
+            yield dict(row)  # type: ignore[arg-type]
+
+    def _json_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         with open(self.path, "rb") as stream:
             for number, raw in enumerate(stream, start=1):
                 try:
@@ -103,7 +139,11 @@ class Source:
                         f"{self.path} line {number} is a {type(record).__name__}, not a JSON "
                         "object; give JSON Lines, one object per line"
                     )
-                yield self._field(record, f"{self.path} line {number}")
+                yield f"{self.path} line {number}", record
+
+    def _jsonl(self) -> Iterator[str]:
+        for where, record in self._json_records():
+            yield self._field(record, where)
 
     def _field(self, record: dict, where: str) -> str:
         if self.text_key not in record:

@@ -1,0 +1,245 @@
+"""Conversations and preference pairs to token ids and loss masks, with the chat template.
+
+Text is rendered by the tokenizer's own chat template through ``transformers``'
+``apply_chat_template``, exactly as TRL's ``SFTTrainer`` and ``DPOTrainer`` tokenize it,
+so the same records give the same ids here and there.
+
+Example::
+
+    from baton.tools.data.chat import ChatTokenizer
+
+    chat = ChatTokenizer.load("runs/tok")          # or chat_template="template.jinja"
+    ids, mask = chat.messages(record["messages"], mask="assistant")
+    ids, mask = chat.prompt_completion(record["prompt"], record["completion"])
+    (chosen, chosen_mask), (rejected, rejected_mask) = chat.pair(prompt, chosen, rejected)
+
+Masks (1: the token is a supervised target):
+
+* ``assistant``: every assistant turn; ``last_assistant``: the last one; ``all``: every token.
+  A template with ``{% generation %}`` marks the assistant's tokens itself
+  (``return_assistant_tokens_mask``); for any other, the span of assistant turn ``i`` is
+  what ``messages[:i + 1]`` adds to ``messages[:i]`` rendered with the generation prompt
+  (text rendered, the whole tokenized once with offsets), and a template whose prefixes
+  do not render as prefixes of the whole, or a token across a turn's edge, is refused.
+* prompt/completion and pairs: the completion's tokens (TRL's: where the tokenized prompt
+  and prompt + completion diverge); string completions get the end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from baton.data import DataError
+
+MASKS = ("assistant", "all", "last_assistant")
+
+Tokens = tuple[list[int], list[int]]
+
+
+def common_prefix_length(first: list[int], second: list[int]) -> int:
+    """How many leading ids ``first`` and ``second`` share."""
+    length = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def _load_auto_tokenizer(directory: Path) -> Any:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        except Exception as error:
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DataError(
+                f"transformers cannot load the tokenizer {directory} ({first}); pass a Hugging "
+                "Face tokenizer directory"
+            ) from None
+
+
+@dataclass
+class ChatTokenizer:
+    """A ``transformers`` tokenizer with a chat template, rendering records to ids and masks."""
+
+    tokenizer: Any
+    directory: Path
+    #: ``{"source": "tokenizer" | path, "sha256": ...}`` (recorded in the manifest); None
+    #: without a template (plain-text prompts and completions need none)
+    template: dict[str, str] | None
+    #: the template marks the assistant's tokens with ``{% generation %}``
+    marks_generation: bool
+
+    @classmethod
+    def load(cls, directory: str | Path, chat_template: str | Path | None = None) -> ChatTokenizer:
+        """The tokenizer in ``directory``, with the template of file ``chat_template`` if given.
+
+        Conversations rendered without any template raise :class:`DataError` naming
+        ``--chat-template``.
+        """
+        tokenizer = _load_auto_tokenizer(Path(directory))
+        if chat_template is not None:
+            path = Path(chat_template)
+            if not path.is_file():
+                raise DataError(f"--chat-template {path} is not a file; pass a Jinja template file")
+            tokenizer.chat_template = path.read_text(encoding="utf-8")
+            source = str(path)
+        else:
+            source = "tokenizer"
+        template = tokenizer.chat_template
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default")
+        if not isinstance(template, str) or not template.strip():
+            return cls(tokenizer, Path(directory), None, False)
+        tokenizer.chat_template = template
+        digest = hashlib.sha256(template.encode("utf-8")).hexdigest()
+        marks = re.search(r"{%-?\s*generation\s*-?%}", template) is not None
+        return cls(tokenizer, Path(directory), {"source": source, "sha256": digest}, marks)
+
+    # ---- rendering --------------------------------------------------------------------
+
+    def render(self, turns: list[dict], *, generation_prompt: bool = False) -> list[int]:
+        """The ids of ``turns`` rendered by the chat template (``apply_chat_template``)."""
+        return list(self._apply(turns, add_generation_prompt=generation_prompt)["input_ids"])
+
+    def _apply(self, turns: list[dict] | list[list[dict]], **options: Any) -> Any:
+        if self.template is None:
+            raise DataError(
+                f"tokenizer {self.directory} has no chat template; pass one with "
+                "--chat-template FILE (a Jinja template, e.g. the model family's "
+                "chat_template.jinja)"
+            )
+        try:
+            if options.get("tokenize") is False:
+                return self.tokenizer.apply_chat_template(turns, **options)
+            return self.tokenizer.apply_chat_template(
+                turns, tokenize=True, return_dict=True, **options
+            )
+        except Exception as error:
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DataError(
+                f"the chat template ({self.template['source']}) fails on a record ({first}); "
+                "fix the record or pass another --chat-template"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` tokenized as TRL tokenizes plain text: the tokenizer's own special tokens."""
+        return list(self.tokenizer(text=text)["input_ids"])
+
+    @property
+    def eos_token(self) -> str:
+        return str(self.tokenizer.eos_token)
+
+    # ---- the three formats ------------------------------------------------------------
+
+    def messages(self, turns: list[dict], mask: str = "assistant") -> Tokens:
+        """``(ids, mask)`` of a conversation; ``mask`` is one of :data:`MASKS`."""
+        if mask not in MASKS:
+            raise DataError(f"--mask {mask!r} is not one of {', '.join(MASKS)}")
+        if mask == "all":
+            ids = self.render(turns)
+            return ids, [1] * len(ids)
+        if self.marks_generation:
+            output = self._apply(turns, return_assistant_tokens_mask=True)
+            ids, marks = list(output["input_ids"]), list(output["assistant_masks"])
+            spans = _runs(marks)
+        else:
+            ids, spans = self._assistant_spans(turns)
+        if not spans:
+            raise DataError(
+                "the chat template marks no assistant token in this conversation; "
+                "check the template's {% generation %} blocks, or pass --mask all"
+            )
+        if mask == "last_assistant":
+            spans = spans[-1:]
+        flags = [0] * len(ids)
+        for start, end in spans:
+            flags[start:end] = [1] * (end - start)
+        return ids, flags
+
+    def _assistant_spans(self, turns: list[dict]) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of ``turns`` and the token spans of their assistant turns, found from the
+        rendered text of prefixes (one tokenization, with offsets, of the whole)."""
+        answers = [number for number, turn in enumerate(turns) if turn["role"] == "assistant"]
+        # two batched renders: every prefix up to an assistant turn, then through it
+        *throughs, text = self._apply([turns[: n + 1] for n in answers] + [turns], tokenize=False)
+        befores = self._apply(
+            [turns[:n] for n in answers], tokenize=False, add_generation_prompt=True
+        )
+        # apply_chat_template(tokenize=True) is this call through transformers' wrapper
+        encoding = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        ids = encoding.ids
+        starts = [start for start, _ in encoding.offsets]
+        ends = [end for _, end in encoding.offsets]
+        spans = []
+        for number, before, through in zip(answers, befores, throughs, strict=True):
+            first = bisect.bisect_left(starts, len(before))  # first token of the turn
+            end = bisect.bisect_left(starts, len(through))  # first token after it
+            if (
+                not text.startswith(through)
+                or not through.startswith(before)
+                or (first > 0 and ends[first - 1] > len(before))
+                or (end > 0 and ends[end - 1] > len(through))
+            ):
+                raise DataError(
+                    "the chat template does not render the conversation up to turn "
+                    f"{number} as a prefix of the whole, so the assistant's tokens cannot be "
+                    "found; use a template that marks them with {% generation %} "
+                    "(--chat-template FILE), or pass --mask all"
+                )
+            if end > first:
+                spans.append((first, end))
+        return ids, spans
+
+    def prompt_completion(self, prompt: Any, completion: Any) -> Tokens:
+        """``(ids, mask)``: the mask covers the completion, as TRL's ``SFTTrainer``."""
+        prompt_ids, full = self._prompt_and_full(prompt, completion)
+        start = common_prefix_length(prompt_ids, full)
+        return full, [0] * start + [1] * (len(full) - start)
+
+    def pair(self, prompt: Any, chosen: Any, rejected: Any) -> tuple[Tokens, Tokens]:
+        """The chosen and the rejected document of a pair, as TRL's ``DPOTrainer`` tokenizes
+        them: the prompt up to where both diverge from it, then each completion (masked)."""
+        prompt_ids, full_chosen = self._prompt_and_full(prompt, chosen)
+        _, full_rejected = self._prompt_and_full(prompt, rejected)
+        start = min(
+            common_prefix_length(prompt_ids, full_chosen),
+            common_prefix_length(prompt_ids, full_rejected),
+        )
+        head = prompt_ids[:start]
+        documents = []
+        for full in (full_chosen, full_rejected):
+            tail = full[start:]
+            documents.append((head + tail, [0] * start + [1] * len(tail)))
+        return documents[0], documents[1]
+
+    def _prompt_and_full(self, prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
+        if isinstance(prompt, list):
+            return self.render(prompt, generation_prompt=True), self.render(prompt + completion)
+        eos = self.eos_token
+        if not completion.endswith(eos):
+            completion += eos
+        return self.encode(prompt), self.encode(prompt + completion)
+
+
+def _runs(flags: list[int]) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of the runs of nonzero flags."""
+    spans, start = [], None
+    for position, flag in enumerate([*flags, 0]):
+        if flag and start is None:
+            start = position
+        elif not flag and start is not None:
+            spans.append((start, position))
+            start = None
+    return spans

@@ -204,6 +204,7 @@ class MaxTextBackend(
         return planned_on_host(self.config, world_size)
 
     def setup(self) -> None:
+        _check_layout(self.config.overrides)  # before JAX or MaxText is imported
         import jax
         from flax import nnx
         from maxtext.common.data_loader import create_dataloader
@@ -211,7 +212,6 @@ class MaxTextBackend(
         from maxtext.utils import sharding, train_utils
 
         self.initialize_distributed()  # jax.distributed for a multi-process launch
-        _check_layout(self.config.overrides)
         cfg, recorder = train.initialize(self.config.argv())
         self.hparams = cfg
         _check_layout({k: getattr(cfg, k, None) for k in LAYOUT_KEYS})

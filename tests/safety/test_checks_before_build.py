@@ -105,3 +105,17 @@ def test_a_refused_megatron_run_leaves_no_data_cache(tmp_path, capsys):
     status, said = baton(capsys, *argv, "--callback", "freeze:patterns=[nothing.*]")
     assert status == 2 and "matches no parameter" in said, said
     assert not run_dir.exists()
+
+
+def test_a_refused_prepare_leaves_no_empty_output_folder(tmp_path, capsys):
+    from baton.data import train_tokenizer
+    from baton.tools.data.cli import main as data_main
+
+    tok = train_tokenizer(tmp_path / "tok", vocab_size=300, texts=["def f(): pass\n" * 40])
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"body": "def f(): pass"}\n' * 3, encoding="utf-8")
+    output = tmp_path / "new" / "deeper" / "corpus"
+    argv = ["prepare", str(docs), "--tokenizer", str(tok.path), "--output", str(output)]
+    assert data_main([*argv, "--workers", "1"]) == 2
+    assert "has no key 'text'" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -75,9 +75,14 @@ CASES = {
         ["--data-path", "{tmp}/absent/corpus"],
         "data path {tmp}/absent/corpus is neither a text file nor a prepared dataset",
     ),
+    "maxtext --data-path a text file that is not there": (
+        "maxtext_tiny.py",
+        ["--data-path", "{tmp}/absent.txt"],
+        "data_path '{tmp}/absent.txt' is not a file",
+    ),
     "maxtext --tp 3 with 4 heads": (
         "maxtext_tiny.py",
-        ["--tp", "3", "--devices", "3", "--dp-shard", "1"],
+        ["--tp", "3", "--dp-shard", "1"],
         "--tp 3 does not divide the model's 4 attention heads",
     ),
 }
@@ -88,12 +93,12 @@ def test_refused_before_the_build(name, tmp_path, capsys):
     recipe, flags, message = CASES[name]
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text("{}")
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "runs" / "run"
     argv = ["run", str(RECIPES / recipe), "--run-dir", str(run_dir), "--max-steps", "1"]
     status, said = baton(capsys, *argv, *(f.format(tmp=tmp_path) for f in flags))
     assert status == 2, said
     assert message.format(tmp=tmp_path) in said and "Traceback" not in said
-    assert not run_dir.exists()
+    assert not (tmp_path / "runs").exists()  # nor the folder the run directory was made in
 
 
 def test_a_refused_megatron_run_leaves_no_data_cache(tmp_path, capsys):

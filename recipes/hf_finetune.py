@@ -55,6 +55,7 @@ from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 from baton.core.errors import UsageError
 from baton.core.model_spec import FAMILIES, ModelSpec, check_init_from
+from baton.data import resolve_tokenizer
 
 #: the training objectives this recipe runs
 OBJECTIVES = ("pretrain", "sft", "dpo")
@@ -182,6 +183,7 @@ def recipe(
         reference: DPO's reference model, a Hugging Face directory or checkpoint (None:
             --init-from).
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if init_from is None and model_config is None:
@@ -264,7 +266,7 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )
 
 
@@ -414,7 +416,9 @@ def posttrain_driver(
             f"the data's vocabulary has {info.vocab_size} tokens, the model's only "
             f"{config.vocab_size}; use a model built for this tokenizer"
         )
-    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    settings: dict[str, Any] = {"tokenizer": tokenizer}
+    if spec is not None:
+        settings["model_spec"] = spec.to_dict()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if objective == "sft":
         loss_fn, mean_over, logps = sft_loss, supervised_tokens, None

@@ -50,6 +50,7 @@ from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.dry_run import is_planning, require_data
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.data import resolve_tokenizer
 
 HARDWARE = {
     "gpu": {
@@ -124,6 +125,7 @@ def recipe(
     """
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a prepared prefix or blend from `baton data prepare`, or JSON/Parquet files, and a "
         "Hugging Face tokenizer directory of at most --vocab-size tokens",
@@ -177,7 +179,7 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )
 
 

@@ -34,6 +34,7 @@ from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.data import resolve_tokenizer
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
@@ -131,6 +132,7 @@ def recipe(
         print_loss: print the loss line on log steps.
         overrides: further MaxText settings as key=value, applied last.
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer, eval_data_path)  # the data names its own
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer
 
@@ -219,5 +221,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

@@ -38,6 +38,7 @@ from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, resolve_spec
+from baton.data import resolve_tokenizer
 
 
 def recipe(
@@ -126,6 +127,7 @@ def recipe(
         run_dir: where checkpoints, logs and the byte dataset go.
         progress: show the progress bar.
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     import torch
     import torch.nn.functional as F
 
@@ -188,5 +190,5 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every if objective == "pretrain" else 0,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

@@ -43,6 +43,7 @@ from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.dry_run import require_data
 from baton.core.model_spec import LlamaSpec, check_init_from, resolve_spec
+from baton.data import resolve_tokenizer
 
 
 def llama3_8b_config(
@@ -165,6 +166,7 @@ def recipe(
         reference: DPO's reference model, a Hugging Face directory or checkpoint
             (default: the --init-from weights).
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a prepared prefix or blend '0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare` "
         "and the Llama 3 tokenizer directory it was prepared with",
@@ -195,5 +197,5 @@ def recipe(
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
     )

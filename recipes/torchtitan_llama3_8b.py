@@ -37,6 +37,7 @@ from baton.core import Driver
 from baton.core.dry_run import require_data
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.recipe import RecipeError
+from baton.data import resolve_tokenizer
 
 
 def recipe(
@@ -103,6 +104,7 @@ def recipe(
         use_objective,
     )
 
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
         "directory such as Llama 3.1's",
@@ -147,7 +149,9 @@ def recipe(
         use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
         check_reference(reference, spec, data_path if objective == "dpo" else None)
     fingerprint = reference_fingerprint(objective, reference, init_from)
-    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    settings: dict[str, Any] = {"tokenizer": tokenizer}
+    if spec is not None:
+        settings["model_spec"] = spec.to_dict()
     if fingerprint is not None:  # a resume with other reference weights is refused
         settings["reference_fingerprint"] = fingerprint
     return Driver(

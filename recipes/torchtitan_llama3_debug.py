@@ -57,6 +57,7 @@ from baton.backends.torchtitan.objective import (
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.data import resolve_tokenizer
 
 
 def recipe(
@@ -119,6 +120,7 @@ def recipe(
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """
+    tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     config = llama3_debug(
         steps=max_steps,
         seq_len=seq_len,
@@ -150,7 +152,9 @@ def recipe(
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = "async" if async_save else "disabled"
     fingerprint = reference_fingerprint(objective, reference, init_from)
-    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    settings: dict[str, Any] = {"tokenizer": tokenizer}
+    if spec is not None:
+        settings["model_spec"] = spec.to_dict()
     if fingerprint is not None:  # a resume with other reference weights is refused
         settings["reference_fingerprint"] = fingerprint
     return Driver(

@@ -153,7 +153,7 @@ CASES: dict[str, Case] = {
         "with, --tokenizer DIR",
     ),
     "missing data file": Case(
-        lambda t, r: quickstart("--data-path", str(t / "no.txt"))(t, r), 1, "is not a file"
+        lambda t, r: quickstart("--data-path", str(t / "no.txt"))(t, r), 2, "is not a file"
     ),
     # bad input found while the recipe builds its data: a usage error
     "empty data file": Case(quickstart(data=b""), 2, "data.txt' is empty; give a UTF-8"),

@@ -495,7 +495,9 @@ def test_8b_recipe_validates_layouts_and_needs_data(capsys: pytest.CaptureFixtur
     assert "2 virtual stage(s) of 4" in out
     with pytest.raises(UsageError, match="world size 12 is not divisible"):
         build_driver(recipe, ["--dry-run", "--world-size", "12", "--pp", "4"])
-    with pytest.raises(UsageError, match="do not split into pipeline 4 x virtual 3"):
+    with pytest.raises(
+        UsageError, match="--pp 4 x --vpp 3 model chunks do not divide the model's 32 layers"
+    ):
         build_driver(recipe, [*plan, "--vpp", "3"])
     with pytest.raises(DataRequired, match="pass --data-path and --tokenizer"):
         build_driver(recipe, [])

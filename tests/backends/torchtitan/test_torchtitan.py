@@ -237,7 +237,7 @@ def test_8b_dry_run_plan_validates_without_gpus():
     assert "dp_shard (FSDP) 8" in plan
     assert "act. ckpt    selective\n" in plan  # SelectiveAC.Config, named as a user says it
     bad = llama3_8b()
-    bad.parallelism.tensor_parallel_degree = 3
+    bad.parallelism.pipeline_parallel_degree = 3
     with pytest.raises(ValueError, match="does not fit 8 ranks"):
         parallelism_plan(bad, world_size=8)
 
@@ -256,6 +256,8 @@ def test_8b_recipe_dry_run_validates_layouts_and_needs_data(capsys):
     assert build_driver(recipe, ["--dry-run", "--pp", "2", "--batch-size", "2"]) is None
     assert "pp 2 (ep 1), schedule 1F1B" in capsys.readouterr().out
     with pytest.raises(UsageError, match="does not fit 8 ranks"):
+        build_driver(recipe, ["--dry-run", "--pp", "3"])
+    with pytest.raises(UsageError, match="--tp 3 does not divide the model's 32 attention heads"):
         build_driver(recipe, ["--dry-run", "--tp", "3"])
     with pytest.raises(DataRequired, match="pass --data-path and --tokenizer"):
         build_driver(recipe, [])

@@ -333,10 +333,30 @@ def exported_spec(checkpoint: str | Path) -> ModelSpec:
     return ModelSpec.from_dict(recorded)
 
 
+def check_init_source(init_from: str | Path) -> None:
+    """Refuse (``UsageError``) an ``--init-from`` that is no model: a missing path, or a
+    tokenizer directory (``tokenizer.json``, no ``config.json`` and no checkpoint)."""
+    path = Path(init_from)
+    model = "a Hugging Face model directory (save_pretrained: config.json and weights)"
+    if not path.exists():
+        raise UsageError(
+            f"--init-from {path} does not exist; pass {model} or a baton checkpoint "
+            "(RUN_DIR/checkpoints/step_NNNNNN)"
+        )
+    checkpoint = (path / "baton.json").is_file() or (path.parent / "baton.json").is_file()
+    if (path / "tokenizer.json").is_file() and not is_hf_dir(path) and not checkpoint:
+        raise UsageError(
+            f"--init-from {path} is a tokenizer directory (tokenizer.json, no config.json); "
+            f"pass {model} or a baton checkpoint, and the tokenizer with --tokenizer"
+        )
+
+
 def check_init_from(init_from: str | None, spec: ModelSpec | None) -> None:
-    """Refuse ``--init-from`` of a baton checkpoint whose recorded architecture differs
-    from ``spec``, naming the first differing field (a Hugging Face directory is read by
-    :func:`resolve_spec` instead)."""
+    """Refuse ``--init-from`` of no model (:func:`check_init_source`) or of a baton
+    checkpoint whose recorded architecture differs from ``spec``, naming the first
+    differing field (a Hugging Face directory is read by :func:`resolve_spec` instead)."""
+    if init_from:
+        check_init_source(init_from)
     if init_from and spec is not None and not is_hf_dir(init_from):
         check_same_architecture(
             recorded_spec(init_from), spec.to_dict(), what=f"--init-from {init_from}"

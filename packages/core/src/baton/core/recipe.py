@@ -426,7 +426,10 @@ def build_driver(
     if options.dry_run:
         print(plan(driver.backend, options.world_size), flush=True)
         return None
-    settings.update({k: _setting_value(v) for k, v in kwargs.items()})
+    # a flag left unset that the recipe resolved (the tokenizer prepared data names) is
+    # recorded as the recipe resolved it
+    resolved = {k for k, v in kwargs.items() if v is None and settings.get(k) is not None}
+    settings.update({k: _setting_value(v) for k, v in kwargs.items() if k not in resolved})
     settings.setdefault("recipe", str(path))
     driver.options = driver.options.replace(**run_flags(options, kwargs), settings=settings)
     return driver

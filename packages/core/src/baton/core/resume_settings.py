@@ -21,6 +21,9 @@ the settings' ``callbacks``) are settings too, named ``LABEL.argument``::
     changed_callback_settings(saved, current)
     # {"ema.decay": (0.95, 0.5)}: refused unless --allow-changed ema.decay
 
+Settings that shape the model (``layers``, ``d_model``, ``heads``, ...) may not change at
+all: ``check_same_shape`` refuses them before the backend builds anything.
+
 Before any setting is compared, the checkpoint must be this run's at all
 (``check_same_run``): written by the same backend and recipe, else the directory holds
 another experiment and no ``--allow-changed`` makes it this one::
@@ -65,6 +68,41 @@ TRAINING_SETTINGS: frozenset[str] = frozenset(
         "tokenizer_path",
     }
 )
+
+#: recipe settings that shape the model: a checkpoint of another shape cannot load into
+#: it, whatever ``--allow-changed`` says
+ARCHITECTURE_SETTINGS: frozenset[str] = frozenset(
+    {
+        "layers",
+        "num_layers",
+        "d_model",
+        "hidden_size",
+        "ffn_hidden_size",
+        "heads",
+        "kv_heads",
+        "num_attention_heads",
+        "vocab_size",
+        "llama",
+    }
+)
+
+
+def check_same_shape(
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, checkpoint: Path
+) -> None:
+    """Refuse (``UsageError``) a resume whose recipe builds a model of another shape than
+    the checkpoint's (``--layers 3`` against a 2-layer checkpoint), before anything is
+    built: naming the setting, both values and the way out."""
+    changes = changed_settings(saved, current, ARCHITECTURE_SETTINGS)
+    if not changes:
+        return
+    name, (old, new) = next(iter(changes.items()))
+    flag = "--" + name.replace("_", "-")
+    raise UsageError(
+        f"checkpoint {checkpoint} holds a model built with {name} {old!r}, this run builds "
+        f"{name} {new!r}: its weights cannot load into another shape; resume with "
+        f"{flag} {old} (or without {flag}), or start a new --run-dir"
+    )
 
 
 def check_same_run(

@@ -46,6 +46,7 @@ from baton.core.resume_settings import (
     changed_settings,
     check_changes,
     check_same_run,
+    check_same_shape,
 )
 from baton.core.rundir import set_aside
 
@@ -285,6 +286,7 @@ class Resumer:
             what=f"checkpoint {path}",
         )
         saved = meta.get("settings", {})
+        check_same_shape(saved, options.settings, checkpoint=path)
         changes = changed_settings(saved, options.settings, names)
         by_callbacks = changed_callback_settings(saved, options.settings)
         self._callback_changes = set(by_callbacks)

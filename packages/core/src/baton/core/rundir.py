@@ -16,6 +16,7 @@ for a run started with ``overwrite``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -41,13 +42,18 @@ class RunDirLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self.created_run_dir = False
+        self.created_lock_file = False
+        #: the folders above the run directory that ``acquire`` made, nearest first
+        self.created_parents: list[Path] = []
         self._fd: int | None = None
 
     def acquire(self) -> None:
         """Take the lock or raise ``RunDirBusy`` naming the holder; creates the directory."""
         if not self.run_dir.exists():
+            self.created_parents = [d for d in self.run_dir.parents if not d.exists()]
             self.run_dir.mkdir(parents=True)
             self.created_run_dir = True
+        self.created_lock_file = not self.path.exists()
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -73,11 +79,17 @@ class RunDirLock:
         nothing else wrote to is removed again (a run that failed before it began).
         ``remove_created``: a run directory this lock created is removed with all it
         holds, which is that run's alone (a run refused before it trained: its patch
-        report, a data cache its backend built)."""
+        report, a data cache its backend built); in a directory that was there before,
+        the lock file, when this lock created it."""
         if self._fd is None:
             return
         if self.created_run_dir and (remove_created or (remove_if_unused and self._unused())):
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            for parent in self.created_parents:  # ``runs/`` too, where this run made it
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+        elif remove_created and self.created_lock_file:  # the user's directory: our lock only
+            self.path.unlink(missing_ok=True)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None

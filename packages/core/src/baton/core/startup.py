@@ -77,9 +77,9 @@ def prepare(
     try:
         prepare_remotes(merged, options, rank_zero=launch.rank == 0)
         resumer.plan(rank_zero=launch.rank == 0)
-    except BaseException:
+    except BaseException as error:
         if lock is not None:  # leave the run directory as it was
-            lock.release(remove_if_unused=True)
+            lock.release(remove_if_unused=True, remove_created=isinstance(error, UsageError))
         raise
     return Start(options, merged, report, lock, resumer)
 

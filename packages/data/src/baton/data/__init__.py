@@ -18,6 +18,7 @@ Example::
     tok = load_tokenizer("runs/tok")               # TokenizerInfo
     tok.vocab_size, tok.eod_id, tok.fingerprint    # 1024, 0, sha256 of tokenizer.json
     check_model_vocab(tok, model_vocab_size=1024)  # DataError naming both sizes if too big
+    resolve_tokenizer("data/corpus", None)         # the manifest's tokenizer, checked
 
     # after `baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus`
     blend = parse_blend("0.7 data/corpus 0.3 data/code")    # or parse_blend("data/corpus")
@@ -46,6 +47,7 @@ from baton.data.manifest import (
     read_manifest,
     split_prefix,
 )
+from baton.data.resolve import prepared_blend, resolve_tokenizer
 from baton.data.tokenizer import (
     END_OF_TEXT,
     PAD,
@@ -74,7 +76,9 @@ __all__ = [
     "load_tokenizer",
     "manifest_path",
     "parse_blend",
+    "prepared_blend",
     "read_manifest",
+    "resolve_tokenizer",
     "split_prefix",
     "train_tokenizer",
 ]

@@ -17,8 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.core.errors import UsageError
+from baton.data.errors import DataError
 
 REFERENCE = "pydoc_data.topics (Python language reference)"
+
+
+class MissingDataFile(DataError, FileNotFoundError):
+    """A data file that is not there: a usage error (exit status 2, the run refused before
+    it trains), still a ``FileNotFoundError`` for code that catches that."""
 
 
 def reference_documents() -> list[str]:
@@ -37,7 +43,7 @@ def read_text(path: str | Path, what: str = "data_path") -> str:
             "give the tokenizer it was prepared with, --tokenizer DIR"
         )
     if not file.is_file():
-        raise FileNotFoundError(
+        raise MissingDataFile(
             f"{what} {str(file)!r} is not a file; give a UTF-8 text file, or leave it unset "
             "for the built-in Python language reference"
         )

@@ -74,6 +74,28 @@ _METRIC_NAMES: dict[str, str] = {
 }
 
 
+#: MaxText's settings that ``_check_layout`` reads
+LAYOUT_KEYS = ("num_query_heads", "ici_tensor_parallelism", "num_experts", "ici_expert_parallelism")
+
+
+def _check_layout(settings: Mapping[str, Any]) -> None:
+    """Query heads by the tensor-parallel degree, experts by the expert-parallel degree,
+    from MaxText's settings (the overrides before MaxText parses them, then its parsed
+    config), before the model is built (``UsageError``)."""
+    from baton.core.parallel_layout import check_divides
+
+    def number(key: str) -> int | None:
+        value = settings.get(key)
+        return None if value is None else int(value)
+
+    heads = number("base_num_query_heads") or number("num_query_heads")
+    check_divides("--tp", number("ici_tensor_parallelism") or 1, heads, "attention heads")
+    if (number("num_experts") or 1) > 1:
+        check_divides(
+            "--ep", number("ici_expert_parallelism") or 1, number("num_experts"), "experts"
+        )
+
+
 def _check_supported(cfg: Any) -> None:
     """Refuse MaxText settings that only MaxText's own loop can run."""
     if cfg.enable_diloco:
@@ -183,6 +205,7 @@ class MaxTextBackend(
         return planned_on_host(self.config, world_size)
 
     def setup(self) -> None:
+        _check_layout(self.config.overrides)  # before JAX or MaxText is imported
         import jax
         from flax import nnx
         from maxtext.common.data_loader import create_dataloader
@@ -192,6 +215,7 @@ class MaxTextBackend(
         self.initialize_distributed()  # jax.distributed for a multi-process launch
         cfg, recorder = train.initialize(self.config.argv())
         self.hparams = cfg
+        _check_layout({k: getattr(cfg, k, None) for k in LAYOUT_KEYS})
         _check_supported(cfg)
         (
             _init_rng,

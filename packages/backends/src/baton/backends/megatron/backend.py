@@ -142,6 +142,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         from megatron.core import parallel_state, tensor_parallel
 
         cfg = self.config
+        cfg.check_layout()
         self.check_data()
         self.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()

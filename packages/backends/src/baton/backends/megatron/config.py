@@ -150,6 +150,34 @@ class MegatronConfig:
             self.model.pipeline_model_parallel_size,
         )
 
+    def check_layout(self) -> None:
+        """Heads and query groups by TP, layers by PP (x VPP), experts by EP, checked
+        before anything is built (``UsageError`` naming the quantity)."""
+        from baton.core.parallel_layout import check_parallel_layout
+
+        model = self.model
+        uneven = any(
+            getattr(model, name, None)
+            for name in (
+                "num_layers_in_first_pipeline_stage",
+                "num_layers_in_last_pipeline_stage",
+                "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split",
+                "pipeline_model_parallel_layout",
+            )
+        )
+        tp, pp = self.parallel_sizes()
+        check_parallel_layout(
+            heads=model.num_attention_heads,
+            kv_heads=model.num_query_groups or model.num_attention_heads,
+            layers=None if uneven else model.num_layers,
+            experts=model.num_moe_experts,
+            tp=tp,
+            pp=pp,
+            vpp=model.virtual_pipeline_model_parallel_size or 1,
+            ep=model.expert_model_parallel_size,
+        )
+
     def data_parallel_size(self, world_size: int) -> int:
         tp, pp = self.parallel_sizes()
         if world_size % (tp * pp):

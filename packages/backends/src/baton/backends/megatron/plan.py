@@ -125,6 +125,7 @@ def memory_per_rank(config: MegatronConfig, world_size: int, sizes: Sizes) -> fl
 def layout_plan(config: MegatronConfig, world_size: int) -> str:
     """The layout of ``config`` on ``world_size`` ranks; raises ``ValueError`` naming the
     setting that does not fit (the degrees, the layer split, the micro-batches)."""
+    config.check_layout()
     tp, pp = config.parallel_sizes()
     dp = config.data_parallel_size(world_size)
     micro = config.num_microbatches(world_size)

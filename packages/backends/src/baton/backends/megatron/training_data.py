@@ -41,6 +41,12 @@ def open_data(config: MegatronConfig) -> PreparedSource | None:
 
     check_data_objective(config)
     data = config.data
+    if data.text_path is not None and not Path(data.text_path).is_file():
+        raise DataError(
+            f"data path {data.text_path} is neither a text file nor a prepared dataset "
+            f"({data.text_path}.bin/.idx); pass a UTF-8 text file, a prefix from `baton data "
+            "prepare` (or a blend), or no data path for the Python language reference"
+        )
     if data.data_path is None:
         if data.tokenizer is not None:
             raise DataError(

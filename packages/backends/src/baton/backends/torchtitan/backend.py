@@ -64,7 +64,7 @@ from baton.backends.torchtitan.checksums import replica_checksums, replica_refus
 from baton.backends.torchtitan.evaluation import validate
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
-from baton.backends.torchtitan.plan import parallelism_plan
+from baton.backends.torchtitan.plan import check_model_layout, parallelism_plan
 from baton.backends.torchtitan.reduction import (
     RankLocal,
     full_tensor,
@@ -188,6 +188,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         from torchtitan.components.checkpointer import CheckpointManager
 
         cfg = self.config
+        check_model_layout(cfg)
         if not isinstance(cfg.checkpoint, CheckpointManager.Config):
             raise TypeError(
                 "baton saves with TorchTitan's DCP CheckpointManager; config.checkpoint is "

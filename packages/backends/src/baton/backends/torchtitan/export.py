@@ -52,7 +52,8 @@ def dcp_folder(checkpoint_dir: str | Path) -> Path:
     raise ExportError(
         f"{path} holds no TorchTitan checkpoint (no .metadata in it, its backend/ or a "
         "step-N folder); pass a baton checkpoint directory such as runs/NAME/checkpoints/"
-        "step_000100"
+        "step_000100 (to start a run from Hugging Face weights: --init-from a Hugging Face "
+        "model directory, config.json and weights)"
     )
 
 

@@ -25,6 +25,7 @@ def parallelism_plan(config: Any, world_size: int) -> str:
     from torchtitan.distributed import ParallelDims
 
     par, training = config.parallelism, config.training
+    check_model_layout(config)
     try:
         dims = ParallelDims.from_config(par, world_size)
     except AssertionError as error:
@@ -74,6 +75,30 @@ def activation_checkpointing(config: Any) -> str:
     name = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", owner).lower() or owner
     budget = getattr(config, "memory_budget", None)
     return name if budget is None else f"{name} {budget:g}"
+
+
+def check_model_layout(config: Any) -> None:
+    """Attention and key/value heads by TP, experts by EP, before anything is built
+    (``UsageError`` naming the quantity; TorchTitan splits layers over pipeline stages
+    unevenly, so they are not checked)."""
+    from baton.core.parallel_layout import check_parallel_layout
+
+    layers = getattr(config.model_spec.model, "layers", None) or []
+    if not layers:
+        return
+    attention = getattr(layers[0], "attention", None)
+    heads = getattr(attention, "n_heads", None)
+    fused = getattr(attention, "qkv_linear", None)
+    kv_heads = getattr(attention, "n_kv_heads", None) or getattr(fused, "n_kv_heads", None)
+    experts = [getattr(getattr(layer, "moe", None), "num_experts", None) for layer in layers]
+    par = config.parallelism
+    check_parallel_layout(
+        heads=heads,
+        kv_heads=kv_heads or heads,
+        experts=max((e for e in experts if e), default=None),
+        tp=par.tensor_parallel_degree,
+        ep=par.expert_parallel_degree,
+    )
 
 
 def _check_layout(config: Any, dims: Any) -> int:

@@ -26,6 +26,7 @@ that looks complete. Existing outputs are replaced only with ``force=True``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -210,7 +211,8 @@ def prepare(
 
     Raises :class:`DataError` (nothing written) for a missing input, an unknown input
     type, an existing output without ``force``, a tokenizer that cannot be loaded or
-    whose ids do not fit ``dtype``; and (temporaries removed, no output) for a missing
+    whose ids do not fit ``dtype``; and (temporaries and the folders it made removed, no
+    output) for a missing
     ``text_key``, text that is not UTF-8, or a corpus without any text.
     """
     info = tokenizer if isinstance(tokenizer, TokenizerInfo) else load_tokenizer(tokenizer)
@@ -218,19 +220,26 @@ def prepare(
     sources = open_sources(inputs, text_key=text_key, txt_split=txt_split)
     prefix = check_output(output, force, list(_outputs(split_prefix(output)).values()))
     finals = _outputs(prefix)
-    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(prefix).parent
+    new_folders = [d for d in (folder, *folder.parents) if not d.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     temporaries = {kind: Path(f"{path}.partial-{os.getpid()}") for kind, path in finals.items()}
+    written = False
     try:
         manifest = _write(info, token_dtype, sources, temporaries, workers, progress, text_key)
         for kind in ("idx", "json"):  # replace: old index first, so no old idx pairs a new bin
             finals[kind].unlink(missing_ok=True)
         for kind in ("bin", "json", "idx"):
             os.replace(temporaries[kind], finals[kind])
+        written = True
         return manifest
     finally:
         for path in temporaries.values():
             path.unlink(missing_ok=True)
+        for new_folder in [] if written else new_folders:  # a refusal leaves no empty folder
+            with contextlib.suppress(OSError):
+                new_folder.rmdir()
 
 
 def _start_pool(workers: int, init_args: tuple) -> Any:

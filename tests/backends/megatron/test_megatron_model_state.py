@@ -102,6 +102,6 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
         "frozen_bitwise_others_trained": True,
         "groups_report_set_lr": True,
     }
-    # warmup over 3 steps from 0: step 1 uses 0, step 2 the value set (the schedule's
-    # 1e-3 scaled by 1.25), step 3 the schedule's 2e-3 scaled alike
-    assert seen["lrs"] == pytest.approx([0.0, SET_LR, 2 * SET_LR], rel=1e-12)
+    # warmup over 3 steps to 3e-3: step 1 uses 1e-3, step 2 the value set (the schedule's
+    # 2e-3 scaled by 0.625), step 3 the schedule's 3e-3 scaled alike
+    assert seen["lrs"] == pytest.approx([1e-3, SET_LR, 1.5 * SET_LR], rel=1e-12)

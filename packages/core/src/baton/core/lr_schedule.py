@@ -75,3 +75,18 @@ class WarmupCosine:
             f"cosine decay continues from lr {self.lr(step + 1):.3g} to {self.floor:.3g} at "
             f"step {self.total_steps}"
         )
+
+
+@dataclass(frozen=True)
+class EpochFactor:
+    """``schedule``'s factor for a ``LambdaLR``, whose ``last_epoch`` counts the updates
+    done: the next update is step ``last_epoch + 1``.
+
+    >>> EpochFactor(WarmupCosine(1.0, 0.1, warmup_steps=2, total_steps=10))(0)
+    0.5
+    """
+
+    schedule: WarmupCosine
+
+    def __call__(self, last_epoch: int) -> float:
+        return self.schedule.factor(last_epoch + 1)

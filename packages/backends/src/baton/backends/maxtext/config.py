@@ -145,6 +145,10 @@ class MaxTextConfig:
             for its own pipelines).
         eval_batches: fixed validation batches per evaluation (byte stream).
         host_devices: simulated CPU devices for trying a mesh on CPU (fresh process only).
+        warmup_steps: with it, the learning rate follows baton's schedule shape (linear
+            warmup over these steps, cosine decay to ``learning_rate *
+            learning_rate_final_fraction`` at ``learning_rate_schedule_steps``, the same
+            as every backend: ``lr_schedule``) instead of MaxText's own (``None``).
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
@@ -155,6 +159,7 @@ class MaxTextConfig:
     data_seed: int = 0
     eval_batches: int = 4
     host_devices: int | None = None
+    warmup_steps: int | None = None
 
     def __post_init__(self) -> None:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is

@@ -17,7 +17,7 @@ backend rebuilds its schedule with the new total and keeps its restored step cou
     schedule = WarmupCosine(peak=1e-3, floor=1e-4, warmup_steps=2, total_steps=30)
     schedule.lr(21)                  # the first step after a resume at step 20
     schedule.resume_line(20)
-    # 'resuming at step 20 of 30: cosine decay continues from lr 3.43e-04 to 1e-04 at step 30'
+    # 'resuming at step 20 of 30: cosine decay continues from lr 0.000311 to 0.0001 at step 30'
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class WarmupCosine:
         progress = (step - warmup) / (total - warmup)
         return self.floor + (self.peak - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
+    def scaled(self, by: float) -> WarmupCosine:
+        """The same shape with peak and floor multiplied by ``by`` (a factor's shape
+        times an optimizer's base learning rate)."""
+        return WarmupCosine(self.peak * by, self.floor * by, self.warmup_steps, self.total_steps)
+
     def describe(self) -> str:
         """The shape in words, e.g. ``warmup 2 steps to lr 1e-03, cosine decay to 1e-04
         at step 30``."""
@@ -79,14 +84,26 @@ class WarmupCosine:
 
 @dataclass(frozen=True)
 class EpochFactor:
-    """``schedule``'s factor for a ``LambdaLR``, whose ``last_epoch`` counts the updates
-    done: the next update is step ``last_epoch + 1``.
+    """A schedule's factor for a ``LambdaLR``, whose ``last_epoch`` counts the updates
+    done: the next update is step ``last_epoch + 1``. Plain numbers only, so the
+    scheduler's checkpoint holds no object of baton's.
 
-    >>> EpochFactor(WarmupCosine(1.0, 0.1, warmup_steps=2, total_steps=10))(0)
+    >>> EpochFactor.of(WarmupCosine(1.0, 0.1, warmup_steps=2, total_steps=10))(0)
     0.5
     """
 
-    schedule: WarmupCosine
+    peak: float
+    floor: float
+    warmup_steps: int
+    total_steps: int
+
+    @classmethod
+    def of(cls, schedule: WarmupCosine) -> EpochFactor:
+        return cls(schedule.peak, schedule.floor, schedule.warmup_steps, schedule.total_steps)
+
+    @property
+    def schedule(self) -> WarmupCosine:
+        return WarmupCosine(self.peak, self.floor, self.warmup_steps, self.total_steps)
 
     def __call__(self, last_epoch: int) -> float:
         return self.schedule.factor(last_epoch + 1)

@@ -104,9 +104,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         step 20 of a 30-step decay. Returns the names applied."""
         if "max_steps" not in changes or self.config.decay_steps is None:
             return set()
-        self.scheduler.extend(max(self.config.decay_steps, self.config.warmup_steps + 1))
-        if self.scheduler.lr_decay_style == "cosine" and self.rank == 0:
-            log.info(self.scheduler.shape().resume_line(int(self.scheduler.num_steps)))
+        self.scheduler.extend(self.config.decay_steps)
+        if self.scheduler.shape is not None and self.rank == 0:
+            log.info(self.scheduler.shape.resume_line(int(self.scheduler.num_steps)))
         return {"max_steps"}
 
     # -- facts ----------------------------------------------------------------------

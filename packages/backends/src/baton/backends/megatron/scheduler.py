@@ -10,10 +10,11 @@ those. Two keys of baton's carry it instead, saved and restored with the groups:
   schedule continues, scaled, from the value set);
 - ``baton_weight_decay``: replaces the group's scheduled weight decay.
 
-Its ``cosine`` style is baton's one schedule shape (``baton.core.lr_schedule``: linear
-warmup from step 1, cosine decay to ``min_lr`` at ``lr_decay_steps``), the same on every
-backend; other styles are Megatron's own. ``num_steps`` counts the updates done, so the
-next update is step ``num_steps + 1``.
+Baton's one schedule shape (``baton.core.lr_schedule``: linear warmup from step 1,
+cosine decay to the floor at the last step) is Megatron's own cosine with the arguments
+of ``cosine_arguments``: Megatron's ``num_steps`` counts the updates done, so its
+warmup starts one step later and its decay ends one step later than baton's unless
+shifted.
 
 Example::
 
@@ -37,27 +38,19 @@ class BatonParamScheduler(OptimizerParamScheduler):
     """``OptimizerParamScheduler`` that applies each group's ``LR_SCALE`` and
     ``WEIGHT_DECAY`` after scheduling (groups without them: Megatron's values)."""
 
-    def shape(self, group: dict[str, object] | None = None) -> WarmupCosine:
-        """The cosine style's schedule (of ``group``'s peak and floor when it has them)."""
-        group = group or {}
-        peak, floor = group.get("max_lr", self.max_lr), group.get("min_lr", self.min_lr)
-        assert isinstance(peak, float | int) and isinstance(floor, float | int)
-        return WarmupCosine(
-            peak=float(peak),
-            floor=float(floor),
-            warmup_steps=int(self.lr_warmup_steps),
-            total_steps=int(self.lr_decay_steps),
-        )
+    #: baton's shape this scheduler was built to follow (``cosine_arguments``), if any
+    shape: WarmupCosine | None = None
 
-    def get_lr(self, param_group: dict[str, object]) -> float:
-        if self.lr_decay_style != "cosine":
-            return super().get_lr(param_group)
-        return self.shape(param_group).lr(int(self.num_steps) + 1)
-
-    def extend(self, decay_steps: int) -> None:
-        """After loading: decay to the floor at ``decay_steps`` (the restored step and
+    def extend(self, total_steps: int) -> None:
+        """After loading: decay to the floor at ``total_steps`` (the restored step and
         warmup kept), every group's learning rate recomputed for the next update."""
-        self.lr_decay_steps = decay_steps
+        if self.shape is not None:
+            self.shape = WarmupCosine(
+                self.shape.peak, self.shape.floor, self.shape.warmup_steps, total_steps
+            )
+            self.lr_decay_steps = cosine_arguments(self.shape)["lr_decay_steps"]
+        else:
+            self.lr_decay_steps = total_steps
         self.step(increment=0)
 
     def step(self, increment: int) -> None:
@@ -80,3 +73,23 @@ def set_lr(group: dict[str, object], value: float) -> None:
         lr.fill_(value)
     else:
         group["lr"] = value
+
+
+def cosine_arguments(shape: WarmupCosine) -> dict[str, object]:
+    """Megatron's ``OptimizerParamScheduler`` arguments that give ``shape`` (update ``k``
+    uses ``shape.lr(k)``; Megatron computes it at ``num_steps = k - 1``): a warmup one
+    step shorter from ``peak / warmup``, a decay ending one step earlier.
+
+    >>> cosine_arguments(WarmupCosine(1e-3, 1e-4, warmup_steps=2, total_steps=10))
+    {'init_lr': 0.0005, 'max_lr': 0.001, 'min_lr': 0.0001, 'lr_warmup_steps': 1, \
+'lr_decay_steps': 9, 'lr_decay_style': 'cosine'}
+    """
+    warmup = max(shape.warmup_steps - 1, 0)
+    return {
+        "init_lr": shape.peak / shape.warmup_steps if shape.warmup_steps else shape.peak,
+        "max_lr": shape.peak,
+        "min_lr": shape.floor,
+        "lr_warmup_steps": warmup,
+        "lr_decay_steps": max(shape.total_steps - 1, warmup + 1),
+        "lr_decay_style": "cosine",
+    }

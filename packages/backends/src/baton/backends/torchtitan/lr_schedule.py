@@ -27,7 +27,7 @@ class WarmupCosineConfig(LRSchedulersContainer.Config):
 
     def build(self, *, optimizers: Any, training_steps: int) -> LRSchedulersContainer:  # pyright: ignore[reportIncompatibleMethodOverride]
         total = self.total_steps if self.total_steps is not None else training_steps
-        return LRSchedulersContainer(optimizers, EpochFactor(shape_of(self, total)))
+        return LRSchedulersContainer(optimizers, EpochFactor.of(shape_of(self, total)))
 
 
 def shape_of(config: Any, total_steps: int, peak: float = 1.0) -> WarmupCosine:

@@ -40,8 +40,8 @@ uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

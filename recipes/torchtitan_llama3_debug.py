@@ -36,8 +36,8 @@ from __future__ import annotations
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
-from baton.callbacks import standard_callbacks
 from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
+from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 

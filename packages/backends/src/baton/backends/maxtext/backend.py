@@ -43,8 +43,8 @@ Example::
 
 from __future__ import annotations
 
-import time
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any

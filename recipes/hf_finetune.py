@@ -160,10 +160,11 @@ def recipe(
         model_config: the architecture: a config.json or its directory (None: --init-from's).
         make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
         max_steps: optimizer steps to train.
-        lr: AdamW's peak learning rate (after warmup; no weight decay).
+        lr: AdamW's peak learning rate (after warmup; no weight decay; constant for
+            --objective sft and dpo).
         min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+            --lr / 10; pretraining).
+        warmup_steps: steps of linear warmup (at most --max-steps; pretraining).
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
         grad_accum: micro-batches accumulated per optimizer step.

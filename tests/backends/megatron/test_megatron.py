@@ -418,8 +418,7 @@ def test_torchrun_two_ranks_layouts_parity_and_resharding(runs: Runs, tmp_path: 
         assert losses(layout) == losses(f"plain-{layout}"), layout
     assert losses("tp2")[4] < losses("tp2")[1]
     # PP 2 -> 1: the same model and state; the logged loss agrees to the last float32 bit
-    # or one unit of it (measured: step 3 bit for bit, step 4 one unit apart with the
-    # warmup reaching its peak at step 3, the last stage reducing the loss on its own)
+    # or one unit of it (measured: step 3 bit for bit, step 4 one unit apart)
     resumed_pp = losses("base@pp2")
     assert sorted(resumed_pp) == [3, 4] and resumed_pp[3] == losses("pp2")[3]
     assert resumed_pp[4] == pytest.approx(losses("pp2")[4], rel=2e-7, abs=0)

@@ -40,6 +40,7 @@ uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMon
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 from baton.core.errors import UsageError
+from baton.core.lr_schedule import EpochFactor, WarmupCosine
 from baton.core.model_spec import FAMILIES, ModelSpec, check_init_from
 from baton.data import resolve_tokenizer
 
@@ -98,6 +100,16 @@ def window_output(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
     return model(input_ids=ids, labels=ids)
 
 
+def warmup_cosine(
+    lr: float, min_lr: float | None, warmup_steps: int, max_steps: int
+) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
+    """Baton's schedule shape (the same on every backend): linear warmup, cosine decay to
+    ``min_lr`` (default ``lr / 10``) at ``max_steps``, as a ``LambdaLR`` factory."""
+    floor = lr / 10 if min_lr is None else min_lr
+    shape = WarmupCosine(1.0, floor / lr if lr else 0.0, min(warmup_steps, max_steps), max_steps)
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, EpochFactor.of(shape))
+
+
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
     train, val = byte_splits(path)
     loader = StatefulDataLoader(
@@ -129,6 +141,8 @@ def recipe(
     make_tiny_model: bool = False,
     max_steps: int = 100,
     lr: float = 1e-3,
+    min_lr: float | None = None,
+    warmup_steps: int = 0,
     batch_size: int = 8,
     seq_len: int = 64,
     grad_accum: int = 1,
@@ -158,7 +172,11 @@ def recipe(
         model_config: the architecture: a config.json or its directory (None: --init-from's).
         make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
         max_steps: optimizer steps to train.
-        lr: AdamW learning rate (constant, no weight decay).
+        lr: AdamW's peak learning rate (after warmup; no weight decay; constant for
+            --objective sft and dpo).
+        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
+            --lr / 10; pretraining).
+        warmup_steps: steps of linear warmup (at most --max-steps; pretraining).
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
         grad_accum: micro-batches accumulated per optimizer step.
@@ -245,6 +263,7 @@ def recipe(
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
+        scheduler=warmup_cosine(lr, min_lr, warmup_steps, max_steps),
         data=train,
         eval_data=val,
         loss_fn=loss_fn,

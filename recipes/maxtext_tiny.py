@@ -51,6 +51,8 @@ def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
+    min_lr: float | None = None,
+    warmup_steps: int = 5,
     batch_size: int = 4,
     seq_len: int = 64,
     layers: int = 2,
@@ -93,7 +95,10 @@ def recipe(
 
     Args:
         max_steps: optimizer steps to train (MaxText's schedule length).
-        lr: peak learning rate.
+        lr: peak learning rate (after warmup).
+        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
+            --lr / 10).
+        warmup_steps: steps of linear warmup (at most --max-steps).
         batch_size: sequences per step and data-parallel rank (MaxText's per-device
             batch is this over --tp).
         seq_len: tokens per sequence.
@@ -142,6 +147,7 @@ def recipe(
         "run_name": "maxtext_tiny",
         "steps": max_steps,  # MaxText's learning-rate schedule length
         "learning_rate": lr,
+        "learning_rate_final_fraction": (lr / 10 if min_lr is None else min_lr) / lr if lr else 0.0,
         "per_device_batch_size": per_device_batch(batch_size, tp),
         "max_target_length": seq_len,
         "base_num_decoder_layers": layers,
@@ -207,6 +213,7 @@ def recipe(
         dpo_loss=dpo_loss,
         reference=reference,
         init_from=init_from,
+        warmup_steps=warmup_steps,
     )
     callbacks = standard_callbacks(
         save_every=save_every or None,

@@ -48,6 +48,7 @@ from typing import Any
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
+from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
 from baton.backends.torchtitan.objective import (
     OBJECTIVE_SETTINGS,
     check_reference,
@@ -63,6 +64,8 @@ from baton.data import resolve_tokenizer
 def recipe(
     max_steps: int = 20,
     lr: float = 8e-4,
+    min_lr: float | None = None,
+    warmup_steps: int = 2,
     batch_size: int = 4,
     seq_len: int = 128,
     seed: int = 0,
@@ -91,7 +94,10 @@ def recipe(
 
     Args:
         max_steps: optimizer steps to train.
-        lr: peak learning rate.
+        lr: peak learning rate (after warmup).
+        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
+            --lr / 10).
+        warmup_steps: steps of linear warmup (at most --max-steps).
         batch_size: sequences per step and data-parallel rank.
         seq_len: tokens per sequence.
         seed: seed of the weights and of the data order.
@@ -150,6 +156,8 @@ def recipe(
         use_expert_bias(config, expert_bias)
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
+    floor = lr / 10 if min_lr is None else min_lr
+    config.lr_scheduler = warmup_cosine_config(warmup_steps, floor / lr if lr else 0.0)
     config.checkpoint.async_mode = "async" if async_save else "disabled"
     fingerprint = reference_fingerprint(objective, reference, init_from)
     settings: dict[str, Any] = {"tokenizer": tokenizer}

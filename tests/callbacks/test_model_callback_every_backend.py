@@ -85,13 +85,13 @@ def lightning_backend(hf_dir: Path) -> Any:
 
 
 def megatron_backend(hf_dir: Path) -> Any:
-    """``recipes/megatron_gpt_tiny.py``: Megatron-Core's GPTModel (warmup: step 1's lr is 0)."""
+    """``recipes/megatron_gpt_tiny.py``: Megatron-Core's GPTModel."""
     pytest.importorskip("megatron.core")
     from baton.core.recipe import build_driver
 
     args = [
-        "--init-from", str(hf_dir), "--warmup-steps", "2", "--save-every", "0",
-        "--no-async-save", "--eval-every", "0", "--batch-size", "2",
+        "--init-from", str(hf_dir), "--lr", "1e-12", "--warmup-steps", "2",
+        "--save-every", "0", "--no-async-save", "--eval-every", "0", "--batch-size", "2",
         "--global-batch-size", "2", "--run-dir", str(hf_dir.parent / "megatron"), "--no-progress",
     ]  # fmt: skip
     return build_driver(ROOT / "recipes" / "megatron_gpt_tiny.py", args).backend

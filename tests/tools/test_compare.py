@@ -32,7 +32,8 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
     env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
     command = [
         sys.executable, "-m", "baton.core.cli", "compare", f"--steps={STEPS}", "--layers=2",
-        "--hidden=64", "--heads=4", "--seq-len=32", "--batch=2",
+        "--hidden=64", "--heads=4", "--seq-len=32", "--batch=2", "--lr=1e-3",
+        "--warmup-steps=2", "--min-lr=1e-4",
     ]  # fmt: skip
     result = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
@@ -66,6 +67,9 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
         assert f"--data-path={relative / 'data' / 'reference'}" in command_line
         assert f"--tokenizer={relative / 'data' / 'tokenizer'}" in command_line
         assert f"--init-from={relative / 'model'}" in command_line
+        # one schedule: warmup 2 to 1e-3, cosine to 1e-4 at the last step, on all four
+        lrs = [r["lr"] for r in records if "lr" in r]
+        assert lrs == pytest.approx([lr_at(step) for step in range(1, STEPS + 1)]), backend
 
     chart = run_dir / "comparison" / "loss.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -75,6 +79,33 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
         assert rows[backend][3] == f"{final:.4f}", rows[backend]
         assert rows[backend][4] == f"{diff:.2e}", rows[backend]
     assert rows["fabric"][4] == "0.00e+00"
+    schedule = "schedule on every backend: warmup 2 steps to lr 0.001, cosine decay to 0.0001"
+    assert f"{schedule} at step {STEPS}" in result.stdout
+
+
+def lr_at(step: int) -> float:
+    """``baton compare --warmup-steps 2 --lr 1e-3 --min-lr 1e-4`` over STEPS steps."""
+    if step <= 2:
+        return 1e-3 * step / 2
+    return 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * (step - 2) / (STEPS - 2)))
+
+
+def test_compare_gives_every_recipe_the_same_schedule_flags(tmp_path: Path) -> None:
+    from baton.tools.compare import backend_command
+
+    shared = {"init_from": "m", "data_path": "d", "tokenizer": "t", "steps": 20,
+              "seq_len": 8, "batch": 2, "lr": 2e-3}  # fmt: skip
+    for backend in BACKENDS:
+        command = backend_command(backend, tmp_path, **shared, warmup_steps=3)
+        flags = [f for f in command if f.split("=")[0] in ("--lr", "--warmup-steps", "--min-lr")]
+        assert flags == ["--lr=0.002", "--warmup-steps=3", "--min-lr=0.0002"], backend
+
+
+def test_compare_refuses_a_floor_above_the_peak(tmp_path, capsys):
+    code = main(["--min-lr", "1e-2", "--lr", "1e-3", "--run-dir", str(tmp_path)])
+    assert code == 2
+    assert "--min-lr between 0 and --lr" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was prepared
 
 
 def test_compare_refuses_an_init_from_that_is_no_hugging_face_model(tmp_path, capsys):

@@ -189,13 +189,16 @@ def plain_loop(
             ),
             chunks,
         )
+        # baton's schedule of warmup 3, cosine to 1e-4 at step 20 (update k at lr(k):
+        # 1e-3 * k / 3 while warming) in Megatron's terms, where update k is computed at
+        # num_steps k - 1: warmup 2 from 1e-3 / 3, the decay ending at num_steps 19
         scheduler = OptimizerParamScheduler(
             optimizer,
-            init_lr=0.0,
+            init_lr=1e-3 / 3,
             max_lr=1e-3,
             min_lr=1e-4,
-            lr_warmup_steps=3,
-            lr_decay_steps=20,
+            lr_warmup_steps=2,
+            lr_decay_steps=19,
             lr_decay_style="cosine",
             start_wd=0.1,
             end_wd=0.1,

@@ -78,7 +78,8 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
         more = ("--resume", "auto", "--allow-changed", "max_steps")
         probe_run(resumed, str(RECIPE), args(4, *more), Freeze(FROZEN, until_step=4))
         after = json.loads(resumed.read_text())
-        assert after["lrs"] == pytest.approx([3e-3 * SET_LR / 1e-3])
+        # step 4 of 4 is at the floor (--lr / 10), scaled as the set value scaled step 2
+        assert after["lrs"] == pytest.approx([3e-4 * SET_LR / 2e-3])
         assert after["checks"] == {"resumed_frozen_bitwise_others_trained": True}
     else:
         from support.torchrun import torchrun
@@ -102,6 +103,6 @@ def test_gradients_freeze_and_lr_through_model_state(tmp_path, layout):
         "frozen_bitwise_others_trained": True,
         "groups_report_set_lr": True,
     }
-    # warmup over 3 steps from 0: step 1 uses 0, step 2 the value set (the schedule's
-    # 1e-3 scaled by 1.25), step 3 the schedule's 2e-3 scaled alike
-    assert seen["lrs"] == pytest.approx([0.0, SET_LR, 2 * SET_LR], rel=1e-12)
+    # warmup over 3 steps to 3e-3: step 1 uses 1e-3, step 2 the value set (the schedule's
+    # 2e-3 scaled by 0.625), step 3 the schedule's 3e-3 scaled alike
+    assert seen["lrs"] == pytest.approx([1e-3, SET_LR, 1.5 * SET_LR], rel=1e-12)

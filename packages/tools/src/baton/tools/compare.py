@@ -18,7 +18,7 @@ randomly initialised in fp32, with ``save_pretrained`` to ``<run-dir>/model``. E
 backend then runs its own recipe from ``--recipes`` (the project's ``recipes/``) with
 ``--init-from`` that directory, in its own process (``baton run``: a backend owns its
 process group or JAX runtime), on that dataset and tokenizer with the same steps, batch,
-sequence length and learning rate, into ``<run-dir>/<backend>`` (its output in
+sequence length and learning-rate schedule, into ``<run-dir>/<backend>`` (its output in
 ``<run-dir>/<backend>.log``): Fabric ``hf_finetune.py`` (``transformers``' own model
 class), TorchTitan ``torchtitan_llama3_debug.py`` (its llama3 or qwen3 model),
 Megatron-Core ``megatron_gpt_tiny.py`` (GPTModel, with MoE layers for a Qwen3-MoE),
@@ -27,6 +27,12 @@ MaxText ``maxtext_tiny.py`` (its ``llama2``, ``qwen3`` or ``qwen3_moe`` decoder 
 in ``<run-dir>/comparison/loss.png`` (``baton plot`` with the run directories) and a
 table prints each backend's first and final loss and the largest relative difference of
 its per-step losses from the first backend's.
+
+Every backend runs one learning-rate schedule shape (``baton.core.lr_schedule``), given
+through the recipes' flags ``--lr``, ``--warmup-steps`` and ``--min-lr``: linear warmup
+over ``--warmup-steps`` to ``--lr``, then cosine decay to ``--min-lr`` (default a tenth
+of ``--lr``) at the last step; it is printed before the runs and before the table, and
+each step logs the same ``lr`` on all four, so the losses differ by no schedule.
 
 Where the four still differ (each recipe keeps its backend's own choices):
 
@@ -37,9 +43,9 @@ Where the four still differ (each recipe keeps its backend's own choices):
   so per-step losses agree only as closely as different batches of one text allow.
   (On one fixed batch the four compute the same first-step loss within 3e-7 relative:
   tests/backends/test_round_trip.py.)
-- AdamW settings and the LR schedule (warmup, decay) are each backend's own; the peak
-  learning rate ``--lr`` is shared. Fabric's sequences are one token longer (its model
-  shifts the labels itself), so every backend predicts ``--seq-len`` targets a sample.
+- AdamW settings (betas, epsilon, weight decay, clipping) are each backend's own.
+  Fabric's sequences are one token longer (its model shifts the labels itself), so
+  every backend predicts ``--seq-len`` targets a sample.
 - A mixture-of-experts model's loss is each backend's own: the load-balancing term is in
   Fabric's and MaxText's logged loss (each its own formula), in Megatron-Core's gradient
   only, and TorchTitan adds none (``MOE_LOSSES``, printed under the table).
@@ -74,6 +80,7 @@ from typing import Any
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 from baton.core.errors import UsageError
+from baton.core.lr_schedule import WarmupCosine
 from baton.core.model_spec import ModelSpec
 from baton.tools.compare_model import (
     MOE_LOSSES,
@@ -167,16 +174,21 @@ def backend_command(
     seq_len: int,
     batch: int,
     lr: float,
+    warmup_steps: int = 0,
+    min_lr: float | None = None,
     recipes: Path = RECIPES,
     objective: str = "pretrain",
 ) -> list[str]:
     """``python -m baton.core.cli run <backend's recipe> --init-from ...`` with the shared
-    settings (``--objective sft``: on packed rows of ``seq_len`` inputs)."""
+    settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
+    ``--objective sft``: on packed rows of ``seq_len`` inputs)."""
     no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
     common = [
         f"--init-from={init_from}",
         f"--max-steps={steps}",
         f"--lr={lr}",
+        f"--warmup-steps={min(warmup_steps, steps)}",
+        f"--min-lr={lr / 10 if min_lr is None else min_lr}",
         f"--data-path={data_path}",
         f"--tokenizer={tokenizer}",
         f"--run-dir={run_dir / backend}",
@@ -195,7 +207,6 @@ def backend_command(
             f"--seq-len={seq_len}",
             f"--batch-size={batch}",
             f"--global-batch-size={batch}",
-            f"--min-lr={lr / 10}",
             no_eval,
             "--no-async-save",
             "--no-progress",
@@ -268,6 +279,8 @@ def compare(
     seq_len: int = 128,
     batch: int = 4,
     lr: float = 1e-3,
+    warmup_steps: int | None = None,
+    min_lr: float | None = None,
     vocab_size: int = 2048,
     data_path: str | None = None,
     tokenizer: str | None = None,
@@ -287,7 +300,10 @@ def compare(
         heads: its attention heads (query and key/value).
         seq_len: tokens per sample.
         batch: samples per step.
-        lr: peak learning rate.
+        lr: peak learning rate (after warmup).
+        warmup_steps: steps of linear warmup on every backend (None: a tenth of --steps).
+        min_lr: the learning rate every backend's cosine decay ends at, at the last step
+            (None: --lr / 10).
         vocab_size: the BPE trained when no --tokenizer is given.
         data_path: a prepared prefix (`baton data prepare`); with --tokenizer.
         tokenizer: the tokenizer directory the data was prepared with.
@@ -313,6 +329,7 @@ def compare(
         _check_sft(backends, data_path, tokenizer, recipes)
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
     _check_model_choice(init_from, model_config, shape)  # before any data is prepared
+    schedule = shared_schedule(steps, lr, warmup_steps, min_lr)
     root = Path(run_dir)
     if objective == "sft":
         assert data_path is not None and tokenizer is not None  # _check_sft
@@ -322,14 +339,35 @@ def compare(
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
     init_from = _starting_model(init_from, model_config, tokenizer, root / "model", shape)
+    print(f"schedule on every backend: {schedule.describe()}", flush=True)
     settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
-                "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr, "recipes": recipes,
-                "objective": objective}  # fmt: skip
+                "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr,
+                "warmup_steps": schedule.warmup_steps, "min_lr": schedule.floor,
+                "recipes": recipes, "objective": objective}  # fmt: skip
     wall, failed = _run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
+    print(f"\nschedule on every backend: {schedule.describe()}")
     _report(backends, root, wall, MOE_LOSSES if moe else None, first_step=objective == "sft")
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
+
+
+def shared_schedule(
+    steps: int, lr: float, warmup_steps: int | None = None, min_lr: float | None = None
+) -> WarmupCosine:
+    """The one schedule every backend runs: warmup (default a tenth of ``steps``) to
+    ``lr``, cosine decay to ``min_lr`` (default ``lr / 10``) at ``steps``.
+
+    >>> shared_schedule(50, 1e-3).describe()
+    'warmup 5 steps to lr 0.001, cosine decay to 0.0001 at step 50'
+    """
+    warmup = steps // 10 if warmup_steps is None else min(warmup_steps, steps)
+    if warmup < 0 or (min_lr is not None and not 0 <= min_lr <= lr):
+        raise ValueError(
+            f"--warmup-steps {warmup_steps} / --min-lr {min_lr}: the warmup must be at "
+            f"least 0 and --min-lr between 0 and --lr ({lr:g})"
+        )
+    return WarmupCosine(lr, lr / 10 if min_lr is None else min_lr, warmup, steps)
 
 
 def _check_model_choice(
@@ -476,6 +514,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample")
     parser.add_argument("--batch", type=int, default=4, help="samples per step")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="steps of linear warmup on every backend (default: a tenth of --steps)",
+    )
+    parser.add_argument(
+        "--min-lr",
+        type=float,
+        default=None,
+        help="where every backend's cosine decay ends, at the last step (default: --lr / 10)",
+    )
     parser.add_argument("--vocab-size", type=int, default=2048, help="the BPE trained if needed")
     parser.add_argument("--data-path", default=None, help="a `baton data prepare` prefix")
     parser.add_argument("--tokenizer", default=None, help="the tokenizer it was prepared with")
@@ -511,6 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seq_len=args.seq_len,
             batch=args.batch,
             lr=args.lr,
+            warmup_steps=args.warmup_steps,
+            min_lr=args.min_lr,
             vocab_size=args.vocab_size,
             data_path=args.data_path,
             tokenizer=args.tokenizer,

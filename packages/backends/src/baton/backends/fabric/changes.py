@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from baton.core.lr_schedule import EpochFactor
+
 log = logging.getLogger("baton")
 
 #: settings that the optimizer's learning rates are built from
@@ -71,6 +73,7 @@ class AsBuilt:
         pairs = zip(schedulers, self.schedulers, strict=True)
         steps = [self._rebuild(scheduler, state) for scheduler, state in pairs]
         applied |= schedule_names
+        _say_what_follows(schedulers, steps)
         log.info(
             "resume: %s re-applied after loading: peak lr %s (the checkpoint's %s)%s",
             ", ".join(sorted(applied)),
@@ -92,6 +95,16 @@ class AsBuilt:
             for _ in range(step - scheduler.last_epoch):
                 scheduler.step()
         return step
+
+
+def _say_what_follows(schedulers: Sequence[Any], steps: Sequence[int]) -> None:
+    """The resume line of the first scheduler on baton's schedule shape (``EpochFactor``)."""
+    for scheduler, step in zip(schedulers, steps, strict=True):
+        factor = next(iter(getattr(scheduler, "lr_lambdas", [])), None)
+        if isinstance(factor, EpochFactor):
+            shape = factor.schedule.scaled(float(scheduler.base_lrs[0]))
+            log.info(shape.resume_line(step))
+            return
 
 
 def _short(values: list[Any]) -> str:

@@ -43,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -204,6 +205,39 @@ class MaxTextBackend(
         without allocating the model (the ``dry_run`` ability); call it before JAX starts."""
         return planned_on_host(self.config, world_size)
 
+    def _setup_train_loop(self, cfg: Any, recorder: Any) -> tuple[Any, ...]:
+        """MaxText's ``setup_train_loop``, with baton's schedule shape when the config
+        has ``warmup_steps`` (``lr_schedule.py``)."""
+        from maxtext.utils import train_utils
+
+        from baton.backends.maxtext.lr_schedule import baton_schedule
+
+        if self.config.warmup_steps is None:
+            return train_utils.setup_train_loop(cfg, recorder)
+        with baton_schedule(self.config.warmup_steps):
+            return train_utils.setup_train_loop(cfg, recorder)
+
+    # -- resuming with changed settings ---------------------------------------------
+    @property
+    def changeable_settings(self) -> frozenset[str]:
+        """A longer or shorter run (``max_steps``: MaxText's ``steps``) is re-applied to
+        the restored optimizer: its schedule is rebuilt from this run's config."""
+        return frozenset({"max_steps"})
+
+    def apply_changed_settings(self, changes: Mapping[str, Any]) -> set[str]:
+        """After ``load``: the optimizer's restored ``count`` runs on the schedule this
+        run built for ``steps`` (the warmup kept, the decay ending at the new total);
+        says what follows. Returns the names applied."""
+        from baton.backends.maxtext.lr_schedule import shape_of
+
+        if "max_steps" not in changes or changes["max_steps"][1] != int(self.hparams.steps):
+            return set()  # the recipe did not build this run's schedule for the new total
+        hparams = self.hparams
+        if self.config.warmup_steps is not None and self.rank == 0:
+            shape = shape_of(hparams, self.config.warmup_steps)
+            logging.getLogger("baton").info(shape.resume_line(self.optimizer_step()))
+        return {"max_steps"}
+
     def setup(self) -> None:
         _check_layout(self.config.overrides)  # before JAX or MaxText is imported
         import jax
@@ -229,7 +263,7 @@ class MaxTextBackend(
             self._rampup,
             maxtext_eval_iterator,
             train_state,
-        ) = train_utils.setup_train_loop(cfg, recorder)
+        ) = self._setup_train_loop(cfg, recorder)
         self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
         self._graphdef, state = nnx.split(train_state)
         params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(

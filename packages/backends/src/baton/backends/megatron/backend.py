@@ -89,6 +89,26 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         #: the schedule's forward step: pretraining's, or SFT's / DPO's on packed rows
         self._forward_step: Callable[..., Any] = gpt_forward_step
 
+    # -- resuming with changed settings ---------------------------------------------
+    @property
+    def changeable_settings(self) -> frozenset[str]:
+        """A longer or shorter run (``max_steps``, the schedule's ``decay_steps``) is
+        re-applied to the restored schedule."""
+        return frozenset({"max_steps"}) if self.config.decay_steps is not None else frozenset()
+
+    def apply_changed_settings(self, changes: Mapping[str, Any]) -> set[str]:
+        """After ``load``: the schedule decays to the floor at the decay steps this run
+        was built with (the restored step and the warmup kept), not the checkpoint's.
+
+        Example: resumed at step 20 with ``max_steps`` 20 -> 30, the cosine goes on from
+        step 20 of a 30-step decay. Returns the names applied."""
+        if "max_steps" not in changes or self.config.decay_steps is None:
+            return set()
+        self.scheduler.extend(self.config.decay_steps)
+        if self.scheduler.shape is not None and self.rank == 0:
+            log.info(self.scheduler.shape.resume_line(int(self.scheduler.num_steps)))
+        return {"max_steps"}
+
     # -- facts ----------------------------------------------------------------------
     @property
     def flops_per_token(self) -> float:

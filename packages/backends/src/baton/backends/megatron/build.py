@@ -95,11 +95,13 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
 
 def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any]:
     """``get_megatron_optimizer`` over ``chunks`` and its ``OptimizerParamScheduler``
-    (warmup, then the decay style over ``decay_steps``; constant without them), as
+    (warmup, then the decay style over ``decay_steps``; constant without them; the
+    cosine is baton's shape, ``scheduler.cosine_arguments``), as
     ``BatonParamScheduler`` (which keeps what a callback set through ``model_state``)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    from baton.backends.megatron.scheduler import BatonParamScheduler
+    from baton.backends.megatron.scheduler import BatonParamScheduler, cosine_arguments
+    from baton.core.lr_schedule import WarmupCosine
 
     cfg = config
     opt = cfg.optimizer
@@ -119,17 +121,25 @@ def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any
     optimizer = get_megatron_optimizer(opt, chunks)
     decay = cfg.decay_steps
     style = cfg.decay_style if decay is not None else "constant"
+    schedule: dict[str, Any] = {
+        "init_lr": 0.0,
+        "max_lr": opt.lr,
+        "min_lr": opt.min_lr,
+        "lr_warmup_steps": cfg.warmup_steps,
+        "lr_decay_steps": max(decay or 0, cfg.warmup_steps + 1),
+        "lr_decay_style": style,
+    }
+    shape = None
+    if style == "cosine" and decay is not None:  # baton's shape, as on every backend
+        shape = WarmupCosine(opt.lr, opt.min_lr, min(cfg.warmup_steps, decay), decay)
+        schedule = cosine_arguments(shape)
     scheduler = BatonParamScheduler(
         optimizer,
-        init_lr=0.0,
-        max_lr=opt.lr,
-        min_lr=opt.min_lr,
-        lr_warmup_steps=cfg.warmup_steps,
-        lr_decay_steps=max(decay or 0, cfg.warmup_steps + 1),
-        lr_decay_style=style,
+        **schedule,
         start_wd=opt.weight_decay,
         end_wd=opt.weight_decay,
         wd_incr_steps=1,
         wd_incr_style="constant",
     )
+    scheduler.shape = shape
     return optimizer, scheduler

@@ -10,6 +10,12 @@ those. Two keys of baton's carry it instead, saved and restored with the groups:
   schedule continues, scaled, from the value set);
 - ``baton_weight_decay``: replaces the group's scheduled weight decay.
 
+Baton's one schedule shape (``baton.core.lr_schedule``: linear warmup from step 1,
+cosine decay to the floor at the last step) is Megatron's own cosine with the arguments
+of ``cosine_arguments``: Megatron's ``num_steps`` counts the updates done, so its
+warmup starts one step later and its decay ends one step later than baton's unless
+shifted.
+
 Example::
 
     scheduler = BatonParamScheduler(optimizer, init_lr=0.0, max_lr=3e-3, ...)
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from baton.core.lr_schedule import WarmupCosine
+
 #: a group's factor on its scheduled learning rate
 LR_SCALE = "baton_lr_scale"
 #: a group's weight decay, in place of the scheduled one
@@ -29,6 +37,21 @@ WEIGHT_DECAY = "baton_weight_decay"
 class BatonParamScheduler(OptimizerParamScheduler):
     """``OptimizerParamScheduler`` that applies each group's ``LR_SCALE`` and
     ``WEIGHT_DECAY`` after scheduling (groups without them: Megatron's values)."""
+
+    #: baton's shape this scheduler was built to follow (``cosine_arguments``), if any
+    shape: WarmupCosine | None = None
+
+    def extend(self, total_steps: int) -> None:
+        """After loading: decay to the floor at ``total_steps`` (the restored step and
+        warmup kept), every group's learning rate recomputed for the next update."""
+        if self.shape is not None:
+            self.shape = WarmupCosine(
+                self.shape.peak, self.shape.floor, self.shape.warmup_steps, total_steps
+            )
+            self.lr_decay_steps = cosine_arguments(self.shape)["lr_decay_steps"]
+        else:
+            self.lr_decay_steps = total_steps
+        self.step(increment=0)
 
     def step(self, increment: int) -> None:
         super().step(increment)
@@ -50,3 +73,23 @@ def set_lr(group: dict[str, object], value: float) -> None:
         lr.fill_(value)
     else:
         group["lr"] = value
+
+
+def cosine_arguments(shape: WarmupCosine) -> dict[str, object]:
+    """Megatron's ``OptimizerParamScheduler`` arguments that give ``shape`` (update ``k``
+    uses ``shape.lr(k)``; Megatron computes it at ``num_steps = k - 1``): a warmup one
+    step shorter from ``peak / warmup``, a decay ending one step earlier.
+
+    >>> cosine_arguments(WarmupCosine(1e-3, 1e-4, warmup_steps=2, total_steps=10))
+    {'init_lr': 0.0005, 'max_lr': 0.001, 'min_lr': 0.0001, 'lr_warmup_steps': 1, \
+'lr_decay_steps': 9, 'lr_decay_style': 'cosine'}
+    """
+    warmup = max(shape.warmup_steps - 1, 0)
+    return {
+        "init_lr": shape.peak / shape.warmup_steps if shape.warmup_steps else shape.peak,
+        "max_lr": shape.peak,
+        "min_lr": shape.floor,
+        "lr_warmup_steps": warmup,
+        "lr_decay_steps": max(shape.total_steps - 1, warmup + 1),
+        "lr_decay_style": "cosine",
+    }

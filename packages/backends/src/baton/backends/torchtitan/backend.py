@@ -361,6 +361,33 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         why = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
         return {"weight_checksums": why} if why else {}
 
+    # -- resuming with changed settings ---------------------------------------------
+    @property
+    def changeable_settings(self) -> frozenset[str]:
+        """A longer or shorter run (``max_steps``: ``training.steps``) is re-applied to
+        the restored schedule, which keeps only its step."""
+        return frozenset({"max_steps"})
+
+    def apply_changed_settings(self, changes: Mapping[str, Any]) -> set[str]:
+        """After ``load``: TorchTitan's scheduler kept only the restored step and its
+        factor is this run's (built for ``training.steps``), so the warmup stays and the
+        decay ends at the new total; says so. Returns the names applied."""
+        from baton.backends.torchtitan.lr_schedule import WarmupCosineConfig, shape_of
+
+        trainer = self.trainer
+        assert trainer is not None, "apply_changed_settings is called after setup"
+        if "max_steps" not in changes:
+            return set()
+        total = int(self.config.training.steps)
+        if changes["max_steps"][1] != total:
+            return set()  # the recipe did not build this run's schedule for the new total
+        schedule_config = self.config.lr_scheduler
+        if isinstance(schedule_config, WarmupCosineConfig) and self.rank == 0:
+            scheduler = trainer.lr_schedulers.schedulers[0]
+            shape = shape_of(schedule_config, total, peak=float(scheduler.base_lrs[0]))
+            logger.info(shape.resume_line(int(scheduler.last_epoch)))
+        return {"max_steps"}
+
     # -- checkpoints: TitanCheckpointIO (checkpoint_io.py), through UsesCheckpointIO -----
     def layout(self) -> dict[str, int]:
         """This run's parallel layout as TorchTitan resolved it, and its world size."""

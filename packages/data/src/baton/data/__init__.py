@@ -46,6 +46,7 @@ from baton.data.manifest import (
     read_manifest,
     split_prefix,
 )
+from baton.data.split import held_out_start
 from baton.data.tokenizer import (
     END_OF_TEXT,
     PAD,
@@ -71,6 +72,7 @@ __all__ = [
     "check_model_vocab",
     "check_tokenizer",
     "fingerprint_file",
+    "held_out_start",
     "load_tokenizer",
     "manifest_path",
     "parse_blend",

@@ -126,6 +126,8 @@ def recipe(
     strategy: str = "auto",
     seed: int = 0,
     data_path: str | None = None,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
     tokenizer: str | None = None,
     text_key: str = "text",
     log_every: int = 10,
@@ -157,6 +159,9 @@ def recipe(
         seed: seed of the data order and of new weights (--make-tiny-model, from scratch).
         data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
             .jsonl/.parquet/.txt files (None: the Python language reference).
+        eval_split: with --tokenizer: the fraction of the documents held out for
+            evaluation (the last ones; 0: a tail of 4 batches of windows instead).
+        eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
@@ -200,6 +205,11 @@ def recipe(
             save_every=save_every, run_dir=run_dir, progress=progress,
         )  # fmt: skip
     loss_fn = None  # byte batches are dicts: the model's own output.loss
+    if tokenizer is None and (eval_split or eval_data_path is not None):
+        raise UsageError(
+            "--eval-split and --eval-data-path read tokenized data: pass --tokenizer DIR "
+            "(byte runs evaluate on the tail of the text)"
+        )
     if tokenizer is None:
         vocab = 256
         train, val = byte_lm_data(seq_len, batch_size, seed, data_path)
@@ -213,6 +223,8 @@ def recipe(
             batch_size=batch_size,
             seed=seed,
             text_key=text_key,
+            eval_split=eval_split,
+            eval_data_path=eval_data_path,
         )
         loss_fn = window_loss
     if config.vocab_size < vocab:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.data import DataError, PreparedDataset, held_out_start
+from baton.data import DataError, PreparedDataset, held_out_start, held_out_tokens
 from support.eval_runs import train_then_eval
 
 VOCAB = 512
@@ -19,7 +19,7 @@ VOCAB = 512
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A BPE tokenizer, ``corpus.jsonl`` (the Python reference, a document a line) and
-    ``corpus.bin/.idx`` prepared from it, and ``eval.jsonl`` (its first 8 records)."""
+    ``corpus.bin/.idx`` prepared from it, and ``eval.jsonl`` (its first 8 records, also prepared as ``eval``)."""
     import json
 
     from baton.data import train_tokenizer
@@ -35,6 +35,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prepare([directory / "corpus.jsonl"], tokenizer, directory / "corpus", workers=1)
     lines = (directory / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
     (directory / "eval.jsonl").write_text("\n".join(lines[:8]) + "\n", encoding="utf-8")
+    prepare([directory / "eval.jsonl"], tokenizer, directory / "eval", workers=1)
     return directory
 
 
@@ -51,13 +52,14 @@ def test_held_out_start_is_the_last_documents():
 def test_torchtitan_prepared_split_cuts_at_a_document(data):
     """The training and held-out token ranges of a prepared prefix meet at the first
     held-out document and cover every token once."""
-    from baton.backends.torchtitan.prepared import document_offset, split_tokens
+    from baton.backends.torchtitan.prepared import split_tokens
 
     prepared = PreparedDataset(data / "corpus")
     train = split_tokens(prepared, 0.05, "train")
     held = split_tokens(prepared, 0.05, "eval")
     first = held_out_start(prepared.num_documents, 0.05)
-    assert train == (0, document_offset(prepared, first))
+    assert train == (0, sum(len(prepared.document(i)) for i in range(first)))
+    assert train[1] == held_out_tokens(prepared, 0.05)
     assert held == (train[1], prepared.num_tokens)
     assert split_tokens(prepared, 0, "eval") == (0, prepared.num_tokens)
 
@@ -97,4 +99,40 @@ def test_torchtitan_eval_every_and_baton_eval_agree(data, tmp_path, source):
     )
     args = [*common, *held, "--seq-len", "64", "--batch-size", "2"]
     logged, printed = train_then_eval("recipes/torchtitan_llama3_debug.py", args, tmp_path)
+    assert printed == pytest.approx(logged, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_megatron_eval_every_and_baton_eval_agree(data, tmp_path):
+    """Megatron-Core's validation split holds out the last documents (--eval-split)."""
+    args = ["--data-path", str(data / "corpus"), "--tokenizer", str(data / "tokenizer")]
+    args += ["--eval-split", "0.05", "--batch-size", "2", "--global-batch-size", "2"]
+    logged, printed = train_then_eval("recipes/megatron_gpt_tiny.py", args, tmp_path)
+    assert printed == pytest.approx(logged, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_maxtext_eval_every_and_baton_eval_agree(data, tmp_path):
+    """MaxText's eval iterator over a prepared evaluation prefix (--eval-data-path)."""
+    args = ["--data-path", str(data / "corpus"), "--tokenizer", str(data / "tokenizer")]
+    args += ["--eval-data-path", str(data / "eval"), "--batch-size", "2"]
+    logged, printed = train_then_eval("recipes/maxtext_tiny.py", args, tmp_path)
+    assert printed == pytest.approx(logged, abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("held", [["--eval-split", "0.05"], ["--eval-data-path", "eval.jsonl"]])
+def test_fabric_eval_every_and_baton_eval_agree(data, tmp_path, held):
+    """Fabric's eval_data: the last documents of the prepared prefix, or a .jsonl file."""
+    from transformers import LlamaConfig
+
+    model = tmp_path / "model"
+    LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+    ).save_pretrained(model)  # fmt: skip
+    held = [held[0], str(data / held[1])] if held[0] == "--eval-data-path" else held
+    args = ["--model-config", str(model), "--data-path", str(data / "corpus")]
+    args += ["--tokenizer", str(data / "tokenizer"), *held, "--batch-size", "2"]
+    logged, printed = train_then_eval("recipes/hf_finetune.py", args, tmp_path / "run")
     assert printed == pytest.approx(logged, abs=1e-3)

@@ -46,7 +46,7 @@ from baton.data.manifest import (
     read_manifest,
     split_prefix,
 )
-from baton.data.split import held_out_start
+from baton.data.split import held_out_start, held_out_tokens
 from baton.data.tokenizer import (
     END_OF_TEXT,
     PAD,
@@ -73,6 +73,7 @@ __all__ = [
     "check_tokenizer",
     "fingerprint_file",
     "held_out_start",
+    "held_out_tokens",
     "load_tokenizer",
     "manifest_path",
     "parse_blend",

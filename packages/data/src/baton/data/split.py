@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from baton.data.errors import DataError
+from baton.data.indexed import PreparedDataset
 
 
 def held_out_start(num_documents: int, eval_split: float, *, source: str = "the data") -> int:
@@ -29,3 +30,17 @@ def held_out_start(num_documents: int, eval_split: float, *, source: str = "the 
             "leaves none to train on; use more data or a smaller --eval-split"
         )
     return num_documents - held
+
+
+def held_out_tokens(data: PreparedDataset, eval_split: float) -> int:
+    """The position, among all of ``data``'s tokens, of the first held-out document's
+    first token (``data.num_tokens`` when nothing is held out)::
+
+        cut = held_out_tokens(PreparedDataset("data/corpus"), 0.05)
+        train, held = data.tokens[:cut], data.tokens[cut:]
+    """
+    first = held_out_start(data.num_documents, eval_split, source=data.prefix)
+    if first == data.num_documents:
+        return data.num_tokens
+    sequence = int(data.document_indices[first])
+    return int(data.sequence_pointers[sequence]) // data.dtype.itemsize

@@ -30,7 +30,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.torchtitan.data import BatonDataLoader
-from baton.data import PreparedDataset, held_out_start, load_tokenizer
+from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
 
 
 def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
@@ -44,20 +44,14 @@ def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
 
 def split_tokens(data: PreparedDataset, eval_split: float, split: str) -> tuple[int, int]:
     """The token range of ``split`` (``train`` or ``eval``) when the last ``eval_split``
-    of the documents are held out (``held_out_start``, the rule of every engine)."""
+    of the documents are held out (``baton.data.held_out_tokens``, the rule of every
+    engine); ``eval`` with nothing held out is all of them."""
     if split not in ("train", "eval"):
         raise ValueError(f"split {split!r} is neither 'train' nor 'eval'")
-    first = held_out_start(data.num_documents, eval_split, source=data.prefix)
-    cut = len(data.document(first - 1)) + document_offset(data, first - 1) if first else 0
-    if split == "eval" and first == data.num_documents:
-        return (0, data.num_tokens)  # nothing held out: evaluate on all of it
+    cut = held_out_tokens(data, eval_split)
+    if split == "eval" and cut == data.num_tokens:
+        return (0, data.num_tokens)
     return (0, cut) if split == "train" else (cut, data.num_tokens)
-
-
-def document_offset(data: PreparedDataset, index: int) -> int:
-    """The position of document ``index``'s first token among all tokens."""
-    first = int(data.document_indices[index])
-    return int(data.sequence_pointers[first]) // data.dtype.itemsize
 
 
 class PreparedWindows(IterableDataset, Stateful):

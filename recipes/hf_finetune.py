@@ -160,7 +160,8 @@ def recipe(
         data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
             .jsonl/.parquet/.txt files (None: the Python language reference).
         eval_split: with --tokenizer: the fraction of the documents held out for
-            evaluation (the last ones; 0: a tail of 4 batches of windows instead).
+            evaluation, the last ones (0: none); without it or --eval-data-path a tail of
+            4 batches of windows is kept from training for evaluation.
         eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         text_key: the text field of .jsonl/.parquet records.

@@ -115,8 +115,9 @@ def recipe(
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
             or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B".
-        eval_split: the fraction of the documents held out for evaluation (the last
-            ones; None: Megatron's split, 969,30,1 for bytes, 98,2,0 for prepared data).
+        eval_split: the fraction of the documents held out for evaluation, the last
+            ones (0: none); None: Megatron's split, 969,30,1 for bytes, 98,2,0 for
+            prepared data.
         tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its

@@ -85,8 +85,8 @@ def recipe(
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
         eval_every: steps between evaluations (0: none) with TorchTitan's validator.
         data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
-        eval_split: the fraction of the data's documents held out for evaluation (the
-            last ones; 0: none).
+        eval_split: the fraction of the data's documents held out for evaluation, the
+            last ones (0: none).
         eval_data_path: evaluation data, of the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: bytes).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).

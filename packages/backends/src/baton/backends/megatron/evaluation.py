@@ -56,4 +56,3 @@ def held_out_split(eval_split: float) -> str:
     if not 0 <= eval_split < 1:
         raise DataError(f"--eval-split {eval_split} is not in [0, 1); pass e.g. --eval-split 0.05")
     return f"{1 - eval_split:g},{eval_split:g},0"
-

@@ -78,6 +78,28 @@ def test_torchtitan_jsonl_split_keeps_the_last_records(data):
     assert held[len(held) - 1]["text"] == records[len(records) - 1]["text"]
 
 
+def test_torchtitan_finite_passes_read_as_many_windows_on_every_rank(data):
+    """The validator's finite pass (steps=-1) over baton's loaders: every data-parallel
+    rank reads the same number of windows, so none waits for another at the end."""
+    from baton.backends.torchtitan.data import ByteBosEosTokenizer, PackedTextDataset
+    from baton.backends.torchtitan.prepared import PreparedWindows
+
+    documents = ["a" * 300, "b" * 40, "c" * 90, "d" * 500, "e" * 10]
+    counts = [
+        len(list(PackedTextDataset(documents, ByteBosEosTokenizer(), seq_len=32, dp_rank=r,
+                                   dp_world_size=2, infinite=False)))
+        for r in range(2)
+    ]  # fmt: skip
+    assert counts[0] == counts[1] > 0
+    prepared = PreparedDataset(data / "eval")
+    windows = [
+        len(list(PreparedWindows(prepared, eod_id=0, seq_len=64, dp_rank=r, dp_world_size=3,
+                                 infinite=False)))
+        for r in range(3)
+    ]  # fmt: skip
+    assert windows[0] == windows[1] == windows[2] > 0
+
+
 def test_torchtitan_eval_every_without_held_out_data_is_one_line():
     from baton.core.errors import UsageError
     from baton.core.recipe import build_driver

@@ -132,6 +132,11 @@ class PackedTextDataset(IterableDataset, Stateful):
         self.epoch = 0
         self.window = 0
         self._stream = self._build_stream(0)
+        #: a finite pass reads as many windows on every rank (no rank waits for another)
+        self._finite_windows = min(
+            sum(len(ids) - 1 for ids in self.tokens[rank::dp_world_size]) // seq_len
+            for rank in range(dp_world_size)
+        )
         if self._num_windows() == 0:
             raise ValueError(
                 f"the corpus gives rank {dp_rank} fewer than {seq_len} tokens; "
@@ -154,7 +159,8 @@ class PackedTextDataset(IterableDataset, Stateful):
         return torch.tensor(inputs), torch.tensor(labels), torch.tensor(positions)
 
     def _num_windows(self) -> int:
-        return len(self._stream[0]) // self.seq_len
+        windows = len(self._stream[0]) // self.seq_len
+        return windows if self.infinite else min(windows, self._finite_windows)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:

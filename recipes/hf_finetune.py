@@ -52,7 +52,7 @@ from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.text import text_loaders
 from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMonitor
 from baton.callbacks.sinks.console import ConsoleSink
-from baton.core import Driver
+from baton.core import Callback, Driver
 from baton.core.errors import UsageError
 from baton.core.model_spec import FAMILIES, ModelSpec, check_init_from
 
@@ -109,6 +109,17 @@ def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> 
     )
     fixed = eval_windows(val, seq_len=seq_len - 1, batch_size=batch_size, batches=4)
     return loader, [as_lm_batch(list(zip(x, y, strict=True))) for x, y in fixed]
+
+
+def run_callbacks(keys: list[str], *, save_every: int, progress: bool) -> list[Callback]:
+    """This recipe's callbacks: checkpoints (the last two kept), throughput, the JSON Lines
+    log and a console line of ``keys``, and the progress bar."""
+    return [
+        Checkpoint(every_n_steps=save_every or None, keep_last=2),
+        ThroughputMonitor(),
+        CompositeLogger(["jsonl", ConsoleSink(keys)]),
+        *([Progress()] if progress else []),
+    ]
 
 
 def recipe(
@@ -196,6 +207,11 @@ def recipe(
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
+    if objective != "pretrain" and (eval_split or eval_data_path is not None):
+        raise UsageError(
+            f"--objective {objective} evaluates on a tail of its rows: --eval-split and "
+            "--eval-data-path are for pretraining"
+        )
     if objective != "pretrain":
         return posttrain_driver(
             objective, config, spec, init_from=init_from, reference=reference,
@@ -261,12 +277,7 @@ def recipe(
     )
     return Driver(
         backend,
-        [
-            Checkpoint(every_n_steps=save_every or None, keep_last=2),
-            ThroughputMonitor(),
-            CompositeLogger(["jsonl", ConsoleSink(keys)]),
-            *([Progress()] if progress else []),
-        ],
+        run_callbacks(keys, save_every=save_every, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every,
@@ -459,12 +470,7 @@ def posttrain_driver(
     )
     return Driver(
         backend,
-        [
-            Checkpoint(every_n_steps=save_every or None, keep_last=2),
-            ThroughputMonitor(),
-            CompositeLogger(["jsonl", ConsoleSink(keys)]),
-            *([Progress()] if progress else []),
-        ],
+        run_callbacks(keys, save_every=save_every, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every,

@@ -17,6 +17,10 @@ uv run baton run recipes/maxtext_tiny.py --devices 4 --dp-shard 2 --tp 2   # a m
 uv run baton run recipes/maxtext_tiny.py --init-from tiny-qwen3-moe/ --devices 2 --ep 2 \
     --dp-shard 1                                  # experts split over 2 CPUs
 uv run baton run recipes/maxtext_tiny.py --init-from runs/maxtext_tiny/checkpoints/step_000050
+uv run baton run recipes/maxtext_tiny.py --objective sft --tokenizer tok/ --data-path data/chat \
+    --seq-len 512 --init-from hf-model/           # prepared conversations (baton data prepare)
+uv run baton run recipes/maxtext_tiny.py --objective dpo --tokenizer tok/ --data-path data/pairs \
+    --seq-len 512 --init-from sft-model/ --dpo-beta 0.1 --dpo-loss ipo
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ def recipe(
     ep: int = 1,
     init_from: str | None = None,
     model_config: str | None = None,
+    objective: str = "pretrain",
+    dpo_beta: float = 0.1,
+    dpo_loss: str = "sigmoid",
+    reference: str | None = None,
     run_dir: str = "runs/maxtext_tiny",
     progress: bool = True,
     print_loss: bool = True,
@@ -111,6 +119,13 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build (experts on MaxText's dense CPU path).
+        objective: pretrain (every next token), sft (the supervised tokens of a prepared
+            conversation dataset: --data-path PREFIX --tokenizer DIR) or dpo (prepared
+            preference pairs).
+        dpo_beta: DPO's beta.
+        dpo_loss: DPO's loss: sigmoid or ipo.
+        reference: DPO's reference model, a Hugging Face directory or checkpoint (None: the
+            starting weights); its log-probabilities are computed once, before training.
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
         print_loss: print the loss line on log steps.
@@ -144,7 +159,15 @@ def recipe(
     if tokenizer is not None:
         settings["grain_worker_count"] = 0  # read in this process: CPU-friendly
         settings["grain_worker_count_eval"] = 0
-    has_eval_data = tokenizer is None or eval_data_path is not None
+    from baton.backends.maxtext.objective import (
+        check_objective_settings,
+        check_reference,
+        check_run_data,
+    )
+
+    check_objective_settings(objective, dpo_loss, dpo_beta)  # refused before anything is built
+    check_run_data(objective, data_path, tokenizer, seq_len=seq_len)
+    has_eval_data = (tokenizer is None or eval_data_path is not None) and objective == "pretrain"
     if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
         eval_every = 25 if has_eval_data else 0
     elif eval_every and not has_eval_data:
@@ -155,6 +178,7 @@ def recipe(
         )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
+    check_reference(reference, spec, tokenizer)
     check_expert_parallel(spec, ep)
     if spec is not None:
         from baton.backends.maxtext.hf import maxtext_settings
@@ -176,6 +200,11 @@ def recipe(
         tokenizer=tokenizer,
         data_seed=data_seed,
         host_devices=devices,
+        objective=objective,
+        dpo_beta=dpo_beta,
+        dpo_loss=dpo_loss,
+        reference=reference,
+        init_from=init_from,
     )
     callbacks = standard_callbacks(
         save_every=save_every or None,

@@ -4,6 +4,9 @@ torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.p
     --data-path corpus.jsonl --tokenizer ./assets/hf/Llama-3.1-8B --compile
 uv run baton run recipes/torchtitan_llama3_8b.py --dry-run             # on CPU: plan only
 uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --world-size 16
+torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
+    --objective sft --data-path data/chat --tokenizer ./assets/hf/Llama-3.1-8B \\
+    --init-from ./assets/hf/Llama-3.1-8B --seq-len 4096     # fine-tune on prepared chats
 
 The config is TorchTitan's own ``llama3_8b()``; data comes from a local ``.jsonl`` /
 ``.parquet`` file through TorchTitan's Hugging Face text loader and the tokenizer from a
@@ -25,6 +28,8 @@ through TorchTitan's ``Llama3StateDictAdapter.from_hf`` (a baton checkpoint: its
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.callbacks import standard_callbacks
@@ -53,6 +58,10 @@ def recipe(
     run_dir: str = "runs/torchtitan_llama3_8b",
     init_from: str | None = None,
     model_config: str | None = None,
+    objective: str = "pretrain",
+    dpo_beta: float = 0.1,
+    dpo_loss: str = "sigmoid",
+    reference: str | None = None,
 ) -> Driver:
     """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave.
 
@@ -77,11 +86,22 @@ def recipe(
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
+        objective: pretrain, sft (prepared conversations) or dpo (prepared pairs).
+        dpo_beta: DPO's beta.
+        dpo_loss: DPO's loss: sigmoid or ipo.
+        reference: DPO's reference model, a Hugging Face directory or checkpoint (None:
+            the starting weights).
     """
     from torchtitan.models.llama3.config_registry import llama3_8b
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
+    from baton.backends.torchtitan.objective import (
+        OBJECTIVE_SETTINGS,
+        check_reference,
+        reference_fingerprint,
+        use_objective,
+    )
 
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
@@ -120,14 +140,22 @@ def recipe(
     if data_path is not None and tokenizer is not None:  # (a dry run plans without them)
         try:
             config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)
-            config.dataloader = dataloader_config(data_path)
+            if objective == "pretrain":
+                config.dataloader = dataloader_config(data_path)
         except (OSError, ValueError) as error:
             raise RecipeError(str(error)) from None
+        use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
+        check_reference(reference, spec, data_path if objective == "dpo" else None)
+    fingerprint = reference_fingerprint(objective, reference, init_from)
+    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    if fingerprint is not None:  # a resume with other reference weights is refused
+        settings["reference_fingerprint"] = fingerprint
     return Driver(
-        TorchTitanBackend(config),
+        TorchTitanBackend(config, reference=reference, reference_fingerprint=fingerprint),
         standard_callbacks(async_save=async_save),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings=settings or None,
+        training_settings=OBJECTIVE_SETTINGS,
     )

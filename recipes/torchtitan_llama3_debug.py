@@ -30,15 +30,33 @@ trains that directory's architecture from its weights through TorchTitan's
 
     uv run baton run recipes/torchtitan_llama3_debug.py --init-from tiny-llama/ --tokenizer tok/
 
+Post-training: ``--objective sft`` trains on conversations, ``--objective dpo`` on
+preference pairs (``--dpo-beta``, ``--dpo-loss sigmoid|ipo``, ``--reference``), both
+prepared by ``baton data prepare ... --seq-len N`` (pass the same ``--seq-len``)::
+
+    uv run baton run recipes/torchtitan_llama3_debug.py --objective sft --data-path data/chat \
+        --tokenizer tok/ --init-from tiny-llama/ --seq-len 96
+
+Their documents never attend to each other: TorchTitan's ``block_causal`` FlexAttention
+on a GPU, SDPA under the same document mask on CPU (``torchtitan_cpu_attention``).
+
 Checkpoints: TorchTitan's DCP CheckpointManager under ``<run-dir>/checkpoints/step_NNNNNN``,
 every ``--save-every`` steps and at the end.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
+from baton.backends.torchtitan.objective import (
+    OBJECTIVE_SETTINGS,
+    check_reference,
+    reference_fingerprint,
+    use_objective,
+)
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
@@ -68,6 +86,10 @@ def recipe(
     init_from: str | None = None,
     model_config: str | None = None,
     reshard_data: str = "refuse",
+    objective: str = "pretrain",
+    dpo_beta: float = 0.1,
+    dpo_loss: str = "sigmoid",
+    reference: str | None = None,
     run_dir: str = "runs/torchtitan_llama3_debug",
     progress: bool = True,
 ) -> Driver:
@@ -100,6 +122,11 @@ def recipe(
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
         reshard_data: when the data-parallel degree changed on resume: refuse or restart.
+        objective: pretrain, sft (prepared conversations) or dpo (prepared pairs).
+        dpo_beta: DPO's beta.
+        dpo_loss: DPO's loss: sigmoid or ipo.
+        reference: DPO's reference model, a Hugging Face directory or checkpoint (None:
+            the starting weights).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """
@@ -109,10 +136,15 @@ def recipe(
         local_batch_size=batch_size,
         seed=seed,
         dump_folder=f"{run_dir}/torchtitan",
-        dataset_path=data_path,
+        dataset_path=data_path if objective == "pretrain" else None,  # else packed rows
         tokenizer=tokenizer,
         log_freq=log_every,
     )
+    if objective != "pretrain" and (eval_every or eval_split or eval_data_path is not None):
+        raise UsageError(
+            f"--objective {objective} trains on every row of its data: evaluation "
+            "(--eval-every, --eval-split, --eval-data-path) is for pretraining"
+        )
     if eval_split or eval_data_path is not None:  # TorchTitan's validator, on local data
         set_evaluation(
             config, data_path=data_path, eval_split=eval_split, eval_data_path=eval_data_path
@@ -129,6 +161,8 @@ def recipe(
         use_spec(config, spec)
     elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
         set_vocab(config, tokenizer_vocab(tokenizer))
+    use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
+    check_reference(reference, spec, data_path if objective == "dpo" else None)
     if init_from is not None and is_hf_dir(init_from):
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path
@@ -140,12 +174,22 @@ def recipe(
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
     config.checkpoint.async_mode = "async" if async_save else "disabled"
+    fingerprint = reference_fingerprint(objective, reference, init_from)
+    settings: dict[str, Any] = {"model_spec": spec.to_dict()} if spec is not None else {}
+    if fingerprint is not None:  # a resume with other reference weights is refused
+        settings["reference_fingerprint"] = fingerprint
     return Driver(
-        TorchTitanBackend(config, reshard_data=reshard_data),
+        TorchTitanBackend(
+            config,
+            reshard_data=reshard_data,
+            reference=reference,
+            reference_fingerprint=fingerprint,
+        ),
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
-        settings={"model_spec": spec.to_dict()} if spec is not None else None,
+        settings=settings or None,
+        training_settings=OBJECTIVE_SETTINGS,
     )

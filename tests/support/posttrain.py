@@ -340,7 +340,8 @@ def dpo_reference_pairs(
     import tempfile
 
     import datasets
-    from trl import DPOConfig, DPOTrainer
+    from trl.trainer.dpo_config import DPOConfig
+    from trl.trainer.dpo_trainer import DPOTrainer
 
     tokenizer = _load_hf_tokenizer(tokenizer_dir)
     with tempfile.TemporaryDirectory() as output:
@@ -366,15 +367,17 @@ def dpo_reference_pairs(
             processing_class=tokenizer,
         )
         if expected_ids is not None:
+            rows: Any = trainer.train_dataset  # a datasets.Dataset of dict rows
             tokenized = [
                 {key: list(row[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")}
-                for row in trainer.train_dataset
+                for row in rows
             ]
             if tokenized != list(expected_ids):
                 raise AssertionError("TRL tokenized the pairs differently from the dataset")
         batch = next(iter(trainer.get_train_dataloader()))
-        trainer.model.train()
-        loss = trainer.compute_loss(trainer.model, batch)
+        model: Any = trainer.model
+        model.train()
+        loss = trainer.compute_loss(model, batch)
         metrics = {name: trainer._metrics["train"][name][-1] for name in DPO_METRICS}
     return {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
 

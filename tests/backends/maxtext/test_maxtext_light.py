@@ -34,6 +34,7 @@ def test_import_registers_backend_and_patches_without_jax() -> None:
     assert patches.split(",") == [
         "maxtext_compilation_cache",
         "maxtext_cpu_platform",
+        "maxtext_dpo_loss",
         "maxtext_host_devices",
         "maxtext_jax_settings",
         "maxtext_moe_load_metrics",

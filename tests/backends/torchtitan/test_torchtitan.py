@@ -117,6 +117,7 @@ def test_patches_undone_after_teardown(first_run):
     assert first_run["after"]["process_group"] is False
     report = {d.name: d.applied for d in first_run["driver"].patch_report}
     assert report == {
+        "torchtitan_chat_template_generation": True,
         "torchtitan_cpu_attention": True,
         "torchtitan_cpu_device": True,
         "torchtitan_dcp_safe_loading": True,
@@ -201,6 +202,7 @@ def test_patches_listed_by_cli(capsys, monkeypatch):
         "torchtitan_fsdp_partial_dtensor",
         "torchtitan_gloo_fsdp_sum_reduction",
         "torchtitan_pipeline_microbatch_step",
+        "torchtitan_chat_template_generation",
         "torchtitan_quiet",
     ):
         assert name in out

@@ -58,6 +58,7 @@ from baton.backends.maxtext.checkpoint_io import MaxTextCheckpointIO
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import ShowsModelState
+from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.plan import planned_on_host
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
@@ -114,7 +115,7 @@ class MaxTextBackend(
         self.mesh: Any = None
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
         self._graphdef: Any = None
-        self.batches: TextBatches | None = None
+        self.batches: TextBatches | PackedBatches | None = None
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
         #: batches taken from the data stream since step 0 (saved and restored)
@@ -235,7 +236,11 @@ class MaxTextBackend(
     def _setup_data(self, maxtext_iterator: Any, maxtext_eval_iterator: Any) -> None:
         """baton's byte stream, or MaxText's own pipeline as its train.py builds it."""
         cfg = self.hparams
-        if self.config.byte_stream:
+        if self.config.post_training:  # prepared rows (and DPO's reference), fed by baton
+            from baton.backends.maxtext.posttrain import post_training_stream
+
+            self.batches, self.data_fingerprint = post_training_stream(self)
+        elif self.config.byte_stream:
             corpus = TextCorpus.load(self.config.data_path)
             self.data_fingerprint = corpus.fingerprint()
             self.batches = TextBatches(
@@ -272,6 +277,8 @@ class MaxTextBackend(
         scalars = metrics["scalar"]
         values: dict[str, Any] = {}
         skipped = {"learning/loss"} | ({"learning/moe_lb_loss"} if cfg.num_experts <= 1 else set())
+        if self.config.objective == "dpo":  # MaxText's token-loss views of the DPO loss
+            skipped |= {"learning/lm_loss", "learning/perplexity", "learning/z_loss"}
         for key, value in scalars.items():
             if key not in skipped:
                 values[_METRIC_NAMES.get(str(key), str(key).removeprefix("learning/"))] = value

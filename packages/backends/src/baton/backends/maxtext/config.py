@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.maxtext.input_pipeline import DATASET_TYPES, native_data_overrides
+from baton.backends.maxtext.objective import check_objective_settings, check_post_training_data
 from baton.core.errors import UsageError
 from baton.data import DataError
 
@@ -145,6 +146,17 @@ class MaxTextConfig:
             for its own pipelines).
         eval_batches: fixed validation batches per evaluation (byte stream).
         host_devices: simulated CPU devices for trying a mesh on CPU (fresh process only).
+        objective: ``pretrain`` (every next token), ``sft`` (the supervised tokens of a
+            prepared conversation dataset) or ``dpo`` (prepared preference pairs); with
+            ``sft``/``dpo``, ``data_path`` is a prefix written by ``baton data prepare
+            --seq-len N`` and baton feeds its rows as MaxText batches (``packed_batches``).
+        dpo_beta: DPO's beta.
+        dpo_loss: DPO's loss, ``sigmoid`` or ``ipo`` (TRL's conventions).
+        reference: DPO's reference model, a Hugging Face directory or a baton checkpoint
+            (``None``: the starting weights).
+        init_from: where the starting weights come from (a Hugging Face directory or a
+            checkpoint; loaded through ``load_parameters_path``): the default DPO
+            reference's fingerprint is that of its files.
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
@@ -155,6 +167,11 @@ class MaxTextConfig:
     data_seed: int = 0
     eval_batches: int = 4
     host_devices: int | None = None
+    objective: str = "pretrain"
+    dpo_beta: float = 0.1
+    dpo_loss: str = "sigmoid"
+    reference: str | None = None
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is
@@ -237,12 +254,24 @@ class MaxTextConfig:
     @property
     def byte_stream(self) -> bool:
         """True when baton feeds its byte batches (no tokenizer, no MaxText pipeline)."""
-        return self.tokenizer is None and (
-            self.overrides.get("dataset_type", "synthetic") == "synthetic"
+        return (
+            self.tokenizer is None
+            and not self.post_training
+            and (self.overrides.get("dataset_type", "synthetic") == "synthetic")
         )
+
+    @property
+    def post_training(self) -> bool:
+        """True for ``sft`` and ``dpo``: baton feeds prepared rows (``packed_batches``)."""
+        return self.objective != "pretrain"
 
     def data_overrides(self) -> dict[str, Any]:
         """The MaxText keys that select the data pipeline (validated; see ``input_pipeline``)."""
+        if self.post_training:
+            vocab = self.overrides.get("vocab_size")
+            check_post_training_data(self.objective, self.data_path, self.tokenizer, vocab)
+            check_objective_settings(self.objective, self.dpo_loss, self.dpo_beta)
+            return {"dataset_type": "synthetic"}  # baton feeds the rows
         if self.tokenizer is None:
             return {} if "dataset_type" in self.overrides else {"dataset_type": "synthetic"}
         if not self.data_path:
@@ -260,6 +289,8 @@ class MaxTextConfig:
     def has_eval_data(self) -> bool:
         """Whether evaluation has data: the byte stream's held-out part, MaxText's
         synthetic batches, or ``eval_data_path`` for MaxText's own pipelines."""
+        if self.post_training:
+            return False
         return self.tokenizer is None or bool(self.eval_data_path)
 
     def merged(self) -> dict[str, Any]:

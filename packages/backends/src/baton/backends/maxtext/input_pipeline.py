@@ -38,6 +38,7 @@ from baton.data import (
     load_tokenizer,
     parse_blend,
 )
+from baton.data.packed import check_objective
 
 #: file suffixes MaxText's Hugging Face pipeline reads, and the ``hf_path`` builder for each
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -109,6 +110,7 @@ def native_data_overrides(
     prefixes, weights = maxtext_mixture(data_path)
     resolved = []
     for prefix in prefixes:
+        check_objective(prefix, "pretrain")  # post-training data is refused, naming the fix
         prepared = PreparedDataset(prefix)  # names a missing .idx/.bin or a truncated file
         check_tokenizer(prepared.prefix, info)  # names both fingerprints
         resolved.append(str(Path(prepared.prefix).resolve()))

@@ -46,7 +46,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,7 +65,12 @@ from baton.backends.torchtitan.evaluation import validate
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import parallelism_plan
-from baton.backends.torchtitan.reduction import RankLocal, full_tensor, global_value
+from baton.backends.torchtitan.reduction import (
+    RankLocal,
+    full_tensor,
+    global_value,
+    model_parameters,
+)
 from baton.backends.weight_checksums import gather
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
@@ -73,6 +78,9 @@ from baton.core.errors import UsageError
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
+
+if TYPE_CHECKING:
+    from baton.backends.torchtitan.dpo import PairFeed
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +115,14 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
     name = "torchtitan"
     distribution = "torchtitan"
 
-    def __init__(self, config: Any, *, reshard_data: str = "refuse") -> None:
+    def __init__(
+        self,
+        config: Any,
+        *,
+        reshard_data: str = "refuse",
+        reference: str | None = None,
+        reference_fingerprint: str | None = None,
+    ) -> None:
         if reshard_data not in RESHARD_DATA:
             raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
         if config is None or not hasattr(config, "model_spec"):
@@ -118,12 +133,18 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             )
         self.config = config
         self.reshard_data = reshard_data
+        #: DPO's reference weights (a Hugging Face directory or checkpoint; None: the
+        #: starting weights), read only when ``config.loss`` is ``dpo.DpoLoss``
+        self.reference = reference
+        self.reference_fingerprint = reference_fingerprint
         self.checkpoints = TitanCheckpointIO(self)
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._experts: ExpertLoad | None = None
+        self._parameters: int | None = None
         self._model_state: TorchModelState | None = None
         self._batches: CountedBatches | None = None
+        self._pairs: PairFeed | None = None
         self._profiler: Any = None
         self._steps_run = 0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
@@ -153,10 +174,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             "local_batch_size": cfg.training.local_batch_size,
             "global_batch_size": cfg.training.global_batch_size,
         }
-        if self.trainer is not None:
-            facts["parameters"] = sum(
-                p.numel() for m in self.trainer.model_parts for p in m.parameters()
-            )
+        if self._parameters is not None:
+            facts["parameters"] = self._parameters
         return facts
 
     # -- build ------------------------------------------------------------------------
@@ -202,10 +221,19 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             )
         self._capture = StepCapture(trainer)
         self._experts = ExpertLoad.attach(trainer.model_parts)
+        #: every stage's parameters together (recorded in checkpoints, compared on resume)
+        self._parameters = model_parameters(trainer)
         if cfg.checkpoint.async_mode == "async_with_pinned_mem":
             stage_without_accelerator(trainer.checkpointer)
         if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
+        from baton.backends.torchtitan.dpo import DpoLoss
+
+        if isinstance(trainer.loss_fn, DpoLoss):  # the reference, before any step or resume
+            from baton.backends.torchtitan.reference import pair_feed
+
+            self._pairs = pair_feed(trainer, cfg, self.reference, self.reference_fingerprint)
+            trainer.loss_fn.feed = self._pairs
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
@@ -233,7 +261,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         trainer, capture = self.trainer, self._capture
         assert trainer is not None and capture is not None, "call setup() first"
         if self._batches is None:  # after any resume, like TorchTitan's train()
-            self._batches = CountedBatches(trainer)
+            self._batches = CountedBatches(
+                trainer, take=self._pairs.take if self._pairs is not None else None
+            )
             self._profiler = self.config.profiler.build(
                 global_step=step - 1, base_folder=self.config.dump_folder
             )
@@ -242,6 +272,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         trainer.gc_handler.run(step)
         lrs = trainer.lr_schedulers.get_metrics()
         self._batches.start_step()
+        if self._pairs is not None:
+            self._pairs.start_step()
         if self._experts is not None:
             self._experts.start_step()
         with capture.step():
@@ -262,13 +294,14 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             metrics["lr"] = next(iter(lrs.values()))
         else:
             metrics.update(lrs)
+        if self._pairs is not None:  # TRL's DPO metrics, this rank's share of the means
+            metrics.update(self._rank_local(self._pairs.metrics()))
         counts = self._experts.step_counts() if self._experts is not None else None
         if counts is not None:
             metrics["moe/load_balance"] = counts
         loss = capture.loss
-        dims = trainer.parallel_dims
-        if loss is not None and (dims.dp_cp_enabled or dims.pp_enabled):
-            loss = RankLocal(loss)
+        if loss is not None:
+            loss = self._rank_local({"loss": loss})["loss"]
         degree = self.batch_degree
         return StepOutput(
             loss=loss,
@@ -277,6 +310,14 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             samples=self._batches.samples * degree,
             data_wait_s=self._batches.wait_s,
         )
+
+    def _rank_local(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` whose global value is their sum over the loss mesh (and the last
+        pipeline stage's), reduced on log steps only (``fetch``)."""
+        dims = self.trainer.parallel_dims
+        if dims.dp_cp_enabled or dims.pp_enabled:
+            return {key: RankLocal(value) for key, value in values.items()}
+        return dict(values)
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Reduce rank-local values over the loss mesh, then one host transfer."""
@@ -350,6 +391,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             self._model_state = None
             self._profiler = None
             self._batches = None
+            self._pairs = None
             self.trainer = None
             self._device = torch.device("cpu")
             self.teardown_process_group()

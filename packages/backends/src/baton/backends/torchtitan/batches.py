@@ -12,16 +12,18 @@ Example (what ``TorchTitanBackend.train_step`` does)::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
 class CountedBatches:
     """An iterator over ``trainer.batch_generator(trainer.dataloader)`` that counts what
-    it hands out since :meth:`start_step`."""
+    it hands out since :meth:`start_step`. ``take``, if given, sees each batch's input
+    dict first (DPO's ``PairFeed.take`` removes the documents the model must not see)."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, take: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._batches: Iterator[Any] = trainer.batch_generator(trainer.dataloader)
+        self._take = take
         #: label tokens, sequences and seconds spent waiting for data, this step
         self.tokens = 0
         self.samples = 0
@@ -41,6 +43,8 @@ class CountedBatches:
             input_dict, labels = next(self._batches)
         finally:
             self.wait_s += time.perf_counter() - started
+        if self._take is not None:
+            self._take(input_dict)
         self.tokens += labels.numel()
         self.samples += labels.shape[0]
         return input_dict, labels

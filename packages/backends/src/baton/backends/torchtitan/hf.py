@@ -171,7 +171,10 @@ def tokenizer_vocab(tokenizer: str) -> int:
     ``HuggingFaceTokenizer`` counts them."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    return HuggingFaceTokenizer(tokenizer_path=tokenizer).get_vocab_size()
+    from baton.backends.torchtitan.chat_template import generation_tags_allowed
+
+    with generation_tags_allowed():
+        return HuggingFaceTokenizer(tokenizer_path=tokenizer).get_vocab_size()
 
 
 def set_vocab(config: Any, vocab_size: int) -> Any:

@@ -31,6 +31,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.torchtitan.data import BatonDataLoader
 from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
+from baton.data.packed import check_objective
 
 
 def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
@@ -147,6 +148,7 @@ class PreparedDataLoader(BatonDataLoader):
     ) -> PreparedWindows:
         if not config.dataset_path:
             raise ValueError("PreparedDataLoader needs dataset_path (a prepared PREFIX)")
+        check_objective(config.dataset_path, "pretrain")  # not packed conversations
         data = PreparedDataset(config.dataset_path)
         eod_id = tokenizer.eos_id
         path = getattr(tokenizer, "tokenizer_path", None)

@@ -55,3 +55,18 @@ def global_value(value: Any, trainer: Any) -> Any:
     if dims.dp_cp_enabled:
         loss = dist_utils.dist_sum_tensor(loss, dims.get_optional_mesh("loss"))
     return loss
+
+
+def model_parameters(trainer: Any) -> int:
+    """The whole model's parameter count on every rank (call it on every rank at once):
+    a DTensor counts its global size, and under pipeline parallelism each stage's count
+    is summed over the stages (a stage holds only its own layers)."""
+    count = sum(p.numel() for part in trainer.model_parts for p in part.parameters())
+    dims = trainer.parallel_dims
+    if not dims.pp_enabled:
+        return count
+    import torch.distributed as dist
+
+    total = torch.tensor(count, dtype=torch.int64, device=trainer.device)
+    dist.all_reduce(total, group=dims.get_mesh("pp").get_group())
+    return int(total.item())

@@ -11,11 +11,12 @@ torch or torchtitan at module level, so listing them is cheap::
 ``torchtitan_gloo_fsdp_sum_reduction`` apply only when no accelerator is present;
 ``torchtitan_fsdp_partial_dtensor`` on multi-rank runs under torch 2.13;
 ``torchtitan_pipeline_microbatch_step`` with pipeline parallelism under torch 2.13;
-``torchtitan_restore_process_state`` applies always.
+``torchtitan_restore_process_state`` and ``torchtitan_chat_template_generation`` (chat
+templates with ``{% generation %}`` tags) apply always.
 
 One module per concern: :mod:`.cpu` (device and attention on CPU),
 :mod:`.process_state`, :mod:`.distributed` (torch 2.13's collectives and FSDP),
-:mod:`.pipeline`, :mod:`.quiet`; they register here, in this order.
+:mod:`.pipeline`, :mod:`.tokenizer`, :mod:`.quiet`; they register here, in this order.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from baton.backends.torchtitan.patches.process_state import (
     TorchTitanRestoreProcessState,
 )
 from baton.backends.torchtitan.patches.quiet import TORCHTITAN_LOGGER, TorchTitanQuiet
+from baton.backends.torchtitan.patches.tokenizer import TorchTitanChatTemplateGeneration
 from baton.core.patches import register_patch
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "TORCHTITAN_LOGGER",
     "TORCH_WITHOUT_SPMD_FSDP",
     "VERSIONS",
+    "TorchTitanChatTemplateGeneration",
     "TorchTitanCpuAttention",
     "TorchTitanCpuDevice",
     "TorchTitanFsdpPartialDtensor",
@@ -68,6 +71,7 @@ for _patch in (
     TorchTitanFsdpPartialDtensor,
     TorchTitanGlooFsdpSumReduction,
     TorchTitanPipelineMicrobatchStep,
+    TorchTitanChatTemplateGeneration,
     TorchTitanQuiet,
 ):
     register_patch(_patch)

@@ -132,8 +132,11 @@ class TorchTitanCpuAttention(CpuOnlyPatch):
 
     Every ``FlexAttention.Config`` in the model config becomes a
     ``ScaledDotProductAttention.Config`` (plain causal attention: document
-    boundaries inside a packed window are not masked, RoPE positions still are
-    per document). Undo puts the original configs back.
+    boundaries inside a packed pretraining window are not masked, RoPE positions still
+    are per document). With post-training data (``PackedDataLoader``: SFT, DPO), whose
+    documents must never see each other, it becomes a ``DocumentSdpa.Config`` instead:
+    SDPA under the document mask TorchTitan builds from the positions
+    (``document_attention.py``). Undo puts the original configs back.
     """
 
     name = "torchtitan_cpu_attention"
@@ -145,11 +148,29 @@ class TorchTitanCpuAttention(CpuOnlyPatch):
             ScaledDotProductAttention,
         )
 
-        spec = driver.backend.config.model_spec
+        config = driver.backend.config
+        spec = config.model_spec
         if spec is None:
             return
+        replacement = (
+            _document_attention if documents_masked(config) else ScaledDotProductAttention.Config
+        )
         found = list(spec.model.traverse(FlexAttention.Config))
         for _fqn, _cfg, parent, attr in found:
             if parent is None:  # the model config itself cannot be an attention
                 continue
-            recorder.setattr(parent, attr, ScaledDotProductAttention.Config())
+            recorder.setattr(parent, attr, replacement())
+
+
+def documents_masked(config: Any) -> bool:
+    """Whether the run reads post-training rows, whose documents must not attend to
+    each other (``PackedDataLoader``)."""
+    from baton.backends.torchtitan.packed import PackedDataLoader
+
+    return isinstance(config.dataloader, PackedDataLoader.Config)
+
+
+def _document_attention() -> Any:
+    from baton.backends.torchtitan.document_attention import DocumentSdpa
+
+    return DocumentSdpa.Config()

@@ -1,0 +1,163 @@
+"""Post-training data (``baton data prepare --seq-len N``: conversations or preference
+pairs packed into rows) on TorchTitan's data-loader protocol, as TorchTitan's own inputs.
+
+``PackedDataLoader`` is a ``ParallelAwareDataloader`` over ``PackedRows``: one packed
+row per sample, dealt round-robin to data-parallel ranks, each as the
+``({"input": ..., "positions": ...}, labels)`` pair TorchTitan's ``Trainer.train_step``
+reads:
+
+- ``labels`` are the row's next tokens at TorchTitan's ignore index (-100) wherever the
+  target is not supervised (the prompt, padding, every document's first token), so
+  TorchTitan's cross-entropy and its ``global_valid_tokens`` normalisation give the mean
+  over the supervised tokens of the global batch;
+- ``positions`` restart at 0 in every document, so TorchTitan's ``block_causal``
+  attention (FlexAttention's document mask, built from the positions in
+  ``Trainer.post_dataloading_process``) never crosses a document, and RoPE counts from
+  each document's start.
+
+Preference rows (``documents=True``, the DPO objective) also carry ``segments`` (the
+document number of each input token, 0 on padding) and ``documents`` (each segment's
+global sequence index, -1 past the row's last), which ``dpo.PairFeed`` takes off before
+the batch reaches the model. A pair is two documents of one row, so it is never split
+across micro-batches or ranks. The state (epoch, next row) is saved by TorchTitan's
+``CheckpointManager``.
+
+Example::
+
+    cfg.dataloader = PackedDataLoader.Config(dataset_path="data/chat")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.tokenizer import BaseTokenizer
+
+from baton.backends.torchtitan.data import BatonDataLoader
+from baton.data import DataError, load_tokenizer
+from baton.data.packed import PackedDataset
+
+#: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
+DOCUMENT_KEYS = ("segments", "documents")
+
+
+def row_sample(
+    data: PackedDataset, row: int, *, documents: bool = False
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Row ``row`` of ``data`` as TorchTitan's ``(input_dict, labels)``."""
+    batch = data.batch([row])
+    labels = np.where(batch.loss_mask[0], batch.targets[0], IGNORE_INDEX)
+    inputs = {
+        "input": torch.from_numpy(batch.inputs[0]),
+        "positions": torch.from_numpy(batch.positions[0].astype(np.int64)),
+    }
+    if documents:
+        inputs["segments"] = torch.from_numpy(batch.segments[0].astype(np.int64))
+        inputs["documents"] = torch.from_numpy(batch.documents[0])
+    return inputs, torch.from_numpy(labels)
+
+
+class PackedRows(IterableDataset, Stateful):
+    """The rows of a packed post-training dataset, one per sample, round-robin by rank."""
+
+    def __init__(
+        self,
+        data: PackedDataset,
+        *,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        documents: bool = False,
+        infinite: bool = True,
+    ) -> None:
+        self.data = data
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.documents = documents
+        self.infinite = infinite
+        self.epoch = 0
+        self.row = dp_rank  # the next row this rank reads
+        if data.num_rows < dp_world_size:
+            raise ValueError(
+                f"{data.prefix}: {data.num_rows} rows, fewer than the {dp_world_size} "
+                "data-parallel ranks; prepare more data"
+            )
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while True:
+            while self.row < self.data.num_rows:
+                row = self.row
+                self.row += self.dp_world_size
+                yield row_sample(self.data, row, documents=self.documents)
+            if not self.infinite:
+                return
+            self.epoch += 1
+            self.row = self.dp_rank
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "row": self.row, "num_rows": self.data.num_rows}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["num_rows"] != self.data.num_rows:
+            raise ValueError(
+                f"{self.data.prefix}: the checkpoint's data had {state_dict['num_rows']} rows, "
+                f"this one has {self.data.num_rows}: resume with the same prepared data"
+            )
+        self.epoch = int(state_dict["epoch"])
+        self.row = int(state_dict["row"])
+
+
+def open_packed(path: str, tokenizer: BaseTokenizer, seq_len: int) -> PackedDataset:
+    """The packed dataset at ``path``, checked against the run: rows as long as
+    ``training.seq_len``, and the tokenizer it was prepared with."""
+    data = PackedDataset(path)
+    if data.seq_len != seq_len:
+        raise DataError(
+            f"{data.prefix} was packed into rows of {data.seq_len} tokens but the run's "
+            f"seq_len is {seq_len}; pass --seq-len {data.seq_len}"
+        )
+    tokenizer_path = getattr(tokenizer, "tokenizer_path", None)
+    if tokenizer_path:
+        data.indexed.check_tokenizer(load_tokenizer(tokenizer_path))
+    return data
+
+
+class PackedDataLoader(BatonDataLoader):
+    """TorchTitan data loader over packed post-training rows (``PackedRows``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = "packed"
+        dataset_path: str | None = None
+        """The prefix ``baton data prepare --seq-len N --output`` wrote."""
+        documents: bool = False
+        """Also yield each token's document and each document's sequence index (DPO)."""
+        infinite: bool = True
+        """Start again from the first row after the last one."""
+
+    @classmethod
+    def build_dataset(
+        cls,
+        config: Config,
+        tokenizer: BaseTokenizer,
+        *,
+        seq_len: int,
+        dp_rank: int,
+        dp_world_size: int,
+    ) -> PackedRows:
+        if not config.dataset_path:
+            raise ValueError("PackedDataLoader needs dataset_path (a prepared PREFIX)")
+        return PackedRows(
+            open_packed(config.dataset_path, tokenizer, seq_len),
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            documents=config.documents,
+            infinite=config.infinite,
+        )

@@ -152,6 +152,8 @@ def recipe(
     strategy: str = "auto",
     seed: int = 0,
     data_path: str | None = None,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
     tokenizer: str | None = None,
     text_key: str = "text",
     log_every: int = 10,
@@ -187,6 +189,10 @@ def recipe(
         seed: seed of the data order and of new weights (--make-tiny-model, from scratch).
         data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
             .jsonl/.parquet/.txt files (None: the Python language reference).
+        eval_split: with --tokenizer: the fraction of the documents held out for
+            evaluation, the last ones (0: none); without it or --eval-data-path a tail of
+            4 batches of windows is kept from training for evaluation.
+        eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
@@ -221,6 +227,11 @@ def recipe(
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
+    if objective != "pretrain" and (eval_split or eval_data_path is not None):
+        raise UsageError(
+            f"--objective {objective} evaluates on a tail of its rows: --eval-split and "
+            "--eval-data-path are for pretraining"
+        )
     if objective != "pretrain":
         return posttrain_driver(
             objective, config, spec, init_from=init_from, reference=reference,
@@ -231,6 +242,11 @@ def recipe(
             save_every=save_every, run_dir=run_dir, progress=progress,
         )  # fmt: skip
     loss_fn = None  # byte batches are dicts: the model's own output.loss
+    if tokenizer is None and (eval_split or eval_data_path is not None):
+        raise UsageError(
+            "--eval-split and --eval-data-path read tokenized data: pass --tokenizer DIR "
+            "(byte runs evaluate on the tail of the text)"
+        )
     if tokenizer is None:
         vocab = 256
         train, val = byte_lm_data(seq_len, batch_size, seed, data_path)
@@ -244,6 +260,8 @@ def recipe(
             batch_size=batch_size,
             seed=seed,
             text_key=text_key,
+            eval_split=eval_split,
+            eval_data_path=eval_data_path,
         )
         loss_fn = window_loss
     if config.vocab_size < vocab:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.config import tiny_transformer_config
+from baton.backends.megatron.evaluation import held_out_split
 from baton.backends.megatron.hf import transformer_fields, use_spec
 from baton.backends.megatron.moe import moe_layout
 from baton.backends.megatron.objective import set_objective
@@ -66,6 +67,7 @@ def recipe(
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
+    eval_split: float | None = None,
     tokenizer: str | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
@@ -114,6 +116,9 @@ def recipe(
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
             or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B".
+        eval_split: the fraction of the documents held out for evaluation, the last
+            ones (0: none); None: Megatron's split, 969,30,1 for bytes, 98,2,0 for
+            prepared data.
         tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
@@ -183,6 +188,8 @@ def recipe(
     config.data.tokenizer = tokenizer
     config.data.train_samples = max_steps * global_batch_size if prepared else None
     config.data.cache_dir = f"{run_dir}/data"
+    if eval_split is not None:  # Megatron's validation split: the last documents
+        config.data.split = held_out_split(eval_split)
     return Driver(
         MegatronBackend(config),
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),

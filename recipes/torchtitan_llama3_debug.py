@@ -3,6 +3,9 @@
 uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 20
 uv run baton run recipes/torchtitan_llama3_debug.py --max-steps 40 --resume auto
 uv run baton run recipes/torchtitan_llama3_debug.py --data-path corpus.jsonl --tokenizer tok/
+uv run baton run recipes/torchtitan_llama3_debug.py --eval-split 0.05 --eval-every 10
+uv run baton eval recipes/torchtitan_llama3_debug.py --eval-split 0.05 \
+    --checkpoint runs/torchtitan_llama3_debug/checkpoints/latest
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli run \
     recipes/torchtitan_llama3_debug.py --dp-shard 2 --tp 2        # FSDP x TP on 4 ranks
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \
@@ -46,7 +49,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.backends.torchtitan import TorchTitanBackend
-from baton.backends.torchtitan.configs import llama3_debug, set_layout
+from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
 from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
 from baton.backends.torchtitan.objective import (
@@ -57,6 +60,7 @@ from baton.backends.torchtitan.objective import (
 )
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.errors import UsageError
 from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
@@ -72,7 +76,10 @@ def recipe(
     log_every: int = 5,
     save_every: int = 10,
     async_save: bool = False,
+    eval_every: int = 0,
     data_path: str | None = None,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
     tokenizer: str | None = None,
     dp_shard: int = -1,
     tp: int = 1,
@@ -105,7 +112,11 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background (TorchTitan's async mode;
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
+        eval_every: steps between evaluations (0: none) with TorchTitan's validator.
         data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
+        eval_split: the fraction of the data's documents held out for evaluation, the
+            last ones (0: none).
+        eval_data_path: evaluation data, of the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: bytes).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
         tp: tensor parallel degree.
@@ -137,6 +148,20 @@ def recipe(
         tokenizer=tokenizer,
         log_freq=log_every,
     )
+    if objective != "pretrain" and (eval_every or eval_split or eval_data_path is not None):
+        raise UsageError(
+            f"--objective {objective} trains on every row of its data: evaluation "
+            "(--eval-every, --eval-split, --eval-data-path) is for pretraining"
+        )
+    if eval_split or eval_data_path is not None:  # TorchTitan's validator, on local data
+        set_evaluation(
+            config, data_path=data_path, eval_split=eval_split, eval_data_path=eval_data_path
+        )
+    elif eval_every:
+        raise UsageError(
+            f"--eval-every {eval_every} needs held-out data: pass --eval-split F (the last "
+            "documents of --data-path) or --eval-data-path FILE_OR_PREFIX"
+        )
     set_layout(config, dp_shard=dp_shard, tp=tp, pp=pp, pp_schedule=pp_schedule, ep=ep)
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
@@ -175,6 +200,7 @@ def recipe(
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
+        eval_every=eval_every or None,
         run_dir=run_dir,
         settings=settings or None,
         training_settings=OBJECTIVE_SETTINGS,

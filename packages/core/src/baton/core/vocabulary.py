@@ -253,6 +253,16 @@ VOCABULARY: tuple[Term, ...] = (
     ),
     Term("eval_data_path", str, "evaluation data, of the same kind as --data-path", "data"),
     Term(
+        "eval_split",
+        float,
+        "the fraction of the training data's documents held out for evaluation (the last "
+        "ones); 0: none",
+        "data",
+        0,
+        ("validation_split", "val_split", "holdout_fraction"),
+        zero="none",
+    ),
+    Term(
         "tokenizer",
         str,
         "a Hugging Face tokenizer directory (baton data tokenizer)",

@@ -48,6 +48,7 @@ from baton.data.manifest import (
     split_prefix,
 )
 from baton.data.resolve import prepared_blend, resolve_tokenizer
+from baton.data.split import held_out_start, held_out_tokens
 from baton.data.tokenizer import (
     END_OF_TEXT,
     PAD,
@@ -73,6 +74,8 @@ __all__ = [
     "check_model_vocab",
     "check_tokenizer",
     "fingerprint_file",
+    "held_out_start",
+    "held_out_tokens",
     "load_tokenizer",
     "manifest_path",
     "parse_blend",

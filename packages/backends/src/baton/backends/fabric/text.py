@@ -80,10 +80,14 @@ class Blended(Dataset):
         return self.parts[int(self.which[index])][int(self.local[index])]
 
 
-def prepared_windows(spec: str, tokenizer: Any, seq_len: int) -> Dataset:
+def prepared_windows(
+    spec: str, tokenizer: Any, seq_len: int, *, eval_split: float = 0.0, split: str = "all"
+) -> Dataset:
     """Windows of a prepared dataset or blend; the data must have been prepared with
-    ``tokenizer`` (its fingerprint is checked against the manifest)."""
-    from baton.data import PreparedDataset, parse_blend
+    ``tokenizer`` (its fingerprint is checked against the manifest). ``split``
+    ``train`` / ``eval``: the documents before / after the last ``eval_split`` of each
+    prefix's documents (``baton.data.held_out_tokens``); ``all``: every token."""
+    from baton.data import PreparedDataset, held_out_tokens, parse_blend
     from baton.data.packed import check_objective
 
     blend = parse_blend(spec)
@@ -92,15 +96,27 @@ def prepared_windows(spec: str, tokenizer: Any, seq_len: int) -> Dataset:
         check_objective(prefix, "pretrain")  # post-training data: DataError naming the fix
         data = PreparedDataset(prefix)
         data.check_tokenizer(tokenizer)
-        parts.append(TokenWindows(data.tokens, seq_len))
+        cut = held_out_tokens(data, eval_split) if split != "all" else 0
+        tokens = data.tokens[:cut] if split == "train" else data.tokens[cut:]
+        parts.append(TokenWindows(tokens, seq_len))
     if len(parts) == 1:
         return parts[0]
     return Blended(parts, list(blend.normalized_weights()))
 
 
-def file_windows(files: list[str], tokenizer: Any, seq_len: int, text_key: str = "text") -> Dataset:
+def file_windows(
+    files: list[str],
+    tokenizer: Any,
+    seq_len: int,
+    text_key: str = "text",
+    *,
+    eval_split: float = 0.0,
+    split: str = "all",
+) -> Dataset:
     """Windows of local text files tokenized with ``datasets`` (``.jsonl``, ``.json``,
-    ``.parquet``: the ``text_key`` column; ``.txt``: one document per line)."""
+    ``.parquet``: the ``text_key`` column; ``.txt``: one document per line). ``split``
+    ``train`` / ``eval``: the records before / after the last ``eval_split`` of them
+    (``baton.data.held_out_start``); ``all``: every record."""
     import datasets
 
     suffixes = {Path(f).suffix for f in files}
@@ -119,6 +135,11 @@ def file_windows(files: list[str], tokenizer: Any, seq_len: int, text_key: str =
         raise ValueError(
             f"{files[0]} has no {key!r} field (it has {raw.column_names}); pass --text-key"
         )
+    if split != "all":
+        from baton.data import held_out_start
+
+        first = held_out_start(len(raw), eval_split, source=",".join(files))
+        raw = raw.select(range(first) if split == "train" else range(first, len(raw)))
     encoder, eod = tokenizer.tokenizer, tokenizer.eod_id
 
     def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
@@ -131,6 +152,33 @@ def file_windows(files: list[str], tokenizer: Any, seq_len: int, text_key: str =
     return TokenWindows(tokens, seq_len)
 
 
+def windows_of(
+    data_path: str,
+    tokenizer: Any,
+    seq_len: int,
+    text_key: str = "text",
+    *,
+    eval_split: float = 0.0,
+    split: str = "all",
+) -> Dataset:
+    """Windows of text files or of a prepared dataset or blend (``split`` as in
+    ``prepared_windows``)."""
+    files = data_path.split(",")
+    if all(Path(f).suffix in TEXT_FILES for f in files):
+        return file_windows(files, tokenizer, seq_len, text_key, eval_split=eval_split, split=split)
+    return prepared_windows(data_path, tokenizer, seq_len, eval_split=eval_split, split=split)
+
+
+def batches_of(windows: Any, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The full batches of ``batch_size`` windows in order (the remainder left out, so the
+    mean of the batch losses is the mean over every evaluated token)."""
+    batches = []
+    for start in range(0, len(windows) - batch_size + 1, batch_size):
+        chunk = [windows[i] for i in range(start, start + batch_size)]
+        batches.append((torch.stack([x for x, _ in chunk]), torch.stack([y for _, y in chunk])))
+    return batches
+
+
 def text_loaders(
     data_path: str,
     tokenizer_dir: str,
@@ -140,16 +188,39 @@ def text_loaders(
     seed: int = 0,
     eval_batches: int = 4,
     text_key: str = "text",
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
 ) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]], int]:
     """``(train loader, validation batches, tokenizer vocabulary size)``: shuffled
-    ``GlobalBatches`` of ``batch_size`` per rank over all windows but a fixed tail kept for
-    evaluation."""
+    ``GlobalBatches`` of ``batch_size`` per rank over the training windows, and the
+    evaluation's fixed batches: every full batch of ``eval_data_path`` when given, else of
+    the last ``eval_split`` of the documents (held out from training), else a tail of
+    ``eval_batches`` batches of windows kept from training."""
     from torch.utils.data import Subset
 
     from baton.backends.fabric.elastic import GlobalBatches
     from baton.data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
+    if eval_split or eval_data_path is not None:
+        split = "train" if eval_split else "all"
+        windows = windows_of(
+            data_path, tokenizer, seq_len, text_key, eval_split=eval_split, split=split
+        )
+        held = (
+            windows_of(data_path, tokenizer, seq_len, text_key, eval_split=eval_split, split="eval")
+            if eval_data_path is None
+            else windows_of(eval_data_path, tokenizer, seq_len, text_key)
+        )
+        val = batches_of(held, batch_size)
+        if not val or len(windows) < batch_size:  # type: ignore[arg-type]
+            raise ValueError(
+                f"{eval_data_path or data_path}: too few windows of {seq_len} tokens for a "
+                f"batch of {batch_size} to train and one to evaluate; use a smaller --seq-len "
+                "or --batch-size, a larger --eval-split, or more data"
+            )
+        train = GlobalBatches(windows, batch_size=batch_size, seed=seed)
+        return train, val, tokenizer.vocab_size
     files = data_path.split(",")
     if all(Path(f).suffix in TEXT_FILES for f in files):
         windows = file_windows(files, tokenizer, seq_len, text_key)

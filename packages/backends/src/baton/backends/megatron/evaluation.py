@@ -17,6 +17,7 @@ import torch
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.step import mean_loss, run_schedule
 from baton.backends.megatron.training_data import streams_over
+from baton.data import DataError
 
 
 @torch.no_grad()
@@ -42,3 +43,16 @@ def evaluate_loss(
         for chunk in chunks:
             chunk.train()
     return {"loss": mean_loss(reduced, device)}
+
+
+def held_out_split(eval_split: float) -> str:
+    """Megatron's ``split`` (train, valid, test shares of the documents) holding out the
+    last ``eval_split`` of each dataset's documents for validation: Megatron's builder
+    then gives validation documents ``N - round(eval_split * N)`` to ``N``, the rule of
+    every engine (``baton.data.held_out_start``)::
+
+        config.data.split = held_out_split(0.05)     # "0.95,0.05,0"
+    """
+    if not 0 <= eval_split < 1:
+        raise DataError(f"--eval-split {eval_split} is not in [0, 1); pass e.g. --eval-split 0.05")
+    return f"{1 - eval_split:g},{eval_split:g},0"

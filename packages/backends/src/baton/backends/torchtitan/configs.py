@@ -90,12 +90,22 @@ def set_layout(
 
 
 def dataloader_config(
-    data_path: str | None, *, seed: int = 0, infinite: bool = True, text_key: str = "text"
+    data_path: str | None,
+    *,
+    seed: int = 0,
+    infinite: bool = True,
+    text_key: str = "text",
+    eval_split: float = 0.0,
+    split: str = "train",
 ) -> Any:
     """The data-loader config for ``data_path``: TorchTitan's Hugging Face text loader for
     ``.jsonl``/``.json``/``.parquet`` files, ``PreparedDataLoader`` for a prepared prefix
     (``PREFIX.bin`` + ``PREFIX.idx`` from ``baton data prepare``), baton's packed loader
-    for plain text (or the Python language reference when ``data_path`` is ``None``)."""
+    for plain text (or the Python language reference when ``data_path`` is ``None``).
+
+    ``eval_split`` holds out the last documents (records, paragraphs) for evaluation:
+    ``split="train"`` reads the others, ``split="eval"`` those (all of them when
+    ``eval_split`` is 0)."""
     from baton.backends.torchtitan.data import (
         HF_FORMATS,
         LocalTextDataLoader,
@@ -111,15 +121,66 @@ def dataloader_config(
     ):
         from baton.backends.torchtitan.prepared import PreparedDataLoader
 
-        return PreparedDataLoader.Config(dataset_path=split_prefix(data_path), infinite=infinite)
+        return PreparedDataLoader.Config(
+            dataset_path=split_prefix(data_path),
+            infinite=infinite,
+            eval_split=eval_split,
+            split=split,
+        )
     if data_path is not None and suffix in HF_FORMATS:
         from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-        name = register_local_dataset(data_path, text_key)
+        name = register_local_dataset(data_path, text_key, eval_split=eval_split, split=split)
         return HuggingFaceTextDataLoader.Config(
             dataset=name, dataset_path=data_path, infinite=infinite
         )
-    return LocalTextDataLoader.Config(dataset_path=data_path, seed=seed, infinite=infinite)
+    return LocalTextDataLoader.Config(
+        dataset_path=data_path, seed=seed, infinite=infinite, eval_split=eval_split, split=split
+    )
+
+
+def set_evaluation(
+    config: Any,
+    *,
+    data_path: str | None,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
+    text_key: str = "text",
+) -> Any:
+    """Turn TorchTitan's validator (``config.validator``) on over the run's own data and
+    return ``config``.
+
+    With ``eval_data_path`` the validator reads that file or prepared prefix whole (the
+    same kinds as ``data_path``); otherwise it reads the last ``eval_split`` of the
+    training data's documents, and the training loader the documents before them
+    (``baton.data.held_out_start``). The validator runs one full pass (``steps=-1``,
+    every rank the same number of windows); its loss is the mean over the evaluated
+    tokens. Nothing to evaluate on is a ``ValueError`` naming both flags::
+
+        set_evaluation(config, data_path="data/corpus", eval_split=0.05)
+        set_evaluation(config, data_path="data/corpus", eval_data_path="data/heldout")
+    """
+    if eval_data_path is None and not eval_split:
+        raise ValueError(
+            "evaluation needs held-out data: pass --eval-split F (the last documents of "
+            "--data-path) or --eval-data-path (a file or prepared prefix)"
+        )
+    seed = int(getattr(config.dataloader, "seed", 0))
+    if eval_split:  # training reads the documents before the held-out ones
+        config.dataloader = dataloader_config(
+            data_path, seed=seed, text_key=text_key, eval_split=eval_split
+        )
+    if eval_data_path is None:
+        validation = dataloader_config(
+            data_path, seed=seed, text_key=text_key, eval_split=eval_split, split="eval"
+        )
+    else:
+        validation = dataloader_config(eval_data_path, seed=seed, text_key=text_key, split="eval")
+    validation.infinite = False
+    config.validator.dataloader = validation
+    config.validator.steps = -1
+    config.validator.enable = True
+    return config
 
 
 def tokenizer_config(tokenizer: str | None) -> tuple[Any, str]:

@@ -39,6 +39,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
+from baton.data import held_out_start
 from baton.data.corpus import read_text, reference_documents
 
 
@@ -76,6 +77,18 @@ def paragraphs(path: str | None) -> list[str]:
         return [doc for doc in reference_documents() if doc.strip()]
     text = read_text(path, "dataloader.dataset_path")
     return [doc for doc in text.split("\n\n") if doc.strip()]
+
+
+def split_documents(documents: list[Any], eval_split: float, split: str) -> list[Any]:
+    """The documents of ``split`` (``train`` or ``eval``) when the last ``eval_split`` of
+    them are held out (``baton.data.held_out_start``: the rule of every engine); ``eval``
+    with nothing held out is all of them."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split {split!r} is neither 'train' nor 'eval'")
+    first = held_out_start(len(documents), eval_split)
+    if split == "eval" and first == len(documents):
+        return documents
+    return documents[:first] if split == "train" else documents[first:]
 
 
 def window_positions(positions: torch.Tensor) -> torch.Tensor:
@@ -119,6 +132,11 @@ class PackedTextDataset(IterableDataset, Stateful):
         self.epoch = 0
         self.window = 0
         self._stream = self._build_stream(0)
+        #: a finite pass reads as many windows on every rank (no rank waits for another)
+        self._finite_windows = min(
+            sum(len(ids) - 1 for ids in self.tokens[rank::dp_world_size]) // seq_len
+            for rank in range(dp_world_size)
+        )
         if self._num_windows() == 0:
             raise ValueError(
                 f"the corpus gives rank {dp_rank} fewer than {seq_len} tokens; "
@@ -141,7 +159,8 @@ class PackedTextDataset(IterableDataset, Stateful):
         return torch.tensor(inputs), torch.tensor(labels), torch.tensor(positions)
 
     def _num_windows(self) -> int:
-        return len(self._stream[0]) // self.seq_len
+        windows = len(self._stream[0]) // self.seq_len
+        return windows if self.infinite else min(windows, self._finite_windows)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
@@ -231,6 +250,11 @@ class LocalTextDataLoader(BatonDataLoader):
         """Seed of the per-epoch document shuffle."""
         infinite: bool = True
         """Loop over the corpus forever (reshuffled each epoch)."""
+        eval_split: float = 0.0
+        """The fraction of documents held out for evaluation (the last ones; 0: none)."""
+        split: str = "train"
+        """With ``eval_split``: ``train`` reads the documents before the held-out ones,
+        ``eval`` the held-out ones."""
 
     @classmethod
     def build_dataset(
@@ -243,7 +267,7 @@ class LocalTextDataLoader(BatonDataLoader):
         dp_world_size: int,
     ) -> PackedTextDataset:
         return PackedTextDataset(
-            paragraphs(config.dataset_path),
+            split_documents(paragraphs(config.dataset_path), config.eval_split, config.split),
             tokenizer,
             seq_len=seq_len,
             dp_rank=dp_rank,
@@ -257,17 +281,22 @@ class LocalTextDataLoader(BatonDataLoader):
 HF_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def _load_local(path: str, *, format: str) -> Any:
+def _load_local(path: str, *, format: str, eval_split: float = 0.0, split: str = "train") -> Any:
     from datasets import load_dataset
 
-    return load_dataset(format, data_files=path, split="train")
+    records = load_dataset(format, data_files=path, split="train")
+    kept = split_documents(list(range(len(records))), eval_split, split)
+    return records if len(kept) == len(records) else records.select(kept)
 
 
-def register_local_dataset(path: str, text_key: str = "text") -> str:
+def register_local_dataset(
+    path: str, text_key: str = "text", *, eval_split: float = 0.0, split: str = "train"
+) -> str:
     """Register a local JSON Lines / Parquet file in TorchTitan's ``DATASETS`` registry.
 
     Returns the registry name (``local_json`` / ``local_parquet``, suffixed with the
-    text key when it is not ``text``) for ``HuggingFaceTextDataLoader.Config(dataset=...,
+    text key when it is not ``text``, and with the split when ``eval_split`` holds out
+    the last records or ``split`` is ``eval``) for ``HuggingFaceTextDataLoader.Config(dataset=...,
     dataset_path=path)``: TorchTitan's own loader then reads the file through
     ``datasets.load_dataset`` (a map-style dataset: its sample index and token buffers
     are the loader state that checkpoints save). Registering is TorchTitan's documented
@@ -286,9 +315,11 @@ def register_local_dataset(path: str, text_key: str = "text") -> str:
         raise FileNotFoundError(f"data file {path} does not exist; pass --data-path FILE")
     format = HF_FORMATS[suffix]
     name = f"local_{format}" + ("" if text_key == "text" else f"_{text_key.lower()}")
+    if eval_split or split != "train":
+        name += f"_{split}_{eval_split:g}"
     DATASETS[name] = DatasetConfig(
         path=path,
-        loader=partial(_load_local, format=format),
+        loader=partial(_load_local, format=format, eval_split=eval_split, split=split),
         sample_processor=itemgetter(text_key),
     )
     return name

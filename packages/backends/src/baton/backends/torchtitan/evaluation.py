@@ -3,20 +3,23 @@
 
 Example (what ``TorchTitanBackend.evaluate`` does)::
 
-    validate(trainer, config)   # {"loss": 2.31}; RuntimeError if the validator is off
+    validate(trainer, config)   # {"loss": 2.31}; UsageError if the validator is off
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from baton.core.errors import UsageError
+
 
 def validate(trainer: Any, config: Any) -> dict[str, float]:
     """Run ``trainer.validator`` once and return its loss (TorchTitan still logs it)."""
     if not config.validator.enable:
-        raise RuntimeError(
-            "TorchTitan's validator is disabled: set config.validator.enable = True "
-            "(and its dataloader) to evaluate"
+        raise UsageError(
+            "nothing to evaluate on: pass --eval-split F (the last documents of the run's "
+            "data, as the run had) or --eval-data-path FILE_OR_PREFIX (configs.set_evaluation "
+            "turns TorchTitan's validator on)"
         )
     processor = trainer.metrics_processor
     seen: dict[str, float] = {}

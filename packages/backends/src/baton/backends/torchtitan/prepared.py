@@ -30,7 +30,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.torchtitan.data import BatonDataLoader
-from baton.data import PreparedDataset, load_tokenizer
+from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
 from baton.data.packed import check_objective
 
 
@@ -41,6 +41,18 @@ def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
     document = np.cumsum(starts)
     first = np.flatnonzero(np.concatenate(([1], starts[1:])))  # where each document starts
     return np.arange(len(inputs)) - first[document]
+
+
+def split_tokens(data: PreparedDataset, eval_split: float, split: str) -> tuple[int, int]:
+    """The token range of ``split`` (``train`` or ``eval``) when the last ``eval_split``
+    of the documents are held out (``baton.data.held_out_tokens``, the rule of every
+    engine); ``eval`` with nothing held out is all of them."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split {split!r} is neither 'train' nor 'eval'")
+    cut = held_out_tokens(data, eval_split)
+    if split == "eval" and cut == data.num_tokens:
+        return (0, data.num_tokens)
+    return (0, cut) if split == "train" else (cut, data.num_tokens)
 
 
 class PreparedWindows(IterableDataset, Stateful):
@@ -55,8 +67,11 @@ class PreparedWindows(IterableDataset, Stateful):
         dp_rank: int = 0,
         dp_world_size: int = 1,
         infinite: bool = True,
+        tokens: tuple[int, int] | None = None,
     ) -> None:
         self.data = data
+        #: the token range read (``tokens``; all of them by default): a split's documents
+        self.first, end = tokens if tokens is not None else (0, data.num_tokens)
         self.eod_id = eod_id
         self.seq_len = seq_len
         self.dp_rank = dp_rank
@@ -64,10 +79,12 @@ class PreparedWindows(IterableDataset, Stateful):
         self.infinite = infinite
         self.epoch = 0
         self.window = dp_rank  # the next window this rank reads
-        self.num_windows = (data.num_tokens - 1) // seq_len
+        self.num_windows = (end - self.first - 1) // seq_len
+        if not infinite:  # a finite pass: every rank reads as many windows (no rank waits)
+            self.num_windows -= self.num_windows % dp_world_size
         if self.num_windows < dp_world_size:
             raise ValueError(
-                f"{data.prefix}: {data.num_tokens} tokens make {self.num_windows} windows of "
+                f"{data.prefix}: {end - self.first} tokens make {self.num_windows} windows of "
                 f"{seq_len}, fewer than the {dp_world_size} data-parallel ranks; prepare more "
                 "data or lower training.seq_len"
             )
@@ -75,7 +92,7 @@ class PreparedWindows(IterableDataset, Stateful):
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
             while self.window < self.num_windows:
-                start = self.window * self.seq_len
+                start = self.first + self.window * self.seq_len
                 tokens = np.asarray(self.data.tokens[start : start + self.seq_len + 1], np.int64)
                 self.window += self.dp_world_size
                 inputs = tokens[:-1]
@@ -113,6 +130,11 @@ class PreparedDataLoader(BatonDataLoader):
         """The prefix ``baton data prepare --output`` wrote (``PREFIX.bin`` + ``.idx``)."""
         infinite: bool = True
         """Start again from the first window after the last one."""
+        eval_split: float = 0.0
+        """The fraction of documents held out for evaluation (the last ones; 0: none)."""
+        split: str = "train"
+        """With ``eval_split``: ``train`` reads the documents before the held-out ones,
+        ``eval`` the held-out ones."""
 
     @classmethod
     def build_dataset(
@@ -136,6 +158,7 @@ class PreparedDataLoader(BatonDataLoader):
             eod_id = info.eod_id
         return PreparedWindows(
             data,
+            tokens=split_tokens(data, config.eval_split, config.split),
             eod_id=int(eod_id if eod_id is not None else -1),
             seq_len=seq_len,
             dp_rank=dp_rank,

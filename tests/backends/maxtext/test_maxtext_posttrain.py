@@ -106,9 +106,12 @@ def test_wrong_kind_of_data_is_refused_before_the_model_is_built(tmp_path, token
     with pytest.raises(DataError, match=f"pass --seq-len {SEQ}"):
         build_driver(RECIPE, [*base, "--data-path", str(prefix), "--objective", "sft",
                               "--seq-len", "64"])  # fmt: skip
-    text = tmp_path / "text"  # tokens without a post-training manifest: pretraining text
-    for suffix in (".bin", ".idx"):
-        Path(f"{text}{suffix}").write_bytes(b"")
+    from baton.tools.data.prepare import prepare
+
+    corpus = tmp_path / "corpus.jsonl"  # pretraining text, prepared with the same tokenizer
+    corpus.write_text("".join(f'{{"text": "the model reads {i}"}}\n' for i in range(20)))
+    text = tmp_path / "text"
+    prepare([corpus], tokenizer, text, workers=1)
     with pytest.raises(DataError, match="pretraining text"):
         build_driver(RECIPE, [*base, "--data-path", str(text), "--objective", "sft"])
     assert not (tmp_path / "run").exists()

@@ -11,17 +11,24 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def outside_driver() -> Iterator[None]:
+def outside_driver(config: Any = None) -> Iterator[None]:
     """No HLO dump (MaxText fills an empty XLA_FLAGS with dump flags) and JAX's PRNG
-    implementation restored afterwards (MaxText's config init changes it)."""
+    implementation restored afterwards (MaxText's config init changes it). Given the
+    baton run's ``MaxTextConfig``, MaxText's own loop builds the learning-rate schedule
+    that run trained with (baton's shape where ``warmup_steps`` is set), so a parity
+    reference differs from baton's run in nothing but the loop."""
     import jax
 
+    from baton.backends.maxtext.lr_schedule import baton_schedule
     from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
 
+    warmup = getattr(config, "warmup_steps", None)
+    schedule = baton_schedule(warmup) if warmup is not None else contextlib.nullcontext()
     prng, flags = jax.config.jax_default_prng_impl, os.environ.get("XLA_FLAGS")
     os.environ["XLA_FLAGS"] = flags or NO_DUMP_XLA_FLAGS
     try:
-        yield
+        with schedule:
+            yield
     finally:
         jax.config.update("jax_default_prng_impl", prng)
         if flags is None:

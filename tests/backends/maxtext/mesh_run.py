@@ -87,7 +87,7 @@ def train_loop_losses(config: Any, work: Path) -> dict[int, float]:
 
     try:
         input_pipeline_interface.create_data_iterator = baton_batches
-        with outside_driver():
+        with outside_driver(config):
             hparams, recorder = train.initialize(argv)
             train.train_loop(hparams, recorder)
     finally:

@@ -234,7 +234,7 @@ def maxtext_reference(
     baton_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     config = baton_run["driver"].backend.config
-    with outside_driver():
+    with outside_driver(config):
         losses, checkpoints = _maxtext_train_loop(
             config, tmp_path_factory.mktemp("maxtext_ref"), baton_run["run_dir"] / "jax_cache"
         )

@@ -124,7 +124,7 @@ def test_losses_equal_maxtext_train_loop_on_its_own_pipeline(
             "metrics_file": str(metrics_file),
         }
     )
-    with outside_driver():
+    with outside_driver(config):
         hparams, recorder = train.initialize(argv)
         train.train_loop(hparams, recorder)
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]

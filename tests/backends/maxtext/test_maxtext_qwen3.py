@@ -243,11 +243,14 @@ def test_expert_parallel_2_equals_maxtext_loop_and_logs_dropped_tokens(tmp_path)
 def test_an_expert_parallel_degree_that_cannot_split_the_experts_is_refused(
     tmp_path, config, ep, named
 ):
+    from baton.data import train_tokenizer
+
     hf_dir = save_tiny_qwen3(tmp_path / "hf", **config)
+    tokenizer = train_tokenizer(tmp_path / "tok", vocab_size=300).path  # the real size needs one
     args = ["--model-config", str(hf_dir), "--ep", str(ep), "--run-dir", str(tmp_path / "run")]
     for recipe in (RECIPE, REAL_SIZE_RECIPE):
         with pytest.raises(UsageError, match=named):
-            build_driver(recipe, [*args, "--data-path", "d", "--tokenizer", "t"]
+            build_driver(recipe, [*args, "--data-path", "d", "--tokenizer", str(tokenizer)]
                          if recipe == REAL_SIZE_RECIPE else args)  # fmt: skip
     assert not (tmp_path / "run").exists()
 

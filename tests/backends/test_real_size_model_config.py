@@ -120,8 +120,11 @@ def test_maxtext_7b_recipe_builds_a_model_config(tmp_path):
     recipe = RECIPES / "maxtext_llama2_7b.py"
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=512, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
-    argv = ["--model-config", str(hf_dir), "--data-path", "data/corpus", "--tokenizer", "tok/"]
-    driver = build_driver(recipe, argv)
+    from baton.data import train_tokenizer
+
+    tokenizer = train_tokenizer(tmp_path / "tok", vocab_size=300).path  # checked before the build
+    argv = ["--model-config", str(hf_dir), "--data-path", "data/corpus"]
+    driver = build_driver(recipe, [*argv, "--tokenizer", str(tokenizer)])
     assert driver is not None
     config = driver.backend.config
     settings = maxtext_settings(spec)

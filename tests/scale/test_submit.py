@@ -196,4 +196,6 @@ def test_the_8b_recipe_plans_the_jobs_layout_before_a_script_is_written(
         "refuses the job's layout for 32 ranks (4 nodes x 8; its own --dry-run --world-size 32)"
         in err
     )
-    assert "tp(3)" in err
+    assert (
+        "--tp 3 does not divide the model's 32 attention heads; use a --tp that divides 32" in err
+    )

@@ -135,7 +135,10 @@ def test_qwen3_30b_a3b_dry_run_plans_expert_parallelism(tmp_path, capfd):
     assert "128 per MoE layer x 48 layers, top 8; ep 4: 32 experts/rank" in plan
     assert "28.99 B in experts, 3.35 B active per token" in plan
     assert "~14.2 GiB/rank of weights, grads and AdamW state" in plan
-    with pytest.raises(UsageError, match="expert parallel degree 3 does not divide the mo"):
+    with pytest.raises(
+        UsageError,
+        match="--ep 3 does not divide the model's 128 experts; use a --ep that divides 128",
+    ):
         build_driver(recipe, [*flags, "--ep", "3", "--world-size", "3"])
     with pytest.raises(UsageError, match="expert parallel degree 2 needs a mixture-of-expe"):
         build_driver(recipe, ["--dry-run", "--ep", "2"])  # Llama 3 8B has no experts

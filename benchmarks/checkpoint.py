@@ -10,7 +10,7 @@ and the next step's ``on_step_start``, less the gap of an ordinary step. Every s
 device work is waited for before its end is stamped (one ``fetch`` of its metrics),
 so a save never absorbs a step still in flight (JAX and CUDA dispatch
 asynchronously). Synchronous and asynchronous runs alternate; where the backend does
-not support async save (``supports_async_save``, read after setup, is False) the row
+not support async save (``async_save`` not in ``abilities()``, read after setup) the row
 says so. Target: async blocks for under 10% of the synchronous time. The note also
 gives how much longer the step after the save took than an ordinary step (a backend
 may finish its staging copy there, and the writer competes for the cores).
@@ -73,7 +73,7 @@ def torchtitan_backend(quick: bool, scratch: Path, asynchronous: bool) -> Any:
 
     The debug model alone saves ~72 MB; four more copies of its block (dim 256) pass
     100 MB. DCP saves through TorchTitan's ``CheckpointManager``; an ``async_mode``
-    makes the backend's ``supports_async_save`` true (a synchronous save then waits).
+    makes the backend declare ``async_save`` (a synchronous save then waits).
     """
     import copy
 

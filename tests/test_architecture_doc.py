@@ -15,7 +15,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from baton.core.backend import ABILITY_HINTS
+from baton.core.abilities import ABILITY_HINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
@@ -58,7 +58,7 @@ def _table_after(heading_text: str, text: str) -> list[list[str]]:
 
 
 def test_the_abilities_table_lists_every_ability():
-    rows = _table_after("| ability | protocol | who needs it |", _text())
+    rows = _table_after("| ability | the methods it promises | who needs it |", _text())
     named = {m.group(1) for row in rows if (m := re.fullmatch(r"`(\w+)`", row[0]))}
     assert named == set(ABILITY_HINTS), (
         f"docs/ARCHITECTURE.md's abilities table lists {sorted(named)}; "

@@ -84,16 +84,25 @@ def test_majority_names_the_odd_rank_and_two_replicas_name_both():
 
 
 def test_a_refused_ability_is_named_up_front_with_its_reason():
-    from baton.core.backend import MissingAbilityError, check_abilities
+    from baton.core.abilities import Abilities, MissingAbilityError, check_abilities
     from support.scalar_backend import ScalarBackend
 
-    class NoReplica(ScalarBackend):
-        refused_abilities = {"weight_checksums": "every parameter is sharded; use DDP"}  # pyright: ignore[reportAssignmentType]
+    class Replicas(ScalarBackend):
+        def __init__(self, sharded: bool) -> None:
+            super().__init__()
+            self.sharded = sharded
+
+        def abilities(self) -> Abilities:
+            return Abilities(weight_checksums=True).refusing(
+                weight_checksums="every parameter is sharded; use DDP" if self.sharded else None
+            )
 
         def gather_weight_checksums(self) -> list[dict[str, str]]:
             return [{}]
 
     with pytest.raises(MissingAbilityError, match="refused: every parameter is sharded; use DDP"):
-        check_abilities(NoReplica(), {"CorruptionCheck()": CorruptionCheck().requires()})
-    with_it = type("WithReplica", (NoReplica,), {"refused_abilities": {}})
-    assert "weight_checksums" in check_abilities(with_it(), {})
+        backend = Replicas(sharded=True)
+        check_abilities(
+            "scalar", backend.abilities(), {"CorruptionCheck()": CorruptionCheck().requires()}
+        )
+    assert "weight_checksums" in check_abilities("scalar", Replicas(sharded=False).abilities(), {})

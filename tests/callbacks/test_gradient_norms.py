@@ -15,7 +15,7 @@ from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.lightning import LightningBackend
 from baton.callbacks import GradientNormMonitor
 from baton.core import Callback, Driver
-from baton.core.backend import MissingAbilityError
+from baton.core.abilities import MissingAbilityError
 from support.scalar_backend import ScalarBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "lightning"))

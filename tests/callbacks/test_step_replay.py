@@ -33,7 +33,7 @@ class PerturbReplay(Callback):
         self.at, self.name, self.seen = at, name, 0
 
     def on_train_start(self, driver: Driver) -> None:
-        driver.backend.watch_gradients(self.watch)  # pyright: ignore[reportAttributeAccessIssue]
+        driver.backend.model_state().watch_gradients(self.watch)
 
     def on_step_start(self, driver: Driver) -> None:
         self.seen = 0 if driver.step + 1 == self.at else -100

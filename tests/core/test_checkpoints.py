@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from baton.core import Callback, CheckpointError, CheckpointFacts, Driver
+from baton.core import LOAD_ALL, Callback, CheckpointError, CheckpointFacts, Driver, LoadPlan
 from baton.core.checkpointing import CheckpointMismatch
 from support.scalar_backend import ScalarBackend
 
@@ -132,19 +132,19 @@ class ShardedScalar(ScalarBackend):
     def checkpoint_facts(self) -> CheckpointFacts:
         return CheckpointFacts(self.layout, samples=2 * len(self.events), data=self.data)
 
-    def layout_refusal(self, saved):
-        self.asked.append(dict(saved))
-        if saved["tp"] != self.layout["tp"]:
-            return "tensor shards do not reshard here; resume with the saved tp"
-        return None
+    def plan_load(self, saved_layout):
+        self.asked.append(dict(saved_layout))
+        if saved_layout["tp"] != self.layout["tp"]:
+            return LoadPlan(refusal="tensor shards do not reshard here; resume with the saved tp")
+        return LOAD_ALL
 
     def legacy_facts(self, directory):
         side = directory / "layout.json"
         return CheckpointFacts(json.loads(side.read_text())) if side.is_file() else None
 
-    def load(self, directory):
+    def load(self, directory, plan=LOAD_ALL):
         self.loaded += 1
-        super().load(directory)
+        super().load(directory, plan)
 
 
 def fit(tmp_path, backend, steps, resume="none"):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from baton.core import Ability, Callback, Driver, MissingAbilityError, abilities
+from baton.core import Abilities, Ability, Callback, Driver, MissingAbilityError
 from baton.core import checkpointing as ckpt
 from support.scalar_backend import ScalarBackend
 
@@ -29,13 +29,39 @@ class Needs(Callback):
 
 
 class ScalarWithoutEval(ScalarBackend):
-    evaluate = None  # type: ignore[assignment]
+    def abilities(self) -> Abilities:
+        return Abilities()
 
 
 def test_abilities_of_the_support_backend() -> None:
-    # evaluate() is defined; skip_data, async saves and several ranks are not
-    assert abilities(ScalarBackend()) == {"evaluate"}
-    assert abilities(ScalarWithoutEval()) == frozenset()
+    # evaluate is declared; skip_data, async saves and several ranks are not
+    assert ScalarBackend().abilities().names == {"evaluate"}
+    assert ScalarWithoutEval().abilities().names == frozenset()
+
+
+def test_a_declaration_is_one_typed_value_checked_when_made() -> None:
+    declared = Abilities(evaluate=True, skip_data=True).refusing(skip_data="no stream to skip")
+    assert declared.names == {"evaluate"} and not declared.skip_data
+    assert declared.why_not("skip_data") == "refused: no stream to skip"
+    assert declared.why_not("dry_run").startswith("dry_run(world_size)")
+    with pytest.raises(ValueError, match="both offered and refused"):
+        Abilities(evaluate=True, refused={"evaluate": "no"})
+    with pytest.raises(ValueError, match="refusing names no ability"):
+        Abilities().refusing(gradients="folded into model_state")
+
+
+def test_a_method_of_an_ability_not_offered_is_refused_by_name() -> None:
+    with pytest.raises(MissingAbilityError, match="backend 'scalar' does not offer 'skip_data'"):
+        ScalarBackend().skip_data(1)
+
+
+def test_an_evaluation_a_callback_asks_for_is_refused_where_not_declared(tmp_path) -> None:
+    class AskEval(Callback):
+        def on_step_end(self, driver, output):
+            driver.control.request_eval("check")
+
+    with pytest.raises(MissingAbilityError, match="does not offer 'evaluate'"):
+        Driver(ScalarWithoutEval(), [AskEval()], max_steps=2, run_dir=tmp_path).fit()
 
 
 def test_missing_ability_fails_before_the_first_step_naming_who_needs_what(tmp_path) -> None:
@@ -131,7 +157,8 @@ def test_rollback_discards_newer_checkpoints_and_rewrites_latest(tmp_path) -> No
 class SlowAsyncScalar(ScalarBackend):
     """Its asynchronous save writes on a thread, a little later."""
 
-    supports_async_save = True
+    def abilities(self):
+        return Abilities(evaluate=True, async_save=True)
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> Any:
         import threading

@@ -132,7 +132,7 @@ def test_every_documented_run_command_uses_flags_the_recipe_takes() -> None:
 
 
 def test_reference_tables_are_read_from_the_code() -> None:
-    from baton.core.backend import ABILITY_HINTS
+    from baton.core.abilities import ABILITY_HINTS
     from baton.core.registry import CALLBACKS
     from baton.tools.reference import fill, render
 

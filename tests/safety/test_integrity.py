@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.core import Callback, CheckpointError, Driver
+from baton.core import Abilities, Callback, CheckpointError, Driver
 from baton.core import checkpointing as ckpt
 from support.scalar_backend import ScalarBackend
 
@@ -149,7 +149,9 @@ class AsyncScalar(ScalarBackend):
     the driver sees it done then and not only at the end of a run of microsecond steps
     that can outpace the writer thread's start on a busy machine."""
 
-    supports_async_save = True
+    def abilities(self):
+        return Abilities(evaluate=True, async_save=True)
+
     _writing: Future | None = None
 
     def train_step(self, step):

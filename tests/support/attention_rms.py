@@ -1,8 +1,7 @@
 from array_api_compat import array_namespace
 
 from baton.core import Callback, Driver
-from baton.core.backend import Ability
-from baton.core.model_state import HasModelState
+from baton.core.abilities import Ability
 
 
 class AttentionOutputRMS(Callback):
@@ -12,7 +11,6 @@ class AttentionOutputRMS(Callback):
         return frozenset({"model_state"})  # checked before the first step
 
     def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
-        assert isinstance(driver.backend, HasModelState)  # as requires() made sure
         state = driver.backend.model_state()
         squares, sizes = {}, {}
         for piece in state.parameters("*.self_attn.o_proj.*"):

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from baton.core import Callback, Driver
-from baton.core.backend import Ability
-from baton.core.model_state import HasModelState
+from baton.core.abilities import Ability
 
 #: what the probe freezes after step 1 (Hugging Face names)
 FROZEN = ["model.embed_tokens.*", "model.layers.0.*"]
@@ -50,11 +49,10 @@ class ModelStateProbe(Callback):
         self._step = 0
 
     def requires(self) -> frozenset[Ability]:
-        return frozenset({"model_state", "gradients"})
+        return frozenset({"model_state"})
 
     def on_setup(self, driver: Driver) -> None:
         backend = driver.backend
-        assert isinstance(backend, HasModelState)  # requires() was checked
         self.state = backend.model_state()
         self.counted = {p.name: p.counted for p in self.state.parameters()}
         self.state.watch_gradients(self._watch)

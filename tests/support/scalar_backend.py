@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from baton.core import BackendBase, StepOutput
+from baton.core import LOAD_ALL, Abilities, BackendBase, LoadPlan, StepOutput
 
 if TYPE_CHECKING:
     from baton.core import Backend
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 
 class ScalarBackend(BackendBase):
     name = "scalar"
-    #: the learning rate lives in ``config``, which no checkpoint restores
-    changeable_settings = frozenset({"lr"})
 
     def __init__(
         self, lr: float = 0.1, seed: int = 0, fail_at: int | None = None, version: str = "1.0"
@@ -36,6 +35,14 @@ class ScalarBackend(BackendBase):
     @property
     def version(self) -> str:
         return self._version
+
+    def abilities(self) -> Abilities:
+        return Abilities(evaluate=True)
+
+    @property
+    def changeable_settings(self) -> frozenset[str]:
+        """The learning rate lives in ``config``, which no checkpoint restores."""
+        return frozenset({"lr"})
 
     def setup(self) -> None:
         self.events.append("setup")
@@ -58,12 +65,12 @@ class ScalarBackend(BackendBase):
             json.dumps({"w": self.w, "rng": self.rng.getstate()[1], "v": self.rng.getstate()[0]})
         )
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         state = json.loads((Path(directory) / "state.json").read_text())
         self.w = state["w"]
         self.rng.setstate((state["v"], tuple(state["rng"]), None))
 
-    def apply_changed_settings(self, changes: dict[str, Any]) -> set[str]:
+    def apply_changed_settings(self, changes: Mapping[str, tuple[Any, Any]]) -> set[str]:
         """A changed ``lr`` is already the one ``train_step`` reads (``load`` keeps it)."""
         return {"lr"} & set(changes)
 

@@ -127,8 +127,8 @@ def main(out: str, work_dir: str) -> None:
     from maxtext_support import outside_driver
 
     from baton.backends.maxtext.backend import MaxTextBackend
-    from baton.core.checkpoint_record import check_record
     from baton.core.checkpointing import CheckpointMismatch
+    from baton.core.compatibility import record_plan
 
     work = Path(work_dir)
     driver, losses, checkpoints = baton_run(work)
@@ -153,7 +153,7 @@ def main(out: str, work_dir: str) -> None:
     meta = json.loads((checkpoints[0] / "baton.json").read_text())
     meta["checkpoint"]["layout"]["scan_layers"] = False
     try:
-        check_record(other, checkpoints[0], meta)
+        record_plan(other, checkpoints[0], meta)
         refused = ""
     except CheckpointMismatch as error:
         refused = str(error)

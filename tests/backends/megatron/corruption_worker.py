@@ -31,7 +31,7 @@ class FlipBit(Callback):
         backend: Any = driver.backend
         if driver.step == 1:
             self.keys = backend.gather_weight_checksums()[backend.rank]
-            self.refused = dict(backend.refused_abilities)
+            self.refused = dict(backend.abilities().refused)
 
     def on_step_start(self, driver: Driver) -> None:
         backend: Any = driver.backend

@@ -41,7 +41,7 @@ class ModelStateProbe(Callback):
         self.rank = 0
 
     def requires(self) -> frozenset[Any]:
-        return frozenset({"model_state", "gradients"})
+        return frozenset({"model_state"})
 
     def on_setup(self, driver: Any) -> None:
         state = driver.backend.model_state()

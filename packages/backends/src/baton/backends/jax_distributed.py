@@ -72,8 +72,6 @@ def barrier(name: str = "baton_barrier") -> None:
 class JaxDistributed:
     """Mixin: process rank and count, ``barrier``, ``all_reduce_flags`` and ``fetch``."""
 
-    #: barrier and flags span every JAX process
-    multi_rank: bool = True
     _initialized_distributed: bool = False
 
     @property

@@ -153,8 +153,6 @@ class TorchDistributed:
     when training on an accelerator).
     """
 
-    #: barrier and flags span every rank of the process group
-    multi_rank: bool = True
     _device: torch.device = torch.device("cpu")
     _owns_process_group: bool = False
     _store_file: str | None = None

@@ -45,13 +45,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from baton.core import checkpointing as ckpt
-from baton.core.backend import ChecksumsWeights, ReplaysSteps
 from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
     from baton.core import Driver, StepOutput
-    from baton.core.backend import Ability
+    from baton.core.abilities import Ability
 
 log = logging.getLogger("baton")
 
@@ -86,7 +85,7 @@ def replay_differences(per_rank: list[list[str]]) -> list[tuple[str, list[int]]]
     return [(n, [r for r, entry in enumerate(per_rank) if n in entry]) for n in names]
 
 
-#: ``"<parameter>:<state>"``: a parameter's optimizer state (``ChecksumsWeights``)
+#: ``"<parameter>:<state>"``: a parameter's optimizer state (``Backend.gather_weight_checksums``)
 _STATE_KEY = re.compile(r"^(?P<parameter>.+):(?P<state>[A-Za-z_]\w*)$")
 
 
@@ -163,7 +162,6 @@ class CorruptionCheck(Callback):
             self._replay_due = True
         if self._replay_due:
             backend = driver.backend
-            assert isinstance(backend, ReplaysSteps)  # requires() made the driver check
             self._replaying = backend.replay_next_step()
             self._replay_due = not self._replaying  # not yet: the next step then
 
@@ -172,13 +170,11 @@ class CorruptionCheck(Callback):
         if self._replaying:
             self._replaying = False
             backend = driver.backend
-            assert isinstance(backend, ReplaysSteps)
             self.replayed.append(driver.step)
             mismatches = replay_differences(backend.gather_replay_mismatches())
             found += [(name, ranks, "replay") for name, ranks in mismatches]
         if driver.step % self.every_n_steps == 0:
             backend = driver.backend
-            assert isinstance(backend, ChecksumsWeights)  # requires() made the driver check
             apart = disagreements(backend.gather_weight_checksums())
             found += [(name, ranks, "replicas") for name, ranks in apart]
             if not found:

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from array_api_compat import array_namespace
 
-from baton.core.backend import Ability
+from baton.core.abilities import Ability
 from baton.core.callback import Callback
 from baton.core.metrics import StepOutput
-from baton.core.model_state import HasModelState, ModelState
+from baton.core.model_state import ModelState
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
@@ -78,7 +78,6 @@ class EMA(Callback):
         return frozenset({"model_state"})
 
     def on_setup(self, driver: Driver) -> None:
-        assert isinstance(driver.backend, HasModelState)  # requires() was checked
         self._state = driver.backend.model_state()
 
     def on_step_end(self, driver: Driver, output: StepOutput) -> None:

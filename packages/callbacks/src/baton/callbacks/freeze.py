@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from baton.core.backend import Ability
+from baton.core.abilities import Ability
 from baton.core.callback import Callback
 from baton.core.errors import UsageError
-from baton.core.model_state import HasModelState, ModelState, matches
+from baton.core.model_state import ModelState, matches
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
@@ -60,7 +60,6 @@ class Freeze(Callback):
         return frozenset({"model_state"})
 
     def on_setup(self, driver: Driver) -> None:
-        assert isinstance(driver.backend, HasModelState)  # requires() was checked
         self._state = driver.backend.model_state()
         names = [p.name for p in self._state.parameters()]
         here = [any(matches(name, pattern) for name in names) for pattern in self.patterns]

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from baton.callbacks.layer_groups import group_of, squares_by_group, total
-from baton.core.backend import Ability
+from baton.core.abilities import Ability
 from baton.core.callback import METRIC_PRIORITY, Callback
-from baton.core.model_state import HasModelState, ModelState
+from baton.core.model_state import ModelState
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ class GradientNormMonitor(Callback):
         return frozenset({"model_state"})
 
     def on_setup(self, driver: Driver) -> None:
-        assert isinstance(driver.backend, HasModelState)  # requires() was checked
         self._driver = driver
         self._state = driver.backend.model_state()
         self._counted = frozenset(p.name for p in self._state.parameters() if p.counted)

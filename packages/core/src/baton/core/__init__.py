@@ -15,22 +15,8 @@ Example::
                 driver.control.request_stop(f"loss {metrics['loss']:.3f} < {self.threshold}")
 """
 
-from baton.core.backend import (
-    Ability,
-    Backend,
-    BackendBase,
-    ChangesSettings,
-    DataExhausted,
-    Evaluates,
-    MissingAbilityError,
-    PendingSave,
-    RunLimits,
-    SavesAsync,
-    SkipsData,
-    UsesRunDir,
-    UsesRunLimits,
-    abilities,
-)
+from baton.core.abilities import Abilities, Ability, MissingAbilityError
+from baton.core.backend import Backend, BackendBase, DataExhausted, PendingSave, RunLimits
 from baton.core.callback import (
     CHECKPOINT_PRIORITY,
     DISPLAY_PRIORITY,
@@ -42,7 +28,7 @@ from baton.core.callback import (
     Callback,
 )
 from baton.core.checkpoint_io import CheckpointIO, UsesCheckpointIO
-from baton.core.checkpoint_record import CheckpointFacts, RecordsCheckpoint
+from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 from baton.core.checkpointing import CheckpointError
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
@@ -61,43 +47,38 @@ __all__ = [
     "EXIT_HOOKS",
     "GUARD_PRIORITY",
     "HOOKS",
+    "LOAD_ALL",
     "LOGGER_PRIORITY",
     "METRIC_PRIORITY",
     "PATCHES",
     "PATCH_PRIORITY",
     "STOP_REQUEST_PRIORITY",
+    "Abilities",
     "Ability",
     "Backend",
     "BackendBase",
     "BatonError",
     "Callback",
-    "ChangesSettings",
     "CheckpointError",
     "CheckpointFacts",
     "CheckpointIO",
     "Control",
     "DataExhausted",
     "Driver",
-    "Evaluates",
+    "LoadPlan",
     "MissingAbilityError",
     "NamedMetrics",
     "Patch",
     "PatchRecorder",
     "PendingSave",
-    "RecordsCheckpoint",
     "Registry",
     "RunError",
     "RunLimits",
     "RunOptions",
     "RunResult",
-    "SavesAsync",
-    "SkipsData",
     "StepOutput",
     "UnknownNameError",
     "UsageError",
     "UsesCheckpointIO",
-    "UsesRunDir",
-    "UsesRunLimits",
-    "abilities",
     "register_patch",
 ]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from baton.core.backend import Ability
+    from baton.core.abilities import Ability
     from baton.core.driver import Driver
     from baton.core.metrics import StepOutput
 
@@ -72,7 +72,7 @@ class Callback:
 
     def requires(self) -> frozenset[Ability]:
         """Optional backend abilities this callback needs (``"skip_data"``, ``"evaluate"``,
-        ``"async_save"``, ``"multi_rank"``, ``"gradients"``); checked once before the
+        ``"async_save"``, ``"multi_rank"``, ``"model_state"``); checked once before the
         first step."""
         return frozenset()
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
-from baton.core.backend import Ability, Backend, DataExhausted
+from baton.core.abilities import Ability
+from baton.core.backend import Backend, DataExhausted
 from baton.core.callback import Callback
 from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
 from baton.core.checkpointing import checkpoints_dir

@@ -2,7 +2,7 @@
 and the one error for a recipe that needs data it was not given.
 
 The command line builds the recipe as for a run, then asks the backend for its plan
-(the ``dry_run`` ability, ``baton.core.backend.DryRuns``) for ``--world-size`` ranks
+(the ``dry_run`` ability) for ``--world-size`` ranks
 (default: ``$WORLD_SIZE``, else 8) instead of setting it up. While a recipe is built for
 a dry run, :func:`require_data` lets it through without data, so a real-size recipe
 reads::
@@ -26,7 +26,8 @@ from collections.abc import Generator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from baton.core.backend import ABILITY_HINTS, Backend, DryRuns
+from baton.core.abilities import ABILITY_HINTS
+from baton.core.backend import Backend, offers
 from baton.core.errors import DataRequired, UsageError
 
 #: ranks a dry run plans for when neither --world-size nor $WORLD_SIZE says (one node)
@@ -65,7 +66,7 @@ def require_data(what: str, **flags: str | None) -> None:
 def plan(backend: Backend, world_size: int | None = None) -> str:
     """The backend's dry run for ``world_size`` ranks (``$WORLD_SIZE``, else 8); a
     backend without the ability, or a layout that does not fit, is a usage error."""
-    if not isinstance(backend, DryRuns):
+    if not offers(backend, "dry_run"):
         raise UsageError(
             f"backend {backend.name!r} has no dry run (the dry_run ability: "
             f"{ABILITY_HINTS['dry_run']}); run the recipe without --dry-run"

@@ -172,14 +172,6 @@ class ModelState(Protocol):
         ...
 
 
-@runtime_checkable
-class HasModelState(Protocol):
-    """Ability ``model_state``: ``model_state()`` returns the run's ``ModelState``
-    (after ``setup``)."""
-
-    def model_state(self) -> ModelState: ...
-
-
 def matches(name: str, patterns: str | Sequence[str]) -> bool:
     """Whether ``name`` matches the glob ``patterns`` (one or several).
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from baton.core.backend import Backend, Evaluates
+from baton.core.abilities import lacking
+from baton.core.backend import Backend
 from baton.core.metrics import StepOutput, evaluation_keys
 
 
@@ -52,8 +53,9 @@ class LogValues:
 def evaluate(backend: Backend, dispatch: Callable[..., None]) -> dict[str, float]:
     """The evaluation phase: its metrics go to ``on_eval_end``, the backend's own keys as
     ``eval/<key>``, names a user chose (``NamedMetrics``: ``val_loss``) as they are."""
-    if not isinstance(backend, Evaluates):
-        raise RuntimeError(f"backend {backend.name!r} cannot evaluate (no evaluate())")
+    declared = backend.abilities()
+    if not declared.evaluate:
+        raise lacking(backend.name, declared, "evaluate")
     dispatch("on_eval_start")
     metrics = backend.fetch(evaluation_keys(backend.evaluate()))
     dispatch("on_eval_end", metrics)

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import baton.core.checkpointing as ckpt
-from baton.core.backend import Backend, ChangesSettings
+from baton.core.backend import Backend
 from baton.core.callback import Callback
-from baton.core.checkpoint_record import as_written_by, check_record
+from baton.core.compatibility import as_written_by, judge
 from baton.core.errors import UsageError
 from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
@@ -164,11 +164,11 @@ class Resumer:
         while candidate is not None:
             path, meta = candidate
             tried = True
-            self.check_compatible(path, meta)
+            plan = judge(self.backend, path, meta)
             if path != self._settings_checked:  # the planned one was checked (and logged)
                 self._check_settings(path, meta)
             try:
-                self.backend.load(path / ckpt.BACKEND_DIR)
+                self.backend.load(path / ckpt.BACKEND_DIR, plan)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as error:  # a corrupt checkpoint: try the previous one
@@ -219,8 +219,7 @@ class Resumer:
             path, meta = candidates[0]
         else:
             meta = ckpt.read_meta(path, self.options.verify)
-        self.check_compatible(path, meta)
-        self.backend.load(path / ckpt.BACKEND_DIR)
+        self.backend.load(path / ckpt.BACKEND_DIR, judge(self.backend, path, meta))
         return path, meta
 
     def rewind(self, path: Path) -> int:
@@ -236,36 +235,6 @@ class Resumer:
         return target
 
     # -- what may differ ----------------------------------------------------------------
-    def check_compatible(self, path: Path, meta: dict[str, Any]) -> None:
-        """Refuse a checkpoint written by a different setup (``backend.describe()``), on
-        other data or on a layout this run cannot load (``check_record``). A checkpoint
-        an older version recorded under this backend's former name is its own where the
-        backend claims it (``checkpoint_record.as_written_by``)."""
-        meta = as_written_by(self.backend, path, meta)
-        saved: dict[str, Any] = dict(meta.get("backend", {}))
-        former = saved.pop("recorded_name", None)
-        if former is not None:
-            log.info(
-                "checkpoint %s recorded backend %r, this backend's former name: resuming it as %r",
-                path,
-                former,
-                self.backend.name,
-            )
-        current = {"name": self.backend.name, **self.backend.describe()}
-        diffs = [
-            line
-            for k, v in current.items()
-            if k in saved and saved[k] != v
-            for line in _differences(k, saved[k], v)
-        ]
-        if diffs:
-            raise ckpt.CheckpointMismatch(
-                f"checkpoint {path} was written by a different setup:\n  "
-                + "\n  ".join(diffs)
-                + "\nresume with the settings it was saved with, or start a new run_dir"
-            )
-        check_record(self.backend, path, meta)
-
     def _check_settings(self, path: Path, meta: dict[str, Any]) -> None:
         """Refuse a resume whose training settings differ from the checkpoint's unless
         ``allow_changed`` names them; allowed changes are logged and recorded.
@@ -323,10 +292,7 @@ class Resumer:
         re-applies to the state it restores (its ``changeable_settings``), ``"driver"`` for
         the driver's own limits (``max_steps`` given to ``Driver``) that no restored state
         depends on; a change nobody applies is refused (``UsageError``)."""
-        backend = self.backend
-        backend_names: frozenset[str] = frozenset()
-        if isinstance(backend, ChangesSettings):
-            backend_names = backend.changeable_settings
+        backend_names = self.backend.changeable_settings
         limits = self.options.limits()
         appliers: dict[str, str] = {}
         for name, (old, new) in changes.items():
@@ -361,7 +327,7 @@ class Resumer:
         appliers = self._appliers(self._allowed_now, path)
         wanted = {k: v for k, v in self._allowed_now.items() if "backend" in appliers[k]}
         applied: set[str] = set()
-        if wanted and isinstance(self.backend, ChangesSettings):
+        if wanted:
             applied = set(self.backend.apply_changed_settings(dict(wanted)))
         record: dict[str, dict[str, Any]] = self.changes[-1]["changes"]
         for name, (old, new) in self._allowed_now.items():
@@ -451,18 +417,3 @@ def error_summary(error: BaseException, limit: int = 600) -> str:
     named = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", line)]
     text = named[-1] if named else f"{type(error).__name__}: {lines[-1] if lines else ''}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _differences(name: str, saved: Any, current: Any) -> list[str]:
-    """Where two recorded values differ, field by field for tables:
-    ``model.d_model: checkpoint has 128, this run has 64``."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        old = cast(dict[str, Any], saved)
-        new = cast(dict[str, Any], current)
-        return [
-            line
-            for key in sorted(old.keys() | new.keys(), key=str)
-            if old.get(key) != new.get(key)
-            for line in _differences(f"{name}.{key}", old.get(key), new.get(key))
-        ]
-    return [f"{name}: checkpoint has {saved!r}, this run has {current!r}"]

@@ -29,7 +29,6 @@ from typing import Any
 
 from baton.core.backend import Backend, installed_version
 from baton.core.callback import Callback
-from baton.core.checkpoint_record import RecordsCheckpoint
 from baton.core.checkpointing import write_json_atomic
 from baton.core.launch import Launch
 from baton.core.options import RunOptions
@@ -160,11 +159,7 @@ def write_run_record(
             "eval_every": options.eval_every,
         },
         "backend": {"name": backend.name, "version": backend.version, **backend.describe()},
-        "layout": (
-            dict(backend.checkpoint_facts().layout)
-            if isinstance(backend, RecordsCheckpoint)
-            else None
-        ),
+        "layout": dict(backend.checkpoint_facts().layout) or None,
         "native_config": to_jsonable(backend.config),
         "callbacks": [repr(cb) for cb in callbacks],
         "command": list(sys.argv),

@@ -34,7 +34,6 @@ from typing import Any
 import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend, PendingSave
 from baton.core.callback import Callback
-from baton.core.checkpoint_record import record
 from baton.core.options import RunOptions
 from baton.core.run_record import versions
 
@@ -218,7 +217,7 @@ def checkpoint_meta(
             "world_size": backend.world_size,
             **backend.describe(),
         },
-        "checkpoint": record(backend),
+        "checkpoint": backend.checkpoint_facts().to_json(),
         "callbacks": states,
         "settings": options.settings,
         "driver": options.limits(),

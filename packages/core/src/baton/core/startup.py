@@ -21,14 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from baton.core.backend import (
-    Ability,
-    Backend,
-    RunLimits,
-    UsesRunDir,
-    UsesRunLimits,
-    check_abilities,
-)
+from baton.core.abilities import Ability, check_abilities
+from baton.core.backend import Backend, RunLimits
 from baton.core.callback import Callback
 from baton.core.checkpointing import CheckpointError
 from baton.core.errors import UsageError
@@ -159,7 +153,7 @@ def check_needs(
         wanted = cb.requires()
         if wanted:
             needs.setdefault(repr(cb), set()).update(wanted)
-    have = check_abilities(backend, needs)
+    have = check_abilities(backend.name, backend.abilities(), needs)
     if options.async_save and "async_save" not in have:
         log.info("backend %s saves synchronously (no async_save ability)", backend.name)
     return have
@@ -167,9 +161,7 @@ def check_needs(
 
 def setup_backend(backend: Backend, options: RunOptions) -> None:
     """``backend.setup()``, after telling a backend that uses them the run directory
-    (``UsesRunDir``) and the driver's limits (``UsesRunLimits``)."""
-    if isinstance(backend, UsesRunDir):
-        backend.use_run_dir(options.run_dir)
-    if isinstance(backend, UsesRunLimits):
-        backend.use_run_limits(RunLimits(options.max_steps, options.max_tokens, options.max_time_s))
+    (``use_run_dir``) and the driver's limits (``use_run_limits``)."""
+    backend.use_run_dir(options.run_dir)
+    backend.use_run_limits(RunLimits(options.max_steps, options.max_tokens, options.max_time_s))
     backend.setup()

@@ -74,7 +74,7 @@ def callbacks_table() -> str:
 
 def abilities_table() -> str:
     """The optional abilities of the backend contract (``baton.core.backend``)."""
-    from baton.core.backend import ABILITY_HINTS
+    from baton.core.abilities import ABILITY_HINTS
 
     rows = ["| ability | what a backend provides |", "|---|---|"]
     rows += [f"| `{name}` | {_cell(hint)} |" for name, hint in ABILITY_HINTS.items()]

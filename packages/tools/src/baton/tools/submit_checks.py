@@ -54,7 +54,7 @@ def check_recipe(
     """Build the recipe's driver as ``baton run`` would (nothing trains): returns the
     backend name, the run directory and whether the backend plans a layout (the
     ``dry_run`` ability), or raises with the recipe's own message."""
-    from baton.core.backend import DryRuns
+    from baton.core.backend import offers
     from baton.core.errors import UsageError
     from baton.core.quiet import quiet_imports
     from baton.core.recipe import build_driver
@@ -77,7 +77,7 @@ def check_recipe(
             f"{fixed}: the job would train on the CPU; give the recipe an accelerator or "
             "hardware parameter (or set it to a GPU), or drop --gpus-per-node"
         )
-    return driver.backend.name, str(driver.options.run_dir), isinstance(driver.backend, DryRuns)
+    return driver.backend.name, str(driver.options.run_dir), offers(driver.backend, "dry_run")
 
 
 def cpu_setting(config: Any) -> str | None:

@@ -68,6 +68,7 @@ from baton.backends.fabric.replay import FabricCorruptionChecks
 from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
 from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
+from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.launch import Launch
@@ -370,12 +371,25 @@ class FabricBackend(
             self.config.eval_batches,
         )
 
-    # -- checkpoints: FabricCheckpointIO (checkpoint.py), through UsesCheckpointIO -----
-    @property
-    def supports_async_save(self) -> bool:
-        """Whole states (single device, DDP) are written by a thread; sharded ones not."""
-        return self.checkpoints.asynchronous
+    # -- abilities --------------------------------------------------------------------
+    def abilities(self) -> Abilities:
+        """Evaluation, skipping data, several ranks and the model-state view always; an
+        asynchronous save where the state is whole (single device, DDP: written by a
+        thread); weight checksums and step replay where a rank holds whole replicas."""
+        offered = Abilities(
+            evaluate=True,
+            skip_data=True,
+            multi_rank=True,
+            model_state=True,
+            async_save=self.fabric is not None and self.checkpoints.asynchronous,
+            weight_checksums=True,
+            step_replay=True,
+        )
+        if self.fabric is None:
+            return offered
+        return offered.refusing(**self.corruption.refusals())
 
+    # -- checkpoints: FabricCheckpointIO (checkpoint.py), through UsesCheckpointIO -----
     def teardown(self) -> None:
         """Wait for a save still being written and stop the writer thread; forget what
         was built around this run's model (a next ``setup`` builds it again)."""
@@ -421,7 +435,3 @@ class FabricBackend(
 
     def gather_replay_mismatches(self) -> list[list[str]]:
         return self.corruption.gather_replay_mismatches()
-
-    @property
-    def refused_abilities(self) -> dict[str, str]:
-        return {} if self.fabric is None else self.corruption.refused_abilities()

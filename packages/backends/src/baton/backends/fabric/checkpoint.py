@@ -30,7 +30,7 @@ import torch
 from baton.backends.async_save import BackgroundSaves, FuturePendingSave, StagingGate
 from baton.backends.dcp_safety import weights_only_loading
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 if TYPE_CHECKING:
     from baton.backends.fabric.backend import FabricBackend
@@ -223,7 +223,7 @@ class FabricCheckpointIO:
         """Block until an asynchronous save has copied the weights and optimizer state."""
         self._staging.wait()
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """``fabric.load`` into the engine's live state, then its plain values; unpickled
         weights-only under the checkpoint allow-list (``dcp_safety``): a file naming
         anything else is refused, nothing in it run."""
@@ -271,17 +271,17 @@ class FabricCheckpointIO:
         layout["world_size"] = int(fabric.world_size)
         return CheckpointFacts(layout, self.engine.samples_consumed)
 
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+    def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
         """A whole state loads on any number of ranks and strategies that take a whole
         state; a sharded one (FSDP) only on the strategy that wrote it."""
         current = self.facts().layout
         if saved.get("state") == current["state"] == "whole":
-            return None
+            return LOAD_ALL
         if saved.get("strategy") == current["strategy"]:
-            return None
-        return (
-            f"a {saved.get('state')} state saved by {saved.get('strategy')} does not load "
-            f"into {current['strategy']}; resume with strategy {saved.get('strategy')!r}"
+            return LOAD_ALL
+        return LoadPlan(
+            refusal=f"a {saved.get('state')} state saved by {saved.get('strategy')} does not "
+            f"load into {current['strategy']}; resume with strategy {saved.get('strategy')!r}"
         )
 
     @staticmethod

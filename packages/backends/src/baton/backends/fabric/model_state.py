@@ -22,7 +22,7 @@ Example::
 
     state = backend.model_state()
     state.freeze("model.embed_tokens.*")
-    backend.watch_gradients(lambda grads: print(sorted(grads)))
+    backend.model_state().watch_gradients(lambda grads: print(sorted(grads)))
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _fsdp1_runs(module: nn.Module) -> Iterator[tuple[int, tuple[int, int, int]]]
 
 
 class FabricModelState:
-    """Mixed into the Fabric backends: ``model_state()``, ``watch_gradients`` and the
+    """Mixed into the Fabric backends: ``model_state()`` and the
     step's ``before_clipping()`` (nothing until a callback asks)."""
 
     raw_model: nn.Module | None
@@ -123,11 +123,6 @@ class FabricModelState:
     def optimizers_stepped(self) -> list[Any]:
         """The optimizers the step uses (a LightningModule's may be several)."""
         return [self.optimizer]  # pyright: ignore[reportAttributeAccessIssue]
-
-    def watch_gradients(self, watcher: Watcher) -> None:
-        """Call ``watcher({name: gradient})`` before clipping at every step from now on
-        (the ``gradients`` ability; ``model_state().watch_gradients``)."""
-        self.model_state().watch_gradients(watcher)
 
     def before_clipping(self) -> None:
         """The step's hook: frozen gradients dropped, watchers shown the rest."""

@@ -211,8 +211,9 @@ class FabricCorruptionChecks:
         ``weight_checksums``); replicated (DDP, single-device) models only."""
         return gather_weight_checksums(self.model, self.optimizer, sharded=self.sharded)
 
-    def refused_abilities(self) -> dict[str, str]:
-        """Under a sharded strategy (FSDP) no rank holds a replica of a whole tensor."""
+    def refusals(self) -> dict[str, str]:
+        """Under a sharded strategy (FSDP) no rank holds a replica of a whole tensor:
+        ``{ability: why}`` for ``Abilities.refusing``."""
         if not self.sharded:
             return {}
         why = "this strategy shards every parameter: no rank holds a whole replica to "

@@ -53,6 +53,7 @@ from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax.model_state import JaxModelState, StepControls
 from baton.backends.jax.steps import LossFunctionError, loss_and_metrics, make_train_step
 from baton.backends.jax_distributed import JaxDistributed
+from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
@@ -131,7 +132,6 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
 
     name = "jax"
     distribution = "jax"
-    supports_async_save = True
 
     def __init__(self, config: JaxConfig | None = None, **fields: Any) -> None:
         self.config = config or JaxConfig()
@@ -278,17 +278,12 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
             self._variants[key] = self._jit_train(step, variant=True)
         return self._variants[key]
 
-    # -- callbacks on the model (the ``model_state`` and ``gradients`` abilities) ------
+    # -- callbacks on the model (the ``model_state`` ability) --------------------------
     def model_state(self) -> JaxModelState:
         """The parameters by name, gradients, lr and freezing (``model_state.py``)."""
         if self._model_state is None:
             self._model_state = JaxModelState(self)
         return self._model_state
-
-    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
-        """Call ``watcher({name: gradient})`` before each update (the first one makes
-        the backend compile a step that returns the gradients)."""
-        self.model_state().watch_gradients(watcher)
 
     # -- the step ---------------------------------------------------------------------
     def _place(self, batch: Any) -> Any:
@@ -348,6 +343,14 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
             metrics["lr"] = lambda: schedule(index) * scale
         return StepOutput(
             loss=loss, metrics=metrics, tokens=tokens, samples=samples, data_wait_s=waited
+        )
+
+    # -- abilities --------------------------------------------------------------------
+    def abilities(self) -> Abilities:
+        """Evaluation, skipping data, asynchronous saves, several processes and the
+        model-state view."""
+        return Abilities(
+            evaluate=True, skip_data=True, async_save=True, multi_rank=True, model_state=True
         )
 
     def evaluate(self) -> Mapping[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from baton.backends.async_save import FuturePendingSave
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 if TYPE_CHECKING:
     from baton.backends.jax.backend import JaxBackend
@@ -60,7 +60,7 @@ class JaxCheckpointIO:
             return None
         return FuturePendingSave(ocp.save_async(directory / STATE_DIR, engine.state))
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """Restore a checkpoint written by ``save``: the train state, then the data position."""
         import jax
         from orbax.checkpoint import v1 as ocp
@@ -100,11 +100,12 @@ class JaxCheckpointIO:
         return CheckpointFacts({"processes": self.engine.world_size}, self.engine.samples_consumed)
 
     @staticmethod
-    def layout_refusal(saved: Mapping[str, Any]) -> str | None:
-        return (
-            "each process keeps its own data position (data_rank<N>.json), which does not "
-            f"move to another number of processes; resume on {saved.get('processes')} "
-            "process(es)"
+    def plan_load(saved: Mapping[str, Any]) -> LoadPlan:
+        """Refused: each process keeps its own data position."""
+        return LoadPlan(
+            refusal="each process keeps its own data position (data_rank<N>.json), which "
+            f"does not move to another number of processes; resume on "
+            f"{saved.get('processes')} process(es)"
         )
 
     @staticmethod

@@ -47,6 +47,7 @@ from baton.backends.lightning.loop import LightningLoop
 from baton.backends.lightning.manual import check_manual
 from baton.backends.lightning.stream import EpochStream
 from baton.backends.lightning.validation import overrides
+from baton.core.abilities import Abilities
 from baton.core.backend import RunLimits
 from baton.core.metrics import NamedMetrics, StepOutput
 
@@ -310,14 +311,20 @@ class LightningBackend(FabricBackend):
         settings changes (a module without one has nothing to rebuild)."""
         return SCHEDULE_SETTINGS
 
-    @property
-    def refused_abilities(self) -> dict[str, str]:
-        """Step replay: Lightning's loop draws the batches and runs the step itself."""
-        return {
-            **super().refused_abilities,
-            "step_replay": "a LightningModule's step runs in Lightning's own loop, which "
-            "baton cannot run twice on the same batches; use FabricBackend to replay steps",
-        }
+    def abilities(self) -> Abilities:
+        """Fabric's, less two: skipping data (``Trainer.fit`` has no step that reads
+        batches without training on them) and step replay (Lightning's loop draws the
+        batches and runs the step itself)."""
+        return (
+            super()
+            .abilities()
+            .refusing(
+                skip_data="Trainer.fit has no step that reads batches without training on "
+                "them; use FabricBackend to skip data",
+                step_replay="a LightningModule's step runs in Lightning's own loop, which "
+                "baton cannot run twice on the same batches; use FabricBackend to replay steps",
+            )
+        )
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -337,10 +344,6 @@ class LightningBackend(FabricBackend):
             samples=samples * world,
             data_wait_s=self.loop.stream.take_wait(),
         )
-
-    #: no ``skip_data`` ability: Trainer.fit has no step that reads batches without
-    #: training on them (a guard that skips data is refused before the first step)
-    skip_data = None  # type: ignore[assignment]
 
     def use_run_limits(self, limits: RunLimits) -> None:
         """The driver's limits (before ``setup``): with neither ``max_steps`` nor

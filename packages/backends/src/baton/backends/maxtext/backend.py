@@ -61,6 +61,7 @@ from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import ShowsModelState
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.plan import planned_on_host
+from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
@@ -115,7 +116,6 @@ class MaxTextBackend(
 
     name = "maxtext"
     distribution = "maxtext"
-    supports_async_save = True
 
     def __init__(
         self,
@@ -200,6 +200,14 @@ class MaxTextBackend(
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
 
     # -- build ------------------------------------------------------------------------
+    # -- abilities --------------------------------------------------------------------
+    def abilities(self) -> Abilities:
+        """Evaluation, asynchronous saves, several processes, the model-state view and a
+        dry run; no skipping data, checksums or step replay."""
+        return Abilities(
+            evaluate=True, async_save=True, multi_rank=True, model_state=True, dry_run=True
+        )
+
     def dry_run(self, world_size: int) -> str:
         """The mesh, parameter count and FLOPs on ``world_size`` simulated host devices,
         without allocating the model (the ``dry_run`` ability); call it before JAX starts."""

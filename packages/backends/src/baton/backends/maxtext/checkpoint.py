@@ -118,7 +118,7 @@ def open_checkpointer(hparams: Any, root: Path, asynchronous: bool = False) -> A
 
 def layout_refusal(saved: Mapping[str, Any], mine: Mapping[str, Any], hparams: Any) -> str | None:
     """Why orbax cannot restore a checkpoint saved on layout ``saved`` onto ``mine`` (a
-    mesh change alone is fine: ``None``)."""
+    mesh change alone is fine: ``None``); ``MaxTextCheckpointIO.plan_load``'s refusal."""
     if "scan_layers" in saved and saved["scan_layers"] != mine["scan_layers"]:
         return (
             "scan_layers differs (stacked vs per-layer parameters), which orbax cannot map; "

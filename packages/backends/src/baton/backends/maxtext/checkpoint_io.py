@@ -32,7 +32,7 @@ from baton.backends.maxtext.checkpoint import (
     restore_state,
     saved_name,
 )
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 if TYPE_CHECKING:
     from baton.backends.maxtext.backend import MaxTextBackend
@@ -125,10 +125,10 @@ class MaxTextCheckpointIO:
         samples = engine.consumed * int(engine.hparams.global_batch_size_to_train_on)
         return CheckpointFacts(engine.layout(), samples, engine.data_fingerprint)
 
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+    def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
         """Orbax reshards onto another mesh; ``scan_layers`` and Grain's per-process
         iterator states do not move (``checkpoint.layout_refusal``)."""
-        return layout_refusal(saved, self.engine.layout(), self.engine.hparams)
+        return LoadPlan(refusal=layout_refusal(saved, self.engine.layout(), self.engine.hparams))
 
     def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
         """The facts ``baton_maxtext.json`` held before ``baton.json`` recorded them."""
@@ -140,7 +140,7 @@ class MaxTextCheckpointIO:
         return CheckpointFacts(meta.get("layout", {}), samples, meta.get("data_fingerprint", ""))
 
     # -- load -------------------------------------------------------------------------
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """Restore a checkpoint written by ``save`` (or in the older form with
         ``baton_maxtext.json``): state, data position, onto this layout."""
         directory = Path(directory).resolve()

@@ -357,7 +357,7 @@ class MaxTextModelState:
 
 
 class ShowsModelState:
-    """Mixin of ``MaxTextBackend``: the ``model_state`` and ``gradients`` abilities, and
+    """Mixin of ``MaxTextBackend``: the ``model_state`` ability, and
     the choice of step function (MaxText's jitted step until a callback asks for more)."""
 
     state: Any
@@ -374,10 +374,6 @@ class ShowsModelState:
         if self._model_state is None:
             self._model_state = MaxTextModelState(self)
         return self._model_state
-
-    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
-        """The ``gradients`` ability: ``model_state().watch_gradients``."""
-        self.model_state().watch_gradients(watcher)
 
     def _run_train_step(self, batch: Any, *, keep_state: bool) -> tuple[Any, Any]:
         """One step on ``self.state`` (inside the mesh): the controlled step once a

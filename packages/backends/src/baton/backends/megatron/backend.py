@@ -50,6 +50,7 @@ from baton.backends.megatron.step import gpt_forward_step, mean_loss, run_schedu
 from baton.backends.megatron.training_data import build_data, open_data
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
+from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
@@ -62,7 +63,6 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     name = "megatron"
     distribution = "megatron-core"
-    supports_async_save = True
 
     def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
         self.config = config or MegatronConfig()
@@ -301,33 +301,40 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             )
         return self._model_state
 
-    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
-        """Ability ``gradients``: ``watcher({name: gradient})`` after the gradients are
-        reduced and before clipping, with ``model_state``'s names."""
-        self.model_state().watch_gradients(watcher)
-
     # -- silent-corruption checks ------------------------------------------------------
     def gather_weight_checksums(self) -> list[dict[str, str]]:
         """Every rank's checksums of its parameters and replicated optimizer state
         (ability ``weight_checksums``; see ``megatron/checksums.py``)."""
         return [entry or {} for entry in gather(replica_checksums(self.chunks, self.optimizer))]
 
-    @property
-    def refused_abilities(self) -> dict[str, str]:
-        """Checksums need data-parallel replicas to compare; SFT and DPO train on every
-        row of their data, so there is no validation split to evaluate."""
-        refused: dict[str, str] = {}
-        if self.config.objective != "pretrain":
-            refused["evaluate"] = (
-                f"--objective {self.config.objective} trains on every packed row: no "
-                "validation split; run with --eval-every 0"
-            )
-        if self.chunks and self.config.data_parallel_size(self.world_size) == 1:
-            refused["weight_checksums"] = (
-                "data-parallel size 1: every rank holds its own shard, no "
-                "replica to compare; launch more ranks than tensor x pipeline parallel"
-            )
-        return refused
+    # -- abilities --------------------------------------------------------------------
+    def abilities(self) -> Abilities:
+        """Everything but step replay; evaluation refused for SFT and DPO (they train on
+        every row of their data: no validation split), weight checksums where no rank
+        holds a data-parallel replica."""
+        no_replica = bool(self.chunks) and self.config.data_parallel_size(self.world_size) == 1
+        objective = self.config.objective
+        return Abilities(
+            evaluate=True,
+            async_save=True,
+            multi_rank=True,
+            weight_checksums=True,
+            model_state=True,
+            dry_run=True,
+        ).refusing(
+            evaluate=(
+                f"--objective {objective} trains on every packed row: no validation split; "
+                "run with --eval-every 0"
+                if objective != "pretrain"
+                else None
+            ),
+            weight_checksums=(
+                "data-parallel size 1: every rank holds its own shard, no replica to "
+                "compare; launch more ranks than tensor x pipeline parallel"
+                if no_replica
+                else None
+            ),
+        )
 
     # -- checkpoints: MegatronCheckpointIO (checkpoint_io.py), through UsesCheckpointIO --
     def layout(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 and clear errors when a load fails.
 
 What the backend's ``save`` and ``load`` call besides ``dist_checkpointing`` itself:
-``layout_refusal`` (whether a saved tensor/pipeline/data layout can be resharded here),
+``load_plan`` (whether a saved tensor/pipeline/data layout can be resharded here),
 ``model_sharded_state`` / ``load_model_state`` (one or several model chunks),
 ``rng_state`` / ``set_rng_state``, ``init_optimizer_state`` and
 ``restore_optimizer_steps`` (a distributed optimizer before and after loading), and
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from baton.backends.async_save import SaveHandle
+from baton.core.checkpoint_record import LOAD_ALL, LoadPlan
 from baton.core.checkpointing import native_dir
 
 log = logging.getLogger("baton")
@@ -175,10 +176,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """Why ``dist_checkpointing`` cannot load a checkpoint of layout ``saved`` onto
-    ``current`` (``None``: it reshards it), and whether the model-parallel shards are the
-    same (then the RNG states load too)."""
+def load_plan(saved: Mapping[str, Any], current: Mapping[str, Any]) -> LoadPlan:
+    """How a checkpoint of layout ``saved`` loads onto ``current``: ``dist_checkpointing``
+    reshards it, its RNG states left fresh where the model-parallel shards differ; or
+    why it cannot."""
     model_parallel = ("tensor", "pipeline", "virtual_pipeline", "expert")
     # a checkpoint from before expert parallelism has no "expert": it had one degree
     same_model_parallel = all(saved.get(k, 1) == current.get(k, 1) for k in model_parallel)
@@ -206,14 +207,16 @@ def layout_refusal(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tupl
             "data parallel ranks"
         )
     if problem:
-        return f"{problem}; resume with the saved layout, or start from its weights only", False
+        return LoadPlan(
+            refusal=f"{problem}; resume with the saved layout, or start from its weights only"
+        )
     if not same_model_parallel:
         log.info(
             "resharding checkpoint from %s to %s (RNG states start fresh)",
             show_layout(saved),
             show_layout(current),
         )
-    return None, same_model_parallel
+    return LOAD_ALL if same_model_parallel else LoadPlan(fresh=frozenset({"rng"}))
 
 
 def model_sharded_state(chunks: list[Any]) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from baton.backends.megatron.checkpoint import (
     AsyncSaves,
     MegatronSave,
     init_optimizer_state,
-    layout_refusal,
     load_model_state,
+    load_plan,
     model_sharded_state,
     naming_failures,
     restore_optimizer_steps,
@@ -35,7 +35,7 @@ from baton.backends.megatron.checkpoint import (
 )
 from baton.backends.megatron.cpu import device_mode_paused
 from baton.backends.megatron.data import data_fingerprint
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 if TYPE_CHECKING:
     from baton.backends.megatron.backend import MegatronBackend
@@ -53,8 +53,6 @@ class MegatronCheckpointIO:
     def __init__(self, engine: MegatronBackend) -> None:
         self.engine = engine
         self._async_saves = AsyncSaves()
-        #: whether the next ``load`` reads shards of this model-parallel layout (RNG too)
-        self._same_shards = True
 
     # -- what core records --------------------------------------------------------------
     def facts(self) -> CheckpointFacts:
@@ -65,12 +63,11 @@ class MegatronCheckpointIO:
         fingerprint = data_fingerprint(engine.config.data, engine.source)
         return CheckpointFacts(engine.layout(), engine.train_stream.consumed, fingerprint)
 
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
-        """Why ``dist_checkpointing`` cannot reshard ``saved`` onto this layout
-        (``checkpoint.layout_refusal``); when it can but the model-parallel shards
-        differ, the next ``load`` leaves the RNG states fresh."""
-        why, self._same_shards = layout_refusal(saved, self.engine.layout())
-        return why
+    def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
+        """How ``dist_checkpointing`` reshards ``saved`` onto this layout, or why it
+        cannot (``checkpoint.load_plan``): the RNG states stay fresh where the
+        model-parallel shards differ."""
+        return load_plan(saved, self.engine.layout())
 
     @staticmethod
     def legacy_facts(directory: Path) -> CheckpointFacts | None:
@@ -100,8 +97,9 @@ class MegatronCheckpointIO:
         """Block while a save still copies what the optimizer step changes (CPU writer)."""
         self._async_saves.wait_for_staging()
 
-    def load(self, directory: Path) -> None:
-        """Restore model, optimizer, scheduler, data position and RNG from ``directory``.
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
+        """Restore model, optimizer, scheduler, data position and RNG from ``directory``
+        (the RNG left fresh where ``plan`` says).
 
         A failure is re-raised as ``CheckpointLoadError`` naming the Megatron call that
         failed and its message (or, for a bare assertion, the failing source line).
@@ -110,10 +108,9 @@ class MegatronCheckpointIO:
 
         engine = self.engine
         assert engine.train_stream is not None, "setup() must run before load()"
-        same_shards, self._same_shards = self._same_shards, True
         with naming_failures("building the sharded state dict to load into"):
             init_optimizer_state(engine.optimizer)
-            request = self._sharded_state(loading=True, rng=same_shards)
+            request = self._sharded_state(loading=True, rng="rng" not in plan.fresh)
         with naming_failures(f"dist_checkpointing.load({directory})"):
             state = dist_checkpointing.load(request, str(directory))
         # copying into the optimizer's fp32 shards (views of parameters) is not autograd work

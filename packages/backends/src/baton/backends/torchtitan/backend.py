@@ -30,7 +30,7 @@ history) and points it at baton's directory for each save. ``checkpoint.async_mo
 (``"async"``, ``"async_with_pinned_mem"``) makes saves asynchronous; the second stages
 the copy on a thread while the next step runs forward and backward (on a CPU-only
 machine without pinned memory, see ``checkpoint_io.stage_without_accelerator``). A checkpoint
-saved on another layout loads through DCP's resharding (see ``layout_refusal``); the
+saved on another layout loads through DCP's resharding (see ``plan_load``); the
 layout, samples consumed and the rest of ``checkpoint_facts`` go into ``baton.json``.
 
 Weights-only start (fine-tuning): ``config.checkpoint.initial_load_path`` names a baton
@@ -43,7 +43,7 @@ TorchTitan's initial load path reads the model weights only
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,8 +72,10 @@ from baton.backends.torchtitan.reduction import (
     model_parameters,
 )
 from baton.backends.weight_checksums import gather
+from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
+from baton.core.checkpoint_record import LOAD_ALL, LoadPlan
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
@@ -150,10 +152,6 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
 
     # -- facts ------------------------------------------------------------------------
-    @property
-    def supports_async_save(self) -> bool:
-        return getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
-
     @property
     def flops_per_token(self) -> float | None:
         if self.trainer is None:
@@ -332,7 +330,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         (``evaluation.py``)."""
         return validate(self.trainer, self.config)
 
-    # -- the model, its gradients and optimizer (model_state, gradients) --------------
+    # -- the model, its gradients and optimizer (model_state) --------------------------
     def model_state(self) -> TorchModelState:
         """Parameters under Hugging Face names, gradients before clipping, optimizer
         groups and freezing (``torchtitan/model_state.py``); built on first use."""
@@ -345,21 +343,27 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             self._capture.before_clip = self._model_state.before_clipping
         return self._model_state
 
-    def watch_gradients(self, watcher: Callable[[Mapping[str, Any]], None]) -> None:
-        """The ``gradients`` ability: ``model_state().watch_gradients``."""
-        self.model_state().watch_gradients(watcher)
-
     # -- silent-corruption checks ------------------------------------------------------
     def gather_weight_checksums(self) -> list[dict[str, str]]:
         """Every rank's checksums of its parameters' and optimizer state's local parts
         (ability ``weight_checksums``; see ``torchtitan/checksums.py``)."""
         return [entry or {} for entry in gather(replica_checksums(self.trainer, self.rank))]
 
-    @property
-    def refused_abilities(self) -> dict[str, str]:
-        """Checksums need a ``dp_replicate`` dimension to compare replicas along."""
-        why = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
-        return {"weight_checksums": why} if why else {}
+    # -- abilities --------------------------------------------------------------------
+    def abilities(self) -> Abilities:
+        """Everything but skipping data and step replay; an asynchronous save where
+        ``checkpoint.async_mode`` is set, weight checksums where a ``dp_replicate``
+        dimension holds replicas to compare."""
+        asynchronous = getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
+        no_replica = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
+        return Abilities(
+            evaluate=True,
+            async_save=asynchronous,
+            multi_rank=True,
+            weight_checksums=True,
+            model_state=True,
+            dry_run=True,
+        ).refusing(weight_checksums=no_replica)
 
     # -- resuming with changed settings ---------------------------------------------
     @property
@@ -393,10 +397,10 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         """This run's parallel layout as TorchTitan resolved it, and its world size."""
         return self.checkpoints.layout()
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """Restore model, optimizer, scheduler, data loader and step from ``save``'s
-        output (through DCP's resharding onto this layout, ``layout_refusal``)."""
-        super().load(directory)
+        output (through DCP's resharding onto this layout, ``plan_load``)."""
+        super().load(directory, plan)
         self._batches = None  # a fresh iterator over the restored loader state
 
     # -- end --------------------------------------------------------------------------

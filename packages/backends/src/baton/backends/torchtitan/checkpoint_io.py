@@ -8,8 +8,8 @@ Example::
 
     io = TitanCheckpointIO(backend)          # the backend builds it in __init__
     handle = io.save(directory, asynchronous=True)
-    io.layout_refusal(saved_layout)          # None: loads here (core asks before load)
-    io.load(directory)
+    plan = io.plan_load(saved_layout)        # core asks before load; refusal: cannot
+    io.load(directory, plan)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from baton.backends.async_save import FuturePendingSave
-from baton.core.checkpoint_record import CheckpointFacts
+from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 if TYPE_CHECKING:
     from baton.backends.torchtitan.backend import TorchTitanBackend
@@ -76,9 +76,6 @@ class TitanCheckpointIO:
 
     def __init__(self, engine: TorchTitanBackend) -> None:
         self.engine = engine
-        #: the next ``load`` leaves the data loader out (``layout_refusal`` accepted a
-        #: change of data-parallel ranks with ``reshard_data="restart"``)
-        self._restart_data = False
 
     def layout(self) -> dict[str, int]:
         """This run's parallel layout as TorchTitan resolved it (``ep`` where experts
@@ -99,35 +96,31 @@ class TitanCheckpointIO:
             per_step = int(training.local_batch_size) * int(dims.dp_replicate * dims.dp_shard)
         return CheckpointFacts(self.layout(), samples=int(self.engine.trainer.step) * per_step)
 
-    def layout_refusal(self, saved: Mapping[str, Any]) -> str | None:
+    def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
         """DCP reshards weights, optimizer and schedule onto any layout; TorchTitan's
         data-loader position is per data-parallel rank and moves only while
         ``dp_replicate x dp_shard`` stays. Otherwise ``reshard_data="refuse"`` (the
-        default) refuses, and ``"restart"`` makes the next ``load`` leave the data
-        loader at the beginning of its data."""
-        self._restart_data = False
+        default) refuses, and ``"restart"`` plans a load that leaves the data loader at
+        the beginning of its data."""
         now = self.layout()
         before = int(saved.get("dp_replicate", 1)) * int(saved.get("dp_shard", 1))
         after = now["dp_replicate"] * now["dp_shard"]
         if before == after:
             logger.info("resharding checkpoint from %s to %s", dict(saved), now)
-            return None
+            return LOAD_ALL
         if self.engine.reshard_data == "refuse":
-            return (
-                "DCP reshards weights, optimizer and schedule, but TorchTitan's data-loader "
-                f"position is per data-parallel rank and cannot move from {before} to "
-                f"{after} data-parallel ranks: keep dp_replicate x dp_shard = {before}, or "
-                "pass TorchTitanBackend(..., reshard_data='restart') to restart the data "
-                "from its beginning"
+            return LoadPlan(
+                refusal="DCP reshards weights, optimizer and schedule, but TorchTitan's "
+                "data-loader position is per data-parallel rank and cannot move from "
+                f"{before} to {after} data-parallel ranks: keep dp_replicate x dp_shard = "
+                f"{before}, or pass TorchTitanBackend(..., reshard_data='restart') to "
+                "restart the data from its beginning"
             )
-        logger.warning(
-            "resharding checkpoint from %s to %s; the data loader restarts from the beginning "
-            "of its data (reshard_data='restart')",
-            dict(saved),
-            now,
+        return LoadPlan(
+            fresh=frozenset({"data"}),
+            note=f"resharding checkpoint from {dict(saved)} to {now}; the data loader "
+            "restarts from the beginning of its data (reshard_data='restart')",
         )
-        self._restart_data = True
-        return None
 
     def legacy_facts(self, directory: Path) -> CheckpointFacts | None:
         """``layout.json``, written beside the DCP state before ``baton.json`` recorded it."""
@@ -148,12 +141,12 @@ class TitanCheckpointIO:
         checkpointer.maybe_wait_for_saving()
         return None
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """Restore model, optimizer, scheduler, data loader and step from ``save``'s output.
 
         A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
-        DCP's resharding, once core has asked ``layout_refusal`` (which may leave the
-        data loader out of this load: ``reshard_data="restart"``).
+        DCP's resharding, as ``plan_load`` planned it (the data loader left out where the
+        plan keeps the data fresh: ``reshard_data="restart"``).
         """
         checkpointer = self.engine.trainer.checkpointer
         checkpointer.folder = str(directory)
@@ -161,10 +154,9 @@ class TitanCheckpointIO:
         if step < 0:
             raise FileNotFoundError(f"no TorchTitan checkpoint (step-N folder) in {directory}")
         excluded = list(checkpointer.exclude_from_loading)
-        if self._restart_data and "dataloader" not in excluded:
+        if "data" in plan.fresh and "dataloader" not in excluded:
             checkpointer.exclude_from_loading = [*excluded, "dataloader"]
         try:
             checkpointer.load(step=step)
         finally:
             checkpointer.exclude_from_loading = excluded
-            self._restart_data = False

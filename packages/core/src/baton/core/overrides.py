@@ -113,24 +113,3 @@ def apply_override(config: Any, assignment: str) -> tuple[str, Any]:
 def apply_overrides(config: Any, assignments: Iterable[str]) -> dict[str, Any]:
     """Apply each assignment in order; returns what was set, for the run record."""
     return dict(apply_override(config, a) for a in assignments)
-
-
-def to_jsonable(value: Any, depth: int = 0) -> Any:
-    """A native config as JSON-friendly data (dataclasses, mappings, sequences; other
-    objects by ``repr``), for the run record."""
-    if depth > 12:
-        return repr(value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: to_jsonable(getattr(value, f.name), depth + 1)
-            for f in dataclasses.fields(value)
-        }
-    if isinstance(value, MutableMapping) or isinstance(value, dict):
-        mapping = cast(MutableMapping[Any, Any], value)
-        return {str(k): to_jsonable(v, depth + 1) for k, v in mapping.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = cast(Iterable[Any], value)
-        return [to_jsonable(v, depth + 1) for v in items]
-    return repr(value)

@@ -60,6 +60,7 @@ from baton.core.console_line import apply_console_keys
 from baton.core.driver import Driver
 from baton.core.dry_run import plan, planning
 from baton.core.errors import RecipeError, UsageError, did_you_mean
+from baton.core.json_values import json_value
 from baton.core.logs import setup_logging
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
@@ -422,14 +423,14 @@ def build_driver(
             applied = apply_overrides(driver.backend.config, options.set)
         except OverrideError as error:
             raise RecipeError(str(error)) from None
-        settings["set"] = _setting_value(applied)
+        settings["set"] = json_value(applied)
     if options.dry_run:
         print(plan(driver.backend, options.world_size), flush=True)
         return None
     # a flag left unset that the recipe resolved (the tokenizer prepared data names) is
     # recorded as the recipe resolved it
     resolved = {k for k, v in kwargs.items() if v is None and settings.get(k) is not None}
-    settings.update({k: _setting_value(v) for k, v in kwargs.items() if k not in resolved})
+    settings.update({k: json_value(v) for k, v in kwargs.items() if k not in resolved})
     settings.setdefault("recipe", str(path))
     driver.options = driver.options.replace(**run_flags(options, kwargs), settings=settings)
     return driver
@@ -470,7 +471,7 @@ def print_config(
     if options.set:
         resolved["set"] = list(options.set)
     resolved.update(callbacks)
-    print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
+    print(yaml.safe_dump(json_value(resolved), sort_keys=False), end="")
 
 
 def call_recipe(
@@ -506,16 +507,3 @@ def run_flags(options: RecipeFlags, kwargs: Mapping[str, Any]) -> dict[str, Any]
         "checkpoint_upload": options.checkpoint_upload,
     }
     return {k: v for k, v in flags.items() if k not in kwargs}
-
-
-def _setting_value(value: Any) -> Any:
-    """A recipe parameter as ``settings`` records it: JSON values as they are, anything
-    else as its ``str`` (settings are compared on resume: this form must not change;
-    ``overrides.to_jsonable`` is the run record's fuller view of a native config)."""
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, list | tuple):
-        return [_setting_value(v) for v in cast(Sequence[Any], value)]
-    if isinstance(value, dict):
-        return {str(k): _setting_value(v) for k, v in cast(dict[Any, Any], value).items()}
-    return str(value)

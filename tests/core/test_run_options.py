@@ -247,3 +247,25 @@ def test_a_dropped_callback_turns_the_recipes_switch_of_its_name_off(tmp_path, c
     driver = build_driver(recipe, argv)
     assert driver is not None and driver.callbacks == []
     assert driver.options.settings["progress"] is False
+
+
+def test_run_flags_come_from_one_table_and_reach_the_driver(recipe_file, tmp_path) -> None:
+    import dataclasses
+
+    from baton.core.options import RunOptions
+    from baton.core.recipe import RUN_OPTION_FLAGS
+
+    options = {f.name for f in dataclasses.fields(RunOptions)}
+    assert set(RUN_OPTION_FLAGS) <= options
+    assert {"resume", "verify", "overwrite", "allow_changed"} <= set(RUN_OPTION_FLAGS)
+    assert "dry_run" not in RUN_OPTION_FLAGS and "set" not in RUN_OPTION_FLAGS
+    driver = build_driver(
+        recipe_file,
+        ["--run-dir", str(tmp_path / "r"), "--verify", "size", "--allow-changed", "lr"],
+    )
+    assert driver.options.verify == "size"
+    assert driver.options.allow_changed == frozenset({"lr"})
+    config = tmp_path / "c.yaml"
+    config.write_text("print_config: true\n")
+    with pytest.raises(RecipeError, match="unknown parameters"):
+        build_driver(recipe_file, ["--run-dir", str(tmp_path / "r"), "--config", str(config)])

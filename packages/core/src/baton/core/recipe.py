@@ -80,54 +80,91 @@ NON_NEGATIVE = re.compile(r"^(max_.+|min_.+|.+_steps|.+_tokens|.+_every|seed|.+_
 ORDERED = (("min_lr", "lr"),)
 
 
-def _flag(default: Any, help: str) -> Any:
-    """A ``RecipeFlags`` field: its default and its ``--help`` text (written here only)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def _flag(
+    default: Any,
+    help: str,
+    *,
+    run_option: bool = False,
+    repeatable: bool = False,
+    in_config_file: bool = True,
+) -> Any:
+    """A ``RecipeFlags`` field, the one place a run flag is described: its default, its
+    ``--help`` text, whether the driver's ``RunOptions`` field of the same name takes its
+    value (``run_option``), whether it is given once per item (``repeatable``) and
+    whether a ``--config`` file may set it."""
+    metadata = {
+        "help": help,
+        "run_option": run_option,
+        "repeatable": repeatable,
+        "in_config_file": in_config_file,
+    }
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass
 class RecipeFlags:
-    """Flags every recipe gets from ``baton run`` (beside its own parameters); the
-    run's ones replace the returned driver's ``RunOptions`` fields of the same name.
-    Each field's ``metadata["help"]`` is its ``--help`` text."""
+    """Flags every recipe gets from ``baton run`` (beside its own parameters), in one
+    table: each field's ``metadata`` (``_flag``) holds its ``--help`` text and its kind,
+    and every list of flag names is read from it. The ones marked ``run_option``
+    replace the returned driver's ``RunOptions`` fields of the same name."""
 
     resume: str = _flag(
-        "none", "'auto' (latest valid checkpoint), 'none', or a checkpoint directory"
+        "none",
+        "'auto' (latest valid checkpoint), 'none', or a checkpoint directory",
+        run_option=True,
     )
     patches: str | None = _flag(
-        None, "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)"
+        None,
+        "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)",
+        run_option=True,
     )
     overwrite: bool = _flag(
-        False, "start fresh where checkpoints exist: move the old checkpoints and logs aside"
+        False,
+        "start fresh where checkpoints exist: move the old checkpoints and logs aside",
+        run_option=True,
     )
     allow_changed: str = _flag(
-        "", "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'"
+        "",
+        "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'",
+        run_option=True,
     )
     verify: str = _flag(
-        "full", "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)"
+        "full",
+        "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)",
+        run_option=True,
     )
     checkpoint_upload: str | None = _flag(
         None,
         "also keep checkpoints in object storage, uploaded in the background "
         "and resumed from with --resume auto: 's3://bucket/prefix'",
+        run_option=True,
     )
     config: str | None = _flag(
-        None, "YAML or TOML file of parameter values; flags given here override it"
+        None,
+        "YAML or TOML file of parameter values; flags given here override it",
+        in_config_file=False,
     )
     print_config: bool = _flag(
-        False, "print the resolved parameters (YAML) and exit without training"
+        False,
+        "print the resolved parameters (YAML) and exit without training",
+        in_config_file=False,
     )
     set: tuple[str, ...] = _flag(
-        (), "override a field of the backend's native config: --set KEY.PATH=VALUE"
+        (),
+        "override a field of the backend's native config: --set KEY.PATH=VALUE",
+        repeatable=True,
     )
     callback: tuple[str, ...] = _flag(
         (),
         "add a callback, or configure the recipe's: NAME[:key=value,...] by registered "
         "name (`baton callbacks NAME` lists its arguments), or a class of your own: "
         "FILE.py:Class[:key=value,...] or MODULE:Class[:key=value,...]",
+        repeatable=True,
     )
     no_callback: tuple[str, ...] = _flag(
-        (), "drop a callback the recipe adds, by its registered name or class path"
+        (),
+        "drop a callback the recipe adds, by its registered name or class path",
+        repeatable=True,
     )
     console_keys: str | None = _flag(
         None,
@@ -147,8 +184,16 @@ class RecipeFlags:
     )
 
 
+def _flags_marked(mark: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RecipeFlags) if f.metadata[mark])
+
+
 #: flags given more than once, each adding an item
-_REPEATABLE = ("set", "callback", "no_callback")
+_REPEATABLE = _flags_marked("repeatable")
+#: flags whose value replaces the driver's ``RunOptions`` field of the same name
+RUN_OPTION_FLAGS = _flags_marked("run_option")
+#: flags a ``--config`` file may set (all but the ones naming or printing it)
+_CONFIG_FILE_FLAGS = _flags_marked("in_config_file")
 #: ``--config`` keys for the callback flags: ``callbacks:`` (a list) and ``no_callbacks:``
 CONFIG_CALLBACKS = {"callbacks": "callback", "no_callbacks": "no_callback"}
 
@@ -297,7 +342,7 @@ def parse_recipe_args(
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     own = {p.name for p in signature.params}
     config = _config_path(argv)
-    flags = {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
+    flags = set(_CONFIG_FILE_FLAGS)
     known = own | flags - {*CONFIG_CALLBACKS.values()} | {*CONFIG_CALLBACKS}
     defaults = recorded_defaults(signature, recorded or {})
     callbacks = CallbackFlags()
@@ -498,12 +543,4 @@ def call_recipe(
 def run_flags(options: RecipeFlags, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The run's flags the driver's options take, where the recipe does not take a
     parameter of that name itself."""
-    flags = {
-        "resume": options.resume,
-        "patches": options.patches,
-        "overwrite": options.overwrite,
-        "allow_changed": options.allow_changed,
-        "verify": options.verify,
-        "checkpoint_upload": options.checkpoint_upload,
-    }
-    return {k: v for k, v in flags.items() if k not in kwargs}
+    return {k: getattr(options, k) for k in RUN_OPTION_FLAGS if k not in kwargs}

@@ -269,3 +269,21 @@ def test_run_flags_come_from_one_table_and_reach_the_driver(recipe_file, tmp_pat
     config.write_text("print_config: true\n")
     with pytest.raises(RecipeError, match="unknown parameters"):
         build_driver(recipe_file, ["--run-dir", str(tmp_path / "r"), "--config", str(config)])
+
+
+def test_a_backends_keyword_fields_are_set_by_name_and_a_wrong_one_is_named() -> None:
+    import dataclasses
+
+    from baton.core.overrides import set_fields
+
+    @dataclasses.dataclass
+    class TinyConfig:
+        seq_len: int = 8
+        lr: float = 1e-3
+
+    config = TinyConfig()
+    set_fields(config, {"seq_len": 64, "lr": 0.5})
+    assert config == TinyConfig(seq_len=64, lr=0.5)
+    with pytest.raises(TypeError, match=r"^TinyConfig has no field 'seqlen'; use seq_len$"):
+        set_fields(config, {"seqlen": 1}, hint="; use seq_len")
+    assert config == TinyConfig(seq_len=64, lr=0.5)

@@ -16,7 +16,7 @@ itself.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, cast
 
 import yaml
@@ -113,3 +113,20 @@ def apply_override(config: Any, assignment: str) -> tuple[str, Any]:
 def apply_overrides(config: Any, assignments: Iterable[str]) -> dict[str, Any]:
     """Apply each assignment in order; returns what was set, for the run record."""
     return dict(apply_override(config, a) for a in assignments)
+
+
+def set_fields(config: Any, fields: Mapping[str, Any], *, hint: str = "") -> None:
+    """Set each of ``fields`` on ``config``, a backend's config object, as its keyword
+    arguments do (``MegatronBackend(seq_len=64)``); a name the config lacks raises
+    ``TypeError`` naming the config's class and the field, then ``hint``.
+
+    >>> from types import SimpleNamespace
+    >>> config = SimpleNamespace(seq_len=8)
+    >>> set_fields(config, {"seq_len": 64})
+    >>> config.seq_len
+    64
+    """
+    for key, value in fields.items():
+        if not hasattr(config, key):
+            raise TypeError(f"{type(config).__name__} has no field {key!r}{hint}")
+        setattr(config, key, value)

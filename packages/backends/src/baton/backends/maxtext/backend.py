@@ -64,6 +64,7 @@ from baton.backends.maxtext.plan import planned_on_host
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
+from baton.core.overrides import set_fields
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -127,12 +128,7 @@ class MaxTextBackend(
         self.config = config or MaxTextConfig()
         if overrides:
             self.config.update(overrides)
-        for key, value in fields.items():
-            if not hasattr(self.config, key):
-                raise TypeError(
-                    f"MaxTextConfig has no field {key!r}; MaxText settings go in overrides={{...}}"
-                )
-            setattr(self.config, key, value)
+        set_fields(self.config, fields, hint="; MaxText settings go in overrides={...}")
         #: MaxText's resolved config (``pyconfig.HyperParameters``) after ``setup``
         self.hparams: Any = None
         self.mesh: Any = None

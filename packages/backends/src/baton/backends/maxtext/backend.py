@@ -138,7 +138,7 @@ class MaxTextBackend(
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
         #: batches taken from the data stream since step 0 (saved and restored)
-        self.consumed = 0
+        self.batches_read = 0
         self.learning_rate_schedule: Callable[[int], Any] | None = None
         self._lr_at: Callable[[int], Any] | None = None
         self._p_train: Any = None
@@ -156,6 +156,15 @@ class MaxTextBackend(
         self.data_fingerprint = ""
 
     # -- facts ----------------------------------------------------------------------
+    @property
+    def consumed(self) -> int:
+        """``batches_read`` under its former name, which ``checkpoint_io.py`` still uses."""
+        return self.batches_read
+
+    @consumed.setter
+    def consumed(self, batches: int) -> None:
+        self.batches_read = batches
+
     @property
     def graphdef(self) -> Any:
         """The model's and optimizer's structure (``nnx.split``) after ``setup``."""
@@ -324,7 +333,7 @@ class MaxTextBackend(
         started = time.perf_counter()
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
         waited = time.perf_counter() - started
-        self.consumed += 1
+        self.batches_read += 1
         keep, self._keep_state_once = self._keep_state_once, False  # a background save
         with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):  # reads it
             self.state, metrics = self._run_train_step(batch, keep_state=keep)

@@ -180,3 +180,16 @@ def test_a_checkpoint_with_the_facts_in_a_side_file_is_checked_too(tmp_path):
     with pytest.raises(CheckpointMismatch, match="checkpoint has tp=2, dp=1; this run has tp=1"):
         fit(tmp_path, ShardedScalar(tp=1), 6, resume="auto")
     assert fit(tmp_path, ShardedScalar(tp=2), 6, resume="auto").resumed_from == checkpoint
+
+
+def test_a_checkpoint_knows_its_run_directory_only_inside_one(tmp_path):
+    from baton.core.checkpointing import checkpoints_dir, run_dir_of
+    from baton.core.cli import checkpoint_run_dir
+
+    run = tmp_path / "runs" / "a"
+    inside = checkpoints_dir(run) / "step_000010"
+    assert run_dir_of(inside) == run
+    assert checkpoint_run_dir(inside) == run
+    elsewhere = tmp_path / "downloads" / "step_000010"
+    assert run_dir_of(elsewhere) is None
+    assert checkpoint_run_dir(elsewhere) == tmp_path / "downloads"

@@ -247,3 +247,43 @@ def test_a_dropped_callback_turns_the_recipes_switch_of_its_name_off(tmp_path, c
     driver = build_driver(recipe, argv)
     assert driver is not None and driver.callbacks == []
     assert driver.options.settings["progress"] is False
+
+
+def test_run_flags_come_from_one_table_and_reach_the_driver(recipe_file, tmp_path) -> None:
+    import dataclasses
+
+    from baton.core.options import RunOptions
+    from baton.core.recipe import RUN_OPTION_FLAGS
+
+    options = {f.name for f in dataclasses.fields(RunOptions)}
+    assert set(RUN_OPTION_FLAGS) <= options
+    assert {"resume", "verify", "overwrite", "allow_changed"} <= set(RUN_OPTION_FLAGS)
+    assert "dry_run" not in RUN_OPTION_FLAGS and "set" not in RUN_OPTION_FLAGS
+    driver = build_driver(
+        recipe_file,
+        ["--run-dir", str(tmp_path / "r"), "--verify", "size", "--allow-changed", "lr"],
+    )
+    assert driver.options.verify == "size"
+    assert driver.options.allow_changed == frozenset({"lr"})
+    config = tmp_path / "c.yaml"
+    config.write_text("print_config: true\n")
+    with pytest.raises(RecipeError, match="unknown parameters"):
+        build_driver(recipe_file, ["--run-dir", str(tmp_path / "r"), "--config", str(config)])
+
+
+def test_a_backends_keyword_fields_are_set_by_name_and_a_wrong_one_is_named() -> None:
+    import dataclasses
+
+    from baton.core.overrides import set_fields
+
+    @dataclasses.dataclass
+    class TinyConfig:
+        seq_len: int = 8
+        lr: float = 1e-3
+
+    config = TinyConfig()
+    set_fields(config, {"seq_len": 64, "lr": 0.5})
+    assert config == TinyConfig(seq_len=64, lr=0.5)
+    with pytest.raises(TypeError, match=r"^TinyConfig has no field 'seqlen'; use seq_len$"):
+        set_fields(config, {"seqlen": 1}, hint="; use seq_len")
+    assert config == TinyConfig(seq_len=64, lr=0.5)

@@ -147,9 +147,9 @@ def test_epochs_restart_or_stop_as_configured(tmp_path):
     data = batches(3)
     backend = build("restart", data)
     assert Driver(backend, max_steps=7, run_dir=tmp_path / "a").fit().step == 7
-    assert (backend.data.epoch, backend.data.consumed) == (2, 1)
+    assert (backend.data.epoch, backend.data.batches_read) == (2, 1)
     backend.skip_data(3)  # what a guard does to step over a bad window: one batch per step
-    assert (backend.data.epoch, backend.data.consumed) == (3, 1)
+    assert (backend.data.epoch, backend.data.batches_read) == (3, 1)
 
     # on_data_end="stop": the run ends in order at the last complete step
     stopped = Driver(build("stop", data), max_steps=7, run_dir=tmp_path / "b").fit()

@@ -278,3 +278,17 @@ def test_stream_resumes_at_the_next_window_with_another_global_batch() -> None:
     resumed = TextBatches(data, batch_size=4, seq_len=16, seed=5)
     resumed.load_state_dict(old_format)
     assert windows(resumed, 1) == read[24:28]
+
+
+def test_the_saved_position_counts_batches_under_the_key_checkpoints_hold() -> None:
+    data = np.arange(16 * 20 + 1, dtype=np.int32)
+    stream = TextBatches(data, batch_size=4, seq_len=16, seed=1)
+    next(stream), next(stream)
+    state = stream.state_dict()
+    assert stream.batches_read == 2 and state["consumed"] == 2 and state["position"] == 8
+    written_before = {"consumed": 2, "epoch": 0, "position": 8, "seed": 1, "batch_size": 4,
+                      "seq_len": 16}  # fmt: skip
+    resumed = TextBatches(data, batch_size=4, seq_len=16, seed=1)
+    resumed.load_state_dict(written_before)
+    assert resumed.batches_read == 2
+    np.testing.assert_array_equal(next(resumed)["inputs"], next(stream)["inputs"])

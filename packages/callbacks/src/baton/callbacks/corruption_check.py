@@ -41,10 +41,9 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.core import checkpointing as ckpt
+from baton.callbacks.rollback import LastGood
 from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
@@ -139,8 +138,7 @@ class CorruptionCheck(Callback):
         self.findings: list[dict[str, Any]] = []
         #: steps replayed (their step numbers)
         self.replayed: list[int] = []
-        self.last_good_step = 0
-        self._rollback_to: Path | None = None
+        self.last_good = LastGood()
         self._replay_due = False
         self._replaying = False
 
@@ -149,13 +147,16 @@ class CorruptionCheck(Callback):
             return frozenset({"weight_checksums"})
         return frozenset({"weight_checksums", "step_replay"})
 
+    @property
+    def last_good_step(self) -> int:
+        """The last step whose replicas checked clean (or the step the run started at)."""
+        return self.last_good.step
+
     def on_train_start(self, driver: Driver) -> None:
-        self.last_good_step = driver.step  # a resumed state was checked when saved
+        self.last_good.mark(driver.step)  # a resumed state was checked when saved
 
     def on_step_start(self, driver: Driver) -> None:
-        if self._rollback_to is not None:
-            path, self._rollback_to = self._rollback_to, None
-            driver.rollback(path)
+        if self.last_good.roll_back_if_due(driver.checkpoint_dir, driver.rollback) is not None:
             log.warning("CorruptionCheck: rolled back to step %d", driver.step)
         every = self.replay_every_n_steps
         if every is not None and (driver.step + 1) % every == 0:
@@ -178,7 +179,7 @@ class CorruptionCheck(Callback):
             apart = disagreements(backend.gather_weight_checksums())
             found += [(name, ranks, "replicas") for name, ranks in apart]
             if not found:
-                self.last_good_step = driver.step
+                self.last_good.mark(driver.step)
         if found:
             self._act(driver, found)
 
@@ -197,18 +198,11 @@ class CorruptionCheck(Callback):
         )
         if len(found) > 5:
             what += f" (and {len(found) - 5} more)"
-        driver.control.veto_save(what)
-        good = self._good_checkpoint(driver)
+        good = self.last_good.refuse_save(driver.control, what, driver.checkpoint_dir)
         if self.action == "rollback" and good is not None:
-            log.error("CorruptionCheck: %s; rolling back to %s", what, good)
-            self._rollback_to = good
+            log.error("CorruptionCheck: %s; rolling back to %s", what, good[0])
+            self.last_good.roll_back_at_next_step(driver.step)
             return
         hint = " (no checkpoint to roll back to)" if self.action == "rollback" else ""
         log.error("CorruptionCheck: %s; stopping%s", what, hint)
         driver.control.request_stop(f"silent corruption: {what}", all_ranks=True)
-
-    def _good_checkpoint(self, driver: Driver) -> Path | None:
-        for path, meta in ckpt.resumable(driver.checkpoint_dir):
-            if int(meta["step"]) <= self.last_good_step:
-                return path
-        return None

@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from baton.core import checkpointing as ckpt
+from baton.callbacks.rollback import LastGood
 from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
@@ -85,8 +84,7 @@ class LossGuard(Callback):
         self.rollbacks = 0
         self.loss_mean: float | None = None
         self.logs_seen = 0
-        self.last_good_step = 0
-        self._rollback_from: int | None = None
+        self.last_good = LastGood()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -106,8 +104,13 @@ class LossGuard(Callback):
     def __repr__(self) -> str:
         return f"LossGuard(action={self.action!r})"
 
+    @property
+    def last_good_step(self) -> int:
+        """The last step whose logged loss was healthy (or the step loaded)."""
+        return self.last_good.step
+
     def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
-        self.last_good_step = driver.step
+        self.last_good.mark(driver.step)
 
     # -- detection ------------------------------------------------------------------
     def on_step_end(self, driver: Driver, output: StepOutput) -> None:
@@ -146,7 +149,7 @@ class LossGuard(Callback):
                 else ((1 - self.ema) * self.loss_mean + self.ema * loss)
             )
             metrics["guard/loss_mean"] = self.loss_mean
-            self.last_good_step = driver.step
+            self.last_good.mark(driver.step)
             return
         what = (
             "a non-finite (NaN/Inf) loss"
@@ -156,16 +159,9 @@ class LossGuard(Callback):
         self._act(driver, what)
 
     # -- action ---------------------------------------------------------------------
-    def _good_checkpoint(self, driver: Driver) -> tuple[Path, dict[str, Any]] | None:
-        for path, meta in ckpt.resumable(driver.checkpoint_dir):
-            if int(meta["step"]) <= self.last_good_step:
-                return path, meta
-        return None
-
     def _act(self, driver: Driver, what: str) -> None:
         # never save the broken state, now or on the way out
-        driver.control.veto_save(what)
-        good = self._good_checkpoint(driver)
+        good = self.last_good.refuse_save(driver.control, what, driver.checkpoint_dir)
         where = (
             f"steps {self.last_good_step + 1}..{driver.step}"
             if driver.step > self.last_good_step + 1
@@ -173,7 +169,7 @@ class LossGuard(Callback):
         )
         if self.action == "rollback" and good is not None and self.rollbacks < self.max_rollbacks:
             log.error("%s in %s: rolling back to %s", what, where, good[0])
-            self._rollback_from = driver.step
+            self.last_good.roll_back_at_next_step(driver.step)
             return
         if self.action == "rollback" and good is None:
             hint = "no checkpoint at or before the last good step to roll back to"
@@ -191,12 +187,9 @@ class LossGuard(Callback):
         driver.control.request_stop(message, all_ranks=True)
 
     def on_step_start(self, driver: Driver) -> None:
-        if self._rollback_from is None:
+        bad_step = self.last_good.roll_back_if_due(driver.checkpoint_dir, driver.rollback)
+        if bad_step is None:
             return
-        bad_step, self._rollback_from = self._rollback_from, None
-        good = self._good_checkpoint(driver)
-        assert good is not None
-        driver.rollback(good[0])
         self.rollbacks += 1
         skip = bad_step - driver.step
         backend = driver.backend

@@ -57,6 +57,7 @@ from baton.core.callback_paths import (
 )
 from baton.core.config_values import ValueMismatch, coerce, describe
 from baton.core.errors import UsageError, did_you_mean
+from baton.core.json_values import json_value
 from baton.core.recipe_signature import Param, Signature, help_by_name, summary_of
 from baton.core.registry import CALLBACKS, UnknownNameError
 
@@ -369,18 +370,8 @@ def _full_record(choice: CallbackChoice, callback: Callback) -> dict[str, Any]:
     for param in callback_signature(cls).params:
         value = typed.get(param.name, param.default)
         if value is not dataclasses.MISSING:
-            record[param.name] = _jsonable(value)
+            record[param.name] = json_value(value)
     return record
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in cast(Sequence[Any], value)]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in cast(dict[Any, Any], value).items()}
-    return str(value)
 
 
 def describe_parameter(param: Param) -> tuple[str, str, str]:

@@ -56,6 +56,19 @@ def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / CHECKPOINTS_DIR
 
 
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory whose ``checkpoints/`` holds ``checkpoint``, or ``None`` where
+    the checkpoint lies elsewhere (a copied or downloaded one).
+
+    >>> run_dir_of(Path("runs/a/checkpoints/step_000100")).as_posix()
+    'runs/a'
+    >>> run_dir_of(Path("downloads/step_000100")) is None
+    True
+    """
+    parent = checkpoint.parent
+    return parent.parent if parent.name == CHECKPOINTS_DIR else None
+
+
 def native_dir(path: Path) -> Path:
     """The backend's own folder of the checkpoint at ``path`` (its ``BACKEND_DIR``), or
     ``path`` itself where it has none (a backend's folder given directly)."""

@@ -93,9 +93,10 @@ def checkpoint_run_dir(checkpoint: str | Path) -> Path:
     >>> checkpoint_run_dir("runs/a/checkpoints/step_000100").as_posix()
     'runs/a'
     """
+    from baton.core.checkpointing import run_dir_of
+
     path = Path(checkpoint)
-    parent = path.parent
-    return parent.parent if parent.name == "checkpoints" else parent
+    return run_dir_of(path) or path.parent
 
 
 def eval_record_dir(checkpoint: str | Path) -> Path:

@@ -16,7 +16,7 @@ itself.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, cast
 
 import yaml
@@ -115,22 +115,18 @@ def apply_overrides(config: Any, assignments: Iterable[str]) -> dict[str, Any]:
     return dict(apply_override(config, a) for a in assignments)
 
 
-def to_jsonable(value: Any, depth: int = 0) -> Any:
-    """A native config as JSON-friendly data (dataclasses, mappings, sequences; other
-    objects by ``repr``), for the run record."""
-    if depth > 12:
-        return repr(value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: to_jsonable(getattr(value, f.name), depth + 1)
-            for f in dataclasses.fields(value)
-        }
-    if isinstance(value, MutableMapping) or isinstance(value, dict):
-        mapping = cast(MutableMapping[Any, Any], value)
-        return {str(k): to_jsonable(v, depth + 1) for k, v in mapping.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = cast(Iterable[Any], value)
-        return [to_jsonable(v, depth + 1) for v in items]
-    return repr(value)
+def set_fields(config: Any, fields: Mapping[str, Any], *, hint: str = "") -> None:
+    """Set each of ``fields`` on ``config``, a backend's config object, as its keyword
+    arguments do (``MegatronBackend(seq_len=64)``); a name the config lacks raises
+    ``TypeError`` naming the config's class and the field, then ``hint``.
+
+    >>> from types import SimpleNamespace
+    >>> config = SimpleNamespace(seq_len=8)
+    >>> set_fields(config, {"seq_len": 64})
+    >>> config.seq_len
+    64
+    """
+    for key, value in fields.items():
+        if not hasattr(config, key):
+            raise TypeError(f"{type(config).__name__} has no field {key!r}{hint}")
+        setattr(config, key, value)

@@ -60,6 +60,7 @@ from baton.core.console_line import apply_console_keys
 from baton.core.driver import Driver
 from baton.core.dry_run import plan, planning
 from baton.core.errors import RecipeError, UsageError, did_you_mean
+from baton.core.json_values import json_value
 from baton.core.logs import setup_logging
 from baton.core.overrides import OverrideError, apply_overrides
 from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
@@ -79,54 +80,91 @@ NON_NEGATIVE = re.compile(r"^(max_.+|min_.+|.+_steps|.+_tokens|.+_every|seed|.+_
 ORDERED = (("min_lr", "lr"),)
 
 
-def _flag(default: Any, help: str) -> Any:
-    """A ``RecipeFlags`` field: its default and its ``--help`` text (written here only)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def _flag(
+    default: Any,
+    help: str,
+    *,
+    run_option: bool = False,
+    repeatable: bool = False,
+    in_config_file: bool = True,
+) -> Any:
+    """A ``RecipeFlags`` field, the one place a run flag is described: its default, its
+    ``--help`` text, whether the driver's ``RunOptions`` field of the same name takes its
+    value (``run_option``), whether it is given once per item (``repeatable``) and
+    whether a ``--config`` file may set it."""
+    metadata = {
+        "help": help,
+        "run_option": run_option,
+        "repeatable": repeatable,
+        "in_config_file": in_config_file,
+    }
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass
 class RecipeFlags:
-    """Flags every recipe gets from ``baton run`` (beside its own parameters); the
-    run's ones replace the returned driver's ``RunOptions`` fields of the same name.
-    Each field's ``metadata["help"]`` is its ``--help`` text."""
+    """Flags every recipe gets from ``baton run`` (beside its own parameters), in one
+    table: each field's ``metadata`` (``_flag``) holds its ``--help`` text and its kind,
+    and every list of flag names is read from it. The ones marked ``run_option``
+    replace the returned driver's ``RunOptions`` fields of the same name."""
 
     resume: str = _flag(
-        "none", "'auto' (latest valid checkpoint), 'none', or a checkpoint directory"
+        "none",
+        "'auto' (latest valid checkpoint), 'none', or a checkpoint directory",
+        run_option=True,
     )
     patches: str | None = _flag(
-        None, "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)"
+        None,
+        "patch selection: 'all', 'none', 'a,b' or 'all,-a' (default: $BATON_PATCHES or all)",
+        run_option=True,
     )
     overwrite: bool = _flag(
-        False, "start fresh where checkpoints exist: move the old checkpoints and logs aside"
+        False,
+        "start fresh where checkpoints exist: move the old checkpoints and logs aside",
+        run_option=True,
     )
     allow_changed: str = _flag(
-        "", "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'"
+        "",
+        "training settings that may differ from the checkpoint's on resume: 'lr,max_steps'",
+        run_option=True,
     )
     verify: str = _flag(
-        "full", "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)"
+        "full",
+        "checkpoint check on resume: 'full' (checksums) or 'size' (sizes only; huge ones)",
+        run_option=True,
     )
     checkpoint_upload: str | None = _flag(
         None,
         "also keep checkpoints in object storage, uploaded in the background "
         "and resumed from with --resume auto: 's3://bucket/prefix'",
+        run_option=True,
     )
     config: str | None = _flag(
-        None, "YAML or TOML file of parameter values; flags given here override it"
+        None,
+        "YAML or TOML file of parameter values; flags given here override it",
+        in_config_file=False,
     )
     print_config: bool = _flag(
-        False, "print the resolved parameters (YAML) and exit without training"
+        False,
+        "print the resolved parameters (YAML) and exit without training",
+        in_config_file=False,
     )
     set: tuple[str, ...] = _flag(
-        (), "override a field of the backend's native config: --set KEY.PATH=VALUE"
+        (),
+        "override a field of the backend's native config: --set KEY.PATH=VALUE",
+        repeatable=True,
     )
     callback: tuple[str, ...] = _flag(
         (),
         "add a callback, or configure the recipe's: NAME[:key=value,...] by registered "
         "name (`baton callbacks NAME` lists its arguments), or a class of your own: "
         "FILE.py:Class[:key=value,...] or MODULE:Class[:key=value,...]",
+        repeatable=True,
     )
     no_callback: tuple[str, ...] = _flag(
-        (), "drop a callback the recipe adds, by its registered name or class path"
+        (),
+        "drop a callback the recipe adds, by its registered name or class path",
+        repeatable=True,
     )
     console_keys: str | None = _flag(
         None,
@@ -146,8 +184,16 @@ class RecipeFlags:
     )
 
 
+def _flags_marked(mark: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RecipeFlags) if f.metadata[mark])
+
+
 #: flags given more than once, each adding an item
-_REPEATABLE = ("set", "callback", "no_callback")
+_REPEATABLE = _flags_marked("repeatable")
+#: flags whose value replaces the driver's ``RunOptions`` field of the same name
+RUN_OPTION_FLAGS = _flags_marked("run_option")
+#: flags a ``--config`` file may set (all but the ones naming or printing it)
+_CONFIG_FILE_FLAGS = _flags_marked("in_config_file")
 #: ``--config`` keys for the callback flags: ``callbacks:`` (a list) and ``no_callbacks:``
 CONFIG_CALLBACKS = {"callbacks": "callback", "no_callbacks": "no_callback"}
 
@@ -296,7 +342,7 @@ def parse_recipe_args(
     signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
     own = {p.name for p in signature.params}
     config = _config_path(argv)
-    flags = {f.name for f in dataclasses.fields(RecipeFlags)} - {"config", "print_config"}
+    flags = set(_CONFIG_FILE_FLAGS)
     known = own | flags - {*CONFIG_CALLBACKS.values()} | {*CONFIG_CALLBACKS}
     defaults = recorded_defaults(signature, recorded or {})
     callbacks = CallbackFlags()
@@ -422,14 +468,14 @@ def build_driver(
             applied = apply_overrides(driver.backend.config, options.set)
         except OverrideError as error:
             raise RecipeError(str(error)) from None
-        settings["set"] = _setting_value(applied)
+        settings["set"] = json_value(applied)
     if options.dry_run:
         print(plan(driver.backend, options.world_size), flush=True)
         return None
     # a flag left unset that the recipe resolved (the tokenizer prepared data names) is
     # recorded as the recipe resolved it
     resolved = {k for k, v in kwargs.items() if v is None and settings.get(k) is not None}
-    settings.update({k: _setting_value(v) for k, v in kwargs.items() if k not in resolved})
+    settings.update({k: json_value(v) for k, v in kwargs.items() if k not in resolved})
     settings.setdefault("recipe", str(path))
     driver.options = driver.options.replace(**run_flags(options, kwargs), settings=settings)
     return driver
@@ -470,7 +516,7 @@ def print_config(
     if options.set:
         resolved["set"] = list(options.set)
     resolved.update(callbacks)
-    print(yaml.safe_dump(_setting_value(resolved), sort_keys=False), end="")
+    print(yaml.safe_dump(json_value(resolved), sort_keys=False), end="")
 
 
 def call_recipe(
@@ -497,25 +543,4 @@ def call_recipe(
 def run_flags(options: RecipeFlags, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The run's flags the driver's options take, where the recipe does not take a
     parameter of that name itself."""
-    flags = {
-        "resume": options.resume,
-        "patches": options.patches,
-        "overwrite": options.overwrite,
-        "allow_changed": options.allow_changed,
-        "verify": options.verify,
-        "checkpoint_upload": options.checkpoint_upload,
-    }
-    return {k: v for k, v in flags.items() if k not in kwargs}
-
-
-def _setting_value(value: Any) -> Any:
-    """A recipe parameter as ``settings`` records it: JSON values as they are, anything
-    else as its ``str`` (settings are compared on resume: this form must not change;
-    ``overrides.to_jsonable`` is the run record's fuller view of a native config)."""
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, list | tuple):
-        return [_setting_value(v) for v in cast(Sequence[Any], value)]
-    if isinstance(value, dict):
-        return {str(k): _setting_value(v) for k, v in cast(dict[Any, Any], value).items()}
-    return str(value)
+    return {k: getattr(options, k) for k in RUN_OPTION_FLAGS if k not in kwargs}

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from baton.core.callback_paths import class_label
+from baton.core.checkpointing import run_dir_of
 from baton.core.errors import UsageError
 
 #: settings whose change alters training (a recipe parameter or driver limit of that name)
@@ -123,7 +124,7 @@ def check_same_run(
         return
     theirs = f"backend {saved_backend!r}" + (f", recipe {saved_recipe}" if saved_recipe else "")
     ours = f"backend {backend!r}" + (f", recipe {recipe}" if recipe else "")
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    run_dir = run_dir_of(checkpoint)
     where = f" of {run_dir}" if run_dir is not None else ""
     raise UsageError(
         f"checkpoint {checkpoint}{where} belongs to another run ({theirs}; this run: {ours}); "

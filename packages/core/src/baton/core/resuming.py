@@ -393,7 +393,7 @@ def planned_settings(run_dir: Path, resume: str) -> dict[str, Any]:
     is none (the ``Resumer`` then says why)."""
     if resume == "none":
         return {}
-    checkpoint_dir = run_dir / "checkpoints"
+    checkpoint_dir = ckpt.checkpoints_dir(run_dir)
     if resume == "auto":
         candidates = ckpt.resume_order(checkpoint_dir)
     else:

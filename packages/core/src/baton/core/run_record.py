@@ -30,9 +30,9 @@ from typing import Any
 from baton.core.backend import Backend, installed_version
 from baton.core.callback import Callback
 from baton.core.checkpointing import write_json_atomic
+from baton.core.json_values import json_value
 from baton.core.launch import Launch
 from baton.core.options import RunOptions
-from baton.core.overrides import to_jsonable
 from baton.core.patches import PatchDecision
 
 log = logging.getLogger("baton")
@@ -160,7 +160,7 @@ def write_run_record(
         },
         "backend": {"name": backend.name, "version": backend.version, **backend.describe()},
         "layout": dict(backend.checkpoint_facts().layout) or None,
-        "native_config": to_jsonable(backend.config),
+        "native_config": json_value(backend.config, native=True),
         "callbacks": [repr(cb) for cb in callbacks],
         "command": list(sys.argv),
         "cwd": os.getcwd(),

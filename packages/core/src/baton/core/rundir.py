@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from baton.core.checkpointing import CHECKPOINTS_DIR
 from baton.core.errors import RunError
 
 LOCK_FILE = ".baton.lock"
@@ -130,7 +131,7 @@ def _describe(holder: dict[str, Any]) -> str:
     return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since {started}"
 
 
-def set_aside(run_dir: Path, names: tuple[str, ...] = ("checkpoints", "logs")) -> list[Path]:
+def set_aside(run_dir: Path, names: tuple[str, ...] = (CHECKPOINTS_DIR, "logs")) -> list[Path]:
     """Rename ``run_dir/<name>`` to ``<name>.replaced-<UTC time>`` for each that exists;
     returns the new paths. Nothing is deleted."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

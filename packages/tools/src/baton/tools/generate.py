@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton.core.checkpointing import CheckpointError, read_meta
+from baton.core.checkpointing import LATEST, META_FILE, CheckpointError, checkpoints_dir, read_meta
 from baton.core.errors import UsageError
 
 #: a run's objectives whose data are conversations: their prompts take the chat template
@@ -66,10 +66,10 @@ class Model:
 
 def checkpoint_of(source: Path) -> Path | None:
     """The baton checkpoint ``source`` names (itself, or a run directory's latest)."""
-    if (source / "baton.json").is_file():
+    if (source / META_FILE).is_file():
         return source
-    latest = source / "checkpoints" / "latest"
-    if (latest / "baton.json").is_file():
+    latest = checkpoints_dir(source) / LATEST
+    if (latest / META_FILE).is_file():
         return latest.resolve()
     return None
 

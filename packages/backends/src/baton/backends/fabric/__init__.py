@@ -13,9 +13,10 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from baton.backends.fabric import patches as _patches  # noqa: F401  (registers the patches)
+from baton.backends.lazy_exports import lazy_exports
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
@@ -31,18 +32,12 @@ BACKENDS.add_lazy(
     "Your PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).",
 )
 
-_WHERE = {
-    "FabricBackend": "backend",
-    "FabricConfig": "config",
-    "GPTConfig": "models.gpt",
-    "GPTTraining": "models.gpt",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        module = importlib.import_module(f"baton.backends.fabric.{_WHERE[name]}")
-        return getattr(module, name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "FabricBackend": "backend",
+        "FabricConfig": "config",
+        "GPTConfig": "models.gpt",
+        "GPTTraining": "models.gpt",
+    },
+)

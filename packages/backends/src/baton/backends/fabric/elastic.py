@@ -28,6 +28,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from baton.data import DataError
+from baton.data.shards import check_rank
+
 log = logging.getLogger(__name__)
 
 
@@ -44,11 +47,9 @@ class GlobalBatches:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        if batch_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(
-                f"GlobalBatches needs batch_size >= 1 and 0 <= rank < world_size, got "
-                f"batch_size={batch_size}, rank={rank}, world_size={world_size}"
-            )
+        if batch_size < 1:
+            raise DataError(f"GlobalBatches needs batch_size >= 1, got batch_size={batch_size}")
+        check_rank(rank, world_size, "GlobalBatches")
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed

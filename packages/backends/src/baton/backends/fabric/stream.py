@@ -11,7 +11,7 @@ time. Its position is part of every checkpoint:
   torch RNG and every ``torch.Generator`` the loader draws its order from: its
   ``generator=``, its samplers', a sampler Fabric wrapped for a rank's shard), so a
   ``DataLoader(shuffle=True)`` draws the same order, and skips the batches already
-  consumed. That is exact when the data's order depends only on those (a shuffled
+  read. That is exact when the data's order depends only on those (a shuffled
   DataLoader, a seeded sampler, a fixed list); it costs one pass over the skipped
   batches. The loader's generators are left as an uninterrupted run would have them:
   a rollback in the same process replays as exactly as a resume in a fresh one.
@@ -131,7 +131,7 @@ class LoaderStream:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` was taken: restore the loader, or skip what was consumed.
+        """Continue where ``state`` was taken: restore the loader, or skip what was read.
 
         A position saved on another number of ranks is refused (``UsageError`` naming both)
         unless the data is ``GlobalBatches``, whose position is global."""
@@ -182,7 +182,7 @@ class LoaderStream:
                 except StopIteration:
                     raise ValueError(
                         f"cannot resume the data position: epoch {self.epoch} of the training "
-                        f"data has only {skipped} batches, the checkpoint consumed "
+                        f"data has only {skipped} batches, the checkpoint had read "
                         f"{self.batches}; resume with the data the run was saved with"
                     ) from None
         finally:

@@ -13,9 +13,10 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from baton.backends.jax.data import BatchStream, DataExhausted, DataUnavailable
+from baton.backends.lazy_exports import lazy_exports
 from baton.core.registry import BACKENDS
 
 if TYPE_CHECKING:
@@ -42,12 +43,7 @@ BACKENDS.add_lazy(
     "Your own flax model and optax optimizer, one jitted step per baton step.",
 )
 
-_LAZY = {"BatchRejected", "JaxBackend", "JaxConfig", "LossFunctionError"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from baton.backends.jax import backend
-
-        return getattr(backend, name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(
+    __name__,
+    dict.fromkeys(("BatchRejected", "JaxBackend", "JaxConfig", "LossFunctionError"), "backend"),
+)

@@ -57,6 +57,7 @@ from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
+from baton.core.overrides import set_fields
 
 
 class BatchRejected(ValueError):
@@ -135,10 +136,7 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
 
     def __init__(self, config: JaxConfig | None = None, **fields: Any) -> None:
         self.config = config or JaxConfig()
-        for key, value in fields.items():
-            if not hasattr(self.config, key):
-                raise TypeError(f"JaxConfig has no field {key!r}")
-            setattr(self.config, key, value)
+        set_fields(self.config, fields)
         self.state: dict[str, Any] | None = None
         self.mesh: Any = None
         self.data: BatchStream | None = None

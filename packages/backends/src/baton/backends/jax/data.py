@@ -12,7 +12,7 @@ Two kinds of sources, one stream:
   ``state_dict()``/``load_state_dict(state)``. Its own state is saved, so a resumed run
   sees exactly the batches an uninterrupted run would.
 - a **plain iterable** (a list, a generator function, any object with ``__iter__``): the
-  stream counts the batches consumed in the current epoch. On resume it re-creates the
+  stream counts the batches read in the current epoch. On resume it re-creates the
   iterator and draws and discards that many batches, which reproduces the position when
   iterating is deterministic (same data, same shuffling seed). A one-shot iterator
   (a generator object) cannot be re-created: pass a factory (``lambda: my_batches()``)
@@ -27,7 +27,7 @@ Example::
 
     stream = BatchStream(lambda: iter(my_list_of_batches), on_data_end="restart")
     batch = stream.next()
-    state = stream.state_dict()        # {"epoch": 0, "consumed": 1, ...}
+    state = stream.state_dict()        # {"epoch": 0, "consumed": 1, ...} (batches read)
     stream.load_state_dict(state)      # re-creates and skips (or restores the iterator)
 """
 
@@ -40,6 +40,9 @@ from typing import Any, Literal
 from baton.core.backend import DataExhausted
 
 DataEnd = Literal["restart", "stop"]
+#: the saved position's count of batches read in the epoch, under the key checkpoints
+#: have always held it by (older checkpoints load unchanged)
+BATCHES_KEY = "consumed"
 
 
 class DataUnavailable(RuntimeError):
@@ -88,8 +91,8 @@ class BatchStream:
         self.on_data_end = on_data_end
         #: completed epochs
         self.epoch = 0
-        #: batches drawn in the current epoch
-        self.consumed = 0
+        #: batches drawn in the current epoch (saved as ``"consumed"``, its key on disk)
+        self.batches_read = 0
         self._iterator: Iterator[Any] | None = None
 
     # -- iteration ------------------------------------------------------------------
@@ -126,11 +129,11 @@ class BatchStream:
             batch = next(self.iterator)
         except StopIteration:
             batch = self._next_epoch()
-        self.consumed += 1
+        self.batches_read += 1
         return batch
 
     def _next_epoch(self) -> Any:
-        where = f"after {self.consumed} batches of epoch {self.epoch}"
+        where = f"after {self.batches_read} batches of epoch {self.epoch}"
         if self.on_data_end == "stop":
             raise DataExhausted(
                 f"the training data ran out {where} (on_data_end='stop'; 'restart' starts "
@@ -142,10 +145,10 @@ class BatchStream:
                 "start another epoch; pass a factory (lambda: make_batches()) or a "
                 "re-iterable (a list, a grain DataLoader)"
             )
-        if self.consumed == 0:
+        if self.batches_read == 0:
             raise DataUnavailable("the training data yields no batches at all")
         self.epoch += 1
-        self.consumed = 0
+        self.batches_read = 0
         self._iterator = self._fresh()
         try:
             return next(self._iterator)
@@ -162,7 +165,7 @@ class BatchStream:
     # -- position -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The position: epoch and count, plus the iterator's own state when it has one."""
-        state: dict[str, Any] = {"epoch": self.epoch, "consumed": self.consumed}
+        state: dict[str, Any] = {"epoch": self.epoch, BATCHES_KEY: self.batches_read}
         own = _iterator_state(self.iterator)
         if own is not None:
             state["iterator"] = own
@@ -170,26 +173,26 @@ class BatchStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Move to a saved position: restore the iterator's state, or re-create and skip."""
-        epoch, consumed = int(state["epoch"]), int(state["consumed"])
+        epoch, batches = int(state["epoch"]), int(state[BATCHES_KEY])
         if "iterator" in state:
             _set_iterator_state(self.iterator, state["iterator"])
-            self.epoch, self.consumed = epoch, consumed
+            self.epoch, self.batches_read = epoch, batches
             return
-        if self.one_shot and (epoch, consumed) != (0, 0):
+        if self.one_shot and (epoch, batches) != (0, 0):
             raise ValueError(
-                f"cannot resume the training data at epoch {epoch}, batch {consumed}: it is a "
+                f"cannot resume the training data at epoch {epoch}, batch {batches}: it is a "
                 "one-shot iterator; pass a factory (lambda: make_batches()) or a re-iterable "
                 "so that baton can re-create it and skip to the position"
             )
         self._iterator = self._fresh()
-        self.epoch, self.consumed = epoch, 0
-        for _ in range(consumed):
+        self.epoch, self.batches_read = epoch, 0
+        for _ in range(batches):
             try:
                 next(self._iterator)
             except StopIteration:
                 raise ValueError(
-                    f"cannot resume the training data at batch {consumed} of epoch {epoch}: "
-                    f"this data has only {self.consumed} batches per epoch; resume with the "
+                    f"cannot resume the training data at batch {batches} of epoch {epoch}: "
+                    f"this data has only {self.batches_read} batches per epoch; resume with the "
                     "data the checkpoint was trained on"
                 ) from None
-            self.consumed += 1
+            self.batches_read += 1

@@ -15,8 +15,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from baton.backends.lazy_exports import lazy_exports
 from baton.backends.lightning import patches as _patches  # noqa: F401  (registers the patches)
 from baton.core.registry import BACKENDS
 
@@ -32,9 +33,4 @@ BACKENDS.add_lazy(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from baton.backends.lightning import backend
-
-        return getattr(backend, name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(__name__, dict.fromkeys(__all__, "backend"))

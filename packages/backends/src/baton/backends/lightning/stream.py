@@ -4,7 +4,7 @@ Lightning's fit loop fetches each batch before running the previous one: it know
 batch is its epoch's last before training on it (the optimizer steps on a partial
 accumulation window there) and never starts the next epoch's iterator before the epoch's
 end hooks and validation have run. ``EpochStream`` reads the data the same way; its
-position is saved and restored like ``LoaderStream``'s (the consumed batches of the
+position is saved and restored like ``LoaderStream``'s (the batches read in the
 epoch, skipped on resume from the epoch's starting RNG state).
 
 Example::

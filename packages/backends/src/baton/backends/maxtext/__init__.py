@@ -12,8 +12,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from baton.backends.lazy_exports import lazy_exports
 from baton.backends.maxtext import dpo_loss as _dpo_loss  # registers its patch
 from baton.backends.maxtext import moe_metrics as _moe_metrics  # registers its patch
 from baton.backends.maxtext import patches as _patches  # registers the patches (no jax)
@@ -34,9 +35,4 @@ BACKENDS.add_lazy(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name == "MaxTextBackend":
-        from baton.backends.maxtext.backend import MaxTextBackend
-
-        return MaxTextBackend
-    raise AttributeError(name)
+__getattr__ = lazy_exports(__name__, {"MaxTextBackend": "backend"})

@@ -65,6 +65,7 @@ from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
+from baton.core.overrides import set_fields
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -127,12 +128,7 @@ class MaxTextBackend(
         self.config = config or MaxTextConfig()
         if overrides:
             self.config.update(overrides)
-        for key, value in fields.items():
-            if not hasattr(self.config, key):
-                raise TypeError(
-                    f"MaxTextConfig has no field {key!r}; MaxText settings go in overrides={{...}}"
-                )
-            setattr(self.config, key, value)
+        set_fields(self.config, fields, hint="; MaxText settings go in overrides={...}")
         #: MaxText's resolved config (``pyconfig.HyperParameters``) after ``setup``
         self.hparams: Any = None
         self.mesh: Any = None
@@ -142,7 +138,7 @@ class MaxTextBackend(
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
         #: batches taken from the data stream since step 0 (saved and restored)
-        self.consumed = 0
+        self.batches_read = 0
         self.learning_rate_schedule: Callable[[int], Any] | None = None
         self._lr_at: Callable[[int], Any] | None = None
         self._p_train: Any = None
@@ -160,6 +156,15 @@ class MaxTextBackend(
         self.data_fingerprint = ""
 
     # -- facts ----------------------------------------------------------------------
+    @property
+    def consumed(self) -> int:
+        """``batches_read`` under its former name, which ``checkpoint_io.py`` still uses."""
+        return self.batches_read
+
+    @consumed.setter
+    def consumed(self, batches: int) -> None:
+        self.batches_read = batches
+
     @property
     def graphdef(self) -> Any:
         """The model's and optimizer's structure (``nnx.split``) after ``setup``."""
@@ -336,7 +341,7 @@ class MaxTextBackend(
         started = time.perf_counter()
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
         waited = time.perf_counter() - started
-        self.consumed += 1
+        self.batches_read += 1
         keep, self._keep_state_once = self._keep_state_once, False  # a background save
         with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):  # reads it
             self.state, metrics = self._run_train_step(batch, keep_state=keep)

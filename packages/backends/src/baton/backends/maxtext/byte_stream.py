@@ -15,7 +15,7 @@ Example::
     corpus = TextCorpus.load()
     batches = TextBatches(corpus.train, batch_size=8, seq_len=64, seed=0)
     batch = next(batches)                 # dict of int32 [8, 64]
-    state = batches.state_dict()          # {"consumed": 1, ...}
+    state = batches.state_dict()          # {"consumed": 1, ...} (batches; its key on disk)
     batches.load_state_dict(state)        # a resumed run continues the same order
 
 No torch and no jax here: the MaxText backend runs on a JAX-only install.
@@ -31,6 +31,10 @@ from typing import Any
 import numpy as np
 
 from baton.data.corpus import load_text
+
+#: the saved position's count of batches handed out, under the key checkpoints have
+#: always held it by (older checkpoints load unchanged)
+BATCHES_KEY = "consumed"
 
 BYTE_VOCAB = 256
 
@@ -104,8 +108,8 @@ class TextBatches:
                 "or per_device_batch_size, or a larger text"
             )
         self.batches_per_epoch = self.num_windows // batch_size
-        #: batches handed out (over every resume)
-        self.consumed = 0
+        #: batches handed out (over every resume; saved as ``BATCHES_KEY``)
+        self.batches_read = 0
         #: the current epoch and the windows of its order consumed so far
         self.epoch = 0
         self.position = 0
@@ -120,7 +124,7 @@ class TextBatches:
             self.epoch, self.position = self.epoch + 1, 0
         chosen = self.order(self.epoch)[self.position : self.position + self.batch_size]
         self.position += self.batch_size
-        self.consumed += 1
+        self.batches_read += 1
         offsets = chosen[:, None] * self.seq_len + np.arange(self.seq_len + 1)
         return make_batch(self.data[offsets])
 
@@ -134,11 +138,11 @@ class TextBatches:
     def skip_to(self, batches: int) -> None:
         """The position after ``batches`` batches of this size from the start."""
         epoch, within = divmod(batches, self.batches_per_epoch)
-        self.consumed, self.epoch, self.position = batches, epoch, within * self.batch_size
+        self.batches_read, self.epoch, self.position = batches, epoch, within * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "consumed": self.consumed,
+            BATCHES_KEY: self.batches_read,
             "epoch": self.epoch,
             "position": self.position,
             "seed": self.seed,
@@ -158,10 +162,15 @@ class TextBatches:
             saved = TextBatches(
                 self.data, batch_size=int(state["batch_size"]), seq_len=self.seq_len
             )
-            saved.skip_to(int(state["consumed"]))
+            saved.skip_to(int(state[BATCHES_KEY]))
             state = {**state, "epoch": saved.epoch, "position": saved.position}
-        self.consumed = int(state["consumed"])
+        self.batches_read = int(state[BATCHES_KEY])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    @property
+    def consumed(self) -> int:
+        """``batches_read`` under its former name, which ``checkpoint_io.py`` still reads."""
+        return self.batches_read
 
 
 def eval_batches(data: np.ndarray, *, batch_size: int, seq_len: int, num_batches: int) -> list:

@@ -25,7 +25,7 @@ Example::
 
     batches = PackedBatches(PackedDataset("data/chat"), batch_size=8, seed=0)
     batch = next(batches)          # {"inputs": int32 [8, seq_len], ...}
-    batches.state_dict()           # {"consumed": 1, "epoch": 0, "position": 8, ...}
+    batches.state_dict()           # {"consumed": 1 (batches), "epoch": 0, "position": 8, ...}
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.maxtext.byte_stream import BATCHES_KEY
 from baton.data.packed import PackedBatch, PackedDataset
 
 
@@ -97,8 +98,9 @@ class PackedBatches:
         self.length = length
         self.reference = reference
         self.batches_per_epoch = data.num_rows // batch_size
-        #: batches handed out, the current epoch and the rows of its order consumed
-        self.consumed = 0
+        #: batches handed out (saved as ``BATCHES_KEY``), the current epoch and the rows of
+        #: its order read so far
+        self.batches_read = 0
         self.epoch = 0
         self.position = 0
 
@@ -120,18 +122,18 @@ class PackedBatches:
             self.epoch, self.position = self.epoch + 1, 0
         rows = self.order(self.epoch)[self.position : self.position + self.batch_size]
         self.position += self.batch_size
-        self.consumed += 1
+        self.batches_read += 1
         packed = self.data.batch([int(r) for r in rows])
         return maxtext_batch(packed, self.reference, self.length)
 
     def skip_to(self, batches: int) -> None:
         """The position after ``batches`` batches of this size from the start."""
         epoch, within = divmod(batches, self.batches_per_epoch)
-        self.consumed, self.epoch, self.position = batches, epoch, within * self.batch_size
+        self.batches_read, self.epoch, self.position = batches, epoch, within * self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "consumed": self.consumed,
+            BATCHES_KEY: self.batches_read,
             "epoch": self.epoch,
             "position": self.position,
             "seed": self.seed,
@@ -145,5 +147,10 @@ class PackedBatches:
                 f"data stream seed={state['seed']} in the checkpoint differs from this run's "
                 f"{self.seed}; resume with the same --data-seed"
             )
-        self.consumed = int(state["consumed"])
+        self.batches_read = int(state[BATCHES_KEY])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    @property
+    def consumed(self) -> int:
+        """``batches_read`` under its former name, which ``checkpoint_io.py`` still reads."""
+        return self.batches_read

@@ -10,8 +10,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from baton.backends.lazy_exports import lazy_exports
 from baton.backends.megatron import patches as _patches  # noqa: F401  (registers the patches)
 from baton.core.registry import BACKENDS
 
@@ -28,13 +29,12 @@ BACKENDS.add_lazy(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name == "MegatronBackend":
-        from baton.backends.megatron.backend import MegatronBackend
-
-        return MegatronBackend
-    if name in ("MegatronConfig", "DataConfig", "tiny_transformer_config"):
-        from baton.backends.megatron import config
-
-        return getattr(config, name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "MegatronBackend": "backend",
+        "MegatronConfig": "config",
+        "DataConfig": "config",
+        "tiny_transformer_config": "config",
+    },
+)

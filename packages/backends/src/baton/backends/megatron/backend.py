@@ -54,6 +54,7 @@ from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import StepOutput
+from baton.core.overrides import set_fields
 
 log = logging.getLogger("baton")
 
@@ -66,10 +67,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
         self.config = config or MegatronConfig()
-        for key, value in overrides.items():
-            if not hasattr(self.config, key):
-                raise TypeError(f"MegatronConfig has no field {key!r}")
-            setattr(self.config, key, value)
+        set_fields(self.config, overrides)
         #: the DDP-wrapped GPTModel chunks of this rank (several with a virtual pipeline)
         self.chunks: list[Any] = []
         self.optimizer: Any = None

@@ -43,6 +43,7 @@ from megatron.core.tokenizers import MegatronTokenizerBase
 from baton.data import Blend, DataError, TokenizerInfo, parse_blend
 from baton.data import load_tokenizer as load_tokenizer_info
 from baton.data.corpus import reference_documents
+from baton.data.shards import check_enough_for_ranks, check_rank
 
 #: the end-of-document token that follows every document
 EOD = 256
@@ -260,12 +261,14 @@ class SampleStream:
     """
 
     def __init__(self, dataset: Any, *, micro_batch_size: int, dp_rank: int, dp_size: int) -> None:
-        if len(dataset) < micro_batch_size * dp_size:
-            raise ValueError(
-                f"dataset has {len(dataset)} samples, fewer than one micro-batch across "
-                f"data-parallel ranks ({micro_batch_size} x {dp_size}); use a longer text "
-                "or a smaller seq_len / micro_batch_size"
-            )
+        check_rank(dp_rank, dp_size, "SampleStream")
+        check_enough_for_ranks(
+            len(dataset),
+            dp_size,
+            what=f"dataset has {len(dataset)} samples",
+            fix="use a longer text or a smaller seq_len / micro_batch_size",
+            per_rank=micro_batch_size,
+        )
         self.dataset = dataset
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank

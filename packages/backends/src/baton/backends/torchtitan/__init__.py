@@ -11,8 +11,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from baton.backends.lazy_exports import lazy_exports
 from baton.backends.torchtitan import patches as patches
 from baton.core.registry import BACKENDS
 
@@ -28,9 +29,4 @@ BACKENDS.add_lazy(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TorchTitanBackend":
-        from baton.backends.torchtitan.backend import TorchTitanBackend
-
-        return TorchTitanBackend
-    raise AttributeError(name)
+__getattr__ = lazy_exports(__name__, {"TorchTitanBackend": "backend"})

@@ -41,6 +41,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.data import held_out_start
 from baton.data.corpus import read_text, reference_documents
+from baton.data.shards import check_rank
 
 
 class ByteBosEosTokenizer(BaseTokenizer):
@@ -123,6 +124,7 @@ class PackedTextDataset(IterableDataset, Stateful):
         seed: int = 0,
         infinite: bool = True,
     ) -> None:
+        check_rank(dp_rank, dp_world_size, type(self).__name__)
         self.tokens = [tokenizer.encode(doc, add_bos=True, add_eos=True) for doc in documents]
         self.seq_len = seq_len
         self.dp_rank = dp_rank

@@ -44,6 +44,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from baton.backends.torchtitan.data import BatonDataLoader
 from baton.data import DataError, load_tokenizer
 from baton.data.packed import PackedDataset
+from baton.data.shards import check_enough_for_ranks, check_rank
 
 #: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
 DOCUMENT_KEYS = ("segments", "documents")
@@ -84,11 +85,13 @@ class PackedRows(IterableDataset, Stateful):
         self.infinite = infinite
         self.epoch = 0
         self.row = dp_rank  # the next row this rank reads
-        if data.num_rows < dp_world_size:
-            raise ValueError(
-                f"{data.prefix}: {data.num_rows} rows, fewer than the {dp_world_size} "
-                "data-parallel ranks; prepare more data"
-            )
+        check_rank(dp_rank, dp_world_size, type(self).__name__)
+        check_enough_for_ranks(
+            data.num_rows,
+            dp_world_size,
+            what=f"{data.prefix}: {data.num_rows} rows",
+            fix="prepare more data",
+        )
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:

@@ -32,6 +32,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from baton.backends.torchtitan.data import BatonDataLoader
 from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
 from baton.data.packed import check_objective
+from baton.data.shards import check_enough_for_ranks, check_rank
 
 
 def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
@@ -79,15 +80,17 @@ class PreparedWindows(IterableDataset, Stateful):
         self.infinite = infinite
         self.epoch = 0
         self.window = dp_rank  # the next window this rank reads
+        check_rank(dp_rank, dp_world_size, type(self).__name__)
         self.num_windows = (end - self.first - 1) // seq_len
         if not infinite:  # a finite pass: every rank reads as many windows (no rank waits)
             self.num_windows -= self.num_windows % dp_world_size
-        if self.num_windows < dp_world_size:
-            raise ValueError(
-                f"{data.prefix}: {end - self.first} tokens make {self.num_windows} windows of "
-                f"{seq_len}, fewer than the {dp_world_size} data-parallel ranks; prepare more "
-                "data or lower training.seq_len"
-            )
+        check_enough_for_ranks(
+            self.num_windows,
+            dp_world_size,
+            what=f"{data.prefix}: {end - self.first} tokens make {self.num_windows} windows "
+            f"of {seq_len}",
+            fix="prepare more data or lower training.seq_len",
+        )
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:

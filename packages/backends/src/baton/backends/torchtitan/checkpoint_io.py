@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from baton.backends.async_save import FuturePendingSave
+from baton.backends.torchtitan.optimizer_state import optimizer_state_held, saved_keys
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,9 @@ class TitanCheckpointIO:
 
         A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
         DCP's resharding, as ``plan_load`` planned it (the data loader left out where the
-        plan keeps the data fresh: ``reshard_data="restart"``).
+        plan keeps the data fresh: ``reshard_data="restart"``). The optimizers' state
+        comes back for the parameters it was saved for (``optimizer_state.py``: none for
+        those frozen since the first step).
         """
         checkpointer = self.trainer.checkpointer
         checkpointer.folder = str(directory)
@@ -158,7 +161,10 @@ class TitanCheckpointIO:
         excluded = list(checkpointer.exclude_from_loading)
         if "data" in plan.fresh and "dataloader" not in excluded:
             checkpointer.exclude_from_loading = [*excluded, "dataloader"]
+        # parameters frozen since the first step have no optimizer state saved
+        held = saved_keys(Path(directory) / f"step-{step}")
         try:
-            checkpointer.load(step=step)
+            with optimizer_state_held(checkpointer, held):
+                checkpointer.load(step=step)
         finally:
             checkpointer.exclude_from_loading = excluded

@@ -62,6 +62,7 @@ def test_freeze_then_resume_continues_bit_for_bit(tmp_path: Path):
     resumed, resumed_weights = run(source, tmp_path / "resumed", "--resume", "auto")
     assert sorted(resumed.values) == [5, 6]
     assert resumed.values == {step: whole.values[step] for step in (5, 6)}
+    assert "model.norm.weight" in whole_weights.values
     assert whole_weights.values.keys() == resumed_weights.values.keys()
     for name, value in whole_weights.values.items():
         assert torch.equal(resumed_weights.values[name], value), name

@@ -1,14 +1,18 @@
 """The JAX backend's checkpoint I/O: orbax (synchronous, or orbax's own asynchronous
 save, which stages the arrays itself) for the train state, each process's data position
 in ``data_rank<N>.json``, and the facts core records in ``baton.json``. The step engine
-(``JaxBackend``) owns the state, the data stream and the counters; this reads and
-restores them.
+owns the train state, the data stream and the counters; this is handed them (the state
+through a getter and a setter, as each step replaces it) and reads and restores them.
 
 Example::
 
-    io = JaxCheckpointIO(backend)           # the backend builds it in __init__
+    slot = {"state": train_state}
+    io = JaxCheckpointIO(                   # the backend builds it in setup
+        read_state=lambda: slot["state"], write_state=lambda s: slot.update(state=s),
+        data=stream, progress=TrainProgress(), controls=StepControls(), rank=0, processes=1,
+    )
     handle = io.save(directory, asynchronous=True)
-    io.load(directory)
+    io.load(directory)                      # slot["state"] is the restored state
 """
 
 from __future__ import annotations

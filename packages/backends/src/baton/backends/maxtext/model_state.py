@@ -37,8 +37,9 @@ Per hyperparameter:
   stacked array freezes alone (the mask is per layer).
 
 The factor, the decay and the frozen names are not in MaxText's checkpoint: the
-backend records the factor and the decay in ``baton_maxtext.json`` and restores them
-on resume; the ``Freeze`` callback keeps its own schedule.
+checkpoint I/O records the factor and the decay in ``hyperparameters.json`` (through
+``TrainSteps.hyperparameters_set``) and restores them on resume; the ``Freeze``
+callback keeps its own schedule.
 
 Example::
 

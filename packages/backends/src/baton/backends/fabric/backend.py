@@ -446,13 +446,8 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
     def corruption(self) -> FabricCorruptionChecks:
         """This run's weight checksums and step replay, built after ``setup``."""
         if self._corruption is None:
-            parts = self._built()[0]
-            self._corruption = FabricCorruptionChecks(
-                self.runtime.fabric,
-                parts.raw_model,
-                parts.optimizer,
-                schedulers=lambda: list(parts.schedulers),
-                wait_for_staging=self.checkpoints.wait_for_staging,
+            self._corruption = FabricCorruptionChecks.of(
+                self.runtime, self._built()[0], self.checkpoints.wait_for_staging
             )
         return self._corruption
 

@@ -425,13 +425,8 @@ class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
         """This run's weight checksums, built after ``setup``."""
         if self._corruption is None:
             assert self.parts is not None, "the corruption checks are built after setup"
-            parts = self.parts
-            self._corruption = FabricCorruptionChecks(
-                self.runtime.fabric,
-                parts.raw_model,
-                parts.optimizer,
-                schedulers=lambda: list(parts.schedulers),
-                wait_for_staging=self.checkpoints.wait_for_staging,
+            self._corruption = FabricCorruptionChecks.of(
+                self.runtime, self.parts, self.checkpoints.wait_for_staging
             )
         return self._corruption
 

@@ -49,14 +49,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from baton.backends import torch_distributed
 from baton.backends.fabric.build import (
     ModelFactory,
     OptimizerFactory,
     build_model,
-    is_sharded,
-    launch_fabric,
-    make_fabric,
     setup_model_and_optimizer,
 )
 from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuilt
@@ -65,14 +61,16 @@ from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.evaluation import evaluate_batches
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
+from baton.backends.fabric.runtime import FabricRuntime, TrainingParts
 from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
-from baton.backends.fabric.stream import LoaderStream, count_batch, shard_stream
+from baton.backends.fabric.stream import DataPosition, LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
+from baton.backends.torch_model_state import TorchModelState
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
-from baton.core.launch import Launch
 from baton.core.metrics import StepOutput
+from baton.core.overrides import set_fields
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -80,12 +78,7 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 __all__ = ["BatchError", "FabricBackend", "FabricConfig", "split_loss"]
 
 
-class FabricBackend(
-    UsesCheckpointIO[FabricCheckpointIO],
-    torch_distributed.TorchDistributed,
-    FabricModelState,
-    BackendBase,
-):
+class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
     Args:
@@ -108,9 +101,12 @@ class FabricBackend(
             ``"num_items_in_batch"``.
         config: a ``FabricConfig``; keyword ``overrides`` set its fields.
 
-    Beside the step it owns its checkpoint I/O (``checkpoints``, ``fabric/checkpoint.py``),
-    its corruption checks (``corruption``, ``fabric/replay.py``) and the model-state view
-    (``fabric/model_state.py``); evaluation is ``fabric/evaluation.py``, building the
+    Beside the step it owns its Fabric runtime (``runtime``, ``fabric/runtime.py``: the
+    launched Fabric, device and ranks), what ``setup`` built (``parts``, a
+    ``TrainingParts``), the data position (``position``), and the parts handed those:
+    its checkpoint I/O (``checkpoints``, ``fabric/checkpoint.py``), its corruption checks
+    (``corruption``, ``fabric/replay.py``) and the model-state view (``model_view``,
+    ``fabric/model_state.py``); evaluation is ``fabric/evaluation.py``, building the
     model and optimizer ``fabric/build.py``.
     """
 
@@ -135,10 +131,7 @@ class FabricBackend(
         **overrides: Any,
     ) -> None:
         self.config = config or FabricConfig()
-        for key, value in overrides.items():
-            if not hasattr(self.config, key):
-                raise TypeError(f"FabricConfig has no field {key!r}")
-            setattr(self.config, key, value)
+        set_fields(self.config, overrides)
         if loss_fn is not None and training_step is not None:
             raise ValueError("pass either loss_fn or training_step, not both")
         self.model_source = model
@@ -152,34 +145,74 @@ class FabricBackend(
         self.mean_over = mean_over
         self._flops_per_token = flops_per_token
         self._describe = dict(describe or {})
-        self.fabric: Any = None
-        self.model: Any = None
-        self.raw_model: nn.Module | None = None
-        self.optimizer: Any = None
-        self.scheduler: Any = None
-        self.stream: LoaderStream | None = None
         self._num_params = 0
         self._losses: BatchLoss | None = None
         self._as_built: AsBuilt | None = None
-        self.checkpoints = FabricCheckpointIO(self)
         self._corruption: FabricCorruptionChecks | None = None
-        #: training samples every rank drew together (the data position core records)
-        self.samples_consumed = 0
+        #: the launched Fabric, its device and ranks
+        self.runtime = FabricRuntime()
+        #: the model, optimizer and scheduler ``setup`` built (``None`` before)
+        self.parts: TrainingParts | None = None
+        #: the training stream and the samples every rank drew together
+        self.position = DataPosition()
+        self.checkpoints = FabricCheckpointIO(self.runtime, lambda: self.parts, self.position)
+        self.model_view = FabricModelState(
+            lambda: self.parts, lambda: self.runtime.rank, self.runtime.fetch
+        )
+
+    # -- what setup built, by name ----------------------------------------------------
+    @property
+    def fabric(self) -> Any:
+        """The launched ``lightning.fabric.Fabric`` (``None`` before ``setup``)."""
+        return self.runtime.fabric
+
+    @property
+    def raw_model(self) -> nn.Module | None:
+        """The user's module (``None`` before ``setup``)."""
+        return self.parts.raw_model if self.parts is not None else None
+
+    @property
+    def model(self) -> Any:
+        """The module as Fabric set it up (``None`` before ``setup``)."""
+        return self.parts.model if self.parts is not None else None
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer as Fabric set it up (``None`` before ``setup``)."""
+        return self.parts.optimizer if self.parts is not None else None
+
+    @property
+    def scheduler(self) -> Any:
+        """The learning-rate scheduler, if there is one."""
+        return (
+            self.parts.schedulers[0] if self.parts is not None and self.parts.schedulers else None
+        )
+
+    @property
+    def stream(self) -> LoaderStream | None:
+        """This rank's training stream (``None`` before ``setup``)."""
+        return self.position.stream
+
+    @property
+    def samples_consumed(self) -> int:
+        """Training samples every rank drew together (the data position core records)."""
+        return self.position.samples
 
     # -- facts ----------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self.fabric.global_rank if self.fabric is not None else Launch.from_env().rank
+        return self.runtime.rank
 
     @property
     def world_size(self) -> int:
-        if self.fabric is not None:
-            return self.fabric.world_size
-        return Launch.from_env().world_size
+        return self.runtime.world_size
 
     @property
     def device_type(self) -> str:
-        return self.fabric.device.type if self.fabric is not None else "cpu"
+        return self.runtime.device_type
+
+    def barrier(self) -> None:
+        self.runtime.barrier()
 
     @property
     def flops_per_token(self) -> float | None:
@@ -197,43 +230,29 @@ class FabricBackend(
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
         self.config.check()
-        self.fabric = launch_fabric(self._make_fabric(), join_group=self.init_process_group)
-        self._device = self.fabric.device
+        fabric = self.runtime.launch(self.config)
         if self.config.seed is not None:
             from lightning.fabric.utilities.seed import seed_everything
 
             seed_everything(self.config.seed, verbose=False)
-        sharded = self._sharded()
-        self.raw_model = build_model(self.fabric, self.model_source, sharded=sharded)
-        self._num_params = sum(p.numel() for p in self.raw_model.parameters())
+        sharded = self.runtime.sharded
+        raw_model = build_model(fabric, self.model_source, sharded=sharded)
+        self._num_params = sum(p.numel() for p in raw_model.parameters())
         if self.config.init_from:
-            load_weights(self.raw_model, self.config.init_from)
-        self.model, self.optimizer = setup_model_and_optimizer(
-            self.fabric, self.raw_model, self.optimizer_source, sharded=sharded
+            load_weights(raw_model, self.config.init_from)
+        model, optimizer = setup_model_and_optimizer(
+            fabric, raw_model, self.optimizer_source, sharded=sharded
         )
-        self.scheduler = (
-            self.scheduler_source(self.optimizer) if self.scheduler_source is not None else None
-        )
-        self.stream = self._make_stream(self._training_data())
-        self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
-
-    def _schedulers(self) -> list[Any]:
-        """The learning-rate schedulers stepped with the optimizer."""
-        return [self.scheduler] if self.scheduler is not None else []
-
-    def _make_fabric(self) -> Any:
-        return make_fabric(self.config)
-
-    def _sharded(self) -> bool:
-        return is_sharded(self.fabric)
+        scheduler = self.scheduler_source(optimizer) if self.scheduler_source is not None else None
+        schedulers = (scheduler,) if scheduler is not None else ()
+        self.parts = TrainingParts(raw_model, model, (optimizer,), schedulers)
+        self.position.stream = shard_stream(fabric, self._training_data(), self.config.on_epoch_end)
+        self._as_built = AsBuilt.take(optimizer, schedulers)
 
     def _training_data(self) -> Iterable[Any]:
         if self.data is None:
             raise ValueError("FabricBackend needs training data: data=DataLoader(...) or a list")
         return self.data
-
-    def _make_stream(self, data: Iterable[Any]) -> LoaderStream:
-        return shard_stream(self.fabric, data, self.config.on_epoch_end)
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -242,36 +261,37 @@ class FabricBackend(
     def _step(self) -> StepOutput:
         if self.mean_over is not None:
             return self._global_mean_step(self.mean_over)
-        assert self.stream is not None and self.optimizer is not None
-        fabric, cfg = self.fabric, self.config
-        metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
+        parts, stream = self._built()
+        model, optimizer = parts.model, parts.optimizer
+        fabric, cfg = self.runtime.fabric, self.config
+        metrics: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
         total: torch.Tensor | None = None
         samples = tokens = 0
         waited = 0.0
         for micro in range(cfg.grad_accum):
             started = time.perf_counter()
-            host_batch = self.corruption.draw(self.stream.next)
+            host_batch = self.corruption.draw(stream.next)
             waited += time.perf_counter() - started
             batch = fabric.to_device(host_batch)
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
-            with fabric.no_backward_sync(self.model, enabled=micro < cfg.grad_accum - 1):
-                loss, extra = self._batch_loss().training(self.model, batch)
+            with fabric.no_backward_sync(model, enabled=micro < cfg.grad_accum - 1):
+                loss, extra = self._batch_loss().training(model, batch)
                 fabric.backward(loss if cfg.grad_accum == 1 else loss / cfg.grad_accum)
             total = loss.detach() if total is None else total + loss.detach()
             metrics.update(extra)
         assert total is not None
-        self.before_clipping()
+        self.model_view.before_clipping()
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
             # a non-finite loss or norm is the LossGuard callback's job, on log steps.
             metrics["grad_norm"] = fabric.clip_gradients(
-                self.model, self.optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
+                model, optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
             )
-        self._optimizer_step()
+        self._optimizer_step(parts)
         world = fabric.world_size
-        self.samples_consumed += samples * world
+        self.position.samples += samples * world
         return StepOutput(
             loss=total if cfg.grad_accum == 1 else total / cfg.grad_accum,
             metrics=metrics,
@@ -283,12 +303,13 @@ class FabricBackend(
     def _global_mean_step(self, mean_over: Callable[[Any], int]) -> StepOutput:
         """A step whose loss (and metrics) are means over the items of the global batch
         (``mean_over``; see the module docs)."""
-        assert self.stream is not None and self.optimizer is not None
-        fabric, cfg = self.fabric, self.config
+        parts, stream = self._built()
+        model, optimizer = parts.model, parts.optimizer
+        fabric, cfg, device = self.runtime.fabric, self.config, self.runtime.device
         started = time.perf_counter()
-        host_batches = [self.corruption.draw(self.stream.next) for _ in range(cfg.grad_accum)]
+        host_batches = [self.corruption.draw(stream.next) for _ in range(cfg.grad_accum)]
         waited = time.perf_counter() - started
-        count = torch.tensor(float(sum(mean_over(b) for b in host_batches)), device=self._device)
+        count = torch.tensor(float(sum(mean_over(b) for b in host_batches)), device=device)
         if fabric.world_size > 1:
             count = fabric.all_reduce(count, reduce_op="sum")
         count = count.clamp(min=1.0)  # a global batch without items contributes nothing
@@ -299,29 +320,29 @@ class FabricBackend(
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
-            with fabric.no_backward_sync(self.model, enabled=micro < cfg.grad_accum - 1):
+            with fabric.no_backward_sync(model, enabled=micro < cfg.grad_accum - 1):
                 loss, extra = self._batch_loss().training(
-                    self.model, {**batch, "num_items_in_batch": count}
+                    model, {**batch, "num_items_in_batch": count}
                 )
                 # each share is already divided by the global count; DDP averages the
                 # ranks' gradients and the global mean is their sum
                 fabric.backward(loss * fabric.world_size if fabric.world_size > 1 else loss)
             for name, value in {"loss": loss, **extra}.items():
-                value = torch.as_tensor(value, device=self._device).detach().float()
+                value = torch.as_tensor(value, device=device).detach().float()
                 shares[name] = value if name not in shares else shares[name] + value
         if fabric.world_size > 1:
             summed = fabric.all_reduce(torch.stack(list(shares.values())), reduce_op="sum")
             shares = dict(zip(shares, summed.unbind(), strict=True))
-        metrics: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"]}
+        metrics: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
         metrics.update({k: v for k, v in shares.items() if k != "loss"})
-        self.before_clipping()
+        self.model_view.before_clipping()
         if cfg.grad_clip is not None:
             metrics["grad_norm"] = fabric.clip_gradients(
-                self.model, self.optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
+                model, optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
             )
-        self._optimizer_step()
+        self._optimizer_step(parts)
         world = fabric.world_size
-        self.samples_consumed += samples * world
+        self.position.samples += samples * world
         return StepOutput(
             loss=shares["loss"],
             metrics=metrics,
@@ -337,24 +358,30 @@ class FabricBackend(
             self._losses = BatchLoss(self.training_step, self.loss_fn)
         return self._losses
 
-    def _optimizer_step(self) -> None:
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    def _built(self) -> tuple[TrainingParts, LoaderStream]:
+        """What ``setup`` built: the parts and the training stream."""
+        assert self.parts is not None and self.position.stream is not None
+        return self.parts, self.position.stream
+
+    @staticmethod
+    def _optimizer_step(parts: TrainingParts) -> None:
+        parts.optimizer.step()
+        for scheduler in parts.schedulers:
+            scheduler.step()
+        parts.optimizer.zero_grad(set_to_none=True)
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
-        return torch_distributed.fetch(values)
+        return self.runtime.fetch(values)
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        return torch_distributed.all_reduce_flags(flags, self._device)
+        return self.runtime.all_reduce_flags(flags)
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""
-        assert self.stream is not None
+        stream = self._built()[1]
         for _ in range(steps * self.config.grad_accum):
-            self.stream.next()
+            stream.next()
 
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self) -> Mapping[str, Any]:
@@ -362,9 +389,9 @@ class FabricBackend(
         data, averaged over ranks."""
         if self.eval_data is None:
             raise ValueError("no evaluation data: pass eval_data=... to FabricBackend to evaluate")
-        losses, model = self._batch_loss(), self.model
+        losses, model = self._batch_loss(), self._built()[0].model
         return evaluate_batches(
-            self.fabric,
+            self.runtime.fabric,
             model,
             self.eval_data,
             lambda batch: losses.evaluation(model, batch),
@@ -381,11 +408,11 @@ class FabricBackend(
             skip_data=True,
             multi_rank=True,
             model_state=True,
-            async_save=self.fabric is not None and self.checkpoints.asynchronous,
+            async_save=self.runtime.fabric is not None and self.checkpoints.asynchronous,
             weight_checksums=True,
             step_replay=True,
         )
-        if self.fabric is None:
+        if self.runtime.fabric is None:
             return offered
         return offered.refusing(**self.corruption.refusals())
 
@@ -411,21 +438,23 @@ class FabricBackend(
         built for 600 steps goes on from its step 100; with ``lr`` changed it continues
         at the new peak. Returns the names applied."""
         assert self._as_built is not None, "apply_changed_settings is called after setup"
-        return self._as_built.reapply(self.optimizer, self._schedulers(), changes)
+        parts = self._built()[0]
+        return self._as_built.reapply(parts.optimizer, parts.schedulers, changes)
 
     # -- silent-corruption checks: FabricCorruptionChecks (replay.py) -----------------
     @property
     def corruption(self) -> FabricCorruptionChecks:
         """This run's weight checksums and step replay, built after ``setup``."""
         if self._corruption is None:
-            self._corruption = FabricCorruptionChecks(
-                self.fabric,
-                self.raw_model,
-                self.optimizer,
-                schedulers=self._schedulers,
-                wait_for_staging=self.checkpoints.wait_for_staging,
+            self._corruption = FabricCorruptionChecks.of(
+                self.runtime, self._built()[0], self.checkpoints.wait_for_staging
             )
         return self._corruption
+
+    # -- model state: FabricModelState (model_state.py) ---------------------------------
+    def model_state(self) -> TorchModelState:
+        """The run's ``ModelState`` (after ``setup``), built on first use."""
+        return self.model_view.view()
 
     def gather_weight_checksums(self) -> list[dict[str, str]]:
         return self.corruption.gather_weight_checksums()

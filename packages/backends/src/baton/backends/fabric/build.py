@@ -2,9 +2,9 @@
 group), then the model and optimizer from what the user passed: an ``nn.Module`` or a
 factory, an optimizer or a factory taking the set-up model.
 
-Example (what ``FabricBackend.setup`` does)::
+Example (what ``FabricBackend.setup`` does, through ``runtime.FabricRuntime``)::
 
-    fabric = launch_fabric(make_fabric(config), join_group=backend.init_process_group)
+    fabric = launch_fabric(make_fabric(config), join_group=TorchDistributed().init_process_group)
     sharded = is_sharded(fabric)                      # FSDP: build empty, then shard
     model = build_model(fabric, lambda: MyNet(), sharded=sharded)
     wrapped, optimizer = setup_model_and_optimizer(
@@ -36,15 +36,16 @@ def make_fabric(config: FabricConfig) -> Any:
     return Fabric(**fabric_arguments(config, Launch.from_env()))
 
 
-def launch_fabric(fabric: Any, join_group: Callable[[str], Any]) -> Any:
-    """``fabric`` launched. Under torchrun, ``join_group(backend)`` first joins baton's
-    process group (safe across torchrun's elastic restarts), which Fabric then uses.
+def launch_fabric(fabric: Any, join_group: Callable[[str], Any] | None = None) -> Any:
+    """``fabric`` launched. Under torchrun, ``join_group(backend)`` (where given) first
+    joins baton's process group (safe across torchrun's elastic restarts), which Fabric
+    then uses; without it Fabric makes its own.
     Like Fabric's own, it outlives the run (collectives after fit, a next run in the
     same process); whatever group is live is destroyed at interpreter exit, Gloo's too:
     Fabric does so only for NCCL, and a Gloo group left to the interpreter's finalization
     can abort the process after a successful run ("terminate called without an active
     exception": its worker threads still hold work when Python is torn down)."""
-    if Launch.from_env().source == "torchrun":
+    if join_group is not None and Launch.from_env().source == "torchrun":
         join_group("nccl" if fabric.device.type == "cuda" else "gloo")
     fabric.launch()
     destroy_group_at_exit()

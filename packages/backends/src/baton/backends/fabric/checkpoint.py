@@ -19,21 +19,20 @@ Example::
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from baton.backends.async_save import BackgroundSaves, FuturePendingSave, StagingGate
 from baton.backends.dcp_safety import weights_only_loading
+from baton.backends.fabric.runtime import FabricRuntime, TrainingParts
+from baton.backends.fabric.stream import DataPosition
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
-
-if TYPE_CHECKING:
-    from baton.backends.fabric.backend import FabricBackend
 
 
 def host_copy(value: Any, defer: AbstractSet[int] = frozenset()) -> Any:
@@ -153,17 +152,43 @@ def own_rank_state(remainder: dict[str, Any], rank: int, world_size: int) -> dic
     return remainder
 
 
+class CheckpointExtras(Protocol):
+    """Values a checkpoint holds beside the Fabric backend's own (a LightningModule
+    run's: its hooks' values and the loop's position), saved after them and restored
+    after them."""
+
+    def values(self) -> dict[str, Any]: ...
+
+    def restore(self, remainder: dict[str, Any]) -> None: ...
+
+
+def fabric_state(parts: TrainingParts) -> dict[str, Any]:
+    """The Fabric backend's live state under its checkpoint names: the model, the
+    optimizer and, where there is one, the scheduler."""
+    state: dict[str, Any] = {"model": parts.model, "optimizer": parts.optimizer}
+    if parts.schedulers:
+        state["scheduler"] = parts.schedulers[0]
+    return state
+
+
 class FabricCheckpointIO:
-    """The Fabric backend's checkpoints: ``fabric.save``/``fabric.load`` of the engine's
-    state (``state()``: the live model, optimizer and scheduler, restored in place;
-    ``values()``: each rank's data position, random state and samples consumed),
-    asynchronous saves staged as this module describes, and the facts core records in
-    ``baton.json``. ``LightningCheckpointIO`` adds what a LightningModule run holds.
+    """Checkpoints of one Fabric run: ``fabric.save``/``fabric.load`` of its live state
+    (``state()``: the model, optimizers and schedulers, restored in place; ``values()``:
+    each rank's data position, random state and samples consumed, then any
+    ``extras``), asynchronous saves staged as this module describes, and the facts core
+    records in ``baton.json``. The Fabric and LightningModule backends each own one.
 
-    Built by the backend in ``__init__``; it reads the engine's Fabric, model and
-    optimizer when called, after ``setup``::
+    Args:
+        runtime: the run's ``FabricRuntime`` (its Fabric, device and ranks once launched).
+        parts: returns the run's ``TrainingParts`` (built in ``setup``; read when called).
+        position: the run's ``DataPosition`` (stream and samples), saved and restored.
+        names: the live state under its checkpoint names (``fabric_state``; a
+            LightningModule run names every optimizer and scheduler).
+        extras: more values saved after these and restored after them.
 
-        io = FabricCheckpointIO(backend)
+    Example::
+
+        io = FabricCheckpointIO(runtime, lambda: backend.parts, backend.position)
         handle = io.save(directory, asynchronous=True)
         io.wait_for_staging()                    # before editing weights
         io.load(directory)
@@ -175,28 +200,46 @@ class FabricCheckpointIO:
     optimizer hook can hold back.
     """
 
-    def __init__(self, engine: FabricBackend) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        runtime: FabricRuntime,
+        parts: Callable[[], TrainingParts | None],
+        position: DataPosition,
+        *,
+        names: Callable[[TrainingParts], dict[str, Any]] = fabric_state,
+        extras: CheckpointExtras | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self._parts = parts
+        self.position = position
+        self._names = names
+        self.extras = extras
         self._saves = BackgroundSaves()
         #: holds the optimizer step while an asynchronous save copies the weights
         self._staging = StagingGate()
         self._staging_hook: Any = None
 
     @property
+    def parts(self) -> TrainingParts:
+        parts = self._parts()
+        assert parts is not None, "checkpoints are saved and loaded after setup"
+        return parts
+
+    @property
     def asynchronous(self) -> bool:
         """Single-device and DDP states are whole on rank 0: a host copy is written by a
         thread with ``torch.save`` (the file Fabric's default checkpoint IO writes).
         Sharded strategies (FSDP) and custom checkpoint IO save synchronously."""
-        return writes_whole_state(self.engine.fabric.strategy)
+        return writes_whole_state(self.runtime.fabric.strategy)
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
-        """Write the engine's state (``fabric.save``'s) as ``directory/STATE_FILE``; a
+        """Write the run's state (``fabric.save``'s) as ``directory/STATE_FILE``; a
         handle when ``asynchronous`` and the strategy allows it."""
-        engine = self.engine
-        fabric, model, optimizer = engine.fabric, engine.model, engine.optimizer
+        fabric, parts = self.runtime.fabric, self.parts
+        model, optimizer = parts.model, parts.optimizer
         state = {**self.state(), **self.values()}
         if fabric.global_rank == 0:
-            save_hf_config(engine.raw_model, directory)
+            save_hf_config(parts.raw_model, directory)
         self.wait_for_staging()  # an earlier save still copying the weights
         path = directory / STATE_FILE
         if not (asynchronous and self.asynchronous):
@@ -224,52 +267,55 @@ class FabricCheckpointIO:
         self._staging.wait()
 
     def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
-        """``fabric.load`` into the engine's live state, then its plain values; unpickled
+        """``fabric.load`` into the run's live state, then its plain values; unpickled
         weights-only under the checkpoint allow-list (``dcp_safety``): a file naming
         anything else is refused, nothing in it run."""
         self.wait_for_staging()
         path = directory / STATE_FILE
         with weights_only_loading(path):
-            remainder = self.engine.fabric.load(path, self.state(), weights_only=True)
+            remainder = self.runtime.fabric.load(path, self.state(), weights_only=True)
         self.restore_values(remainder)
 
     def state(self) -> dict[str, Any]:
         """The live objects a checkpoint holds, restored in place by ``fabric.load``."""
-        engine = self.engine
-        state: dict[str, Any] = {"model": engine.model, "optimizer": engine.optimizer}
-        if engine.scheduler is not None:
-            state["scheduler"] = engine.scheduler
-        return state
+        return self._names(self.parts)
 
     def values(self) -> dict[str, Any]:
         """Plain values saved beside the model: data position, random state, samples
-        consumed, every rank's (``with_every_rank``: ``fabric.save`` writes rank 0's)."""
-        engine = self.engine
-        assert engine.stream is not None
+        consumed, every rank's (``with_every_rank``: ``fabric.save`` writes rank 0's);
+        then the ``extras``."""
+        runtime, position = self.runtime, self.position
+        assert position.stream is not None
         own = {
-            "data": engine.stream.state_dict(),
-            "rng": rng_state(engine.fabric.device),
-            "samples": engine.samples_consumed,
+            "data": position.stream.state_dict(),
+            "rng": rng_state(runtime.fabric.device),
+            "samples": position.samples,
         }
-        return with_every_rank(own, engine.fabric.world_size)
+        values = with_every_rank(own, runtime.fabric.world_size)
+        if self.extras is not None:
+            values.update(self.extras.values())
+        return values
 
     def restore_values(self, remainder: dict[str, Any]) -> None:
-        """Restore this rank's ``values()`` from what ``fabric.load`` left."""
-        engine = self.engine
-        assert engine.stream is not None
-        own = own_rank_state(remainder, engine.fabric.global_rank, engine.fabric.world_size)
-        engine.stream.load_state_dict(own["data"])
-        engine.samples_consumed = int(own.get("samples", 0))
-        restore_rng_state(own["rng"], engine.fabric.device)
+        """Restore this rank's ``values()`` from what ``fabric.load`` left, then the
+        ``extras``."""
+        fabric, position = self.runtime.fabric, self.position
+        assert position.stream is not None
+        own = own_rank_state(remainder, fabric.global_rank, fabric.world_size)
+        position.stream.load_state_dict(own["data"])
+        position.samples = int(own.get("samples", 0))
+        restore_rng_state(own["rng"], fabric.device)
+        if self.extras is not None:
+            self.extras.restore(remainder)
 
     def facts(self) -> CheckpointFacts:
         """The strategy's layout and the samples consumed (the data is the user's
         iterable: no fingerprint)."""
-        fabric = self.engine.fabric
+        fabric = self.runtime.fabric
         sharded = "sharded" if not writes_whole_state(fabric.strategy) else "whole"
         layout = {"strategy": type(fabric.strategy).__name__, "state": sharded}
         layout["world_size"] = int(fabric.world_size)
-        return CheckpointFacts(layout, self.engine.samples_consumed)
+        return CheckpointFacts(layout, self.position.samples)
 
     def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
         """A whole state loads on any number of ranks and strategies that take a whole

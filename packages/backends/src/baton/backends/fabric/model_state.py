@@ -1,6 +1,5 @@
-"""The ``model_state`` and ``gradients`` abilities of the Fabric and LightningModule
-backends: the shared ``TorchModelState`` over the user's module, its optimizers and
-learning-rate schedulers.
+"""The ``model_state`` ability of the Fabric and LightningModule backends: the shared
+``TorchModelState`` over the user's module, its optimizers and learning-rate schedulers.
 
 Names are the module's own (``named_parameters()`` without the wrappers' prefixes): a
 Hugging Face model, as ``recipes/hf_finetune.py`` builds, shows the Hugging Face names
@@ -20,7 +19,7 @@ LightningModule, the schedulers are those ``configure_optimizers`` returned.
 
 Example::
 
-    state = backend.model_state()
+    state = backend.model_state()      # FabricModelState.view()
     state.freeze("model.embed_tokens.*")
     backend.model_state().watch_gradients(lambda grads: print(sorted(grads)))
 """
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from baton.backends.fabric.runtime import TrainingParts
 from baton.backends.torch_model_state import TorchModelState
 from baton.backends.torch_pieces import Entry, layout, strip_wrappers
 
@@ -97,34 +97,53 @@ def _fsdp1_runs(module: nn.Module) -> Iterator[tuple[int, tuple[int, int, int]]]
 
 
 class FabricModelState:
-    """Mixed into the Fabric backends: ``model_state()`` and the
-    step's ``before_clipping()`` (nothing until a callback asks)."""
+    """The model-state view of one Fabric run (ability ``model_state``), owned by its
+    backend: ``view()`` is what ``model_state()`` returns, ``before_clipping()`` the
+    step's hook (nothing until a callback asks for the view).
 
-    raw_model: nn.Module | None
-    _model_state: TorchModelState | None = None
-    _model_state_of: tuple[Any, Any] | None = None
+    Args:
+        parts: returns the run's ``TrainingParts`` (``None`` before ``setup``): the
+            user's module, the module as Fabric set it up, every optimizer the step
+            uses and the schedulers stepped with them.
+        rank: returns this process's global rank.
+        fetch: brings tensors to the host in one transfer.
 
-    def model_state(self) -> TorchModelState:
-        """The run's ``ModelState`` (after ``setup``), built on first use."""
-        backend: Any = self  # a FabricBackend
-        if self.raw_model is None or backend.model is None:
+    Example::
+
+        state = FabricModelState(lambda: backend.parts, lambda: runtime.rank, runtime.fetch)
+        state.view().freeze("model.embed_tokens.*")
+        state.before_clipping()              # in the step, before clip_gradients
+    """
+
+    def __init__(
+        self,
+        parts: Callable[[], TrainingParts | None],
+        rank: Callable[[], int],
+        fetch: Callable[[Mapping[str, Any]], dict[str, float]],
+    ) -> None:
+        self._parts = parts
+        self._rank = rank
+        self._fetch = fetch
+        self._view: TorchModelState | None = None
+        self._view_of: TrainingParts | None = None
+
+    def view(self) -> TorchModelState:
+        """The run's ``ModelState`` (after ``setup``), built on first use and again for
+        the parts of a next ``setup``."""
+        parts = self._parts()
+        if parts is None:
             raise RuntimeError("model_state() is available after setup()")
-        built_for = (self.raw_model, backend.optimizer)
-        if self._model_state is None or self._model_state_of != built_for:
-            self._model_state_of = built_for
-            self._model_state = TorchModelState(
-                fabric_entries(self.raw_model, backend.model, rank=backend.rank),
-                optimizers=backend.optimizers_stepped(),
-                schedulers=backend._schedulers(),
-                fetch=backend.fetch,
+        if self._view is None or self._view_of is not parts:
+            self._view_of = parts
+            self._view = TorchModelState(
+                fabric_entries(parts.raw_model, parts.model, rank=self._rank()),
+                optimizers=list(parts.optimizers),
+                schedulers=list(parts.schedulers),
+                fetch=self._fetch,
             )
-        return self._model_state
-
-    def optimizers_stepped(self) -> list[Any]:
-        """The optimizers the step uses (a LightningModule's may be several)."""
-        return [self.optimizer]  # pyright: ignore[reportAttributeAccessIssue]
+        return self._view
 
     def before_clipping(self) -> None:
         """The step's hook: frozen gradients dropped, watchers shown the rest."""
-        if self._model_state is not None:
-            self._model_state.before_clipping()
+        if self._view is not None:
+            self._view.before_clipping()

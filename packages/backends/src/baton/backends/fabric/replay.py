@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_map
 
 from baton.backends.fabric.build import is_sharded
 from baton.backends.fabric.checkpoint import restore_rng_state, rng_state
+from baton.backends.fabric.runtime import FabricRuntime, TrainingParts
 from baton.backends.weight_checksums import gather, gather_weight_checksums, state_checksums
 
 T = TypeVar("T")
@@ -161,7 +162,7 @@ class FabricCorruptionChecks:
         schedulers: ``schedulers()``, the learning-rate schedulers a replay restores.
         wait_for_staging: blocks until an asynchronous save has copied the weights.
 
-    Example::
+    Example (``FabricCorruptionChecks.of(runtime, parts, io.wait_for_staging)`` the same)::
 
         checks = FabricCorruptionChecks(fabric, model, optimizer,
                                         schedulers=lambda: [scheduler],
@@ -186,6 +187,19 @@ class FabricCorruptionChecks:
         self.replay = StepReplay()
         #: optimizer steps this process has run through ``run_step``
         self.steps_run = 0
+
+    @classmethod
+    def of(
+        cls, runtime: FabricRuntime, parts: TrainingParts, wait_for_staging: Callable[[], None]
+    ) -> FabricCorruptionChecks:
+        """The checks of the run ``runtime`` launched and ``parts`` records."""
+        return cls(
+            runtime.fabric,
+            parts.raw_model,
+            parts.optimizer,
+            schedulers=lambda: list(parts.schedulers),
+            wait_for_staging=wait_for_staging,
+        )
 
     @property
     def sharded(self) -> bool:

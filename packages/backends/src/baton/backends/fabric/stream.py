@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from baton.backends.fabric.elastic import GlobalBatches
@@ -192,6 +193,23 @@ class LoaderStream:
 #: where a loader keeps what draws its order: its samplers, and a sampler wrapped in
 #: another (Fabric's ``DistributedSamplerWrapper`` holds the user's in ``dataset._sampler``)
 _ORDER_ATTRIBUTES = ("generator", "sampler", "batch_sampler", "_sampler")
+
+
+@dataclass
+class DataPosition:
+    """Where a run's training data stands: the stream this rank reads and the samples
+    every rank drew together (the data position core records). The backend advances it
+    each step; its checkpoint I/O saves and restores it.
+
+    Example::
+
+        position = DataPosition()
+        position.stream = shard_stream(fabric, loader, "continue")   # in setup
+        position.samples += 32                                       # after a step
+    """
+
+    stream: LoaderStream | None = None
+    samples: int = 0
 
 
 def order_generators(data: Any) -> list[Any]:

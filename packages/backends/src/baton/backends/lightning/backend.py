@@ -33,23 +33,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from baton.backends.fabric.backend import FabricBackend
-from baton.backends.fabric.build import destroy_group_at_exit
 from baton.backends.fabric.changes import SCHEDULE_SETTINGS, AsBuilt
+from baton.backends.fabric.checkpoint import FabricCheckpointIO
 from baton.backends.fabric.config import FabricConfig
-from baton.backends.fabric.stream import count_batch
+from baton.backends.fabric.model_state import FabricModelState
+from baton.backends.fabric.replay import FabricCorruptionChecks
+from baton.backends.fabric.runtime import FabricRuntime, TrainingParts
+from baton.backends.fabric.stream import DataPosition, count_batch, shard_stream
 from baton.backends.lightning.checkpoint_io import (
     FORMER_NAME,
-    LightningCheckpointIO,
+    LightningCheckpointValues,
     holds_loop_state,
+    lightning_state,
 )
 from baton.backends.lightning.loop import LightningLoop
 from baton.backends.lightning.manual import check_manual
 from baton.backends.lightning.stream import EpochStream
 from baton.backends.lightning.validation import overrides
+from baton.backends.torch_model_state import TorchModelState
 from baton.core.abilities import Abilities
-from baton.core.backend import RunLimits
+from baton.core.backend import BackendBase, RunLimits
+from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.metrics import NamedMetrics, StepOutput
+from baton.core.overrides import set_fields
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
 HONOURED = frozenset(
@@ -135,7 +141,7 @@ def unhonoured_hooks(obj: Any) -> list[str]:
     return found
 
 
-class LightningBackend(FabricBackend):
+class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
     """A ``lightning.pytorch.LightningModule`` (+ optional ``LightningDataModule``) through Fabric.
 
     Args:
@@ -156,9 +162,15 @@ class LightningBackend(FabricBackend):
     Validation values keep the names the module logged them under (``val_loss``, not
     ``eval/val_loss``): ``EarlyStopping("val_loss")`` and ``Checkpoint(monitor="val_loss")``
     read them in the evaluation phase.
+
+    It composes what the Fabric backend composes (``fabric/runtime.py``'s
+    ``FabricRuntime``, ``TrainingParts`` and ``DataPosition``; ``FabricCheckpointIO``,
+    ``FabricModelState``, ``FabricCorruptionChecks``) around its own ``LightningLoop``
+    (``loop``); its checkpoints add what ``checkpoint_io.py`` names.
     """
 
     name = "lightning"
+    distribution = "lightning"
     #: evaluate() returns the module's own names (``baton.core.NamedMetrics``)
     names_evaluation_metrics = True
 
@@ -195,81 +207,166 @@ class LightningBackend(FabricBackend):
                 f"{', '.join(sorted(HONOURED))}. Move their work into a baton callback "
                 "or into training_step, or train with lightning.pytorch.Trainer"
             )
-        super().__init__(
-            model=module,
-            config=config,
-            count_tokens=count_tokens,
-            flops_per_token=flops_per_token,
-            describe=describe,
-            **overrides,
-        )
+        self.config = config or FabricConfig()
+        set_fields(self.config, overrides)
         self.module = module
         self.datamodule = datamodule
-        self.checkpoints = LightningCheckpointIO(self)
+        self.count_tokens = count_tokens
+        self._flops_per_token = flops_per_token
+        self._describe = dict(describe or {})
+        self._num_params = 0
+        self._as_built: AsBuilt | None = None
+        self._corruption: FabricCorruptionChecks | None = None
+        #: the launched Fabric, its device and ranks
+        self.runtime = FabricRuntime()
+        #: the module, optimizers and schedulers ``setup`` built (``None`` before)
+        self.parts: TrainingParts | None = None
+        #: the training stream (also ``loop.stream``) and the samples drawn
+        self.position = DataPosition()
+        self.model_view = FabricModelState(
+            lambda: self.parts, lambda: self.runtime.rank, self.runtime.fetch
+        )
         #: the run's length was given here (else the driver's ``max_steps`` is used)
         self._length_given = max_steps is not None or max_epochs is not None
         self.loop = LightningLoop(
-            self,
+            self.runtime,
+            module,
+            datamodule,
+            self.config,
+            self.model_view.before_clipping,
             callbacks=check_callbacks(callbacks),
             max_steps=max_steps,
             max_epochs=max_epochs,
             num_sanity_val_steps=num_sanity_val_steps,
         )
+        self.checkpoints = FabricCheckpointIO(
+            self.runtime,
+            lambda: self.parts,
+            self.position,
+            names=lightning_state,
+            extras=LightningCheckpointValues(self.loop, module, datamodule),
+        )
+
+    # -- what setup built, by name ----------------------------------------------------
+    @property
+    def fabric(self) -> Any:
+        """The launched ``lightning.fabric.Fabric`` (``None`` before ``setup``)."""
+        return self.runtime.fabric
+
+    @property
+    def raw_model(self) -> Any:
+        """The LightningModule once ``setup`` built it (``None`` before)."""
+        return self.parts.raw_model if self.parts is not None else None
+
+    @property
+    def model(self) -> Any:
+        """The module as Fabric set it up (``None`` before ``setup``)."""
+        return self.loop.model
+
+    @property
+    def optimizer(self) -> Any:
+        """The first optimizer ``configure_optimizers`` returned, as Fabric set it up."""
+        return self.parts.optimizer if self.parts is not None else None
+
+    @property
+    def stream(self) -> EpochStream | None:
+        return self.loop.stream
+
+    @property
+    def eval_data(self) -> Any:
+        """The validation batches (the data hooks' ``val_dataloader``, after ``setup``)."""
+        return self.loop.eval_data
 
     @property
     def scheduler_configs(self) -> list[Any]:
         return self.loop.scheduler_configs
+
+    # -- facts ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.runtime.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.world_size
+
+    @property
+    def device_type(self) -> str:
+        return self.runtime.device_type
+
+    def barrier(self) -> None:
+        self.runtime.barrier()
+
+    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Every tensor to the host in one transfer; plain numbers pass through."""
+        return self.runtime.fetch(values)
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        return self.runtime.all_reduce_flags(flags)
+
+    @property
+    def flops_per_token(self) -> float | None:
+        if self._flops_per_token is not None:
+            return self._flops_per_token
+        return 6.0 * self._num_params if self._num_params else None
+
+    def describe(self) -> dict[str, Any]:
+        facts: dict[str, Any] = dict(self._describe)
+        if self.parts is not None:
+            facts.setdefault("model", type(self.parts.raw_model).__name__)
+            facts.setdefault("parameters", self._num_params)
+        return facts
 
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
         self.config.check()
         if not self.module.automatic_optimization:
             check_manual(self.config)
-        self.fabric = self._make_fabric()
-        self.fabric.launch()
-        destroy_group_at_exit()  # Gloo's too (Fabric destroys only NCCL's)
-        self._device = self.fabric.device
+        fabric = self.runtime.launch(self.config, join_baton_group=False)
         from lightning.fabric.strategies import ParallelStrategy
         from lightning.fabric.utilities.seed import reset_seed, seed_everything
 
         if self.config.seed is not None:
             seed_everything(self.config.seed, verbose=False)
-        elif isinstance(self.fabric.strategy, ParallelStrategy):
+        elif isinstance(fabric.strategy, ParallelStrategy):
             reset_seed()  # as the Trainer's parallel strategies do when they set up
         module, loop = self.module, self.loop
         module.trainer = loop.trainer
         data_hooks = self.datamodule if self.datamodule is not None else module
         if self.datamodule is not None:
             self.datamodule.trainer = loop.trainer
-        if self.fabric.local_rank == 0:
+        if fabric.local_rank == 0:
             if self.datamodule is not None:
                 self.datamodule.prepare_data()
             module.prepare_data()
-        self.fabric.barrier()
+        fabric.barrier()
         for callback in loop.callbacks:
             callback.setup(loop.trainer, module, "fit")
         if self.datamodule is not None:
             self.datamodule.setup("fit")
         module.setup("fit")
-        with self.fabric.init_module(empty_init=self._sharded()):
+        with fabric.init_module(empty_init=self.runtime.sharded):
             module.configure_model()
-        self.raw_model = module
         self._num_params = sum(p.numel() for p in module.parameters())
         if self.config.init_from:
             from baton.backends.fabric.weights import load_weights
 
             load_weights(module, self.config.init_from)
-        self.model = self.fabric.setup_module(module)
+        loop.model = fabric.setup_module(module)
         module._fabric = None  # self.trainer, self.log, self.optimizers(): baton's TrainerView
-        self.stream = loop.stream = EpochStream(self._loader(data_hooks.train_dataloader()))
-        if self.eval_data is None and overrides(module, "validation_step"):
-            self.eval_data = self._loader(data_hooks.val_dataloader())
+        self.position.stream = loop.stream = EpochStream(
+            self._loader(data_hooks.train_dataloader())
+        )
+        if loop.eval_data is None and overrides(module, "validation_step"):
+            loop.eval_data = self._loader(data_hooks.val_dataloader())
         self._setup_optimizers()
-        self._as_built = AsBuilt.take(self.optimizer, self._schedulers())
+        schedulers = tuple(config.scheduler for config in loop.scheduler_configs)
+        self.parts = TrainingParts(module, loop.model, tuple(loop.optimizers), schedulers)
+        self._as_built = AsBuilt.take(self.parts.optimizer, schedulers)
 
     def _loader(self, data: Any) -> Any:
         """Each rank's shard of the training data (a DistributedSampler) with several ranks."""
-        return self._make_stream(data).data
+        return shard_stream(self.runtime.fabric, data, self.config.on_epoch_end).data
 
     def _setup_optimizers(self) -> None:
         from lightning.pytorch.core.optimizer import (
@@ -292,50 +389,65 @@ class LightningBackend(FabricBackend):
             )
         else:
             loop.scheduler_configs = _configure_schedulers_automatic_opt(schedulers, monitor)
-        loop.optimizers = [self.fabric.setup_optimizers(opt) for opt in optimizers]
+        loop.optimizers = [self.runtime.fabric.setup_optimizers(opt) for opt in optimizers]
         loop.lightning_optimizers = [
             LightningOptimizer._to_lightning_optimizer(opt, loop.trainer.strategy)  # type: ignore[arg-type]
             for opt in loop.optimizers
         ]
-        self.optimizer = loop.optimizers[0]
 
-    def _schedulers(self) -> list[Any]:
-        return [config.scheduler for config in self.loop.scheduler_configs]
-
-    def optimizers_stepped(self) -> list[Any]:
-        return list(self.loop.optimizers)
+    # -- abilities --------------------------------------------------------------------
+    def abilities(self) -> Abilities:
+        """Evaluation, several ranks and the model-state view always; an asynchronous
+        save where the state is whole (single device, DDP); weight checksums where a rank
+        holds whole replicas. Refused: skipping data (``Trainer.fit`` has no step that
+        reads batches without training on them) and step replay (Lightning's loop draws
+        the batches and runs the step itself)."""
+        offered = Abilities(
+            evaluate=True,
+            skip_data=True,
+            multi_rank=True,
+            model_state=True,
+            async_save=self.runtime.fabric is not None and self.checkpoints.asynchronous,
+            weight_checksums=True,
+            step_replay=True,
+        )
+        if self.runtime.fabric is not None:
+            offered = offered.refusing(**self.corruption.refusals())
+        return offered.refusing(
+            skip_data="Trainer.fit has no step that reads batches without training on "
+            "them; use FabricBackend to skip data",
+            step_replay="a LightningModule's step runs in Lightning's own loop, which "
+            "baton cannot run twice on the same batches; use FabricBackend to replay steps",
+        )
 
     @property
-    def changeable_settings(self) -> frozenset[str]:
-        """The schedules come from ``configure_optimizers``: rebuilt when one of their
-        settings changes (a module without one has nothing to rebuild)."""
-        return SCHEDULE_SETTINGS
-
-    def abilities(self) -> Abilities:
-        """Fabric's, less two: skipping data (``Trainer.fit`` has no step that reads
-        batches without training on them) and step replay (Lightning's loop draws the
-        batches and runs the step itself)."""
-        return (
-            super()
-            .abilities()
-            .refusing(
-                skip_data="Trainer.fit has no step that reads batches without training on "
-                "them; use FabricBackend to skip data",
-                step_replay="a LightningModule's step runs in Lightning's own loop, which "
-                "baton cannot run twice on the same batches; use FabricBackend to replay steps",
+    def corruption(self) -> FabricCorruptionChecks:
+        """This run's weight checksums, built after ``setup``."""
+        if self._corruption is None:
+            assert self.parts is not None, "the corruption checks are built after setup"
+            self._corruption = FabricCorruptionChecks.of(
+                self.runtime, self.parts, self.checkpoints.wait_for_staging
             )
-        )
+        return self._corruption
+
+    def gather_weight_checksums(self) -> list[dict[str, str]]:
+        return self.corruption.gather_weight_checksums()
+
+    def model_state(self) -> TorchModelState:
+        """The run's ``ModelState`` (after ``setup``), built on first use."""
+        return self.model_view.view()
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
         loss, metrics = self.loop.train_step()
-        metrics.setdefault("lr", self.optimizer.param_groups[0]["lr"])
+        assert self.parts is not None
+        metrics.setdefault("lr", self.parts.optimizer.param_groups[0]["lr"])
         samples = tokens = 0
         for batch in self.loop.step_batches:
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
-        world = self.fabric.world_size
+        world = self.runtime.fabric.world_size
         assert self.loop.stream is not None
         return StepOutput(
             loss=loss,
@@ -363,7 +475,7 @@ class LightningBackend(FabricBackend):
     def evaluate(self) -> Mapping[str, Any]:
         """Lightning's validation loop: the epoch values the module logged, under the
         names it logged them (``NamedMetrics``: ``val_loss`` stays ``val_loss``)."""
-        if self.eval_data is None:
+        if self.loop.eval_data is None:
             raise ValueError(
                 "no validation data: give the module (or datamodule) val_dataloader() and "
                 "validation_step() to evaluate"
@@ -375,7 +487,20 @@ class LightningBackend(FabricBackend):
             )
         return NamedMetrics(values)
 
-    # -- checkpoints: LightningCheckpointIO (checkpoint_io.py), through UsesCheckpointIO -
+    # -- resuming with changed settings ---------------------------------------------
+    @property
+    def changeable_settings(self) -> frozenset[str]:
+        """The schedules come from ``configure_optimizers``: rebuilt when one of their
+        settings changes (a module without one has nothing to rebuild)."""
+        return SCHEDULE_SETTINGS
+
+    def apply_changed_settings(self, changes: Mapping[str, Any]) -> set[str]:
+        """After ``load``: the learning rates and schedules ``configure_optimizers`` built
+        (with the new settings) replace the restored ones (as ``FabricBackend``'s)."""
+        assert self._as_built is not None and self.parts is not None, "called after setup"
+        return self._as_built.reapply(self.parts.optimizer, self.parts.schedulers, changes)
+
+    # -- checkpoints: FabricCheckpointIO with checkpoint_io.py's parts ----------------
     def claims_checkpoint(self, saved_name: str, directory: Path) -> bool:
         """A checkpoint recorded as ``fabric`` (as this backend's were before it had its
         own name) is this backend's when it holds the LightningModule loop's state
@@ -383,8 +508,10 @@ class LightningBackend(FabricBackend):
         return saved_name == FORMER_NAME and holds_loop_state(directory)
 
     def teardown(self) -> None:
-        super().teardown()
-        if self.fabric is None:
+        """Wait for a save still being written; then the loop's and hooks' ends."""
+        self.checkpoints.close()
+        self._corruption = None
+        if self.runtime.fabric is None:
             return
         self.loop.finish()
         if self.datamodule is not None:

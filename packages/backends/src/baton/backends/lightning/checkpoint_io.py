@@ -1,10 +1,14 @@
-"""The LightningModule backend's checkpoint I/O: a Fabric checkpoint (``FabricCheckpointIO``)
-that also holds every optimizer and scheduler ``configure_optimizers`` returned, the
-module's and datamodule's checkpoint hooks' values and the loop's position.
+"""What a LightningModule run's checkpoint holds beside a Fabric run's: every optimizer
+and scheduler ``configure_optimizers`` returned (``lightning_state``), and the epoch,
+the datamodule's state, what the module's ``on_save_checkpoint`` adds and the loop's
+position (``LightningCheckpointValues``). The backend's ``FabricCheckpointIO`` is handed
+both; ``holds_loop_state`` tells such a checkpoint from a plain Fabric run's.
 
 Example::
 
-    io = LightningCheckpointIO(backend)     # the backend builds it in __init__
+    io = FabricCheckpointIO(runtime, lambda: backend.parts, backend.position,
+                            names=lightning_state,
+                            extras=LightningCheckpointValues(loop, module, datamodule))
     io.save(directory)                      # on_save_checkpoint runs, loop state saved
     io.load(directory)                      # on_load_checkpoint runs, loop state back
     holds_loop_state(directory)             # True: a LightningModule run's checkpoint
@@ -13,14 +17,12 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from baton.backends.dcp_safety import load_weights_only
-from baton.backends.fabric.checkpoint import FabricCheckpointIO
+from baton.backends.fabric.runtime import TrainingParts
 from baton.backends.fabric.weights import STATE_FILE
-
-if TYPE_CHECKING:
-    from baton.backends.lightning.backend import LightningBackend
+from baton.backends.lightning.loop import LightningLoop
 
 #: the backend name this backend's checkpoints recorded before it had its own
 FORMER_NAME = "fabric"
@@ -30,51 +32,50 @@ LOOP_STATE = "lightning_loop"
 SHARDED_VALUES_FILE = "meta.pt"
 
 
-class LightningCheckpointIO(FabricCheckpointIO):
-    """Checkpoints of one ``LightningBackend``'s module, optimizers, schedulers and loop."""
+def lightning_state(parts: TrainingParts) -> dict[str, Any]:
+    """The live state under its checkpoint names: the wrapped module, every optimizer
+    (``optimizer``, ``optimizer_1``, ...) and every scheduler (``scheduler_0``, ...),
+    restored in place."""
+    state: dict[str, Any] = {"model": parts.model}
+    for i, optimizer in enumerate(parts.optimizers):
+        state["optimizer" if i == 0 else f"optimizer_{i}"] = optimizer
+    for i, scheduler in enumerate(parts.schedulers):
+        state[f"scheduler_{i}"] = scheduler
+    return state
 
-    engine: LightningBackend
 
-    def __init__(self, engine: LightningBackend) -> None:
-        super().__init__(engine)
+class LightningCheckpointValues:
+    """The values a LightningModule run saves after Fabric's (``CheckpointExtras``).
 
-    def state(self) -> dict[str, Any]:
-        """The wrapped module, every optimizer and every scheduler, restored in place."""
-        loop = self.engine.loop
-        state: dict[str, Any] = {"model": self.engine.model}
-        for i, optimizer in enumerate(loop.optimizers):
-            state["optimizer" if i == 0 else f"optimizer_{i}"] = optimizer
-        for i, config in enumerate(loop.scheduler_configs):
-            state[f"scheduler_{i}"] = config.scheduler
-        return state
+    Args:
+        loop: the run's ``LightningLoop`` (its stream's epoch and its position).
+        module: the LightningModule (``on_save_checkpoint`` / ``on_load_checkpoint``).
+        datamodule: its LightningDataModule, if any (``state_dict`` / ``load_state_dict``).
+    """
+
+    def __init__(self, loop: LightningLoop, module: Any, datamodule: Any) -> None:
+        self.loop, self.module, self.datamodule = loop, module, datamodule
 
     def values(self) -> dict[str, Any]:
-        """Fabric's values, the epoch, the datamodule's state and what the module's
+        """The epoch, the datamodule's state and what the module's
         ``on_save_checkpoint`` adds (``"lightning"``), and the loop's position."""
-        engine = self.engine
-        values = super().values()
-        assert engine.stream is not None
-        checkpoint: dict[str, Any] = {"epoch": engine.stream.epoch}
-        if engine.datamodule is not None:
-            checkpoint[type(engine.datamodule).__qualname__] = engine.datamodule.state_dict()
-        engine.module.on_save_checkpoint(checkpoint)
-        values["lightning"] = checkpoint
-        values[LOOP_STATE] = engine.loop.state_dict()
-        return values
+        assert self.loop.stream is not None
+        checkpoint: dict[str, Any] = {"epoch": self.loop.stream.epoch}
+        if self.datamodule is not None:
+            checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
+        self.module.on_save_checkpoint(checkpoint)
+        return {"lightning": checkpoint, LOOP_STATE: self.loop.state_dict()}
 
-    def restore_values(self, remainder: dict[str, Any]) -> None:
-        """Fabric's values, then the datamodule's state, ``on_load_checkpoint`` and the
-        loop's position."""
-        super().restore_values(remainder)
-        engine = self.engine
+    def restore(self, remainder: dict[str, Any]) -> None:
+        """The datamodule's state, ``on_load_checkpoint`` and the loop's position."""
         checkpoint = remainder.get("lightning", {})
-        if engine.datamodule is not None:
-            key = type(engine.datamodule).__qualname__
+        if self.datamodule is not None:
+            key = type(self.datamodule).__qualname__
             if key in checkpoint:
-                engine.datamodule.load_state_dict(checkpoint[key])
-        engine.module.on_load_checkpoint(checkpoint)
+                self.datamodule.load_state_dict(checkpoint[key])
+        self.module.on_load_checkpoint(checkpoint)
         if LOOP_STATE in remainder:
-            engine.loop.load_state_dict(remainder[LOOP_STATE])
+            self.loop.load_state_dict(remainder[LOOP_STATE])
 
 
 def holds_loop_state(directory: Path) -> bool:

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from baton.backends.fabric.config import FabricConfig
+from baton.backends.fabric.runtime import FabricRuntime
 from baton.backends.lightning.hooks import Hooks
 from baton.backends.lightning.manual import run_manual_batch
 from baton.backends.lightning.stream import EpochStream
@@ -42,11 +44,32 @@ from baton.core.backend import DataExhausted
 
 
 class LightningLoop:
-    """The state and steps of ``Trainer.fit`` for one module (see the module docs)."""
+    """The state and steps of ``Trainer.fit`` for one module (see the module docs).
+
+    Args:
+        runtime: the run's ``FabricRuntime`` (its Fabric, once launched).
+        module: the LightningModule.
+        datamodule: its LightningDataModule, if any.
+        config: the run's ``FabricConfig`` (clipping, accumulation).
+        before_clipping: the model-state view's hook, called before gradients are clipped.
+        callbacks: the Lightning callbacks.
+
+    The backend's ``setup`` hands it what it builds: ``model`` (the module as Fabric set
+    it up), ``eval_data``, ``stream``, the optimizers and the scheduler configs.
+
+    Example::
+
+        loop = LightningLoop(runtime, module, None, config, lambda: None, callbacks=[],
+                             max_steps=100, max_epochs=None, num_sanity_val_steps=2)
+    """
 
     def __init__(
         self,
-        backend: Any,
+        runtime: FabricRuntime,
+        module: Any,
+        datamodule: Any,
+        config: FabricConfig,
+        before_clipping: Callable[[], None],
         *,
         callbacks: list[Any],
         max_steps: int | None,
@@ -54,7 +77,15 @@ class LightningLoop:
         num_sanity_val_steps: int,
         run_dir: Any = None,
     ) -> None:
-        self.backend = backend
+        self.runtime = runtime
+        self.module = module
+        self.datamodule = datamodule
+        self.config = config
+        self.before_clipping = before_clipping
+        #: the module as Fabric set it up (``setup``)
+        self.model: Any = None
+        #: the validation batches (``setup``: the data hooks' ``val_dataloader``)
+        self.eval_data: Any = None
         self.callbacks = callbacks
         self.max_steps = max_steps
         self.max_epochs = max_epochs
@@ -69,7 +100,7 @@ class LightningLoop:
         self.lightning_optimizers: list[Any] = []
         self.scheduler_configs: list[Any] = []
         self.trainer = TrainerView(self)
-        self.hooks = Hooks(backend.module, callbacks, self.trainer)
+        self.hooks = Hooks(module, callbacks, self.trainer)
         #: batch index of the last stepping batch whose after-validation work is pending
         self._pending_batch: int | None = None
         self._started = False
@@ -77,24 +108,8 @@ class LightningLoop:
 
     # -- what the trainer view reads -------------------------------------------------
     @property
-    def module(self) -> Any:
-        return self.backend.module
-
-    @property
-    def model(self) -> Any:
-        return self.backend.model
-
-    @property
-    def datamodule(self) -> Any:
-        return self.backend.datamodule
-
-    @property
     def fabric(self) -> Any:
-        return self.backend.fabric
-
-    @property
-    def config(self) -> Any:
-        return self.backend.config
+        return self.runtime.fabric
 
     @property
     def current_epoch(self) -> int:
@@ -137,7 +152,7 @@ class LightningLoop:
         """``on_fit_start``, the sanity check and ``on_train_start`` (first step of a process)."""
         self._started = True
         self.hook("on_fit_start")
-        if self.num_sanity_val_steps > 0 and self.backend.eval_data is not None:
+        if self.num_sanity_val_steps > 0 and self.eval_data is not None:
             with isolated_rng(self.fabric.device):
                 for callback in self.callbacks:
                     callback.on_sanity_check_start(self.trainer, self.module)
@@ -285,7 +300,7 @@ class LightningLoop:
         def after_closure() -> Any:
             output = closure()
             self.hook("on_before_optimizer_step", raw)
-            self.backend.before_clipping()
+            self.before_clipping()
             if self.module.automatic_optimization:
                 self._clip_gradients(raw)
             return output

@@ -15,15 +15,28 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from baton.backends.lightning.loop import LightningLoop
+
+class ValidatingLoop(Protocol):
+    """What validation reads of ``loop.LightningLoop``."""
+
+    trainer: Any
+    module: Any
+    model: Any
+    eval_data: Any
+
+    @property
+    def fabric(self) -> Any: ...
+
+    def hook(self, name: str, *args: Any) -> Any: ...
+
+    def module_hook(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def validate(loop: LightningLoop, limit: int | None, stage: str = "validate") -> dict[str, Any]:
+def validate(loop: ValidatingLoop, limit: int | None, stage: str = "validate") -> dict[str, Any]:
     """The validation loop over ``loop``'s evaluation data (at most ``limit`` batches):
     the epoch-level values the module logged (``self.log`` in ``validation_step`` or
     ``on_validation_epoch_end``)."""
@@ -35,14 +48,14 @@ def validate(loop: LightningLoop, limit: int | None, stage: str = "validate") ->
         if stage == "validate":
             loop.module_hook("on_validation_model_zero_grad")
         with torch.inference_mode():  # the Trainer's whole validation loop
-            logged = _validation_epoch(loop, loop.backend.eval_data, limit)
+            logged = _validation_epoch(loop, loop.eval_data, limit)
     finally:
         trainer.stage = "train"
         connector._first_loop_iter = first_loop_iter
     return logged
 
 
-def _validation_epoch(loop: LightningLoop, data: Any, limit: int | None) -> dict[str, Any]:
+def _validation_epoch(loop: ValidatingLoop, data: Any, limit: int | None) -> dict[str, Any]:
     module = loop.module
     connector = loop.trainer._logger_connector
     modes = {name: m.training for name, m in module.named_modules()}
@@ -70,7 +83,7 @@ def _validation_epoch(loop: LightningLoop, data: Any, limit: int | None) -> dict
     return logged
 
 
-def _validation_batch(loop: LightningLoop, batch: Any, batch_idx: int) -> None:
+def _validation_batch(loop: ValidatingLoop, batch: Any, batch_idx: int) -> None:
     batch = loop.fabric.to_device(batch)
     connector = loop.trainer._logger_connector
     connector.on_batch_start(batch)

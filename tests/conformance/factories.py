@@ -10,7 +10,6 @@ Adding a backend to the suite is one entry in ``FACTORIES``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
-sys.path.insert(0, str(ROOT / "examples"))
 
 #: flags every recipe-built backend is given: nothing saved or evaluated by the recipe
 QUIET = ["--no-progress"]
@@ -72,7 +70,7 @@ def torchtitan(run_dir: Path) -> Any:
     """``recipes/torchtitan_llama3_debug.py``: TorchTitan's Llama 3 debug model."""
     pytest.importorskip("torchtitan")
     flags = ["--batch-size", "2", "--seq-len", "16", "--warmup-steps", "1"]
-    return from_recipe("torchtitan_llama3_debug.py", run_dir, flags)
+    return from_recipe("torchtitan_llama3_debug.py", run_dir, [*flags, "--eval-split", "0.1"])
 
 
 def maxtext(run_dir: Path) -> Any:

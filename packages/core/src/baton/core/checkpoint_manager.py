@@ -1,16 +1,20 @@
 """The driver's checkpoints: saving the run's state when the loop or a callback asks,
-resuming at the start, loading and rolling back in the middle of a run, with the
-driver's counters and callbacks (as TorchTitan keeps a ``CheckpointManager`` beside its
-``Trainer``). The loop decides *when*; this decides *what* goes into ``baton.json`` and
-what comes back.
+resuming at the start, loading and rolling back in the middle of a run (as TorchTitan
+keeps a ``CheckpointManager`` beside its ``Trainer``). The loop decides *when*; this
+decides *what* goes into ``baton.json`` and what comes back. It is handed what it works
+on: the backend, the run's counters (a ``RunCounters`` it saves and restores), the
+callbacks whose states it saves, and the hook dispatch; it never looks back at the
+driver.
 
 Example (what ``Driver`` does)::
 
-    manager = CheckpointManager(driver, resumer)   # built when the run is prepared
-    manager.resume()                               # before training: the planned checkpoint
-    manager.save("every 100 steps")                # writes (or starts writing) step_000100
+    counters = RunCounters()
+    manager = CheckpointManager(backend, checkpoint_dir, resumer, counters=counters,
+                                callbacks=callbacks, dispatch=driver.dispatch)
+    manager.resume(evaluating=False)               # before training: the planned checkpoint
+    manager.save("every 100 steps", options, patches=["fix_x"], asynchronous=True)
     manager.saver.poll(block=False, agree=True)    # after each step
-    manager.rollback("runs/x/checkpoints/step_000050")
+    manager.rollback(Path("runs/x/checkpoints/step_000050"))
 
 ``CheckpointSaver`` (``saving.py``) writes and completes checkpoints; ``Resumer``
 (``resuming.py``) chooses, verifies and loads them.
@@ -19,74 +23,123 @@ Example (what ``Driver`` does)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from baton.core.backend import Backend
+from baton.core.callback import Callback
+from baton.core.options import RunOptions
 from baton.core.resuming import Resumer, restore_callback_states
 from baton.core.saving import CheckpointSaver, checkpoint_meta
-
-if TYPE_CHECKING:
-    from baton.core.driver import Driver
 
 log = logging.getLogger("baton")
 
 
-class CheckpointManager:
-    """Saves, resumes, loads and rolls back one driver's run.
+@dataclass
+class RunCounters:
+    """How far the run is: what each checkpoint records and a load restores.
 
-    Args:
-        driver: the run: its backend, options, counters (``step``, ``tokens``,
-            ``samples``, ``train_time_s``), callbacks and hooks.
-        resumer: the resume ``startup.prepare`` planned.
+    >>> counters = RunCounters(step=3, tokens=96, samples=6, train_time_s=1.5)
+    >>> RunCounters().restore(counters.to_meta()) or counters
+    RunCounters(step=3, tokens=96, samples=6, train_time_s=1.5)
     """
 
-    def __init__(self, driver: Driver, resumer: Resumer) -> None:
-        self.driver = driver
+    step: int = 0
+    tokens: int = 0
+    samples: int = 0
+    train_time_s: float = 0.0
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "samples": self.samples,
+            "train_time_s": self.train_time_s,
+        }
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """The counters a checkpoint's ``baton.json`` recorded."""
+        self.step = int(meta["step"])
+        self.tokens = int(meta["tokens"])
+        self.samples = int(meta.get("samples", 0))
+        self.train_time_s = float(meta.get("train_time_s", 0.0))
+
+
+class CheckpointManager:
+    """Saves, resumes, loads and rolls back one run.
+
+    Args:
+        backend: the run's backend (its native checkpoint, its facts).
+        checkpoint_dir: where the run's checkpoints are.
+        resumer: the resume ``startup.prepare`` planned.
+        counters: the run's counters, saved in each checkpoint and restored by a load.
+        callbacks: the callbacks whose states each checkpoint holds.
+        dispatch: ``dispatch(hook, *args)``: the run's hooks (``on_save_checkpoint``,
+            ``on_checkpoint_saved``, ``on_load_checkpoint``).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        checkpoint_dir: Path,
+        resumer: Resumer,
+        *,
+        counters: RunCounters,
+        callbacks: Sequence[Callback],
+        dispatch: Callable[..., None],
+    ) -> None:
+        self.backend = backend
         self.resumer = resumer
-        self.saver = CheckpointSaver(driver.backend, driver.checkpoint_dir, self._announce_saved)
+        self.counters = counters
+        self.callbacks = callbacks
+        self.dispatch = dispatch
+        #: the checkpoint whose callback states this run restored (resumed from)
+        self.resumed_from: Path | None = None
+        self.saver = CheckpointSaver(backend, checkpoint_dir, self._announce_saved)
 
-    def save(self, reason: str) -> None:
-        """A checkpoint of the current step, in the background where the run asked for
-        it and the backend has ``async_save``."""
-        driver = self.driver
-        self.saver.asynchronous = driver.options.async_save and "async_save" in driver.abilities
-        self.saver.save(driver.step, lambda: self._meta(reason))
+    def save(
+        self, reason: str, options: RunOptions, *, patches: list[str], asynchronous: bool
+    ) -> None:
+        """A checkpoint of the current step (in the background with ``asynchronous``),
+        recording ``options`` and the ``patches`` applied."""
+        self.saver.asynchronous = asynchronous
+        self.saver.save(self.counters.step, lambda: self._meta(reason, options, patches))
 
-    def _meta(self, reason: str) -> dict[str, Any]:
+    def _meta(self, reason: str, options: RunOptions, patches: list[str]) -> dict[str, Any]:
         """The ``baton.json`` of the checkpoint being written; ``on_save_checkpoint`` sees it."""
-        driver = self.driver
         meta = checkpoint_meta(
             reason=reason,
-            counters={
-                "step": driver.step,
-                "tokens": driver.tokens,
-                "samples": driver.samples,
-                "train_time_s": driver.train_time_s,
-            },
-            backend=driver.backend,
-            callbacks=driver.callbacks,
-            options=driver.options,
+            counters=self.counters.to_meta(),
+            backend=self.backend,
+            callbacks=self.callbacks,
+            options=options,
             resume_changes=self.resumer.changes,
-            patches=[d.name for d in driver.patch_report if d.applied],
+            patches=patches,
         )
-        driver.dispatch("on_save_checkpoint", meta)
+        self.dispatch("on_save_checkpoint", meta)
         return meta
 
     def _announce_saved(self, path: Path) -> None:
-        self.driver.dispatch("on_checkpoint_saved", path)
+        self.dispatch("on_checkpoint_saved", path)
 
-    def resume(self) -> None:
-        """Load the checkpoint the run resumes from, if any (counters, callback states)."""
+    def resume(self, *, evaluating: bool) -> Path | None:
+        """Load the checkpoint the run resumes from, if any (counters, callback states);
+        returns its path. ``evaluating``: an evaluation, not a resume (callbacks added
+        or dropped are no news)."""
         loaded = self.resumer.resume()
-        if loaded is not None:
-            self._restore(*loaded)
+        if loaded is None:
+            return None
+        self._restore(*loaded, callbacks=True, evaluating=evaluating)
+        return loaded[0]
 
     def load(self, path: Path | None, *, callbacks: bool) -> Path:
         """Load the complete checkpoint ``path`` (``None``: the newest) in the middle of
         a run, after the saves in flight complete; callback states with ``callbacks``."""
         self.saver.poll(block=True)
         loaded, meta = self.resumer.load(path)
-        self._restore(loaded, meta, callbacks=callbacks)
+        self._restore(loaded, meta, callbacks=callbacks, evaluating=False)
         return loaded
 
     def rollback(self, path: Path) -> Path:
@@ -95,47 +148,18 @@ class CheckpointManager:
         self.saver.forget_after(self.resumer.rewind(path))
         return self.load(path, callbacks=False)
 
-    def _restore(self, path: Path, meta: dict[str, Any], *, callbacks: bool = True) -> None:
-        driver = self.driver
-        driver.step = int(meta["step"])
-        driver.tokens = int(meta["tokens"])
-        driver.samples = int(meta.get("samples", 0))
-        driver.train_time_s = float(meta.get("train_time_s", 0.0))
+    def _restore(
+        self, path: Path, meta: dict[str, Any], *, callbacks: bool, evaluating: bool
+    ) -> None:
+        self.counters.restore(meta)
+        step = self.counters.step
         if callbacks:
-            # an evaluation trains nothing: callbacks added or dropped are no news
-            restore_callback_states(
-                driver.callbacks, meta, path, announce=not driver.evaluating_only
-            )
-            driver.resumed_from = path
-            if driver.evaluating_only:  # an evaluation, not a resume
-                log.info("evaluating %s (step %d)", path, driver.step)
+            restore_callback_states(self.callbacks, meta, path, announce=not evaluating)
+            self.resumed_from = path
+            if evaluating:  # an evaluation, not a resume
+                log.info("evaluating %s (step %d)", path, step)
             else:
-                log.info("resumed from %s at step %d", path, driver.step)
+                log.info("resumed from %s at step %d", path, step)
         else:
-            log.info("rolled back to %s (step %d)", path, driver.step)
-        driver.dispatch("on_load_checkpoint", meta)
-
-
-class SavingAttributes:
-    """What callbacks read about the run's saves (``driver.saved``, ...)."""
-
-    _checkpoints: CheckpointManager
-
-    @property
-    def checkpoint_being_written(self) -> Path | None:
-        """The directory of the checkpoint being written, for ``on_save_checkpoint``: a
-        callback writes state too large for ``baton.json`` there, in a folder of its own
-        beside ``backend/`` (``EMA`` writes ``ema/``); on resume it reads it back from
-        ``resumed_from``. ``None`` before the first save."""
-        return self._checkpoints.saver.writing
-
-    @property
-    def saved(self) -> list[Path]:
-        """The checkpoints this run completed, oldest first."""
-        return self._checkpoints.saver.saved
-
-    @property
-    def save_blocking_s(self) -> float:
-        """Wall time this process spent blocked in checkpoint saves (an async save's
-        background write is not counted), for honest throughput."""
-        return self._checkpoints.saver.blocking_s
+            log.info("rolled back to %s (step %d)", path, step)
+        self.dispatch("on_load_checkpoint", meta)

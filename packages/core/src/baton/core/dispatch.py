@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from baton.core.callback import Callback
 from baton.core.hooks import EXIT_HOOKS, HOOKS
+
+log = logging.getLogger("baton")
 
 
 def overrides(callback: Callback, hook: str) -> bool:
@@ -38,3 +41,12 @@ class Dispatcher:
     def __call__(self, hook: str, *args: Any) -> None:
         for handler in self.table[hook]:
             handler(*args)
+
+    def call_each_guarded(self, hook: str, *args: Any) -> None:
+        """Call every handler of ``hook``; an error is logged and the next handler runs
+        (the end of a run: one failure must not keep the next from running)."""
+        for handler in self.table[hook]:
+            try:
+                handler(*args)
+            except Exception as error:
+                log.error("%s handler %r raised %r", hook, handler, error)

@@ -38,7 +38,7 @@ from typing import Any, Unpack
 from baton.core.abilities import Ability
 from baton.core.backend import Backend, DataExhausted
 from baton.core.callback import Callback
-from baton.core.checkpoint_manager import CheckpointManager, SavingAttributes
+from baton.core.checkpoint_manager import CheckpointManager, RunCounters
 from baton.core.checkpointing import checkpoints_dir
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
@@ -82,7 +82,7 @@ class RunResult:
         )
 
 
-class Driver(SavingAttributes):
+class Driver:
     """Owns the training loop; the backend supplies one optimizer step at a time.
 
     Args:
@@ -118,14 +118,11 @@ class Driver(SavingAttributes):
         self.backend = backend
         self.callbacks: list[Callback] = list(callbacks)
         self.control = Control()
-        self.step = 0
-        self.tokens = 0
-        self.samples = 0
-        self.train_time_s = 0.0
+        #: step, tokens, samples and training time: saved in each checkpoint
+        self.counters = RunCounters()
         #: wall time this process spent in evaluation (for honest throughput)
         self.eval_time_s = 0.0
         self.stop_reason = ""
-        self.resumed_from: Path | None = None
         self.patch_report: list[PatchDecision] = []
         self._log_values = LogValues()
         #: when training time started counting, less the training time before it
@@ -136,9 +133,71 @@ class Driver(SavingAttributes):
         #: True in ``evaluate_checkpoint``: nothing is trained (no progress to show)
         self.evaluating_only = False
         self._lock: RunDirLock | None = None
-        self._checkpoints = CheckpointManager(self, Resumer(backend, self.options))
+        self._checkpoints = self._checkpoint_manager(Resumer(backend, self.options))
 
     # -- what callbacks read and call ---------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        return self.counters.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.counters.step = value
+
+    @property
+    def tokens(self) -> int:
+        """Tokens trained on, over every rank."""
+        return self.counters.tokens
+
+    @tokens.setter
+    def tokens(self, value: int) -> None:
+        self.counters.tokens = value
+
+    @property
+    def samples(self) -> int:
+        """Samples trained on, over every rank."""
+        return self.counters.samples
+
+    @samples.setter
+    def samples(self, value: int) -> None:
+        self.counters.samples = value
+
+    @property
+    def train_time_s(self) -> float:
+        """Wall time spent training (evaluation and the time before a resume's load not
+        counted twice)."""
+        return self.counters.train_time_s
+
+    @train_time_s.setter
+    def train_time_s(self, value: float) -> None:
+        self.counters.train_time_s = value
+
+    @property
+    def resumed_from(self) -> Path | None:
+        """The checkpoint this run resumed from (its callback states restored), or
+        ``None``; a callback reads its own files there in ``on_load_checkpoint``."""
+        return self._checkpoints.resumed_from
+
+    @property
+    def checkpoint_being_written(self) -> Path | None:
+        """The directory of the checkpoint being written, for ``on_save_checkpoint``: a
+        callback writes state too large for ``baton.json`` there, in a folder of its own
+        beside ``backend/`` (``EMA`` writes ``ema/``); on resume it reads it back from
+        ``resumed_from``. ``None`` before the first save."""
+        return self._checkpoints.saver.writing
+
+    @property
+    def saved(self) -> list[Path]:
+        """The checkpoints this run completed, oldest first."""
+        return self._checkpoints.saver.saved
+
+    @property
+    def save_blocking_s(self) -> float:
+        """Wall time this process spent blocked in checkpoint saves (an async save's
+        background write is not counted), for honest throughput."""
+        return self._checkpoints.saver.blocking_s
+
     @property
     def checkpoint_dir(self) -> Path:
         return checkpoints_dir(self.options.run_dir)
@@ -192,7 +251,7 @@ class Driver(SavingAttributes):
                 self.options.run_dir, self.backend, self.patch_report, write=self.is_global_zero
             )
             self.dispatch("on_setup")
-            self._checkpoints.resume()
+            self._checkpoints.resume(evaluating=False)
             if self.is_global_zero:
                 write_run_record(
                     self.options.run_dir,
@@ -245,7 +304,7 @@ class Driver(SavingAttributes):
             self.dispatch("on_configure")
             setup_backend(self.backend, self.options)
             self.dispatch("on_setup")
-            self._checkpoints.resume()
+            self._checkpoints.resume(evaluating=True)
             self.dispatch("on_train_start")
             metrics = self._evaluate()
             self.stop_reason = f"evaluated {path}"
@@ -276,7 +335,7 @@ class Driver(SavingAttributes):
         acting = ctl.acting_after_events(acting, ranks=ranks)
         stop = "stop" in acting
         if ctl.save_vetoed is None and ("save" in acting or (stop and self.options.save_on_stop)):
-            self._checkpoints.save(ctl.reason("save") or f"stop: {ctl.reason('stop')}")
+            self.save_checkpoint(ctl.reason("save") or f"stop: {ctl.reason('stop')}")
         if stop:
             self.stop_reason = ctl.reason("stop")
             log.info("stopping at step %d: %s", self.step, self.stop_reason)
@@ -287,7 +346,7 @@ class Driver(SavingAttributes):
         self.stop_reason = reason
         log.info("stopping after step %d: %s", self.step, reason)
         if self.options.save_on_stop and self.step > 0:
-            self._checkpoints.save(f"stop: {reason}")
+            self.save_checkpoint(f"stop: {reason}")
 
     # -- stop conditions -----------------------------------------------------------------
     def _limit_reached_before_step(self) -> bool:
@@ -303,8 +362,14 @@ class Driver(SavingAttributes):
 
     # -- checkpoints: CheckpointManager (``checkpoint_manager``) -------------------------
     def save_checkpoint(self, reason: str = "requested") -> None:
-        """Write a checkpoint of the current step now (``control.request_save`` defers it)."""
-        self._checkpoints.save(reason)
+        """Write a checkpoint of the current step now (``control.request_save`` defers it),
+        in the background where the run asked for it and the backend has ``async_save``."""
+        self._checkpoints.save(
+            reason,
+            self.options,
+            patches=[decision.name for decision in self.patch_report if decision.applied],
+            asynchronous=self.options.async_save and "async_save" in self._abilities,
+        )
 
     def wait_for_saves(self) -> None:
         """Block until every checkpoint still being written is complete (renamed,
@@ -346,7 +411,19 @@ class Driver(SavingAttributes):
         self.options, self.callbacks = start.options, start.callbacks
         self.patch_report, self._lock = start.patch_report, start.lock
         self._dispatch = Dispatcher(self.callbacks)
-        self._checkpoints = CheckpointManager(self, start.resumer)
+        self._checkpoints = self._checkpoint_manager(start.resumer)
+
+    def _checkpoint_manager(self, resumer: Resumer) -> CheckpointManager:
+        """The run's checkpoints, handed the backend, the counters, the callbacks and
+        the hooks."""
+        return CheckpointManager(
+            self.backend,
+            self.checkpoint_dir,
+            resumer,
+            counters=self.counters,
+            callbacks=self.callbacks,
+            dispatch=self.dispatch,
+        )
 
     @contextmanager
     def _running(self) -> Generator[None]:
@@ -361,9 +438,14 @@ class Driver(SavingAttributes):
             raise
         self._end()
 
+    def _guarded_hooks(self, hook: str, *args: Any) -> None:
+        """``hook(driver, *args)`` on each callback overriding it; an error is logged and
+        the next one runs (``shutdown``)."""
+        self._dispatch.call_each_guarded(hook, self, *args)
+
     def _end(self, error: BaseException | None = None) -> None:
         """Tear down (``shutdown.end_run``), then release the run directory."""
-        end_run(self, self._checkpoints.saver, self._dispatch, error)
+        end_run(self.backend, self._checkpoints.saver, self._guarded_hooks, error)
         if self._lock is not None:  # a run that failed at once leaves no run directory
             refused = isinstance(error, UsageError) and not self._training
             self._lock.release(remove_if_unused=error is not None, remove_created=refused)

@@ -3,8 +3,11 @@ so that one failure does not keep the next from running.
 
 Example (what ``Driver`` does when its body returns, or raises ``error``)::
 
-    end_run(driver, saver, dispatcher)           # clean end
-    end_run(driver, saver, dispatcher, error)    # after an error
+    end_run(backend, saver, hooks)           # clean end
+    end_run(backend, saver, hooks, error)    # after an error
+
+``hooks(name, *args)`` calls each callback's hook, logging an error and going on to the
+next (``Dispatcher.call_each_guarded`` with the driver bound).
 
 After an error, checkpoints already being written are complete work: they are finished
 (without collectives, which a failed rank may never join), then ``on_exception`` runs.
@@ -15,25 +18,21 @@ Every handler's error is logged, never raised.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from baton.core.dispatch import Dispatcher
+from baton.core.backend import Backend
 from baton.core.saving import CheckpointSaver
-
-if TYPE_CHECKING:
-    from baton.core.driver import Driver
 
 log = logging.getLogger("baton")
 
 
 def end_run(
-    driver: Driver,
+    backend: Backend,
     saver: CheckpointSaver,
-    dispatcher: Dispatcher,
+    hooks: Callable[..., None],
     error: BaseException | None = None,
 ) -> None:
-    """End ``driver``'s run: after ``error``, finish the saves in flight and call each
+    """End the run: after ``error``, finish the saves in flight and call each
     ``on_exception(driver, error)``; then ``backend.teardown()``, each
     ``on_teardown(driver)``, and stop the saver's thread."""
     if error is not None:
@@ -41,19 +40,10 @@ def end_run(
             saver.poll(block=True, collective=False)
         except Exception as save_error:
             log.error("a pending checkpoint failed while handling an error: %r", save_error)
-        _call_each("on_exception", dispatcher.handlers("on_exception"), driver, error)
+        hooks("on_exception", error)
     try:
-        driver.backend.teardown()
+        backend.teardown()
     except Exception as teardown_error:
         log.error("backend teardown raised %r", teardown_error)
-    _call_each("on_teardown", dispatcher.handlers("on_teardown"), driver)
+    hooks("on_teardown")
     saver.close()
-
-
-def _call_each(hook: str, handlers: Sequence[Callable[..., Any]], *args: Any) -> None:
-    """Call every handler of ``hook``; an error is logged and the next handler runs."""
-    for handler in handlers:
-        try:
-            handler(*args)
-        except Exception as error:
-            log.error("%s handler %r raised %r", hook, handler, error)

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from baton.backends.megatron.build import build_model, build_optimizer
-from baton.backends.megatron.checkpoint import load_weights
-from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO
+from baton.backends.megatron.checkpoint import AsyncSaves, load_weights
+from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO, TrainingParts
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import ByteEodTokenizer, PreparedSource, SampleStream
@@ -64,6 +64,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     name = "megatron"
     distribution = "megatron-core"
+    #: built by ``setup``, handed the parts it saves and restores (``checkpoint_io.py``)
+    checkpoints: MegatronCheckpointIO
 
     def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
         self.config = config or MegatronConfig()
@@ -78,7 +80,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self.num_microbatches = 1
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
         self.source: PreparedSource | None = None
-        self.checkpoints = MegatronCheckpointIO(self)
+        #: asynchronous saves' queue, for the process's lifetime (``checkpoint.AsyncSaves``)
+        self._async_saves = AsyncSaves()
         self._model_state: MegatronModelState | None = None
         #: a model with experts: its ``moe/*`` metrics (``moe_metrics.py``)
         self._moe: MoeMetrics | None = None
@@ -188,6 +191,18 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             world_size=self.world_size,
             barrier=self.barrier,
         )
+        self.checkpoints = MegatronCheckpointIO(
+            TrainingParts(
+                self.chunks,
+                self.optimizer,
+                self.scheduler,
+                self.train_streams,
+                layout=self.layout(),
+                data=cfg.data,
+                source=self.source,
+            ),
+            self._async_saves,
+        )
         if cfg.objective == "dpo":
             self._score_reference()
         if cfg.init_from is not None:
@@ -257,7 +272,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         )  # Megatron's schedule ends in finalize_model_grads (``use_objective``)
         if self._model_state is not None:  # gradients before clipping, to the watchers
             self._model_state.before_clipping()
-        self.checkpoints.wait_for_staging()  # a save still copies what the step changes
+        self._async_saves.wait_for_staging()  # a save still copies what the step changes
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
@@ -355,11 +370,12 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         baton created, so another run in this process starts clean."""
         from megatron.core import parallel_state
 
-        self.checkpoints.close()
+        self._async_saves.close()
         if self._moe is not None:
             self._moe.close()
             self._moe = None
         parallel_state.destroy_model_parallel()
         self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None
+        vars(self).pop("checkpoints", None)  # built by the next setup, on its own parts
         self.teardown_process_group()

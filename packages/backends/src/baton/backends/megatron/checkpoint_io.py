@@ -1,23 +1,32 @@
 """The Megatron-Core backend's checkpoint I/O: ``dist_checkpointing`` saves (synchronous,
 or asynchronous through ``checkpoint.AsyncSaves``), loads onto this run's layout, the
-facts core records in ``baton.json`` and whether a saved layout reshards here. The step
-engine (``MegatronBackend``) owns the model chunks, optimizer, schedule and data
-streams; this reads and restores them.
+facts core records in ``baton.json`` and whether a saved layout reshards here.
 
-Example::
+The step engine builds the model chunks, optimizer, schedule and data streams; its
+``setup`` hands them to this I/O in a ``TrainingParts`` record, with the run's layout
+and what the data's fingerprint is taken from. The I/O reads and restores them; it
+never sees the engine.
 
-    io = MegatronCheckpointIO(backend)      # the backend builds it in __init__
+Example (what ``MegatronBackend.setup`` does, then the loop)::
+
+    saves = AsyncSaves()                    # the engine's, for the process's lifetime
+    parts = TrainingParts(
+        chunks, optimizer, scheduler, train_streams,
+        layout={"tensor": 1, "pipeline": 1, ...}, data=config.data, source=source,
+    )
+    io = MegatronCheckpointIO(parts, saves)
     handle = io.save(directory, asynchronous=True)
-    io.wait_for_staging()                   # before the optimizer step
-    io.load(directory)
-    io.close()                              # at teardown: finish the writes
+    saves.wait_for_staging()                # before the optimizer step
+    io.load(directory, io.plan_load(saved_layout))
+    saves.close()                           # at teardown: finish the writes
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -33,41 +42,71 @@ from baton.backends.megatron.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from baton.backends.megatron.config import DataConfig
 from baton.backends.megatron.cpu import device_mode_paused
-from baton.backends.megatron.data import data_fingerprint
+from baton.backends.megatron.data import PreparedSource, SampleStream, data_fingerprint
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
-if TYPE_CHECKING:
-    from baton.backends.megatron.backend import MegatronBackend
+
+@dataclass(frozen=True)
+class TrainingParts:
+    """What one set-up Megatron-Core run checkpoints, and the facts recorded beside it.
+
+    Args:
+        chunks: this rank's DDP-wrapped ``GPTModel`` chunks (several with a virtual
+            pipeline).
+        optimizer: Megatron's optimizer over them (``get_megatron_optimizer``).
+        scheduler: its ``OptimizerParamScheduler``.
+        train_streams: one ``SampleStream`` per chunk; the first one's position is saved
+            and every one is restored to it.
+        layout: the run's parallel layout (``MegatronBackend.layout()``: ``tensor``,
+            ``pipeline``, ``distributed_optimizer``, ...), recorded in every checkpoint.
+        data: the configured data, and ``source``: the prepared datasets (``None``: the
+            byte corpus); the data's fingerprint is taken from them at each save.
+    """
+
+    chunks: list[Any]
+    optimizer: Any
+    scheduler: Any
+    train_streams: list[SampleStream]
+    layout: Mapping[str, Any]
+    data: DataConfig
+    source: PreparedSource | None
+
+    @property
+    def train_stream(self) -> SampleStream:
+        """The stream whose position a checkpoint records."""
+        return self.train_streams[0]
 
 
 class MegatronCheckpointIO:
-    """Checkpoints of one ``MegatronBackend``'s training state.
+    """Checkpoints of one Megatron-Core run's training state (``TrainingParts``).
 
     Staging for asynchronous saves stays in Megatron's calls queue
     (``checkpoint.AsyncSaves``, ``thread_writer.ThreadCallsQueue``) rather than
     ``async_save.BackgroundSaves``: ``dist_checkpointing`` plans the write and runs its
-    finalize functions on every rank through that queue.
+    finalize functions on every rank through that queue. The queue lives as long as the
+    engine (it waits on it before each optimizer step and closes it at teardown) and is
+    handed here as ``saves``.
     """
 
-    def __init__(self, engine: MegatronBackend) -> None:
-        self.engine = engine
-        self._async_saves = AsyncSaves()
+    def __init__(self, parts: TrainingParts, saves: AsyncSaves) -> None:
+        self.parts = parts
+        self._saves = saves
 
     # -- what core records --------------------------------------------------------------
     def facts(self) -> CheckpointFacts:
         """The layout, the global samples the data stream consumed and the data's
         fingerprint (``data.data_fingerprint``)."""
-        engine = self.engine
-        assert engine.train_stream is not None, "setup() must run first"
-        fingerprint = data_fingerprint(engine.config.data, engine.source)
-        return CheckpointFacts(engine.layout(), engine.train_stream.consumed, fingerprint)
+        parts = self.parts
+        fingerprint = data_fingerprint(parts.data, parts.source)
+        return CheckpointFacts(dict(parts.layout), parts.train_stream.consumed, fingerprint)
 
     def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
         """How ``dist_checkpointing`` reshards ``saved`` onto this layout, or why it
         cannot (``checkpoint.load_plan``): the RNG states stay fresh where the
         model-parallel shards differ."""
-        return load_plan(saved, self.engine.layout())
+        return load_plan(saved, self.parts.layout)
 
     @staticmethod
     def legacy_facts(directory: Path) -> CheckpointFacts | None:
@@ -91,11 +130,7 @@ class MegatronCheckpointIO:
         # and its staging copy run in the background); no CUDA call, so without the
         # per-call cost of the CPU device mode
         with device_mode_paused():
-            return self._async_saves.start(self._sharded_state(loading=False), directory)
-
-    def wait_for_staging(self) -> None:
-        """Block while a save still copies what the optimizer step changes (CPU writer)."""
-        self._async_saves.wait_for_staging()
+            return self._saves.start(self._sharded_state(loading=False), directory)
 
     def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """Restore model, optimizer, scheduler, data position and RNG from ``directory``
@@ -106,20 +141,19 @@ class MegatronCheckpointIO:
         """
         from megatron.core import dist_checkpointing
 
-        engine = self.engine
-        assert engine.train_stream is not None, "setup() must run before load()"
+        parts = self.parts
         with naming_failures("building the sharded state dict to load into"):
-            init_optimizer_state(engine.optimizer)
+            init_optimizer_state(parts.optimizer)
             request = self._sharded_state(loading=True, rng="rng" not in plan.fresh)
         with naming_failures(f"dist_checkpointing.load({directory})"):
             state = dist_checkpointing.load(request, str(directory))
         # copying into the optimizer's fp32 shards (views of parameters) is not autograd work
         with naming_failures("restoring the loaded state"), torch.no_grad():
-            load_model_state(engine.chunks, state["model"])
-            engine.optimizer.load_state_dict(state["optimizer"])
-            restore_optimizer_steps(engine.optimizer, state["optimizer"])
-            engine.scheduler.load_state_dict(state["scheduler"])
-            for stream in engine.train_streams:
+            load_model_state(parts.chunks, state["model"])
+            parts.optimizer.load_state_dict(state["optimizer"])
+            restore_optimizer_steps(parts.optimizer, state["optimizer"])
+            parts.scheduler.load_state_dict(state["scheduler"])
+            for stream in parts.train_streams:
                 stream.load_state_dict(state["data"])
             if "rng" in state:
                 set_rng_state(state["rng"])
@@ -128,23 +162,22 @@ class MegatronCheckpointIO:
         from megatron.core import parallel_state
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-        engine = self.engine
-        assert engine.train_stream is not None
-        model_state = model_sharded_state(engine.chunks)
+        parts = self.parts
+        model_state = model_sharded_state(parts.chunks)
         metadata = None
-        if engine.config.ddp.use_distributed_optimizer:
+        if parts.layout["distributed_optimizer"]:
             metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
-        optimizer_state = engine.optimizer.sharded_state_dict(
+        optimizer_state = parts.optimizer.sharded_state_dict(
             model_state, is_loading=loading, metadata=metadata
         )
         state = {
             "model": model_state,
             "optimizer": optimizer_state,
-            "scheduler": engine.scheduler.state_dict(),
-            "data": engine.train_stream.state_dict(),
+            "scheduler": parts.scheduler.state_dict(),
+            "data": parts.train_stream.state_dict(),
         }
         if rng:
-            tp, pp = engine.config.parallel_sizes()
+            tp, pp = parts.layout["tensor"], parts.layout["pipeline"]
             state["rng"] = ShardedObject(
                 "rng_state",
                 rng_state(),
@@ -156,7 +189,3 @@ class MegatronCheckpointIO:
                 replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
             )
         return state
-
-    def close(self) -> None:
-        """Finish the writes in flight (at teardown)."""
-        self._async_saves.close()

@@ -69,8 +69,10 @@ def megatron(run_dir: Path) -> Any:
 def torchtitan(run_dir: Path) -> Any:
     """``recipes/torchtitan_llama3_debug.py``: TorchTitan's Llama 3 debug model."""
     pytest.importorskip("torchtitan")
-    flags = ["--batch-size", "2", "--seq-len", "16", "--warmup-steps", "1"]
-    return from_recipe("torchtitan_llama3_debug.py", run_dir, [*flags, "--eval-split", "0.1"])
+    flags = ["--batch-size", "2", "--seq-len", "16", "--warmup-steps", "1", "--eval-split", "0.1"]
+    backend = from_recipe("torchtitan_llama3_debug.py", run_dir, flags)
+    backend.config.validator.steps = 2  # the native config: two batches, not the whole split
+    return backend
 
 
 def maxtext(run_dir: Path) -> Any:

@@ -55,7 +55,7 @@ from baton.core.callback_paths import (
     normal_name,
     split_class_path,
 )
-from baton.core.config_values import ValueMismatch, coerce, describe
+from baton.core.config_values import ValueMismatch, coerce, type_name
 from baton.core.errors import UsageError, did_you_mean
 from baton.core.json_values import json_value
 from baton.core.recipe_signature import Param, Signature, help_by_name, summary_of
@@ -222,7 +222,7 @@ def callback_arguments(choice: CallbackChoice, cls: type) -> dict[str, Any]:
             typed[key] = _typed(value, param.annotation, choice.from_text)
         except ValueMismatch:
             raise UsageError(
-                f"{choice.source}: {key} is {value!r}, not {describe(param.annotation)}"
+                f"{choice.source}: {key} is {value!r}, not {type_name(param.annotation)}"
             ) from None
     missing = [
         p.name for p in params.values() if p.default is dataclasses.MISSING and p.name not in typed
@@ -343,7 +343,7 @@ class CallbackFlags:
             )
         return result
 
-    def record(self, built: Sequence[tuple[CallbackChoice, Callback]]) -> dict[str, Any]:
+    def settings_of(self, built: Sequence[tuple[CallbackChoice, Callback]]) -> dict[str, Any]:
         """What ``--print-config``, the settings and ``run.json`` show: each added
         callback with every argument (given or default), and the dropped names."""
         shown: dict[str, Any] = {}
@@ -377,7 +377,7 @@ def _full_record(choice: CallbackChoice, callback: Callback) -> dict[str, Any]:
 def describe_parameter(param: Param) -> tuple[str, str, str]:
     """``(type, default, help)`` of a parameter, as ``baton callbacks NAME`` shows it."""
     default = "(required)" if param.default is dataclasses.MISSING else repr(param.default)
-    kind = "any" if param.annotation is Any else describe(param.annotation)
+    kind = "any" if param.annotation is Any else type_name(param.annotation)
     return kind, default, param.help
 
 

@@ -1,7 +1,10 @@
-"""Whether a checkpoint can continue this run, and how it loads: one judge.
+"""Whether a checkpoint can continue this run, and how it loads: one judge, asked
+twice.
 
-Before a backend reads anything, ``judge`` compares the checkpoint's ``baton.json``
-with this run: the backend's ``describe()`` facts (a different setup), then the
+Before anything is built, ``judge_recipe`` compares the checkpoint's ``baton.json`` with
+the recipe: the same run (backend and recipe: another experiment's directory is
+refused), the same model architecture, the same shape settings. After ``setup`` and
+before a backend reads anything, ``judge`` compares it with the built run: the backend's ``describe()`` facts (a different setup), then the
 checkpoint record (``baton.core.checkpoint_record``: the data's fingerprint and the
 parallel layout). A layout that differs is the backend's to judge through
 ``plan_load``; the plan it returns is what ``load`` is handed::
@@ -9,8 +12,8 @@ parallel layout). A layout that differs is the backend's to judge through
     plan = judge(backend, path, meta)        # CheckpointMismatch naming both sides
     backend.load(path / BACKEND_DIR, plan)
 
-The settings a resume may change (``baton.core.resume_settings``) are the other half
-of a resume's checks: they are recipe settings, not the checkpoint's own facts.
+What a resume may change beside these (``--allow-changed``) is the settings policy of
+``baton.core.resume_settings``.
 
 A backend that got a name of its own after its checkpoints were recorded under another
 (the ``lightning`` backend's, once recorded as ``fabric``) claims them by what their
@@ -34,6 +37,8 @@ from baton.core.checkpoint_record import (
     show_layout,
 )
 from baton.core.checkpointing import BACKEND_DIR, CheckpointMismatch
+from baton.core.model_spec import check_same_architecture
+from baton.core.resume_settings import check_same_run, check_same_shape
 
 log = logging.getLogger("baton")
 
@@ -57,6 +62,21 @@ def saved_facts(backend: Backend, path: Path, meta: Mapping[str, Any]) -> Checkp
     if meta.get(RECORD_KEY) is not None:
         return CheckpointFacts.from_json(cast(Mapping[str, Any], meta[RECORD_KEY]))
     return backend.legacy_facts(path / BACKEND_DIR)
+
+
+def judge_recipe(
+    path: Path, meta: Mapping[str, Any], *, backend: str, settings: Mapping[str, Any]
+) -> None:
+    """Before anything is built: refuse the checkpoint at ``path`` (its ``baton.json`` is
+    ``meta``) when another run wrote it (backend ``backend``'s recipe with ``settings``),
+    its model's architecture differs, or a shape setting does; identity first, then the
+    model, then the shapes (``UsageError`` naming the difference and the fix)."""
+    check_same_run(meta, backend=backend, settings=settings, checkpoint=path)
+    saved = cast(Mapping[str, Any], meta.get("settings", {}))
+    check_same_architecture(
+        saved.get("model_spec"), settings.get("model_spec"), what=f"checkpoint {path}"
+    )
+    check_same_shape(saved, settings, checkpoint=path)
 
 
 def judge(backend: Backend, path: Path, meta: dict[str, Any]) -> LoadPlan:

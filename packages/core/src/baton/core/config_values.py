@@ -44,7 +44,7 @@ def conform(name: str, value: Any, annotation: Any, source: str | Path) -> Any:
         return _conform(value, annotation)
     except _Mismatch:
         raise RecipeError(
-            f"--config {source}: {name} is {value!r}, not {describe(annotation)}; "
+            f"--config {source}: {name} is {value!r}, not {type_name(annotation)}; "
             f"fix the value in the file (or pass --{name.replace('_', '-')} on the command line)"
         ) from None
 
@@ -55,13 +55,13 @@ def coerce(value: Any, annotation: Any) -> Any:
     return _conform(value, annotation)
 
 
-def describe(annotation: Any) -> str:
+def type_name(annotation: Any) -> str:
     """What a type accepts, in words: ``int | None`` -> "a whole number or null"."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return describe(typing.get_args(annotation)[0])
+        return type_name(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(describe(a) for a in typing.get_args(annotation))
+        return " or ".join(type_name(a) for a in typing.get_args(annotation))
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
     if origin in (tuple, list, abc.Sequence):

@@ -57,7 +57,7 @@ class WarmupCosine:
         times an optimizer's base learning rate)."""
         return WarmupCosine(self.peak * by, self.floor * by, self.warmup_steps, self.total_steps)
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         """The shape in words, e.g. ``warmup 2 steps to lr 1e-03, cosine decay to 1e-04
         at step 30``."""
         return (

@@ -448,7 +448,7 @@ def build_driver(
         setup_logging(level=logging.DEBUG)
     added = callbacks.build()  # a bad name or argument stops here, before the recipe runs
     if options.print_config:
-        print_config(kwargs, options, callbacks.record(added))
+        print_config(kwargs, options, callbacks.settings_of(added))
         return None
     driver = call_recipe(path, fn, kwargs, dry_run=options.dry_run)
     if driver is None:
@@ -462,7 +462,7 @@ def build_driver(
     if options.console_keys is not None:
         apply_console_keys(driver.callbacks, options.console_keys)
     settings = dict(driver.options.settings)
-    settings.update(callbacks.record(added))
+    settings.update(callbacks.settings_of(added))
     if options.set:
         try:
             applied = apply_overrides(driver.backend.config, options.set)

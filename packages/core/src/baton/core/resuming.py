@@ -37,16 +37,13 @@ from typing import Any, cast
 import baton.core.checkpointing as ckpt
 from baton.core.backend import Backend
 from baton.core.callback import Callback
-from baton.core.compatibility import as_written_by, judge
+from baton.core.compatibility import as_written_by, judge, judge_recipe
 from baton.core.errors import UsageError
-from baton.core.model_spec import check_same_architecture
 from baton.core.options import RunOptions
 from baton.core.resume_settings import (
     changed_callback_settings,
     changed_settings,
     check_changes,
-    check_same_run,
-    check_same_shape,
 )
 from baton.core.rundir import set_aside
 
@@ -247,15 +244,8 @@ class Resumer:
         meta = as_written_by(self.backend, path, meta)
         options = self.options
         names = options.training_settings | self.backend.training_settings
-        # identity first (another experiment's directory), then the model, then settings
-        check_same_run(meta, backend=self.backend.name, settings=options.settings, checkpoint=path)
-        check_same_architecture(
-            meta.get("settings", {}).get("model_spec"),
-            options.settings.get("model_spec"),
-            what=f"checkpoint {path}",
-        )
+        judge_recipe(path, meta, backend=self.backend.name, settings=options.settings)
         saved = meta.get("settings", {})
-        check_same_shape(saved, options.settings, checkpoint=path)
         changes = changed_settings(saved, options.settings, names)
         by_callbacks = changed_callback_settings(saved, options.settings)
         self._callback_changes = set(by_callbacks)

@@ -339,14 +339,14 @@ def compare(
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
     init_from = _starting_model(init_from, model_config, tokenizer, root / "model", shape)
-    print(f"schedule on every backend: {schedule.describe()}", flush=True)
+    print(f"schedule on every backend: {schedule.summary()}", flush=True)
     settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
                 "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr,
                 "warmup_steps": schedule.warmup_steps, "min_lr": schedule.floor,
                 "recipes": recipes, "objective": objective}  # fmt: skip
     wall, failed = _run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
-    print(f"\nschedule on every backend: {schedule.describe()}")
+    print(f"\nschedule on every backend: {schedule.summary()}")
     _report(backends, root, wall, MOE_LOSSES if moe else None, first_step=objective == "sft")
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))

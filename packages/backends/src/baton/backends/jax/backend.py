@@ -51,6 +51,7 @@ import numpy as np
 from baton.backends.jax.checkpoint_io import JaxCheckpointIO
 from baton.backends.jax.data import BatchStream, DataEnd
 from baton.backends.jax.model_state import JaxModelState, StepControls
+from baton.backends.jax.progress import TrainProgress
 from baton.backends.jax.steps import LossFunctionError, loss_and_metrics, make_train_step
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.abilities import Abilities
@@ -142,10 +143,8 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
         self.data: BatchStream | None = None
         self.kind = ""
         self.num_params = 0
-        self.steps_done = 0  # host copy of the optimizer step count
-        #: training samples drawn by every process together (the data position)
-        self.samples_consumed = 0
-        self.checkpoints = JaxCheckpointIO(self)
+        #: the host's counts of optimizer steps and samples drawn (the data position)
+        self.progress = TrainProgress()
         self._step: Any = None
         self._eval: Any = None
         self._replicated: Any = None
@@ -220,6 +219,18 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
         self.state = state
         self._step, self._eval = self._compile(split)
         self.data = BatchStream(cfg.train_data, on_data_end=cfg.on_data_end)
+        self.checkpoints = JaxCheckpointIO(
+            read_state=lambda: self.state,
+            write_state=self._put_state,
+            data=self.data,
+            progress=self.progress,
+            controls=self.controls,
+            rank=jax.process_index(),
+            processes=jax.process_count(),
+        )
+
+    def _put_state(self, state: dict[str, Any]) -> None:
+        self.state = state
 
     def _replicate(self, value: Any) -> Any:
         import jax
@@ -280,7 +291,9 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
     def model_state(self) -> JaxModelState:
         """The parameters by name, gradients, lr and freezing (``model_state.py``)."""
         if self._model_state is None:
-            self._model_state = JaxModelState(self)
+            self._model_state = JaxModelState(
+                lambda: self.state, self.controls, self.config.lr_schedule, self.progress
+            )
         return self._model_state
 
     # -- the step ---------------------------------------------------------------------
@@ -331,12 +344,14 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
             raise BatchRejected(
                 f"the model rejected training batch {describe_batch(batch)} at step {step}: {error}"
             ) from error
-        self.steps_done += 1
-        self.samples_consumed += samples
+        self.progress.steps_done += 1
+        self.progress.samples_consumed += samples
         metrics: dict[str, Any] = dict(aux)
         schedule = self.config.lr_schedule
         if schedule is not None:
-            index = self.steps_done - 1  # the update just made used schedule(count before it)
+            index = (
+                self.progress.steps_done - 1
+            )  # the update just made used schedule(count before it)
             scale = self.controls.lr_scale
             metrics["lr"] = lambda: schedule(index) * scale
         return StepOutput(
@@ -386,7 +401,8 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
         assert self.data is not None
         self.data.skip(steps)
 
-    # -- checkpoints: JaxCheckpointIO (checkpoint_io.py), through UsesCheckpointIO ------
+    # -- checkpoints: JaxCheckpointIO (checkpoint_io.py, built in setup), through
+    #    UsesCheckpointIO -----------------------------------------------------------
     def teardown(self) -> None:
         """Drop the device state and the compiled steps."""
         self.state = None

@@ -1,28 +1,32 @@
 """The JAX backend's checkpoint I/O: orbax (synchronous, or orbax's own asynchronous
 save, which stages the arrays itself) for the train state, each process's data position
 in ``data_rank<N>.json``, and the facts core records in ``baton.json``. The step engine
-(``JaxBackend``) owns the state, the data stream and the counters; this reads and
-restores them.
+owns the train state, the data stream and the counters; this is handed them (the state
+through a getter and a setter, as each step replaces it) and reads and restores them.
 
 Example::
 
-    io = JaxCheckpointIO(backend)           # the backend builds it in __init__
+    slot = {"state": train_state}
+    io = JaxCheckpointIO(                   # the backend builds it in setup
+        read_state=lambda: slot["state"], write_state=lambda s: slot.update(state=s),
+        data=stream, progress=TrainProgress(), controls=StepControls(), rank=0, processes=1,
+    )
     handle = io.save(directory, asynchronous=True)
-    io.load(directory)
+    io.load(directory)                      # slot["state"] is the restored state
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from baton.backends.async_save import FuturePendingSave
+from baton.backends.jax.data import BatchStream
+from baton.backends.jax.model_state import StepControls
+from baton.backends.jax.progress import TrainProgress
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
-
-if TYPE_CHECKING:
-    from baton.backends.jax.backend import JaxBackend
 
 STATE_DIR = "state"
 #: the side file checkpoints held before ``baton.json`` recorded their facts (read only)
@@ -35,69 +39,89 @@ def data_file(rank: int) -> str:
 
 
 class JaxCheckpointIO:
-    """Checkpoints of one ``JaxBackend``'s train state and data position."""
+    """Checkpoints of one JAX train state (a pytree with a ``step``) and data position.
 
-    def __init__(self, engine: JaxBackend) -> None:
-        self.engine = engine
+    ``read_state``/``write_state`` get and replace the engine's current train state;
+    ``data``, ``progress`` and ``controls`` (the lr scale a callback set) are the
+    engine's own objects, restored in place; ``rank`` and ``processes`` are this JAX
+    process's index and the process count.
+    """
+
+    def __init__(
+        self,
+        *,
+        read_state: Callable[[], Any],
+        write_state: Callable[[Any], None],
+        data: BatchStream,
+        progress: TrainProgress,
+        controls: StepControls,
+        rank: int,
+        processes: int,
+    ) -> None:
+        self.read_state, self.write_state = read_state, write_state
+        self.data, self.progress, self.controls = data, progress, controls
+        self.rank, self.processes = rank, processes
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> FuturePendingSave | None:
         """Orbax save of the train state into ``directory/state``, plus each process's
         data position (``data_rank00000.json`` ...)."""
         from orbax.checkpoint import v1 as ocp
 
-        engine = self.engine
-        assert engine.data is not None and engine.state is not None
+        state = self.read_state()
+        assert state is not None, "save after setup"
         directory = Path(directory).resolve()  # orbax wants absolute paths
         position = {
-            "step": engine.steps_done,
-            "samples": engine.samples_consumed,
-            "data": engine.data.state_dict(),
-            "lr_scale": engine.controls.lr_scale,  # a learning rate a callback set
+            "step": self.progress.steps_done,
+            "samples": self.progress.samples_consumed,
+            "data": self.data.state_dict(),
+            "lr_scale": self.controls.lr_scale,  # a learning rate a callback set
         }
-        (directory / data_file(engine.rank)).write_text(json.dumps(position))
+        (directory / data_file(self.rank)).write_text(json.dumps(position))
         if not asynchronous:
-            ocp.save(directory / STATE_DIR, engine.state)
+            ocp.save(directory / STATE_DIR, state)
             return None
-        return FuturePendingSave(ocp.save_async(directory / STATE_DIR, engine.state))
+        return FuturePendingSave(ocp.save_async(directory / STATE_DIR, state))
 
     def load(self, directory: Path, plan: LoadPlan = LOAD_ALL) -> None:
         """Restore a checkpoint written by ``save``: the train state, then the data position."""
         import jax
         from orbax.checkpoint import v1 as ocp
 
-        engine = self.engine
-        assert engine.data is not None and engine.state is not None
+        state = self.read_state()
+        assert state is not None, "load after setup"
         directory = Path(directory).resolve()
-        position_file = directory / data_file(engine.rank)
+        position_file = directory / data_file(self.rank)
         if not (directory / STATE_DIR).is_dir() or not position_file.is_file():
             found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
             raise FileNotFoundError(
-                f"{directory} is not a JAX-backend checkpoint for process {engine.rank} "
-                f"(expected {STATE_DIR}/ and {data_file(engine.rank)}; found {found}); a "
+                f"{directory} is not a JAX-backend checkpoint for process {self.rank} "
+                f"(expected {STATE_DIR}/ and {data_file(self.rank)}; found {found}); a "
                 "checkpoint resumes with as many processes as wrote it"
             )
         position = json.loads(position_file.read_text())
         abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), engine.state
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
         )
-        engine.state = ocp.load(directory / STATE_DIR, abstract)
-        restored_step = int(jax.device_get(engine.state["step"]))
+        state = ocp.load(directory / STATE_DIR, abstract)
+        self.write_state(state)
+        restored_step = int(jax.device_get(state["step"]))
         if restored_step != position["step"]:
             raise ValueError(
                 f"{directory}: the train state is at step {restored_step} but the data position "
                 f"was recorded at step {position['step']}; the checkpoint is inconsistent"
             )
-        engine.steps_done = restored_step
-        engine.samples_consumed = int(position.get("samples", 0))
-        engine.data.load_state_dict(position["data"])
-        engine.controls.lr_scale = float(position.get("lr_scale", 1.0))
-        engine.controls.scaled = engine.controls.scaled or engine.controls.lr_scale != 1.0
-        engine.controls.changed()
+        self.progress.steps_done = restored_step
+        self.progress.samples_consumed = int(position.get("samples", 0))
+        self.data.load_state_dict(position["data"])
+        controls = self.controls
+        controls.lr_scale = float(position.get("lr_scale", 1.0))
+        controls.scaled = controls.scaled or controls.lr_scale != 1.0
+        controls.changed()
 
     def facts(self) -> CheckpointFacts:
         """The processes holding a data position each, and the samples trained on (the
         data is the user's iterator: no fingerprint)."""
-        return CheckpointFacts({"processes": self.engine.world_size}, self.engine.samples_consumed)
+        return CheckpointFacts({"processes": self.processes}, self.progress.samples_consumed)
 
     @staticmethod
     def plan_load(saved: Mapping[str, Any]) -> LoadPlan:

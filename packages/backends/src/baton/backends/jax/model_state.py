@@ -27,7 +27,7 @@ gradients, the learning rate and freezing, for callbacks written once for every 
 
 Example::
 
-    state = backend.model_state()
+    state = backend.model_state()   # JaxModelState(lambda: engine.state, controls, ...)
     state.freeze(["embed.*", "blocks.0.*"])
     state.watch_gradients(lambda grads: ...)
 """
@@ -37,15 +37,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from baton.core.array_files import array_file, layout_metadata, read_layout
+from baton.backends.jax.progress import TrainProgress
+from baton.backends.jax_arrays import load_whole_arrays, save_whole_arrays
+from baton.backends.jax_distributed import fetch
 from baton.core.model_state import Hyperparameter, OptimizerGroup, Piece, matches
-
-if TYPE_CHECKING:
-    from baton.backends.jax.backend import JaxBackend
 
 
 def path_name(path: Sequence[Any]) -> str:
@@ -120,16 +117,34 @@ def param_names(tree: Any) -> list[str]:
 
 
 class JaxModelState:
-    """``baton.core.model_state.ModelState`` over a built ``JaxBackend``."""
+    """``baton.core.model_state.ModelState`` over a JAX train state.
 
-    def __init__(self, backend: JaxBackend) -> None:
-        self.backend = backend
-        self.controls = backend.controls
+    ``state`` returns the engine's current train state (a dict with ``params``; each
+    step replaces it); ``controls`` is what the engine's step applies; ``lr_schedule``
+    the schedule given to the optimizer (``None``: unknown); ``progress`` the engine's
+    step count (the schedule's argument).
+    """
+
+    def __init__(
+        self,
+        state: Callable[[], dict[str, Any] | None],
+        controls: StepControls,
+        lr_schedule: Callable[[Any], Any] | None,
+        progress: TrainProgress,
+    ) -> None:
+        self._state = state
+        self.controls = controls
+        self._lr_schedule = lr_schedule
+        self._progress = progress
+
+    def _train_state(self) -> dict[str, Any]:
+        state = self._state()
+        assert state is not None, "model_state() is available after setup"
+        return state
 
     @property
     def _params(self) -> Any:
-        assert self.backend.state is not None, "model_state() is available after setup"
-        return self.backend.state["params"]
+        return self._train_state()["params"]
 
     def parameters(self, patterns: str | Sequence[str] = "*") -> list[Piece]:
         return [
@@ -152,14 +167,14 @@ class JaxModelState:
         return dict(values)
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        return self.backend.fetch(values)
+        return fetch(values)
 
     # -- the optimizer ---------------------------------------------------------------
     def _current_lr(self) -> float:
-        schedule = self.backend.config.lr_schedule
+        schedule = self._lr_schedule
         if schedule is None:
             return math.nan
-        return float(schedule(self.backend.steps_done)) * self.controls.lr_scale
+        return float(schedule(self._progress.steps_done)) * self.controls.lr_scale
 
     def optimizer_groups(self) -> list[OptimizerGroup]:
         names = tuple(param_names(self._params))
@@ -183,7 +198,7 @@ class JaxModelState:
             )
         if current == 0.0:
             raise ValueError(
-                f"the learning rate is 0 at step {self.backend.steps_done}: it cannot be "
+                f"the learning rate is 0 at step {self._progress.steps_done}: it cannot be "
                 "scaled to a new value; set it once the schedule is above 0"
             )
         self.controls.lr_scale *= value / current
@@ -211,7 +226,7 @@ class JaxModelState:
         import jax
         import jax.numpy as jnp
 
-        assert self.backend.state is not None
+        state = self._train_state()
         leaves, treedef = jax.tree_util.tree_flatten_with_path(self._params)
         known = {path_name(path) for path, _ in leaves}
         unknown = sorted(set(values) - known)
@@ -231,39 +246,10 @@ class JaxModelState:
                     f"{name}: shape {tuple(value.shape)} does not fit {tuple(old.shape)}"
                 )
             new.append(jax.device_put(jnp.asarray(value, dtype=old.dtype), old.sharding))
-        self.backend.state["params"] = jax.tree_util.tree_unflatten(treedef, new)
+        state["params"] = jax.tree_util.tree_unflatten(treedef, new)
 
     def save_arrays(self, directory: Path, arrays: Mapping[str, Any]) -> None:
-        from safetensors.numpy import save_file
-
-        if self.backend.rank != 0:
-            return  # global arrays: process 0 writes them whole
-        pieces = {p.name: p for p in self.parameters()}
-        unknown = sorted(set(arrays) - pieces.keys())
-        if unknown:
-            raise KeyError(f"save_arrays: no parameters named {unknown[:3]}")
-        directory.mkdir(parents=True, exist_ok=True)
-        host = {name: np.asarray(value) for name, value in arrays.items()}
-        metadata = layout_metadata(pieces[name] for name in host)
-        save_file(host, str(directory / array_file(0)), metadata=metadata)
+        save_whole_arrays(directory, arrays, {p.name: p for p in self.parameters()})
 
     def load_arrays(self, directory: Path) -> dict[str, Any]:
-        import jax
-        from safetensors import safe_open
-
-        path = directory / array_file(0)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: nothing was saved with save_arrays there")
-        pieces = {p.name: p for p in self.parameters()}
-        out: dict[str, Any] = {}
-        with safe_open(str(path), framework="numpy") as f:
-            layout = read_layout(f.metadata())
-            for name, (shape, _) in layout.items():
-                piece = pieces.get(name)
-                if piece is None or piece.global_shape != shape:
-                    mine = None if piece is None else piece.global_shape
-                    raise ValueError(
-                        f"{path}: {name} was saved with shape {shape}; this run has {mine}"
-                    )
-                out[name] = jax.device_put(f.get_tensor(name), piece.value.sharding)
-        return out
+        return load_whole_arrays(directory, {p.name: p for p in self.parameters()})

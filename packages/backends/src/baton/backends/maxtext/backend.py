@@ -18,7 +18,9 @@ MaxText checkpoint directory holding one step ``<name>/`` with ``items`` (the st
 for the Grain pipeline, ``iter`` (the data iterator's state, as MaxText saves it), so
 MaxText itself can resume from it; ``<dir>/data.json`` holds the position of baton's
 data streams. The layout (mesh, scan_layers, processes), samples consumed and the data's
-fingerprint are ``checkpoint_facts``, core's record in ``baton.json``. Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
+fingerprint are ``checkpoint_facts``, core's record in ``baton.json`` (the checkpoint
+I/O, ``checkpoint_io.py``, is handed the state, the data and the steps in ``setup``).
+Restores go through ``checkpointing.load_state_if_possible`` onto this run's shardings:
 orbax reshards a checkpoint saved on another mesh; a layout it cannot map (a different
 ``scan_layers``, a different number of Grain data processes) is refused naming both.
 Saves are asynchronous when the driver asks: on CPU in one process the whole
@@ -51,16 +53,18 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.async_save import BackgroundSaves
 from baton.backends.jax_distributed import JaxDistributed
-from baton.backends.maxtext.background_save import train_step_keeping_state
 from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.checkpoint import dataset_type
-from baton.backends.maxtext.checkpoint_io import MaxTextCheckpointIO
+from baton.backends.maxtext.checkpoint_io import MaxTextCheckpointIO, TrainingData
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.input_pipeline import native_data_fingerprint
-from baton.backends.maxtext.model_state import ShowsModelState
+from baton.backends.maxtext.model_state import MaxTextModelState
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.plan import planned_on_host
+from baton.backends.maxtext.step_parts import StepParts, optimizer_step
+from baton.backends.maxtext.train_steps import TrainSteps
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoint_io import UsesCheckpointIO
@@ -110,9 +114,7 @@ def _check_supported(cfg: Any) -> None:
         )
 
 
-class MaxTextBackend(
-    UsesCheckpointIO[MaxTextCheckpointIO], ShowsModelState, JaxDistributed, BackendBase
-):
+class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, BackendBase):
     """MaxText's jitted JAX train step (any MaxText model and mesh), one call per baton step."""
 
     name = "maxtext"
@@ -137,17 +139,13 @@ class MaxTextBackend(
         self.batches: TextBatches | PackedBatches | None = None
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
-        #: batches taken from the data stream since step 0 (saved and restored)
-        self.batches_read = 0
+        #: the training data as checkpoints save it, with the batches read (after setup)
+        self.data: TrainingData | None = None
         self.learning_rate_schedule: Callable[[int], Any] | None = None
-        self._lr_at: Callable[[int], Any] | None = None
-        self._p_train: Any = None
-        #: the train step without donation, for the step after a background save
-        self._p_train_keeping: Any = None
-        self._keep_state_once = False  # the next step must leave self.state valid
-        self._state_shardings: Any = None
-        self._params_shardings: Any = None
-        self.checkpoints = MaxTextCheckpointIO(self)
+        #: which train step runs, and the model-state view (after setup)
+        self.steps: TrainSteps | None = None
+        #: the writer thread of background saves (the checkpoint I/O submits to it)
+        self._saves = BackgroundSaves()
         self._p_eval: Any = None
         self._loader: Any = None
         self._rampup: Any = None
@@ -156,15 +154,6 @@ class MaxTextBackend(
         self.data_fingerprint = ""
 
     # -- facts ----------------------------------------------------------------------
-    @property
-    def consumed(self) -> int:
-        """``batches_read`` under its former name, which ``checkpoint_io.py`` still uses."""
-        return self.batches_read
-
-    @consumed.setter
-    def consumed(self, batches: int) -> None:
-        self.batches_read = batches
-
     @property
     def graphdef(self) -> Any:
         """The model's and optimizer's structure (``nnx.split``) after ``setup``."""
@@ -277,7 +266,6 @@ class MaxTextBackend(
             maxtext_eval_iterator,
             train_state,
         ) = self._setup_train_loop(cfg, recorder)
-        self._lr_at = jax.jit(self.learning_rate_schedule)  # one dispatch per log step
         self._graphdef, state = nnx.split(train_state)
         params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
             cfg, state_shardings
@@ -285,10 +273,18 @@ class MaxTextBackend(
         if cfg.shard_optimizer_over_data:
             state = jax.device_put(state, state_shardings)
         self.state = state
-        self._state_shardings, self._params_shardings = state_shardings, params_shardings
+        parts = StepParts(
+            cfg,
+            self.graphdef,
+            self.mesh,
+            state_shardings,
+            params_shardings,
+            self.learning_rate_schedule,
+            lr_at=jax.jit(self.learning_rate_schedule),  # one dispatch per log step
+        )
 
         self._setup_data(maxtext_iterator, maxtext_eval_iterator)
-        self._p_train, self._p_eval = train_utils.jit_train_and_eval_step(
+        p_train, self._p_eval = train_utils.jit_train_and_eval_step(
             cfg,
             self.graphdef,
             self.mesh,
@@ -303,6 +299,19 @@ class MaxTextBackend(
             self._loader = create_dataloader(cfg, self.mesh, self.batches, recorder, self._rampup)
         else:
             self._loader = maxtext_loader
+        self.steps = TrainSteps(parts, p_train, lambda: self.state)
+        self.data = TrainingData(
+            self.dataset_type, self.batches, self.data_iterator, self.data_fingerprint
+        )
+        self.checkpoints = MaxTextCheckpointIO(
+            state=lambda: self.state,
+            hparams=cfg,
+            layout=self.layout(),
+            device_type=self.device_type,
+            data=self.data,
+            steps=self.steps,
+            saves=self._saves,
+        )
 
     def _setup_data(self, maxtext_iterator: Any, maxtext_eval_iterator: Any) -> None:
         """baton's byte stream, or MaxText's own pipeline as its train.py builds it."""
@@ -341,10 +350,10 @@ class MaxTextBackend(
         started = time.perf_counter()
         batch = self._loader.load_next_batch(rampup_manager=self._rampup)
         waited = time.perf_counter() - started
-        self.batches_read += 1
-        keep, self._keep_state_once = self._keep_state_once, False  # a background save
-        with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):  # reads it
-            self.state, metrics = self._run_train_step(batch, keep_state=keep)
+        assert self.data is not None and self.steps is not None
+        self.data.batches_read += 1
+        with jax.set_mesh(self.mesh), logical_axis_rules(cfg.logical_axis_rules):
+            self.state, metrics = self.steps.run(self.state, batch)
         scalars = metrics["scalar"]
         values: dict[str, Any] = {}
         skipped = {"learning/loss"} | ({"learning/moe_lb_loss"} if cfg.num_experts <= 1 else set())
@@ -353,7 +362,9 @@ class MaxTextBackend(
         for key, value in scalars.items():
             if key not in skipped:
                 values[_METRIC_NAMES.get(str(key), str(key).removeprefix("learning/"))] = value
-        values["lr"] = self._lr_metric(step - 1)  # MaxText's 0-based step; computed when fetched
+        values["lr"] = self.steps.lr_metric(
+            step - 1
+        )  # MaxText's 0-based step; computed when fetched
         samples = int(cfg.global_batch_size_to_train_on)
         return StepOutput(
             loss=scalars["learning/loss"],
@@ -393,9 +404,7 @@ class MaxTextBackend(
     # -- checkpoints ----------------------------------------------------------------
     def optimizer_step(self) -> int:
         """The optimizer's update count (a host sync; used at save and load only)."""
-        import jax
-
-        return int(jax.device_get(self.state["optimizer"]["step"].get_value()))
+        return optimizer_step(self.state)
 
     @property
     def dataset_type(self) -> str:
@@ -413,23 +422,15 @@ class MaxTextBackend(
             "scan_layers": bool(self.hparams.scan_layers),
         }
 
-    def keep_state_next_step(self) -> None:
-        """The next train step leaves ``self.state``'s arrays valid (not donated): a
-        background save still reads them."""
-        self._keep_state_once = True
+    # -- callbacks on the model (the ``model_state`` ability) --------------------------
+    def model_state(self) -> MaxTextModelState:
+        """Parameters by name, gradients, learning rate and freezing (``model_state.py``)."""
+        if self.state is None or self.steps is None:
+            raise RuntimeError("model_state() is available after setup")
+        return self.steps.model_state()
 
-    def _train_keeping_state(self) -> Any:
-        if self._p_train_keeping is None:
-            self._p_train_keeping = train_step_keeping_state(
-                self.hparams,
-                self.graphdef,
-                self.mesh,
-                self._state_shardings,
-                self._params_shardings,
-            )
-        return self._p_train_keeping
-
-    # -- checkpoints: MaxTextCheckpointIO (checkpoint_io.py), through UsesCheckpointIO ----
+    # -- checkpoints: MaxTextCheckpointIO (checkpoint_io.py, built in setup), through
+    #    UsesCheckpointIO -----------------------------------------------------------
     def restore_maxtext_checkpoint(self, step_dir: str | Path) -> int:
         """Load a checkpoint MaxText's own loop wrote (``<checkpoint_dir>/<name>``); the
         baton step to continue from (``MaxTextCheckpointIO.restore_maxtext_checkpoint``)."""
@@ -437,10 +438,9 @@ class MaxTextBackend(
 
     def teardown(self) -> None:
         """Drop the device state and compiled steps (patches restore process settings)."""
-        self.checkpoints.close()  # the driver waited for the saves; the thread stops
-        self.state = self._model_state = None
-        self._p_train = self._p_eval = self._p_train_keeping = self._loader = None
-        self._keep_state_once = False
+        self._saves.close()  # the driver waited for the saves; the thread stops
+        self.state = self.steps = None
+        self._p_eval = self._loader = None
         if self.data_iterator is not None and hasattr(self.data_iterator, "close"):
             self.data_iterator.close()  # stops Grain's worker processes
         self.data_iterator = None

@@ -30,6 +30,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from baton.backends.maxtext.step_parts import StepParts
+
 
 class FrozenIteratorState:
     """A Grain iterator's state taken at save time, saved later from the writer thread.
@@ -72,13 +74,7 @@ def frozen_iterator(data_iterator: Any, expansion_factor_real_data: int) -> Any:
     return FrozenIteratorState(local)
 
 
-def train_step_keeping_state(
-    cfg: Any,
-    graphdef: Any,
-    mesh: Any,
-    state_shardings: Any,
-    params_shardings: Any,
-) -> Callable[..., Any]:
+def train_step_keeping_state(parts: StepParts) -> Callable[..., Any]:
     """MaxText's jitted ``train.train_step`` exactly as ``train_utils.jit_train_step``
     builds it (same function, shardings and signature) except that the state is not
     donated, so the arrays given to it stay valid for the writer thread."""
@@ -86,6 +82,8 @@ def train_step_keeping_state(
     from maxtext.trainers.pre_train import train
     from maxtext.utils import maxtext_utils, sharding
 
+    cfg, graphdef, mesh = parts.hparams, parts.graphdef, parts.mesh
+    state_shardings, params_shardings = parts.state_shardings, parts.params_shardings
     data_sharding = sharding.get_input_data_sharding(cfg, mesh, rules=cfg.logical_axis_rules)
     function, in_shardings, out_shardings, static_argnums, _donated = (
         maxtext_utils.get_functional_train_with_signature(

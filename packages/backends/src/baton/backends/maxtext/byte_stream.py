@@ -167,11 +167,6 @@ class TextBatches:
         self.batches_read = int(state[BATCHES_KEY])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
-    @property
-    def consumed(self) -> int:
-        """``batches_read`` under its former name, which ``checkpoint_io.py`` still reads."""
-        return self.batches_read
-
 
 def eval_batches(data: np.ndarray, *, batch_size: int, seq_len: int, num_batches: int) -> list:
     """A fixed set of evenly spaced validation windows (the same at every evaluation)."""

@@ -30,8 +30,8 @@ array of scanned layers ``[1, layers, 1, ...]``, so each layer freezes on its ow
 
 Example::
 
-    step = controlled_train_step(backend, gradient_of, adjusts=True, decays=False,
-                                 donate=True)
+    step = controlled_train_step(parts, gradient_of, adjusts=True, decays=False,
+                                 donate=True)            # parts: step_parts.StepParts
     state, metrics, grads = step(state, batch, controls)
 """
 
@@ -41,6 +41,8 @@ import contextlib
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from baton.backends.maxtext.step_parts import StepParts
 
 
 def path_key(path: Any) -> str:
@@ -137,14 +139,14 @@ def clipping_in_optimizer(hparams: Any) -> Any:
 
 
 def controlled_train_step(
-    backend: Any,
+    parts: StepParts,
     gradient_of: Mapping[str, Callable[[Any], Any]] | None,
     *,
     adjusts: bool,
     decays: bool,
     donate: bool,
 ) -> Callable[..., Any]:
-    """The jitted controlled step of a set-up ``MaxTextBackend``:
+    """The jitted controlled step of a set-up MaxText run (``parts``):
     ``step(state, batch, controls) -> (state, metrics, {name: gradient})``.
 
     ``gradient_of`` maps each name to the function from MaxText's gradient tree to that
@@ -158,11 +160,11 @@ def controlled_train_step(
     from maxtext.trainers.pre_train import train
     from maxtext.utils import sharding
 
-    hparams, graphdef = backend.hparams, backend.graphdef
-    state_shardings, params_shardings = backend._state_shardings, backend._params_shardings
+    hparams, graphdef = parts.hparams, parts.graphdef
+    state_shardings, params_shardings = parts.state_shardings, parts.params_shardings
     threshold = float(hparams.gradient_clipping_threshold)
     config = clipping_in_optimizer(hparams) if adjusts else hparams
-    schedule = backend.learning_rate_schedule
+    schedule = parts.learning_rate_schedule
     mask_fn = get_adamw_mask(hparams)
 
     def step(state: Any, batch: Any, controls: Mapping[str, Any]) -> tuple[Any, Any, Any]:
@@ -185,7 +187,7 @@ def controlled_train_step(
         return new_state, metrics, grads
 
     data_sharding = sharding.get_input_data_sharding(
-        hparams, backend.mesh, rules=hparams.logical_axis_rules
+        hparams, parts.mesh, rules=hparams.logical_axis_rules
     )
     return jax.jit(
         step,

@@ -37,12 +37,13 @@ Per hyperparameter:
   stacked array freezes alone (the mask is per layer).
 
 The factor, the decay and the frozen names are not in MaxText's checkpoint: the
-backend records the factor and the decay in ``baton_maxtext.json`` and restores them
-on resume; the ``Freeze`` callback keeps its own schedule.
+checkpoint I/O records the factor and the decay in ``hyperparameters.json`` (through
+``TrainSteps.hyperparameters_set``) and restores them on resume; the ``Freeze``
+callback keeps its own schedule.
 
 Example::
 
-    state = backend.model_state()
+    state = backend.model_state()      # MaxTextModelState(lambda: engine.state, parts)
     state.freeze("model.layers.0.*")
     state.set_hyperparameter("lr", 1e-4)
     state.watch_gradients(lambda grads: print(sorted(grads)))
@@ -51,14 +52,14 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
+from baton.backends.jax_arrays import load_whole_arrays, save_whole_arrays
 from baton.backends.jax_distributed import fetch
 from baton.backends.maxtext.controlled_step import controlled_train_step
 from baton.backends.maxtext.hf_views import LAYER_AXIS, View, leaves, model_views
-from baton.core.array_files import array_file, layout_metadata, read_layout
+from baton.backends.maxtext.step_parts import StepParts, optimizer_step
 from baton.core.model_state import Hyperparameter, OptimizerGroup, Piece, matches
 
 
@@ -69,12 +70,18 @@ def _params(state: Any) -> dict[str, Any]:
 
 
 class MaxTextModelState:
-    """The ``ModelState`` of a set-up ``MaxTextBackend`` (``backend.model_state()``)."""
+    """The ``ModelState`` of a set-up MaxText run (``backend.model_state()``).
 
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        params = _params(backend.state)
-        self._views: dict[str, View] = model_views(backend.hparams, params)
+    ``state`` returns the run's current train state (each step replaces it; ``assign``
+    writes into it in place); ``parts`` are what its steps are built from.
+    """
+
+    def __init__(self, state: Callable[[], Any], parts: StepParts) -> None:
+        self._state = state
+        self._parts = parts
+        self._hparams = parts.hparams
+        params = _params(state())
+        self._views: dict[str, View] = model_views(parts.hparams, params)
         self._shapes = {path: tuple(array.shape) for path, array in leaves(params).items()}
         self._frozen: set[str] = set()
         self._watchers: list[Callable[[Mapping[str, Any]], None]] = []
@@ -96,7 +103,7 @@ class MaxTextModelState:
         """Every named tensor's value for the current state (one jitted call, cached)."""
         import jax
 
-        state = self._backend.state
+        state = self._state()
         if self._named is not None and self._named[0] is state and self._named[1] == self._version:
             return self._named[2]
         if self._to_named is None:
@@ -140,8 +147,9 @@ class MaxTextModelState:
                 params = view.put(params, named[view.name])
             return params
 
-        updated = put(_params(self._backend.state), dict(values))
-        nnx.replace_by_pure_dict(self._backend.state["model"], updated)
+        state = self._state()
+        updated = put(_params(state), dict(values))
+        nnx.replace_by_pure_dict(state["model"], updated)
         self._version += 1
 
     # -- ranks --------------------------------------------------------------------------
@@ -160,11 +168,11 @@ class MaxTextModelState:
     def _schedule_now(self) -> float:
         import jax
 
-        schedule = self._backend.learning_rate_schedule
-        return float(jax.device_get(schedule(self._backend.optimizer_step())))
+        schedule = self._parts.learning_rate_schedule
+        return float(jax.device_get(schedule(optimizer_step(self._state()))))
 
     def _configured_decay(self) -> float:
-        cfg = self._backend.hparams
+        cfg = self._hparams
         if cfg.opt_type in ("adamw", "adam_pax"):
             return float(cfg.adam_weight_decay)
         if cfg.opt_type == "muon":
@@ -197,10 +205,10 @@ class MaxTextModelState:
                 )
             self.lr_scale = float(value) / now
         elif name == "weight_decay":
-            if self._backend.hparams.opt_type != "adamw":
+            if self._hparams.opt_type != "adamw":
                 raise ValueError(
                     f"weight_decay can be set on MaxText's adamw optimizer only, this run's "
-                    f"opt_type is {self._backend.hparams.opt_type}"
+                    f"opt_type is {self._hparams.opt_type}"
                 )
             self.weight_decay = float(value)
         else:
@@ -221,7 +229,7 @@ class MaxTextModelState:
 
     def lr_metric(self, index: int) -> Callable[[], Any]:
         """The learning rate step ``index`` (0-based) used, computed when fetched."""
-        schedule, scale = self._backend._lr_at, self.lr_scale
+        schedule, scale = self._parts.lr_at, self.lr_scale
         if scale == 1.0:
             return lambda: schedule(index)
         return lambda: schedule(index) * scale
@@ -248,7 +256,7 @@ class MaxTextModelState:
         return names
 
     def _check_adjustable(self) -> None:
-        if self._backend.hparams.skip_step_on_spikes:
+        if self._hparams.skip_step_on_spikes:
             raise ValueError(
                 "MaxText's skip_step_on_spikes tests the clipped gradient norm, which the "
                 "adjusting step (freeze, set_hyperparameter) computes inside the optimizer: "
@@ -303,7 +311,7 @@ class MaxTextModelState:
         if key not in self._steps:
             gradient_of = {name: view.gradient for name, view in self._views.items()}
             self._steps[key] = controlled_train_step(
-                self._backend,
+                self._parts,
                 gradient_of if watching else None,
                 adjusts=key[1],
                 decays=key[2],
@@ -319,85 +327,8 @@ class MaxTextModelState:
     # -- arrays beside a checkpoint -----------------------------------------------------
     def save_arrays(self, directory: Path, arrays: Mapping[str, Any]) -> None:
         """Process 0 writes every array whole (global arrays): ``arrays-rank0.safetensors``."""
-        import jax
-        import numpy as np
-        from safetensors.numpy import save_file
-
-        if jax.process_index() != 0:
-            return
-        pieces = {p.name: p for p in self.parameters()}
-        unknown = sorted(set(arrays) - pieces.keys())
-        if unknown:
-            raise KeyError(f"save_arrays: no parameters named {', '.join(unknown[:3])}")
-        directory.mkdir(parents=True, exist_ok=True)
-        host = {name: np.ascontiguousarray(jax.device_get(v)) for name, v in arrays.items()}
-        metadata = layout_metadata(pieces[name] for name in host)
-        save_file(host, str(directory / array_file(0)), metadata=metadata)
+        save_whole_arrays(directory, arrays, {p.name: p for p in self.parameters()})
 
     def load_arrays(self, directory: Path) -> dict[str, Any]:
         """Every process reads the whole arrays and places each like its parameter."""
-        import jax
-        from safetensors import safe_open
-
-        path = Path(directory) / array_file(0)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: nothing was saved with save_arrays there")
-        pieces = {p.name: p for p in self.parameters()}
-        arrays: dict[str, Any] = {}
-        with safe_open(str(path), framework="numpy") as saved:
-            for name, (shape, _) in read_layout(saved.metadata()).items():
-                piece = pieces.get(name)
-                if piece is None or piece.global_shape != shape:
-                    mine = None if piece is None else piece.global_shape
-                    raise ValueError(
-                        f"{path}: {name} was saved with shape {shape}; this run has {mine}"
-                    )
-                arrays[name] = jax.device_put(saved.get_tensor(name), piece.value.sharding)
-        return arrays
-
-
-class ShowsModelState:
-    """Mixin of ``MaxTextBackend``: the ``model_state`` ability, and
-    the choice of step function (MaxText's jitted step until a callback asks for more)."""
-
-    state: Any
-    _model_state: MaxTextModelState | None = None
-    _p_train: Any
-    _lr_at: Any
-
-    def _train_keeping_state(self) -> Any: ...  # the backend's (background saves)
-
-    def model_state(self) -> MaxTextModelState:
-        """Parameters by name, gradients, learning rate and freezing (``model_state``)."""
-        if self.state is None:
-            raise RuntimeError("model_state() is available after setup")
-        if self._model_state is None:
-            self._model_state = MaxTextModelState(self)
-        return self._model_state
-
-    def _run_train_step(self, batch: Any, *, keep_state: bool) -> tuple[Any, Any]:
-        """One step on ``self.state`` (inside the mesh): the controlled step once a
-        callback watches gradients, froze or set a hyperparameter, else MaxText's;
-        ``keep_state``: without donating the state (a background save reads it)."""
-        if self._model_state is not None and self._model_state.active:
-            return self._model_state.train(self.state, batch, donate=not keep_state)
-        train = self._train_keeping_state() if keep_state else self._p_train
-        return train(self.state, batch)
-
-    def hyperparameters_set(self) -> dict[str, Any]:
-        """For a checkpoint's ``hyperparameters.json``: the learning-rate factor and weight
-        decay set by callbacks (nothing when no callback used ``model_state``)."""
-        if self._model_state is None:
-            return {}
-        return {"hyperparameters": self._model_state.hyperparameters()}
-
-    def restore_hyperparameters_set(self, meta: Mapping[str, Any]) -> None:
-        if "hyperparameters" in meta:
-            self.model_state().restore_hyperparameters(meta["hyperparameters"])
-
-    def _lr_metric(self, index: int) -> Callable[[], Any]:
-        """The learning rate of MaxText's 0-based step ``index``, computed when fetched
-        (the schedule times the factor a callback set)."""
-        if self._model_state is not None and self._model_state.active:
-            return self._model_state.lr_metric(index)
-        return partial(self._lr_at, index)
+        return load_whole_arrays(directory, {p.name: p for p in self.parameters()})

@@ -149,8 +149,3 @@ class PackedBatches:
             )
         self.batches_read = int(state[BATCHES_KEY])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
-
-    @property
-    def consumed(self) -> int:
-        """``batches_read`` under its former name, which ``checkpoint_io.py`` still reads."""
-        return self.batches_read

@@ -139,7 +139,6 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         #: starting weights), read only when ``config.loss`` is ``dpo.DpoLoss``
         self.reference = reference
         self.reference_fingerprint = reference_fingerprint
-        self.checkpoints = TitanCheckpointIO(self)
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._experts: ExpertLoad | None = None
@@ -211,6 +210,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self.trainer = cfg.build()
         trainer = self.trainer
         self._device = trainer.device
+        self.checkpoints = TitanCheckpointIO(trainer, reshard_data=self.reshard_data)
         vocab = trainer.tokenizer.get_vocab_size()
         model_vocab = getattr(trainer.model_config, "vocab_size", None)
         if model_vocab is not None and vocab > model_vocab:
@@ -424,6 +424,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             self._profiler = None
             self._batches = None
             self._pairs = None
+            if "checkpoints" in vars(self):  # it holds the Trainer
+                del self.checkpoints
             self.trainer = None
             self._device = torch.device("cpu")
             self.teardown_process_group()

@@ -1,12 +1,13 @@
 """The TorchTitan backend's checkpoint I/O: DCP saves through TorchTitan's
 ``CheckpointManager`` (synchronous or asynchronous), loads onto this run's layout through
 DCP's resharding, the facts core records in ``baton.json`` and whether a saved layout
-loads here. The step engine (``TorchTitanBackend``) owns the ``Trainer``; this saves and
-restores its state.
+loads here. It is handed TorchTitan's ``Trainer`` (its ``checkpointer``, ``parallel_dims``,
+``config.training`` and ``step``) and the run's ``reshard_data`` choice; the backend
+builds it in ``setup``, once the ``Trainer`` exists.
 
 Example::
 
-    io = TitanCheckpointIO(backend)          # the backend builds it in __init__
+    io = TitanCheckpointIO(trainer, reshard_data="refuse")
     handle = io.save(directory, asynchronous=True)
     plan = io.plan_load(saved_layout)        # core asks before load; refusal: cannot
     io.load(directory, plan)
@@ -19,15 +20,13 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from baton.backends.async_save import FuturePendingSave
+from baton.backends.torchtitan.optimizer_state import optimizer_state_held, saved_keys
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
-
-if TYPE_CHECKING:
-    from baton.backends.torchtitan.backend import TorchTitanBackend
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +70,20 @@ def stage_without_accelerator(checkpointer: Any) -> None:
 
 
 class TitanCheckpointIO:
-    """Checkpoints of one ``TorchTitanBackend``'s ``Trainer`` (weights, optimizer,
-    schedule, data loader and step), through its ``CheckpointManager``."""
+    """Checkpoints of one TorchTitan ``Trainer`` (weights, optimizer, schedule, data loader
+    and step), through its ``CheckpointManager``; ``reshard_data`` (one of
+    ``RESHARD_DATA``) says what a load onto another data-parallel degree does."""
 
-    def __init__(self, engine: TorchTitanBackend) -> None:
-        self.engine = engine
+    def __init__(self, trainer: Any, *, reshard_data: str = "refuse") -> None:
+        if reshard_data not in RESHARD_DATA:
+            raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
+        self.trainer = trainer
+        self.reshard_data = reshard_data
 
     def layout(self) -> dict[str, int]:
         """This run's parallel layout as TorchTitan resolved it (``ep`` where experts
         are sharded), and its world size."""
-        dims = self.engine.trainer.parallel_dims
+        dims = self.trainer.parallel_dims
         facts = {key: int(getattr(dims, key)) for key in LAYOUT_KEYS}
         if dims.ep > 1:  # expert parallelism (recorded where used)
             facts["ep"] = int(dims.ep)
@@ -89,12 +92,12 @@ class TitanCheckpointIO:
     def facts(self) -> CheckpointFacts:
         """The layout, and the samples of the optimizer steps taken (TorchTitan's data
         loader keeps its own position; the data has no fingerprint here)."""
-        dims = self.engine.trainer.parallel_dims
-        training = self.engine.trainer.config.training
+        dims = self.trainer.parallel_dims
+        training = self.trainer.config.training
         per_step = int(getattr(training, "global_batch_size", -1) or -1)
         if per_step <= 0:
             per_step = int(training.local_batch_size) * int(dims.dp_replicate * dims.dp_shard)
-        return CheckpointFacts(self.layout(), samples=int(self.engine.trainer.step) * per_step)
+        return CheckpointFacts(self.layout(), samples=int(self.trainer.step) * per_step)
 
     def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
         """DCP reshards weights, optimizer and schedule onto any layout; TorchTitan's
@@ -108,7 +111,7 @@ class TitanCheckpointIO:
         if before == after:
             logger.info("resharding checkpoint from %s to %s", dict(saved), now)
             return LOAD_ALL
-        if self.engine.reshard_data == "refuse":
+        if self.reshard_data == "refuse":
             return LoadPlan(
                 refusal="DCP reshards weights, optimizer and schedule, but TorchTitan's "
                 "data-loader position is per data-parallel rank and cannot move from "
@@ -129,10 +132,10 @@ class TitanCheckpointIO:
 
     def save(self, directory: Path, *, asynchronous: bool = False) -> DcpSave | None:
         """Write TorchTitan's full training state (DCP) under ``directory/step-N``."""
-        checkpointer = self.engine.trainer.checkpointer
+        checkpointer = self.trainer.checkpointer
         checkpointer.maybe_wait_for_saving()
         checkpointer.folder = str(directory)
-        checkpointer.save(curr_step=self.engine.trainer.step, last_step=False)
+        checkpointer.save(curr_step=self.trainer.step, last_step=False)
         future = checkpointer.save_future
         if future is None:
             return None
@@ -146,9 +149,11 @@ class TitanCheckpointIO:
 
         A checkpoint saved on another layout (FSDP 2 -> TP 2, 2 ranks -> 1...) loads through
         DCP's resharding, as ``plan_load`` planned it (the data loader left out where the
-        plan keeps the data fresh: ``reshard_data="restart"``).
+        plan keeps the data fresh: ``reshard_data="restart"``). The optimizers' state
+        comes back for the parameters it was saved for (``optimizer_state.py``: none for
+        those frozen since the first step).
         """
-        checkpointer = self.engine.trainer.checkpointer
+        checkpointer = self.trainer.checkpointer
         checkpointer.folder = str(directory)
         step = checkpointer._find_load_step()
         if step < 0:
@@ -156,7 +161,10 @@ class TitanCheckpointIO:
         excluded = list(checkpointer.exclude_from_loading)
         if "data" in plan.fresh and "dataloader" not in excluded:
             checkpointer.exclude_from_loading = [*excluded, "dataloader"]
+        # parameters frozen since the first step have no optimizer state saved
+        held = saved_keys(Path(directory) / f"step-{step}")
         try:
-            checkpointer.load(step=step)
+            with optimizer_state_held(checkpointer, held):
+                checkpointer.load(step=step)
         finally:
             checkpointer.exclude_from_loading = excluded

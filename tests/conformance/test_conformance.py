@@ -111,20 +111,7 @@ def test_abilities_not_offered_are_refused(probed: dict[str, Any]) -> None:
             assert repr(ability) in str(outcome)
 
 
-#: backends whose plan_load refuses even the layout it runs on: core asks for a plan
-#: only when the saved layout differs, so their resumes load; the check stays, expected
-#: to fail, until plan_load answers LOAD_ALL for its own layout
-OWN_LAYOUT_REFUSED = {
-    "jax": "JaxCheckpointIO.plan_load refuses every layout, its own included",
-}
-
-
-def test_plan_load_has_no_refusal_and_no_side_effect(
-    runs: Runs, backend_name: str, request: pytest.FixtureRequest
-) -> None:
-    if backend_name in OWN_LAYOUT_REFUSED:
-        reason = OWN_LAYOUT_REFUSED[backend_name]
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def test_plan_load_has_no_refusal_and_no_side_effect(runs: Runs, backend_name: str) -> None:
     own, own_again, saved, saved_again = runs.plans
     assert own.refusal is None and own.loads_everything, own
     assert own == own_again and saved == saved_again

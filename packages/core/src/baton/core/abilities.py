@@ -47,6 +47,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal, cast, get_args
 
+from baton.core.errors import UsageError
+
 #: what a backend may or may not be able to do; see ``Abilities``
 Ability = Literal[
     "evaluate",
@@ -135,8 +137,9 @@ class Abilities:
         return ABILITY_HINTS[ability]
 
 
-class MissingAbilityError(ValueError):
-    """A callback (or a driver setting) needs an ability the backend does not have."""
+class MissingAbilityError(UsageError):
+    """A callback (or a driver setting) needs an ability the backend does not have: a
+    usage error (exit status 2), named with who needs it and why the backend lacks it."""
 
 
 def check_abilities(

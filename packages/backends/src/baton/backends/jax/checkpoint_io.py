@@ -123,9 +123,11 @@ class JaxCheckpointIO:
         data is the user's iterator: no fingerprint)."""
         return CheckpointFacts({"processes": self.processes}, self.progress.samples_consumed)
 
-    @staticmethod
-    def plan_load(saved: Mapping[str, Any]) -> LoadPlan:
-        """Refused: each process keeps its own data position."""
+    def plan_load(self, saved: Mapping[str, Any]) -> LoadPlan:
+        """Everything loads on the number of processes that wrote it; on another, refused:
+        each process keeps its own data position."""
+        if saved.get("processes") == self.processes:
+            return LOAD_ALL
         return LoadPlan(
             refusal="each process keeps its own data position (data_rank<N>.json), which "
             f"does not move to another number of processes; resume on "

@@ -61,7 +61,7 @@ from baton.backends.torchtitan.checkpoint_io import (
     stage_without_accelerator,
 )
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
-from baton.backends.torchtitan.evaluation import validate
+from baton.backends.torchtitan.evaluation import NO_VALIDATION, validate
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import check_model_layout, parallelism_plan
@@ -351,19 +351,23 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
 
     # -- abilities --------------------------------------------------------------------
     def abilities(self) -> Abilities:
-        """Everything but skipping data and step replay; an asynchronous save where
+        """Everything but skipping data and step replay; evaluation where TorchTitan's
+        validator is on (``--eval-split``, ``--eval-data-path``), an asynchronous save where
         ``checkpoint.async_mode`` is set, weight checksums where a ``dp_replicate``
         dimension holds replicas to compare."""
         asynchronous = getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
         no_replica = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
         return Abilities(
-            evaluate=True,
+            evaluate=bool(self.config.validator.enable),
             async_save=asynchronous,
             multi_rank=True,
             weight_checksums=True,
             model_state=True,
             dry_run=True,
-        ).refusing(weight_checksums=no_replica)
+        ).refusing(
+            weight_checksums=no_replica,
+            evaluate=None if self.config.validator.enable else NO_VALIDATION,
+        )
 
     # -- resuming with changed settings ---------------------------------------------
     @property

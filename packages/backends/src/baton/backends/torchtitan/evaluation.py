@@ -12,15 +12,18 @@ from typing import Any
 
 from baton.core.errors import UsageError
 
+#: why a run whose validator is off cannot evaluate, and the fix
+NO_VALIDATION = (
+    "nothing to evaluate on: pass --eval-split F (the last documents of the run's data, as "
+    "the run had) or --eval-data-path FILE_OR_PREFIX (configs.set_evaluation turns "
+    "TorchTitan's validator on)"
+)
+
 
 def validate(trainer: Any, config: Any) -> dict[str, float]:
     """Run ``trainer.validator`` once and return its loss (TorchTitan still logs it)."""
     if not config.validator.enable:
-        raise UsageError(
-            "nothing to evaluate on: pass --eval-split F (the last documents of the run's "
-            "data, as the run had) or --eval-data-path FILE_OR_PREFIX (configs.set_evaluation "
-            "turns TorchTitan's validator on)"
-        )
+        raise UsageError(NO_VALIDATION)
     processor = trainer.metrics_processor
     seen: dict[str, float] = {}
     original = processor.log_validation

@@ -1,6 +1,9 @@
 """The shape of every package in ``packages/``: no import cycles (a lazy import inside a
 function counts: it still ties the two modules together; a package importing its own
-submodule counts too; imports under ``if TYPE_CHECKING:`` are left out: they never run),
+submodule counts too; so do imports under ``if TYPE_CHECKING:``, which tie two modules
+together for the reader as much as any: a part that names its host's type for its
+annotations still reaches back into it. One is left out: ``baton.core.driver`` named
+for the type of the ``driver`` every callback hook receives),
 and a smoke detector for size: the largest module, class and function are printed, and
 only a module or function well past any reasonable size fails (a class has no cap: its
 size is its methods'). Nothing is split to satisfy it; a split follows a job."""
@@ -28,11 +31,16 @@ def modules() -> dict[str, Path]:
     return found
 
 
+#: the one module a type-only import may name without counting: a hook's ``driver``
+HOOK_TYPE = "baton.core.driver"
+
+
 def imported(name: str, file: Path, known: dict[str, Path]) -> set[str]:
-    """The known modules ``file`` imports at run time (``from a import b``: ``a`` and,
-    if it is a module, ``a.b``)."""
+    """The known modules ``file`` imports, at run time or for the type checker
+    (``from a import b``: ``a`` and, if it is a module, ``a.b``), less ``HOOK_TYPE``
+    imported for types only."""
     tree = ast.parse(file.read_text())
-    skipped = {
+    for_types = {
         id(node)
         for branch in ast.walk(tree)
         if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
@@ -42,16 +50,18 @@ def imported(name: str, file: Path, known: dict[str, Path]) -> set[str]:
     package = name if file.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
+        found: set[str] = set()
         if isinstance(node, ast.Import):
-            targets |= {alias.name for alias in node.names}
+            found = {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
-            targets |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+            found = {base} | {f"{base}.{alias.name}" for alias in node.names}
+        if id(node) in for_types:
+            found.discard(HOOK_TYPE)
+        targets |= found
     return {t for t in targets if t in known and t != name}
 
 
@@ -93,12 +103,14 @@ def test_a_cycle_through_a_package_is_found() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_imports_inside_functions_count_and_type_checking_ones_do_not() -> None:
+def test_imports_inside_functions_and_for_types_count_but_the_hooks_driver() -> None:
     known = modules()
-    # baton.core exports Driver; baton.core.callback names Driver for the type checker only
+    # baton.core exports Driver; baton.core.callback names Driver for its hooks' types
     assert "baton.core.driver" in imported("baton.core", known["baton.core"], known)
     callback = known["baton.core.callback"]
     assert "baton.core.driver" not in imported("baton.core.callback", callback, known)
+    # a type-only import of anything else counts: callback.py names Ability for types
+    assert "baton.core.abilities" in imported("baton.core.callback", callback, known)
 
 
 def test_no_import_cycles() -> None:

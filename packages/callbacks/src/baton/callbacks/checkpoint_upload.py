@@ -56,6 +56,7 @@ from baton.callbacks.object_store import ObjectStore
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
+from baton.core.options import check_verify
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class CheckpointUpload(Callback):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.url = url
-        self.verify = ckpt.check_verify(verify)
+        self.verify = check_verify(verify)
         self.storage_options = dict(storage_options or {})
         #: checkpoint names whose upload was verified and made ``latest``, in order
         self.uploaded: list[str] = []

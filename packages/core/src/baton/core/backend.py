@@ -140,7 +140,7 @@ class Backend(Protocol):
     @property
     def training_settings(self) -> frozenset[str]:
         """More setting names whose change on resume alters training (refused unless
-        allowed), beside ``resume_settings.TRAINING_SETTINGS``."""
+        allowed), beside ``options.TRAINING_SETTINGS``."""
         ...
 
     @property
@@ -305,7 +305,7 @@ class BackendBase:
     name: str = "base"
     #: distribution whose installed version is this backend's ``version``
     distribution: str | None = None
-    #: no setting names of its own beside ``resume_settings.TRAINING_SETTINGS``
+    #: no setting names of its own beside ``options.TRAINING_SETTINGS``
     training_settings: frozenset[str] = frozenset()
     #: ``evaluate`` returns the backend's own keys (``eval/<key>`` for callbacks), not
     #: names its user chose (``NamedMetrics``, see ``baton.core.metrics``)

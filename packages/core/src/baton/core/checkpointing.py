@@ -30,6 +30,7 @@ from typing import Any, cast
 import xxhash
 
 from baton.core.errors import RunError, UsageError
+from baton.core.options import check_verify
 
 log = logging.getLogger("baton")
 
@@ -41,8 +42,6 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 HASH = "xxh3_128"
-#: how much of each checkpoint ``read_meta`` checks: every byte, or only the sizes
-VERIFY_MODES = ("full", "size")
 _NAME = re.compile(r"^step_(\d+)$")
 _CHUNK = 1 << 22
 
@@ -105,15 +104,6 @@ def list_checkpoints(root: Path) -> list[Path]:
         if p.is_dir() and not p.is_symlink() and checkpoint_step(p) is not None
     ]
     return sorted(found, key=lambda p: checkpoint_step(p) or 0)
-
-
-def check_verify(verify: str) -> str:
-    if verify not in VERIFY_MODES:
-        raise UsageError(
-            f"verify={verify!r} is not one of {', '.join(VERIFY_MODES)} "
-            "('full' checks every byte against its checksum, 'size' only file sizes)"
-        )
-    return verify
 
 
 def file_digest(path: Path) -> str:

@@ -22,12 +22,57 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
-from baton.core.checkpointing import check_verify
 from baton.core.errors import UsageError
-from baton.core.resume_settings import TRAINING_SETTINGS, parse_allowed
 
 #: ``resume`` values that start a fresh run
 NO_RESUME = ("", "none")
+
+
+#: settings whose change alters training (a recipe parameter or driver limit of that name)
+TRAINING_SETTINGS: frozenset[str] = frozenset(
+    {
+        "lr",
+        "learning_rate",
+        "min_lr",
+        "min_lr_ratio",
+        "warmup_steps",
+        "decay_steps",
+        "max_steps",
+        "max_tokens",
+        "batch_size",
+        "global_batch_size",
+        "micro_batch_size",
+        "seq_len",
+        "seq_length",
+        "sequence_length",
+        "data",
+        "data_path",
+        "dataset",
+        "dataset_path",
+        "tokenizer",
+        "tokenizer_path",
+    }
+)
+
+#: how much of each checkpoint ``read_meta`` checks: every byte, or only the sizes
+VERIFY_MODES = ("full", "size")
+
+
+def check_verify(verify: str) -> str:
+    if verify not in VERIFY_MODES:
+        raise UsageError(
+            f"verify={verify!r} is not one of {', '.join(VERIFY_MODES)} "
+            "('full' checks every byte against its checksum, 'size' only file sizes)"
+        )
+    return verify
+
+
+def parse_allowed(text: str | Iterable[str] | None) -> set[str]:
+    """``"lr,max_steps"`` (or a list) -> ``{"lr", "max_steps"}``; ``"all"`` allows every one."""
+    if text is None:
+        return set()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return {item.strip().replace("-", "_") for item in items if item.strip()}
 
 
 class OptionKeywords(TypedDict, total=False):
@@ -79,7 +124,7 @@ class RunOptions:
         allow_changed: training settings (``"lr,max_steps"``, ``"all"``) that may differ
             from the checkpoint's on resume; others are refused.
         training_settings: setting names whose change on resume is refused (always
-            including ``baton.core.resume_settings.TRAINING_SETTINGS``).
+            including ``TRAINING_SETTINGS``).
         checkpoint_upload: a URL (``s3://bucket/prefix``) where every complete
             checkpoint is also uploaded, in the background, and from which
             ``resume="auto"`` fetches the newest one when the run directory has none

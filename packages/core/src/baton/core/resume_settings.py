@@ -44,32 +44,6 @@ from baton.core.callback_paths import class_label
 from baton.core.checkpointing import run_dir_of
 from baton.core.errors import UsageError
 
-#: settings whose change alters training (a recipe parameter or driver limit of that name)
-TRAINING_SETTINGS: frozenset[str] = frozenset(
-    {
-        "lr",
-        "learning_rate",
-        "min_lr",
-        "min_lr_ratio",
-        "warmup_steps",
-        "decay_steps",
-        "max_steps",
-        "max_tokens",
-        "batch_size",
-        "global_batch_size",
-        "micro_batch_size",
-        "seq_len",
-        "seq_length",
-        "sequence_length",
-        "data",
-        "data_path",
-        "dataset",
-        "dataset_path",
-        "tokenizer",
-        "tokenizer_path",
-    }
-)
-
 #: recipe settings that shape the model: a checkpoint of another shape cannot load into
 #: it, whatever ``--allow-changed`` says
 ARCHITECTURE_SETTINGS: frozenset[str] = frozenset(
@@ -130,14 +104,6 @@ def check_same_run(
         f"checkpoint {checkpoint}{where} belongs to another run ({theirs}; this run: {ours}); "
         "give this run a new --run-dir, or resume that run with its own recipe"
     )
-
-
-def parse_allowed(text: str | Iterable[str] | None) -> set[str]:
-    """``"lr,max_steps"`` (or a list) -> ``{"lr", "max_steps"}``; ``"all"`` allows every one."""
-    if text is None:
-        return set()
-    items = text.split(",") if isinstance(text, str) else list(text)
-    return {item.strip().replace("-", "_") for item in items if item.strip()}
 
 
 def changed_settings(

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.core import Callback, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from benchmarks.harness import Row, at_most, interleave, median, paired_ratio, skipped
 
 NAME = "checkpoint"

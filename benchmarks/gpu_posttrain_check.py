@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from baton.data import load_tokenizer
 from baton.data.packed import PackedDataset, write_packed
 from support.posttrain import (

@@ -172,7 +172,7 @@ def write_rows(prefix: Path, groups: list[list[tuple[list[int], list[int]]]], ob
 
 
 def baton_run(files: dict[str, Any], run_dir: Path, steps: int, *args: str) -> StepTimes:
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     times = StepTimes()
     driver = build_driver(

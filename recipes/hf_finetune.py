@@ -56,7 +56,7 @@ from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import EpochFactor, WarmupCosine
-from baton.core.model_spec import FAMILIES, ModelSpec, check_init_from
+from baton.core.model.spec import FAMILIES, ModelSpec, check_init_from
 from baton.data import resolve_tokenizer
 
 #: the training objectives this recipe runs

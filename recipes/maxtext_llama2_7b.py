@@ -48,8 +48,8 @@ from baton.backends.maxtext.objective import (
 from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
-from baton.core.dry_run import is_planning, require_data
-from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.cli.dry_run import is_planning, require_data
+from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
 HARDWARE = {

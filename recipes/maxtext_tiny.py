@@ -33,7 +33,7 @@ from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
-from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
 

@@ -13,7 +13,7 @@ uv run baton run recipes/megatron_gpt_tiny.py --objective sft --init-from tiny-l
     --data-path data/chat --tokenizer runs/tok --seq-len 512   # conversations, packed
     ... --objective dpo --data-path data/pairs --dpo-beta 0.1  # preference pairs
     ... --capacity-factor 1.0                          # the router drops what overflows
-OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \\
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli.command run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
     ... --pp 2                                         # 1F1B over 2 stages
     ... --pp 2 --vpp 2 --layers 4                      # interleaved
@@ -38,7 +38,7 @@ from baton.backends.megatron.moe import moe_layout
 from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
-from baton.core.model_spec import check_init_from, resolve_spec
+from baton.core.model.spec import check_init_from, resolve_spec
 from baton.data import resolve_tokenizer
 
 

@@ -1,6 +1,6 @@
 """Llama 3 8B on Megatron-Core: the real GPU configuration, launched with torchrun.
 
-    torchrun --nnodes 2 --nproc-per-node 8 ... -m baton.core.cli run \\
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m baton.core.cli.command run \\
         recipes/megatron_llama3_8b.py --tp 2 --pp 1 \\
         --data-path "0.7 data/web 0.3 data/code" --tokenizer tokenizers/llama3
     uv run baton run recipes/megatron_llama3_8b.py --dry-run --world-size 16   # on CPU
@@ -25,7 +25,7 @@ through ``TransformerConfig``; Llama 3.x ``rope_scaling`` as Megatron's ``rope_s
 ``--init-from HF_DIR`` (a ``save_pretrained`` directory, e.g. Llama-3.1-8B) trains that
 directory's architecture from its weights (a baton checkpoint: its weights), step 0::
 
-    torchrun --nproc-per-node 8 -m baton.core.cli run recipes/megatron_llama3_8b.py \\
+    torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/megatron_llama3_8b.py \\
         --init-from hf/Llama-3.1-8B --data-path data/web --tokenizer hf/Llama-3.1-8B
 
 A Qwen3 or Qwen3-MoE ``config.json`` builds that model; ``--ep`` spreads a MoE model's
@@ -41,8 +41,8 @@ from baton.backends.megatron import MegatronBackend, MegatronConfig
 from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
-from baton.core.dry_run import require_data
-from baton.core.model_spec import LlamaSpec, check_init_from, resolve_spec
+from baton.core.cli.dry_run import require_data
+from baton.core.model.spec import LlamaSpec, check_init_from, resolve_spec
 from baton.data import resolve_tokenizer
 
 

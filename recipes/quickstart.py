@@ -2,7 +2,7 @@
 
 uv run baton run recipes/quickstart.py
 uv run baton run recipes/quickstart.py --max-steps 600 --resume auto --allow-changed max_steps
-OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run recipes/quickstart.py
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli.command run recipes/quickstart.py
 uv run baton run recipes/quickstart.py --data-path data/corpus --tokenizer runs/tok
 
 Without ``--tokenizer`` it trains on UTF-8 bytes (of ``--data-path``, else the Python

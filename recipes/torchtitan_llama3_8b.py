@@ -1,10 +1,10 @@
 """Llama 3 8B with TorchTitan on 8 GPUs (FSDP, TP, PP, bf16, optional torch.compile) through baton.
 
-torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
+torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_llama3_8b.py \\
     --data-path corpus.jsonl --tokenizer ./assets/hf/Llama-3.1-8B --compile
 uv run baton run recipes/torchtitan_llama3_8b.py --dry-run             # on CPU: plan only
 uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --world-size 16
-torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
+torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_llama3_8b.py \\
     --objective sft --data-path data/chat --tokenizer ./assets/hf/Llama-3.1-8B \\
     --init-from ./assets/hf/Llama-3.1-8B --seq-len 4096     # fine-tune on prepared chats
 
@@ -22,7 +22,7 @@ such as Qwen3-30B-A3B with TorchTitan's MoE layer, ``--ep`` its expert-parallel 
 directory, e.g. Llama-3.1-8B) trains that directory's architecture from its weights
 through TorchTitan's ``Llama3StateDictAdapter.from_hf`` (a baton checkpoint: its weights)::
 
-    torchrun --nproc-per-node 8 -m baton.core.cli run recipes/torchtitan_llama3_8b.py \\
+    torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_llama3_8b.py \\
         --init-from ./assets/hf/Llama-3.1-8B --tokenizer ./assets/hf/Llama-3.1-8B \\
         --data-path corpus.jsonl
 """
@@ -34,9 +34,9 @@ from typing import Any
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
-from baton.core.dry_run import require_data
-from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
-from baton.core.recipe import RecipeError
+from baton.core.cli.dry_run import require_data
+from baton.core.cli.recipe import RecipeError
+from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
 

@@ -6,9 +6,9 @@ uv run baton run recipes/torchtitan_llama3_debug.py --data-path corpus.jsonl --t
 uv run baton run recipes/torchtitan_llama3_debug.py --eval-split 0.05 --eval-every 10
 uv run baton eval recipes/torchtitan_llama3_debug.py --eval-split 0.05 \
     --checkpoint runs/torchtitan_llama3_debug/checkpoints/latest
-OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli run \
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 4 -m baton.core.cli.command run \
     recipes/torchtitan_llama3_debug.py --dp-shard 2 --tp 2        # FSDP x TP on 4 ranks
-OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli run \
+OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli.command run \
     recipes/torchtitan_llama3_debug.py --init-from qwen3-moe/ --ep 2  # experts on 2 ranks
 
 Data: ``--data-path`` (``.jsonl``/``.parquet`` through TorchTitan's Hugging Face loader,
@@ -61,7 +61,7 @@ from baton.backends.torchtitan.objective import (
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
-from baton.core.model_spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
 

@@ -1,6 +1,6 @@
 """What a short run of each backend's tiny recipe prints: baton's own lines, nothing else.
 
-Each recipe runs through the real CLI (``python -m baton.core.cli run``) in a fresh
+Each recipe runs through the real CLI (``python -m baton.core.cli.command run``) in a fresh
 process, its stdout and stderr captured together, without the progress bar. Every line
 must be one of baton's: its log lines (``[HH:MM:SS] LEVEL message``, the format of
 ``baton.core.logs`` on a pipe), the step metrics and the final ``done:`` line. A
@@ -56,14 +56,14 @@ def foreign_lines(output: str) -> list[str]:
     ]
 
 
-#: the summary of the patches a run applied (``baton.core.run_record.patch_summary``)
+#: the summary of the patches a run applied (``baton.core.checkpoints.run_record.patch_summary``)
 PATCH_SUMMARY = re.compile(r"^\[\d\d:\d\d:\d\d\] INFO +patches: \d+ applied", re.M)
 #: one patch's line, shown at ``--verbose``
 EACH_PATCH = re.compile(r"^\[\d\d:\d\d:\d\d\] DEBUG +patch \S+ +(applied|skipped) \(", re.M)
 
 
 def baton(*args: str | Path, cwd: Path) -> str:
-    """``python -m baton.core.cli ARGS`` in a fresh process, as a user's shell starts it;
+    """``python -m baton.core.cli.command ARGS`` in a fresh process, as a user's shell starts it;
     its stdout and stderr together (it must succeed)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu", COLUMNS="300")
     env.pop("PYTHONWARNINGS", None)
@@ -73,7 +73,7 @@ def baton(*args: str | Path, cwd: Path) -> str:
     # INFO lines in every child
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     done = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", *map(str, args)],
+        [sys.executable, "-m", "baton.core.cli.command", *map(str, args)],
         env=env, capture_output=True, text=True, timeout=900, cwd=cwd,
     )  # fmt: skip
     output = done.stdout + done.stderr

@@ -101,8 +101,8 @@ def test_torchtitan_finite_passes_read_as_many_windows_on_every_rank(data):
 
 
 def test_torchtitan_eval_every_without_held_out_data_is_one_line():
+    from baton.core.cli.recipe import build_driver
     from baton.core.errors import UsageError
-    from baton.core.recipe import build_driver
 
     with pytest.raises(UsageError, match="--eval-split"):
         build_driver("recipes/torchtitan_llama3_debug.py", ["--eval-every", "2"])

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from baton.core.cli import main
+from baton.core.cli.command import main
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from baton.data import train_tokenizer
 
 RECIPES = Path(__file__).parents[2] / "recipes"

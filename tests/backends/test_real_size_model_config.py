@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from baton.core import Callback, Driver
-from baton.core.model_spec import LlamaSpec
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
+from baton.core.model.spec import LlamaSpec
 from support.recording import Losses
 from support.tiny_llama import LLAMA31_ROPE, save_tiny_llama
 

@@ -21,7 +21,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import torch
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.megatron_model import megatron_outputs
 from support.round_trip import (
     RECIPES,
@@ -50,7 +50,7 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
 
     from baton.backends.hf_io import read_safetensors
     from baton.backends.torchtitan.hf import model_config
-    from baton.core.model_spec import LlamaSpec
+    from baton.core.model.spec import LlamaSpec
 
     config = model_config(LlamaSpec.from_hf(hf_dir))
     weights = Llama3StateDictAdapter(config, None).from_hf(read_safetensors(str(hf_dir)))

@@ -25,7 +25,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import torch
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.maxtext_forward import maxtext_aux_loss
 from support.megatron_model import megatron_aux_loss, megatron_losses, megatron_outputs
 from support.round_trip import (
@@ -70,7 +70,7 @@ def titan_logits(hf_dir: Path) -> torch.Tensor:
 
     from baton.backends.hf_io import read_safetensors
     from baton.backends.torchtitan.qwen3 import qwen3_model_config
-    from baton.core.model_spec import ModelSpec
+    from baton.core.model.spec import ModelSpec
 
     config = qwen3_model_config(ModelSpec.from_hf(hf_dir))
     weights = Qwen3StateDictAdapter(config, None).from_hf(read_safetensors(str(hf_dir)))

@@ -1,5 +1,5 @@
 """Shared helpers for the callback tests: run the tiny test recipe in-process or as
-``python -m baton.core.cli run`` subprocesses, and compare saved weights."""
+``python -m baton.core.cli.command run`` subprocesses, and compare saved weights."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def cli_command(run_dir: Path, *args: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "baton.core.cli",
+        "baton.core.cli.command",
         "run",
         str(RECIPE),
         "--run-dir",
@@ -48,7 +48,7 @@ def fit_in_process(run_dir: Path, *args: str):  # -> Driver
     """Build the test recipe as ``baton run`` would and train in this process."""
     import torch
 
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     torch.set_num_threads(1)  # as the OMP_NUM_THREADS=1 subprocesses
     driver = build_driver(RECIPE, ["--run-dir", str(run_dir), *args])

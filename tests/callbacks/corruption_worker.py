@@ -23,7 +23,7 @@ import torch
 from baton.backends.fabric import GPTConfig, GPTTraining
 from baton.callbacks import Checkpoint, CorruptionCheck
 from baton.core import Callback, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 
 class FlipBit(Callback):

@@ -37,7 +37,7 @@ from baton.callbacks import (
     ThroughputMonitor,
 )
 from baton.core import Callback, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 
 class StepLosses(Callback):

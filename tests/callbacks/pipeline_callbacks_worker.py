@@ -20,7 +20,7 @@ import torch
 from baton.callbacks.ema import EMA
 from baton.callbacks.freeze import Freeze
 from baton.core.callback import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 
 def the(kind: type, driver: Any) -> Any:

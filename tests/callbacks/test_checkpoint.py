@@ -10,7 +10,7 @@ import pytest
 from baton.backends.fabric.models.gpt import GPT, GPTConfig
 from baton.callbacks import Checkpoint
 from baton.core import Callback, CheckpointError
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 from .conftest import assert_bitwise_equal, fit_in_process, load_state, tiny_driver
 

@@ -14,7 +14,7 @@ import pytest
 
 from baton.callbacks import CorruptionCheck
 from baton.callbacks.corruption_check import disagreements
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.torchrun import torchrun
 
 WORKER = Path(__file__).with_name("corruption_worker.py")

@@ -14,7 +14,7 @@ import pytest
 
 from baton.callbacks.goodput_ledger import CATEGORIES, read_ledger, summarise
 from baton.callbacks.sinks.jsonl import read_jsonl
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from baton.tools.goodput import main as goodput_main
 
 from .conftest import cli_env
@@ -26,7 +26,7 @@ STEPS = 40
 
 
 def start(run_dir: Path) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "baton.core.cli", "run", str(RECIPE)]
+    command = [sys.executable, "-m", "baton.core.cli.command", "run", str(RECIPE)]
     command += ["--run-dir", str(run_dir), "--max-steps", str(STEPS), "--resume", "auto"]
     return subprocess.Popen(
         command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -139,7 +139,7 @@ KILL_RECIPE = Path(__file__).with_name("recipe_goodput_kill.py")
 
 def run_kill_recipe(run_dir: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """The scalar kill recipe as ``baton run``; returns the process and when it ended."""
-    command = [sys.executable, "-m", "baton.core.cli", "run", str(KILL_RECIPE)]
+    command = [sys.executable, "-m", "baton.core.cli.command", "run", str(KILL_RECIPE)]
     command += ["--run-dir", str(run_dir), "--max-steps", "16", "--save-every", "5", *flags]
     env = {**cli_env(), "PYTHONPATH": str(Path(__file__).parents[1])}
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)

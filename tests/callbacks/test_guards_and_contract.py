@@ -11,7 +11,7 @@ import pytest
 
 from baton.callbacks import Checkpoint, EarlyStopping, LossGuard
 from baton.core import Callback, Driver, MissingAbilityError
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.docs_examples import docs_example
 from support.scalar_backend import ScalarBackend
 

@@ -9,7 +9,7 @@ import pytest
 
 from baton.callbacks import Checkpoint, CompositeLogger
 from baton.core import Driver
-from baton.core.callback_flags import build_callback, parse_callback_flag
+from baton.core.cli.callback_flags import build_callback, parse_callback_flag
 from baton.core.errors import UsageError
 from support.scalar_backend import ScalarBackend
 

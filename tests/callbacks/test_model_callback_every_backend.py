@@ -49,7 +49,7 @@ def jax_backend(hf_dir: Path) -> Any:
 
 def fabric_backend(hf_dir: Path) -> Any:
     """``recipes/hf_finetune.py``: the transformers model on Fabric (lr > 0 required)."""
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     args = ["--init-from", str(hf_dir), "--lr", "1e-12", "--run-dir", str(hf_dir.parent / "fabric")]
     return build_driver(ROOT / "recipes" / "hf_finetune.py", args).backend
@@ -87,7 +87,7 @@ def lightning_backend(hf_dir: Path) -> Any:
 def megatron_backend(hf_dir: Path) -> Any:
     """``recipes/megatron_gpt_tiny.py``: Megatron-Core's GPTModel."""
     pytest.importorskip("megatron.core")
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     args = [
         "--init-from", str(hf_dir), "--lr", "1e-12", "--warmup-steps", "2",
@@ -100,7 +100,7 @@ def megatron_backend(hf_dir: Path) -> Any:
 def torchtitan_backend(hf_dir: Path) -> Any:
     """``recipes/torchtitan_llama3_debug.py``: TorchTitan's Llama (fused QKV or not)."""
     pytest.importorskip("torchtitan")
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     args = [
         "--init-from", str(hf_dir), "--lr", "1e-12", "--seq-len", "16", "--batch-size", "2",
@@ -112,7 +112,7 @@ def torchtitan_backend(hf_dir: Path) -> Any:
 def maxtext_backend(hf_dir: Path) -> Any:
     """``recipes/maxtext_tiny.py``: MaxText's layers scanned into stacked arrays."""
     pytest.importorskip("maxtext")
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     root = hf_dir.parent
     args = [

@@ -15,7 +15,7 @@ import torch
 
 from baton.callbacks import Freeze, GradientNormMonitor, WeightMonitor
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "hf_finetune.py"
 FROZEN = ["model.embed_tokens.*", "model.layers.0.*"]

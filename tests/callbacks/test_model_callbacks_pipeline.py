@@ -85,7 +85,7 @@ def test_a_pattern_no_stage_holds_is_refused_on_every_rank(tmp_path):
     hf_dir = save_tiny_llama(tmp_path / "hf")
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "baton.core.cli", "run",
+        sys.executable, "-m", "baton.core.cli.command", "run",
         *flags("megatron", hf_dir, run_dir, 2, "--callback", "freeze:patterns=model.layers.9.*"),
     ]  # fmt: skip
     ranks = [

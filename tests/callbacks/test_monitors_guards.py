@@ -24,7 +24,7 @@ from baton.callbacks import (
 )
 from baton.callbacks.device_flops import peak_flops
 from baton.core import Callback
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 from .conftest import tiny_driver
 

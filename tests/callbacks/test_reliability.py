@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks.sinks.jsonl import read_jsonl
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 from .conftest import (
     assert_bitwise_equal,

@@ -9,7 +9,7 @@ import pytest
 
 from baton.callbacks.rollback import LastGood
 from baton.core import Callback, Driver
-from baton.core.checkpointing import checkpoints_dir
+from baton.core.checkpoints.files import checkpoints_dir
 from baton.core.control import Control
 from support.scalar_backend import ScalarBackend
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.callbacks import Checkpoint, CorruptionCheck
 from baton.core import Callback, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 
 class Losses(Callback):

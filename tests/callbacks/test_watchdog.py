@@ -17,7 +17,7 @@ import pytest
 from baton.callbacks import Watchdog
 from baton.callbacks.watchdog import WATCHDOG_DIR
 from baton.core import Callback, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.processes import run_job
 from support.scalar_backend import ScalarBackend
 from support.states import assert_bitwise_equal, load_state

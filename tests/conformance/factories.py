@@ -26,7 +26,7 @@ QUIET = ["--no-progress"]
 def from_recipe(recipe: str, run_dir: Path, flags: list[str]) -> Any:
     """The backend of ``recipes/<recipe>`` built with ``flags`` (its Driver is dropped:
     the suite drives the backend with its own)."""
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     driver = build_driver(RECIPES / recipe, [*flags, "--run-dir", str(run_dir), *QUIET])
     assert driver is not None

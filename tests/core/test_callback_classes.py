@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from baton.core import registry
-from baton.core.cli import main
+from baton.core.cli.command import main
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALAR = ROOT / "tests" / "safety" / "recipe_scalar.py"

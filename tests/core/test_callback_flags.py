@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks import Checkpoint, CompositeLogger, Goodput, Watchdog
-from baton.core.cli import main
+from baton.core.cli.command import main
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from baton.core.logs import setup_logging
-from baton.core.recipe import build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALAR = ROOT / "tests" / "safety" / "recipe_scalar.py"
@@ -172,7 +172,7 @@ def test_a_third_party_callback_from_an_installed_distribution(tmp_path: Path) -
 
     def baton(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "baton.core.cli", *args],
+            [sys.executable, "-m", "baton.core.cli.command", *args],
             capture_output=True,
             text=True,
             env=env,
@@ -202,7 +202,7 @@ def test_a_third_party_callback_from_an_installed_distribution(tmp_path: Path) -
 def test_help_lists_the_callback_flags_without_importing_a_framework(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys
-        from baton.core.cli import main
+        from baton.core.cli.command import main
         code = main(["run", {str(ROOT / "recipes" / "quickstart.py")!r}, "--help"])
         assert code == 0, code
         assert "torch" not in sys.modules and "jax" not in sys.modules
@@ -218,7 +218,7 @@ def test_help_lists_the_callback_flags_without_importing_a_framework(tmp_path: P
 def test_every_registered_callback_documents_its_arguments() -> None:
     """``baton callbacks NAME`` (and the docs' callback pages) read each argument's help
     from the class docstring's ``Args:``: none may be missing."""
-    from baton.core.callback_flags import callback_signature
+    from baton.core.cli.callback_flags import callback_signature
     from baton.core.registry import CALLBACKS
 
     missing = [

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from baton.core import LOAD_ALL, Callback, CheckpointError, CheckpointFacts, Driver, LoadPlan
-from baton.core.checkpointing import CheckpointMismatch
+from baton.core.checkpoints.files import CheckpointMismatch
 from support.scalar_backend import ScalarBackend
 
 
@@ -100,7 +100,7 @@ def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
 
 
 def test_ranks_compare_the_checkpoint_they_planned_with_one_or_reduction():
-    from baton.core.resuming import same_on_every_rank
+    from baton.core.checkpoints.resuming import same_on_every_rank
 
     def ranks(*values: int) -> list[bool]:
         """Each rank's answer when ``values`` are the ranks' own (flags OR-reduced)."""
@@ -183,8 +183,8 @@ def test_a_checkpoint_with_the_facts_in_a_side_file_is_checked_too(tmp_path):
 
 
 def test_a_checkpoint_knows_its_run_directory_only_inside_one(tmp_path):
-    from baton.core.checkpointing import checkpoints_dir, run_dir_of
-    from baton.core.cli import checkpoint_run_dir
+    from baton.core.checkpoints.files import checkpoints_dir, run_dir_of
+    from baton.core.cli.command import checkpoint_run_dir
 
     run = tmp_path / "runs" / "a"
     inside = checkpoints_dir(run) / "step_000010"

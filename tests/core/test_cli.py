@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.cli import checkpoint_run_dir, main
-from baton.core.recipe import RecipeError, build_driver
+from baton.core.cli.command import checkpoint_run_dir, main
+from baton.core.cli.recipe import RecipeError, build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.py"
@@ -19,7 +19,7 @@ QUICKSTART = ROOT / "recipes" / "quickstart.py"
 
 def baton(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", *args],
+        [sys.executable, "-m", "baton.core.cli.command", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -160,7 +160,7 @@ def test_eval_rebuilds_the_run_and_keeps_its_own_record(
 def test_output_into_a_closed_pipe_ends_quietly(args):
     """`baton ... | head`: the reader is gone before baton writes; no BrokenPipeError."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "baton.core.cli", *args],
+        [sys.executable, "-m", "baton.core.cli.command", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from baton.core import Abilities, Ability, Callback, Driver, MissingAbilityError
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.scalar_backend import ScalarBackend
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from baton.core import Callback, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.scalar_backend import ScalarBackend
 
 

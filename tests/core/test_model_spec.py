@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import LlamaSpec, check_same_architecture, resolve_spec
+from baton.core.model.spec import LlamaSpec, check_same_architecture, resolve_spec
 
 TINY = {
     "model_type": "llama",

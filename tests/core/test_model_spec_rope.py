@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import LlamaSpec, RopeScaling, check_same_architecture
+from baton.core.model.spec import LlamaSpec, RopeScaling, check_same_architecture
 
 TINY = {
     "model_type": "llama",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from baton.core.errors import UsageError
-from baton.core.parallel_layout import check_parallel_layout, divisors
+from baton.core.model.parallel_layout import check_parallel_layout, divisors
 
 
 def test_a_layout_that_divides_the_model_passes():

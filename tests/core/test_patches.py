@@ -167,8 +167,8 @@ def test_a_run_logs_one_patch_line_and_each_patch_at_verbose(
 ):
     import logging
 
+    from baton.core.checkpoints.run_record import patch_summary
     from baton.core.logs import setup_logging
-    from baton.core.run_record import patch_summary
 
     monkeypatch.delenv("BATON_PATCHES", raising=False)
     logger = setup_logging(level=logging.DEBUG if verbose else logging.INFO)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.cli import main
-from baton.core.recipe import load_recipe
-from baton.core.recipe_signature import read_signature, signature_of
+from baton.core.cli.command import main
+from baton.core.cli.recipe import load_recipe
+from baton.core.cli.recipe_signature import read_signature, signature_of
 
 BASE = '''
 from baton.callbacks import Checkpoint
@@ -41,7 +41,7 @@ WRAPPER = '''
 import json
 
 from baton.core import Callback, Driver
-from baton.core.recipe_extension import extends
+from baton.core.cli.recipe_extension import extends
 
 
 class WriteScale(Callback):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.cli import main
-from baton.core.recipe_signature import Signature, read_signature
+from baton.core.cli.command import main
+from baton.core.cli.recipe_signature import Signature, read_signature
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.py"))

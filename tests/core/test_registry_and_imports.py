@@ -38,7 +38,7 @@ def test_fabric_backend_is_found_by_name():
 
 def test_baton_core_imports_neither_torch_nor_jax():
     code = (
-        "import sys, baton.core, baton.core.cli, baton.core.recipe, baton.callbacks;"
+        "import sys, baton.core, baton.core.cli.command, baton.core.cli.recipe, baton.callbacks;"
         "from baton.core.registry import load_plugins; load_plugins();"
         "bad = [m for m in ('torch', 'jax', 'lightning') if m in sys.modules];"
         "assert not bad, bad"
@@ -48,7 +48,7 @@ def test_baton_core_imports_neither_torch_nor_jax():
 
 def test_listings_import_no_framework():
     code = (
-        "import sys; from baton.core.cli import main;"
+        "import sys; from baton.core.cli.command import main;"
         "assert main(['backends']) == 0 and main(['patches']) == 0 and main(['callbacks']) == 0;"
         "bad = [m for m in ('torch', 'jax', 'lightning', 'megatron', 'maxtext', 'torchtitan')"
         " if m in sys.modules];"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from baton.core.cli import main
-from baton.core.recipe import RecipeError, build_driver
+from baton.core.cli.command import main
+from baton.core.cli.recipe import RecipeError, build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = textwrap.dedent(
@@ -57,7 +57,7 @@ def test_help_shows_each_flag_with_its_docstring_and_default(recipe_file, capsys
 
 def test_help_of_a_torch_recipe_imports_no_torch() -> None:
     code = (
-        "import sys\nfrom baton.core.cli import main\n"
+        "import sys\nfrom baton.core.cli.command import main\n"
         f"try:\n    main(['run', {str(ROOT / 'recipes' / 'quickstart.py')!r}, '--help'])\n"
         "except SystemExit:\n    pass\n"
         "heavy = [m for m in ('torch', 'jax', 'lightning') if m in sys.modules]\n"
@@ -125,7 +125,7 @@ def test_set_overrides_native_config_fields(recipe_file, tmp_path) -> None:
 def test_set_walks_nested_dataclasses() -> None:
     from dataclasses import dataclass, field
 
-    from baton.core.overrides import OverrideError, apply_overrides
+    from baton.core.cli.overrides import OverrideError, apply_overrides
 
     @dataclass
     class Training:
@@ -252,8 +252,8 @@ def test_a_dropped_callback_turns_the_recipes_switch_of_its_name_off(tmp_path, c
 def test_run_flags_come_from_one_table_and_reach_the_driver(recipe_file, tmp_path) -> None:
     import dataclasses
 
+    from baton.core.cli.recipe import RUN_OPTION_FLAGS
     from baton.core.options import RunOptions
-    from baton.core.recipe import RUN_OPTION_FLAGS
 
     options = {f.name for f in dataclasses.fields(RunOptions)}
     assert set(RUN_OPTION_FLAGS) <= options
@@ -274,7 +274,7 @@ def test_run_flags_come_from_one_table_and_reach_the_driver(recipe_file, tmp_pat
 def test_a_backends_keyword_fields_are_set_by_name_and_a_wrong_one_is_named() -> None:
     import dataclasses
 
-    from baton.core.overrides import set_fields
+    from baton.core.cli.overrides import set_fields
 
     @dataclasses.dataclass
     class TinyConfig:

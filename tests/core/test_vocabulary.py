@@ -1,5 +1,5 @@
 """Every recipe speaks one vocabulary: a parameter whose meaning is in
-``baton.core.vocabulary`` has the vocabulary's name and type, on every backend."""
+``baton.core.cli.vocabulary`` has the vocabulary's name and type, on every backend."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from baton.core.cli.recipe import build_driver
+from baton.core.cli.recipe_signature import read_signature
+from baton.core.cli.vocabulary import RENAMED, TERMS, VOCABULARY, check_parameter, markdown_table
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
-from baton.core.recipe_signature import read_signature
-from baton.core.vocabulary import RENAMED, TERMS, VOCABULARY, check_parameter, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.py"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.recipe import RecipeFlags
-from baton.core.recipe_signature import read_signature
+from baton.core.cli.recipe import RecipeFlags
+from baton.core.cli.recipe_signature import read_signature
 from support.docs_examples import ROOT, docs_examples, pages
 
 CODE_BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.cli import main
+from baton.core.cli.command import main
 
 RECIPE = Path(__file__).with_name("recipe_scalar.py")
 

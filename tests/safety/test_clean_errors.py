@@ -1,6 +1,6 @@
 """Every user error is one short message naming the problem and the fix, with exit
 status 2 (bad command, recipe or settings) or 1 (the run failed), no traceback, and
-the run directory exactly as it was. Runs ``baton.core.cli.main`` in this process."""
+the run directory exactly as it was. Runs ``baton.core.cli.command.main`` in this process."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.core import checkpointing as ckpt
-from baton.core.cli import main
+from baton.core.checkpoints import files as ckpt
+from baton.core.cli.command import main
 
 from .conftest import RECIPE, snapshot
 
@@ -129,7 +129,7 @@ CASES: dict[str, Case] = {
         bad_recipe(
             """
             from typing import Annotated
-            from baton.core.recipe import AtLeast
+            from baton.core.cli.recipe import AtLeast
 
             def recipe(run_dir: str, layers: Annotated[int, AtLeast(2)] = 1) -> None:
                 pass
@@ -261,7 +261,7 @@ def test_at_least_25_distinct_bad_inputs():
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", *args],
+        [sys.executable, "-m", "baton.core.cli.command", *args],
         capture_output=True,
         text=True,
         timeout=120,

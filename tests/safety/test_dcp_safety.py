@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from baton.core import CheckpointError
-from baton.core import checkpointing as ckpt
-from baton.core.recipe import build_driver
+from baton.core.checkpoints import files as ckpt
+from baton.core.cli.recipe import build_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -41,7 +41,7 @@ def run(engine: str, run_dir: Path, *args: str) -> dict[int, float]:
     """The engine's recipe in this process; the learning rate it logged at each step."""
     import torch
 
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     torch.set_num_threads(1)
     recipe, own = ENGINES[engine]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from baton.core import Abilities, Callback, CheckpointError, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.scalar_backend import ScalarBackend
 
 

@@ -19,7 +19,7 @@ from baton.backends.fabric import FabricConfig
 from baton.backends.lightning import LightningBackend
 from baton.backends.lightning.checkpoint_io import holds_loop_state
 from baton.core import CheckpointError, Driver
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 

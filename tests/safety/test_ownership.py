@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 from baton.core import Driver
-from baton.core.rundir import RunDirLock
+from baton.core.checkpoints.rundir import RunDirLock
 from support.scalar_backend import ScalarBackend
 
 from .conftest import RECIPE, run_recipe, snapshot
 
 HOLD = """
 import sys, time
-from baton.core.rundir import RunDirLock
+from baton.core.checkpoints.rundir import RunDirLock
 RunDirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -42,7 +42,7 @@ def start_real_run(run_dir) -> subprocess.Popen[str]:
         [
             sys.executable,
             "-m",
-            "baton.core.cli",
+            "baton.core.cli.command",
             "run",
             str(RECIPE),
             "--run-dir",

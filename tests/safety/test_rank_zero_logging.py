@@ -7,7 +7,7 @@ import logging
 import sysconfig
 from pathlib import Path
 
-from baton.core.cli import main
+from baton.core.cli.command import main
 from baton.core.launch import Launch
 from baton.core.logs import own_code, setup_logging
 

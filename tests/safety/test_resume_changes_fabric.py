@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks.sinks.jsonl import read_jsonl
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 RECIPE = Path(__file__).with_name("recipe_gpt.py")
 
@@ -18,7 +18,7 @@ def fit(run_dir: Path, *args: str):  # -> Driver
     """``baton run tests/safety/recipe_gpt.py`` in this process; the driver after fit."""
     import torch
 
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     torch.set_num_threads(1)
     driver = build_driver(RECIPE, ["--run-dir", str(run_dir), *args])
@@ -83,7 +83,7 @@ def test_a_longer_max_steps_rebuilds_the_schedule(
 def test_lightning_schedules_are_rebuilt_for_a_changed_lr(tmp_path: Path) -> None:
     """A LightningModule's step and epoch schedules (``configure_optimizers``) continue
     from the restored step at the new rate, as in a run started at that rate."""
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     recipe = Path(__file__).parents[2] / "recipes" / "lightning_module.py"
 

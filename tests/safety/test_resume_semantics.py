@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from baton.callbacks.sinks.jsonl import read_jsonl
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 from .conftest import run_recipe, snapshot
 

@@ -1,7 +1,7 @@
 """Test recipe for scale-out: a tiny GPT under Fabric DDP on as many CPU ranks as the
 launcher (torchrun, SLURM) started, with checkpoints, preemption and a kill switch.
 
-uv run torchrun --nproc-per-node 2 -m baton.core.cli run tests/scale/recipe_ddp.py \\
+uv run torchrun --nproc-per-node 2 -m baton.core.cli.command run tests/scale/recipe_ddp.py \\
     --run-dir /tmp/r --max-steps 30
 
 ``--die-at-step N`` SIGKILLs rank ``--die-rank`` at step N of the job's first attempt

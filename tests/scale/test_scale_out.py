@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.processes import run_job
 from support.slurm import SlurmCluster, slurm_available
 from support.states import assert_bitwise_equal, load_state
@@ -36,7 +36,7 @@ def _env() -> dict[str, str]:
 def _torchrun(run_dir: Path, *args: str, restarts: int = 0) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "--max-restarts", str(restarts), "-m", "baton.core.cli", "run", str(RECIPE),
+        "--max-restarts", str(restarts), "-m", "baton.core.cli.command", "run", str(RECIPE),
         "--run-dir", str(run_dir), "--max-steps", str(STEPS), *args,
     ]  # fmt: skip
     return run_job(command, _env(), timeout=600)
@@ -71,9 +71,9 @@ def test_two_nodes_write_each_checkpoint_once_and_resume(reference, tmp_path) ->
     """Two torchrun agents (``--nnodes 2``, c10d rendezvous on 127.0.0.1), one Fabric DDP
     rank each: one checkpoint per save (rank 0 writes it), and a second two-node launch
     resumes it and ends bitwise equal to the one-node run."""
-    import baton.core.cli
+    import baton.core.cli.command
 
-    cli = Path(baton.core.cli.__file__)
+    cli = Path(baton.core.cli.command.__file__)
     args = ("run", str(RECIPE), "--run-dir", str(tmp_path))
     torchrun_nodes(cli, *args, "--max-steps", "10", nnodes=2, nproc=1)
     saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -97,7 +97,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 def _submit(cluster: SlurmCluster, run_dir: Path, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", "submit", str(RECIPE), "--run-dir",
+        [sys.executable, "-m", "baton.core.cli.command", "submit", str(RECIPE), "--run-dir",
          str(run_dir), "--max-steps", str(STEPS), "--procs-per-node", "2",
          # the one test node's cores and memory, not baton submit's per-worker defaults
          "--cpus-per-task", str(cluster.cpus), "--mem", "0", *args],

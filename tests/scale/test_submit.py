@@ -38,7 +38,9 @@ def test_jax_backends_run_one_task_per_process_without_torchrun() -> None:
     script = batch_script(_spec(backend="maxtext", gpus_per_node=0, procs_per_node=2))
     assert "#SBATCH --ntasks-per-node=2" in script
     assert "#SBATCH --cpus-per-task=8" in script and "#SBATCH --mem=64G" in script
-    assert "torch.distributed.run" not in script and "-m baton.core.cli run /r/x.py" in script
+    assert (
+        "torch.distributed.run" not in script and "-m baton.core.cli.command run /r/x.py" in script
+    )
 
 
 def test_the_script_runs_in_a_shell(tmp_path: Path) -> None:
@@ -137,7 +139,7 @@ def test_kubernetes_example_runs_a_recipe_baton_accepts() -> None:
     job = yaml.safe_load((root / "examples/kubernetes/pytorchjob.yaml").read_text())
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     command = container["command"]
-    assert command[:4] == ["torchrun", "-m", "baton.core.cli", "run"]
+    assert command[:4] == ["torchrun", "-m", "baton.core.cli.command", "run"]
     assert (root / command[4]).is_file() and command[-2:] == ["--resume", "auto"]
     assert job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"
 

@@ -3,7 +3,7 @@ launched CPU ranks) whose run directory is ``RUN_DIR/node<N>``, N the torchrun a
 node (``GROUP_RANK``), as each node of a cluster would have its own local disk
 (``--dir-per rank``: ``RUN_DIR/rank<R>``, a directory per rank).
 
-uv run torchrun --nnodes 2 --node-rank I ... -m baton.core.cli run \\
+uv run torchrun --nnodes 2 --node-rank I ... -m baton.core.cli.command run \\
     tests/storage/recipe_nodes.py --run-dir /tmp/r --checkpoint-upload s3://bucket/run
 """
 

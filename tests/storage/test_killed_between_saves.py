@@ -31,7 +31,7 @@ def killed_run(env: dict[str, str], recipe: str, *args: str, bucket: str = "") -
 
 
 def resumed_run(env: dict[str, str], recipe: str, *args: str) -> str:
-    command = [sys.executable, "-m", "baton.core.cli", "run", str(ROOT / "recipes" / recipe),
+    command = [sys.executable, "-m", "baton.core.cli.command", "run", str(ROOT / "recipes" / recipe),
                *args, "--max-steps", "12", "--resume", "auto", "--allow-changed", "max_steps"]  # fmt: skip
     done = subprocess.run(command, env=env, text=True, capture_output=True, timeout=400)
     out = done.stdout + done.stderr

@@ -24,7 +24,7 @@ RECIPE = Path(__file__).with_name("recipe_upload.py")
 
 
 def baton_run(env: dict[str, str], run_dir: Path, url: str, *flags: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "baton.core.cli", "run", str(RECIPE),
+    command = [sys.executable, "-m", "baton.core.cli.command", "run", str(RECIPE),
                "--run-dir", str(run_dir), "--url", url, *flags]  # fmt: skip
     return subprocess.Popen(
         command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -145,7 +145,7 @@ def test_bad_storage_is_a_usage_error_before_training(s3, tmp_path, problem):
 
 
 def test_the_checkpoint_upload_flag_adds_the_callback_to_any_recipe(s3, tmp_path):
-    from baton.core.cli import main
+    from baton.core.cli.command import main
 
     url = f"s3://{s3.new_bucket()}/flag"
     recipe = Path(__file__).parents[1] / "safety" / "recipe_scalar.py"

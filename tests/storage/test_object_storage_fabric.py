@@ -17,7 +17,7 @@ def fit(run_dir: Path, *args: str):  # -> Driver
     """``baton run tests/safety/recipe_gpt.py`` in this process; the driver after fit."""
     import torch
 
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     torch.set_num_threads(1)
     driver = build_driver(RECIPE, ["--run-dir", str(run_dir), *args])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks.object_store import ObjectStore
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 from support.processes import run_job
 from support.states import assert_bitwise_equal, load_state
 from support.torchrun import failure_report, torchrun_nodes
@@ -24,9 +24,9 @@ RECIPE = Path(__file__).with_name("recipe_nodes.py")
 
 
 def test_every_node_fetches_the_buckets_checkpoint_and_resumes_bitwise(s3, tmp_path):
-    import baton.core.cli
+    import baton.core.cli.command
 
-    cli, url = Path(baton.core.cli.__file__), f"s3://{s3.new_bucket()}/nodes"
+    cli, url = Path(baton.core.cli.command.__file__), f"s3://{s3.new_bucket()}/nodes"
     run = ("run", str(RECIPE), "--run-dir", str(tmp_path), "--checkpoint-upload", url)
     torchrun_nodes(cli, *run, "--max-steps", "10", nnodes=2, nproc=1)
     node0, node1 = tmp_path / "node0" / "checkpoints", tmp_path / "node1" / "checkpoints"
@@ -53,7 +53,7 @@ def test_ranks_whose_directories_hold_different_checkpoints_are_refused(tmp_path
     both ranks stop before loading, naming the fix, instead of mixing states."""
     import torch
 
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     torch.set_num_threads(1)
     args = ["--run-dir", str(tmp_path), "--dir-per", "rank", "--every-n-steps", "5"]
@@ -65,7 +65,7 @@ def test_ranks_whose_directories_hold_different_checkpoints_are_refused(tmp_path
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     done = run_job(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "baton.core.cli", "run", str(RECIPE), *args, "--max-steps", "10",
+         "2", "-m", "baton.core.cli.command", "run", str(RECIPE), *args, "--max-steps", "10",
          "--resume", "auto", "--allow-changed", "max_steps"],
         env, 300,
     )  # fmt: skip

@@ -24,7 +24,7 @@ ENV = {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
 def baton(*args: str, timeout: int = 600) -> str:
     """Run ``baton ARGS`` in a fresh interpreter; its stdout (stderr on failure)."""
     out = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", *args],
+        [sys.executable, "-m", "baton.core.cli.command", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--bucket", default="")
     parser.add_argument("recipe")
     args, recipe_argv = parser.parse_known_args(argv)
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     driver = build_driver(Path(args.recipe), recipe_argv)
     assert driver is not None

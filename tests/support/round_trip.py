@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from baton.core import Callback, Driver
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 VOCAB = 512

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from baton.callbacks.sinks.jsonl import read_jsonl
-from baton.core.model_spec import LlamaSpec, ModelSpec
+from baton.core.model.spec import LlamaSpec, ModelSpec
 from baton.data import PreparedDataset, load_tokenizer
 from baton.tools.compare import main, max_relative_difference
 
@@ -31,7 +31,7 @@ def test_compare_backends_trains_all_four_on_the_same_tokens(tmp_path: Path) -> 
     run_dir = tmp_path / "runs" / "compare_backends"  # the default --run-dir
     env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
     command = [
-        sys.executable, "-m", "baton.core.cli", "compare", f"--steps={STEPS}", "--layers=2",
+        sys.executable, "-m", "baton.core.cli.command", "compare", f"--steps={STEPS}", "--layers=2",
         "--hidden=64", "--heads=4", "--seq-len=32", "--batch=2", "--lr=1e-3",
         "--warmup-steps=2", "--min-lr=1e-4",
     ]  # fmt: skip
@@ -125,7 +125,7 @@ def test_compare_trains_one_qwen3_moe_config_on_all_four(tmp_path: Path) -> None
     run_dir = tmp_path / "compare"
     env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
     command = [
-        sys.executable, "-m", "baton.core.cli", "compare", "--steps=2", "--seq-len=32",
+        sys.executable, "-m", "baton.core.cli.command", "compare", "--steps=2", "--seq-len=32",
         "--batch=2", "--vocab-size=512", f"--model-config={config}", f"--run-dir={run_dir}",
         f"--recipes={ROOT / 'recipes'}",
     ]  # fmt: skip
@@ -182,7 +182,7 @@ def test_compare_sft_first_step_losses_agree_on_fabric_and_megatron(tmp_path: Pa
     run_dir = tmp_path / "compare"
     env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
     command = [
-        sys.executable, "-m", "baton.core.cli", "compare", "--objective=sft", "--steps=2",
+        sys.executable, "-m", "baton.core.cli.command", "compare", "--objective=sft", "--steps=2",
         "--seq-len=96", f"--batch={rows}", f"--data-path={prefix}", f"--tokenizer={tokenizer}",
         f"--init-from={model}", f"--run-dir={run_dir}", f"--recipes={ROOT / 'recipes'}",
         "--backends", "fabric", "megatron",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from baton.core.array_files import array_file, layout_metadata
-from baton.core.cli import main as baton
+from baton.core.checkpoints.array_files import array_file, layout_metadata
+from baton.core.cli.command import main as baton
+from baton.core.cli.recipe import build_driver
 from baton.core.model_state import Piece
-from baton.core.recipe import build_driver
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "hf_finetune.py"
 

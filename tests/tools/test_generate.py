@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.cli import main as baton
-from baton.core.recipe import build_driver
+from baton.core.cli.command import main as baton
+from baton.core.cli.recipe import build_driver
 from baton.data import TokenizerInfo
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "hf_finetune.py"

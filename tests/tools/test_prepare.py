@@ -30,7 +30,7 @@ def prepared(tmp_path_factory, tokenizer, corpus) -> dict[str, Path]:
     for name in ("first", "second"):
         prepare([corpus["jsonl"]], tokenizer, out[name], text_key="content", workers=1)
     command = [
-        sys.executable, "-m", "baton.core.cli", "data", "prepare", str(corpus["jsonl"]),
+        sys.executable, "-m", "baton.core.cli.command", "data", "prepare", str(corpus["jsonl"]),
         "--tokenizer", str(tokenizer.path), "--output", str(out["cli"]),
         "--text-key", "content", "--workers", "2",
     ]  # fmt: skip

@@ -11,7 +11,7 @@ import torch
 
 from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.core import Callback, CheckpointError, Driver
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.docs_examples import docs_example
 from support.recording import Losses
 
@@ -46,7 +46,7 @@ def test_quickstart_trains_and_loss_falls(tmp_path):
         [
             sys.executable,
             "-m",
-            "baton.core.cli",
+            "baton.core.cli.command",
             "run",
             str(ROOT / "recipes" / "quickstart.py"),
             "--max-steps",

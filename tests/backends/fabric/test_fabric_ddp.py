@@ -34,7 +34,7 @@ def test_fabric_starts_its_own_processes_without_torchrun(tmp_path: Path) -> Non
     recipe = Path(__file__).with_name("recipe_fabric_devices.py")
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli", "run", str(recipe), "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "baton.core.cli.command", "run", str(recipe), "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from support.tiny_llama import save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "hf_finetune.py"

@@ -8,7 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.model_state_probe import FROZEN, ModelStateProbe, check_probe, transformers_grad_norms
 from support.torchrun import torchrun
 

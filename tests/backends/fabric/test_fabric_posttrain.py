@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from baton.core import Callback
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from baton.data import DataError
 from baton.data.packed import PackedDataset
 from support.posttrain import (
@@ -155,7 +155,7 @@ def test_wrong_data_for_the_objective_is_refused(files, tmp_path):
 
 
 def test_the_cli_refuses_sft_data_for_dpo_in_one_line(files, tmp_path, capsys):
-    from baton.core.cli import main as baton
+    from baton.core.cli.command import main as baton
 
     argv = ["run", str(RECIPE), "--objective", "dpo", "--data-path", str(files["sft"])]
     argv += ["--init-from", str(files["policy"]), "--tokenizer", str(files["tok"])]
@@ -222,7 +222,7 @@ def test_sft_killed_between_saves_resumes_bitwise(files, tmp_path):
              str(files["policy"]), "--tokenizer", str(files["tok"]), "--batch-size", "2",
              "--log-every", "1", "--eval-every", "0", "--save-every", "3", "--no-progress"]  # fmt: skip
     straight = tmp_path / "straight"
-    run_args = [sys.executable, "-m", "baton.core.cli", "run", str(RECIPE), *flags]
+    run_args = [sys.executable, "-m", "baton.core.cli.command", "run", str(RECIPE), *flags]
     done = subprocess.run(
         [*run_args, "--max-steps", "6", "--run-dir", str(straight)],
         capture_output=True, text=True, timeout=400,
@@ -269,7 +269,7 @@ def test_resuming_dpo_with_a_changed_reference_is_refused(files, tmp_path):
 def test_prepared_chat_jsonl_trains_sft_then_dpo(files, tmp_path):
     """The documented path: `baton data prepare` of a chat .jsonl and of pairs, SFT on
     the conversations, then DPO on the pairs from the SFT export."""
-    from baton.core.cli import main as baton
+    from baton.core.cli.command import main as baton
     from support.posttrain import conversations, preference_pairs
 
     chats, pairs = tmp_path / "chat.jsonl", tmp_path / "pairs.jsonl"

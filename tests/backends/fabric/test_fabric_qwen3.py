@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("transformers")
 
 from baton.core import Callback
-from baton.core.cli import main as baton
-from baton.core.recipe import build_driver
+from baton.core.cli.command import main as baton
+from baton.core.cli.recipe import build_driver
 from support.tiny_qwen3 import save_tiny_qwen3
 
 RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "hf_finetune.py"

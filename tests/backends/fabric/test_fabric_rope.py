@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.recording import Losses
 from support.tiny_llama import SHORT_CONTEXT_ROPE, load_llama, save_tiny_llama
 

@@ -12,8 +12,8 @@ import torch
 from baton.backends.fabric.models.gpt import GPTConfig, GPTTraining
 from baton.backends.fabric.weights import WeightsError
 from baton.core import Callback, Driver
-from baton.core.cli import main as baton
-from baton.core.recipe import build_driver
+from baton.core.cli.command import main as baton
+from baton.core.cli.recipe import build_driver
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "hf_finetune.py"

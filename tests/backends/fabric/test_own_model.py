@@ -11,7 +11,7 @@ from torch import nn
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.step import BatchError
 from baton.core import Callback, Driver
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.docs_examples import docs_example
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -10,7 +10,7 @@ import pytest
 
 from baton.backends.fabric.text import Blended, TokenWindows
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from baton.data import DataError, train_tokenizer
 from baton.data.corpus import reference_documents
 from support.recording import Losses

@@ -18,7 +18,7 @@ from typing import Any
 
 def main(out: str, recipe: str, *argv: str) -> None:
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     class Record(Callback):
         def __init__(self) -> None:

@@ -196,7 +196,7 @@ def test_bad_input_gives_clear_errors(tmp_path):
 
 
 def test_readme_bring_your_own_jax_model_example_runs(tmp_path, monkeypatch, capsys):
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
     from support.docs_examples import docs_example
 
     code = docs_example("jax-bring-your-own")

@@ -31,7 +31,7 @@ def main(out: str, work_dir: str, hf_dir: str) -> None:
     from mesh_run import restored, train_loop_losses
 
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     work = Path(work_dir)
     logged: dict[int, dict[str, float]] = {}

@@ -32,7 +32,7 @@ STEPS, SAVE_AT = 6, 3
 
 def baton_run(work: Path) -> tuple[Any, dict[int, float], list[Path]]:
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     losses: dict[int, float] = {}
 
@@ -127,8 +127,8 @@ def main(out: str, work_dir: str) -> None:
     from maxtext_support import outside_driver
 
     from baton.backends.maxtext.backend import MaxTextBackend
-    from baton.core.checkpointing import CheckpointMismatch
-    from baton.core.compatibility import record_plan
+    from baton.core.checkpoints.compatibility import record_plan
+    from baton.core.checkpoints.files import CheckpointMismatch
 
     work = Path(work_dir)
     driver, losses, checkpoints = baton_run(work)

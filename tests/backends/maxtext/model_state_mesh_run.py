@@ -25,7 +25,7 @@ def main(out: Path, hf_dir: Path, work: Path) -> None:
     import jax.numpy as jnp
 
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     report: dict[str, Any] = {}
 

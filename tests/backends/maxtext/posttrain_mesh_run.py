@@ -20,7 +20,7 @@ RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "maxtext_tiny.py"
 
 def first_step(run_dir: Path, rows: int, seq: int, *flags: str) -> dict[str, float]:
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     logged: dict[int, dict[str, float]] = {}
 

@@ -43,7 +43,7 @@ def hide_torch() -> None:
 def main(out: str, recipe: str, *argv: str) -> None:
     hide_torch()
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     class RecordLosses(Callback):
         def __init__(self) -> None:

@@ -54,7 +54,7 @@ def llama_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     command = [
         sys.executable,
         "-m",
-        "baton.core.cli",
+        "baton.core.cli.command",
         "run",
         str(LLAMA_RECIPE),
         "--dry-run",
@@ -82,7 +82,7 @@ def baton_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import jax
 
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     run_dir = tmp_path_factory.mktemp("baton_run")
     before = {

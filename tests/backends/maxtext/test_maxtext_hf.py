@@ -13,7 +13,7 @@ pytest.importorskip("maxtext")
 
 import torch
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.recording import Losses
 from support.tiny_llama import hf_loss, load_llama, save_tiny_llama
 

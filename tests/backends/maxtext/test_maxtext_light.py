@@ -49,7 +49,7 @@ def test_import_registers_backend_and_patches_without_jax() -> None:
 def test_cli_lists_maxtext_patches(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from baton.core.cli import main
+    from baton.core.cli.command import main
 
     monkeypatch.setenv("COLUMNS", "250")  # the table's names stay whole
     assert main(["patches", "--backend", "maxtext"]) == 0
@@ -219,7 +219,7 @@ def test_hf_files_select_maxtexts_hugging_face_pipeline(bpe: Path, tmp_path: Pat
 
 
 def test_llama_recipe_refuses_to_start_without_data() -> None:
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "maxtext_llama2_7b.py"
     with pytest.raises(ValueError, match="--data-path.*--tokenizer"):
@@ -228,7 +228,7 @@ def test_llama_recipe_refuses_to_start_without_data() -> None:
 
 def test_set_overrides_maxtext_settings_by_name() -> None:
     from baton.backends.maxtext import MaxTextConfig
-    from baton.core.overrides import OverrideError, apply_overrides
+    from baton.core.cli.overrides import OverrideError, apply_overrides
 
     config = MaxTextConfig()
     apply_overrides(config, ["base_emb_dim=128", "per_device_batch_size=4", "data_seed=7"])
@@ -239,7 +239,7 @@ def test_set_overrides_maxtext_settings_by_name() -> None:
 
 
 def test_a_mistyped_override_is_one_line_naming_the_closest_setting(capsys) -> None:
-    from baton.core.cli import main
+    from baton.core.cli.command import main
 
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "maxtext_tiny.py"
     assert main(["run", str(recipe), "--overrides", "learning_rat=1e-3"]) == 2

@@ -17,7 +17,7 @@ pytest.importorskip("maxtext")
 
 from baton.callbacks import EMA, Freeze, GradientNormMonitor, WeightMonitor
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.tiny_llama import load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"

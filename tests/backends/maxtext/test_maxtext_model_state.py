@@ -20,7 +20,7 @@ pytest.importorskip("maxtext")
 import torch
 from backends.maxtext.maxtext_support import outside_driver
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.tiny_llama import load_llama, save_tiny_llama
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"

@@ -69,7 +69,7 @@ def native_run(
     prepared: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     run_dir = tmp_path_factory.mktemp("native_run")
     losses: dict[int, float] = {}
@@ -205,7 +205,7 @@ def test_hf_json_pipeline_trains_and_resumes_at_its_position(
     the same tokenizer; MaxText saves no state for it, so baton replays the stream's
     position on resume: the resumed steps repeat the uninterrupted run's losses."""
     from baton.core import Callback
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
     from baton.data.corpus import reference_documents
 
     data = tmp_path / "train.jsonl"
@@ -254,8 +254,8 @@ def test_evaluation_on_maxtexts_pipeline_or_refused(
     pipeline evaluates (a fixed set of its eval batches); without it the run is refused
     before anything is built, naming the flag."""
     from baton.core import Callback
+    from baton.core.cli.recipe import build_driver
     from baton.core.errors import UsageError
-    from baton.core.recipe import build_driver
 
     evals: dict[int, float] = {}
 

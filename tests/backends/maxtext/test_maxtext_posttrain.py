@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("maxtext")
 
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from baton.data import DataError
 from support.posttrain import (
     DPO_METRICS,

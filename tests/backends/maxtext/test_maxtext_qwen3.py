@@ -24,9 +24,9 @@ import torch
 from backends.maxtext.maxtext_support import in_background
 
 from baton.core import Callback
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec
-from baton.core.recipe import build_driver
+from baton.core.model.spec import ModelSpec
 from support.maxtext_forward import maxtext_aux_loss
 from support.tiny_qwen3 import save_tiny_qwen3
 
@@ -52,7 +52,7 @@ def qwen3_30b_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     run_dir = tmp_path_factory.mktemp("qwen3_30b_dry_run")
     Qwen3MoeConfig(**QWEN3_30B_A3B).save_pretrained(run_dir / "qwen3-30b-a3b")
     command = [
-        sys.executable, "-m", "baton.core.cli", "run", str(REAL_SIZE_RECIPE), "--dry-run",
+        sys.executable, "-m", "baton.core.cli.command", "run", str(REAL_SIZE_RECIPE), "--dry-run",
         "--world-size=16", "--ep=8", "--dp-shard=2", "--batch-size=2",
         f"--model-config={run_dir / 'qwen3-30b-a3b'}", f"--run-dir={run_dir / 'run'}",
     ]  # fmt: skip

@@ -27,7 +27,7 @@ def test_mapping_reorders_rotary_halves_to_pairs_and_back_bit_for_bit(tmp_path):
     from safetensors.numpy import load_file
 
     from baton.backends.maxtext.hf import hf_to_maxtext, maxtext_to_hf
-    from baton.core.model_spec import LlamaSpec
+    from baton.core.model.spec import LlamaSpec
 
     hf_dir = save_tiny_llama(tmp_path / "hf", rope_scaling=LLAMA31_ROPE, **SHAPE)
     spec = LlamaSpec.from_hf(hf_dir)
@@ -51,7 +51,7 @@ def test_mapping_reorders_rotary_halves_to_pairs_and_back_bit_for_bit(tmp_path):
 )
 def test_scaling_values_maxtext_fixes_are_refused_by_name(change, named):
     from baton.backends.maxtext.hf import maxtext_settings
-    from baton.core.model_spec import LlamaSpec, RopeScaling
+    from baton.core.model.spec import LlamaSpec, RopeScaling
 
     scaling = {k: v for k, v in LLAMA31_ROPE.items() if k != "rope_type"} | change
     spec = LlamaSpec(512, 64, 2, 4, 2, 176, 16, rope_scaling=RopeScaling(**scaling))
@@ -67,8 +67,8 @@ def test_init_from_llama31_scaling_first_loss_equals_transformers_and_export(tmp
     import torch
 
     from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus
-    from baton.core.model_spec import LlamaSpec
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
+    from baton.core.model.spec import LlamaSpec
     from baton.tools.export import main as export_main
 
     def batch(index: int) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 if __name__ == "__main__":
     build_driver(sys.argv[1], sys.argv[2:]).fit()

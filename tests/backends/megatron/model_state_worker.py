@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from baton.core.callback import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 FROZEN = ["model.embed_tokens.weight", "model.layers.0.*"]
 SET_LR = 1.25e-3

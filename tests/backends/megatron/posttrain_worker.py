@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 
 class Logged(Callback):

@@ -487,8 +487,8 @@ def test_two_node_torchrun_data_parallel(runs: Runs, tmp_path: Path) -> None:
 def test_8b_recipe_validates_layouts_and_needs_data(capsys: pytest.CaptureFixture[str]) -> None:
     """``baton run --dry-run`` prints the backend's layout plan for ``--world-size`` ranks
     and refuses a layout that does not fit; a real run without data is refused by name."""
+    from baton.core.cli.recipe import build_driver
     from baton.core.errors import DataRequired, UsageError
-    from baton.core.recipe import build_driver
 
     recipe = Path(__file__).parents[3] / "recipes" / "megatron_llama3_8b.py"
     plan = ["--dry-run", "--world-size", "16", "--pp", "4"]
@@ -510,7 +510,7 @@ def test_package_import_is_cheap_and_patches_are_listed() -> None:
     code = (
         "import sys, baton.backends.megatron\n"
         "assert 'torch' not in sys.modules and 'megatron' not in sys.modules\n"
-        "from baton.core.cli import main\n"
+        "from baton.core.cli.command import main\n"
         "main(['patches', '--backend', 'megatron'])\n"
     )
     proc = subprocess.run(

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 import torch
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.megatron_model import first_micro_batches, megatron_aux_loss, megatron_outputs
 from support.tiny_qwen3 import save_tiny_qwen3
 from support.torchrun import torchrun

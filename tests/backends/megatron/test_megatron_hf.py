@@ -12,7 +12,7 @@ pytest.importorskip("megatron.core")
 
 import torch
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.megatron_model import megatron_outputs
 from support.tiny_llama import load_llama, save_tiny_llama
 
@@ -39,7 +39,7 @@ def test_init_from_hf_logits_equal_transformers(tmp_path, tie):
 def test_mapping_round_trips_bit_for_bit(tmp_path):
     from baton.backends.hf_io import read_safetensors
     from baton.backends.megatron.hf import hf_to_megatron, megatron_to_hf
-    from baton.core.model_spec import LlamaSpec
+    from baton.core.model.spec import LlamaSpec
 
     hf_dir = save_tiny_llama(tmp_path / "hf", vocab_size=VOCAB)
     spec = LlamaSpec.from_hf(hf_dir)

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("megatron.core")
 
 from baton.core import Callback
-from baton.core.cli import main as baton
-from baton.core.recipe import build_driver
+from baton.core.cli.command import main as baton
+from baton.core.cli.recipe import build_driver
 from support.posttrain import (
     DPO_METRICS,
     chat_tokenizer,

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 import torch
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.megatron_model import megatron_outputs
 from support.tiny_qwen3 import save_tiny_qwen3
 

@@ -19,9 +19,9 @@ import torch
 
 from baton.backends.hf_io import read_safetensors
 from baton.core import Callback
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec
-from baton.core.recipe import build_driver
+from baton.core.model.spec import ModelSpec
 from support.megatron_model import first_micro_batches, megatron_aux_loss, megatron_outputs
 from support.tiny_qwen3 import save_tiny_qwen3
 

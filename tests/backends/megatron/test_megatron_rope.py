@@ -13,8 +13,8 @@ pytest.importorskip("megatron.core")
 
 import torch
 
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from support.megatron_model import megatron_outputs
 from support.tiny_llama import LLAMA31_ROPE, SHORT_CONTEXT_ROPE, load_llama, save_tiny_llama
 

@@ -31,7 +31,7 @@ from baton.backends.torchtitan import TorchTitanBackend  # noqa: E402
 from baton.backends.torchtitan.configs import set_layout  # noqa: E402
 from baton.backends.torchtitan.hf import init_from_hf, use_spec  # noqa: E402
 from baton.core import Callback, Driver  # noqa: E402
-from baton.core.model_spec import ModelSpec  # noqa: E402
+from baton.core.model.spec import ModelSpec  # noqa: E402
 
 STEPS, SAVE_AT = 4, 2
 

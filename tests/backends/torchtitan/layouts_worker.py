@@ -28,7 +28,7 @@ import titan_worker as worker  # noqa: E402
 from baton.backends.torchtitan import TorchTitanBackend  # noqa: E402
 from baton.backends.torchtitan.configs import set_layout  # noqa: E402
 from baton.core import Callback, Driver  # noqa: E402
-from baton.core.checkpointing import CheckpointError  # noqa: E402
+from baton.core.checkpoints.files import CheckpointError  # noqa: E402
 from baton.core.launch import Launch  # noqa: E402
 
 STEPS = 4

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from baton.core.recipe import build_driver  # noqa: E402
+from baton.core.cli.recipe import build_driver  # noqa: E402
 from support.model_state_probe import FROZEN, ModelStateProbe  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "torchtitan_llama3_debug.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 

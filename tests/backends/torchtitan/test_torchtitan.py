@@ -188,7 +188,7 @@ def test_two_trainings_in_one_process_do_not_interfere(first_run, data, tmp_path
 
 
 def test_patches_listed_by_cli(capsys, monkeypatch):
-    from baton.core.cli import main
+    from baton.core.cli.command import main
 
     monkeypatch.setenv("COLUMNS", "300")  # rich would shorten the names to fit
 
@@ -245,8 +245,8 @@ def test_8b_dry_run_plan_validates_without_gpus():
 def test_8b_recipe_dry_run_validates_layouts_and_needs_data(capsys):
     """The recipe's --dry-run checks each layout against --world-size (8 by default);
     a real run needs data."""
+    from baton.core.cli.recipe import build_driver
     from baton.core.errors import DataRequired, UsageError
-    from baton.core.recipe import build_driver
 
     recipe = str(HERE.parents[2] / "recipes" / "torchtitan_llama3_8b.py")
     layouts = ((["--tp", "2", "--pp", "2"], 2), (["--tp", "2", "--world-size", "16"], 8))

@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torchtitan")
 
 from baton.core import Callback
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from support.posttrain import (
     DPO_METRICS,
     chat_tokenizer,

@@ -17,7 +17,7 @@ import torch
 
 from baton.callbacks.freeze import Freeze
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.recording import Losses
 from support.tiny_llama import save_tiny_llama
 

@@ -19,8 +19,8 @@ pytest.importorskip("torchtitan")
 
 import torch
 
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from support.recording import Losses
 from support.tiny_llama import hf_loss, load_llama, save_tiny_llama
 from support.titan_batches import first_byte_batch
@@ -66,7 +66,7 @@ def test_init_from_hf_first_loss_equals_transformers(hf_run):
 
 def test_export_loads_in_transformers_with_equal_logits(hf_run, tmp_path):
     from baton.backends.torchtitan.export import dcp_folder, read_model_weights
-    from baton.core.model_spec import LlamaSpec
+    from baton.core.model.spec import LlamaSpec
     from baton.tools.export import main as export_main
 
     checkpoint = hf_run["run_dir"] / "checkpoints" / "step_000002"

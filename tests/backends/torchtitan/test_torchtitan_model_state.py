@@ -15,7 +15,7 @@ pytest.importorskip("torchtitan")
 import torch
 
 from baton.core import Callback
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.model_state_probe import (
     FROZEN,
     ModelStateProbe,

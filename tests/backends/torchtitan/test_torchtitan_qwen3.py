@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 
 import torch
 
-from baton.core.model_spec import ModelSpec
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
+from baton.core.model.spec import ModelSpec
 from support.recording import Losses
 from support.tiny_llama import hf_loss
 from support.tiny_qwen3 import save_tiny_qwen3

@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 import torch
 
 from baton.core.callback import Callback
-from baton.core.model_spec import ModelSpec
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
+from baton.core.model.spec import ModelSpec
 from support.tiny_qwen3 import save_tiny_qwen3
 from support.titan_batches import first_byte_batch
 from support.titan_model import sdpa_model

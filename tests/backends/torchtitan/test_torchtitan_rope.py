@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torchtitan")
 
 
-from baton.core.recipe import build_driver
+from baton.core.cli.recipe import build_driver
 from support.recording import Losses
 from support.tiny_llama import SHORT_CONTEXT_ROPE, hf_loss, load_llama, save_tiny_llama
 from support.titan_batches import first_byte_batch
@@ -22,7 +22,7 @@ SEQ, BATCH, VOCAB = 64, 2, 512
 
 
 def test_init_from_scaled_rope_first_loss_equals_transformers_and_exports_it(tmp_path):
-    from baton.core.model_spec import LlamaSpec
+    from baton.core.model.spec import LlamaSpec
     from baton.tools.export import main as export_main
 
     hf_dir = save_tiny_llama(

@@ -23,8 +23,8 @@ import pytest
 pytest.importorskip("torchtitan")
 
 from baton.core import Callback
+from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from baton.core.recipe import build_driver
 from support.posttrain import chat_tokenizer, sft_prefix, sft_reference, tiny_model
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"

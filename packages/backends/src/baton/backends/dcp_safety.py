@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from baton.core.checkpointing import CheckpointError
+from baton.core.checkpoints.files import CheckpointError
 from baton.core.patches import Patch, PatchRecorder, version_matches
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from baton.core.checkpointing import META_FILE
+from baton.core.checkpoints.files import META_FILE
 
 #: the weights file a model directory written here holds
 WEIGHTS_FILE = "model.safetensors"

@@ -1,6 +1,6 @@
 """Named JAX arrays beside a checkpoint (``ModelState.save_arrays``/``load_arrays``) for
 every JAX backend: global arrays, so process 0 writes each whole into one file
-(``arrays-rank0.safetensors``, with the layout record ``baton.core.array_files``
+(``arrays-rank0.safetensors``, with the layout record ``baton.core.checkpoints.array_files``
 describes) and every process reads it back, placing each array like its parameter.
 
 Example::
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from baton.core.array_files import array_file, layout_metadata, read_layout
+from baton.core.checkpoints.array_files import array_file, layout_metadata, read_layout
 from baton.core.model_state import Piece
 
 

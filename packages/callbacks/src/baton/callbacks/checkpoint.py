@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from baton.callbacks.metric_keys import Monitored, evaluation_may_name
-from baton.core import checkpointing as ckpt
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
+from baton.core.checkpoints import files as ckpt
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:

@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import baton.core.checkpointing as ckpt
+import baton.core.checkpoints.files as ckpt
 from baton.callbacks.object_store import ObjectStore
 from baton.core.callback import CHECKPOINT_PRIORITY, Callback
 from baton.core.errors import UsageError
@@ -120,7 +120,7 @@ class CheckpointUpload(Callback):
         """The ``ObjectStore`` for ``url`` (a subclass may return a slower one in tests)."""
         return ObjectStore.open(self.url, self.storage_options)
 
-    # -- before the resume plan (``baton.core.remote``) --------------------------------
+    # -- before the resume plan (``baton.core.checkpoints.remote``) --------------------------------
     def prepare_remote(self, options: RunOptions, *, rank_zero: bool) -> None:
         """Check the store; with ``resume="auto"`` fetch its newest complete checkpoint:
         one process fetches it where its directory has nothing as new; with several

@@ -33,7 +33,7 @@ from typing import Any, cast
 
 import xxhash
 
-import baton.core.checkpointing as ckpt
+import baton.core.checkpoints.files as ckpt
 from baton.core.errors import UsageError
 
 log = logging.getLogger("baton")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from baton.core import checkpointing as ckpt
+from baton.core.checkpoints import files as ckpt
 
 if TYPE_CHECKING:
     from baton.core.control import Control

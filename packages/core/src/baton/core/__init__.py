@@ -27,9 +27,9 @@ from baton.core.callback import (
     STOP_REQUEST_PRIORITY,
     Callback,
 )
-from baton.core.checkpoint_io import CheckpointIO, UsesCheckpointIO
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
-from baton.core.checkpointing import CheckpointError
+from baton.core.checkpoints.files import CheckpointError
+from baton.core.checkpoints.io import CheckpointIO, UsesCheckpointIO
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
 from baton.core.errors import BatonError, RunError, UsageError

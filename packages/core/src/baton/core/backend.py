@@ -61,7 +61,7 @@ A backend that fetches its own batches reports how long each step waited for the
 around the fetch); the ``Goodput`` callback counts it as ``data_waiting``.
 
 A backend keeps its checkpoint I/O in one part, a ``CheckpointIO``
-(``baton.core.checkpoint_io``), built in ``setup`` from the state it needs (never from
+(``baton.core.checkpoints.io``), built in ``setup`` from the state it needs (never from
 the backend itself), and hands ``save``, ``load``, ``checkpoint_facts``, ``plan_load``
 and ``legacy_facts`` over to it.
 """

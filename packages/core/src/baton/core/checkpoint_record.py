@@ -5,7 +5,7 @@ parallel layout it was written on, where its data stood (in one unit for every
 backend: global samples consumed) and which data it was (a fingerprint). A backend
 reports them in ``Backend.checkpoint_facts()``; ``CheckpointSaver`` records them in
 ``baton.json`` under ``"checkpoint"``, and before the backend loads anything the
-resume compares them with this run's (``baton.core.compatibility``)::
+resume compares them with this run's (``baton.core.checkpoints.compatibility``)::
 
     facts = backend.checkpoint_facts()
     # CheckpointFacts(layout={"tp": 2, "pp": 1}, samples=800, data="3f2a...")

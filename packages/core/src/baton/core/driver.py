@@ -38,8 +38,11 @@ from typing import Any, Unpack
 from baton.core.abilities import Ability
 from baton.core.backend import Backend, DataExhausted
 from baton.core.callback import Callback
-from baton.core.checkpoint_manager import CheckpointManager, RunCounters
-from baton.core.checkpointing import checkpoints_dir
+from baton.core.checkpoints.files import checkpoints_dir
+from baton.core.checkpoints.manager import CheckpointManager, RunCounters
+from baton.core.checkpoints.resuming import Resumer
+from baton.core.checkpoints.run_record import write_patch_report, write_run_record
+from baton.core.checkpoints.rundir import RunDirLock
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
 from baton.core.errors import UsageError
@@ -47,9 +50,6 @@ from baton.core.metrics import StepOutput
 from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
 from baton.core.reporting import LogValues, evaluate
-from baton.core.resuming import Resumer
-from baton.core.run_record import write_patch_report, write_run_record
-from baton.core.rundir import RunDirLock
 from baton.core.shutdown import end_run
 from baton.core.startup import check_needs, prepare, setup_backend
 

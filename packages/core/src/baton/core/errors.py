@@ -46,7 +46,7 @@ class RecipeError(UsageError):
 
 class DataRequired(RecipeError):
     """A recipe that trains on real data was given none; the message names the flags
-    (``baton.core.dry_run.require_data`` raises it)."""
+    (``baton.core.cli.dry_run.require_data`` raises it)."""
 
 
 class ExportError(UsageError):

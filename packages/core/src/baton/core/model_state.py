@@ -28,7 +28,7 @@ Arrays stay where they are and stay the framework's own (``torch.Tensor``,
             for name, total in state.fetch(state.sum_over_ranks(squares)).items():
                 metrics[f"rms/{name}"] = (total / sizes[name]) ** 0.5
 
-Names: for a model built from the shared model spec (``baton.core.model_spec``) every
+Names: for a model built from the shared model spec (``baton.core.model.spec``) every
 backend uses the Hugging Face names (``model.layers.0.self_attn.q_proj.weight``); for
 the user's own model, the framework's own names (``net.0.weight``). A tensor the
 framework keeps fused (Megatron-Core's QKV and gate/up projections, MaxText's layers

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from baton.core.backend import Backend
-from baton.core.saving import CheckpointSaver
+from baton.core.checkpoints.saving import CheckpointSaver
 
 log = logging.getLogger("baton")
 

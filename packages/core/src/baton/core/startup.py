@@ -24,14 +24,14 @@ from pathlib import Path
 from baton.core.abilities import Ability, check_abilities
 from baton.core.backend import Backend, RunLimits
 from baton.core.callback import Callback
-from baton.core.checkpointing import CheckpointError
+from baton.core.checkpoints.files import CheckpointError
+from baton.core.checkpoints.remote import RemoteCheckpoints, prepare_remotes, with_upload
+from baton.core.checkpoints.resuming import Resumer
+from baton.core.checkpoints.rundir import RunDirLock
 from baton.core.errors import UsageError
 from baton.core.launch import Launch, LaunchError, restart_count
 from baton.core.options import RunOptions
 from baton.core.patches import PatchDecision, select_patches
-from baton.core.remote import RemoteCheckpoints, prepare_remotes, with_upload
-from baton.core.resuming import Resumer
-from baton.core.rundir import RunDirLock
 
 log = logging.getLogger("baton")
 

@@ -81,7 +81,7 @@ from typing import Any
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import WarmupCosine
-from baton.core.model_spec import ModelSpec
+from baton.core.model.spec import ModelSpec
 from baton.tools.compare_model import (
     MOE_LOSSES,
     check_model,
@@ -108,7 +108,7 @@ CHAT_SUFFIXES = (".jsonl", ".parquet")
 
 def takes_objective(recipe: Path) -> bool:
     """Whether the recipe at ``recipe`` has an ``objective`` flag (post-training)."""
-    from baton.core.recipe_signature import read_signature
+    from baton.core.cli.recipe_signature import read_signature
 
     signature = read_signature(recipe)
     return signature is not None and any(p.name == "objective" for p in signature.params)
@@ -179,7 +179,7 @@ def backend_command(
     recipes: Path = RECIPES,
     objective: str = "pretrain",
 ) -> list[str]:
-    """``python -m baton.core.cli run <backend's recipe> --init-from ...`` with the shared
+    """``python -m baton.core.cli.command run <backend's recipe> --init-from ...`` with the shared
     settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
     ``--objective sft``: on packed rows of ``seq_len`` inputs)."""
     no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
@@ -222,7 +222,7 @@ def backend_command(
         ],
     }[backend]
     recipe = recipes / RECIPE_FILES[backend]
-    return [sys.executable, "-m", "baton.core.cli", "run", str(recipe), *common, *own]
+    return [sys.executable, "-m", "baton.core.cli.command", "run", str(recipe), *common, *own]
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import LlamaSpec, ModelSpec, is_hf_dir
+from baton.core.model.spec import LlamaSpec, ModelSpec, is_hf_dir
 
 #: what the loss each backend logs holds for a mixture-of-experts model, and so which
 #: differences between their curves to expect (see docs/one-model.md)

@@ -3,7 +3,7 @@ place of the trained ones.
 
 The checkpoint is exported as usual (config, tokenizer, the trained weights); then the
 averages the ``EMA`` callback saved in ``CKPT/ema/`` (one safetensors file per rank, each
-piece with its place in the whole tensor: ``baton.core.array_files``) are assembled into
+piece with its place in the whole tensor: ``baton.core.checkpoints.array_files``) are assembled into
 whole tensors and written over the weights of the same names::
 
     averages = assemble(checkpoint / "ema")        # {"model.layers.0.mlp.up_proj.weight": tensor}
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.callbacks.ema import EMA_DIR
-from baton.core.array_files import array_files, read_layout
+from baton.core.checkpoints.array_files import array_files, read_layout
 from baton.core.errors import ExportError
 
 __all__ = ["EMA_DIR", "assemble", "replace_weights"]

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from baton.core.checkpointing import CheckpointError, read_meta
+from baton.core.checkpoints.files import CheckpointError, read_meta
 from baton.core.errors import ExportError, UsageError
 from baton.core.quiet import quiet_imports
 from baton.tools.ema_export import EMA_DIR, assemble, replace_weights

@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton.core.checkpointing import LATEST, META_FILE, CheckpointError, checkpoints_dir, read_meta
+from baton.core.checkpoints.files import (
+    LATEST,
+    META_FILE,
+    CheckpointError,
+    checkpoints_dir,
+    read_meta,
+)
 from baton.core.errors import UsageError
 
 #: a run's objectives whose data are conversations: their prompts take the chat template

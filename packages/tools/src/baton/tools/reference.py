@@ -117,8 +117,8 @@ def patches_table() -> str:
 
 
 def vocabulary_table() -> str:
-    """The flags every recipe uses with one meaning (``baton.core.vocabulary``)."""
-    from baton.core.vocabulary import markdown_table
+    """The flags every recipe uses with one meaning (``baton.core.cli.vocabulary``)."""
+    from baton.core.cli.vocabulary import markdown_table
 
     return markdown_table()
 

@@ -130,7 +130,7 @@ def batch_script(spec: JobSpec) -> str:
     if spec.account:
         lines.append(f"#SBATCH --account={spec.account}")
     lines += [f"#SBATCH {arg}" for arg in spec.extra_sbatch]
-    baton = [spec.python, "-m", "baton.core.cli", "run", spec.recipe, *spec.recipe_args]
+    baton = [spec.python, "-m", "baton.core.cli.command", "run", spec.recipe, *spec.recipe_args]
     baton += ["--resume", "auto"]
     if spec.uses_torchrun:
         per_node = spec.workers_per_node

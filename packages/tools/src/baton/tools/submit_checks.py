@@ -27,7 +27,7 @@ WORLD_SIZE_PARAMETERS = ("gpus", "world_size", "devices")
 def gpu_flags(recipe: str, recipe_args: list[str], gpus_per_node: int) -> list[str]:
     """The recipe's flags for a GPU job: ``--accelerator cuda`` added where the recipe
     has that parameter and the flags do not name one; a CPU accelerator is refused."""
-    from baton.core.recipe_signature import read_signature
+    from baton.core.cli.recipe_signature import read_signature
 
     if not gpus_per_node:
         return recipe_args
@@ -55,9 +55,9 @@ def check_recipe(
     backend name, the run directory and whether the backend plans a layout (the
     ``dry_run`` ability), or raises with the recipe's own message."""
     from baton.core.backend import offers
+    from baton.core.cli.recipe import build_driver
     from baton.core.errors import UsageError
     from baton.core.quiet import quiet_imports
-    from baton.core.recipe import build_driver
 
     quiet_imports()  # as ``baton run``: the recipe imports its framework next
     try:
@@ -100,7 +100,7 @@ def check_layout(
     in a process of its own (a simulated device count must be set before JAX starts); a
     refusal is a ``SubmitError`` in the recipe's words. Other recipes check their layout
     at start."""
-    from baton.core.recipe_signature import read_signature
+    from baton.core.cli.recipe_signature import read_signature
 
     signature = read_signature(Path(recipe))
     names = {p.name for p in signature.params} if signature is not None else set()
@@ -111,7 +111,7 @@ def check_layout(
         flag = "--world-size"
     else:
         return
-    command = [spec.python, "-m", "baton.core.cli", "run", recipe, *recipe_args,
+    command = [spec.python, "-m", "baton.core.cli.command", "run", recipe, *recipe_args,
                "--dry-run", flag, str(spec.world_size)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode == 0:

@@ -68,9 +68,9 @@ from baton.backends.fabric.weights import load_weights
 from baton.backends.torch_model_state import TorchModelState
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_io import UsesCheckpointIO
+from baton.core.checkpoints.io import UsesCheckpointIO
+from baton.core.cli.overrides import set_fields
 from baton.core.metrics import StepOutput
-from baton.core.overrides import set_fields
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from baton.backends.fabric.weights import HF_CONFIG_DIR, STATE_FILE
 from baton.backends.hf_io import run_tokenizer, write_model
-from baton.core.checkpointing import BACKEND_DIR
+from baton.core.checkpoints.files import BACKEND_DIR
 from baton.core.errors import ExportError
 
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from baton.backends.hf_io import read_safetensors
-from baton.core.checkpointing import BACKEND_DIR
+from baton.core.checkpoints.files import BACKEND_DIR
 
 #: where a checkpoint of a Hugging Face model keeps its config (``baton export`` reads it)
 HF_CONFIG_DIR = "hf"

@@ -56,9 +56,9 @@ from baton.backends.jax.steps import LossFunctionError, loss_and_metrics, make_t
 from baton.backends.jax_distributed import JaxDistributed
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_io import UsesCheckpointIO
+from baton.core.checkpoints.io import UsesCheckpointIO
+from baton.core.cli.overrides import set_fields
 from baton.core.metrics import StepOutput
-from baton.core.overrides import set_fields
 
 
 class BatchRejected(ValueError):

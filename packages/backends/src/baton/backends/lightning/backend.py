@@ -53,9 +53,9 @@ from baton.backends.lightning.validation import overrides
 from baton.backends.torch_model_state import TorchModelState
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase, RunLimits
-from baton.core.checkpoint_io import UsesCheckpointIO
+from baton.core.checkpoints.io import UsesCheckpointIO
+from baton.core.cli.overrides import set_fields
 from baton.core.metrics import NamedMetrics, StepOutput
-from baton.core.overrides import set_fields
 
 #: hooks of LightningModule / LightningDataModule that baton calls during a run
 HONOURED = frozenset(

@@ -67,9 +67,9 @@ from baton.backends.maxtext.step_parts import StepParts, optimizer_step
 from baton.backends.maxtext.train_steps import TrainSteps
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_io import UsesCheckpointIO
+from baton.core.checkpoints.io import UsesCheckpointIO
+from baton.core.cli.overrides import set_fields
 from baton.core.metrics import StepOutput
-from baton.core.overrides import set_fields
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -89,7 +89,7 @@ def _check_layout(settings: Mapping[str, Any]) -> None:
     """Query heads by the tensor-parallel degree, experts by the expert-parallel degree,
     from MaxText's settings (the overrides before MaxText parses them, then its parsed
     config), before the model is built (``UsageError``)."""
-    from baton.core.parallel_layout import check_divides
+    from baton.core.model.parallel_layout import check_divides
 
     def number(key: str) -> int | None:
         value = settings.get(key)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.async_save import SaveHandle
-from baton.core.checkpointing import BACKEND_DIR
+from baton.core.checkpoints.files import BACKEND_DIR
 
 STATE_DIR = "checkpoint"
 #: the data position of a baton stream, as ``data.json`` beside the state

@@ -206,7 +206,7 @@ class MaxTextConfig:
         if key in self._own_fields():
             setattr(self, key, value)
             return
-        from baton.core.overrides import OverrideError
+        from baton.core.cli.overrides import OverrideError
 
         try:
             self.check_settings([key], given_as="--set")

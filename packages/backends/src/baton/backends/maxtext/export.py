@@ -22,7 +22,7 @@ from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.maxtext.checkpoint import params_path
 from baton.backends.maxtext.hf import maxtext_to_hf
 from baton.core.errors import ExportError
-from baton.core.model_spec import exported_spec
+from baton.core.model.spec import exported_spec
 
 
 def read_params(items: Path) -> dict[str, Any]:

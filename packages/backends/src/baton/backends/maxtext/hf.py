@@ -1,4 +1,4 @@
-"""A :class:`~baton.core.model_spec.ModelSpec` as MaxText config keys, and Hugging Face
+"""A :class:`~baton.core.model.spec.ModelSpec` as MaxText config keys, and Hugging Face
 Llama, Qwen3 and Qwen3-MoE weights into MaxText's parameter layout (and back).
 
 A Qwen3 is MaxText's ``qwen3`` / ``qwen3_moe`` decoder block
@@ -36,7 +36,7 @@ import numpy as np
 
 from baton.backends.hf_io import read_safetensors
 from baton.backends.maxtext.qwen3 import experts_to_hf, experts_to_maxtext, qwen3_settings
-from baton.core.model_spec import LlamaSpec
+from baton.core.model.spec import LlamaSpec
 
 #: the Llama 3.1 rotary scaling MaxText's ``llama3.1`` rope fixes (all of its values)
 FIXED_ROPE_SCALING = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec, first_difference, is_hf_dir
+from baton.core.model.spec import ModelSpec, first_difference, is_hf_dir
 from baton.data import DataError, check_model_vocab, check_tokenizer, load_tokenizer
 from baton.data.packed import check_objective, read_packed_manifest
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec
+from baton.core.model.spec import ModelSpec
 
 #: MaxText's expert path that runs on CPU: dense einsums over all the experts
 CPU_EXPERTS = {"sparse_matmul": False, "megablox": False}

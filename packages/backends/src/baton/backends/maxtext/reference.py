@@ -29,7 +29,7 @@ from baton.backends.maxtext.dpo_loss import model_logits
 from baton.backends.maxtext.packed_batches import maxtext_batch
 from baton.backends.reference_logps import model_fingerprint
 from baton.core.errors import UsageError
-from baton.core.model_spec import is_hf_dir
+from baton.core.model.spec import is_hf_dir
 from baton.data.packed import PackedDataset
 
 #: the MaxText settings that decide a model's log-probabilities
@@ -74,7 +74,7 @@ def reference_fingerprint(source: str | None, hparams: Any) -> str:
         return model_fingerprint(source)
     if source:
         from baton.backends.maxtext.checkpoint import params_path
-        from baton.core.checkpointing import manifest
+        from baton.core.checkpoints.files import manifest
 
         files = json.dumps(manifest(params_path(source)), sort_keys=True)
         return hashlib.sha256(files.encode()).hexdigest()
@@ -90,7 +90,7 @@ def check_same_model(source: str, hparams: Any) -> None:
     """``UsageError`` unless the Hugging Face model at ``source`` has the run's architecture
     and vocabulary."""
     from baton.backends.maxtext.hf import maxtext_settings
-    from baton.core.model_spec import LlamaSpec
+    from baton.core.model.spec import LlamaSpec
 
     wanted = maxtext_settings(LlamaSpec.from_hf(source))
     have = model_settings(hparams)
@@ -118,7 +118,7 @@ def reference_params(backend: Any, source: str | None) -> Any:
     if (Path(source) / "config.json").is_file():
         from baton.backends.hf_io import read_safetensors
         from baton.backends.maxtext.hf import hf_to_maxtext
-        from baton.core.model_spec import LlamaSpec
+        from baton.core.model.spec import LlamaSpec
 
         check_same_model(source, backend.hparams)
         weights = hf_to_maxtext(

@@ -52,9 +52,9 @@ from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_io import UsesCheckpointIO
+from baton.core.checkpoints.io import UsesCheckpointIO
+from baton.core.cli.overrides import set_fields
 from baton.core.metrics import StepOutput
-from baton.core.overrides import set_fields
 
 log = logging.getLogger("baton")
 

@@ -26,7 +26,7 @@ import torch
 
 from baton.backends.async_save import SaveHandle
 from baton.core.checkpoint_record import LOAD_ALL, LoadPlan
-from baton.core.checkpointing import native_dir
+from baton.core.checkpoints.files import native_dir
 
 log = logging.getLogger("baton")
 
@@ -292,7 +292,7 @@ def load_weights(chunks: list[Any], optimizer: Any, directory: Path) -> None:
     reshard, or a ``save_pretrained`` directory through baton's Llama mapping."""
     from megatron.core import dist_checkpointing
 
-    from baton.core.model_spec import is_hf_dir
+    from baton.core.model.spec import is_hf_dir
 
     if is_hf_dir(directory):
         from baton.backends.megatron.hf import load_hf

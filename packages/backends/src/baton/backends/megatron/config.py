@@ -10,7 +10,7 @@ Example::
 
     from megatron.core.transformer import TransformerConfig
 
-from baton.core.model_spec import LlamaSpec
+from baton.core.model.spec import LlamaSpec
     from baton.backends.megatron import MegatronConfig
 
     config = MegatronConfig(
@@ -30,7 +30,7 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
-from baton.core.model_spec import LlamaSpec
+from baton.core.model.spec import LlamaSpec
 
 
 def tiny_transformer_config(**overrides: Any) -> TransformerConfig:
@@ -153,7 +153,7 @@ class MegatronConfig:
     def check_layout(self) -> None:
         """Heads and query groups by TP, layers by PP (x VPP), experts by EP, checked
         before anything is built (``UsageError`` naming the quantity)."""
-        from baton.core.parallel_layout import check_parallel_layout
+        from baton.core.model.parallel_layout import check_parallel_layout
 
         model = self.model
         uneven = any(

@@ -27,9 +27,9 @@ import torch
 from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.megatron.hf import TE_NORMS, megatron_to_hf
 from baton.backends.megatron.moe import split_experts
-from baton.core.checkpointing import native_dir
+from baton.core.checkpoints.files import native_dir
 from baton.core.errors import ExportError
-from baton.core.model_spec import exported_spec
+from baton.core.model.spec import exported_spec
 
 #: keys of a baton Megatron checkpoint that are not model weights
 NON_MODEL = ("optimizer.", "rng_state", "common_state")

@@ -1,4 +1,4 @@
-"""A :class:`~baton.core.model_spec.LlamaSpec` as a Megatron-Core ``GPTModel``, and
+"""A :class:`~baton.core.model.spec.LlamaSpec` as a Megatron-Core ``GPTModel``, and
 Hugging Face Llama weights in and out of it.
 
 The architecture is built by Megatron-Core itself (``TransformerConfig`` with RMSNorm,
@@ -41,7 +41,7 @@ from baton.backends.megatron.moe import (
     is_sparse,
     moe_fields,
 )
-from baton.core.model_spec import LlamaSpec
+from baton.core.model.spec import LlamaSpec
 
 #: Hugging Face name -> Megatron name, per layer (``{}`` is the layer index)
 LAYER_NAMES = {

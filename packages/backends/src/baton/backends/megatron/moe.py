@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec
+from baton.core.model.spec import ModelSpec
 
 #: Megatron's name of an expert's tensor (global layer, global expert)
 EXPERT = "decoder.layers.{}.mlp.experts.local_experts.{}.{}"

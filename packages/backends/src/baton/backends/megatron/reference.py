@@ -46,7 +46,7 @@ def _weights_dir(path: Path) -> Path:
 def check_reference(config: MegatronConfig, tokenizer: TokenizerInfo) -> Path:
     """The reference model's directory, refused (``UsageError``, one line) when there is
     none, it is missing, or it is another architecture or tokenizer than the policy's."""
-    from baton.core.model_spec import (
+    from baton.core.model.spec import (
         ModelSpec,
         check_init_from,
         check_same_architecture,
@@ -84,8 +84,8 @@ def reference_fingerprint(path: Path) -> str:
     (``reference_logps.model_fingerprint``: its weight and config files), a checkpoint's
     from the xxh3-128 of every file of its weights (as checkpoint manifests record)."""
     from baton.backends.reference_logps import model_fingerprint
-    from baton.core.checkpointing import manifest
-    from baton.core.model_spec import is_hf_dir
+    from baton.core.checkpoints.files import manifest
+    from baton.core.model.spec import is_hf_dir
 
     if is_hf_dir(path):
         return model_fingerprint(path)

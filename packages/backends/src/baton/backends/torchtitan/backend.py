@@ -74,8 +74,8 @@ from baton.backends.torchtitan.reduction import (
 from baton.backends.weight_checksums import gather
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
-from baton.core.checkpoint_io import UsesCheckpointIO
 from baton.core.checkpoint_record import LOAD_ALL, LoadPlan
+from baton.core.checkpoints.io import UsesCheckpointIO
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
 from baton.core.metrics import StepOutput

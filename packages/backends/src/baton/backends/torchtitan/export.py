@@ -30,9 +30,9 @@ from typing import Any
 
 from baton.backends.hf_io import run_tokenizer, write_model
 from baton.backends.torchtitan.hf import FLAVOR_PREFIX, register
-from baton.core.checkpointing import BACKEND_DIR
+from baton.core.checkpoints.files import BACKEND_DIR
 from baton.core.errors import ExportError
-from baton.core.model_spec import LlamaSpec, RopeScaling, recorded_spec
+from baton.core.model.spec import LlamaSpec, RopeScaling, recorded_spec
 
 #: DCP keys of a TorchTitan checkpoint that are not model weights
 NON_MODEL_KEYS = ("optimizer", "lr_scheduler", "dataloader", "train_state")

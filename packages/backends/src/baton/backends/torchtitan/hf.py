@@ -1,4 +1,4 @@
-"""A :class:`~baton.core.model_spec.LlamaSpec` built by TorchTitan, and Hugging Face
+"""A :class:`~baton.core.model.spec.LlamaSpec` built by TorchTitan, and Hugging Face
 weights into it.
 
 The spec becomes a flavour of TorchTitan's own llama3 model registry
@@ -26,7 +26,7 @@ import json
 from functools import partial
 from typing import Any
 
-from baton.core.model_spec import LlamaSpec
+from baton.core.model.spec import LlamaSpec
 
 #: prefix of the flavours this module registers in TorchTitan's llama3 registry
 FLAVOR_PREFIX = "baton-"

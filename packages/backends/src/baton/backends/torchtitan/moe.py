@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP of a Qwen3-MoE :class:`~baton.core.model_spec.ModelSpec`
+"""The mixture-of-experts MLP of a Qwen3-MoE :class:`~baton.core.model.spec.ModelSpec`
 as TorchTitan's own ``MoE`` layer: its token-choice top-k router (softmax scores, the
 spec's ``norm_topk_prob`` as ``route_norm``), its grouped experts and its token
 dispatcher (all-to-all across the expert-parallel mesh, local without one; dropless).
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torchtitan.models.common.moe import GroupedExperts
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec
+from baton.core.model.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import (
+from baton.core.model.spec import (
     ModelSpec,
     check_same_architecture,
     is_hf_dir,

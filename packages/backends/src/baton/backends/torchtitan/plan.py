@@ -81,7 +81,7 @@ def check_model_layout(config: Any) -> None:
     """Attention and key/value heads by TP, experts by EP, before anything is built
     (``UsageError`` naming the quantity; TorchTitan splits layers over pipeline stages
     unevenly, so they are not checked)."""
-    from baton.core.parallel_layout import check_parallel_layout
+    from baton.core.model.parallel_layout import check_parallel_layout
 
     layers = getattr(config.model_spec.model, "layers", None) or []
     if not layers:

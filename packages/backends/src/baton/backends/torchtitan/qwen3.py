@@ -1,4 +1,4 @@
-"""A Qwen3 or Qwen3-MoE :class:`~baton.core.model_spec.ModelSpec` as TorchTitan's own
+"""A Qwen3 or Qwen3-MoE :class:`~baton.core.model.spec.ModelSpec` as TorchTitan's own
 ``qwen3`` model: ``Qwen3Model`` made of TorchTitan's public config pieces
 (``make_gqa_config`` with per-head RMSNorm on queries and keys, ``make_ffn_config`` or,
 on a Qwen3-MoE's sparse layers, TorchTitan's ``MoE`` (``torchtitan/moe.py``),
@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from baton.core.errors import UsageError
-from baton.core.model_spec import ModelSpec
+from baton.core.model.spec import ModelSpec
 
 
 def _init(std: float = 0.02) -> dict[str, Any]:

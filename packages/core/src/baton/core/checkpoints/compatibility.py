@@ -13,7 +13,7 @@ parallel layout). A layout that differs is the backend's to judge through
     backend.load(path / BACKEND_DIR, plan)
 
 What a resume may change beside these (``--allow-changed``) is the settings policy of
-``baton.core.resume_settings``.
+``baton.core.checkpoints.settings``.
 
 A backend that got a name of its own after its checkpoints were recorded under another
 (the ``lightning`` backend's, once recorded as ``fabric``) claims them by what their
@@ -36,9 +36,9 @@ from baton.core.checkpoint_record import (
     LoadPlan,
     show_layout,
 )
-from baton.core.checkpointing import BACKEND_DIR, CheckpointMismatch
-from baton.core.model_spec import check_same_architecture
-from baton.core.resume_settings import check_same_run, check_same_shape
+from baton.core.checkpoints.files import BACKEND_DIR, CheckpointMismatch
+from baton.core.checkpoints.settings import check_same_run, check_same_shape
+from baton.core.model.spec import check_same_architecture
 
 log = logging.getLogger("baton")
 

@@ -11,7 +11,7 @@ back. Bounds (``minimum``) are checked before the recipe runs.
 
 Example::
 
-    from baton.core.vocabulary import TERMS, markdown_table
+    from baton.core.cli.vocabulary import TERMS, markdown_table
 
     TERMS["batch_size"].meaning   # "samples per step on each data-parallel rank ..."
     print(markdown_table())       # the docs' table, generated from this module

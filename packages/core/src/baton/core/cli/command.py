@@ -49,7 +49,7 @@ def _asks_help(argv: Sequence[str]) -> bool:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
-    from baton.core.recipe import build_driver
+    from baton.core.cli.recipe import build_driver
 
     if not argv or argv[0].startswith("-"):
         print(
@@ -93,7 +93,7 @@ def checkpoint_run_dir(checkpoint: str | Path) -> Path:
     >>> checkpoint_run_dir("runs/a/checkpoints/step_000100").as_posix()
     'runs/a'
     """
-    from baton.core.checkpointing import run_dir_of
+    from baton.core.checkpoints.files import run_dir_of
 
     path = Path(checkpoint)
     return run_dir_of(path) or path.parent
@@ -116,7 +116,7 @@ def recorded_settings(checkpoint: str | Path) -> dict[str, Any]:
     loading it then says what is wrong)."""
     import json
 
-    from baton.core.checkpointing import META_FILE
+    from baton.core.checkpoints.files import META_FILE
 
     try:
         meta: Any = json.loads((Path(checkpoint) / META_FILE).read_text())
@@ -130,8 +130,8 @@ def recorded_settings(checkpoint: str | Path) -> dict[str, Any]:
 
 def cmd_eval(argv: Sequence[str]) -> int:
     """``baton eval RECIPE --checkpoint PATH [--param value ...]``: evaluation only."""
-    from baton.core.checkpointing import CheckpointError
-    from baton.core.recipe import build_driver
+    from baton.core.checkpoints.files import CheckpointError
+    from baton.core.cli.recipe import build_driver
 
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):
@@ -211,9 +211,9 @@ def cmd_callbacks(argv: Sequence[str]) -> int:
 
 
 def _callback_arguments(name: str) -> int:
-    from baton.core.callback_flags import callback_class, callback_signature, describe_parameter
     from baton.core.callback_paths import FILE_MODULE_PREFIX, normal_name
-    from baton.core.config_values import spelled_as_text
+    from baton.core.cli.callback_flags import callback_class, callback_signature, describe_parameter
+    from baton.core.cli.config_values import spelled_as_text
 
     cls = callback_class(normal_name(name, "baton callbacks"), "baton callbacks")
     # arguments only code can give (a rich Console) are no flags: left out

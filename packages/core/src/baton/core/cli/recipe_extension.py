@@ -6,7 +6,7 @@ line is the wrapped recipe's flags, with their help, plus the new function's own
 
     # recipes/llama3_embed_norm.py
     from baton.core import Driver
-    from baton.core.recipe_extension import extends
+    from baton.core.cli.recipe_extension import extends
     from my_callbacks import EmbedNorm
 
     @extends("torchtitan_llama3_debug.py")
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from baton.core.recipe_signature import (
+from baton.core.cli.recipe_signature import (
     Signature,
     base_recipe_path,
     extend_signature,
@@ -62,7 +62,7 @@ class ExtendedRecipe:
         return found if found is not None else signature_of(self._base_function())
 
     def _base_function(self) -> Callable[..., Any]:
-        from baton.core.recipe import load_recipe  # the recipe module imports this one
+        from baton.core.cli.recipe import load_recipe  # the recipe module imports this one
 
         return load_recipe(self.base)
 

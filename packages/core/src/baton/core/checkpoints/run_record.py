@@ -29,7 +29,7 @@ from typing import Any
 
 from baton.core.backend import Backend, installed_version
 from baton.core.callback import Callback
-from baton.core.checkpointing import write_json_atomic
+from baton.core.checkpoints.files import write_json_atomic
 from baton.core.json_values import json_value
 from baton.core.launch import Launch
 from baton.core.options import RunOptions

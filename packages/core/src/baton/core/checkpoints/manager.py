@@ -30,9 +30,9 @@ from typing import Any
 
 from baton.core.backend import Backend
 from baton.core.callback import Callback
+from baton.core.checkpoints.resuming import Resumer, restore_callback_states
+from baton.core.checkpoints.saving import CheckpointSaver, checkpoint_meta
 from baton.core.options import RunOptions
-from baton.core.resuming import Resumer, restore_callback_states
-from baton.core.saving import CheckpointSaver, checkpoint_meta
 
 log = logging.getLogger("baton")
 

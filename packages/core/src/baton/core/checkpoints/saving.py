@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import baton.core.checkpointing as ckpt
+import baton.core.checkpoints.files as ckpt
 from baton.core.backend import Backend, PendingSave
 from baton.core.callback import Callback
+from baton.core.checkpoints.run_record import versions
 from baton.core.options import RunOptions
-from baton.core.run_record import versions
 
 log = logging.getLogger("baton")
 

@@ -11,7 +11,7 @@ by name before building anything (:meth:`ModelSpec.require_family`).
 
 Example::
 
-    from baton.core.model_spec import ModelSpec, check_same_architecture
+    from baton.core.model.spec import ModelSpec, check_same_architecture
 
     spec = ModelSpec.from_hf("tiny-llama/")         # a directory or its config.json
     spec.family                                      # "llama", "qwen3" or "qwen3_moe"
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from baton.core.errors import ExportError, UsageError
-from baton.core.moe_spec import MoeSpec
-from baton.core.rope_scaling import ROPE_TYPES, RopeScaling
+from baton.core.model.moe import MoeSpec
+from baton.core.model.rope_scaling import ROPE_TYPES, RopeScaling
 
 __all__ = [
     "FAMILIES",

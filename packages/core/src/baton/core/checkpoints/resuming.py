@@ -34,18 +34,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import baton.core.checkpointing as ckpt
+import baton.core.checkpoints.files as ckpt
 from baton.core.backend import Backend
 from baton.core.callback import Callback
-from baton.core.compatibility import as_written_by, judge, judge_recipe
-from baton.core.errors import UsageError
-from baton.core.options import RunOptions
-from baton.core.resume_settings import (
+from baton.core.checkpoints.compatibility import as_written_by, judge, judge_recipe
+from baton.core.checkpoints.rundir import set_aside
+from baton.core.checkpoints.settings import (
     changed_callback_settings,
     changed_settings,
     check_changes,
 )
-from baton.core.rundir import set_aside
+from baton.core.errors import UsageError
+from baton.core.options import RunOptions
 
 log = logging.getLogger("baton")
 

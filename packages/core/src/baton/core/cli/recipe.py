@@ -4,7 +4,7 @@ The function's typed parameters are the experiment's settings; ``baton run`` tur
 them into a command line (``--max-steps 50 --lr 3e-4``) with tyro, so ``--help``
 lists them with defaults and a bad value is rejected with the parameter's name.
 
-Parameters whose meaning is in ``baton.core.vocabulary`` take its names (``batch_size``,
+Parameters whose meaning is in ``baton.core.cli.vocabulary`` take its names (``batch_size``,
 ``tp``, ``save_every``, ...), the same on every backend, and its bounds.
 Numbers are checked before the recipe runs: counts and sizes (``batch_size``,
 ``seq_len``, ``n_*``, ``d_model``) and learning rates must be positive, step limits
@@ -12,7 +12,7 @@ and cadences (``max_*``, ``*_steps``, ``*_every``) not negative;
 ``Annotated[int, AtLeast(2)]`` sets another bound for one parameter.
 
 Every recipe also takes the run's flags (``RecipeFlags``): ``--resume``, ``--config``,
-``--set``, and the callbacks' (``baton.core.callback_flags``): ``--callback
+``--set``, and the callbacks' (``baton.core.cli.callback_flags``): ``--callback
 NAME:key=value``, ``--no-callback NAME``, ``--console-keys``.
 
 Example ``recipes/tiny.py``::
@@ -53,19 +53,19 @@ import tyro
 import yaml
 
 from baton.core.callback import Callback
-from baton.core.callback_flags import CallbackChoice, CallbackFlags, build_callback
 from baton.core.callback_paths import class_label
-from baton.core.config_values import conform
-from baton.core.console_line import apply_console_keys
+from baton.core.checkpoints.resuming import planned_settings
+from baton.core.cli.callback_flags import CallbackChoice, CallbackFlags, build_callback
+from baton.core.cli.config_values import conform
+from baton.core.cli.console_line import apply_console_keys
+from baton.core.cli.dry_run import plan, planning
+from baton.core.cli.overrides import OverrideError, apply_overrides
+from baton.core.cli.recipe_signature import AtLeast, Signature, read_signature, signature_of
+from baton.core.cli.vocabulary import TERMS
 from baton.core.driver import Driver
-from baton.core.dry_run import plan, planning
 from baton.core.errors import RecipeError, UsageError, did_you_mean
 from baton.core.json_values import json_value
 from baton.core.logs import setup_logging
-from baton.core.overrides import OverrideError, apply_overrides
-from baton.core.recipe_signature import AtLeast, Signature, read_signature, signature_of
-from baton.core.resuming import planned_settings
-from baton.core.vocabulary import TERMS
 
 log = logging.getLogger("baton")
 
@@ -433,7 +433,7 @@ def build_driver(
 ) -> Driver | None:
     """Parse the flags (before the recipe imports anything heavy), call the recipe and
     return its ``Driver`` configured by the options; ``None`` when it printed and is done
-    (``--print-config``, or ``--dry-run``: the backend's plan, ``baton.core.dry_run``).
+    (``--print-config``, or ``--dry-run``: the backend's plan, ``baton.core.cli.dry_run``).
     ``recorded``: settings a checkpoint recorded, the defaults beneath the flags."""
     path = Path(path)
     if not path.is_file():

@@ -1,9 +1,9 @@
 """The mixture-of-experts MLPs of a ``qwen3_moe`` model, the ``moe`` of a
-:class:`ModelSpec` (:mod:`baton.core.model_spec`, which re-exports it).
+:class:`ModelSpec` (:mod:`baton.core.model.spec`, which re-exports it).
 
 Example::
 
-    from baton.core.moe_spec import MoeSpec
+    from baton.core.model.moe import MoeSpec
 
     experts = MoeSpec.from_hf_dict(config)   # a parsed qwen3_moe config.json
     experts.num_experts, experts.experts_per_token

@@ -5,7 +5,7 @@ the same directory fails at once with the holder's host and pid. The operating s
 drops the lock when the holder exits, also when it is killed, so a stale lock never
 needs cleaning up::
 
-    from baton.core.rundir import RunDirLock
+    from baton.core.checkpoints.rundir import RunDirLock
 
     with RunDirLock("runs/quickstart"):
         ...  # RunDirBusy: "runs/quickstart is in use by another baton run (host h, pid 4242 ..."
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from baton.core.checkpointing import CHECKPOINTS_DIR
+from baton.core.checkpoints.files import CHECKPOINTS_DIR
 from baton.core.errors import RunError
 
 LOCK_FILE = ".baton.lock"

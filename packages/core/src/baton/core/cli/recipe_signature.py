@@ -16,7 +16,7 @@ Returns ``None`` when the source cannot be read this way (a default that is not 
 literal, an annotation naming the recipe's own classes): the caller then imports the
 recipe and inspects the function.
 
-A recipe decorated ``@extends("base.py")`` (``baton.core.recipe_extension``) has the
+A recipe decorated ``@extends("base.py")`` (``baton.core.cli.recipe_extension``) has the
 wrapped recipe's parameters and then its own, after its first (the driver).
 """
 
@@ -198,7 +198,7 @@ def signature_of(fn: Callable[..., Any], *, skip: int = 0) -> Signature:
         raise RecipeError(
             "recipe() takes **keywords, whose flags the command line cannot know; to build "
             f'on another recipe and keep its flags, decorate it: @{EXTENDS}("base_recipe.py") '
-            "def recipe(driver: Driver, ...) (baton.core.recipe_extension)"
+            "def recipe(driver: Driver, ...) (baton.core.cli.recipe_extension)"
         )
     hints = typing.get_type_hints(fn, include_extras=True) if listed else {}
     for param in listed:

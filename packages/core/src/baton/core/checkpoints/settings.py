@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from baton.core.callback_paths import class_label
-from baton.core.checkpointing import run_dir_of
+from baton.core.checkpoints.files import run_dir_of
 from baton.core.errors import UsageError
 
 #: recipe settings that shape the model: a checkpoint of another shape cannot load into

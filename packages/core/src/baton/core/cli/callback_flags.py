@@ -55,10 +55,10 @@ from baton.core.callback_paths import (
     normal_name,
     split_class_path,
 )
-from baton.core.config_values import ValueMismatch, coerce, type_name
+from baton.core.cli.config_values import ValueMismatch, coerce, type_name
+from baton.core.cli.recipe_signature import Param, Signature, help_by_name, summary_of
 from baton.core.errors import UsageError, did_you_mean
 from baton.core.json_values import json_value
-from baton.core.recipe_signature import Param, Signature, help_by_name, summary_of
 from baton.core.registry import CALLBACKS, UnknownNameError
 
 log = logging.getLogger("baton")

@@ -5,7 +5,7 @@ splits layers into stages, expert parallelism splits the experts. A degree that 
 divide its quantity is refused in one line that names the quantity and the degrees that
 fit, not in whatever the framework asserts first::
 
-    from baton.core.parallel_layout import check_parallel_layout
+    from baton.core.model.parallel_layout import check_parallel_layout
 
     check_parallel_layout(heads=32, kv_heads=8, layers=32, tp=3)
     # UsageError: --tp 3 does not divide the model's 32 attention heads; use a --tp that

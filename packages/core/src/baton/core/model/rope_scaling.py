@@ -1,9 +1,9 @@
 """Llama 3.1-style rotary frequency scaling, the ``rope_scaling`` of a :class:`ModelSpec`
-(:mod:`baton.core.model_spec`, which re-exports it).
+(:mod:`baton.core.model.spec`, which re-exports it).
 
 Example::
 
-    from baton.core.rope_scaling import RopeScaling
+    from baton.core.model.rope_scaling import RopeScaling
 
     scaling = RopeScaling.from_hf_dict(
         {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

@@ -61,7 +61,7 @@ from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.evaluation import evaluate_batches
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
-from baton.backends.fabric.runtime import FabricRuntime, TrainingParts
+from baton.backends.fabric.runtime import FabricRuntime, TrainingParts, UsesFabricRuntime
 from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
 from baton.backends.fabric.stream import DataPosition, LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
@@ -78,7 +78,7 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 __all__ = ["BatchError", "FabricBackend", "FabricConfig", "split_loss"]
 
 
-class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
+class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, BackendBase):
     """Any PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).
 
     Args:
@@ -199,21 +199,6 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
         return self.position.samples
 
     # -- facts ----------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.runtime.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.runtime.world_size
-
-    @property
-    def device_type(self) -> str:
-        return self.runtime.device_type
-
-    def barrier(self) -> None:
-        self.runtime.barrier()
-
     @property
     def flops_per_token(self) -> float | None:
         if self._flops_per_token is not None:
@@ -369,13 +354,6 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
         for scheduler in parts.schedulers:
             scheduler.step()
         parts.optimizer.zero_grad(set_to_none=True)
-
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Every tensor to the host in one transfer; plain numbers pass through."""
-        return self.runtime.fetch(values)
-
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        return self.runtime.all_reduce_flags(flags)
 
     def skip_data(self, steps: int) -> None:
         """Draw and discard ``steps`` optimizer steps' worth of batches."""

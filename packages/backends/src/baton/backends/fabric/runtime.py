@@ -104,3 +104,34 @@ class FabricRuntime:
     def fetch(values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
         return torch_distributed.fetch(values)
+
+
+class UsesFabricRuntime:
+    """A backend whose ranks, barrier, flags and host transfers are its ``runtime``'s
+    (a ``FabricRuntime``): each hands over to it. Composed beside ``BackendBase`` by the
+    Fabric and the LightningModule backends, which precede it in the bases."""
+
+    #: the launched Fabric, its device and ranks
+    runtime: FabricRuntime
+
+    @property
+    def rank(self) -> int:
+        return self.runtime.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.world_size
+
+    @property
+    def device_type(self) -> str:
+        return self.runtime.device_type
+
+    def barrier(self) -> None:
+        self.runtime.barrier()
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        return self.runtime.all_reduce_flags(flags)
+
+    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Every tensor to the host in one transfer; plain numbers pass through."""
+        return self.runtime.fetch(values)

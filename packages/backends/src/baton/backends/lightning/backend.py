@@ -38,7 +38,7 @@ from baton.backends.fabric.checkpoint import FabricCheckpointIO
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
-from baton.backends.fabric.runtime import FabricRuntime, TrainingParts
+from baton.backends.fabric.runtime import FabricRuntime, TrainingParts, UsesFabricRuntime
 from baton.backends.fabric.stream import DataPosition, count_batch, shard_stream
 from baton.backends.lightning.checkpoint_io import (
     FORMER_NAME,
@@ -141,7 +141,7 @@ def unhonoured_hooks(obj: Any) -> list[str]:
     return found
 
 
-class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
+class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, BackendBase):
     """A ``lightning.pytorch.LightningModule`` (+ optional ``LightningDataModule``) through Fabric.
 
     Args:
@@ -282,28 +282,6 @@ class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], BackendBase):
         return self.loop.scheduler_configs
 
     # -- facts ----------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.runtime.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.runtime.world_size
-
-    @property
-    def device_type(self) -> str:
-        return self.runtime.device_type
-
-    def barrier(self) -> None:
-        self.runtime.barrier()
-
-    def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Every tensor to the host in one transfer; plain numbers pass through."""
-        return self.runtime.fetch(values)
-
-    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        return self.runtime.all_reduce_flags(flags)
-
     @property
     def flops_per_token(self) -> float | None:
         if self._flops_per_token is not None:

@@ -73,8 +73,11 @@ class MinimalBackend(BackendBase):
         return dict(self.config)  # a resume with another model or rate is refused
 
     def abilities(self) -> Abilities:
-        return Abilities(evaluate=True, skip_data=True, model_state=True).refusing(
-            multi_rank="one process on one device: use the fabric backend for several ranks"
+        return Abilities(
+            evaluate=bool(self.eval_batches), skip_data=True, model_state=True
+        ).refusing(
+            evaluate=None if self.eval_batches else "no evaluation data: pass eval_batches=...",
+            multi_rank="one process on one device: use the fabric backend for several ranks",
         )
 
     @property
@@ -150,8 +153,6 @@ class MinimalBackend(BackendBase):
     # -- the abilities it offers ----------------------------------------------------------
     def evaluate(self) -> Mapping[str, Any]:
         model, _ = self._built()
-        if not self.eval_batches:
-            raise ValueError("no evaluation data: pass eval_batches=... to evaluate")
         model.eval()
         with torch.no_grad():
             losses = [

@@ -33,14 +33,10 @@ import numpy
 import torch
 
 from baton.backends.megatron.config import MegatronConfig
+from baton.core.checkpoints.files import native_dir
 from baton.core.errors import UsageError
 from baton.data import TokenizerInfo
 from baton.data.packed import PackedDataset
-
-
-def _weights_dir(path: Path) -> Path:
-    """Where a reference's weights are: a checkpoint's ``backend/`` folder, else ``path``."""
-    return path / "backend" if (path / "backend").is_dir() else path
 
 
 def check_reference(config: MegatronConfig, tokenizer: TokenizerInfo) -> Path:
@@ -89,7 +85,7 @@ def reference_fingerprint(path: Path) -> str:
 
     if is_hf_dir(path):
         return model_fingerprint(path)
-    files = json.dumps(manifest(_weights_dir(path)), sort_keys=True)
+    files = json.dumps(manifest(native_dir(path)), sort_keys=True)
     return hashlib.sha256(files.encode()).hexdigest()
 
 

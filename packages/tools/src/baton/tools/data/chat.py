@@ -155,24 +155,30 @@ class ChatTokenizer:
     ) -> list[Tokens]:
         """``(ids, mask)`` of each conversation, as :meth:`messages` gives it one by one.
 
-        Without ``{% generation %}``, the texts of all of them are tokenized in one
-        ``encode_batch`` (the tokenizer's threads share it); a record that fails fails the
-        whole call, so a caller naming the failing record calls :meth:`messages` per record.
+        The texts of all of them are tokenized in one call (``encode_batch``: the tokenizer's
+        threads share it); a record that fails fails the whole call, so a caller naming the
+        failing record calls :meth:`messages` per record.
         """
         if mask not in MASKS:
             raise DataError(f"--mask {mask!r} is not one of {', '.join(MASKS)}")
         if mask == "all":
             return [(ids, [1] * len(ids)) for ids in map(self.render, conversations)]
         if self.marks_generation:
-            found = [self._marked_spans(turns) for turns in conversations]
+            found = self._marked_spans(conversations)
         else:
             found = self._assistant_spans(conversations)
         return [_masked(ids, spans, mask) for ids, spans in found]
 
-    def _marked_spans(self, turns: list[dict]) -> tuple[list[int], list[tuple[int, int]]]:
-        """The ids of ``turns`` and the spans the template's ``{% generation %}`` marks."""
-        output = self._apply(turns, return_assistant_tokens_mask=True)
-        return list(output["input_ids"]), _runs(list(output["assistant_masks"]))
+    def _marked_spans(
+        self, conversations: list[list[dict]]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The ids of each conversation and the spans its ``{% generation %}`` blocks mark
+        (one batched ``apply_chat_template``: the texts tokenized in one call)."""
+        output = self._apply(conversations, return_assistant_tokens_mask=True)
+        return [
+            (list(ids), _runs(list(marks)))
+            for ids, marks in zip(output["input_ids"], output["assistant_masks"], strict=True)
+        ]
 
     def _assistant_spans(
         self, conversations: list[list[dict]]

@@ -8,11 +8,11 @@ Example::
     manifest["objective"], manifest["packing"]["fill"]     # "sft", 0.97
 
 Every record is read and checked first (a bad record is refused before ``transformers``
-is imported), then rendered (:class:`~baton.tools.data.chat.ChatTokenizer`; conversations
-:data:`CHUNK` at a time) and packed by best-fit decreasing into rows of at most ``seq_len + 1`` tokens (a preference
-pair, chosen then rejected, is one item, so it stays in one row) before anything is
-written; bad input raises :class:`DataError` and writes nothing. Then
-:func:`~baton.data.packed.write_packed` writes ``PREFIX.bin/.idx/.mask.bin/.json``.
+is imported), then rendered (:class:`~baton.tools.data.chat.ChatTokenizer`, conversations
+:data:`CHUNK` at a time) and packed by best-fit decreasing into rows of at most
+``seq_len + 1`` tokens (a preference pair, chosen then rejected, is one item, so it stays
+in one row) before anything is written; bad input raises :class:`DataError` and writes
+nothing. Then :func:`~baton.data.packed.write_packed` writes ``PREFIX.bin/.idx/.mask.bin/.json``.
 """
 
 from __future__ import annotations

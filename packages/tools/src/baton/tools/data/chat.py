@@ -162,7 +162,8 @@ class ChatTokenizer:
         if mask not in MASKS:
             raise DataError(f"--mask {mask!r} is not one of {', '.join(MASKS)}")
         if mask == "all":
-            return [(ids, [1] * len(ids)) for ids in map(self.render, conversations)]
+            rendered = self._apply(conversations)["input_ids"]
+            return [(list(ids), [1] * len(ids)) for ids in rendered]
         if self.marks_generation:
             found = self._marked_spans(conversations)
         else:

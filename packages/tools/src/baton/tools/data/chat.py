@@ -228,7 +228,7 @@ class ChatTokenizer:
             [text for *_, text in renders], add_special_tokens=False
         )
         return [
-            (encoding.ids, _prefix_spans(text, encoding.offsets, numbers, before, through))
+            (encoding.ids, _prefix_spans(text, encoding, numbers, before, through))
             for (numbers, before, through, text), encoding in zip(renders, encodings, strict=True)
         ]
 
@@ -278,18 +278,36 @@ def _masked(ids: list[int], spans: list[tuple[int, int]], mask: str) -> Tokens:
     return ids, flags
 
 
+class _TokenStarts:
+    """Where each token of a ``tokenizers`` encoding starts in its text (character offsets),
+    read from the encoding only at the positions looked up: ``bisect`` takes it as a list."""
+
+    def __init__(self, encoding: Any) -> None:
+        self.encoding = encoding
+
+    def __len__(self) -> int:
+        return len(self.encoding)
+
+    def __getitem__(self, token: int) -> int:
+        return self.encoding.token_to_chars(token)[0]
+
+    def end(self, token: int) -> int:
+        """Where ``token`` ends."""
+        return self.encoding.token_to_chars(token)[1]
+
+
 def _prefix_spans(
     text: str,
-    offsets: list[tuple[int, int]],
+    encoding: Any,
     answers: list[int],
     befores: list[str],
     throughs: list[str],
 ) -> list[tuple[int, int]]:
     """The token spans of the assistant turns ``answers`` of a conversation rendered as
-    ``text`` (its tokens at ``offsets``): what the text through each turn (``throughs``) adds
-    to the text before it with the generation prompt (``befores``). A prefix that is no
-    prefix of the whole, or a token across a turn's edge, is refused."""
-    starts = [start for start, _ in offsets]
+    ``text`` (tokenized as ``encoding``, with offsets): what the text through each turn
+    (``throughs``) adds to the text before it with the generation prompt (``befores``). A
+    prefix that is no prefix of the whole, or a token across a turn's edge, is refused."""
+    starts = _TokenStarts(encoding)
     spans = []
     for number, before, through in zip(answers, befores, throughs, strict=True):
         first = bisect.bisect_left(starts, len(before))  # first token of the turn
@@ -297,8 +315,8 @@ def _prefix_spans(
         if (
             not text.startswith(through)
             or not through.startswith(before)
-            or (first > 0 and offsets[first - 1][1] > len(before))
-            or (end > 0 and offsets[end - 1][1] > len(through))
+            or (first > 0 and starts.end(first - 1) > len(before))
+            or (end > 0 and starts.end(end - 1) > len(through))
         ):
             raise DataError(
                 "the chat template does not render the conversation up to turn "

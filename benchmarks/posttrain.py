@@ -17,7 +17,9 @@
   ``apply_chat_template(tokenize=True)`` alone on the same conversations, both with the
   tokenizer loaded from its directory, for a ChatML template with ``{% generation %}``
   tags (transformers marks the assistant's tokens) and one without (baton renders each
-  conversation's prefixes to find them). Target: >= 0.8.
+  conversation's prefixes to find them). One warm-up round (imports), then 7 rounds
+  taking turns, garbage collected before each side (a full collection of the heap this
+  process has loaded costs about 0.1 s, a third of a side). Target: >= 0.8.
 
 Each round builds both runs afresh and times their steps after the first two (callbacks
 at step start and end); the ratio is the median over rounds of the paired medians.
@@ -303,6 +305,7 @@ def conversations(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
 
 def chat_prepare_rows(files: dict[str, Any], root: Path, quick: bool) -> list[Row]:
     """``baton data prepare`` on conversations against ``apply_chat_template`` alone."""
+    import gc
     import json
 
     import transformers
@@ -320,17 +323,22 @@ def chat_prepare_rows(files: dict[str, Any], root: Path, quick: bool) -> list[Ro
         tokenizer.save_pretrained(directory)
         alone, ours = [], []
         tokens = 0
-        for _ in range(1 if quick else 3):
+        warmup = 1  # the first round imports the tokenizer's modules
+        for _ in range(warmup + (1 if quick else 7)):
+            gc.collect()  # neither side pays for the other's garbage
             started = time.perf_counter()
             loaded = transformers.AutoTokenizer.from_pretrained(directory)
             rendered = [
                 loaded.apply_chat_template(m, tokenize=True, return_dict=True) for m in talks
             ]
-            tokens = sum(len(r["input_ids"]) for r in rendered)
             alone.append(time.perf_counter() - started)
+            tokens = sum(len(r["input_ids"]) for r in rendered)
+            del rendered
+            gc.collect()
             started = time.perf_counter()
             prepare_posttrain([data], directory, root / "chats", seq_len=1024, force=True)
             ours.append(time.perf_counter() - started)
+        alone, ours = alone[warmup:], ours[warmup:]
         ratio = paired_ratio(alone, ours)  # tokens/s of prepare over tokens/s alone
         rate = tokens / median(alone)
         case = f"chat prepare, {name}"

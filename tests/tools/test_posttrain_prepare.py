@@ -122,6 +122,37 @@ def test_assistant_masks_match_the_template(tokenizers: dict[str, Path]) -> None
         assert generation.messages(turns, "all") == (ids, [1] * len(ids))
 
 
+def test_conversations_together_as_one_at_a_time(tokenizers: dict[str, Path]) -> None:
+    """Many conversations at once give each the ids and mask it gets alone, one that goes
+    on after its last assistant turn included."""
+    talks = [*CONVERSATIONS, [*CONVERSATIONS[1], {"role": "user", "content": "Another?"}]]
+    for name in ("chatml", "generation"):
+        chat = ChatTokenizer.load(tokenizers[name])
+        for mask in ("assistant", "last_assistant", "all"):
+            alone = [chat.messages(turns, mask) for turns in talks]
+            assert chat.conversations(talks, mask) == alone
+
+
+def test_a_failing_record_among_many_is_named(
+    tokenizers: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """Conversations are rendered together; the one the template fails on is still named."""
+    template = tmp_path / "picky.jinja"
+    template.write_text(
+        "{% for message in messages %}{% if message['content'] == 'lambda' %}"
+        "{{ raise_exception('no lambdas') }}{% endif %}{% endfor %}" + CHATML
+    )
+    records = [{"messages": CONVERSATIONS[0]}, {"messages": CONVERSATIONS[2]}]
+    source = jsonl(tmp_path / "in.jsonl", [*records, {"messages": CONVERSATIONS[1]}, *records])
+    status, _, err = prepare(
+        capsys, source, "--tokenizer", tokenizers["chatml"], "--output", tmp_path / "out" / "p",
+        "--seq-len", "256", "--chat-template", template,
+    )  # fmt: skip
+    assert status == 2
+    assert "line 3: the chat template" in err and "no lambdas" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_pairs_tokenize_as_trl_dpo(tokenizers: dict[str, Path], tmp_path: Path) -> None:
     """The same ids and completion masks as TRL's DPOTrainer dataset preparation."""
     import datasets

@@ -10,6 +10,7 @@ Example::
 
     chat = ChatTokenizer.load("runs/tok")          # or chat_template="template.jinja"
     ids, mask = chat.messages(record["messages"], mask="assistant")
+    documents = chat.conversations([r["messages"] for r in records])   # many at once: faster
     ids, mask = chat.prompt_completion(record["prompt"], record["completion"])
     (chosen, chosen_mask), (rejected, rejected_mask) = chat.pair(prompt, chosen, rejected)
 
@@ -19,8 +20,10 @@ Masks (1: the token is a supervised target):
   A template with ``{% generation %}`` marks the assistant's tokens itself
   (``return_assistant_tokens_mask``); for any other, the span of assistant turn ``i`` is
   what ``messages[:i + 1]`` adds to ``messages[:i]`` rendered with the generation prompt
-  (text rendered, the whole tokenized once with offsets), and a template whose prefixes
-  do not render as prefixes of the whole, or a token across a turn's edge, is refused.
+  (text rendered, the whole tokenized once with offsets; the prefixes of many conversations
+  in one ``apply_chat_template`` call and their texts in one ``encode_batch``), and a
+  template whose prefixes do not render as prefixes of the whole, or a token across a
+  turn's edge, is refused.
 * prompt/completion and pairs: the completion's tokens (TRL's: where the tokenized prompt
   and prompt + completion diverge); string completions get the end-of-sequence token.
 """
@@ -145,62 +148,89 @@ class ChatTokenizer:
 
     def messages(self, turns: list[dict], mask: str = "assistant") -> Tokens:
         """``(ids, mask)`` of a conversation; ``mask`` is one of :data:`MASKS`."""
+        return self.conversations([turns], mask)[0]
+
+    def conversations(
+        self, conversations: list[list[dict]], mask: str = "assistant"
+    ) -> list[Tokens]:
+        """``(ids, mask)`` of each conversation, as :meth:`messages` gives it one by one.
+
+        The texts of all of them are tokenized in one call (``encode_batch``: the tokenizer's
+        threads share it); a record that fails fails the whole call, so a caller naming the
+        failing record calls :meth:`messages` per record.
+        """
         if mask not in MASKS:
             raise DataError(f"--mask {mask!r} is not one of {', '.join(MASKS)}")
         if mask == "all":
-            ids = self.render(turns)
-            return ids, [1] * len(ids)
+            rendered = self._apply(conversations)["input_ids"]
+            return [(list(ids), [1] * len(ids)) for ids in rendered]
         if self.marks_generation:
-            output = self._apply(turns, return_assistant_tokens_mask=True)
-            ids, marks = list(output["input_ids"]), list(output["assistant_masks"])
-            spans = _runs(marks)
+            found = self._marked_spans(conversations)
         else:
-            ids, spans = self._assistant_spans(turns)
-        if not spans:
-            raise DataError(
-                "the chat template marks no assistant token in this conversation; "
-                "check the template's {% generation %} blocks, or pass --mask all"
-            )
-        if mask == "last_assistant":
-            spans = spans[-1:]
-        flags = [0] * len(ids)
-        for start, end in spans:
-            flags[start:end] = [1] * (end - start)
-        return ids, flags
+            found = self._assistant_spans(conversations)
+        return [_masked(ids, spans, mask) for ids, spans in found]
 
-    def _assistant_spans(self, turns: list[dict]) -> tuple[list[int], list[tuple[int, int]]]:
-        """The ids of ``turns`` and the token spans of their assistant turns, found from the
-        rendered text of prefixes (one tokenization, with offsets, of the whole)."""
-        answers = [number for number, turn in enumerate(turns) if turn["role"] == "assistant"]
-        # two batched renders: every prefix up to an assistant turn, then through it
-        *throughs, text = self._apply([turns[: n + 1] for n in answers] + [turns], tokenize=False)
-        befores = self._apply(
-            [turns[:n] for n in answers], tokenize=False, add_generation_prompt=True
+    def _marked_spans(
+        self, conversations: list[list[dict]]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The ids of each conversation and the spans its ``{% generation %}`` blocks mark
+        (one batched ``apply_chat_template``: the texts tokenized in one call)."""
+        output = self._apply(conversations, return_assistant_tokens_mask=True)
+        return [
+            (list(ids), _runs(list(marks)))
+            for ids, marks in zip(output["input_ids"], output["assistant_masks"], strict=True)
+        ]
+
+    def _assistant_spans(
+        self, conversations: list[list[dict]]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The ids of each conversation and the token spans of its assistant turns, found
+        from the rendered text of prefixes (one tokenization, with offsets, of the whole)."""
+        answers = [
+            [number for number, turn in enumerate(turns) if turn["role"] == "assistant"]
+            for turns in conversations
+        ]
+        ends = [
+            bool(numbers) and numbers[-1] == len(turns) - 1
+            for turns, numbers in zip(conversations, answers, strict=True)
+        ]
+        # two batched renders: every prefix up to an assistant turn with the generation
+        # prompt, then every prefix through one, and the whole where it goes on after its
+        # last assistant turn (otherwise the prefix through that turn is the whole)
+        befores = iter(
+            self._apply(
+                [
+                    turns[:n]
+                    for turns, numbers in zip(conversations, answers, strict=True)
+                    for n in numbers
+                ],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
         )
+        throughs = iter(
+            self._apply(
+                [
+                    prefix
+                    for turns, numbers, whole in zip(conversations, answers, ends, strict=True)
+                    for prefix in [turns[: n + 1] for n in numbers] + ([] if whole else [turns])
+                ],
+                tokenize=False,
+            )
+        )
+        renders = []
+        for numbers, whole in zip(answers, ends, strict=True):
+            before = [next(befores) for _ in numbers]
+            through = [next(throughs) for _ in numbers]
+            renders.append((numbers, before, through, through[-1] if whole else next(throughs)))
         # apply_chat_template(tokenize=True) is this call through transformers' wrapper
-        encoding = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
-        ids = encoding.ids
-        starts = [start for start, _ in encoding.offsets]
-        ends = [end for _, end in encoding.offsets]
-        spans = []
-        for number, before, through in zip(answers, befores, throughs, strict=True):
-            first = bisect.bisect_left(starts, len(before))  # first token of the turn
-            end = bisect.bisect_left(starts, len(through))  # first token after it
-            if (
-                not text.startswith(through)
-                or not through.startswith(before)
-                or (first > 0 and ends[first - 1] > len(before))
-                or (end > 0 and ends[end - 1] > len(through))
-            ):
-                raise DataError(
-                    "the chat template does not render the conversation up to turn "
-                    f"{number} as a prefix of the whole, so the assistant's tokens cannot be "
-                    "found; use a template that marks them with {% generation %} "
-                    "(--chat-template FILE), or pass --mask all"
-                )
-            if end > first:
-                spans.append((first, end))
-        return ids, spans
+        encodings = self.tokenizer.backend_tokenizer.encode_batch(
+            [text for *_, text in renders], add_special_tokens=False
+        )
+        return [
+            (encoding.ids, _prefix_spans(text, encoding, numbers, before, through))
+            for (numbers, before, through, text), encoding in zip(renders, encodings, strict=True)
+        ]
 
     def prompt_completion(self, prompt: Any, completion: Any) -> Tokens:
         """``(ids, mask)``: the mask covers the completion, as TRL's ``SFTTrainer``."""
@@ -231,6 +261,72 @@ class ChatTokenizer:
         if not completion.endswith(eos):
             completion += eos
         return self.encode(prompt), self.encode(prompt + completion)
+
+
+def _masked(ids: list[int], spans: list[tuple[int, int]], mask: str) -> Tokens:
+    """``(ids, flags)``: the flags of ``spans`` set (only the last one's for ``last_assistant``)."""
+    if not spans:
+        raise DataError(
+            "the chat template marks no assistant token in this conversation; "
+            "check the template's {% generation %} blocks, or pass --mask all"
+        )
+    if mask == "last_assistant":
+        spans = spans[-1:]
+    flags = [0] * len(ids)
+    for start, end in spans:
+        flags[start:end] = [1] * (end - start)
+    return ids, flags
+
+
+class _TokenStarts:
+    """Where each token of a ``tokenizers`` encoding starts in its text (character offsets),
+    read from the encoding only at the positions looked up: ``bisect`` takes it as a list."""
+
+    def __init__(self, encoding: Any) -> None:
+        self.encoding = encoding
+
+    def __len__(self) -> int:
+        return len(self.encoding)
+
+    def __getitem__(self, token: int) -> int:
+        return self.encoding.token_to_chars(token)[0]
+
+    def end(self, token: int) -> int:
+        """Where ``token`` ends."""
+        return self.encoding.token_to_chars(token)[1]
+
+
+def _prefix_spans(
+    text: str,
+    encoding: Any,
+    answers: list[int],
+    befores: list[str],
+    throughs: list[str],
+) -> list[tuple[int, int]]:
+    """The token spans of the assistant turns ``answers`` of a conversation rendered as
+    ``text`` (tokenized as ``encoding``, with offsets): what the text through each turn
+    (``throughs``) adds to the text before it with the generation prompt (``befores``). A
+    prefix that is no prefix of the whole, or a token across a turn's edge, is refused."""
+    starts = _TokenStarts(encoding)
+    spans = []
+    for number, before, through in zip(answers, befores, throughs, strict=True):
+        first = bisect.bisect_left(starts, len(before))  # first token of the turn
+        end = bisect.bisect_left(starts, len(through))  # first token after it
+        if (
+            not text.startswith(through)
+            or not through.startswith(before)
+            or (first > 0 and starts.end(first - 1) > len(before))
+            or (end > 0 and starts.end(end - 1) > len(through))
+        ):
+            raise DataError(
+                "the chat template does not render the conversation up to turn "
+                f"{number} as a prefix of the whole, so the assistant's tokens cannot be "
+                "found; use a template that marks them with {% generation %} "
+                "(--chat-template FILE), or pass --mask all"
+            )
+        if end > first:
+            spans.append((first, end))
+    return spans
 
 
 def _runs(flags: list[int]) -> list[tuple[int, int]]:

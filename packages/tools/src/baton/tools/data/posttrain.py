@@ -8,11 +8,11 @@ Example::
     manifest["objective"], manifest["packing"]["fill"]     # "sft", 0.97
 
 Every record is read and checked first (a bad record is refused before ``transformers``
-is imported), then rendered (:class:`~baton.tools.data.chat.ChatTokenizer`)
-and packed by best-fit decreasing into rows of at most ``seq_len + 1`` tokens (a preference
-pair, chosen then rejected, is one item, so it stays in one row) before anything is
-written; bad input raises :class:`DataError` and writes nothing. Then
-:func:`~baton.data.packed.write_packed` writes ``PREFIX.bin/.idx/.mask.bin/.json``.
+is imported), then rendered (:class:`~baton.tools.data.chat.ChatTokenizer`, conversations
+:data:`CHUNK` at a time) and packed by best-fit decreasing into rows of at most
+``seq_len + 1`` tokens (a preference pair, chosen then rejected, is one item, so it stays
+in one row) before anything is written; bad input raises :class:`DataError` and writes
+nothing. Then :func:`~baton.data.packed.write_packed` writes ``PREFIX.bin/.idx/.mask.bin/.json``.
 """
 
 from __future__ import annotations
@@ -124,21 +124,46 @@ def _check_all(sources: list[Source], forced: str | None) -> tuple[_Read, list[t
     return read, records
 
 
-def _tokenize_all(read: _Read, records: list[tuple], chat: ChatTokenizer, rule: str) -> None:
-    fmt = str(read.input_format)
-    for counts, where, record in records:
+#: conversations rendered and tokenized together (one ``encode_batch`` of their texts)
+CHUNK = 512
+
+
+def _documents(
+    chat: ChatTokenizer, chunk: list[tuple], fmt: str, rule: str
+) -> Iterator[list[Document]]:
+    """The documents of each record of ``chunk``, in order. Conversations go through the
+    chat tokenizer together; a chunk that fails is done again record by record, so the
+    error names the first record that fails, as it would one record at a time."""
+    if fmt == "messages":
         try:
-            documents = _tokenize(chat, record, fmt, rule)
+            together = chat.conversations([record["messages"] for _, _, record in chunk], rule)
+        except DataError:
+            pass
+        else:
+            yield from ([document] for document in together)
+            return
+    for _, where, record in chunk:
+        try:
+            yield _tokenize(chat, record, fmt, rule)
         except DataError as error:
             raise DataError(f"{where}: {error}") from None
-        if not any(any(flags[1:]) for _, flags in documents):
-            raise DataError(
-                f"{where}: no token of this record is a target after rendering; check the "
-                "record and the chat template, or pass --mask all"
-            )
-        read.items.append(_Item(documents, where))
-        counts.documents += len(documents)
-        counts.tokens += sum(len(tokens) for tokens, _ in documents)
+
+
+def _tokenize_all(read: _Read, records: list[tuple], chat: ChatTokenizer, rule: str) -> None:
+    fmt = str(read.input_format)
+    for start in range(0, len(records), CHUNK):
+        chunk = records[start : start + CHUNK]
+        for (counts, where, _), documents in zip(
+            chunk, _documents(chat, chunk, fmt, rule), strict=True
+        ):
+            if not any(any(flags[1:]) for _, flags in documents):
+                raise DataError(
+                    f"{where}: no token of this record is a target after rendering; check "
+                    "the record and the chat template, or pass --mask all"
+                )
+            read.items.append(_Item(documents, where))
+            counts.documents += len(documents)
+            counts.tokens += sum(len(tokens) for tokens, _ in documents)
 
 
 def _truncate(item: _Item, capacity: int) -> bool:

@@ -186,7 +186,7 @@ def test_two_ddp_ranks_equal_the_references(files, tmp_path, objective):
     the same as the references on all the step's rows."""
     from support.torchrun import torchrun
 
-    cli = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli.py"
+    cli = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli" / "command.py"
     data = files["sft"] if objective == "sft" else files["pairs"]
     extra = ["--reference", str(files["ref"])] if objective == "dpo" else []
     torchrun(

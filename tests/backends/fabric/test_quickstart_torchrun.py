@@ -11,7 +11,7 @@ import pytest
 from support.torchrun import torchrun
 
 ROOT = Path(__file__).resolve().parents[3]
-CLI = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli.py"
+CLI = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli" / "command.py"
 
 
 @pytest.mark.slow

@@ -397,9 +397,11 @@ class JaxBackend(UsesCheckpointIO[JaxCheckpointIO], JaxDistributed, BackendBase)
         return {key: value / count for key, value in totals.items()}
 
     def skip_data(self, steps: int) -> None:
-        """Draw and discard ``steps`` batches (one batch per optimizer step)."""
+        """Draw and discard ``steps`` batches (one batch per optimizer step); the data
+        position core records (``samples_consumed``) moves past them too."""
         assert self.data is not None
-        self.data.skip(steps)
+        for _ in range(steps):
+            self.progress.samples_consumed += self._count(self.data.next())[1]
 
     # -- checkpoints: JaxCheckpointIO (checkpoint_io.py, built in setup), through
     #    UsesCheckpointIO -----------------------------------------------------------

@@ -119,7 +119,7 @@ class JaxCheckpointIO:
         controls.changed()
 
     def facts(self) -> CheckpointFacts:
-        """The processes holding a data position each, and the samples trained on (the
+        """The processes holding a data position each, and the samples drawn (the
         data is the user's iterator: no fingerprint)."""
         return CheckpointFacts({"processes": self.processes}, self.progress.samples_consumed)
 

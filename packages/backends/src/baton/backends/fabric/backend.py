@@ -61,7 +61,12 @@ from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.evaluation import evaluate_batches
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
-from baton.backends.fabric.runtime import FabricRuntime, TrainingParts, UsesFabricRuntime
+from baton.backends.fabric.runtime import (
+    FabricRuntime,
+    ModelFacts,
+    TrainingParts,
+    UsesFabricRuntime,
+)
 from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
 from baton.backends.fabric.stream import DataPosition, LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
@@ -143,9 +148,8 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         self.training_step = training_step
         self.count_tokens = count_tokens
         self.mean_over = mean_over
-        self._flops_per_token = flops_per_token
-        self._describe = dict(describe or {})
-        self._num_params = 0
+        #: FLOPs per token and the facts checkpoints record (the parameters counted in setup)
+        self.facts = ModelFacts(flops_per_token, dict(describe or {}))
         self._losses: BatchLoss | None = None
         self._as_built: AsBuilt | None = None
         self._corruption: FabricCorruptionChecks | None = None
@@ -201,16 +205,10 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
     # -- facts ----------------------------------------------------------------------
     @property
     def flops_per_token(self) -> float | None:
-        if self._flops_per_token is not None:
-            return self._flops_per_token
-        return 6.0 * self._num_params if self._num_params else None
+        return self.facts.flops_per_token
 
     def describe(self) -> dict[str, Any]:
-        facts: dict[str, Any] = dict(self._describe)
-        if self.raw_model is not None:
-            facts.setdefault("model", type(self.raw_model).__name__)
-            facts.setdefault("parameters", self._num_params)
-        return facts
+        return self.facts.describe(self.raw_model)
 
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -222,7 +220,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
             seed_everything(self.config.seed, verbose=False)
         sharded = self.runtime.sharded
         raw_model = build_model(fabric, self.model_source, sharded=sharded)
-        self._num_params = sum(p.numel() for p in raw_model.parameters())
+        self.facts.parameters = sum(p.numel() for p in raw_model.parameters())
         if self.config.init_from:
             load_weights(raw_model, self.config.init_from)
         model, optimizer = setup_model_and_optimizer(

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -135,3 +135,33 @@ class UsesFabricRuntime:
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
         return self.runtime.fetch(values)
+
+
+@dataclass
+class ModelFacts:
+    """What a Fabric-run model reports: FLOPs per token for MFU (given, else 6 x its
+    parameters) and the facts checkpoints record (given ones, then the model's class and
+    size). ``parameters`` is counted in ``setup``::
+
+        facts = ModelFacts(flops_per_token=None, given={"data": "wiki"})
+        facts.parameters = 1_000
+        facts.flops_per_token                # 6000.0
+        facts.describe(model)                # {"data": "wiki", "model": "GPT", "parameters": 1000}
+    """
+
+    flops_given: float | None = None
+    given: Mapping[str, Any] = field(default_factory=dict[str, Any])
+    parameters: int = 0
+
+    @property
+    def flops_per_token(self) -> float | None:
+        if self.flops_given is not None:
+            return self.flops_given
+        return 6.0 * self.parameters if self.parameters else None
+
+    def describe(self, model: Any) -> dict[str, Any]:
+        facts: dict[str, Any] = dict(self.given)
+        if model is not None:
+            facts.setdefault("model", type(model).__name__)
+            facts.setdefault("parameters", self.parameters)
+        return facts

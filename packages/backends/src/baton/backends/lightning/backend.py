@@ -38,7 +38,12 @@ from baton.backends.fabric.checkpoint import FabricCheckpointIO
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
-from baton.backends.fabric.runtime import FabricRuntime, TrainingParts, UsesFabricRuntime
+from baton.backends.fabric.runtime import (
+    FabricRuntime,
+    ModelFacts,
+    TrainingParts,
+    UsesFabricRuntime,
+)
 from baton.backends.fabric.stream import DataPosition, count_batch, shard_stream
 from baton.backends.lightning.checkpoint_io import (
     FORMER_NAME,
@@ -212,9 +217,8 @@ class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, 
         self.module = module
         self.datamodule = datamodule
         self.count_tokens = count_tokens
-        self._flops_per_token = flops_per_token
-        self._describe = dict(describe or {})
-        self._num_params = 0
+        #: FLOPs per token and the facts checkpoints record (the parameters counted in setup)
+        self.facts = ModelFacts(flops_per_token, dict(describe or {}))
         self._as_built: AsBuilt | None = None
         self._corruption: FabricCorruptionChecks | None = None
         #: the launched Fabric, its device and ranks
@@ -284,16 +288,10 @@ class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, 
     # -- facts ----------------------------------------------------------------------
     @property
     def flops_per_token(self) -> float | None:
-        if self._flops_per_token is not None:
-            return self._flops_per_token
-        return 6.0 * self._num_params if self._num_params else None
+        return self.facts.flops_per_token
 
     def describe(self) -> dict[str, Any]:
-        facts: dict[str, Any] = dict(self._describe)
-        if self.parts is not None:
-            facts.setdefault("model", type(self.parts.raw_model).__name__)
-            facts.setdefault("parameters", self._num_params)
-        return facts
+        return self.facts.describe(self.parts.raw_model if self.parts is not None else None)
 
     # -- build ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -325,7 +323,7 @@ class LightningBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, 
         module.setup("fit")
         with fabric.init_module(empty_init=self.runtime.sharded):
             module.configure_model()
-        self._num_params = sum(p.numel() for p in module.parameters())
+        self.facts.parameters = sum(p.numel() for p in module.parameters())
         if self.config.init_from:
             from baton.backends.fabric.weights import load_weights
 

@@ -1,7 +1,9 @@
-"""One attempt of the quickstart on prepared data, recording the samples each rank reads.
+"""One attempt of the quickstart (or of ``--recipe PATH``) on prepared data, recording
+the samples each rank reads.
 
 python elastic_worker.py OUT STOP_AT QUICKSTART_ARGS...        (one rank)
 torchrun --nproc-per-node 2 elastic_worker.py OUT STOP_AT ...  (two ranks)
+python elastic_worker.py OUT STOP_AT --recipe recipes/hf_finetune.py RECIPE_ARGS...
 
 Trains (resuming the run directory's last checkpoint), saves and stops at step STOP_AT;
 rank r writes ``OUT.rank<r>``: {"samples": N, "read": [[epoch, sample index], ...]} in
@@ -54,8 +56,11 @@ class Record(Callback):
 
 def main() -> None:
     out, stop_at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    recipe = QUICKSTART
+    if args[:1] == ["--recipe"]:
+        recipe, args = Path(args[1]), args[2:]
     record = Record(stop_at)
-    driver = build_driver(QUICKSTART, [*args, "--resume", "auto"])
+    driver = build_driver(recipe, [*args, "--resume", "auto"])
     assert driver is not None
     driver.callbacks.append(record)
     driver.fit()

@@ -1,0 +1,165 @@
+"""SFT and DPO runs on the Fabric backend (recipes/hf_finetune.py) keep what pretraining
+runs have: a rollback to an earlier checkpoint replays the same losses bit for bit (DPO's
+reference log-probabilities included), Freeze leaves its parameters as loaded while the
+others train, EMA's averages are the weights' average, and a run resumed on another
+number of data-parallel ranks reads every packed row of the epoch once (a DPO pair
+always whole on one rank)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from baton.callbacks import EMA, Freeze
+from baton.core.cli.recipe import build_driver
+from baton.data.packed import PackedDataset
+from support.posttrain import chat_tokenizer, preference_prefix, sft_prefix, sft_reference, tiny_model
+from support.resilience import LoggedMetrics, RollbackOnce, StepWeights, check_ema, check_frozen
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[2]
+RECIPE = ROOT / "recipes" / "hf_finetune.py"
+SEQ_LEN = 96
+FROZEN = ["model.layers.0.*"]
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("posttrain_resilience")
+    tok = chat_tokenizer(root / "tok")
+    return {
+        "tok": tok,
+        "policy": tiny_model(root / "policy"),
+        "ref": tiny_model(root / "ref", seed=1),
+        "sft": sft_prefix(root, tok, SEQ_LEN, num_rows=24),
+        "pairs": preference_prefix(root, tok, SEQ_LEN, num_rows=24),
+    }
+
+
+def objective_args(files: dict[str, Path], objective: str) -> list[str]:
+    args = ["--objective", objective, "--init-from", str(files["policy"])]
+    args += ["--tokenizer", str(files["tok"]), "--eval-every", "0", "--no-progress"]
+    if objective == "sft":
+        return [*args, "--data-path", str(files["sft"])]
+    return [*args, "--data-path", str(files["pairs"]), "--reference", str(files["ref"])]
+
+
+def fit(files, run_dir: Path, objective: str, callbacks: list, *extra: str):
+    args = objective_args(files, objective)
+    args += ["--batch-size", "2", "--log-every", "1", "--run-dir", str(run_dir), *extra]
+    driver = build_driver(RECIPE, args)
+    driver.callbacks += callbacks
+    driver.fit()
+    return driver
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_a_rollback_replays_the_uninterrupted_losses_bitwise(files, tmp_path, objective):
+    """Checkpoints at steps 2 and 4; at step 5's start the run goes back to step 2 and
+    trains steps 3-6 again: every logged value, the DPO rewards (policy minus the stored
+    reference log-probabilities) included, and the last weights equal the run that never
+    went back."""
+    straight, straight_weights = LoggedMetrics(), StepWeights()
+    fit(files, tmp_path / "straight", objective, [straight, straight_weights],
+        "--max-steps", "6", "--save-every", "2")  # fmt: skip
+    replayed, replayed_weights = LoggedMetrics(), StepWeights()
+    rollback = RollbackOnce(at_step=5, to_step=2)
+    fit(files, tmp_path / "rollback", objective, [rollback, replayed, replayed_weights],
+        "--max-steps", "6", "--save-every", "2")  # fmt: skip
+    assert rollback.done
+    assert [step for step, _ in replayed.logged] == [1, 2, 3, 4, 3, 4, 5, 6]
+    keys = ["loss", "grad_norm"]
+    if objective == "dpo":
+        keys += ["rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen"]
+    want, got = straight.last(), replayed.last()
+    for step in range(1, 7):
+        assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
+    assert len({want[step]["loss"] for step in range(1, 7)}) == 6  # each step other rows
+    for name, value in straight_weights.values[6].items():
+        assert np.array_equal(replayed_weights.values[6][name], value), name
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_freeze_and_ema_on_post_training(files, tmp_path, objective):
+    """Layer 0 frozen for the whole run: its weights never move while every other
+    parameter changes at every step; EMA(0.5)'s averages equal the weights' average
+    computed here. The first step, frozen or not, computes the reference loss."""
+    weights, metrics, ema = StepWeights(), LoggedMetrics(), EMA(decay=0.5)
+    fit(files, tmp_path / "run", objective, [Freeze(FROZEN), ema, weights, metrics],
+        "--max-steps", "3", "--save-every", "0")  # fmt: skip
+    frozen = check_frozen(weights, FROZEN)
+    assert metrics.last()[1]["freeze/frozen"] == len(frozen)
+    check_ema(weights, ema.averages, decay=0.5)
+    if objective == "sft":
+        from importlib.util import module_from_spec, spec_from_file_location
+
+        spec = spec_from_file_location("hf_finetune_recipe", RECIPE)
+        recipe = module_from_spec(spec)
+        spec.loader.exec_module(recipe)
+        train, _ = recipe.packed_loaders(
+            PackedDataset(files["sft"]), batch_size=2, seed=0, pad_id=0
+        )
+        loss, _ = sft_reference(files["policy"], files["sft"], train.order(0)[:2].tolist())
+        assert metrics.last()[1]["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+ELASTIC_WORKER = HERE / "elastic_worker.py"
+
+
+def elastic_attempt(out: Path, stop_at: int, args: list[str], ranks: int) -> list[list[list[int]]]:
+    """One attempt of the run (resuming its last checkpoint) on ``ranks`` ranks, stopped
+    and saved at step ``stop_at``: the ``[epoch, row]`` each rank read, in order."""
+    from support.processes import run_job
+    from support.torchrun import torchrun
+
+    worker_args = [str(out), str(stop_at), "--recipe", str(RECIPE), *args]
+    if ranks == 1:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = run_job([sys.executable, str(ELASTIC_WORKER), *worker_args], env, 300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    else:
+        torchrun(ELASTIC_WORKER, *worker_args, nproc=ranks, timeout=300)
+    return [json.loads(Path(f"{out}.rank{r}").read_text())["read"] for r in range(ranks)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("objective", "ranks"), [("sft", (2, 1)), ("dpo", (1, 2))])
+def test_resumed_on_other_ranks_every_row_is_read_once(files, tmp_path, objective, ranks):
+    """2 steps on the first number of ranks, then the second to the end of the epoch and
+    one step into the next: each packed row of epoch 0 is read once (none twice, none
+    skipped but the tail shorter than a global batch), and every row of pairs goes
+    whole to one rank, so a pair (documents 2k, 2k+1 of the data) is on one rank."""
+    batch = 2
+    data = PackedDataset(files["sft" if objective == "sft" else "pairs"])
+    args = [*objective_args(files, objective), "--batch-size", str(batch), "--log-every", "1"]
+    args += ["--save-every", "1000", "--max-steps", "1000", "--run-dir", str(tmp_path / "run")]
+    first_ranks, second_ranks = ranks
+    first = elastic_attempt(tmp_path / "a", 2, args, first_ranks)
+    samples = json.loads((tmp_path / "a.rank0").read_text())["samples"]
+    left = samples - 2 * batch * first_ranks
+    last = 2 + left // (batch * second_ranks) + 1
+    second = elastic_attempt(tmp_path / "b", last, args, second_ranks)
+
+    assert [len(r) for r in first] == [2 * batch] * first_ranks
+    epoch0 = [row for rank in (*first, *second) for epoch, row in rank if epoch == 0]
+    counts = Counter(epoch0)
+    assert max(counts.values()) == 1, [row for row, n in counts.items() if n > 1]
+    # only the tail shorter than a global batch of the second layout is left unread
+    assert len(epoch0) == samples - left % (batch * second_ranks) and set(epoch0) <= set(range(samples))
+    assert [sum(1 for e, _ in rank if e == 1) for rank in second] == [batch] * second_ranks
+    if objective == "dpo":
+        for rank in (*first, *second):
+            for _, row in rank:
+                documents = data.batch([row], pad_id=0).documents[0]
+                documents = documents[documents >= 0]
+                assert len(documents) % 2 == 0 and len(documents) > 0
+                chosen, rejected = documents[0::2], documents[1::2]
+                assert (rejected == chosen + 1).all() and (chosen % 2 == 0).all(), documents

@@ -131,35 +131,51 @@ def elastic_attempt(out: Path, stop_at: int, args: list[str], ranks: int) -> lis
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("objective", "ranks"), [("sft", (2, 1)), ("dpo", (1, 2))])
-def test_resumed_on_other_ranks_every_row_is_read_once(files, tmp_path, objective, ranks):
-    """2 steps on the first number of ranks, then the second to the end of the epoch and
-    one step into the next: each packed row of epoch 0 is read once (none twice, none
-    skipped but the tail shorter than a global batch), and every row of pairs goes
-    whole to one rank, so a pair (documents 2k, 2k+1 of the data) is on one rank."""
+def test_sft_resumed_on_one_rank_then_two_reads_every_row_once(files, tmp_path):
+    """2 ranks for 2 steps, then 1 rank (a lost node) for 2, then 2 ranks again to the
+    end of the epoch and one step into the next: each packed row of epoch 0 is read
+    once (none twice, none skipped but the tail shorter than a global batch)."""
     batch = 2
-    data = PackedDataset(files["sft" if objective == "sft" else "pairs"])
-    args = [*objective_args(files, objective), "--batch-size", str(batch), "--log-every", "1"]
+    args = [*objective_args(files, "sft"), "--batch-size", str(batch), "--log-every", "1"]
     args += ["--save-every", "1000", "--max-steps", "1000", "--run-dir", str(tmp_path / "run")]
-    first_ranks, second_ranks = ranks
-    first = elastic_attempt(tmp_path / "a", 2, args, first_ranks)
+    a = elastic_attempt(tmp_path / "a", 2, args, ranks=2)
+    b = elastic_attempt(tmp_path / "b", 4, args, ranks=1)
     samples = json.loads((tmp_path / "a.rank0").read_text())["samples"]
-    left = samples - 2 * batch * first_ranks
-    last = 2 + left // (batch * second_ranks) + 1
-    second = elastic_attempt(tmp_path / "b", last, args, second_ranks)
+    left = samples - 2 * (2 * batch) - 2 * batch
+    last = 4 + left // (2 * batch) + 1
+    c = elastic_attempt(tmp_path / "c", last, args, ranks=2)
 
-    assert [len(r) for r in first] == [2 * batch] * first_ranks
-    epoch0 = [row for rank in (*first, *second) for epoch, row in rank if epoch == 0]
+    assert [len(r) for r in a] == [2 * batch] * 2 and [len(r) for r in b] == [2 * batch]
+    epoch0 = [row for rank in (*a, *b, *c) for epoch, row in rank if epoch == 0]
     counts = Counter(epoch0)
     assert max(counts.values()) == 1, [row for row, n in counts.items() if n > 1]
-    # only the tail shorter than a global batch of the second layout is left unread
-    assert len(epoch0) == samples - left % (batch * second_ranks) and set(epoch0) <= set(range(samples))
-    assert [sum(1 for e, _ in rank if e == 1) for rank in second] == [batch] * second_ranks
-    if objective == "dpo":
-        for rank in (*first, *second):
-            for _, row in rank:
-                documents = data.batch([row], pad_id=0).documents[0]
+    # only the tail shorter than a 2-rank global batch is left unread
+    assert len(epoch0) == samples - left % (2 * batch) and set(epoch0) <= set(range(samples))
+    assert [sum(1 for e, _ in rank if e == 1) for rank in c] == [batch, batch]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_dpo_pairs_stay_whole_on_one_rank_whatever_the_ranks(files, world_size):
+    """The recipe's DPO batches cut among ``world_size`` ranks: every pair of the
+    training rows (documents 2k and 2k+1 of the data) is read in one epoch by exactly one
+    rank, both its documents in the same row of that rank's batch, chosen first."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("hf_finetune_recipe", RECIPE)
+    recipe = module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    data = PackedDataset(files["pairs"])
+    reference = np.zeros(data.num_sequences)
+    train, _ = recipe.packed_loaders(data, batch_size=2, seed=0, pad_id=0, reference=reference)
+    seen: Counter[int] = Counter()
+    for rank in range(world_size):
+        for batch in train.shard(rank, world_size):
+            for documents in batch["documents"].numpy():
                 documents = documents[documents >= 0]
-                assert len(documents) % 2 == 0 and len(documents) > 0
                 chosen, rejected = documents[0::2], documents[1::2]
-                assert (rejected == chosen + 1).all() and (chosen % 2 == 0).all(), documents
+                assert len(documents) % 2 == 0 and len(documents) > 0, documents
+                assert (chosen % 2 == 0).all() and (rejected == chosen + 1).all(), documents
+                seen.update(chosen.tolist())
+    assert max(seen.values()) == 1
+    read_rows = (train.samples // (2 * world_size)) * 2 * world_size
+    assert len(seen) == sum(len(data.row(r)) // 2 for r in train.order(0)[:read_rows].tolist())

@@ -1,13 +1,14 @@
 """SFT and DPO runs on the Fabric backend (recipes/hf_finetune.py) keep what pretraining
 runs have: a rollback to an earlier checkpoint replays the same losses bit for bit (DPO's
 reference log-probabilities included), Freeze leaves its parameters as loaded while the
-others train, EMA's averages are the weights' average, and a run resumed on another
-number of data-parallel ranks reads every packed row of the epoch once (a DPO pair
-always whole on one rank)."""
+others train, EMA's averages are the weights' average, and a run resumed on fewer
+data-parallel ranks reads every packed row of the epoch once (a DPO pair always whole on
+one rank)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -16,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from baton.callbacks import EMA, Freeze
+from baton.callbacks import EMA, Freeze, LossGuard
+from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.data.packed import PackedDataset
 from support.posttrain import chat_tokenizer, preference_prefix, sft_prefix, sft_reference, tiny_model
@@ -87,6 +89,61 @@ def test_a_rollback_replays_the_uninterrupted_losses_bitwise(files, tmp_path, ob
         assert np.array_equal(replayed_weights.values[6][name], value), name
 
 
+class NaNLogitsAt(Callback):
+    """Step ``at`` (once) computes NaN logits: its loss, gradients and weights break."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.hook = at, None
+
+    def on_step_start(self, driver) -> None:
+        if driver.step + 1 == self.at and self.hook is None:
+            head = driver.backend.raw_model.lm_head
+            self.hook = head.register_forward_hook(lambda _m, _i, out: out * float("nan"))
+
+    def on_step_end(self, driver, output) -> None:
+        if self.hook is not None and driver.step == self.at:
+            self.hook.remove()
+
+
+class SkipAt(Callback):
+    """Skip one step's data at step ``at``'s start (once), as a rollback over it does."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.done = at, False
+
+    def on_step_start(self, driver) -> None:
+        if driver.step + 1 == self.at and not self.done:
+            self.done = True
+            driver.backend.skip_data(1)
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_loss_guard_rolls_back_a_nan_and_skips_its_rows(files, tmp_path, objective):
+    """Step 5's logits are NaN: LossGuard refuses its save, goes back to the step-4
+    checkpoint and skips step 5's rows; steps 5-6 then equal, bit for bit, a run that
+    was never broken and skipped those rows at step 5 (DPO: with the same rewards
+    against the stored reference log-probabilities)."""
+    skipped, skipped_weights = LoggedMetrics(), StepWeights()
+    fit(files, tmp_path / "skipped", objective, [SkipAt(5), skipped, skipped_weights],
+        "--max-steps", "6", "--save-every", "2")  # fmt: skip
+    guard, guarded, guarded_weights = LossGuard(action="rollback"), LoggedMetrics(), StepWeights()
+    fit(files, tmp_path / "guarded", objective, [NaNLogitsAt(5), guard, guarded, guarded_weights],
+        "--max-steps", "6", "--save-every", "2")  # fmt: skip
+    assert guard.rollbacks == 1
+    assert [step for step, _ in guarded.logged] == [1, 2, 3, 4, 5, 5, 6]
+    assert math.isnan(guarded.logged[4][1]["loss"])
+    keys = ["loss", "grad_norm"]
+    if objective == "dpo":
+        keys += ["rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen"]
+    want, got = skipped.last(), guarded.last()
+    for step in range(1, 7):
+        assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
+    for name, value in skipped_weights.values[6].items():
+        assert np.array_equal(guarded_weights.values[6][name], value), name
+    names = sorted(p.name for p in (tmp_path / "guarded" / "checkpoints").glob("step_*"))
+    assert names == ["step_000004", "step_000006"]  # keep_last=2; no save of step 5
+
+
 @pytest.mark.parametrize("objective", ["sft", "dpo"])
 def test_freeze_and_ema_on_post_training(files, tmp_path, objective):
     """Layer 0 frozen for the whole run: its weights never move while every other
@@ -131,27 +188,25 @@ def elastic_attempt(out: Path, stop_at: int, args: list[str], ranks: int) -> lis
 
 
 @pytest.mark.slow
-def test_sft_resumed_on_one_rank_then_two_reads_every_row_once(files, tmp_path):
-    """2 ranks for 2 steps, then 1 rank (a lost node) for 2, then 2 ranks again to the
-    end of the epoch and one step into the next: each packed row of epoch 0 is read
-    once (none twice, none skipped but the tail shorter than a global batch)."""
+def test_sft_resumed_on_fewer_ranks_reads_every_row_once(files, tmp_path):
+    """2 ranks for 2 steps, then 1 rank (a lost node) to the end of the epoch and one
+    step into the next: each packed row of epoch 0 is read once (none twice, none
+    skipped but the tail shorter than a global batch)."""
     batch = 2
     args = [*objective_args(files, "sft"), "--batch-size", str(batch), "--log-every", "1"]
     args += ["--save-every", "1000", "--max-steps", "1000", "--run-dir", str(tmp_path / "run")]
     a = elastic_attempt(tmp_path / "a", 2, args, ranks=2)
-    b = elastic_attempt(tmp_path / "b", 4, args, ranks=1)
     samples = json.loads((tmp_path / "a.rank0").read_text())["samples"]
-    left = samples - 2 * (2 * batch) - 2 * batch
-    last = 4 + left // (2 * batch) + 1
-    c = elastic_attempt(tmp_path / "c", last, args, ranks=2)
+    left = samples - 2 * (2 * batch)
+    (b,) = elastic_attempt(tmp_path / "b", 2 + left // batch + 1, args, ranks=1)
 
-    assert [len(r) for r in a] == [2 * batch] * 2 and [len(r) for r in b] == [2 * batch]
-    epoch0 = [row for rank in (*a, *b, *c) for epoch, row in rank if epoch == 0]
+    assert [len(r) for r in a] == [2 * batch] * 2
+    epoch0 = [row for rank in (*a, b) for epoch, row in rank if epoch == 0]
     counts = Counter(epoch0)
     assert max(counts.values()) == 1, [row for row, n in counts.items() if n > 1]
-    # only the tail shorter than a 2-rank global batch is left unread
-    assert len(epoch0) == samples - left % (2 * batch) and set(epoch0) <= set(range(samples))
-    assert [sum(1 for e, _ in rank if e == 1) for rank in c] == [batch, batch]
+    # only the tail shorter than a batch of the one rank is left unread
+    assert len(epoch0) == samples - left % batch and set(epoch0) <= set(range(samples))
+    assert sum(1 for e, _ in b if e == 1) == batch  # the next epoch's first batch
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

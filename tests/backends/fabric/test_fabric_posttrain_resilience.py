@@ -21,7 +21,13 @@ from baton.callbacks import EMA, Freeze, LossGuard
 from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.data.packed import PackedDataset
-from support.posttrain import chat_tokenizer, preference_prefix, sft_prefix, sft_reference, tiny_model
+from support.posttrain import (
+    chat_tokenizer,
+    preference_prefix,
+    sft_prefix,
+    sft_reference,
+    tiny_model,
+)
 from support.resilience import LoggedMetrics, RollbackOnce, StepWeights, check_ema, check_frozen
 
 HERE = Path(__file__).parent

@@ -122,3 +122,19 @@ def test_the_sft_export_gives_the_trained_weights_logits(assets, sft_run, tmp_pa
     saved = load_file(str(tmp_path / "hf" / "model.safetensors"))
     for name, value in last.items():
         assert np.array_equal(saved[name].numpy().reshape(value.shape), value), name
+
+
+def test_the_sft_export_of_the_averages_holds_the_ema_weights(sft_run, tmp_path):
+    """``baton export --ema`` of the SFT checkpoint writes EMA's averages of step 3."""
+    from safetensors.torch import load_file
+
+    from baton.tools.export import main as export_main
+
+    checkpoint = sft_run["run_dir"] / "checkpoints" / "step_000003"
+    assert export_main([str(checkpoint), str(tmp_path / "ema"), "--format", "hf", "--ema"]) == 0
+    saved = load_file(str(tmp_path / "ema" / "model.safetensors"))
+    averages = sft_run["ema"].averages
+    assert set(saved) == set(averages)
+    for name, value in averages.items():
+        want = value.detach().cpu().numpy()
+        assert np.array_equal(saved[name].numpy().reshape(want.shape), want), name

@@ -423,7 +423,14 @@ def posttrain_driver(
     """The SFT or DPO run of ``recipe`` on packed data (see the module docs)."""
     from transformers import AutoModelForCausalLM
 
-    from baton.backends.fabric.posttrain import DPOLoss, pair_count, sft_loss, supervised_tokens
+    from baton.backends.fabric.moe import RouterBalance
+    from baton.backends.fabric.posttrain import (
+        DPOLoss,
+        MoESFTLoss,
+        pair_count,
+        sft_loss,
+        supervised_tokens,
+    )
     from baton.backends.torch_objectives import DPO_LOSSES, DPO_METRICS
     from baton.data import DataError, load_tokenizer
     from baton.data.packed import PackedDataset, check_objective
@@ -432,11 +439,6 @@ def posttrain_driver(
         raise UsageError(
             f"--objective {objective} needs --data-path PREFIX (made by `baton data prepare "
             "... --seq-len N`) and --tokenizer DIR"
-        )
-    if spec is not None and spec.moe is not None:
-        raise UsageError(
-            f"--objective {objective} does not train mixture-of-experts models on the Fabric "
-            "backend yet; use a dense model"
         )
     if objective == "dpo" and dpo_loss not in DPO_LOSSES:
         raise UsageError(f"--dpo-loss {dpo_loss!r}: use one of {', '.join(DPO_LOSSES)}")
@@ -457,8 +459,13 @@ def posttrain_driver(
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
+    balance = None
+    if spec is not None and spec.moe is not None:
+        balance = RouterBalance(config, aux_loss_coef=spec.moe.aux_loss_coef)
+        keys += ["moe/aux_loss", "moe/load_balance"]
     if objective == "sft":
-        loss_fn, mean_over, logps = sft_loss, supervised_tokens, None
+        loss_fn = sft_loss if balance is None else MoESFTLoss(balance)
+        mean_over, logps = supervised_tokens, None
     else:
         source = reference or init_from
         if source is None:
@@ -468,7 +475,7 @@ def posttrain_driver(
             accelerator=accelerator,
         )  # fmt: skip
         settings["reference_fingerprint"] = fingerprint
-        loss_fn, mean_over = DPOLoss(dpo_beta, dpo_loss), pair_count
+        loss_fn, mean_over = DPOLoss(dpo_beta, dpo_loss, balance), pair_count
         keys += [name for name in DPO_METRICS if name.startswith("rewards/")]
     train, val = packed_loaders(
         data, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=logps

@@ -378,7 +378,8 @@ def dpo_reference_pairs(
         model: Any = trainer.model
         model.train()
         loss = trainer.compute_loss(model, batch)
-        metrics = {name: trainer._metrics["train"][name][-1] for name in DPO_METRICS}
+        logged = trainer._metrics["train"]
+        metrics = {name: logged[name][-1] for name in (*DPO_METRICS, "aux_loss") if name in logged}
     return {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
 
 

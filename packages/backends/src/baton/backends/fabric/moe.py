@@ -65,3 +65,53 @@ def with_moe_metrics(
         return output.loss, metrics
 
     return loss_and_metrics
+
+
+class RouterBalance:
+    """The load-balancing term of a ``transformers`` mixture-of-experts model on packed
+    rows, over the rows' input tokens only (padding excluded), as a share of the global
+    batch.
+
+    On packed rows the model is called without an attention mask (it reads documents
+    from the restarting positions), so its own ``aux_loss`` would count padding. This
+    term is the model's own ``load_balancing_loss_func`` with the row's tokens as its
+    mask, times the coefficient, times ``share`` (the micro-batch's part of the global
+    batch's items): summed over micro-batches and ranks it is their weighted mean, as
+    the step's loss and metrics are (``FabricBackend(mean_over=...)``). It equals what
+    ``transformers`` adds for the same documents each run alone, pooled, less each row's
+    last token (it predicts nothing, so it is no input).
+
+    Example::
+
+        balance = RouterBalance(config, aux_loss_coef=0.01)
+        output = model(input_ids=ids, position_ids=positions, output_router_logits=True)
+        term, metrics = balance(output.router_logits, segments > 0, share=1.0)
+    """
+
+    def __init__(self, config: Any, aux_loss_coef: float) -> None:
+        import importlib
+
+        module = importlib.import_module(
+            f"transformers.models.{config.model_type}.modeling_{config.model_type}"
+        )
+        self.loss_of: Callable[..., torch.Tensor] = module.load_balancing_loss_func
+        self.experts: int = config.num_experts
+        self.experts_per_token: int = config.num_experts_per_tok
+        self.coef = aux_loss_coef
+
+    def __call__(
+        self,
+        router_logits: Sequence[torch.Tensor],
+        tokens: torch.Tensor,
+        share: torch.Tensor | float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(coefficient x load-balancing loss x share, {"moe/aux_loss",
+        "moe/load_balance"} x share)``; ``tokens`` is ``[batch, seq]``, true where a row
+        holds a token."""
+        logits = tuple(router_logits)
+        term = self.coef * self.loss_of(logits, self.experts, self.experts_per_token, tokens)
+        with torch.no_grad():
+            kept = tokens.reshape(-1)
+            balance = load_balance([layer[kept] for layer in logits], self.experts_per_token)
+            metrics = {"moe/aux_loss": term.detach() * share, "moe/load_balance": balance * share}
+        return term * share, metrics

@@ -15,6 +15,10 @@ DPO sums each document's log-probabilities over its supervised targets
 (chosen, rejected), and each document's reference log-probability comes precomputed
 (``reference_logps``) in the batch.
 
+A mixture-of-experts model adds its load-balancing term to either loss, over the rows'
+tokens without padding (:class:`MoESFTLoss`, ``DPOLoss(balance=...)``; TRL's DPO adds
+the model's term as well).
+
 Example::
 
     data = PackedDataset("data/chat")
@@ -26,6 +30,10 @@ Example::
     rows = PackedRows(pairs, pad_id=0, reference=reference)
     backend = FabricBackend(model, optimizer, GlobalBatches(rows, batch_size=8),
                             loss_fn=DPOLoss(beta=0.1, loss_type="sigmoid"), mean_over=pair_count)
+
+    balance = RouterBalance(model_config, aux_loss_coef=0.01)  # a Qwen3-MoE
+    backend = FabricBackend(model, optimizer, train, loss_fn=MoESFTLoss(balance),
+                            mean_over=supervised_tokens)
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import torch
 from torch.utils.data import Dataset
 
 from baton.backends import torch_objectives as objectives
+from baton.backends.fabric.moe import RouterBalance
 from baton.data.packed import PackedDataset
 
 
@@ -106,22 +115,66 @@ def sft_loss(model: Any, batch: Mapping[str, Any]) -> torch.Tensor:
     return output.loss
 
 
+def _share(items: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor | float:
+    """This micro-batch's part of the global batch's items (1 outside a training step)."""
+    total = batch.get("num_items_in_batch")
+    return 1.0 if total is None else items / total
+
+
+class MoESFTLoss:
+    """:func:`sft_loss` for a mixture-of-experts model, plus its load-balancing term over
+    the rows' tokens (:class:`~baton.backends.fabric.moe.RouterBalance`); returns
+    ``(loss, {"moe/aux_loss", "moe/load_balance"})``. The cross entropy is the model's
+    own loss function, as :func:`sft_loss` has it.
+
+    Example::
+
+        loss_fn = MoESFTLoss(RouterBalance(config, aux_loss_coef=0.01))
+    """
+
+    def __init__(self, balance: RouterBalance) -> None:
+        self.balance = balance
+
+    def __call__(
+        self, model: Any, batch: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        labels = batch["labels"]
+        supervised = (labels != -100).sum()
+        count = batch.get("num_items_in_batch")
+        output = model(**_model_inputs(batch), output_router_logits=True)
+        cross_entropy = model.loss_function(
+            logits=output.logits,
+            labels=None,
+            shift_labels=labels,  # already the next tokens
+            vocab_size=output.logits.shape[-1],
+            num_items_in_batch=count if count is not None else supervised,
+        )
+        term, metrics = self.balance(
+            output.router_logits, batch["segments"] > 0, _share(supervised, batch)
+        )
+        return cross_entropy + term, metrics
+
+
 class DPOLoss:
     """``loss_fn(model, batch) -> (loss, TRL's metrics)`` of DPO on packed pairs whose
     reference log-probabilities are in the batch (``PackedRows(reference=...)``)."""
 
-    def __init__(self, beta: float, loss_type: str) -> None:
+    def __init__(self, beta: float, loss_type: str, balance: RouterBalance | None = None) -> None:
         if loss_type not in objectives.DPO_LOSSES:
             raise ValueError(
                 f"DPO loss {loss_type!r}: use one of {', '.join(objectives.DPO_LOSSES)}"
             )
-        self.beta, self.loss_type = beta, loss_type
+        self.beta, self.loss_type, self.balance = beta, loss_type, balance
 
     def __call__(
         self, model: Any, batch: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         documents = batch["documents"]
-        logits = model(**_model_inputs(batch)).logits
+        if self.balance is None:
+            output = model(**_model_inputs(batch))
+        else:
+            output = model(**_model_inputs(batch), output_router_logits=True)
+        logits = output.logits
         labels = batch["labels"]
         logps, counts = objectives.document_logps(
             logits, labels.clamp(min=0), labels != -100, batch["segments"], documents.shape[1]
@@ -138,7 +191,13 @@ class DPOLoss:
         if pairs is None:
             pairs = torch.tensor(float(max(len(losses), 1)), device=losses.device)
         sums = objectives.dpo_metric_sums(policy_c, policy_r, ref_c, ref_r, beta=self.beta)
-        return losses.sum() / pairs, {name: value / pairs for name, value in sums.items()}
+        loss = losses.sum() / pairs
+        metrics = {name: value / pairs for name, value in sums.items()}
+        if self.balance is not None:  # TRL adds the model's load-balancing term as well
+            share = _share((documents[:, 0::2] >= 0).sum(), batch)
+            term, moe = self.balance(output.router_logits, batch["segments"] > 0, share)
+            loss, metrics = loss + term, metrics | moe
+        return loss, metrics
 
 
 @torch.no_grad()

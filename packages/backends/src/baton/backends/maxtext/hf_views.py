@@ -1,6 +1,6 @@
-"""MaxText's parameter arrays seen as named tensors: Hugging Face names for a Llama
-(``decoder_block: llama2``, the layout ``hf.hf_to_maxtext`` writes), MaxText's own
-dotted paths for any other model.
+"""MaxText's parameter arrays seen as named tensors: Hugging Face names for a Llama or a
+dense Qwen3 (``decoder_block: llama2`` or ``qwen3``, the layouts ``hf.hf_to_maxtext``
+writes), MaxText's own dotted paths for any other model.
 
 A scanned MaxText model keeps each kernel of every layer in one array stacked on axis
 1 (``param_scan_axis``). A ``View`` names one layer's part of it as Hugging Face lays it
@@ -144,8 +144,19 @@ def _heads_out(heads: int, head_dim: int) -> tuple[Callable, Callable]:
     return to_named, from_named
 
 
-def llama_views(hparams: Any, params: Mapping[str, Any]) -> dict[str, View]:
-    """Hugging Face names of a scanned MaxText Llama (``hf.hf_to_maxtext``'s layout)."""
+#: MaxText decoder blocks whose scanned layers ``hf_views`` names as Hugging Face's
+HF_BLOCKS = ("llama2", "qwen3")
+
+
+def _decoder_block(hparams: Any) -> str:
+    return str(getattr(hparams.decoder_block, "value", hparams.decoder_block))
+
+
+def hf_layer_views(hparams: Any, params: Mapping[str, Any]) -> dict[str, View]:
+    """Hugging Face names of a scanned MaxText Llama or dense Qwen3 (``hf.hf_to_maxtext``'s
+    layout): a Qwen3 adds each layer's query and key norms, and its query kernel is
+    unscaled."""
+    qwen3 = _decoder_block(hparams) == "qwen3"
     heads, kv_heads = int(hparams.num_query_heads), int(hparams.num_kv_heads)
     head_dim = int(hparams.head_dim)
     rotated = str(getattr(hparams.rope_type, "value", hparams.rope_type)).startswith("llama3")
@@ -157,7 +168,8 @@ def llama_views(hparams: Any, params: Mapping[str, Any]) -> dict[str, View]:
     o = _heads_out(heads, head_dim)
     linear = (_transpose, _transpose)
     per_layer: list[tuple[str, Path, tuple[Callable, Callable], float]] = [
-        ("self_attn.q_proj.weight", (*attention, "query", "kernel"), q, math.sqrt(head_dim)),
+        ("self_attn.q_proj.weight", (*attention, "query", "kernel"), q,
+         1.0 if qwen3 else math.sqrt(head_dim)),
         ("self_attn.k_proj.weight", (*attention, "key", "kernel"), k, 1.0),
         ("self_attn.v_proj.weight", (*attention, "value", "kernel"), v, 1.0),
         ("self_attn.o_proj.weight", (*attention, "out", "kernel"), o, 1.0),
@@ -169,6 +181,13 @@ def llama_views(hparams: Any, params: Mapping[str, Any]) -> dict[str, View]:
         ("post_attention_layernorm.weight", (*layer, "post_self_attention_layer_norm", "scale"),
          (_identity, _identity), 1.0),
     ]  # fmt: skip
+    if qwen3:
+        per_layer += [
+            ("self_attn.q_norm.weight", (*attention, "query_norm", "scale"),
+             (_identity, _identity), 1.0),
+            ("self_attn.k_norm.weight", (*attention, "key_norm", "scale"),
+             (_identity, _identity), 1.0),
+        ]  # fmt: skip
     views: dict[str, View] = {}
 
     def add(name: str, path: Path, pair: tuple[Callable, Callable], layer: int | None = None,
@@ -186,13 +205,14 @@ def llama_views(hparams: Any, params: Mapping[str, Any]) -> dict[str, View]:
     return views
 
 
-def is_llama(hparams: Any, params: Mapping[str, Any]) -> bool:
-    """Whether ``params`` is the scanned Llama ``hf.hf_to_maxtext`` writes (no more, no less)."""
-    if str(getattr(hparams.decoder_block, "value", hparams.decoder_block)) != "llama2":
+def has_hf_layout(hparams: Any, params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` is the scanned Llama or dense Qwen3 ``hf.hf_to_maxtext`` writes
+    (no more, no less: a Qwen3-MoE's experts are not named)."""
+    if _decoder_block(hparams) not in HF_BLOCKS:
         return False
     if not hparams.scan_layers or hparams.fused_qkv or hparams.fused_mlp:
         return False
-    named = {view.path for view in llama_views(hparams, params).values()}
+    named = {view.path for view in hf_layer_views(hparams, params).values()}
     return named == set(leaves(params))
 
 
@@ -205,5 +225,8 @@ def own_views(params: Mapping[str, Any]) -> dict[str, View]:
 
 
 def model_views(hparams: Any, params: Mapping[str, Any]) -> dict[str, View]:
-    """The named tensors of a MaxText model: Hugging Face names for a Llama, else MaxText's."""
-    return llama_views(hparams, params) if is_llama(hparams, params) else own_views(params)
+    """The named tensors of a MaxText model: Hugging Face names for a Llama or a dense
+    Qwen3, else MaxText's."""
+    if has_hf_layout(hparams, params):
+        return hf_layer_views(hparams, params)
+    return own_views(params)

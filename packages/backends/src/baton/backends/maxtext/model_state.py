@@ -2,9 +2,9 @@
 by name, the gradients before clipping, the optimizer's learning rate and weight decay,
 and freezing, for a callback written once for every backend.
 
-Names: a scanned MaxText Llama (what ``--init-from`` / ``--model-config`` build) shows
-the Hugging Face names; each layer's tensor is a ``Piece`` computed from the array of
-stacked layers (``Piece.fused`` names it, e.g. ``decoder.layers.self_attention.query.
+Names: a scanned MaxText Llama or dense Qwen3 (what ``--init-from`` / ``--model-config``
+build) shows the Hugging Face names; each layer's tensor is a ``Piece`` computed from the
+array of stacked layers (``Piece.fused`` names it, e.g. ``decoder.layers.self_attention.query.
 kernel``) in Hugging Face's layout (``hf_views``). Any other MaxText model shows its own
 dotted paths, each array whole. JAX arrays are global: every piece is the whole tensor
 (``index`` covers it, ``counted`` is true) and ``sum_over_ranks`` returns its values

@@ -17,7 +17,13 @@ import torch
 
 from baton.callbacks import EMA, Freeze
 from baton.core.cli.recipe import build_driver
-from support.posttrain import chat_tokenizer, preference_prefix, sft_prefix, tiny_model
+from support.posttrain import (
+    chat_tokenizer,
+    preference_prefix,
+    sft_prefix,
+    sft_reference,
+    tiny_model,
+)
 from support.resilience import LoggedMetrics, RollbackOnce, StepWeights, check_ema, check_frozen
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
@@ -86,10 +92,16 @@ def sft_run(assets) -> dict[str, object]:
     return {"weights": weights, "metrics": metrics, "ema": ema, "run_dir": run_dir}
 
 
-def test_freeze_and_ema_on_sft(sft_run):
+def test_freeze_and_ema_on_sft(assets, sft_run):
+    """Layer 0 never moves while the rest trains, EMA(0.5) is the weights' average, and
+    the first step (frozen or not, the forward is the same) has the loss of
+    ``transformers`` on each conversation of its rows alone."""
     frozen = check_frozen(sft_run["weights"], FROZEN)
-    assert sft_run["metrics"].last()[1]["freeze/frozen"] == len(frozen)
+    first = sft_run["metrics"].last()[1]
+    assert first["freeze/frozen"] == len(frozen)
     check_ema(sft_run["weights"], sft_run["ema"].averages, decay=0.5)
+    loss, _ = sft_reference(assets["policy"], assets["sft"], rows=range(BATCH))
+    assert first["loss"] == pytest.approx(loss, rel=1e-5)
 
 
 def test_the_sft_export_gives_the_trained_weights_logits(assets, sft_run, tmp_path):

@@ -12,6 +12,10 @@ engine's first step must equal (``transformers`` for SFT, TRL's ``DPOTrainer`` f
     trl = dpo_reference(model, ref, pairs, rows=[0, 1], beta=0.1, loss_type="sigmoid")
     trl["loss"], trl["rewards/margins"], trl["logps/chosen"]
 
+    logged = LoggedMetrics()                                   # the engine's side
+    driver.callbacks.append(logged); driver.fit()
+    logged.metrics[1]["loss"]                                  # step 1's logged metrics
+
 Token ids of the preference pairs are TRL's own: ``preference_prefix`` tokenizes each
 conversational pair with TRL's ``_tokenize`` (``apply_chat_template``) and splits prompt
 from completion with TRL's ``common_prefix_length``, as ``DPOTrainer`` does (TRL 1.16 has
@@ -26,6 +30,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from baton.core import Callback
 
 #: the special tokens of the chat template (added to the trained BPE)
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -52,6 +58,17 @@ WORDS = (
 ).split()
 #: Model vocabulary of ``tiny_model``: above the chat tokenizer's
 MODEL_VOCAB = 512
+
+
+class LoggedMetrics(Callback):
+    """Every log step's metrics, ``metrics[step][name]`` (each step with ``--log-every 1``):
+    how a test reads an engine's first-step loss and metrics."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[int, dict[str, float]] = {}
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        self.metrics[driver.step] = dict(metrics)
 
 
 def _sentence(rng: random.Random, low: int, high: int) -> str:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from baton.data import DataError
 from baton.data.packed import PackedDataset
 from support.posttrain import (
+    LoggedMetrics,
     chat_tokenizer,
     dpo_reference,
     preference_prefix,
@@ -39,14 +39,6 @@ def hf_recipe():
     return module
 
 
-class Record(Callback):
-    def __init__(self) -> None:
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver, metrics):
-        self.metrics[driver.step] = dict(metrics)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("posttrain")
@@ -67,12 +59,12 @@ def first_rows(prefix: Path, batch_size: int, steps_rows: int) -> list[int]:
     return train.order(0)[:steps_rows].tolist()
 
 
-def run(files: dict[str, Path], tmp_path: Path, *args: str) -> Record:
+def run(files: dict[str, Path], tmp_path: Path, *args: str) -> LoggedMetrics:
     argv = ["--init-from", str(files["policy"]), "--tokenizer", str(files["tok"])]
     argv += ["--max-steps", "1", "--log-every", "1", "--eval-every", "0", "--save-every", "0"]
     argv += ["--run-dir", str(tmp_path / "run"), "--no-progress", *args]
     driver = build_driver(RECIPE, argv)
-    record = Record()
+    record = LoggedMetrics()
     driver.callbacks.append(record)
     driver.fit()
     return record

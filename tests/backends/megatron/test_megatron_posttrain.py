@@ -17,6 +17,7 @@ from baton.core.cli.command import main as baton
 from baton.core.cli.recipe import build_driver
 from support.posttrain import (
     DPO_METRICS,
+    LoggedMetrics,
     chat_tokenizer,
     dpo_reference,
     preference_prefix,
@@ -27,16 +28,6 @@ from support.posttrain import (
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
 SEQ_LEN = 128
-
-
-class FirstStep(Callback):
-    """The logged metrics of every step (``log_every=1``)."""
-
-    def __init__(self) -> None:
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.metrics[driver.step] = dict(metrics)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +54,7 @@ def run_argv(fixtures: dict[str, Path], run_dir: Path, *extra: str, steps: int =
 
 def first_step(argv: list[str]) -> dict[str, float]:
     driver = build_driver(RECIPE, argv)
-    record = FirstStep()
+    record = LoggedMetrics()
     driver.callbacks.append(record)
     driver.fit()
     return record.metrics[1]
@@ -230,7 +221,7 @@ def test_sft_resumes_where_it_stopped_and_a_dpo_reference_change_is_refused(fixt
         argv = run_argv(fixtures, run_dir, "--objective", objective, "--lr", "1e-2", steps=3)
         data = fixtures["sft" if objective == "sft" else "pairs"]
         driver = build_driver(RECIPE, [*argv, "--data-path", str(data), *extra])
-        record = FirstStep()
+        record = LoggedMetrics()
         driver.callbacks += [record, StopAfter(stop)] if stop else [record]
         driver.fit()
         return record.metrics

@@ -22,29 +22,28 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from support.posttrain import chat_tokenizer, sft_prefix, sft_reference, tiny_model
+from support.posttrain import (
+    LoggedMetrics,
+    chat_tokenizer,
+    sft_prefix,
+    sft_reference,
+    tiny_model,
+)
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH = 96, 2
 
 
-class Logged(Callback):
-    """Every metric of every log step (``values[step][name]``) and the inner attention
-    the model was built with."""
+class Logged(LoggedMetrics):
+    """Every log step's metrics and the inner attention the model was built with."""
 
-    def __init__(self) -> None:
-        self.values: dict[int, dict[str, float]] = {}
-        self.attention = ""
+    attention = ""
 
     def on_train_start(self, driver: Any) -> None:
         layer = driver.backend.trainer.model_parts[0].layers["0"]
         self.attention = type(layer.attention.inner_attention).__name__
-
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.values[driver.step] = dict(metrics)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +78,7 @@ def test_first_sft_step_equals_transformers_on_each_conversation(assets):
     driver.callbacks.append(logged)
     driver.fit()
     loss, grad_norm = sft_reference(assets["model"], assets["sft"], rows=range(BATCH))
-    first = logged.values[1]
+    first = logged.metrics[1]
     assert logged.attention == ("FlexAttention" if torch.cuda.is_available() else "DocumentSdpa")
     assert first["loss"] == pytest.approx(loss, rel=1e-5)
     assert first["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)

@@ -283,7 +283,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             lr_at=jax.jit(self.learning_rate_schedule),  # one dispatch per log step
         )
 
-        self._setup_data(maxtext_iterator, maxtext_eval_iterator)
+        self._setup_data(parts, maxtext_iterator, maxtext_eval_iterator)
         p_train, self._p_eval = train_utils.jit_train_and_eval_step(
             cfg,
             self.graphdef,
@@ -313,13 +313,18 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             saves=self._saves,
         )
 
-    def _setup_data(self, maxtext_iterator: Any, maxtext_eval_iterator: Any) -> None:
-        """baton's byte stream, or MaxText's own pipeline as its train.py builds it."""
+    def _setup_data(
+        self, parts: StepParts, maxtext_iterator: Any, maxtext_eval_iterator: Any
+    ) -> None:
+        """Prepared post-training rows, baton's byte stream, or MaxText's own pipeline as
+        its train.py builds it."""
         cfg = self.hparams
         if self.config.post_training:  # prepared rows (and DPO's reference), fed by baton
             from baton.backends.maxtext.posttrain import post_training_stream
 
-            self.batches, self.data_fingerprint = post_training_stream(self)
+            self.batches, self.data_fingerprint = post_training_stream(
+                self.config, parts, self.state
+            )
         elif self.config.byte_stream:
             corpus = TextCorpus.load(self.config.data_path)
             self.data_fingerprint = corpus.fingerprint()

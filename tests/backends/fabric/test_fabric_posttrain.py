@@ -4,13 +4,13 @@ TRL's DPOTrainer), packed rows keep documents apart, and wrong data is refused."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from baton.backends.fabric.hf_posttrain import packed_loaders
 from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from baton.data import DataError
@@ -32,13 +32,6 @@ SEQ_LEN = 96
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
 
-def hf_recipe():
-    spec = importlib.util.spec_from_file_location("hf_finetune_recipe", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("posttrain")
@@ -55,7 +48,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def first_rows(prefix: Path, batch_size: int, steps_rows: int) -> list[int]:
     """The rows the recipe's first step reads: the head of its seeded global order."""
     data = PackedDataset(prefix)
-    train, _ = hf_recipe().packed_loaders(data, batch_size=batch_size, seed=0, pad_id=0)
+    train, _ = packed_loaders(data, batch_size=batch_size, seed=0, pad_id=0)
     return train.order(0)[:steps_rows].tolist()
 
 

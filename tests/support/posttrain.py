@@ -12,6 +12,9 @@ engine's first step must equal (``transformers`` for SFT, TRL's ``DPOTrainer`` f
     trl = dpo_reference(model, ref, pairs, rows=[0, 1], beta=0.1, loss_type="sigmoid")
     trl["loss"], trl["rewards/margins"], trl["logps/chosen"]
 
+    files = posttrain_files(tmp_path, seq_len=96)              # all of the above at once
+    files["tokenizer"], files["policy"], files["reference"], files["sft"], files["pairs"]
+
     logged = LoggedMetrics()                                   # the engine's side
     driver.callbacks.append(logged); driver.fit()
     logged.metrics[1]["loss"]                                  # step 1's logged metrics
@@ -256,6 +259,26 @@ def preference_prefix(
         Path(directory) / "pairs", rows[:num_rows], "preference", seq_len, tokenizer_dir,
         input_format="preference", mask="completion",
     )  # fmt: skip
+
+
+def posttrain_files(
+    root: str | Path, seq_len: int, num_rows: int = 8, kinds: Sequence[str] = ("sft", "pairs")
+) -> dict[str, Path]:
+    """The files an engine's post-training tests read, under ``root``: ``tokenizer`` (the
+    chat tokenizer), ``policy`` and ``reference`` (tiny models of seeds 0 and 1), and for
+    each of ``kinds`` its packed prefix of ``num_rows`` rows of ``seq_len``: ``sft``
+    (conversations) and ``pairs`` (preference pairs)."""
+    root = Path(root)
+    tokenizer = chat_tokenizer(root / "tok")
+    files = {
+        "tokenizer": tokenizer,
+        "policy": tiny_model(root / "policy"),
+        "reference": tiny_model(root / "reference", seed=1),
+    }
+    write = {"sft": sft_prefix, "pairs": preference_prefix}
+    for kind in kinds:
+        files[kind] = write[kind](root / "data", tokenizer, seq_len, num_rows)
+    return files
 
 
 def _documents(prefix: str | Path, rows: Sequence[int]) -> list[tuple[list[int], list[int]]]:

@@ -23,9 +23,8 @@ from baton.core.errors import UsageError
 from support.posttrain import (
     DPO_METRICS,
     LoggedMetrics,
-    chat_tokenizer,
     dpo_reference,
-    preference_prefix,
+    posttrain_files,
     sft_prefix,
     tiny_model,
 )
@@ -37,14 +36,7 @@ SEQ, BATCH = 96, 2
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("titan_dpo")
-    tokenizer = chat_tokenizer(root / "tok")
-    return {
-        "root": root,
-        "tokenizer": tokenizer,
-        "policy": tiny_model(root / "policy"),
-        "reference": tiny_model(root / "reference", seed=1),
-        "pairs": preference_prefix(root / "data", tokenizer, seq_len=SEQ),
-    }
+    return {"root": root, **posttrain_files(root, SEQ, kinds=("pairs",))}
 
 
 def dpo_run(assets: dict[str, Path], run_dir: Path, *extra: str) -> dict[str, float]:

@@ -26,10 +26,8 @@ from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from support.posttrain import (
     LoggedMetrics,
-    chat_tokenizer,
-    sft_prefix,
+    posttrain_files,
     sft_reference,
-    tiny_model,
 )
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
@@ -49,19 +47,13 @@ class Logged(LoggedMetrics):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("titan_sft")
-    tokenizer = chat_tokenizer(root / "tok")
-    return {
-        "root": root,
-        "tokenizer": tokenizer,
-        "model": tiny_model(root / "model"),
-        "sft": sft_prefix(root / "data", tokenizer, seq_len=SEQ),
-    }
+    return {"root": root, **posttrain_files(root, SEQ, kinds=("sft",))}
 
 
 def sft_args(assets: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
     return [
         "--objective", "sft", "--data-path", str(assets["sft"]),
-        "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["model"]),
+        "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
         "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--max-steps", "1",
         "--log-every", "1", "--save-every", "0", "--run-dir", str(run_dir), "--no-progress",
         *extra,
@@ -77,7 +69,7 @@ def test_first_sft_step_equals_transformers_on_each_conversation(assets):
     driver = build_driver(RECIPE, sft_args(assets, assets["root"] / "run"))
     driver.callbacks.append(logged)
     driver.fit()
-    loss, grad_norm = sft_reference(assets["model"], assets["sft"], rows=range(BATCH))
+    loss, grad_norm = sft_reference(assets["policy"], assets["sft"], rows=range(BATCH))
     first = logged.metrics[1]
     assert logged.attention == ("FlexAttention" if torch.cuda.is_available() else "DocumentSdpa")
     assert first["loss"] == pytest.approx(loss, rel=1e-5)

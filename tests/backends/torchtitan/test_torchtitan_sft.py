@@ -132,9 +132,10 @@ def test_a_sequence_length_other_than_the_rows_is_refused_before_the_build(asset
 
 
 def test_torchtitans_pretraining_loader_refuses_packed_conversations(assets):
+    from baton.backends.torchtitan.data import RankShare
     from baton.backends.torchtitan.prepared import PreparedDataLoader
     from baton.data import DataError
 
     config = PreparedDataLoader.Config(dataset_path=str(assets["sft"]))
     with pytest.raises(DataError, match="--objective sft"):
-        PreparedDataLoader.build_dataset(config, None, seq_len=SEQ, dp_rank=0, dp_world_size=1)  # type: ignore[arg-type]
+        PreparedDataLoader.build_dataset(config, None, RankShare(SEQ, 0, 1))  # type: ignore[arg-type]

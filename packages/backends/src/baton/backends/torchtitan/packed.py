@@ -41,7 +41,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.torchtitan.data import BatonDataLoader
+from baton.backends.torchtitan.data import BatonDataLoader, RankShare
 from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import DataError, load_tokenizer
 from baton.data.packed import PackedDataset
@@ -134,20 +134,12 @@ class PackedDataLoader(BatonDataLoader):
 
     @classmethod
     def build_dataset(
-        cls,
-        config: Config,
-        tokenizer: BaseTokenizer,
-        *,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
+        cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PackedRows:
-        if not config.dataset_path:
-            raise ValueError("PackedDataLoader needs dataset_path (a prepared PREFIX)")
         return PackedRows(
-            open_packed(config.dataset_path, tokenizer, seq_len),
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
+            open_packed(cls.prepared_path(config), tokenizer, share.seq_len),
+            dp_rank=share.dp_rank,
+            dp_world_size=share.dp_world_size,
             documents=config.documents,
             infinite=config.infinite,
         )

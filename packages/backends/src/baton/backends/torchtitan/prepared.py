@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.torchtitan.data import BatonDataLoader
+from baton.backends.torchtitan.data import BatonDataLoader, RankShare
 from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
 from baton.data.packed import check_objective
@@ -130,30 +130,23 @@ class PreparedDataLoader(BatonDataLoader):
 
     @classmethod
     def build_dataset(
-        cls,
-        config: Config,
-        tokenizer: BaseTokenizer,
-        *,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
+        cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PreparedWindows:
-        if not config.dataset_path:
-            raise ValueError("PreparedDataLoader needs dataset_path (a prepared PREFIX)")
-        check_objective(config.dataset_path, "pretrain")  # not packed conversations
-        data = PreparedDataset(config.dataset_path)
+        path = cls.prepared_path(config)
+        check_objective(path, "pretrain")  # not packed conversations
+        data = PreparedDataset(path)
         eod_id = tokenizer.eos_id
-        path = getattr(tokenizer, "tokenizer_path", None)
-        if path:  # a Hugging Face tokenizer directory: the data must come from it
-            info = load_tokenizer(path)
+        tokenizer_path = getattr(tokenizer, "tokenizer_path", None)
+        if tokenizer_path:  # a Hugging Face tokenizer directory: the data must come from it
+            info = load_tokenizer(tokenizer_path)
             data.check_tokenizer(info)
             eod_id = info.eod_id
         return PreparedWindows(
             data,
             tokens=split_tokens(data, config.eval_split, config.split),
             eod_id=int(eod_id if eod_id is not None else -1),
-            seq_len=seq_len,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
+            seq_len=share.seq_len,
+            dp_rank=share.dp_rank,
+            dp_world_size=share.dp_world_size,
             infinite=config.infinite,
         )

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.maxtext.config import SHAPE_KEYS
 from baton.backends.maxtext.dpo import document_logps, target_logps
 from baton.backends.maxtext.dpo_loss import model_logits
 from baton.backends.maxtext.packed_batches import maxtext_batch
@@ -36,13 +37,7 @@ from baton.data.packed import PackedDataset
 #: the MaxText settings that decide a model's log-probabilities
 MODEL_KEYS = (
     "decoder_block",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "head_dim",
-    "vocab_size",
+    *SHAPE_KEYS,
     "num_experts",
     "rope_type",
     "rope_max_timescale",

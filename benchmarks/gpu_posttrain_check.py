@@ -14,7 +14,6 @@ ln 2. Prints one line per check.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import tempfile
 import time
@@ -100,11 +99,9 @@ def main() -> None:
                 str(sft),
             ],
         )
-        spec = importlib.util.spec_from_file_location("recipe", ROOT / "recipes/hf_finetune.py")
-        assert spec is not None and spec.loader is not None
-        recipe = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(recipe)
-        train, _ = recipe.packed_loaders(PackedDataset(sft), batch_size=4, seed=0, pad_id=0)
+        from baton.backends.fabric.hf_posttrain import packed_loaders
+
+        train, _ = packed_loaders(PackedDataset(sft), batch_size=4, seed=0, pad_id=0)
         loss, grad_norm = sft_reference(policy, sft, train.order(0)[:4].tolist())
         print(
             f"FABRIC SFT vs transformers: loss rel {relative(got['loss'], loss):.2e}, "

@@ -48,6 +48,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.fabric.hf_posttrain import OBJECTIVE_SETTINGS, post_training
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.text import text_loaders
@@ -232,15 +233,72 @@ def recipe(
             f"--objective {objective} evaluates on a tail of its rows: --eval-split and "
             "--eval-data-path are for pretraining"
         )
-    if objective != "pretrain":
-        return posttrain_driver(
-            objective, config, spec, init_from=init_from, reference=reference,
-            data_path=data_path, tokenizer=tokenizer, dpo_beta=dpo_beta, dpo_loss=dpo_loss,
-            max_steps=max_steps, lr=lr, batch_size=batch_size, grad_accum=grad_accum,
-            grad_clip=grad_clip, precision=precision, accelerator=accelerator,
-            strategy=strategy, seed=seed, log_every=log_every, eval_every=eval_every,
-            save_every=save_every, run_dir=run_dir, progress=progress,
+    settings = {"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {})
+    keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
+    if objective == "pretrain":
+        train, val, loss_fn, more_keys = pretraining_data(
+            config, spec, data_path=data_path, tokenizer=tokenizer, seq_len=seq_len,
+            batch_size=batch_size, seed=seed, text_key=text_key, eval_split=eval_split,
+            eval_data_path=eval_data_path,
         )  # fmt: skip
+        mean_over, recorded = None, ()
+        scheduler = warmup_cosine(lr, min_lr, warmup_steps, max_steps)
+    else:  # a constant learning rate
+        run = post_training(
+            objective, config, spec, data_path=data_path, tokenizer=tokenizer,
+            init_from=init_from, reference=reference, dpo_beta=dpo_beta, dpo_loss=dpo_loss,
+            batch_size=batch_size, seed=seed, accelerator=accelerator,
+        )  # fmt: skip
+        train, val, loss_fn, more_keys = run.train, run.val, run.loss_fn, run.console_keys
+        mean_over, recorded, scheduler = run.mean_over, OBJECTIVE_SETTINGS, None
+        settings |= run.settings
+    backend = FabricBackend(
+        model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
+        optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
+        scheduler=scheduler,
+        data=train,
+        eval_data=val,
+        loss_fn=loss_fn,
+        mean_over=mean_over,
+        describe={"model": config.model_type, "hidden_size": config.hidden_size},
+        config=FabricConfig(
+            accelerator=accelerator,
+            strategy=strategy,
+            precision=precision,
+            grad_accum=grad_accum,
+            grad_clip=grad_clip or None,  # 0: no clipping
+            seed=seed,
+            init_from=init_from,
+        ),
+    )
+    return Driver(
+        backend,
+        run_callbacks(keys + more_keys, save_every=save_every, progress=progress),
+        max_steps=max_steps,
+        log_every=log_every,
+        eval_every=eval_every,
+        run_dir=run_dir,
+        settings=settings,
+        training_settings=recorded,
+    )
+
+
+def pretraining_data(
+    config: Any,
+    spec: ModelSpec | None,
+    *,
+    data_path: str | None,
+    tokenizer: str | None,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    text_key: str,
+    eval_split: float,
+    eval_data_path: str | None,
+) -> tuple[Any, Any, Any, list[str]]:
+    """``(train, validation, loss_fn, console keys)`` of a pretraining run: byte windows,
+    or with a tokenizer a prepared dataset or text files (a MoE adds its load-balancing
+    loss and metrics)."""
     loss_fn = None  # byte batches are dicts: the model's own output.loss
     if tokenizer is None and (eval_split or eval_data_path is not None):
         raise UsageError(
@@ -269,7 +327,7 @@ def recipe(
             f"the data's vocabulary has {vocab} tokens, the model's only {config.vocab_size}; "
             "use a model built for this tokenizer"
         )
-    keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
+    keys: list[str] = []
     if spec is not None and spec.moe is not None:
         config.output_router_logits = True  # transformers adds the load-balancing loss
         loss_fn = with_moe_metrics(
@@ -278,233 +336,4 @@ def recipe(
             experts_per_token=spec.moe.experts_per_token,
         )
         keys += ["moe/aux_loss", "moe/load_balance"]
-    backend = FabricBackend(
-        model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
-        optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
-        scheduler=warmup_cosine(lr, min_lr, warmup_steps, max_steps),
-        data=train,
-        eval_data=val,
-        loss_fn=loss_fn,
-        describe={"model": config.model_type, "hidden_size": config.hidden_size},
-        config=FabricConfig(
-            accelerator=accelerator,
-            strategy=strategy,
-            precision=precision,
-            grad_accum=grad_accum,
-            grad_clip=grad_clip or None,  # 0: no clipping
-            seed=seed,
-            init_from=init_from,
-        ),
-    )
-    return Driver(
-        backend,
-        run_callbacks(keys, save_every=save_every, progress=progress),
-        max_steps=max_steps,
-        log_every=log_every,
-        eval_every=eval_every,
-        run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
-    )
-
-
-def reference_device(accelerator: str) -> torch.device:
-    """Where the reference log-probabilities are computed: this rank's GPU when the run
-    trains on one, else the CPU."""
-    import os
-
-    if accelerator != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def dpo_reference_logps(
-    data: Any, config: Any, source: str, *, pad_id: int, batch_rows: int, accelerator: str
-) -> tuple[Any, str]:
-    """``(log-probabilities of every document under the reference, its fingerprint)``:
-    read from beside the data when stored for this reference, else computed and stored.
-    A reference of another architecture or tokenizer is refused."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from baton.backends.fabric.posttrain import reference_logps
-    from baton.backends.fabric.weights import load_weights
-    from baton.backends.reference_logps import model_fingerprint, stored_or_computed
-    from baton.data import load_tokenizer
-
-    tokenizer_fingerprint = data.manifest["tokenizer"]["fingerprint"]
-    directory = Path(source)
-    if (directory / "config.json").is_file():
-        theirs = AutoConfig.from_pretrained(source)
-        for field in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers"):
-            if getattr(theirs, field, None) != getattr(config, field, None):
-                raise UsageError(
-                    f"--reference {source} has {field} {getattr(theirs, field, None)}, the "
-                    f"model {getattr(config, field, None)}; give a reference of the same "
-                    "architecture"
-                )
-    if (directory / "tokenizer.json").is_file():
-        if load_tokenizer(directory).fingerprint != tokenizer_fingerprint:
-            raise UsageError(
-                f"--reference {source} has another tokenizer than the data "
-                f"{data.prefix}; give a reference trained with the data's tokenizer"
-            )
-    fingerprint = model_fingerprint(source)
-
-    def compute() -> Any:
-        device = reference_device(accelerator)
-        model = AutoModelForCausalLM.from_config(config)
-        load_weights(model, source)
-        return reference_logps(
-            model.to(device), data, pad_id=pad_id, batch_rows=batch_rows, device=device
-        )
-
-    logps = stored_or_computed(
-        data.prefix,
-        fingerprint,
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        engine="fabric",
-        compute=compute,
-        num_sequences=data.num_sequences,
-    )
-    return logps, fingerprint
-
-
-def packed_loaders(
-    data: Any, *, batch_size: int, seed: int, pad_id: int, reference: Any = None
-) -> tuple[Any, list[dict[str, torch.Tensor]]]:
-    """``(train, validation batches)``: ``GlobalBatches`` of packed rows (a resumable
-    global order) and a fixed tail of rows for evaluation."""
-    from torch.utils.data import Subset, default_collate
-
-    from baton.backends.fabric.elastic import GlobalBatches
-    from baton.backends.fabric.posttrain import PackedRows
-
-    rows = PackedRows(data, pad_id, reference=reference)
-    held = min(4 * batch_size, len(rows) // 10)
-    if len(rows) - held < batch_size:
-        raise UsageError(
-            f"{data.prefix} holds {len(rows)} rows, too few for batches of {batch_size}; "
-            "use a smaller --batch-size or more data"
-        )
-    train = GlobalBatches(Subset(rows, range(len(rows) - held)), batch_size=batch_size, seed=seed)
-    tail = list(range(len(rows) - held, len(rows)))
-    val = [
-        default_collate([rows[i] for i in tail[start : start + batch_size]])
-        for start in range(0, len(tail), batch_size)
-    ]
-    return train, val
-
-
-def posttrain_driver(
-    objective: str,
-    config: Any,
-    spec: ModelSpec | None,
-    *,
-    init_from: str | None,
-    reference: str | None,
-    data_path: str | None,
-    tokenizer: str | None,
-    dpo_beta: float,
-    dpo_loss: str,
-    max_steps: int,
-    lr: float,
-    batch_size: int,
-    grad_accum: int,
-    grad_clip: float,
-    precision: str,
-    accelerator: str,
-    strategy: str,
-    seed: int,
-    log_every: int,
-    eval_every: int,
-    save_every: int,
-    run_dir: str,
-    progress: bool,
-) -> Driver:
-    """The SFT or DPO run of ``recipe`` on packed data (see the module docs)."""
-    from transformers import AutoModelForCausalLM
-
-    from baton.backends.fabric.moe import RouterBalance
-    from baton.backends.fabric.posttrain import (
-        DPOLoss,
-        MoESFTLoss,
-        pair_count,
-        sft_loss,
-        supervised_tokens,
-    )
-    from baton.backends.torch_objectives import DPO_LOSSES, DPO_METRICS
-    from baton.data import DataError, load_tokenizer
-    from baton.data.packed import PackedDataset, check_objective
-
-    if data_path is None or tokenizer is None:
-        raise UsageError(
-            f"--objective {objective} needs --data-path PREFIX (made by `baton data prepare "
-            "... --seq-len N`) and --tokenizer DIR"
-        )
-    if objective == "dpo" and dpo_loss not in DPO_LOSSES:
-        raise UsageError(f"--dpo-loss {dpo_loss!r}: use one of {', '.join(DPO_LOSSES)}")
-    check_objective(data_path, objective)
-    data = PackedDataset(data_path)
-    info = load_tokenizer(tokenizer)
-    if info.fingerprint != data.manifest["tokenizer"]["fingerprint"]:
-        raise DataError(
-            f"{data.prefix} was prepared with another tokenizer than {tokenizer}; pass the "
-            "tokenizer the data was prepared with, or prepare the data again"
-        )
-    if config.vocab_size < info.vocab_size:
-        raise UsageError(
-            f"the data's vocabulary has {info.vocab_size} tokens, the model's only "
-            f"{config.vocab_size}; use a model built for this tokenizer"
-        )
-    settings: dict[str, Any] = {"tokenizer": tokenizer}
-    if spec is not None:
-        settings["model_spec"] = spec.to_dict()
-    keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
-    balance = None
-    if spec is not None and spec.moe is not None:
-        balance = RouterBalance(config, aux_loss_coef=spec.moe.aux_loss_coef)
-        keys += ["moe/aux_loss", "moe/load_balance"]
-    if objective == "sft":
-        loss_fn = sft_loss if balance is None else MoESFTLoss(balance)
-        mean_over, logps = supervised_tokens, None
-    else:
-        source = reference or init_from
-        if source is None:
-            raise UsageError("--objective dpo needs --reference DIR or --init-from DIR")
-        logps, fingerprint = dpo_reference_logps(
-            data, config, source, pad_id=info.eod_id, batch_rows=batch_size,
-            accelerator=accelerator,
-        )  # fmt: skip
-        settings["reference_fingerprint"] = fingerprint
-        loss_fn, mean_over = DPOLoss(dpo_beta, dpo_loss, balance), pair_count
-        keys += [name for name in DPO_METRICS if name.startswith("rewards/")]
-    train, val = packed_loaders(
-        data, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=logps
-    )
-    backend = FabricBackend(
-        model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
-        optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
-        data=train,
-        eval_data=val,
-        loss_fn=loss_fn,
-        mean_over=mean_over,
-        describe={"model": config.model_type, "hidden_size": config.hidden_size},
-        config=FabricConfig(
-            accelerator=accelerator,
-            strategy=strategy,
-            precision=precision,
-            grad_accum=grad_accum,
-            grad_clip=grad_clip or None,
-            seed=seed,
-            init_from=init_from,
-        ),
-    )
-    return Driver(
-        backend,
-        run_callbacks(keys, save_every=save_every, progress=progress),
-        max_steps=max_steps,
-        log_every=log_every,
-        eval_every=eval_every,
-        run_dir=run_dir,
-        settings=settings or None,
-        training_settings={"objective", "dpo_beta", "dpo_loss", "reference_fingerprint"},
-    )
+    return train, val, loss_fn, keys

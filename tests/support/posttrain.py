@@ -12,6 +12,13 @@ engine's first step must equal (``transformers`` for SFT, TRL's ``DPOTrainer`` f
     trl = dpo_reference(model, ref, pairs, rows=[0, 1], beta=0.1, loss_type="sigmoid")
     trl["loss"], trl["rewards/margins"], trl["logps/chosen"]
 
+    files = posttrain_files(tmp_path, seq_len=96)              # all of the above at once
+    files["tokenizer"], files["policy"], files["reference"], files["sft"], files["pairs"]
+
+    logged = LoggedMetrics()                                   # the engine's side
+    driver.callbacks.append(logged); driver.fit()
+    logged.metrics[1]["loss"]                                  # step 1's logged metrics
+
 Token ids of the preference pairs are TRL's own: ``preference_prefix`` tokenizes each
 conversational pair with TRL's ``_tokenize`` (``apply_chat_template``) and splits prompt
 from completion with TRL's ``common_prefix_length``, as ``DPOTrainer`` does (TRL 1.16 has
@@ -26,6 +33,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from baton.core import Callback
 
 #: the special tokens of the chat template (added to the trained BPE)
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -52,6 +61,21 @@ WORDS = (
 ).split()
 #: Model vocabulary of ``tiny_model``: above the chat tokenizer's
 MODEL_VOCAB = 512
+
+
+class LoggedMetrics(Callback):
+    """Every log step's metrics, ``metrics[step][name]`` (each step with ``--log-every 1``;
+    a step logged twice, replayed after a rollback, keeps its later metrics): how a test
+    reads an engine's first-step loss and metrics. ``logged`` has every ``(step,
+    metrics)`` in the order logged."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.logged: list[tuple[int, dict[str, float]]] = []
+
+    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+        self.metrics[driver.step] = dict(metrics)
+        self.logged.append((driver.step, dict(metrics)))
 
 
 def _sentence(rng: random.Random, low: int, high: int) -> str:
@@ -239,6 +263,26 @@ def preference_prefix(
         Path(directory) / "pairs", rows[:num_rows], "preference", seq_len, tokenizer_dir,
         input_format="preference", mask="completion",
     )  # fmt: skip
+
+
+def posttrain_files(
+    root: str | Path, seq_len: int, num_rows: int = 8, kinds: Sequence[str] = ("sft", "pairs")
+) -> dict[str, Path]:
+    """The files an engine's post-training tests read, under ``root``: ``tokenizer`` (the
+    chat tokenizer), ``policy`` and ``reference`` (tiny models of seeds 0 and 1), and for
+    each of ``kinds`` its packed prefix of ``num_rows`` rows of ``seq_len``: ``sft``
+    (conversations) and ``pairs`` (preference pairs)."""
+    root = Path(root)
+    tokenizer = chat_tokenizer(root / "tok")
+    files = {
+        "tokenizer": tokenizer,
+        "policy": tiny_model(root / "policy"),
+        "reference": tiny_model(root / "reference", seed=1),
+    }
+    write = {"sft": sft_prefix, "pairs": preference_prefix}
+    for kind in kinds:
+        files[kind] = write[kind](root / "data", tokenizer, seq_len, num_rows)
+    return files
 
 
 def _documents(prefix: str | Path, rows: Sequence[int]) -> list[tuple[list[int], list[int]]]:

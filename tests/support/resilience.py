@@ -17,6 +17,9 @@ import numpy as np
 
 from baton.core import Callback
 from baton.core.model_state import matches
+from support.posttrain import LoggedMetrics
+
+__all__ = ["LoggedMetrics", "RollbackOnce", "StepWeights", "check_ema", "check_frozen"]
 
 
 class RollbackOnce(Callback):
@@ -30,21 +33,6 @@ class RollbackOnce(Callback):
         if driver.step + 1 == self.at_step and not self.done:
             self.done = True
             driver.rollback(driver.checkpoint_dir / f"step_{self.to_step:06d}")
-
-
-class LoggedMetrics(Callback):
-    """Every logged metric in the order logged: ``(step, metrics)``; a step replayed
-    after a rollback appears twice."""
-
-    def __init__(self) -> None:
-        self.logged: list[tuple[int, dict[str, float]]] = []
-
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.logged.append((driver.step, dict(metrics)))
-
-    def last(self) -> dict[int, dict[str, float]]:
-        """Each step's metrics, the later of a step logged twice."""
-        return dict(self.logged)
 
 
 def _host(value: Any) -> np.ndarray:

@@ -4,23 +4,21 @@ TRL's DPOTrainer), packed rows keep documents apart, and wrong data is refused."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from baton.core import Callback
+from baton.backends.fabric.hf_posttrain import packed_loaders
 from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from baton.data import DataError
 from baton.data.packed import PackedDataset
 from support.posttrain import (
-    chat_tokenizer,
+    LoggedMetrics,
     dpo_reference,
-    preference_prefix,
-    sft_prefix,
+    posttrain_files,
     sft_reference,
     tiny_model,
 )
@@ -32,47 +30,24 @@ SEQ_LEN = 96
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
 
-def hf_recipe():
-    spec = importlib.util.spec_from_file_location("hf_finetune_recipe", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class Record(Callback):
-    def __init__(self) -> None:
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver, metrics):
-        self.metrics[driver.step] = dict(metrics)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("posttrain")
-    tok = chat_tokenizer(root / "tok")
-    return {
-        "tok": tok,
-        "policy": tiny_model(root / "policy"),
-        "ref": tiny_model(root / "ref", seed=1),
-        "sft": sft_prefix(root, tok, SEQ_LEN, num_rows=12),
-        "pairs": preference_prefix(root, tok, SEQ_LEN, num_rows=12),
-    }
+    return posttrain_files(tmp_path_factory.mktemp("posttrain"), SEQ_LEN, num_rows=12)
 
 
 def first_rows(prefix: Path, batch_size: int, steps_rows: int) -> list[int]:
     """The rows the recipe's first step reads: the head of its seeded global order."""
     data = PackedDataset(prefix)
-    train, _ = hf_recipe().packed_loaders(data, batch_size=batch_size, seed=0, pad_id=0)
+    train, _ = packed_loaders(data, batch_size=batch_size, seed=0, pad_id=0)
     return train.order(0)[:steps_rows].tolist()
 
 
-def run(files: dict[str, Path], tmp_path: Path, *args: str) -> Record:
-    argv = ["--init-from", str(files["policy"]), "--tokenizer", str(files["tok"])]
+def run(files: dict[str, Path], tmp_path: Path, *args: str) -> LoggedMetrics:
+    argv = ["--init-from", str(files["policy"]), "--tokenizer", str(files["tokenizer"])]
     argv += ["--max-steps", "1", "--log-every", "1", "--eval-every", "0", "--save-every", "0"]
     argv += ["--run-dir", str(tmp_path / "run"), "--no-progress", *args]
     driver = build_driver(RECIPE, argv)
-    record = Record()
+    record = LoggedMetrics()
     driver.callbacks.append(record)
     driver.fit()
     return record
@@ -96,11 +71,11 @@ def test_dpo_first_step_equals_trl(files, tmp_path, loss_type):
     beta = 0.2
     record = run(
         files, tmp_path, "--objective", "dpo", "--data-path", str(files["pairs"]),
-        "--reference", str(files["ref"]), "--dpo-beta", str(beta), "--dpo-loss", loss_type,
+        "--reference", str(files["reference"]), "--dpo-beta", str(beta), "--dpo-loss", loss_type,
         "--batch-size", "4",
     )  # fmt: skip
     rows = first_rows(files["pairs"], 4, 4)
-    trl = dpo_reference(files["policy"], files["ref"], files["pairs"], rows, beta, loss_type)
+    trl = dpo_reference(files["policy"], files["reference"], files["pairs"], rows, beta, loss_type)
     got = record.metrics[1]
     assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
     scale = max(abs(trl["logps/chosen"]), abs(trl["logps/rejected"]))
@@ -158,7 +133,7 @@ def test_the_cli_refuses_sft_data_for_dpo_in_one_line(files, tmp_path, capsys):
     from baton.core.cli.command import main as baton
 
     argv = ["run", str(RECIPE), "--objective", "dpo", "--data-path", str(files["sft"])]
-    argv += ["--init-from", str(files["policy"]), "--tokenizer", str(files["tok"])]
+    argv += ["--init-from", str(files["policy"]), "--tokenizer", str(files["tokenizer"])]
     assert baton([*argv, "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--objective sft" in err[0], err
@@ -188,10 +163,10 @@ def test_two_ddp_ranks_equal_the_references(files, tmp_path, objective):
 
     cli = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli" / "command.py"
     data = files["sft"] if objective == "sft" else files["pairs"]
-    extra = ["--reference", str(files["ref"])] if objective == "dpo" else []
+    extra = ["--reference", str(files["reference"])] if objective == "dpo" else []
     torchrun(
         cli, "run", str(RECIPE), "--objective", objective, "--data-path", str(data),
-        "--init-from", str(files["policy"]), "--tokenizer", str(files["tok"]), *extra,
+        "--init-from", str(files["policy"]), "--tokenizer", str(files["tokenizer"]), *extra,
         "--batch-size", "2", "--max-steps", "1", "--log-every", "1", "--eval-every", "0",
         "--save-every", "0", "--no-progress", "--run-dir", str(tmp_path / "run"),
     )  # fmt: skip
@@ -202,7 +177,7 @@ def test_two_ddp_ranks_equal_the_references(files, tmp_path, objective):
         assert got["loss"] == pytest.approx(loss, rel=1e-5)
         assert got["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
     else:
-        trl = dpo_reference(files["policy"], files["ref"], data, rows, 0.1, "sigmoid")
+        trl = dpo_reference(files["policy"], files["reference"], data, rows, 0.1, "sigmoid")
         assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
         assert got["logps/chosen"] == pytest.approx(trl["logps/chosen"], rel=1e-5)
         assert got["rewards/accuracies"] == pytest.approx(trl["rewards/accuracies"])
@@ -219,7 +194,7 @@ def test_sft_killed_between_saves_resumes_bitwise(files, tmp_path):
     from support.states import assert_bitwise_equal, load_state
 
     flags = ["--objective", "sft", "--data-path", str(files["sft"]), "--init-from",
-             str(files["policy"]), "--tokenizer", str(files["tok"]), "--batch-size", "2",
+             str(files["policy"]), "--tokenizer", str(files["tokenizer"]), "--batch-size", "2",
              "--log-every", "1", "--eval-every", "0", "--save-every", "3", "--no-progress"]  # fmt: skip
     straight = tmp_path / "straight"
     run_args = [sys.executable, "-m", "baton.core.cli.command", "run", str(RECIPE), *flags]
@@ -255,7 +230,7 @@ def test_resuming_dpo_with_a_changed_reference_is_refused(files, tmp_path):
     import shutil
 
     reference = tmp_path / "reference"
-    shutil.copytree(files["ref"], reference)
+    shutil.copytree(files["reference"], reference)
     args = ["--objective", "dpo", "--data-path", str(files["pairs"]), "--batch-size", "2",
             "--reference", str(reference)]  # fmt: skip
     run(files, tmp_path, *args)
@@ -275,7 +250,7 @@ def test_prepared_chat_jsonl_trains_sft_then_dpo(files, tmp_path):
     chats, pairs = tmp_path / "chat.jsonl", tmp_path / "pairs.jsonl"
     chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(40)))
     pairs.write_text("".join(json.dumps(p) + "\n" for p in preference_pairs(40)))
-    tok = str(files["tok"])
+    tok = str(files["tokenizer"])
     for source, output in ((chats, "chat"), (pairs, "prefs")):
         argv = ["data", "prepare", str(source), "--tokenizer", tok, "--seq-len", "128"]
         assert baton([*argv, "--output", str(tmp_path / output)]) == 0

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.data.packed import PackedDataset
 from support.posttrain import (
     MODEL_VOCAB,
+    LoggedMetrics,
     _documents,
     _load_model,
     chat_tokenizer,
@@ -29,14 +29,6 @@ SEQ_LEN = 96
 COEF = TINY_EXPERTS["router_aux_loss_coef"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-
-
-class Record(Callback):
-    def __init__(self) -> None:
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver, metrics):
-        self.metrics[driver.step] = dict(metrics)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +50,7 @@ def run(files: dict[str, Path], tmp_path: Path, *args: str) -> dict[str, float]:
     argv += ["--max-steps", "1", "--log-every", "1", "--eval-every", "0", "--save-every", "0"]
     argv += ["--run-dir", str(tmp_path / "run"), "--no-progress", *args]
     driver = build_driver(RECIPE, argv)
-    record = Record()
+    record = LoggedMetrics()
     driver.callbacks.append(record)
     driver.fit()
     return record.metrics[1]

@@ -87,7 +87,7 @@ def test_a_rollback_replays_the_uninterrupted_losses_bitwise(files, tmp_path, ob
     keys = ["loss", "grad_norm"]
     if objective == "dpo":
         keys += ["rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen"]
-    want, got = straight.last(), replayed.last()
+    want, got = straight.metrics, replayed.metrics
     for step in range(1, 7):
         assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
     assert len({want[step]["loss"] for step in range(1, 7)}) == 6  # each step other rows
@@ -141,7 +141,7 @@ def test_loss_guard_rolls_back_a_nan_and_skips_its_rows(files, tmp_path, objecti
     keys = ["loss", "grad_norm"]
     if objective == "dpo":
         keys += ["rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen"]
-    want, got = skipped.last(), guarded.last()
+    want, got = skipped.metrics, guarded.metrics
     for step in range(1, 7):
         assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
     for name, value in skipped_weights.values[6].items():
@@ -159,7 +159,7 @@ def test_freeze_and_ema_on_post_training(files, tmp_path, objective):
     fit(files, tmp_path / "run", objective, [Freeze(FROZEN), ema, weights, metrics],
         "--max-steps", "3", "--save-every", "0")  # fmt: skip
     frozen = check_frozen(weights, FROZEN)
-    assert metrics.last()[1]["freeze/frozen"] == len(frozen)
+    assert metrics.metrics[1]["freeze/frozen"] == len(frozen)
     check_ema(weights, ema.averages, decay=0.5)
     if objective == "sft":
         from importlib.util import module_from_spec, spec_from_file_location
@@ -171,7 +171,7 @@ def test_freeze_and_ema_on_post_training(files, tmp_path, objective):
             PackedDataset(files["sft"]), batch_size=2, seed=0, pad_id=0
         )
         loss, _ = sft_reference(files["policy"], files["sft"], train.order(0)[:2].tolist())
-        assert metrics.last()[1]["loss"] == pytest.approx(loss, rel=1e-5)
+        assert metrics.metrics[1]["loss"] == pytest.approx(loss, rel=1e-5)
 
 
 ELASTIC_WORKER = HERE / "elastic_worker.py"

@@ -76,14 +76,14 @@ def test_batches_are_maxtext_format_on_real_text() -> None:
 def test_stream_resumes_exactly_and_crosses_epochs() -> None:
     data = TextCorpus.load().train[:5000]
     first = TextBatches(data, batch_size=4, seq_len=32, seed=3)
-    seen = [next(first) for _ in range(first.batches_per_epoch + 3)]  # into epoch 2
+    seen = [next(first) for _ in range(first.order.batches_per_epoch + 3)]  # into epoch 2
     state = first.state_dict()
     later = next(first)
     resumed = TextBatches(data, batch_size=4, seq_len=32, seed=3)
     resumed.load_state_dict(state)
     np.testing.assert_array_equal(next(resumed)["inputs"], later["inputs"])
     # a new epoch is a different order of the same windows
-    assert not np.array_equal(seen[0]["inputs"], seen[first.batches_per_epoch]["inputs"])
+    assert not np.array_equal(seen[0]["inputs"], seen[first.order.batches_per_epoch]["inputs"])
     other = TextBatches(data, batch_size=4, seq_len=32, seed=4)
     with pytest.raises(ValueError, match="seed"):
         other.load_state_dict(state)
@@ -273,7 +273,7 @@ def test_stream_resumes_at_the_next_window_with_another_global_batch() -> None:
     again.load_state_dict(one.state_dict())
     read += windows(again, (100 - 36) // 8)
     assert len(read) == len(set(read)) == 100 and set(read) == set(range(100))
-    assert again.epoch == 0 and windows(again, 1) and again.epoch == 1
+    assert again.order.epoch == 0 and windows(again, 1) and again.order.epoch == 1
     old_format = {k: v for k, v in two.state_dict().items() if k not in ("epoch", "position")}
     resumed = TextBatches(data, batch_size=4, seq_len=16, seed=5)
     resumed.load_state_dict(old_format)

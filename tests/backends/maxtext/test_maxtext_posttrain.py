@@ -7,17 +7,16 @@ builds anything."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("maxtext")
 
-from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.data import DataError
 from support.posttrain import (
     DPO_METRICS,
+    LoggedMetrics,
     chat_tokenizer,
     dpo_reference,
     preference_prefix,
@@ -30,19 +29,9 @@ RECIPE = Path(__file__).parents[3] / "recipes" / "maxtext_tiny.py"
 SEQ, ROWS = 128, 8  # one global batch holds every row: the first step sees them all
 
 
-class Logged(Callback):
-    """Every log step's metrics: ``steps[step] = {name: value}``."""
-
-    def __init__(self) -> None:
-        self.steps: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.steps[driver.step] = dict(metrics)
-
-
 def first_step(run_dir: Path, *flags: str) -> dict[str, float]:
     """The metrics of one fp32 step on all ``ROWS`` rows."""
-    logged = Logged()
+    logged = LoggedMetrics()
     driver = build_driver(RECIPE, [
         "--max-steps", "1", "--log-every", "1", "--save-every", "0",
         "--no-callback", "checkpoint", "--batch-size", str(ROWS), "--seq-len", str(SEQ),
@@ -51,7 +40,7 @@ def first_step(run_dir: Path, *flags: str) -> dict[str, float]:
     ])  # fmt: skip
     driver.callbacks.append(logged)
     driver.fit()
-    return logged.steps[1]
+    return logged.metrics[1]
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +122,7 @@ def test_dpo_from_the_starting_weights_resumes_on_the_stored_reference(tmp_path,
     ]  # fmt: skip
 
     def run(name: str, *extra: str, steps: int = 2) -> dict[int, dict[str, float]]:
-        logged = Logged()
+        logged = LoggedMetrics()
         driver = build_driver(RECIPE, [
             "--max-steps", str(steps), "--log-every", "1", "--seq-len", str(SEQ), "--no-progress",
             "--run-dir", str(tmp_path / name), *flags, *extra,
@@ -141,7 +130,7 @@ def test_dpo_from_the_starting_weights_resumes_on_the_stored_reference(tmp_path,
         ])  # fmt: skip
         driver.callbacks.append(logged)
         driver.fit()
-        return logged.steps
+        return logged.metrics
 
     whole = run("whole", "--init-from", str(policy), "--save-every", "1", "--no-async-save")
     assert whole[1]["loss"] == pytest.approx(math.log(2), rel=1e-6)

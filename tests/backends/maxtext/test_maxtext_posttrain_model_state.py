@@ -45,5 +45,5 @@ def test_freeze_and_ema_on_an_sft_run(tmp_path):
     for name, value in start.items():
         np.testing.assert_allclose(weights.values[0][name], value, rtol=1e-6, err_msg=name)
     frozen = check_frozen(weights, FROZEN)
-    assert metrics.last()[1]["freeze/frozen"] == len(frozen)
+    assert metrics.metrics[1]["freeze/frozen"] == len(frozen)
     check_ema(weights, ema.averages, decay=0.5)

@@ -17,10 +17,9 @@ from baton.core.cli.command import main as baton
 from baton.core.cli.recipe import build_driver
 from support.posttrain import (
     DPO_METRICS,
-    chat_tokenizer,
+    LoggedMetrics,
     dpo_reference,
-    preference_prefix,
-    sft_prefix,
+    posttrain_files,
     sft_reference,
     tiny_model,
 )
@@ -29,32 +28,14 @@ RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
 SEQ_LEN = 128
 
 
-class FirstStep(Callback):
-    """The logged metrics of every step (``log_every=1``)."""
-
-    def __init__(self) -> None:
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.metrics[driver.step] = dict(metrics)
-
-
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("posttrain")
-    tokenizer = chat_tokenizer(root / "tok")
-    return {
-        "tokenizer": tokenizer,
-        "model": tiny_model(root / "model"),
-        "sft": sft_prefix(root / "data", tokenizer, seq_len=SEQ_LEN),
-        "pairs": preference_prefix(root / "pairs", tokenizer, seq_len=SEQ_LEN),
-        "reference": tiny_model(root / "reference", seed=1),
-    }
+    return posttrain_files(tmp_path_factory.mktemp("posttrain"), SEQ_LEN)
 
 
 def run_argv(fixtures: dict[str, Path], run_dir: Path, *extra: str, steps: int = 1) -> list[str]:
     return [
-        "--init-from", str(fixtures["model"]), "--tokenizer", str(fixtures["tokenizer"]),
+        "--init-from", str(fixtures["policy"]), "--tokenizer", str(fixtures["tokenizer"]),
         "--seq-len", str(SEQ_LEN), "--batch-size", "2", "--global-batch-size", "4",
         "--max-steps", str(steps), "--log-every", "1", "--save-every", "0", "--no-async-save",
         "--no-progress", "--run-dir", str(run_dir), *extra,
@@ -63,7 +44,7 @@ def run_argv(fixtures: dict[str, Path], run_dir: Path, *extra: str, steps: int =
 
 def first_step(argv: list[str]) -> dict[str, float]:
     driver = build_driver(RECIPE, argv)
-    record = FirstStep()
+    record = LoggedMetrics()
     driver.callbacks.append(record)
     driver.fit()
     return record.metrics[1]
@@ -75,7 +56,7 @@ def test_sft_first_step_equals_transformers_on_each_conversation(fixtures, tmp_p
     one by one, unpacked."""
     argv = run_argv(fixtures, tmp_path / "run", "--objective", "sft")
     got = first_step([*argv, "--data-path", str(fixtures["sft"])])
-    loss, grad_norm = sft_reference(fixtures["model"], fixtures["sft"], rows=[0, 1, 2, 3])
+    loss, grad_norm = sft_reference(fixtures["policy"], fixtures["sft"], rows=[0, 1, 2, 3])
     assert got["loss"] == pytest.approx(loss, rel=1e-5)
     assert got["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
 
@@ -95,7 +76,7 @@ def test_sft_first_step_equals_transformers_on_two_ranks(fixtures, tmp_path, lay
     worker = Path(__file__).with_name("posttrain_worker.py")
     torchrun(worker, str(out), str(RECIPE), *argv, "--data-path", str(fixtures["sft"]))
     got = json.loads(out.read_text())["1"]
-    loss, grad_norm = sft_reference(fixtures["model"], fixtures["sft"], rows=[0, 1, 2, 3])
+    loss, grad_norm = sft_reference(fixtures["policy"], fixtures["sft"], rows=[0, 1, 2, 3])
     assert got["loss"] == pytest.approx(loss, rel=1e-5)
     assert got["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
 
@@ -143,7 +124,7 @@ def test_dpo_first_step_equals_trl(fixtures, tmp_path, kind):
 
     got = first_step(argv(tmp_path / "run"))
     trl = dpo_reference(
-        fixtures["model"], fixtures["reference"], fixtures["pairs"], rows=[0, 1, 2, 3],
+        fixtures["policy"], fixtures["reference"], fixtures["pairs"], rows=[0, 1, 2, 3],
         beta=0.2, loss_type=kind,
     )  # fmt: skip
     assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
@@ -170,7 +151,7 @@ def test_dpo_without_a_start_or_with_another_architecture_is_refused(fixtures, t
     ]  # fmt: skip
     cases = [
         ([*argv, "--reference", str(other)], "different architecture"),
-        ([a for a in argv if a != str(fixtures["model"]) and a != "--init-from"], "--init-from"),
+        ([a for a in argv if a != str(fixtures["policy"]) and a != "--init-from"], "--init-from"),
     ]
     for flags, expected in cases:
         capsys.readouterr()
@@ -200,7 +181,7 @@ def test_dpo_first_step_equals_trl_on_two_ranks(fixtures, tmp_path, layout):
     out = tmp_path / "metrics.json"
     torchrun(Path(__file__).with_name("posttrain_worker.py"), str(out), str(RECIPE), *argv)
     got = json.loads(out.read_text())["1"]
-    trl = dpo_reference(fixtures["model"], fixtures["reference"], prefix, rows=[0, 1, 2, 3])
+    trl = dpo_reference(fixtures["policy"], fixtures["reference"], prefix, rows=[0, 1, 2, 3])
     assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5)
     assert got["rewards/accuracies"] == trl["rewards/accuracies"]
     assert len(list(tmp_path.glob("pairs.reference-*.npy"))) == 1
@@ -230,7 +211,7 @@ def test_sft_resumes_where_it_stopped_and_a_dpo_reference_change_is_refused(fixt
         argv = run_argv(fixtures, run_dir, "--objective", objective, "--lr", "1e-2", steps=3)
         data = fixtures["sft" if objective == "sft" else "pairs"]
         driver = build_driver(RECIPE, [*argv, "--data-path", str(data), *extra])
-        record = FirstStep()
+        record = LoggedMetrics()
         driver.callbacks += [record, StopAfter(stop)] if stop else [record]
         driver.fit()
         return record.metrics
@@ -242,7 +223,7 @@ def test_sft_resumes_where_it_stopped_and_a_dpo_reference_change_is_refused(fixt
 
     run("dpo", tmp_path / "dpo", "--reference", str(fixtures["reference"]), stop=1)
     with pytest.raises(UsageError, match="different setup:\n  reference: checkpoint has"):
-        run("dpo", tmp_path / "dpo", "--reference", str(fixtures["model"]), "--resume", "auto")
+        run("dpo", tmp_path / "dpo", "--reference", str(fixtures["policy"]), "--resume", "auto")
 
 
 def test_evaluation_of_a_post_training_run_is_refused_with_the_reason(fixtures, tmp_path):

@@ -34,6 +34,6 @@ def test_freeze_and_ema_on_a_dpo_run(tmp_path):
     driver.callbacks += [Freeze(FROZEN), ema, weights, metrics]
     driver.fit()
     frozen = check_frozen(weights, FROZEN)
-    assert metrics.last()[1]["freeze/frozen"] == len(frozen)
-    assert {"rewards/margins", "loss"} <= set(metrics.last()[3])
+    assert metrics.metrics[1]["freeze/frozen"] == len(frozen)
+    assert {"rewards/margins", "loss"} <= set(metrics.metrics[3])
     check_ema(weights, ema.averages, decay=0.5)

@@ -22,9 +22,9 @@ from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from support.posttrain import (
     DPO_METRICS,
-    chat_tokenizer,
+    LoggedMetrics,
     dpo_reference,
-    preference_prefix,
+    posttrain_files,
     sft_prefix,
     tiny_model,
 )
@@ -33,31 +33,14 @@ RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH = 96, 2
 
 
-class Logged(Callback):
-    """Every metric of every log step: ``values[step][name]``."""
-
-    def __init__(self) -> None:
-        self.values: dict[int, dict[str, float]] = {}
-
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.values[driver.step] = dict(metrics)
-
-
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("titan_dpo")
-    tokenizer = chat_tokenizer(root / "tok")
-    return {
-        "root": root,
-        "tokenizer": tokenizer,
-        "policy": tiny_model(root / "policy"),
-        "reference": tiny_model(root / "reference", seed=1),
-        "pairs": preference_prefix(root / "data", tokenizer, seq_len=SEQ),
-    }
+    return {"root": root, **posttrain_files(root, SEQ, kinds=("pairs",))}
 
 
 def dpo_run(assets: dict[str, Path], run_dir: Path, *extra: str) -> dict[str, float]:
-    logged = Logged()
+    logged = LoggedMetrics()
     driver = build_driver(RECIPE, [
         "--objective", "dpo", "--data-path", str(assets["pairs"]),
         "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
@@ -67,7 +50,7 @@ def dpo_run(assets: dict[str, Path], run_dir: Path, *extra: str) -> dict[str, fl
     ])  # fmt: skip
     driver.callbacks.append(logged)
     driver.fit()
-    return logged.values[1]
+    return logged.metrics[1]
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
@@ -108,7 +91,7 @@ def test_reference_logps_are_stored_beside_the_data_and_reused(assets, tmp_path)
     dpo_run(assets, tmp_path / "again")
     assert stored[0].stat().st_mtime_ns == before  # read, not computed again
     # the starting weights as reference: another fingerprint, another file
-    logged = Logged()
+    logged = LoggedMetrics()
     driver = build_driver(RECIPE, [
         "--objective", "dpo", "--data-path", str(assets["pairs"]),
         "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
@@ -118,7 +101,7 @@ def test_reference_logps_are_stored_beside_the_data_and_reused(assets, tmp_path)
     ])  # fmt: skip
     driver.callbacks.append(logged)
     driver.fit()
-    assert logged.values[1]["loss"] == pytest.approx(math.log(2), rel=1e-6)
+    assert logged.metrics[1]["loss"] == pytest.approx(math.log(2), rel=1e-6)
     assert len(list(assets["pairs"].parent.glob("pairs.reference-*.npy"))) == 2
 
 
@@ -153,7 +136,7 @@ def test_a_resumed_dpo_run_continues_with_the_same_losses(assets, tmp_path):
                 driver.control.request_stop("interrupted")
 
     def losses(run_dir: Path, *extra: str, stop: bool = False) -> dict[int, float]:
-        logged = Logged()
+        logged = LoggedMetrics()
         driver = build_driver(RECIPE, [
             "--objective", "dpo", "--data-path", str(assets["pairs"]),
             "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
@@ -163,7 +146,7 @@ def test_a_resumed_dpo_run_continues_with_the_same_losses(assets, tmp_path):
         ])  # fmt: skip
         driver.callbacks += [logged, *([StopAtTwo()] if stop else [])]
         driver.fit()
-        return {step: metrics["loss"] for step, metrics in logged.values.items()}
+        return {step: metrics["loss"] for step, metrics in logged.metrics.items()}
 
     whole = losses(tmp_path / "whole")
     assert set(losses(tmp_path / "parts", stop=True)) == {1, 2}

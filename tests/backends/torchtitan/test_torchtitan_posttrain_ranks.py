@@ -16,12 +16,9 @@ import pytest
 pytest.importorskip("torchtitan")
 
 from support.posttrain import (
-    chat_tokenizer,
     dpo_reference,
-    preference_prefix,
-    sft_prefix,
+    posttrain_files,
     sft_reference,
-    tiny_model,
 )
 from support.torchrun import torchrun
 
@@ -33,15 +30,7 @@ LAYOUTS = {"fsdp2": ["--dp-shard", "2", "--batch-size", "1"],
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("titan_posttrain_ranks")
-    tokenizer = chat_tokenizer(root / "tok")
-    return {
-        "tokenizer": tokenizer,
-        "policy": tiny_model(root / "policy"),
-        "reference": tiny_model(root / "reference", seed=1),
-        "sft": sft_prefix(root / "data", tokenizer, seq_len=SEQ),
-        "pairs": preference_prefix(root / "data", tokenizer, seq_len=SEQ),
-    }
+    return posttrain_files(tmp_path_factory.mktemp("titan_posttrain_ranks"), SEQ)
 
 
 def run_ranks(tmp_path: Path, assets: dict[str, Path], *args: str) -> dict[str, float]:

@@ -74,7 +74,7 @@ def test_a_dpo_rollback_replays_the_uninterrupted_run_bitwise(assets, tmp_path):
     assert rollback.done
     assert [step for step, _ in replayed.logged] == [1, 2, 3, 4, 3, 4, 5, 6]
     keys = ["loss", "grad_norm", "rewards/chosen", "rewards/rejected", "logps/chosen"]
-    want, got = straight.last(), replayed.last()
+    want, got = straight.metrics, replayed.metrics
     for step in range(1, 7):
         assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
     assert len({want[step]["loss"] for step in range(1, 7)}) == 6  # each step other rows
@@ -97,7 +97,7 @@ def test_freeze_and_ema_on_sft(assets, sft_run):
     the first step (frozen or not, the forward is the same) has the loss of
     ``transformers`` on each conversation of its rows alone."""
     frozen = check_frozen(sft_run["weights"], FROZEN)
-    first = sft_run["metrics"].last()[1]
+    first = sft_run["metrics"].metrics[1]
     assert first["freeze/frozen"] == len(frozen)
     check_ema(sft_run["weights"], sft_run["ema"].averages, decay=0.5)
     loss, _ = sft_reference(assets["policy"], assets["sft"], rows=range(BATCH))

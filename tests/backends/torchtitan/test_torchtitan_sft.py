@@ -22,47 +22,38 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
-from support.posttrain import chat_tokenizer, sft_prefix, sft_reference, tiny_model
+from support.posttrain import (
+    LoggedMetrics,
+    posttrain_files,
+    sft_reference,
+)
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
 SEQ, BATCH = 96, 2
 
 
-class Logged(Callback):
-    """Every metric of every log step (``values[step][name]``) and the inner attention
-    the model was built with."""
+class Logged(LoggedMetrics):
+    """Every log step's metrics and the inner attention the model was built with."""
 
-    def __init__(self) -> None:
-        self.values: dict[int, dict[str, float]] = {}
-        self.attention = ""
+    attention = ""
 
     def on_train_start(self, driver: Any) -> None:
         layer = driver.backend.trainer.model_parts[0].layers["0"]
         self.attention = type(layer.attention.inner_attention).__name__
 
-    def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
-        self.values[driver.step] = dict(metrics)
-
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("titan_sft")
-    tokenizer = chat_tokenizer(root / "tok")
-    return {
-        "root": root,
-        "tokenizer": tokenizer,
-        "model": tiny_model(root / "model"),
-        "sft": sft_prefix(root / "data", tokenizer, seq_len=SEQ),
-    }
+    return {"root": root, **posttrain_files(root, SEQ, kinds=("sft",))}
 
 
 def sft_args(assets: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
     return [
         "--objective", "sft", "--data-path", str(assets["sft"]),
-        "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["model"]),
+        "--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
         "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--max-steps", "1",
         "--log-every", "1", "--save-every", "0", "--run-dir", str(run_dir), "--no-progress",
         *extra,
@@ -78,8 +69,8 @@ def test_first_sft_step_equals_transformers_on_each_conversation(assets):
     driver = build_driver(RECIPE, sft_args(assets, assets["root"] / "run"))
     driver.callbacks.append(logged)
     driver.fit()
-    loss, grad_norm = sft_reference(assets["model"], assets["sft"], rows=range(BATCH))
-    first = logged.values[1]
+    loss, grad_norm = sft_reference(assets["policy"], assets["sft"], rows=range(BATCH))
+    first = logged.metrics[1]
     assert logged.attention == ("FlexAttention" if torch.cuda.is_available() else "DocumentSdpa")
     assert first["loss"] == pytest.approx(loss, rel=1e-5)
     assert first["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
@@ -141,9 +132,10 @@ def test_a_sequence_length_other_than_the_rows_is_refused_before_the_build(asset
 
 
 def test_torchtitans_pretraining_loader_refuses_packed_conversations(assets):
+    from baton.backends.torchtitan.data import RankShare
     from baton.backends.torchtitan.prepared import PreparedDataLoader
     from baton.data import DataError
 
     config = PreparedDataLoader.Config(dataset_path=str(assets["sft"]))
     with pytest.raises(DataError, match="--objective sft"):
-        PreparedDataLoader.build_dataset(config, None, seq_len=SEQ, dp_rank=0, dp_world_size=1)  # type: ignore[arg-type]
+        PreparedDataLoader.build_dataset(config, None, RankShare(SEQ, 0, 1))  # type: ignore[arg-type]

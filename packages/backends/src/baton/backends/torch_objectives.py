@@ -26,13 +26,10 @@ Example::
     loss = objectives.sft_loss_sum(logits, targets, loss_mask) / global_tokens
 
     logps, counts = objectives.document_logps(logits, targets, loss_mask, segments, D)
-    pi_c, pi_r = objectives.split_pairs(logps, documents)
-    ref_c, ref_r = objectives.split_pairs(reference[documents.clamp(min=0)], documents)
-    n_c, n_r = objectives.split_pairs(counts, documents)
-    losses = objectives.dpo_losses(pi_c, pi_r, ref_c, ref_r, beta=0.1, loss_type="ipo",
-                                   chosen_tokens=n_c, rejected_tokens=n_r)
+    # split_pairs, then dpo_losses and dpo_metric_sums on the (chosen, rejected) halves
+    losses, sums = objectives.pair_losses(logps, counts, reference[documents.clamp(min=0)],
+                                          documents, beta=0.1, loss_type="ipo")
     loss = losses.sum() / global_pairs
-    sums = objectives.dpo_metric_sums(pi_c, pi_r, ref_c, ref_r, beta=0.1)
     metrics = {name: total / global_pairs for name, total in sums.items()}  # TRL's means
 """
 
@@ -150,3 +147,29 @@ def dpo_metric_sums(
         "logps/chosen": policy_chosen.sum(),
         "logps/rejected": policy_rejected.sum(),
     }
+
+
+def pair_losses(
+    logps: torch.Tensor,
+    counts: torch.Tensor,
+    reference: torch.Tensor,
+    documents: torch.Tensor,
+    *,
+    beta: float,
+    loss_type: str,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Each pair's DPO loss ``[P]`` and TRL's metrics summed over the pairs
+    (:func:`dpo_metric_sums`), from every document's policy log-probability, supervised
+    token count and reference log-probability (each ``[B, D]``, as ``documents``)."""
+    policy_chosen, policy_rejected = split_pairs(logps, documents)
+    reference_chosen, reference_rejected = split_pairs(reference, documents)
+    chosen_tokens, rejected_tokens = split_pairs(counts, documents)
+    losses = dpo_losses(
+        policy_chosen, policy_rejected, reference_chosen, reference_rejected,
+        beta=beta, loss_type=loss_type,
+        chosen_tokens=chosen_tokens, rejected_tokens=rejected_tokens,
+    )  # fmt: skip
+    sums = dpo_metric_sums(
+        policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta=beta
+    )
+    return losses, sums

@@ -179,18 +179,13 @@ class DPOLoss:
         logps, counts = objectives.document_logps(
             logits, labels.clamp(min=0), labels != -100, batch["segments"], documents.shape[1]
         )
-        policy_c, policy_r = objectives.split_pairs(logps, documents)
-        ref_c, ref_r = objectives.split_pairs(batch["reference_logps"], documents)
-        tokens_c, tokens_r = objectives.split_pairs(counts, documents)
-        losses = objectives.dpo_losses(
-            policy_c, policy_r, ref_c, ref_r,
+        losses, sums = objectives.pair_losses(
+            logps, counts, batch["reference_logps"], documents,
             beta=self.beta, loss_type=self.loss_type,
-            chosen_tokens=tokens_c, rejected_tokens=tokens_r,
         )  # fmt: skip
         pairs = batch.get("num_items_in_batch")
         if pairs is None:
             pairs = torch.tensor(float(max(len(losses), 1)), device=losses.device)
-        sums = objectives.dpo_metric_sums(policy_c, policy_r, ref_c, ref_r, beta=self.beta)
         loss = losses.sum() / pairs
         metrics = {name: value / pairs for name, value in sums.items()}
         if self.balance is not None:  # TRL adds the model's load-balancing term as well

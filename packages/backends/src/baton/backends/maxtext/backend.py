@@ -58,7 +58,7 @@ from baton.backends.jax_distributed import JaxDistributed
 from baton.backends.maxtext.byte_stream import TextBatches, TextCorpus, eval_batches
 from baton.backends.maxtext.checkpoint import dataset_type
 from baton.backends.maxtext.checkpoint_io import MaxTextCheckpointIO, TrainingData
-from baton.backends.maxtext.config import MaxTextConfig
+from baton.backends.maxtext.config import SHAPE_KEYS, MaxTextConfig
 from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import MaxTextModelState
 from baton.backends.maxtext.packed_batches import PackedBatches
@@ -178,17 +178,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         return float(total_tflops) * 1e12 / tokens_per_device
 
     def describe(self) -> dict[str, Any]:
-        keys = (
-            "model_name",
-            "base_emb_dim",
-            "base_num_query_heads",
-            "base_num_kv_heads",
-            "base_mlp_dim",
-            "base_num_decoder_layers",
-            "head_dim",
-            "vocab_size",
-            "max_target_length",
-        )
+        keys = ("model_name", *SHAPE_KEYS, "max_target_length")
         if self.hparams is None:
             return {"model": {k: self.config.get(k) for k in keys if k in self.config}}
         return {"model": {k: getattr(self.hparams, k) for k in keys}}
@@ -283,7 +273,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             lr_at=jax.jit(self.learning_rate_schedule),  # one dispatch per log step
         )
 
-        self._setup_data(maxtext_iterator, maxtext_eval_iterator)
+        self._setup_data(parts, maxtext_iterator, maxtext_eval_iterator)
         p_train, self._p_eval = train_utils.jit_train_and_eval_step(
             cfg,
             self.graphdef,
@@ -313,13 +303,18 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             saves=self._saves,
         )
 
-    def _setup_data(self, maxtext_iterator: Any, maxtext_eval_iterator: Any) -> None:
-        """baton's byte stream, or MaxText's own pipeline as its train.py builds it."""
+    def _setup_data(
+        self, parts: StepParts, maxtext_iterator: Any, maxtext_eval_iterator: Any
+    ) -> None:
+        """Prepared post-training rows, baton's byte stream, or MaxText's own pipeline as
+        its train.py builds it."""
         cfg = self.hparams
         if self.config.post_training:  # prepared rows (and DPO's reference), fed by baton
             from baton.backends.maxtext.posttrain import post_training_stream
 
-            self.batches, self.data_fingerprint = post_training_stream(self)
+            self.batches, self.data_fingerprint = post_training_stream(
+                self.config, parts, self.state
+            )
         elif self.config.byte_stream:
             corpus = TextCorpus.load(self.config.data_path)
             self.data_fingerprint = corpus.fingerprint()

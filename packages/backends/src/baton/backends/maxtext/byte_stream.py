@@ -30,11 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.maxtext.epoch_order import EpochOrder
 from baton.data.corpus import load_text
-
-#: the saved position's count of batches handed out, under the key checkpoints have
-#: always held it by (older checkpoints load unchanged)
-BATCHES_KEY = "consumed"
 
 BYTE_VOCAB = 256
 
@@ -84,15 +81,10 @@ def make_batch(windows: np.ndarray) -> dict[str, np.ndarray]:
 
 
 class TextBatches:
-    """Shuffled non-overlapping windows of ``seq_len + 1`` tokens as MaxText batches.
-
-    Every epoch is a fresh permutation drawn from ``seed + epoch``; the position is the
-    epoch and the windows of its order consumed so far, so batch ``n`` is the same in
-    every run and a resumed run continues exactly where the saved one stopped, also
-    with another global batch (a run resumed on fewer or more processes): the next
-    batch starts at the next window of the order. ``batch_size`` is the global batch
-    (every process builds it; ``jax.device_put`` keeps each device's part); a tail of an
-    epoch's order shorter than a batch is left out.
+    """Shuffled non-overlapping windows of ``seq_len + 1`` tokens as MaxText batches, in
+    an ``EpochOrder`` of the windows (``epoch_order.py``: a fresh permutation per epoch,
+    resumable at another global batch). ``batch_size`` is the global batch (every
+    process builds it; ``jax.device_put`` keeps each device's part).
     """
 
     def __init__(self, data: np.ndarray, *, batch_size: int, seq_len: int, seed: int = 0) -> None:
@@ -107,65 +99,37 @@ class TextBatches:
                 f"fewer than one global batch ({batch_size}); use a smaller max_target_length "
                 "or per_device_batch_size, or a larger text"
             )
-        self.batches_per_epoch = self.num_windows // batch_size
-        #: batches handed out (over every resume; saved as ``BATCHES_KEY``)
-        self.batches_read = 0
-        #: the current epoch and the windows of its order consumed so far
-        self.epoch = 0
-        self.position = 0
-        self._epoch = -1
-        self._order = np.empty(0, dtype=np.int64)
+        #: which windows each batch reads, and the position (epoch, windows read)
+        self.order = EpochOrder(self.num_windows, batch_size=batch_size, seed=seed)
+
+    @property
+    def batches_read(self) -> int:
+        """Batches handed out, over every resume (saved as ``BATCHES_KEY``)."""
+        return self.order.batches_read
 
     def __iter__(self) -> TextBatches:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self.position + self.batch_size > self.num_windows:
-            self.epoch, self.position = self.epoch + 1, 0
-        chosen = self.order(self.epoch)[self.position : self.position + self.batch_size]
-        self.position += self.batch_size
-        self.batches_read += 1
+        chosen = self.order.take()
         offsets = chosen[:, None] * self.seq_len + np.arange(self.seq_len + 1)
         return make_batch(self.data[offsets])
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The windows of epoch ``epoch`` in the order they are read."""
-        if epoch != self._epoch:
-            self._order = np.random.default_rng(self.seed + epoch).permutation(self.num_windows)
-            self._epoch = epoch
-        return self._order
-
     def skip_to(self, batches: int) -> None:
         """The position after ``batches`` batches of this size from the start."""
-        epoch, within = divmod(batches, self.batches_per_epoch)
-        self.batches_read, self.epoch, self.position = batches, epoch, within * self.batch_size
+        self.order.skip_to(batches)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            BATCHES_KEY: self.batches_read,
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-        }
+        return self.order.state_dict() | {"seq_len": self.seq_len}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved window of the saved epoch (any global batch size)."""
-        for key in ("seed", "seq_len"):
-            if int(state[key]) != getattr(self, key):
-                raise ValueError(
-                    f"data stream {key}={state[key]} in the checkpoint differs from this run's "
-                    f"{getattr(self, key)}; resume with the same data settings"
-                )
-        if "position" not in state:  # written before positions were kept: batches of its size
-            saved = TextBatches(
-                self.data, batch_size=int(state["batch_size"]), seq_len=self.seq_len
+        if int(state["seq_len"]) != self.seq_len:
+            raise ValueError(
+                f"data stream seq_len={state['seq_len']} in the checkpoint differs from this "
+                f"run's {self.seq_len}; resume with the same data settings"
             )
-            saved.skip_to(int(state[BATCHES_KEY]))
-            state = {**state, "epoch": saved.epoch, "position": saved.position}
-        self.batches_read = int(state[BATCHES_KEY])
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.order.load_state_dict(state)
 
 
 def eval_batches(data: np.ndarray, *, batch_size: int, seq_len: int, num_batches: int) -> list:

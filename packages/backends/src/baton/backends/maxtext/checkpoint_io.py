@@ -25,7 +25,7 @@ from typing import Any
 
 from baton.backends.async_save import BackgroundSaves, FuturePendingSave
 from baton.backends.maxtext.background_save import frozen_iterator, whole_save_on_thread
-from baton.backends.maxtext.byte_stream import BATCHES_KEY, TextBatches
+from baton.backends.maxtext.byte_stream import TextBatches
 from baton.backends.maxtext.checkpoint import (
     DATA_FILE,
     STATE_DIR,
@@ -38,6 +38,7 @@ from baton.backends.maxtext.checkpoint import (
     restore_state,
     saved_name,
 )
+from baton.backends.maxtext.epoch_order import BATCHES_KEY
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.step_parts import optimizer_step
 from baton.backends.maxtext.train_steps import TrainSteps

@@ -46,6 +46,18 @@ TINY_CPU: dict[str, Any] = {
     "log_config": False,
 }
 
+#: MaxText's settings of a model's shape (what ``describe()`` records and a reference
+#: model is compared on, with others)
+SHAPE_KEYS = (
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "head_dim",
+    "vocab_size",
+)
+
 #: Keys baton owns: MaxText's checkpoint loop and monitors stay off because baton
 #: checkpoints (orbax, through its Checkpoint callback) and logs.
 FORCED: dict[str, Any] = {

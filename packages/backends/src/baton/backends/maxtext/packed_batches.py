@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from baton.backends.maxtext.byte_stream import BATCHES_KEY
+from baton.backends.maxtext.epoch_order import EpochOrder
 from baton.data.packed import PackedBatch, PackedDataset
 
 
@@ -74,9 +74,10 @@ def maxtext_batch(
 
 
 class PackedBatches:
-    """Global batches of ``batch_size`` rows of ``data`` in a seeded shuffled order, as
-    MaxText batch dicts of ``length`` tokens, resumable (``state_dict``); ``reference`` as
-    in :func:`maxtext_batch`. A tail of an epoch shorter than a batch is left out."""
+    """Global batches of ``batch_size`` rows of ``data`` in an ``EpochOrder`` of the rows
+    (``epoch_order.py``: a seeded shuffled order per epoch, resumable at another global
+    batch), as MaxText batch dicts of ``length`` tokens; ``reference`` as in
+    :func:`maxtext_batch`."""
 
     def __init__(
         self,
@@ -97,55 +98,28 @@ class PackedBatches:
         self.seed = seed
         self.length = length
         self.reference = reference
-        self.batches_per_epoch = data.num_rows // batch_size
-        #: batches handed out (saved as ``BATCHES_KEY``), the current epoch and the rows of
-        #: its order read so far
-        self.batches_read = 0
-        self.epoch = 0
-        self.position = 0
+        #: which rows each batch reads, and the position (epoch, rows read)
+        self.order = EpochOrder(data.num_rows, batch_size=batch_size, seed=seed)
+
+    @property
+    def batches_read(self) -> int:
+        """Batches handed out, over every resume (saved as ``BATCHES_KEY``)."""
+        return self.order.batches_read
 
     def __iter__(self) -> PackedBatches:
         return self
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The rows of epoch ``epoch`` in the order they are read."""
-        return np.random.default_rng(self.seed + epoch).permutation(self.data.num_rows)
-
-    def rows(self, index: int) -> np.ndarray:
-        """The rows of the ``index``-th batch from the start (0-based)."""
-        epoch, within = divmod(index, self.batches_per_epoch)
-        start = within * self.batch_size
-        return self.order(epoch)[start : start + self.batch_size]
-
     def __next__(self) -> dict[str, np.ndarray]:
-        if self.position + self.batch_size > self.data.num_rows:
-            self.epoch, self.position = self.epoch + 1, 0
-        rows = self.order(self.epoch)[self.position : self.position + self.batch_size]
-        self.position += self.batch_size
-        self.batches_read += 1
-        packed = self.data.batch([int(r) for r in rows])
+        packed = self.data.batch([int(r) for r in self.order.take()])
         return maxtext_batch(packed, self.reference, self.length)
 
     def skip_to(self, batches: int) -> None:
         """The position after ``batches`` batches of this size from the start."""
-        epoch, within = divmod(batches, self.batches_per_epoch)
-        self.batches_read, self.epoch, self.position = batches, epoch, within * self.batch_size
+        self.order.skip_to(batches)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            BATCHES_KEY: self.batches_read,
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-        }
+        return self.order.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved row of the saved epoch (any global batch size)."""
-        if int(state["seed"]) != self.seed:
-            raise ValueError(
-                f"data stream seed={state['seed']} in the checkpoint differs from this run's "
-                f"{self.seed}; resume with the same --data-seed"
-            )
-        self.batches_read = int(state[BATCHES_KEY])
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.order.load_state_dict(state)

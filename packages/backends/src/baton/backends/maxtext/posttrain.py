@@ -4,8 +4,8 @@ here, before the first step).
 
 Example::
 
-    batches, fingerprint = post_training_stream(backend)   # after MaxText's setup
-    backend.batches, backend.data_fingerprint = batches, fingerprint
+    # after MaxText's setup: its step parts (config, model structure, mesh), train state
+    batches, fingerprint = post_training_stream(config, parts, state)
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.reference import (
     compute_reference,
     reference_fingerprint,
     reference_params,
 )
+from baton.backends.maxtext.step_parts import StepParts
 from baton.backends.reference_logps import stored_or_computed
 from baton.data import DataError
 from baton.data.packed import PackedDataset, mask_path
@@ -36,17 +38,19 @@ def packed_fingerprint(data: PackedDataset) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def reference_values(backend: Any, data: PackedDataset, fingerprint: str) -> Any:
+def reference_values(
+    source: str | None, parts: StepParts, state: Any, data: PackedDataset, fingerprint: str
+) -> Any:
     """The reference log-probability of every sequence: stored beside the data, or
-    computed with MaxText's model now and stored (``stored_or_computed`` refuses values
-    stored for another tokenizer or other data)."""
-    config = backend.config
+    computed now with MaxText's model, the weights of ``source`` (``None``: the train
+    ``state``'s), and stored (``stored_or_computed`` refuses values stored for another
+    tokenizer or other data)."""
 
     def compute() -> Any:
         log.info(
             "computing the DPO reference's log-probabilities of %d sequences", data.num_sequences
         )
-        return compute_reference(backend, data, reference_params(backend, config.reference))
+        return compute_reference(parts, state, data, reference_params(parts, state, source))
 
     return stored_or_computed(
         data.prefix,
@@ -58,9 +62,12 @@ def reference_values(backend: Any, data: PackedDataset, fingerprint: str) -> Any
     )
 
 
-def post_training_stream(backend: Any) -> tuple[PackedBatches, str]:
-    """The run's batches and data fingerprint (for DPO tied to the reference's too)."""
-    config, hparams = backend.config, backend.hparams
+def post_training_stream(
+    config: MaxTextConfig, parts: StepParts, state: Any
+) -> tuple[PackedBatches, str]:
+    """The run's batches and data fingerprint (for DPO tied to the reference's too), from
+    the run's config, MaxText's step parts and the train ``state`` the reference starts from."""
+    hparams = parts.hparams
     data = PackedDataset(str(config.data_path))
     length = int(hparams.max_target_length)
     if data.seq_len > length:
@@ -73,7 +80,7 @@ def post_training_stream(backend: Any) -> tuple[PackedBatches, str]:
     if config.objective == "dpo":
         source = config.reference or config.init_from
         weights = reference_fingerprint(source, hparams)
-        reference = reference_values(backend, data, weights)
+        reference = reference_values(config.reference, parts, state, data, weights)
         fingerprint = hashlib.sha256(f"{fingerprint}:{weights}".encode()).hexdigest()[:16]
     batches = PackedBatches(
         data,

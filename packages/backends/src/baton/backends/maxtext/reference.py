@@ -11,8 +11,8 @@ a changed reference is another file.
 
 Example::
 
-    fingerprint = reference_fingerprint(source, backend.hparams)
-    values = compute_reference(backend, data, reference_params(backend, source))
+    fingerprint = reference_fingerprint(source, parts.hparams)
+    values = compute_reference(parts, state, data, reference_params(parts, state, source))
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from baton.backends.maxtext.config import SHAPE_KEYS
 from baton.backends.maxtext.dpo import document_logps, target_logps
 from baton.backends.maxtext.dpo_loss import model_logits
 from baton.backends.maxtext.packed_batches import maxtext_batch
+from baton.backends.maxtext.step_parts import StepParts
 from baton.backends.reference_logps import model_fingerprint
 from baton.core.errors import UsageError
 from baton.core.model.spec import is_hf_dir
@@ -35,13 +37,7 @@ from baton.data.packed import PackedDataset
 #: the MaxText settings that decide a model's log-probabilities
 MODEL_KEYS = (
     "decoder_block",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "head_dim",
-    "vocab_size",
+    *SHAPE_KEYS,
     "num_experts",
     "rope_type",
     "rope_max_timescale",
@@ -106,21 +102,21 @@ def check_same_model(source: str, hparams: Any) -> None:
         )
 
 
-def reference_params(backend: Any, source: str | None) -> Any:
-    """The reference's parameters as a pure dict on the run's shardings (``None``: the
-    run's own starting weights)."""
+def reference_params(parts: StepParts, state: Any, source: str | None) -> Any:
+    """The reference's parameters as a pure dict on the shardings of the run's train
+    ``state`` (``None``: the run's own starting weights)."""
     import jax
     from flax import nnx
 
     if source is None:
         return None
-    current = nnx.state(nnx.merge(backend.graphdef, backend.state).model, nnx.Param)
+    current = nnx.state(nnx.merge(parts.graphdef, state).model, nnx.Param)
     if (Path(source) / "config.json").is_file():
         from baton.backends.hf_io import read_safetensors
         from baton.backends.maxtext.hf import hf_to_maxtext
         from baton.core.model.spec import LlamaSpec
 
-        check_same_model(source, backend.hparams)
+        check_same_model(source, parts.hparams)
         weights = hf_to_maxtext(
             read_safetensors(source, framework="numpy"), LlamaSpec.from_hf(source)
         )
@@ -133,7 +129,7 @@ def reference_params(backend: Any, source: str | None) -> Any:
 
     from baton.backends.maxtext.checkpoint import params_path
 
-    cfg = backend.hparams
+    cfg = parts.hparams
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), current
     )
@@ -147,16 +143,17 @@ def reference_params(backend: Any, source: str | None) -> Any:
     return restored.to_pure_dict() if isinstance(restored, nnx.State) else restored
 
 
-def compute_reference(backend: Any, data: PackedDataset, params: Any) -> np.ndarray:
+def compute_reference(parts: StepParts, state: Any, data: PackedDataset, params: Any) -> np.ndarray:
     """Every sequence's reference log-probability (float64 ``[num_sequences]``), with
-    MaxText's model on the run's mesh, a global batch of rows at a time."""
+    MaxText's model on the run's mesh, a global batch of rows at a time (``params``: the
+    reference's weights, ``None``: those of the train ``state``)."""
     import jax
     from flax import nnx
     from flax.core.spmd import logical_axis_rules
     from jax.experimental import multihost_utils
     from maxtext.utils import sharding
 
-    cfg, graphdef = backend.hparams, backend.graphdef
+    cfg, graphdef, mesh = parts.hparams, parts.graphdef, parts.mesh
     documents = data.max_documents_per_row
 
     def logps_of(state: Any, params: Any, batch: dict[str, Any]) -> Any:
@@ -170,7 +167,7 @@ def compute_reference(backend: Any, data: PackedDataset, params: Any) -> np.ndar
         return document_logps(token, batch["targets_segmentation"], documents)[0]
 
     run = jax.jit(logps_of)
-    placement = sharding.get_input_data_sharding(cfg, backend.mesh)
+    placement = sharding.get_input_data_sharding(cfg, mesh)
     size, length = int(cfg.global_batch_size_to_load), int(cfg.max_target_length)
     values = np.zeros(data.num_sequences, dtype=np.float64)
     for start in range(0, data.num_rows, size):
@@ -178,9 +175,9 @@ def compute_reference(backend: Any, data: PackedDataset, params: Any) -> np.ndar
         padded = rows + [rows[0]] * (size - len(rows))
         packed = data.batch(padded)
         batch = jax.device_put(maxtext_batch(packed, length=length), placement)
-        with jax.set_mesh(backend.mesh), logical_axis_rules(cfg.logical_axis_rules):
+        with jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
             out = np.asarray(
-                multihost_utils.process_allgather(run(backend.state, params, batch), tiled=True)
+                multihost_utils.process_allgather(run(state, params, batch), tiled=True)
             )
         for b in range(len(rows)):
             present = packed.documents[b] >= 0

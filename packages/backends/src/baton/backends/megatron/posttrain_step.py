@@ -96,16 +96,11 @@ def dpo_loss(
 
     logps, counts = document_logps(batch, output)
     documents = batch["documents"]
-    policy = objectives.split_pairs(logps, documents)
-    reference = objectives.split_pairs(batch["reference_logps"], documents)
-    tokens = objectives.split_pairs(counts, documents)
-    losses = objectives.dpo_losses(
-        *policy, *reference, beta=beta, loss_type=kind,
-        chosen_tokens=tokens[0], rejected_tokens=tokens[1],
-    )  # fmt: skip
+    losses, sums = objectives.pair_losses(
+        logps, counts, batch["reference_logps"], documents, beta=beta, loss_type=kind
+    )
     total = losses.sum()
     pairs = torch.tensor(losses.numel(), dtype=torch.int)
-    sums = objectives.dpo_metric_sums(*policy, *reference, beta=beta)
     count = torch.tensor(float(losses.numel()), device=total.device)
     metrics = torch.stack([*(sums[name].float() for name in objectives.DPO_METRICS), count])
     return total, pairs, {"lm loss": torch.stack([total.detach().clone(), count]), "dpo": metrics}

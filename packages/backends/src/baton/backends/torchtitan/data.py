@@ -192,6 +192,16 @@ class PackedTextDataset(IterableDataset, Stateful):
         self.window = int(state_dict["window"])
 
 
+@dataclass(frozen=True)
+class RankShare:
+    """What one data-parallel rank's dataset is cut to: samples of ``seq_len`` tokens,
+    rank ``dp_rank`` of ``dp_world_size``."""
+
+    seq_len: int
+    dp_rank: int
+    dp_world_size: int
+
+
 class BatonDataLoader(ParallelAwareDataloader):
     """TorchTitan's data-loader protocol, once for every baton loader: the keyword
     arguments TorchTitan's ``build_dataloader`` passes, and the loader settings of the
@@ -211,9 +221,7 @@ class BatonDataLoader(ParallelAwareDataloader):
         snapshot_every_n_steps: int | None = 1,
         **kwargs: Any,
     ) -> None:
-        dataset = self.build_dataset(
-            config, tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
-        )
+        dataset = self.build_dataset(config, tokenizer, RankShare(seq_len, dp_rank, dp_world_size))
         super().__init__(
             dataset,
             dp_rank=dp_rank,
@@ -228,16 +236,17 @@ class BatonDataLoader(ParallelAwareDataloader):
 
     @classmethod
     def build_dataset(
-        cls,
-        config: Any,
-        tokenizer: BaseTokenizer,
-        *,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
+        cls, config: Any, tokenizer: BaseTokenizer, share: RankShare
     ) -> IterableDataset[Any]:
-        """This rank's dataset of ``seq_len``-token windows, as ``config`` says."""
+        """This rank's dataset of ``share.seq_len``-token samples, as ``config`` says."""
         raise NotImplementedError
+
+    @classmethod
+    def prepared_path(cls, config: Any) -> str:
+        """``config.dataset_path``, the prefix of prepared data (``ValueError`` if unset)."""
+        if not config.dataset_path:
+            raise ValueError(f"{cls.__name__} needs dataset_path (a prepared PREFIX)")
+        return str(config.dataset_path)
 
 
 class LocalTextDataLoader(BatonDataLoader):
@@ -260,20 +269,14 @@ class LocalTextDataLoader(BatonDataLoader):
 
     @classmethod
     def build_dataset(
-        cls,
-        config: Config,
-        tokenizer: BaseTokenizer,
-        *,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
+        cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PackedTextDataset:
         return PackedTextDataset(
             split_documents(paragraphs(config.dataset_path), config.eval_split, config.split),
             tokenizer,
-            seq_len=seq_len,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
+            seq_len=share.seq_len,
+            dp_rank=share.dp_rank,
+            dp_world_size=share.dp_world_size,
             seed=config.seed,
             infinite=config.infinite,
         )

@@ -131,17 +131,10 @@ class DpoLoss(BaseLoss):
         segments, documents = (t.to(labels.device) for t in feed.next_documents())
         logps, counts = document_sums(pred, labels, segments, documents.shape[1])
         reference = feed.reference.to(labels.device)[documents.clamp(min=0)]
-        policy_c, policy_r = objectives.split_pairs(logps, documents)
-        reference_c, reference_r = objectives.split_pairs(reference, documents)
-        tokens_c, tokens_r = objectives.split_pairs(counts, documents)
-        losses = objectives.dpo_losses(
-            policy_c, policy_r, reference_c, reference_r,
-            beta=self.beta, loss_type=self.loss_type,
-            chosen_tokens=tokens_c, rejected_tokens=tokens_r,
-        )  # fmt: skip
-        feed.add_metrics(
-            objectives.dpo_metric_sums(policy_c, policy_r, reference_c, reference_r, beta=self.beta)
+        losses, sums = objectives.pair_losses(
+            logps, counts, reference, documents, beta=self.beta, loss_type=self.loss_type
         )
+        feed.add_metrics(sums)
         return losses.sum() / feed.global_pairs(labels.device), {}
 
 

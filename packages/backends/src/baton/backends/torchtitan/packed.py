@@ -41,10 +41,10 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.torchtitan.data import BatonDataLoader
+from baton.backends.torchtitan.data import BatonDataLoader, RankShare
+from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import DataError, load_tokenizer
 from baton.data.packed import PackedDataset
-from baton.data.shards import check_enough_for_ranks, check_rank
 
 #: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
 DOCUMENT_KEYS = ("segments", "documents")
@@ -79,42 +79,29 @@ class PackedRows(IterableDataset, Stateful):
         infinite: bool = True,
     ) -> None:
         self.data = data
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
         self.documents = documents
-        self.infinite = infinite
-        self.epoch = 0
-        self.row = dp_rank  # the next row this rank reads
-        check_rank(dp_rank, dp_world_size, type(self).__name__)
-        check_enough_for_ranks(
+        #: this rank's rows and its position in them
+        self.rows = RankItems(
             data.num_rows,
-            dp_world_size,
+            unit="row",
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            infinite=infinite,
             what=f"{data.prefix}: {data.num_rows} rows",
             fix="prepare more data",
+            same="the same prepared data",
+            owner=type(self).__name__,
         )
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        while True:
-            while self.row < self.data.num_rows:
-                row = self.row
-                self.row += self.dp_world_size
-                yield row_sample(self.data, row, documents=self.documents)
-            if not self.infinite:
-                return
-            self.epoch += 1
-            self.row = self.dp_rank
+        for row in self.rows:
+            yield row_sample(self.data, row, documents=self.documents)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "row": self.row, "num_rows": self.data.num_rows}
+        return self.rows.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict["num_rows"] != self.data.num_rows:
-            raise ValueError(
-                f"{self.data.prefix}: the checkpoint's data had {state_dict['num_rows']} rows, "
-                f"this one has {self.data.num_rows}: resume with the same prepared data"
-            )
-        self.epoch = int(state_dict["epoch"])
-        self.row = int(state_dict["row"])
+        self.rows.load_state_dict(state_dict, self.data.prefix)
 
 
 def open_packed(path: str, tokenizer: BaseTokenizer, seq_len: int) -> PackedDataset:
@@ -147,20 +134,12 @@ class PackedDataLoader(BatonDataLoader):
 
     @classmethod
     def build_dataset(
-        cls,
-        config: Config,
-        tokenizer: BaseTokenizer,
-        *,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
+        cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PackedRows:
-        if not config.dataset_path:
-            raise ValueError("PackedDataLoader needs dataset_path (a prepared PREFIX)")
         return PackedRows(
-            open_packed(config.dataset_path, tokenizer, seq_len),
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
+            open_packed(cls.prepared_path(config), tokenizer, share.seq_len),
+            dp_rank=share.dp_rank,
+            dp_world_size=share.dp_world_size,
             documents=config.documents,
             infinite=config.infinite,
         )

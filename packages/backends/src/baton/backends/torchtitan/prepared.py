@@ -29,10 +29,11 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from baton.backends.torchtitan.data import BatonDataLoader
+from baton.backends.torchtitan.data import BatonDataLoader, RankShare
+from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
 from baton.data.packed import check_objective
-from baton.data.shards import check_enough_for_ranks, check_rank
+from baton.data.shards import check_rank
 
 
 def document_positions(inputs: np.ndarray, eod_id: int) -> np.ndarray:
@@ -75,52 +76,40 @@ class PreparedWindows(IterableDataset, Stateful):
         self.first, end = tokens if tokens is not None else (0, data.num_tokens)
         self.eod_id = eod_id
         self.seq_len = seq_len
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
-        self.infinite = infinite
-        self.epoch = 0
-        self.window = dp_rank  # the next window this rank reads
-        check_rank(dp_rank, dp_world_size, type(self).__name__)
-        self.num_windows = (end - self.first - 1) // seq_len
+        check_rank(dp_rank, dp_world_size, type(self).__name__)  # before dividing by it
+        num_windows = (end - self.first - 1) // seq_len
         if not infinite:  # a finite pass: every rank reads as many windows (no rank waits)
-            self.num_windows -= self.num_windows % dp_world_size
-        check_enough_for_ranks(
-            self.num_windows,
-            dp_world_size,
-            what=f"{data.prefix}: {end - self.first} tokens make {self.num_windows} windows "
+            num_windows -= num_windows % dp_world_size
+        #: this rank's windows and its position in them
+        self.windows = RankItems(
+            num_windows,
+            unit="window",
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            infinite=infinite,
+            what=f"{data.prefix}: {end - self.first} tokens make {num_windows} windows "
             f"of {seq_len}",
             fix="prepare more data or lower training.seq_len",
+            same="the same prepared data and training.seq_len",
+            owner=type(self).__name__,
         )
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        while True:
-            while self.window < self.num_windows:
-                start = self.first + self.window * self.seq_len
-                tokens = np.asarray(self.data.tokens[start : start + self.seq_len + 1], np.int64)
-                self.window += self.dp_world_size
-                inputs = tokens[:-1]
-                positions = document_positions(inputs, self.eod_id)
-                yield (
-                    {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)},
-                    torch.from_numpy(tokens[1:].copy()),
-                )
-            if not self.infinite:
-                return
-            self.epoch += 1
-            self.window = self.dp_rank
+        for window in self.windows:
+            start = self.first + window * self.seq_len
+            tokens = np.asarray(self.data.tokens[start : start + self.seq_len + 1], np.int64)
+            inputs = tokens[:-1]
+            positions = document_positions(inputs, self.eod_id)
+            yield (
+                {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)},
+                torch.from_numpy(tokens[1:].copy()),
+            )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "window": self.window, "num_windows": self.num_windows}
+        return self.windows.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict["num_windows"] != self.num_windows:
-            raise ValueError(
-                f"{self.data.prefix}: the checkpoint's data had {state_dict['num_windows']} "
-                f"windows, this one has {self.num_windows}: resume with the same prepared "
-                "data and training.seq_len"
-            )
-        self.epoch = int(state_dict["epoch"])
-        self.window = int(state_dict["window"])
+        self.windows.load_state_dict(state_dict, self.data.prefix)
 
 
 class PreparedDataLoader(BatonDataLoader):
@@ -141,30 +130,23 @@ class PreparedDataLoader(BatonDataLoader):
 
     @classmethod
     def build_dataset(
-        cls,
-        config: Config,
-        tokenizer: BaseTokenizer,
-        *,
-        seq_len: int,
-        dp_rank: int,
-        dp_world_size: int,
+        cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PreparedWindows:
-        if not config.dataset_path:
-            raise ValueError("PreparedDataLoader needs dataset_path (a prepared PREFIX)")
-        check_objective(config.dataset_path, "pretrain")  # not packed conversations
-        data = PreparedDataset(config.dataset_path)
+        path = cls.prepared_path(config)
+        check_objective(path, "pretrain")  # not packed conversations
+        data = PreparedDataset(path)
         eod_id = tokenizer.eos_id
-        path = getattr(tokenizer, "tokenizer_path", None)
-        if path:  # a Hugging Face tokenizer directory: the data must come from it
-            info = load_tokenizer(path)
+        tokenizer_path = getattr(tokenizer, "tokenizer_path", None)
+        if tokenizer_path:  # a Hugging Face tokenizer directory: the data must come from it
+            info = load_tokenizer(tokenizer_path)
             data.check_tokenizer(info)
             eod_id = info.eod_id
         return PreparedWindows(
             data,
             tokens=split_tokens(data, config.eval_split, config.split),
             eod_id=int(eod_id if eod_id is not None else -1),
-            seq_len=seq_len,
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
+            seq_len=share.seq_len,
+            dp_rank=share.dp_rank,
+            dp_world_size=share.dp_world_size,
             infinite=config.infinite,
         )

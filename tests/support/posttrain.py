@@ -104,15 +104,17 @@ def tiny_model(
     directory: str | Path, family: str = "llama", vocab_size: int = MODEL_VOCAB, seed: int = 0
 ) -> Path:
     """A randomly initialised fp32 ``save_pretrained`` model (2 layers, hidden 64) of
-    ``family`` ("llama" or "qwen3"), for ``--init-from``; ``seed`` picks the weights."""
+    ``family`` ("llama", "qwen3" or "qwen3_moe": 4 experts, top 2), for ``--init-from``;
+    ``seed`` picks the weights."""
     from support.tiny_llama import save_tiny_llama
     from support.tiny_qwen3 import save_tiny_qwen3
 
     if family == "llama":
         return save_tiny_llama(Path(directory), vocab_size=vocab_size, seed=seed)
-    if family == "qwen3":
-        return save_tiny_qwen3(Path(directory), vocab_size=vocab_size, seed=seed)
-    raise ValueError(f"family {family!r}: use 'llama' or 'qwen3'")
+    if family in ("qwen3", "qwen3_moe"):
+        moe = family == "qwen3_moe"
+        return save_tiny_qwen3(Path(directory), moe=moe, vocab_size=vocab_size, seed=seed)
+    raise ValueError(f"family {family!r}: use 'llama', 'qwen3' or 'qwen3_moe'")
 
 
 def _conversation(rng: random.Random) -> list[dict[str, str]]:
@@ -266,18 +268,23 @@ def preference_prefix(
 
 
 def posttrain_files(
-    root: str | Path, seq_len: int, num_rows: int = 8, kinds: Sequence[str] = ("sft", "pairs")
+    root: str | Path,
+    seq_len: int,
+    num_rows: int = 8,
+    kinds: Sequence[str] = ("sft", "pairs"),
+    family: str = "llama",
 ) -> dict[str, Path]:
     """The files an engine's post-training tests read, under ``root``: ``tokenizer`` (the
-    chat tokenizer), ``policy`` and ``reference`` (tiny models of seeds 0 and 1), and for
+    chat tokenizer), ``policy`` and ``reference`` (tiny models of ``family``, seeds 0 and
+    1), and for
     each of ``kinds`` its packed prefix of ``num_rows`` rows of ``seq_len``: ``sft``
     (conversations) and ``pairs`` (preference pairs)."""
     root = Path(root)
     tokenizer = chat_tokenizer(root / "tok")
     files = {
         "tokenizer": tokenizer,
-        "policy": tiny_model(root / "policy"),
-        "reference": tiny_model(root / "reference", seed=1),
+        "policy": tiny_model(root / "policy", family),
+        "reference": tiny_model(root / "reference", family, seed=1),
     }
     write = {"sft": sft_prefix, "pairs": preference_prefix}
     for kind in kinds:

@@ -12,16 +12,13 @@ import torch
 from baton.core.cli.recipe import build_driver
 from baton.data.packed import PackedDataset
 from support.posttrain import (
-    MODEL_VOCAB,
     LoggedMetrics,
     _documents,
     _load_model,
-    chat_tokenizer,
     dpo_reference,
-    preference_prefix,
-    sft_prefix,
+    posttrain_files,
 )
-from support.tiny_qwen3 import TINY_EXPERTS, save_tiny_qwen3
+from support.tiny_qwen3 import TINY_EXPERTS
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "hf_finetune.py"
@@ -33,20 +30,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWa
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("posttrain_moe")
-    tok = chat_tokenizer(root / "tok")
-    return {
-        "tok": tok,
-        "policy": save_tiny_qwen3(root / "policy", moe=True, vocab_size=MODEL_VOCAB),
-        "ref": save_tiny_qwen3(root / "ref", moe=True, vocab_size=MODEL_VOCAB, seed=1),
-        "sft": sft_prefix(root, tok, SEQ_LEN, num_rows=8),
-        "pairs": preference_prefix(root, tok, SEQ_LEN, num_rows=8),
-    }
+    return posttrain_files(tmp_path_factory.mktemp("posttrain_moe"), SEQ_LEN, family="qwen3_moe")
 
 
 def run(files: dict[str, Path], tmp_path: Path, *args: str) -> dict[str, float]:
     """The first step's logged metrics of the recipe, every row in one batch."""
-    argv = ["--init-from", str(files["policy"]), "--tokenizer", str(files["tok"])]
+    argv = ["--init-from", str(files["policy"]), "--tokenizer", str(files["tokenizer"])]
     argv += ["--max-steps", "1", "--log-every", "1", "--eval-every", "0", "--save-every", "0"]
     argv += ["--run-dir", str(tmp_path / "run"), "--no-progress", *args]
     driver = build_driver(RECIPE, argv)
@@ -102,9 +91,9 @@ def test_moe_dpo_first_step_equals_trl(files, tmp_path):
     rows = PackedDataset(files["pairs"]).num_rows
     got = run(
         files, tmp_path, "--objective", "dpo", "--data-path", str(files["pairs"]),
-        "--reference", str(files["ref"]), "--batch-size", str(rows),
+        "--reference", str(files["reference"]), "--batch-size", str(rows),
     )  # fmt: skip
-    trl = dpo_reference(files["policy"], files["ref"], files["pairs"], list(range(rows)))
+    trl = dpo_reference(files["policy"], files["reference"], files["pairs"], list(range(rows)))
     # TRL's load-balancing term also routes each row's last token (a rejected answer's
     # end), which has no next token and is no input of a packed row: the DPO losses
     # agree within 1e-5 and the terms within 1e-3

@@ -21,13 +21,7 @@ from baton.callbacks import EMA, Freeze, LossGuard
 from baton.core import Callback
 from baton.core.cli.recipe import build_driver
 from baton.data.packed import PackedDataset
-from support.posttrain import (
-    chat_tokenizer,
-    preference_prefix,
-    sft_prefix,
-    sft_reference,
-    tiny_model,
-)
+from support.posttrain import posttrain_files, sft_reference
 from support.resilience import LoggedMetrics, RollbackOnce, StepWeights, check_ema, check_frozen
 
 HERE = Path(__file__).parent
@@ -41,23 +35,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWa
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("posttrain_resilience")
-    tok = chat_tokenizer(root / "tok")
-    return {
-        "tok": tok,
-        "policy": tiny_model(root / "policy"),
-        "ref": tiny_model(root / "ref", seed=1),
-        "sft": sft_prefix(root, tok, SEQ_LEN, num_rows=24),
-        "pairs": preference_prefix(root, tok, SEQ_LEN, num_rows=24),
-    }
+    return posttrain_files(tmp_path_factory.mktemp("posttrain_resilience"), SEQ_LEN, 24)
 
 
 def objective_args(files: dict[str, Path], objective: str) -> list[str]:
     args = ["--objective", objective, "--init-from", str(files["policy"])]
-    args += ["--tokenizer", str(files["tok"]), "--eval-every", "0", "--no-progress"]
+    args += ["--tokenizer", str(files["tokenizer"]), "--eval-every", "0", "--no-progress"]
     if objective == "sft":
         return [*args, "--data-path", str(files["sft"])]
-    return [*args, "--data-path", str(files["pairs"]), "--reference", str(files["ref"])]
+    return [*args, "--data-path", str(files["pairs"]), "--reference", str(files["reference"])]
 
 
 def fit(files, run_dir: Path, objective: str, callbacks: list, *extra: str):
@@ -162,14 +148,9 @@ def test_freeze_and_ema_on_post_training(files, tmp_path, objective):
     assert metrics.metrics[1]["freeze/frozen"] == len(frozen)
     check_ema(weights, ema.averages, decay=0.5)
     if objective == "sft":
-        from importlib.util import module_from_spec, spec_from_file_location
+        from baton.backends.fabric.hf_posttrain import packed_loaders
 
-        spec = spec_from_file_location("hf_finetune_recipe", RECIPE)
-        recipe = module_from_spec(spec)
-        spec.loader.exec_module(recipe)
-        train, _ = recipe.packed_loaders(
-            PackedDataset(files["sft"]), batch_size=2, seed=0, pad_id=0
-        )
+        train, _ = packed_loaders(PackedDataset(files["sft"]), batch_size=2, seed=0, pad_id=0)
         loss, _ = sft_reference(files["policy"], files["sft"], train.order(0)[:2].tolist())
         assert metrics.metrics[1]["loss"] == pytest.approx(loss, rel=1e-5)
 
@@ -220,14 +201,11 @@ def test_dpo_pairs_stay_whole_on_one_rank_whatever_the_ranks(files, world_size):
     """The recipe's DPO batches cut among ``world_size`` ranks: every pair of the
     training rows (documents 2k and 2k+1 of the data) is read in one epoch by exactly one
     rank, both its documents in the same row of that rank's batch, chosen first."""
-    from importlib.util import module_from_spec, spec_from_file_location
+    from baton.backends.fabric.hf_posttrain import packed_loaders
 
-    spec = spec_from_file_location("hf_finetune_recipe", RECIPE)
-    recipe = module_from_spec(spec)
-    spec.loader.exec_module(recipe)
     data = PackedDataset(files["pairs"])
     reference = np.zeros(data.num_sequences)
-    train, _ = recipe.packed_loaders(data, batch_size=2, seed=0, pad_id=0, reference=reference)
+    train, _ = packed_loaders(data, batch_size=2, seed=0, pad_id=0, reference=reference)
     seen: Counter[int] = Counter()
     for rank in range(world_size):
         for batch in train.shard(rank, world_size):

@@ -291,9 +291,29 @@ class _TokenStarts:
     def __getitem__(self, token: int) -> int:
         return self.encoding.token_to_chars(token)[0]
 
-    def end(self, token: int) -> int:
-        """Where ``token`` ends."""
-        return self.encoding.token_to_chars(token)[1]
+
+def _edge(encoding: Any, position: int) -> tuple[int, int]:
+    """``(token, end)``: the first token of ``encoding`` that starts at or after character
+    ``position`` (``bisect_left`` over the tokens' starts) and where the token before it
+    ends (0 for the first). The token holding ``position`` is asked for first
+    (``char_to_token``); it is the answer when it starts there and the one before it
+    starts earlier, which is where a turn's edge falls between two tokens. Otherwise, or
+    past the last token's start, it bisects."""
+    count = len(encoding)
+    if count == 0:
+        return 0, 0
+    last_start, last_end = encoding.token_to_chars(count - 1)
+    if last_start < position:
+        return count, last_end
+    token = encoding.char_to_token(position)
+    if token is not None and encoding.token_to_chars(token)[0] == position:
+        if token == 0:
+            return 0, 0
+        start, end = encoding.token_to_chars(token - 1)
+        if start < position:
+            return token, end
+    token = bisect.bisect_left(_TokenStarts(encoding), position)
+    return token, encoding.token_to_chars(token - 1)[1] if token > 0 else 0
 
 
 def _prefix_spans(
@@ -307,16 +327,15 @@ def _prefix_spans(
     ``text`` (tokenized as ``encoding``, with offsets): what the text through each turn
     (``throughs``) adds to the text before it with the generation prompt (``befores``). A
     prefix that is no prefix of the whole, or a token across a turn's edge, is refused."""
-    starts = _TokenStarts(encoding)
     spans = []
     for number, before, through in zip(answers, befores, throughs, strict=True):
-        first = bisect.bisect_left(starts, len(before))  # first token of the turn
-        end = bisect.bisect_left(starts, len(through))  # first token after it
+        first, before_end = _edge(encoding, len(before))  # first token of the turn
+        end, through_end = _edge(encoding, len(through))  # first token after it
         if (
             not text.startswith(through)
             or not through.startswith(before)
-            or (first > 0 and starts.end(first - 1) > len(before))
-            or (end > 0 and starts.end(end - 1) > len(through))
+            or before_end > len(before)
+            or through_end > len(through)
         ):
             raise DataError(
                 "the chat template does not render the conversation up to turn "

@@ -167,14 +167,13 @@ def test_byte_edges_are_the_offsets(tokenizers: dict[str, Path], tmp_path: Path)
     assert edges is not None
     text = "<|im_start|>user\nnaïve café 日本語 😀🚀 x<|im_end|>\n  tabs\tend "
     encoding = backend.encode(text, add_special_tokens=False)
-    found = edges.of(text, encoding.ids)
-    assert found is not None
+    found, other_text = edges.of([text, text + "!"], [encoding.ids, encoding.ids])
+    assert found is not None and other_text is None  # the ids do not tile that text
     starts = [start for start, _ in encoding.offsets]
     for position in range(len(text) + 1):
         token = bisect.bisect_left(starts, position)
         crosses = token > 0 and encoding.offsets[token - 1][1] > position
         assert found.edge(position) == (token, crosses), position
-    assert edges.of(text + "!", encoding.ids) is None  # the ids do not tile that text
     other = SentencePieceBPETokenizer()
     other.train_from_iterator([text] * 4, vocab_size=60)
     assert ByteEdges.load(other._tokenizer) is None

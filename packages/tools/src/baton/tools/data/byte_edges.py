@@ -14,7 +14,7 @@ Example::
 
     edges = ByteEdges.load(tokenizer.backend_tokenizer)
     encoding = tokenizer.backend_tokenizer.encode_batch_fast([text])[0]
-    found = edges.of(text, encoding.ids)
+    [found] = edges.of([text], [encoding.ids])
     token, crosses = found.edge(12)   # first token from character 12; one spans it?
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -84,14 +85,30 @@ class ByteEdges:
             lengths[number] = len(added.content.encode("utf-8"))
         return cls(lengths)
 
-    def of(self, text: str, ids: list[int]) -> TokenBytes | None:
-        """Where the tokens ``ids`` of ``text`` start and end, or None where they do not
-        tile its bytes."""
-        sizes = self.lengths[np.asarray(ids, dtype=np.int64)]
+    def of(self, texts: list[str], ids: list[list[int]]) -> list[TokenBytes | None]:
+        """Where the tokens ``ids[k]`` of each ``texts[k]`` start and end (all of them in
+        one array), or None for a text they do not tile."""
+        counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
+        sizes = self.lengths[flat]
         ends = np.cumsum(sizes)
-        if (ends[-1] if len(ends) else 0) != len(text.encode("utf-8")) or not sizes.all():
-            return None
-        return TokenBytes(text, ends - sizes, ends)
+        firsts = np.cumsum(counts) - counts  # where each text's tokens begin
+        before = np.concatenate([[0], ends])[firsts]  # bytes before each text's first token
+        totals = np.concatenate([[0], ends])[firsts + counts] - before
+        starts = ends - sizes
+        empty = sizes == 0
+        found: list[TokenBytes | None] = []
+        for text, first, count, offset, total in zip(
+            texts, firsts.tolist(), counts.tolist(), before.tolist(), totals.tolist(), strict=True
+        ):
+            last = first + count
+            if total != len(text.encode("utf-8")) or empty[first:last].any():
+                found.append(None)
+            else:
+                found.append(
+                    TokenBytes(text, starts[first:last] - offset, ends[first:last] - offset)
+                )
+        return found
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,8 @@ class TokenBytes:
     def edge(self, position: int) -> tuple[int, bool]:
         """``(token, crosses)``: the first token that starts at or after character
         ``position``, and whether the token before it ends after ``position``."""
+        if position >= len(self.text):  # every token starts before the text's end
+            return len(self.ends), False
         at = len(self.text[:position].encode("utf-8"))
         token = int(np.searchsorted(self.starts, at, side="left"))
         return token, bool(token > 0 and self.ends[token - 1] > at)

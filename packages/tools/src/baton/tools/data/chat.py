@@ -287,13 +287,8 @@ class ChatTokenizer:
         ids: list[list[int]] = []
         finders: list[Callable[[int], tuple[int, bool]] | None] = []
         if edges is not None:
-            for text, encoding in zip(
-                texts, backend.encode_batch_fast(texts, add_special_tokens=False), strict=True
-            ):
-                tokens = encoding.ids  # a new list at each read
-                found = edges.of(text, tokens)
-                ids.append(tokens)
-                finders.append(None if found is None else found.edge)
+            ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+            finders = [None if f is None else f.edge for f in edges.of(texts, ids)]
         else:
             ids, finders = [[] for _ in texts], [None for _ in texts]
         missing = [number for number, finder in enumerate(finders) if finder is None]

@@ -20,8 +20,9 @@ Masks (1: the token is a supervised target):
   A template with ``{% generation %}`` marks the assistant's tokens itself
   (``return_assistant_tokens_mask``); for any other, the span of assistant turn ``i`` is
   what ``messages[:i + 1]`` adds to ``messages[:i]`` rendered with the generation prompt
-  (text rendered, the whole tokenized once with offsets; the prefixes of many conversations
-  in one ``apply_chat_template`` call and their texts in one ``encode_batch``), and a
+  (the wholes of many conversations rendered in one ``apply_chat_template`` call and
+  tokenized in one batch, the prefixes rendered as text with each conversation prepared
+  once; the edges from the ids of a byte-level BPE, from the offsets otherwise), and a
   template whose prefixes do not render as prefixes of the whole, or a token across a
   turn's edge, is refused.
 * prompt/completion and pairs: the completion's tokens (TRL's: where the tokenized prompt

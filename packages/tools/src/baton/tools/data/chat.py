@@ -194,7 +194,7 @@ class ChatTokenizer:
         self, conversations: list[list[dict]]
     ) -> list[tuple[list[int], list[tuple[int, int]]]]:
         """The ids of each conversation and the token spans of its assistant turns, found
-        from the rendered text of prefixes (one tokenization, with offsets, of the whole).
+        from the rendered text of prefixes (one tokenization of the whole).
 
         The wholes are rendered by ``apply_chat_template``, the prefixes by a
         :class:`~baton.tools.data.prefixes.PrefixRenderer` (checked on the first

@@ -133,6 +133,52 @@ def test_conversations_together_as_one_at_a_time(tokenizers: dict[str, Path]) ->
             assert chat.conversations(talks, mask) == alone
 
 
+def test_prefixes_render_as_apply_chat_template(tokenizers: dict[str, Path]) -> None:
+    """The prefix renderer gives each prefix, with and without the generation prompt,
+    exactly as apply_chat_template renders it."""
+    from baton.tools.data.prefixes import PrefixRenderer
+
+    for name in ("chatml", "counting"):
+        chat = ChatTokenizer.load(tokenizers[name])
+        renderer = PrefixRenderer.load(chat.tokenizer)
+        assert renderer is not None
+        for turns in CONVERSATIONS:
+            cuts = [(count, prompt) for count in range(1, len(turns) + 1) for prompt in (0, 1)]
+            expected = [
+                chat.tokenizer.apply_chat_template(
+                    turns[:count], tokenize=False, add_generation_prompt=bool(prompt)
+                )
+                for count, prompt in cuts
+            ]
+            assert renderer.render(turns, [(c, bool(p)) for c, p in cuts]) == expected
+
+
+def test_byte_edges_are_the_offsets(tokenizers: dict[str, Path], tmp_path: Path) -> None:
+    """From the ids alone, a byte-level BPE's token edges are those its offsets give, on
+    text whose characters the tokens split; a tokenizer of another kind gets none."""
+    import bisect
+
+    from tokenizers import SentencePieceBPETokenizer
+
+    from baton.tools.data.byte_edges import ByteEdges
+
+    backend = reference(tokenizers["chatml"]).backend_tokenizer
+    edges = ByteEdges.load(backend)
+    assert edges is not None
+    text = "<|im_start|>user\nnaïve café 日本語 😀🚀 x<|im_end|>\n  tabs\tend "
+    encoding = backend.encode(text, add_special_tokens=False)
+    found, other_text = edges.of([text, text + "!"], [encoding.ids, encoding.ids])
+    assert found is not None and other_text is None  # the ids do not tile that text
+    starts = [start for start, _ in encoding.offsets]
+    for position in range(len(text) + 1):
+        token = bisect.bisect_left(starts, position)
+        crosses = token > 0 and encoding.offsets[token - 1][1] > position
+        assert found.edge(position) == (token, crosses), position
+    other = SentencePieceBPETokenizer()
+    other.train_from_iterator([text] * 4, vocab_size=60)
+    assert ByteEdges.load(other._tokenizer) is None
+
+
 def test_a_failing_record_among_many_is_named(
     tokenizers: dict[str, Path], tmp_path: Path, capsys
 ) -> None:

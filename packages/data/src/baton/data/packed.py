@@ -49,6 +49,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -391,21 +392,35 @@ def _write(
     temporaries: dict[str, Path],
     manifest_fields: dict[str, Any],
 ) -> dict[str, Any]:
+    # every row's tokens and mask values in one array each (one conversion, not one per
+    # document), then cut into rows for the index
+    lengths = np.fromiter((len(tokens) for row in rows for tokens, _ in row), dtype=np.int64)
+    tokens_total = int(lengths.sum())
+    flat = np.fromiter(
+        chain.from_iterable(tokens for row in rows for tokens, _ in row),
+        dtype=dtype,
+        count=tokens_total,
+    )
+    mask = np.fromiter(
+        chain.from_iterable(flags for row in rows for _, flags in row),
+        dtype=np.uint8,
+        count=tokens_total,
+    )
+    mask = (mask != 0).astype(np.uint8)
+    mask[np.cumsum(lengths) - lengths] = 0  # nothing predicts a first token
+    supervised = int(mask.sum())
+    documents = len(lengths)
     builder = IndexedWriter(temporaries["bin"], dtype)
-    tokens_total = supervised = documents = 0
     try:
+        start = first = 0
+        for row in rows:
+            count = len(row)
+            row_lengths = lengths[first : first + count]
+            end = start + int(row_lengths.sum())
+            builder.add_document(flat[start:end], row_lengths.tolist())
+            start, first = end, first + count
         with open(temporaries["mask"], "wb") as masks:
-            for row in rows:
-                lengths = [len(tokens) for tokens, _ in row]
-                flat = np.concatenate([np.asarray(tokens, dtype=dtype) for tokens, _ in row])
-                mask = np.concatenate([np.asarray(mask, dtype=np.uint8) for _, mask in row])
-                mask = (mask != 0).astype(np.uint8)
-                mask[np.cumsum(lengths) - lengths] = 0  # nothing predicts a first token
-                builder.add_document(flat, lengths)
-                masks.write(mask.tobytes())
-                tokens_total += len(flat)
-                supervised += int(mask.sum())
-                documents += len(row)
+            masks.write(mask.tobytes())
     finally:
         builder.close()
     builder.finalize(str(temporaries["idx"]))

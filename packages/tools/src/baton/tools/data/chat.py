@@ -20,8 +20,9 @@ Masks (1: the token is a supervised target):
   A template with ``{% generation %}`` marks the assistant's tokens itself
   (``return_assistant_tokens_mask``); for any other, the span of assistant turn ``i`` is
   what ``messages[:i + 1]`` adds to ``messages[:i]`` rendered with the generation prompt
-  (text rendered, the whole tokenized once with offsets; the prefixes of many conversations
-  in one ``apply_chat_template`` call and their texts in one ``encode_batch``), and a
+  (the wholes of many conversations rendered in one ``apply_chat_template`` call and
+  tokenized in one batch, the prefixes rendered as text with each conversation prepared
+  once; the edges from the ids of a byte-level BPE, from the offsets otherwise), and a
   template whose prefixes do not render as prefixes of the whole, or a token across a
   turn's edge, is refused.
 * prompt/completion and pairs: the completion's tokens (TRL's: where the tokenized prompt
@@ -35,11 +36,15 @@ import hashlib
 import logging
 import re
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from baton.data import DataError
+from baton.tools.data.byte_edges import ByteEdges
+from baton.tools.data.prefixes import PrefixRenderer
 
 MASKS = ("assistant", "all", "last_assistant")
 
@@ -83,6 +88,10 @@ class ChatTokenizer:
     template: dict[str, str] | None
     #: the template marks the assistant's tokens with ``{% generation %}``
     marks_generation: bool
+    #: renders prefixes (loaded on first use; False where transformers lacks the parts)
+    _prefix_renderer: PrefixRenderer | Literal[False] | None = field(default=None, repr=False)
+    #: token edges from ids (loaded on first use; False where the tokenizer is no byte-level BPE)
+    _edges: ByteEdges | Literal[False] | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, directory: str | Path, chat_template: str | Path | None = None) -> ChatTokenizer:
@@ -185,18 +194,59 @@ class ChatTokenizer:
         self, conversations: list[list[dict]]
     ) -> list[tuple[list[int], list[tuple[int, int]]]]:
         """The ids of each conversation and the token spans of its assistant turns, found
-        from the rendered text of prefixes (one tokenization, with offsets, of the whole)."""
+        from the rendered text of prefixes (one tokenization of the whole).
+
+        The wholes are rendered by ``apply_chat_template``, the prefixes by a
+        :class:`~baton.tools.data.prefixes.PrefixRenderer` (checked on the first
+        conversation against ``apply_chat_template``); where it fails in any way, the
+        prefixes are rendered by ``apply_chat_template`` too, which then decides."""
         answers = [
             [number for number, turn in enumerate(turns) if turn["role"] == "assistant"]
             for turns in conversations
         ]
+        renderer = self._renderer()
+        if renderer is not None:
+            try:
+                return self._spans(self._rendered_apart(conversations, answers, renderer))
+            except Exception:  # any failure: the renders of apply_chat_template decide
+                pass
+        return self._spans(self._rendered_together(conversations, answers))
+
+    def _renderer(self) -> PrefixRenderer | None:
+        if self._prefix_renderer is None and self.template is not None:
+            self._prefix_renderer = PrefixRenderer.load(self.tokenizer) or False
+        return self._prefix_renderer or None
+
+    def _rendered_apart(
+        self, conversations: list[list[dict]], answers: list[list[int]], renderer: PrefixRenderer
+    ) -> list[_Rendered]:
+        """Each conversation's renders: its prefixes one conversation at a time by
+        ``renderer``, the wholes in one ``apply_chat_template`` call."""
+        if not any(answers):  # apply_chat_template refuses the empty batch of prefixes
+            raise ValueError("no assistant turn")
+        wholes = self._apply(conversations, tokenize=False)
+        if renderer.render(conversations[0], [(len(conversations[0]), False)]) != [wholes[0]]:
+            raise ValueError("the prefix renderer renders otherwise than apply_chat_template")
+        renders = []
+        for turns, numbers, whole in zip(conversations, answers, wholes, strict=True):
+            ends = bool(numbers) and numbers[-1] == len(turns) - 1
+            cuts = [(n, True) for n in numbers] + [(n + 1, False) for n in numbers]
+            texts = renderer.render(turns, cuts[:-1] if ends else cuts)
+            through = texts[len(numbers) :] + ([whole] if ends else [])
+            renders.append(_Rendered(numbers, texts[: len(numbers)], through, whole))
+        return renders
+
+    def _rendered_together(
+        self, conversations: list[list[dict]], answers: list[list[int]]
+    ) -> list[_Rendered]:
+        """Each conversation's renders, all by ``apply_chat_template``: every prefix up to
+        an assistant turn with the generation prompt in one call, then every prefix through
+        one, and the whole where it goes on after its last assistant turn (otherwise the
+        prefix through that turn is the whole)."""
         ends = [
             bool(numbers) and numbers[-1] == len(turns) - 1
             for turns, numbers in zip(conversations, answers, strict=True)
         ]
-        # two batched renders: every prefix up to an assistant turn with the generation
-        # prompt, then every prefix through one, and the whole where it goes on after its
-        # last assistant turn (otherwise the prefix through that turn is the whole)
         befores = iter(
             self._apply(
                 [
@@ -222,15 +272,41 @@ class ChatTokenizer:
         for numbers, whole in zip(answers, ends, strict=True):
             before = [next(befores) for _ in numbers]
             through = [next(throughs) for _ in numbers]
-            renders.append((numbers, before, through, through[-1] if whole else next(throughs)))
+            text = through[-1] if whole else next(throughs)
+            renders.append(_Rendered(numbers, before, through, text))
+        return renders
+
+    def _spans(self, renders: list[_Rendered]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Each conversation's ids (its whole text tokenized, as ``apply_chat_template``
+        tokenizes it) and the token spans of its assistant turns. A byte-level BPE finds
+        the edges from the ids (:class:`~baton.tools.data.byte_edges.ByteEdges`, the texts
+        tokenized without offsets); other tokenizers, or a text its tokens do not tile,
+        from the offsets."""
+        backend = self.tokenizer.backend_tokenizer
+        texts = [render.text for render in renders]
+        edges = self._byte_edges()
+        ids: list[list[int]] = []
+        finders: list[Callable[[int], tuple[int, bool]] | None] = []
+        if edges is not None:
+            ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+            finders = [None if f is None else f.edge for f in edges.of(texts, ids)]
+        else:
+            ids, finders = [[] for _ in texts], [None for _ in texts]
+        missing = [number for number, finder in enumerate(finders) if finder is None]
         # apply_chat_template(tokenize=True) is this call through transformers' wrapper
-        encodings = self.tokenizer.backend_tokenizer.encode_batch(
-            [text for *_, text in renders], add_special_tokens=False
-        )
-        return [
-            (encoding.ids, _prefix_spans(text, encoding, numbers, before, through))
-            for (numbers, before, through, text), encoding in zip(renders, encodings, strict=True)
-        ]
+        encodings = backend.encode_batch([texts[n] for n in missing], add_special_tokens=False)
+        for number, encoding in zip(missing, encodings, strict=True):
+            ids[number], finders[number] = encoding.ids, partial(_offset_edge, encoding)
+        found = []
+        for tokens, render, finder in zip(ids, renders, finders, strict=True):
+            assert finder is not None  # every text has one by now
+            found.append((tokens, _prefix_spans(render, finder)))
+        return found
+
+    def _byte_edges(self) -> ByteEdges | None:
+        if self._edges is None:
+            self._edges = ByteEdges.load(self.tokenizer.backend_tokenizer) or False
+        return self._edges or None
 
     def prompt_completion(self, prompt: Any, completion: Any) -> Tokens:
         """``(ids, mask)``: the mask covers the completion, as TRL's ``SFTTrainer``."""
@@ -263,6 +339,17 @@ class ChatTokenizer:
         return self.encode(prompt), self.encode(prompt + completion)
 
 
+@dataclass
+class _Rendered:
+    """A conversation's texts: before each assistant turn (``answers``) with the generation
+    prompt, through each, and the whole."""
+
+    answers: list[int]
+    befores: list[str]
+    throughs: list[str]
+    text: str
+
+
 def _masked(ids: list[int], spans: list[tuple[int, int]], mask: str) -> Tokens:
     """``(ids, flags)``: the flags of ``spans`` set (only the last one's for ``last_assistant``)."""
     if not spans:
@@ -291,32 +378,49 @@ class _TokenStarts:
     def __getitem__(self, token: int) -> int:
         return self.encoding.token_to_chars(token)[0]
 
-    def end(self, token: int) -> int:
-        """Where ``token`` ends."""
-        return self.encoding.token_to_chars(token)[1]
+
+def _offset_edge(encoding: Any, position: int) -> tuple[int, bool]:
+    """``(token, crosses)``: the first token of ``encoding`` that starts at or after
+    character ``position`` (``bisect_left`` over the tokens' starts), and whether the token
+    before it ends after ``position``. The token holding ``position`` is asked for first
+    (``char_to_token``); it is the answer when it starts there and the one before it
+    starts earlier, which is where a turn's edge falls between two tokens. Otherwise, or
+    past the last token's start, it bisects."""
+    count = len(encoding)
+    if count == 0:
+        return 0, False
+    last_start, last_end = encoding.token_to_chars(count - 1)
+    if last_start < position:
+        return count, last_end > position
+    token = encoding.char_to_token(position)
+    if token is not None and encoding.token_to_chars(token)[0] == position:
+        if token == 0:
+            return 0, False
+        start, end = encoding.token_to_chars(token - 1)
+        if start < position:
+            return token, end > position
+    token = bisect.bisect_left(_TokenStarts(encoding), position)
+    return token, token > 0 and encoding.token_to_chars(token - 1)[1] > position
 
 
 def _prefix_spans(
-    text: str,
-    encoding: Any,
-    answers: list[int],
-    befores: list[str],
-    throughs: list[str],
+    render: _Rendered, edge: Callable[[int], tuple[int, bool]]
 ) -> list[tuple[int, int]]:
-    """The token spans of the assistant turns ``answers`` of a conversation rendered as
-    ``text`` (tokenized as ``encoding``, with offsets): what the text through each turn
-    (``throughs``) adds to the text before it with the generation prompt (``befores``). A
+    """The token spans of the assistant turns of a conversation: what the text through
+    each turn adds to the text before it with the generation prompt (``edge(position)``:
+    the first token from a character on, and whether the token before it spans it). A
     prefix that is no prefix of the whole, or a token across a turn's edge, is refused."""
-    starts = _TokenStarts(encoding)
     spans = []
-    for number, before, through in zip(answers, befores, throughs, strict=True):
-        first = bisect.bisect_left(starts, len(before))  # first token of the turn
-        end = bisect.bisect_left(starts, len(through))  # first token after it
+    for number, before, through in zip(
+        render.answers, render.befores, render.throughs, strict=True
+    ):
+        first, crosses_before = edge(len(before))  # first token of the turn
+        end, crosses_through = edge(len(through))  # first token after it
         if (
-            not text.startswith(through)
+            not render.text.startswith(through)
             or not through.startswith(before)
-            or (first > 0 and starts.end(first - 1) > len(before))
-            or (end > 0 and starts.end(end - 1) > len(through))
+            or crosses_before
+            or crosses_through
         ):
             raise DataError(
                 "the chat template does not render the conversation up to turn "

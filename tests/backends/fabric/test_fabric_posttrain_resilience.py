@@ -218,3 +218,38 @@ def test_dpo_pairs_stay_whole_on_one_rank_whatever_the_ranks(files, world_size):
     assert max(seen.values()) == 1
     read_rows = (train.samples // (2 * world_size)) * 2 * world_size
     assert len(seen) == sum(len(data.row(r)) // 2 for r in train.order(0)[:read_rows].tolist())
+
+
+#: what a DPO step logs that training decides (not its times)
+TRAINED = ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins",
+           "rewards/accuracies", "logps/chosen", "logps/rejected")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_dpo_rolled_back_under_ddp_replays_bitwise(files, tmp_path):
+    """Two DDP ranks, checkpoints every 2 steps; at step 5 the run goes back to step 2:
+    on both ranks the replayed steps log the losses and TRL's metrics of a straight run
+    bit for bit (each rank's pairs and stored reference log-probabilities read again),
+    and both end on its weights."""
+    from support.torchrun import torchrun
+
+    worker = HERE / "posttrain_rollback_worker.py"
+    args = [*objective_args(files, "dpo"), "--batch-size", "2", "--log-every", "1"]
+    args += ["--max-steps", "6", "--save-every", "2"]
+    for mode in ("straight", "rollback"):
+        run_args = [*args, "--run-dir", str(tmp_path / mode)]
+        torchrun(worker, str(tmp_path / "out"), mode, *run_args, nproc=2, timeout=300)
+    for rank in (0, 1):
+        straight, replayed = (
+            json.loads((tmp_path / f"out.{mode}.rank{rank}.json").read_text())
+            for mode in ("straight", "rollback")
+        )
+        assert [step for step, _ in replayed["logged"]] == [1, 2, 3, 4, 3, 4, 5, 6]
+        want, got = (
+            [(step, {k: v for k, v in m.items() if k in TRAINED}) for step, m in run["logged"]]
+            for run in (straight, replayed)
+        )
+        assert len(want[0][1]) == len(TRAINED), want[0]
+        assert dict(got) == dict(want)
+        assert got[2:4] == got[4:6]  # the replay itself
+        assert replayed["weights"] == straight["weights"]

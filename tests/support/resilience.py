@@ -19,7 +19,14 @@ from baton.core import Callback
 from baton.core.model_state import matches
 from support.posttrain import LoggedMetrics
 
-__all__ = ["LoggedMetrics", "RollbackOnce", "StepWeights", "check_ema", "check_frozen"]
+__all__ = [
+    "LoggedMetrics",
+    "RollbackOnce",
+    "StepWeights",
+    "check_ema",
+    "check_frozen",
+    "check_replayed",
+]
 
 
 class RollbackOnce(Callback):
@@ -91,3 +98,23 @@ def check_ema(weights: StepWeights, averages: dict[str, Any], decay: float) -> N
     assert set(averages) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(_host(averages[name]), value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def check_replayed(
+    straight: LoggedMetrics,
+    replayed: LoggedMetrics,
+    straight_weights: StepWeights,
+    replayed_weights: StepWeights,
+    keys: list[str],
+) -> None:
+    """A run rolled back at step 5 to step 2 (:class:`RollbackOnce`) logged steps 3 and 4
+    twice, and every step's ``keys`` and the final weights equal the straight run's, bit
+    for bit; the straight run's six losses all differ (each step read other rows)."""
+    assert [step for step, _ in replayed.logged] == [1, 2, 3, 4, 3, 4, 5, 6]
+    want, got = straight.metrics, replayed.metrics
+    for step in range(1, 7):
+        assert [got[step][k] for k in keys] == [want[step][k] for k in keys], step
+    assert len({want[step]["loss"] for step in range(1, 7)}) == 6
+    last = max(straight_weights.values)
+    for name, value in straight_weights.values[last].items():
+        assert np.array_equal(replayed_weights.values[last][name], value), name

@@ -13,41 +13,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from baton.core import Callback
+from elastic_worker import Record  # the pretraining worker's recorder, beside this file
+
 from baton.core.cli.recipe import build_driver
 
 RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "megatron_gpt_tiny.py"
-
-
-class Recorded:
-    """A dataset that notes every index read."""
-
-    def __init__(self, dataset: Any, read: list[int]) -> None:
-        self.dataset, self.read = dataset, read
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        self.read.append(int(index))
-        return self.dataset[index]
-
-
-class Record(Callback):
-    def __init__(self, stop_at: int) -> None:
-        self.stop_at = stop_at
-        self.read: list[int] = []
-
-    def on_train_start(self, driver: Any) -> None:
-        for stream in driver.backend.train_streams:
-            stream.dataset = Recorded(stream.dataset, self.read)
-
-    def on_step_end(self, driver: Any, output: Any) -> None:
-        if driver.step == self.stop_at:
-            driver.control.request_save("test", all_ranks=True)
-            driver.control.request_stop("test", all_ranks=True)
 
 
 def main() -> None:

@@ -132,8 +132,10 @@ class Registry[T]:
                 f"unknown {self.kind} {name!r}; registered {self.kind}s: {known}"
             ) from None
 
-    def names(self) -> list[str]:
-        load_plugins()
+    def names(self, *, plugins: bool = True) -> list[str]:
+        """The registered names (``plugins=False``: without importing plugins first)."""
+        if plugins:
+            load_plugins()
         return sorted(self._items)
 
     def items(self) -> Iterator[tuple[str, T]]:

@@ -55,6 +55,8 @@ from typing import Any
 
 import numpy as np
 
+from baton.core.objectives import OBJECTIVES as OBJECTIVES_REGISTRY
+from baton.core.objectives import DataKind, objective_named
 from baton.data.errors import DataError
 from baton.data.indexed import PreparedDataset
 from baton.data.indexed_writer import IndexedWriter
@@ -63,10 +65,15 @@ from baton.data.tokenizer import TokenizerInfo
 
 #: the ``format`` of a post-training manifest
 PACKED_FORMAT = "baton-prepared-data/2"
-#: what a post-training dataset is for
-OBJECTIVES = ("sft", "preference")
-#: the data each training objective reads
-DATA_FOR_OBJECTIVE = {"pretrain": "pretrain", "sft": "sft", "dpo": "preference"}
+#: the kinds of packed post-training data (``DataKind`` values: the manifest's ``objective``)
+OBJECTIVES = (DataKind.CONVERSATIONS.value, DataKind.PAIRS.value)
+#: how each kind of data is made
+MADE_BY = {
+    DataKind.CONVERSATIONS: "conversations packed with `baton data prepare ... --seq-len N`",
+    DataKind.PAIRS: "preference pairs packed with `baton data prepare ... --seq-len N`",
+    DataKind.PROMPTS: "prompts prepared with `baton data prepare PROMPTS --tokenizer DIR`",
+    DataKind.TEXT: "tokenized text (`baton data prepare TEXT --tokenizer DIR`)",
+}
 
 
 def mask_path(prefix: str | Path) -> Path:
@@ -100,22 +107,26 @@ def data_objective(prefix: str | Path) -> str:
 
 
 def check_objective(prefix: str | Path, objective: str) -> None:
-    """Raise :class:`DataError` unless the data at ``prefix`` fits the training ``objective``
-    (``"pretrain"``, ``"sft"`` or ``"dpo"``); the message names the fix."""
-    if objective not in DATA_FOR_OBJECTIVE:
-        raise DataError(f"objective {objective!r} is not one of {', '.join(DATA_FOR_OBJECTIVE)}")
-    found, wanted = data_objective(prefix), DATA_FOR_OBJECTIVE[objective]
-    if found == wanted:
+    """Raise :class:`DataError` unless the data at ``prefix`` is the kind the training
+    ``objective`` reads (its declaration's ``data``); the message names the fix."""
+    wanted = objective_named(objective).data
+    found = data_objective(prefix)
+    if found == wanted.value:
         return
     name = split_prefix(prefix)
-    if found == "pretrain":
+    if found == DataKind.TEXT.value:
         raise DataError(
-            f"{name} is pretraining text, but --objective {objective} needs "
-            f"{'preference pairs' if wanted == 'preference' else 'conversations'} packed with "
-            f"`baton data prepare ... --seq-len N`; prepare them, or train with "
-            "--objective pretrain"
+            f"{name} is pretraining text, but --objective {objective} needs {MADE_BY[wanted]}; "
+            "prepare them, or train with --objective pretrain"
         )
-    matching = {value: key for key, value in DATA_FOR_OBJECTIVE.items()}.get(found, found)
+    matching = next(
+        (
+            other
+            for other in OBJECTIVES_REGISTRY.names(plugins=False)
+            if OBJECTIVES_REGISTRY.get(other).data.value == found
+        ),
+        found,
+    )
     raise DataError(
         f"{name} holds {found} data (prepared for --objective {matching}), not data for "
         f"--objective {objective}; pass --objective {matching}, or prepare data for "

@@ -59,6 +59,7 @@ from baton.core.cli.callback_flags import CallbackChoice, CallbackFlags, build_c
 from baton.core.cli.config_values import conform
 from baton.core.cli.console_line import apply_console_keys
 from baton.core.cli.dry_run import plan, planning
+from baton.core.cli.objective_flags import expand, fold
 from baton.core.cli.overrides import OverrideError, apply_overrides
 from baton.core.cli.recipe_signature import AtLeast, Signature, read_signature, signature_of
 from baton.core.cli.vocabulary import TERMS
@@ -339,7 +340,7 @@ def parse_recipe_args(
 
     ``recorded``: a checkpoint's settings, the defaults beneath a ``--config`` file's
     values and the flags (``baton eval`` rebuilds the run that wrote the checkpoint)."""
-    signature = recipe if isinstance(recipe, Signature) else signature_of(recipe)
+    signature = expand(recipe if isinstance(recipe, Signature) else signature_of(recipe))
     own = {p.name for p in signature.params}
     config = _config_path(argv)
     flags = set(_CONFIG_FILE_FLAGS)
@@ -443,14 +444,16 @@ def build_driver(
     if signature is None:
         fn = load_recipe(path)
         signature = signature_of(fn)
+    signature = expand(signature)  # the objective's flags, from the declarations
     kwargs, options, callbacks = parse_recipe_args(signature, argv, f"baton run {path}", recorded)
+    arguments = fold(kwargs, signature)  # an objective's settings checked here, before all
     if options.verbose:
         setup_logging(level=logging.DEBUG)
     added = callbacks.build()  # a bad name or argument stops here, before the recipe runs
     if options.print_config:
         print_config(kwargs, options, callbacks.settings_of(added))
         return None
-    driver = call_recipe(path, fn, kwargs, dry_run=options.dry_run)
+    driver = call_recipe(path, fn, arguments, dry_run=options.dry_run)
     if driver is None:
         return None
     if not options.dry_run:

@@ -34,6 +34,7 @@ from typing import Any, cast
 import docstring_parser
 
 from baton.core.errors import RecipeError
+from baton.core.objectives import ObjectiveRun
 
 #: what an annotation may name when read from source
 _ANNOTATION_SCOPE: dict[str, Any] = {
@@ -52,6 +53,8 @@ class AtLeast:
 
 
 _ANNOTATION_SCOPE["AtLeast"] = AtLeast
+#: a recipe's objective parameter (``objective: ObjectiveRun | str = "pretrain"``)
+_ANNOTATION_SCOPE["ObjectiveRun"] = ObjectiveRun
 
 #: the name of ``recipe_extension``'s decorator, as a recipe's source spells it
 EXTENDS = "extends"

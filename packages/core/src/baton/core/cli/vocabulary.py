@@ -24,6 +24,8 @@ import types
 import typing
 from typing import Any
 
+from baton.core.objectives import OBJECTIVES
+
 
 @dataclasses.dataclass(frozen=True)
 class Term:
@@ -46,7 +48,7 @@ class Term:
         return "--" + self.name.replace("_", "-")
 
 
-VOCABULARY: tuple[Term, ...] = (
+_GENERAL: tuple[Term, ...] = (
     # -- batch and sequence ---------------------------------------------------------
     Term(
         "batch_size",
@@ -271,35 +273,44 @@ VOCABULARY: tuple[Term, ...] = (
         ("tokenizer_path",),
     ),
     Term("text_key", str, "the text field of .jsonl/.parquet records", "data"),
-    # -- objective -------------------------------------------------------------------
-    Term(
-        "objective",
-        str,
-        "what a step minimises: pretrain (every next token), sft (the supervised tokens of "
-        "prepared conversations) or dpo (preference pairs against a reference)",
-        "objective",
-        None,
-        ("task", "training_type", "use_sft", "use_dpo"),
-    ),
-    Term(
-        "dpo_beta",
-        float,
-        "DPO's beta: how far the policy may move from the reference",
-        "objective",
-        0,
-        ("beta",),
-    ),
-    Term("dpo_loss", str, "DPO's loss: sigmoid or ipo", "objective", None, ("loss_type",)),
-    Term(
-        "reference",
-        str,
-        "DPO's reference model: a Hugging Face directory or checkpoint (None: the starting "
-        "weights)",
-        "objective",
-        None,
-        ("ref_model", "reference_model"),
-    ),
 )
+
+
+def _objective_terms() -> tuple[Term, ...]:
+    """``--objective`` and every declared objective's settings, read from the declarations
+    (``baton.core.objectives``): a recipe takes them as its one ``objective`` parameter."""
+    from baton.core.cli.objective_flags import declared_settings
+
+    terms = [
+        Term(
+            "objective",
+            str,
+            "what a step minimises: "
+            + "; ".join(
+                f"{name} ({OBJECTIVES.get(name).summary})"
+                for name in OBJECTIVES.names(plugins=False)
+            ),
+            "objective",
+            None,
+            ("task", "training_type", "use_sft", "use_dpo"),
+        )
+    ]
+    for setting, owners in declared_settings(plugins=False).values():
+        terms.append(
+            Term(
+                setting.name,
+                setting.type,
+                f"({', '.join(owners)}) {setting.help}",
+                "objective",
+                None,
+                setting.not_called,
+            )
+        )
+    return tuple(terms)
+
+
+#: every term: the general ones, then the objective and its settings
+VOCABULARY: tuple[Term, ...] = _GENERAL + _objective_terms()
 
 #: each term by its name
 TERMS: dict[str, Term] = {term.name: term for term in VOCABULARY}

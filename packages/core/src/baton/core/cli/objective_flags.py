@@ -1,0 +1,137 @@
+"""A recipe's objective on the command line: ``--objective NAME`` and every declared
+objective's settings as flags, read from the declarations (``baton.core.objectives``).
+
+A recipe takes the objective as one parameter::
+
+    def recipe(..., objective: ObjectiveRun | str = "pretrain") -> Driver:
+        run = ObjectiveRun.of(objective)
+
+``baton run`` expands that parameter into ``--objective`` (its choices the registered
+objectives) and one flag per setting of any objective (``--dpo-beta``, ``--dpo-loss``,
+``--reference``, ``--num-generations``, ...; a setting two objectives share is one
+flag), parses, checks and records them like any parameter (``--config`` files,
+``--print-config``, the settings in ``run.json``), and hands the recipe one
+``ObjectiveRun`` built from ``--objective`` and its own settings. A setting of another
+objective given a value other than its default is refused, naming the objective it
+belongs to. A recipe that adds an objective's setting as a parameter of its own is
+refused: the declaration is the one place a setting is named.
+
+Example::
+
+    signature = expand(read_signature(Path("recipes/hf_finetune.py")))
+    kwargs = fold(signature_values, signature)     # kwargs["objective"]: an ObjectiveRun
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, cast
+
+import tyro
+
+from baton.core.cli.recipe_signature import Param, Signature
+from baton.core.errors import RecipeError, UsageError
+from baton.core.objectives import OBJECTIVES, ObjectiveRun, Setting
+
+#: the recipe parameter that takes the objective
+OBJECTIVE = "objective"
+
+
+def takes_objective(param: Param) -> bool:
+    """Whether ``param`` is a recipe's objective (annotated with ``ObjectiveRun``)."""
+    annotation = param.annotation
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if annotation is ObjectiveRun:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return ObjectiveRun in typing.get_args(annotation)
+    return False
+
+
+def declared_settings(*, plugins: bool = True) -> dict[str, tuple[Setting, tuple[str, ...]]]:
+    """Every registered objective's settings by name, with the objectives declaring each
+    (``plugins=False``: baton's own objectives, without importing plugins)."""
+    found: dict[str, tuple[Setting, tuple[str, ...]]] = {}
+    for name in OBJECTIVES.names(plugins=plugins):
+        for setting in OBJECTIVES.get(name).settings:
+            owners = found[setting.name][1] if setting.name in found else ()
+            found[setting.name] = (setting, (*owners, name))
+    return found
+
+
+def objective_help(default: str) -> str:
+    """``--objective``'s help: each registered objective and its one-line summary."""
+    listed = "; ".join(f"{name}: {OBJECTIVES.get(name).summary}" for name in OBJECTIVES.names())
+    return f"what a step minimises (default: {default}). {listed}"
+
+
+def expand(signature: Signature) -> Signature:
+    """``signature`` with its objective parameter (if any) replaced by ``--objective`` and
+    every declared setting; ``RecipeError`` for a recipe naming a setting itself."""
+    if not any(takes_objective(p) for p in signature.params):
+        return signature
+    settings = declared_settings()
+    own = [p.name for p in signature.params if p.name in settings]
+    if own:
+        raise RecipeError(
+            f"recipe parameter {own[0]!r} is a setting of --objective "
+            f"{', '.join(settings[own[0]][1])} (baton.core.objectives): drop the parameter; "
+            f"the recipe's objective: ObjectiveRun | str parameter brings its flags"
+        )
+    params: list[Param] = []
+    for param in signature.params:
+        if not takes_objective(param):
+            params.append(param)
+            continue
+        default = param.default if isinstance(param.default, str) else "pretrain"
+        params.append(Param(param.name, str, default, objective_help(default)))
+        for setting, owners in settings.values():
+            annotation = setting.annotation
+            if setting.repeatable:  # --reward a --reward b
+                annotation = Annotated[annotation, tyro.conf.UseAppendAction]
+            params.append(Param(setting.name, annotation, setting.default, _help(setting, owners)))
+    return dataclasses.replace(signature, params=tuple(params))
+
+
+def _help(setting: Setting, owners: tuple[str, ...]) -> str:
+    return f"({', '.join(owners)}) {setting.help}"
+
+
+def fold(values: Mapping[str, Any], signature: Signature) -> dict[str, Any]:
+    """The recipe's keyword arguments: ``values`` (parsed over the ``expand``-ed
+    ``signature``) with the objective's settings folded into one ``ObjectiveRun``.
+    ``UsageError`` for a setting of another objective given a non-default value."""
+    names = {p.name for p in signature.params}
+    if OBJECTIVE not in names or not isinstance(values.get(OBJECTIVE), str):
+        return dict(values)
+    settings = declared_settings()
+    kwargs = {k: v for k, v in values.items() if k not in settings}
+    choice = OBJECTIVES.get(values[OBJECTIVE]) if values[OBJECTIVE] in OBJECTIVES else None
+    if choice is None:
+        ObjectiveRun.of(values[OBJECTIVE])  # the unknown name's error
+        raise AssertionError("unreachable")
+    own = {s.name for s in choice.settings}
+    for name, (setting, owners) in settings.items():
+        if name in own or name not in values:
+            continue
+        if _given(values[name], setting.default):
+            raise UsageError(
+                f"{setting.flag} is a setting of --objective {' and '.join(owners)}, not of "
+                f"{choice.name}; drop it, or pass --objective {owners[0]}"
+            )
+    chosen = {name: _as_declared(values[name]) for name in own if name in values}
+    kwargs[OBJECTIVE] = ObjectiveRun.of(choice, **chosen)
+    return kwargs
+
+
+def _given(value: Any, default: Any) -> bool:
+    return _as_declared(value) != _as_declared(default)
+
+
+def _as_declared(value: Any) -> Any:
+    """A parsed value as the declaration holds it (lists as tuples)."""
+    return tuple(cast(list[Any], value)) if isinstance(value, list) else value

@@ -1,0 +1,252 @@
+"""GRPO fixtures shared by every engine's tests: prompts, a fixed batch of rollouts read
+from a file (completions sampled once from the policy, their rewards, and their sampling
+log-probabilities, which equal the policy's), and TRL's ``GRPOTrainer`` trained on exactly
+those rollouts: the reference outside baton that each engine's steps must equal.
+
+    files = grpo_files(tmp_path)              # tokenizer, policy, prompts.jsonl, rollouts.jsonl
+    trl = grpo_reference(files, loss_type="dapo", beta=0.0, steps=1)
+    trl[0]["loss"], trl[0]["grad_norm"], trl[0]["clip_ratio/region_mean"]
+
+The rollouts file has one JSON object per completion, in the order a step consumes them
+(prompt 0's ``num_generations`` completions, then prompt 1's, ...): ``prompt_index``,
+``prompt_ids``, ``completion_ids``, ``logps`` (per completion token, at the temperature)
+and ``reward``. TRL receives them through its own ``rollout_func`` hook; its reward
+function is :func:`recorded_reward`, which baton's runs call too
+(``--reward tests/support/grpo_rewards.py:recorded:path=...``), so both sides score the
+same completions with the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from support.posttrain import WORDS, chat_tokenizer, tiny_model
+
+#: prompts and completions of the fixed batch
+PROMPTS, GENERATIONS = 4, 4
+#: the longest completion sampled (some are cut there: truncated)
+MAX_COMPLETION = 10
+#: what the completions were sampled at (and log-probabilities computed at)
+TEMPERATURE = 0.9
+
+
+def grpo_prompts(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` conversational prompts (TRL's format) with an ``answer`` column."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7)))
+        out.append({"prompt": [{"role": "user", "content": words}], "answer": words.split()[0]})
+    return out
+
+
+def _hf_tokenizer(directory: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
+    """The ids TRL's ``GRPOTrainer`` gives a prompt: the chat template with the
+    generation prompt for turns, the tokenizer's encoding for text."""
+    if isinstance(prompt, list):
+        rendered = tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(rendered["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def completion_logps(
+    model: Any, prompt: Sequence[int], completion: Sequence[int], temperature: float
+) -> list[float]:
+    """Each completion token's log-probability under ``model`` at ``temperature`` (a
+    forward over prompt + completion)."""
+    import torch
+
+    ids = torch.tensor([[*prompt, *completion]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    logps = torch.log_softmax(logits, dim=-1)
+    return logps.gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def sample_rollouts(
+    policy: str | Path,
+    tokenizer_dir: str | Path,
+    prompts: Sequence[dict[str, Any]],
+    generations: int = GENERATIONS,
+    max_completion: int = MAX_COMPLETION,
+    temperature: float = TEMPERATURE,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """``generations`` completions of each prompt sampled from ``policy`` (cut after its
+    end of document; half of them ended early with it, so lengths differ and some are
+    truncated, some not), their log-probabilities and a reward each: rewards differ within
+    every group but the last, whose rewards are all equal (a group with zero std)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = _hf_tokenizer(tokenizer_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).eval()
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    torch.manual_seed(seed)
+    records = []
+    for index, prompt in enumerate(prompts):
+        ids = prompt_ids(tokenizer, prompt["prompt"])
+        for g in range(generations):
+            with torch.no_grad():
+                out = model.generate(
+                    torch.tensor([ids]),
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    do_sample=True,
+                    temperature=temperature,
+                    top_k=0,
+                    max_new_tokens=max_completion,
+                    eos_token_id=eos,
+                    pad_token_id=eos,
+                )
+            completion = out[0, len(ids) :].tolist()
+            if eos in completion:
+                completion = completion[: completion.index(eos) + 1]
+            elif g % 2 == 0:  # the tiny model rarely stops: end half of them early
+                completion = [*completion[: 2 + (g + index) % 5], eos]
+            last = index == len(prompts) - 1
+            records.append(
+                {
+                    "prompt_index": index,
+                    "prompt_ids": ids,
+                    "completion_ids": completion,
+                    "logps": completion_logps(model, ids, completion, temperature),
+                    "reward": 0.5 if last else float((len(completion) * 7 + g) % 5) / 4,
+                }
+            )
+    return records
+
+
+def grpo_files(directory: str | Path, *, seed: int = 0) -> dict[str, Path]:
+    """A chat tokenizer, a tiny policy, ``prompts.jsonl`` (TRL's prompt format) and
+    ``rollouts.jsonl`` (the fixed batch) under ``directory``."""
+    root = Path(directory)
+    tokenizer = chat_tokenizer(root / "tok")
+    policy = tiny_model(root / "policy", seed=seed)
+    prompts = grpo_prompts(PROMPTS, seed)
+    prompts_file = root / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    rollouts = root / "rollouts.jsonl"
+    records = sample_rollouts(policy, tokenizer, prompts, seed=seed)
+    rollouts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return {"tokenizer": tokenizer, "policy": policy, "prompts": prompts_file, "rollouts": rollouts}
+
+
+def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def recorded_reward(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], *, path: str,
+    **columns: Any,
+) -> list[float | None]:  # fmt: skip
+    """TRL's reward signature: each completion's reward as the rollouts file records it
+    (looked up by its prompt's and its own token ids)."""
+    del prompts, completions
+    table = {tuple(r["completion_ids"]): r["reward"] for r in read_rollouts(path)}
+    return [table[tuple(ids)] for ids in completion_ids]
+
+
+def grpo_reference(
+    files: dict[str, Path],
+    *,
+    loss_type: str = "dapo",
+    beta: float = 0.0,
+    steps: int = 1,
+    num_iterations: int = 1,
+    lr: float = 1e-3,
+    epsilon: float = 0.2,
+    temperature: float = TEMPERATURE,
+    scale_rewards: str = "group",
+) -> list[dict[str, float]]:
+    """TRL's ``GRPOTrainer`` (CPU, fp32, AdamW with TRL's defaults, a constant learning
+    rate, clipping at 1.0) on the fixed rollouts, every prompt in one step's batch:
+    each step's logged ``loss``, ``grad_norm`` and metrics. ``steps`` must not exceed
+    ``num_iterations`` (the fixed batch is one generation)."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    if steps > num_iterations:
+        raise ValueError("the fixed rollouts are one batch: steps <= num_iterations")
+    records = read_rollouts(files["rollouts"])
+    prompts = [json.loads(line) for line in Path(files["prompts"]).read_text().splitlines()]
+    tokenizer = _hf_tokenizer(files["tokenizer"])
+    generations = len(records) // len(prompts)
+    for record in records:
+        expected = prompt_ids(tokenizer, prompts[record["prompt_index"]]["prompt"])
+        if record["prompt_ids"] != expected:
+            raise AssertionError("the rollouts file's prompt ids are not TRL's tokenization")
+
+    def replay(batch_prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        taken: dict[int, int] = {}
+        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        for prompt in batch_prompts:
+            index = next(i for i, p in enumerate(prompts) if p["prompt"] == prompt)
+            g = taken.get(index, 0)
+            taken[index] = g + 1
+            record = records[index * generations + g]
+            out["prompt_ids"].append(record["prompt_ids"])
+            out["completion_ids"].append(record["completion_ids"])
+            out["logprobs"].append(record["logps"])
+        return out
+
+    def recorded(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
+                 **columns: Any) -> list[float | None]:  # fmt: skip
+        return recorded_reward(
+            prompts, completions, completion_ids, path=str(files["rollouts"]), **columns
+        )
+
+    with tempfile.TemporaryDirectory() as output:
+        config = GRPOConfig(
+            output_dir=output,
+            per_device_train_batch_size=len(records),
+            num_generations=generations,
+            max_completion_length=max(len(r["completion_ids"]) for r in records),
+            temperature=temperature,
+            top_k=0,
+            beta=beta,
+            epsilon=epsilon,
+            loss_type=loss_type,
+            num_iterations=num_iterations,
+            scale_rewards=scale_rewards,
+            learning_rate=lr,
+            lr_scheduler_type="constant",
+            max_steps=steps,
+            logging_steps=1,
+            shuffle_dataset=False,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            save_strategy="no",
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(str(files["policy"]), dtype=torch.float32),
+            reward_funcs=[recorded],
+            args=config,
+            train_dataset=datasets.Dataset.from_list(prompts),
+            processing_class=tokenizer,
+            rollout_func=replay,
+        )
+        trainer.train()
+        logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    return [
+        {k: float(v) for k, v in entry.items() if isinstance(v, int | float)} for entry in logged
+    ]

@@ -165,6 +165,9 @@ def test_prompts_are_tokenized_as_trl_tokenizes_them(
             got = prompts.record(index)
             assert got["prompt"] == record["prompt"]
             assert {c: got[c] for c in columns} == {c: record.get(c) for c in columns}
+        given, by_column = prompts.for_rewards([2, 0], repeat=2)
+        assert given == [records[2]["prompt"]] * 2 + [records[0]["prompt"]] * 2
+        assert by_column == {c: [records[2].get(c)] * 2 + [records[0].get(c)] * 2 for c in columns}
         manifest = prompts.manifest
         assert (manifest["objective"], manifest["format"]) == ("prompts", "baton-prepared-data/2")
         assert manifest["conversational"] is (kind == "turns")

@@ -23,6 +23,7 @@ Example::
     len(prompts), prompts.max_prompt_length, prompts.columns    # 7473, 212, ["answer"]
     prompts.ids(0)                                   # np.ndarray of the prompt's ids
     prompts.record(0)                                # {"prompt": [...turns], "answer": "72"}
+    prompts.for_rewards([4, 9], repeat=8)            # 16 prompts, {"answer": [16 values]}
     prompts.check_tokenizer(load_tokenizer("runs/tok"))   # DataError on another tokenizer
     prompts.check_prompt_length(256)                 # DataError: a prompt is longer
 
@@ -173,6 +174,20 @@ class PreparedPrompts:
                 f"prepare the prompts again with {_how_to_make(self.prefix)}"
             )
         return value
+
+    def for_rewards(
+        self, indices: Sequence[int], repeat: int = 1
+    ) -> tuple[list[Any], dict[str, list[Any]]]:
+        """``(prompts, columns)`` as reward functions take them for the completions of the
+        prompts ``indices``, ``repeat`` completions each (in order: each prompt's
+        ``repeat`` completions together): every prompt as given, every column's value."""
+        records = [self.record(index) for index in indices]
+        prompts = [record["prompt"] for record in records for _ in range(repeat)]
+        columns = {
+            name: [record.get(name) for record in records for _ in range(repeat)]
+            for name in self.columns
+        }
+        return prompts, columns
 
     def check_tokenizer(self, tokenizer: TokenizerInfo) -> Manifest | None:
         """Raise :class:`DataError` if the prompts were prepared with another tokenizer."""

@@ -186,6 +186,34 @@ def test_prompts_are_tokenized_as_trl_tokenizes_them(
     assert written[0] == written[1] == written[2]
 
 
+def test_null_fields_of_other_formats_are_no_columns(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Parquet holds every column in every row: a prompt's null ``completion`` is absent."""
+    import datasets
+
+    table = {"prompt": ["p one", "p two"], "completion": [None, None], "answer": ["1", None]}
+    datasets.Dataset.from_dict(table).to_parquet(str(tmp_path / "p.parquet"))
+    capsys.readouterr()
+    output = tmp_path / "out"
+    status, _, err = baton_data(
+        capsys,
+        "prepare",
+        tmp_path / "p.parquet",
+        "--tokenizer",
+        files["tokenizer"],
+        "--output",
+        output,
+    )
+    assert (status, err) == (0, "")
+    prompts = PreparedPrompts(output)
+    assert prompts.columns == ["answer"]
+    assert [prompts.record(i) for i in range(2)] == [
+        {"prompt": "p one", "answer": "1"},
+        {"prompt": "p two", "answer": None},
+    ]
+
+
 def test_inspect_shows_prompts_and_their_columns(
     files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

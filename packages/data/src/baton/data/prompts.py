@@ -258,11 +258,8 @@ def _check_prompts(
                 f"prompt {number} holds token id {max(tokens)}, outside the tokenizer's "
                 f"{vocab_size} ids"
             )
-        if "prompt" not in record or set(record) - {"prompt", *columns}:
-            raise DataError(
-                f"record {number} has the fields {sorted(record)}; give 'prompt' and only the "
-                f"columns {list(columns)}"
-            )
+        if "prompt" not in record:
+            raise DataError(f"record {number} has no 'prompt' (its fields: {sorted(record)})")
 
 
 def write_prompts(
@@ -279,7 +276,8 @@ def write_prompts(
     """Write ``PREFIX.bin/.idx/.prompts.jsonl/.json`` and return the manifest.
 
     ``ids[i]`` are prompt ``i``'s tokens, ``records[i]`` its ``{"prompt": ..., column:
-    value}`` (a column a record lacks is written null). ``manifest_fields`` (``sources``,
+    value}`` (a column a record lacks is written null, a field that is no column is left
+    out). ``manifest_fields`` (``sources``,
     ``input_format``, ...) are recorded as given. Raises :class:`DataError` (nothing
     written) for no prompts, a prompt without tokens or with an id outside the
     vocabulary, a column named as a reward function's argument, or a value JSON cannot

@@ -39,6 +39,9 @@ preference rows hold whole pairs, chosen first)::
     )
     manifest["packing"]["fill"]     # non-padding fraction of the rows' seq_len + 1 tokens
 
+GRPO's prompts are data of a kind of their own (``objective: "prompts"``, not rows):
+:mod:`baton.data.prompts`; :func:`check_objective` tells every kind apart.
+
 Attention never crosses documents: positions restart at 0 in each document and query
 ``i`` may see key ``j`` iff ``j <= i`` and ``segments[i] == segments[j] > 0``.
 """
@@ -67,12 +70,13 @@ from baton.data.tokenizer import TokenizerInfo
 PACKED_FORMAT = "baton-prepared-data/2"
 #: the kinds of packed post-training data (``DataKind`` values: the manifest's ``objective``)
 OBJECTIVES = (DataKind.CONVERSATIONS.value, DataKind.PAIRS.value)
-#: how each kind of data is made
+#: how each kind of data is made, for messages
 MADE_BY = {
     DataKind.CONVERSATIONS: "conversations packed with `baton data prepare ... --seq-len N`",
     DataKind.PAIRS: "preference pairs packed with `baton data prepare ... --seq-len N`",
-    DataKind.PROMPTS: "prompts prepared with `baton data prepare PROMPTS --tokenizer DIR`",
-    DataKind.TEXT: "tokenized text (`baton data prepare TEXT --tokenizer DIR`)",
+    DataKind.PROMPTS: 'prompt-only records ({"prompt": ...}) prepared with `baton data prepare '
+    "PROMPTS.jsonl --tokenizer DIR --output PREFIX`",
+    DataKind.TEXT: "pretraining text",
 }
 
 
@@ -96,7 +100,8 @@ def read_packed_manifest(prefix: str | Path) -> dict[str, Any] | None:
 
 
 def data_objective(prefix: str | Path) -> str:
-    """What the data at ``prefix`` is for: ``"pretrain"``, ``"sft"`` or ``"preference"``.
+    """What the data at ``prefix`` is: ``"pretrain"``, ``"sft"``, ``"preference"`` or
+    ``"prompts"``.
 
     Data without a manifest (prepared by other tools) is pretraining text.
     """
@@ -127,6 +132,12 @@ def check_objective(prefix: str | Path, objective: str) -> None:
         ),
         found,
     )
+    if DataKind.PROMPTS.value in (found, wanted.value):  # prompts: a kind of their own
+        raise DataError(
+            f"{name} holds {found} data (prepared for --objective {matching}), but "
+            f"--objective {objective} reads {MADE_BY[wanted]}; pass --objective {matching}, "
+            "or prepare that data"
+        )
     raise DataError(
         f"{name} holds {found} data (prepared for --objective {matching}), not data for "
         f"--objective {objective}; pass --objective {matching}, or prepare data for "
@@ -349,7 +360,8 @@ def _check_rows(
                 )
 
 
-def _dtype(vocab_size: int) -> np.dtype:
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The token dtype of ``.bin`` for a vocabulary of ``vocab_size`` ids."""
     # megatron.core.datasets.indexed_dataset.DType.optimal_dtype, without importing torch
     return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
 
@@ -374,7 +386,7 @@ def write_packed(
     """
     _check_rows(rows, objective, seq_len, tokenizer.vocab_size)
     prefix = split_prefix(prefix)
-    dtype = _dtype(tokenizer.vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
     finals = {
         "bin": Path(prefix + ".bin"),
         "mask": mask_path(prefix),

@@ -133,3 +133,30 @@ def test_a_resume_refuses_another_objective(tmp_path):
     )  # fmt: skip
     assert again.returncode == 2, again.stderr
     assert "objective" in again.stderr
+
+
+FOCAL = Path(__file__).parents[2] / "examples" / "objectives" / "focal.py"
+
+
+def test_an_objective_of_ones_own_is_named_by_its_file(tmp_path):
+    build_driver(
+        RECIPE,
+        ["--run-dir", str(tmp_path), "--objective", f"{FOCAL}:FOCAL", "--focal-gamma", "1.5"],
+    )
+    run = seen()
+    assert (run.name, run["focal_gamma"]) == ("focal", 1.5)
+    assert run.objective.data.value == "sft"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("missing.py:FOCAL", "does not exist"),
+        (f"{FOCAL}:FOCUS", "defines no Objective named 'FOCUS'"),
+        (f"{FOCAL}:focal_loss", "defines no Objective named 'focal_loss'"),
+    ],
+)
+def test_a_path_naming_no_objective_is_refused(tmp_path, value, message):
+    with pytest.raises(UsageError, match=message):
+        build_driver(RECIPE, ["--run-dir", str(tmp_path / "run"), "--objective", value])
+    assert not (tmp_path / "run").exists()

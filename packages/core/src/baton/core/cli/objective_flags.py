@@ -27,17 +27,65 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, cast
 
 import tyro
 
+from baton.core.callback_paths import PathKind, is_class_path, load_module, split_class_path
 from baton.core.cli.recipe_signature import Param, Signature
 from baton.core.errors import RecipeError, UsageError
-from baton.core.objectives import OBJECTIVES, ObjectiveRun, Setting
+from baton.core.objectives import OBJECTIVES, Objective, ObjectiveRun, Setting, register_objective
 
 #: the recipe parameter that takes the objective
 OBJECTIVE = "objective"
+#: an objective of the user's: ``--objective FILE.py:NAME`` or ``module:NAME``
+OBJECTIVE_PATH = PathKind(
+    "--objective",
+    "objective",
+    "sft",
+    "declaration",
+    "NAME",
+    "mypkg.objectives:FOCAL",
+    "my_objectives.py:FOCAL",
+)
+
+
+def load_named_objectives(argv: Sequence[str]) -> list[str]:
+    """``argv`` with an ``--objective FILE.py:NAME`` (or ``module:NAME``) replaced by the
+    name of the ``Objective`` it declares, which is registered first, so its settings are
+    flags like the shipped objectives'. ``UsageError`` for a path naming no objective."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--" + OBJECTIVE and i + 1 < len(out):
+            out[i + 1] = _registered(out[i + 1])
+        elif arg.startswith(f"--{OBJECTIVE}="):
+            out[i] = f"--{OBJECTIVE}={_registered(arg.partition('=')[2])}"
+    return out
+
+
+def _registered(value: str) -> str:
+    if not is_class_path(value):
+        return value
+    source = f"--objective {value}"
+    target, rest = split_class_path(value, source, OBJECTIVE_PATH)
+    if rest.strip():
+        raise UsageError(
+            f"{source}: an objective takes no arguments here; give its settings as flags"
+        )
+    where, _, name = target.rpartition(":")
+    found = getattr(load_module(target, source, OBJECTIVE_PATH), name, None)
+    if not isinstance(found, Objective):
+        raise UsageError(
+            f"{source}: {where} defines no Objective named {name!r}; declare one there "
+            "(baton.core.objectives.Objective) or name the one it declares"
+        )
+    if found.name not in OBJECTIVES or OBJECTIVES.get(found.name) is not found:
+        try:
+            register_objective(found)
+        except ValueError as error:
+            raise UsageError(f"{source}: {error}") from None
+    return found.name
 
 
 def takes_objective(param: Param) -> bool:

@@ -59,7 +59,7 @@ from baton.core.cli.callback_flags import CallbackChoice, CallbackFlags, build_c
 from baton.core.cli.config_values import conform
 from baton.core.cli.console_line import apply_console_keys
 from baton.core.cli.dry_run import plan, planning
-from baton.core.cli.objective_flags import expand, fold
+from baton.core.cli.objective_flags import expand, fold, load_named_objectives
 from baton.core.cli.overrides import OverrideError, apply_overrides
 from baton.core.cli.recipe_signature import AtLeast, Signature, read_signature, signature_of
 from baton.core.cli.vocabulary import TERMS
@@ -444,6 +444,7 @@ def build_driver(
     if signature is None:
         fn = load_recipe(path)
         signature = signature_of(fn)
+    argv = load_named_objectives(argv)  # --objective FILE.py:NAME: registered first
     signature = expand(signature)  # the objective's flags, from the declarations
     kwargs, options, callbacks = parse_recipe_args(signature, argv, f"baton run {path}", recorded)
     arguments = fold(kwargs, signature)  # an objective's settings checked here, before all

@@ -39,6 +39,9 @@ preference rows hold whole pairs, chosen first)::
     )
     manifest["packing"]["fill"]     # non-padding fraction of the rows' seq_len + 1 tokens
 
+GRPO's prompts are data of a kind of their own (``objective: "prompts"``, not rows):
+:mod:`baton.data.prompts`; :func:`check_objective` tells every kind apart.
+
 Attention never crosses documents: positions restart at 0 in each document and query
 ``i`` may see key ``j`` iff ``j <= i`` and ``segments[i] == segments[j] > 0``.
 """
@@ -66,7 +69,14 @@ PACKED_FORMAT = "baton-prepared-data/2"
 #: what a post-training dataset is for
 OBJECTIVES = ("sft", "preference")
 #: the data each training objective reads
-DATA_FOR_OBJECTIVE = {"pretrain": "pretrain", "sft": "sft", "dpo": "preference"}
+DATA_FOR_OBJECTIVE = {"pretrain": "pretrain", "sft": "sft", "dpo": "preference", "grpo": "prompts"}
+#: how each kind of data is made, for messages
+PREPARE_COMMAND = {
+    "sft": "conversations packed with `baton data prepare ... --seq-len N`",
+    "preference": "preference pairs packed with `baton data prepare ... --seq-len N`",
+    "prompts": 'prompt-only records ({"prompt": ...}) prepared with `baton data prepare '
+    "PROMPTS.jsonl --tokenizer DIR --output PREFIX`",
+}
 
 
 def mask_path(prefix: str | Path) -> Path:
@@ -89,7 +99,8 @@ def read_packed_manifest(prefix: str | Path) -> dict[str, Any] | None:
 
 
 def data_objective(prefix: str | Path) -> str:
-    """What the data at ``prefix`` is for: ``"pretrain"``, ``"sft"`` or ``"preference"``.
+    """What the data at ``prefix`` is: ``"pretrain"``, ``"sft"``, ``"preference"`` or
+    ``"prompts"``.
 
     Data without a manifest (prepared by other tools) is pretraining text.
     """
@@ -101,7 +112,7 @@ def data_objective(prefix: str | Path) -> str:
 
 def check_objective(prefix: str | Path, objective: str) -> None:
     """Raise :class:`DataError` unless the data at ``prefix`` fits the training ``objective``
-    (``"pretrain"``, ``"sft"`` or ``"dpo"``); the message names the fix."""
+    (``"pretrain"``, ``"sft"``, ``"dpo"`` or ``"grpo"``); the message names the fix."""
     if objective not in DATA_FOR_OBJECTIVE:
         raise DataError(f"objective {objective!r} is not one of {', '.join(DATA_FOR_OBJECTIVE)}")
     found, wanted = data_objective(prefix), DATA_FOR_OBJECTIVE[objective]
@@ -111,11 +122,15 @@ def check_objective(prefix: str | Path, objective: str) -> None:
     if found == "pretrain":
         raise DataError(
             f"{name} is pretraining text, but --objective {objective} needs "
-            f"{'preference pairs' if wanted == 'preference' else 'conversations'} packed with "
-            f"`baton data prepare ... --seq-len N`; prepare them, or train with "
-            "--objective pretrain"
+            f"{PREPARE_COMMAND[wanted]}; prepare them, or train with --objective pretrain"
         )
     matching = {value: key for key, value in DATA_FOR_OBJECTIVE.items()}.get(found, found)
+    if "prompts" in (found, wanted):  # prompts: no packed rows, a kind of their own
+        raise DataError(
+            f"{name} holds {found} data (prepared for --objective {matching}), but "
+            f"--objective {objective} reads {PREPARE_COMMAND.get(wanted, 'pretraining text')}; "
+            f"pass --objective {matching}, or prepare that data"
+        )
     raise DataError(
         f"{name} holds {found} data (prepared for --objective {matching}), not data for "
         f"--objective {objective}; pass --objective {matching}, or prepare data for "
@@ -338,7 +353,8 @@ def _check_rows(
                 )
 
 
-def _dtype(vocab_size: int) -> np.dtype:
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The token dtype of ``.bin`` for a vocabulary of ``vocab_size`` ids."""
     # megatron.core.datasets.indexed_dataset.DType.optimal_dtype, without importing torch
     return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
 
@@ -363,7 +379,7 @@ def write_packed(
     """
     _check_rows(rows, objective, seq_len, tokenizer.vocab_size)
     prefix = split_prefix(prefix)
-    dtype = _dtype(tokenizer.vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
     finals = {
         "bin": Path(prefix + ".bin"),
         "mask": mask_path(prefix),

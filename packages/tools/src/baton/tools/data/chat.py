@@ -149,6 +149,16 @@ class ChatTokenizer:
         """``text`` tokenized as TRL tokenizes plain text: the tokenizer's own special tokens."""
         return list(self.tokenizer(text=text)["input_ids"])
 
+    def prompts(self, prompts: list[Any]) -> list[list[int]]:
+        """The ids of each prompt as TRL's ``GRPOTrainer`` tokenizes it (one call for all):
+        text with the tokenizer's own special tokens, lists of turns rendered by the chat
+        template with the generation prompt. All text or all turns, as TRL takes them."""
+        if prompts and isinstance(prompts[0], list):
+            rendered = self._apply(prompts, add_generation_prompt=True)["input_ids"]
+        else:
+            rendered = self.tokenizer(text=prompts)["input_ids"]
+        return [list(ids) for ids in rendered]
+
     @property
     def eos_token(self) -> str:
         return str(self.tokenizer.eos_token)

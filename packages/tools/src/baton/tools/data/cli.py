@@ -8,6 +8,7 @@ Example::
     baton data prepare shards/*.parquet --text-key content --tokenizer runs/tok \\
         --output data/web --workers 8
     baton data prepare chat.jsonl --tokenizer runs/tok --seq-len 2048 --output data/chat
+    baton data prepare prompts.jsonl --tokenizer runs/tok --output data/prompts   # GRPO's
     baton data inspect data/corpus -n 3
 
 Bad input (a missing file or key, text that is not UTF-8, an empty corpus, an existing
@@ -83,7 +84,8 @@ def _prepare_parser() -> argparse.ArgumentParser:
         prog="baton data prepare",
         description="Tokenize local text into Megatron's indexed dataset (PREFIX.bin/.idx/.json); "
         "with --seq-len, conversations or preference pairs packed into rows with a loss mask "
-        "(PREFIX.mask.bin).",
+        '(PREFIX.mask.bin); prompt-only records ({"prompt": ...}, for GRPO) into one '
+        "sequence per prompt and their records (PREFIX.prompts.jsonl).",
     )
     parser.add_argument("inputs", nargs="+", help=".txt, .jsonl, .parquet or saved dataset dirs")
     parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer directory")
@@ -113,8 +115,9 @@ def _add_posttrain_options(parser: argparse.ArgumentParser) -> None:
     )
     post.add_argument(
         "--format",
-        choices=("messages", "prompt_completion", "preference"),
-        help="the records' format (default: recognised from their fields)",
+        choices=("messages", "prompt_completion", "preference", "prompt"),
+        help="the records' format (default: recognised from their fields; prompt: each "
+        "record's prompt alone, for GRPO, without --seq-len)",
     )
     post.add_argument(
         "--chat-template", help="a Jinja chat template file, for a tokenizer without one"
@@ -139,6 +142,13 @@ def cmd_prepare(argv: Sequence[str]) -> int:
     args = _prepare_parser().parse_args(argv)
     if args.workers < 1:
         return _fail("prepare", f"--workers must be at least 1, not {args.workers}")
+    try:
+        if args.format == "prompt" or (
+            args.seq_len is None and args.format is None and _holds_prompts(args)
+        ):
+            return _prepare_prompts(args)
+    except DataError as error:
+        return _fail("prepare", str(error))
     if args.seq_len is not None or args.format is not None:
         return _prepare_posttrain(args)
     started = time.perf_counter()
@@ -188,6 +198,52 @@ def _refuse_conversations(inputs: Sequence[str], text_key: str) -> None:
         return
 
 
+def _holds_prompts(args: argparse.Namespace) -> bool:
+    """Whether the first input's first record is a prompt alone (``{"prompt": ...}``)."""
+    from baton.tools.data.formats import record_format
+    from baton.tools.data.sources import open_sources
+
+    source = open_sources(args.inputs[:1], args.text_key)[0]
+    if source.kind == "txt":
+        return False
+    for where, record in source.records():
+        if args.text_key in record:
+            return False
+        try:
+            return record_format(record, where) == "prompt"
+        except DataError:
+            return False
+    return False
+
+
+def _prepare_prompts(args: argparse.Namespace) -> int:
+    from baton.tools.data.prompts import prepare_prompts
+
+    if args.seq_len is not None:
+        return _fail("prepare", "prompts (for GRPO) are not packed into rows: leave out --seq-len")
+    started = time.perf_counter()
+    try:
+        manifest = prepare_prompts(
+            args.inputs,
+            args.tokenizer,
+            args.output,
+            chat_template=args.chat_template,
+            input_format=args.format,
+            force=args.force,
+        )
+    except KeyboardInterrupt:
+        return _fail("prepare", "interrupted; nothing was written")
+    seconds = time.perf_counter() - started
+    kind = "turns" if manifest["conversational"] else "text"
+    columns = ", ".join(manifest["columns"]) or "none"
+    print(
+        f"wrote {args.output}.bin/.idx/.prompts.jsonl/.json (prompts, {kind}): "
+        f"{manifest['prompts']:,} prompts, {manifest['tokens']:,} tokens, the longest "
+        f"{manifest['max_prompt_length']:,} tokens, columns: {columns}, in {seconds:.1f} s"
+    )
+    return 0
+
+
 def _prepare_posttrain(args: argparse.Namespace) -> int:
     from baton.tools.data.posttrain import prepare_posttrain
 
@@ -224,7 +280,9 @@ def _prepare_posttrain(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(argv: Sequence[str]) -> int:
+    from baton.data.packed import data_objective
     from baton.tools.data.describe import describe
+    from baton.tools.data.describe_prompts import describe_prompts
 
     parser = argparse.ArgumentParser(
         prog="baton data inspect",
@@ -236,7 +294,8 @@ def cmd_inspect(argv: Sequence[str]) -> int:
     parser.add_argument("--chars", type=int, default=400, help="characters shown per document")
     args = parser.parse_args(argv)
     try:
-        print(describe(args.prefix, args.tokenizer, count=args.n, chars=args.chars))
+        report = describe_prompts if data_objective(args.prefix) == "prompts" else describe
+        print(report(args.prefix, args.tokenizer, count=args.n, chars=args.chars))
     except DataError as error:
         return _fail("inspect", str(error))
     return 0

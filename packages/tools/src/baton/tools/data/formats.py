@@ -3,6 +3,10 @@
 * ``messages``: ``{"messages": [{"role": "user", "content": "..."}, ...]}``
 * ``prompt_completion``: ``{"prompt": ..., "completion": ...}``
 * ``preference``: ``{"prompt": ..., "chosen": ..., "rejected": ...}``
+* ``prompt``: ``{"prompt": ..., "answer": ..., ...}``: a prompt alone, for online RL (GRPO
+  generates the completions); its other fields are columns that travel with it to the
+  reward functions. A record is a prompt only when it has no ``completion``, ``chosen``,
+  ``rejected`` or ``messages``.
 
 ``prompt``, ``completion``, ``chosen`` and ``rejected`` are strings, or lists of turns
 (conversational: the prompt's turns, then the completion's). Records of two formats in
@@ -22,13 +26,16 @@ from typing import Any
 
 from baton.data import DataError
 
-FORMATS = ("messages", "prompt_completion", "preference")
+FORMATS = ("messages", "prompt_completion", "preference", "prompt")
 #: the fields that name each format, most specific first
 FIELDS = {
     "preference": ("prompt", "chosen", "rejected"),
     "prompt_completion": ("prompt", "completion"),
     "messages": ("messages",),
+    "prompt": ("prompt",),
 }
+#: fields that make a record with a prompt more than a prompt
+ANSWERS = ("completion", "chosen", "rejected", "messages")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -37,13 +44,16 @@ def record_format(record: dict[str, Any], where: str) -> str:
     # a null field is absent (Parquet and saved datasets hold every column in every row)
     present = {key for key, value in record.items() if value is not None}
     found = [name for name, fields in FIELDS.items() if present.issuperset(fields)]
+    if "prompt" in found and present.intersection(ANSWERS):  # a pair or a half of one
+        found.remove("prompt")
     if len(found) == 1:
         return found[0]
     keys = ", ".join(sorted(map(str, present))) or "none"
     if not found:
         raise DataError(
             f"{where} has none of the post-training formats' fields (its keys: {keys}); give "
-            "messages, prompt/completion or prompt/chosen/rejected, or pass --format"
+            "messages, prompt/completion, prompt/chosen/rejected or a prompt alone, or pass "
+            "--format"
         )
     raise DataError(
         f"{where} has the fields of two formats ({', '.join(found)}; keys: {keys}); keep one "
@@ -75,6 +85,17 @@ def _check_turns(turns: Any, where: str, field: str) -> list[dict[str, Any]]:
 def check_conversation(messages: Any, where: str, field: str = "messages") -> list[dict]:
     """Turns in order: system/developer turns first, then a user turn, then assistant and user
     turns (tool turns after an assistant turn), with at least one assistant turn."""
+    turns = _check_order(messages, where, field)
+    if not any(turn["role"] == "assistant" for turn in turns):
+        raise DataError(
+            f"{where}: the conversation has no assistant turn, so nothing to learn; drop the "
+            "record or add the assistant's answer"
+        )
+    return turns
+
+
+def _check_order(messages: Any, where: str, field: str) -> list[dict]:
+    """The turns, each a known role, in the order :func:`check_conversation` names."""
     turns = _check_turns(messages, where, field)
     previous = None
     for number, turn in enumerate(turns):
@@ -94,12 +115,22 @@ def check_conversation(messages: Any, where: str, field: str = "messages") -> li
                 f"order; expected {' or '.join(allowed)}); fix or drop the record"
             )
         previous = role
-    if not any(turn["role"] == "assistant" for turn in turns):
-        raise DataError(
-            f"{where}: the conversation has no assistant turn, so nothing to learn; drop the "
-            "record or add the assistant's answer"
-        )
     return turns
+
+
+def check_prompt(prompt: Any, where: str) -> None:
+    """A prompt alone: non-empty text, or turns in the order of a conversation (the
+    completion is generated after the last one)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{where}: the prompt is empty; drop the record or fill it in")
+        return
+    if not is_conversational(prompt):
+        raise DataError(
+            f"{where}: 'prompt' is a {type(prompt).__name__}, not text or a list of turns; "
+            "fix the record"
+        )
+    _check_order(prompt, where, "prompt")
 
 
 def _text_of(value: Any) -> str:
@@ -118,6 +149,9 @@ def check_record(record: dict[str, Any], fmt: str, where: str) -> None:
         )
     if fmt == "messages":
         check_conversation(record["messages"], where)
+        return
+    if fmt == "prompt":
+        check_prompt(record["prompt"], where)
         return
     values = {key: record[key] for key in FIELDS[fmt]}
     kinds = {

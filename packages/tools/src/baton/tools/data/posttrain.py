@@ -255,6 +255,11 @@ def prepare_posttrain(
     sources = _open_records(inputs)
     read, records = _check_all(sources, input_format)
     fmt = str(read.input_format)
+    if fmt == "prompt":
+        raise DataError(
+            f"{read.first_where} is a prompt alone: prompts (for GRPO) are not packed into "
+            "rows; leave out --seq-len"
+        )
     rule = _mask_rule(fmt, mask)
     chat = ChatTokenizer.load(tokenizer, chat_template)
     _tokenize_all(read, records, chat, rule)

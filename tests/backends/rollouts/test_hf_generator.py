@@ -205,3 +205,13 @@ def test_reference_scorer_gives_the_sampling_logps_of_the_same_weights(model_dir
     assert ref.shape == (4, 20) and ref.dtype == np.float32
     np.testing.assert_allclose(ref, batch.values["old_logps"], rtol=0, atol=2e-5)
     assert (ref[~batch.completion_mask] == 0).all()
+
+
+def test_a_reference_without_weights_is_refused(model_dir, tmp_path):
+    config_only = tmp_path / "config"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((model_dir / "config.json").read_text())
+    with pytest.raises(UsageError, match=f"reference model {config_only} holds no weights"):
+        ReferenceScorer(config_only)
+    with pytest.raises(UsageError, match="holds no weights"):
+        ReferenceScorer(tmp_path / "missing")

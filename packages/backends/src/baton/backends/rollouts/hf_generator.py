@@ -46,6 +46,11 @@ log = logging.getLogger("baton")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
+def holds_weights(directory: Path) -> bool:
+    """Whether a Hugging Face model directory holds weights (not only a config)."""
+    return any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir())
+
+
 def build_causal_lm(source: str | Path | Any, device: torch.device) -> Any:
     """A ``transformers`` causal LM in fp32, eval mode, no gradients: from a directory's
     weights where it holds some, else from its (or the given) config."""
@@ -58,7 +63,7 @@ def build_causal_lm(source: str | Path | Any, device: torch.device) -> Any:
                 f"{directory} holds no config.json; pass the policy's Hugging Face model "
                 "directory (an export, or the --init-from directory)"
             )
-        if any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir()):
+        if holds_weights(directory):
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 directory, dtype=torch.float32
             )

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from baton.backends.rollouts.hf_generator import build_causal_lm
+from baton.backends.rollouts.hf_generator import build_causal_lm, holds_weights
+from baton.core.errors import UsageError
 from baton.data.rollouts import RolloutBatch
 
 
@@ -46,6 +47,11 @@ class ReferenceScorer:
     ) -> None:
         self.device = torch.device(device)
         if isinstance(model, str | Path):
+            if not (Path(model).is_dir() and holds_weights(Path(model))):
+                raise UsageError(
+                    f"reference model {model} holds no weights; pass --reference HF_DIR, a "
+                    "Hugging Face model directory (an export of a checkpoint: `baton export`)"
+                )
             with torch.random.fork_rng(devices=[]):  # building draws nothing from the run's RNG
                 model = build_causal_lm(model, self.device)
         self.model = model

@@ -15,6 +15,10 @@ from another working directory. From code::
     # ("/home/me/exp/my_callbacks.py:EmbedNorm", "scale=2")
     load_class(target, "--callback ...")                # the class, a Callback subclass
     class_label(target)                                 # "EmbedNorm" (--allow-changed EmbedNorm.scale)
+
+Reward functions are named the same way (``--reward rewards.py:fn``, ``--reward
+mypkg.rewards:fn``): the functions here take a :class:`PathKind` that words their
+messages for what is named, and :func:`load_module` gives the module either names.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import importlib
 import importlib.util
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -33,6 +38,40 @@ from baton.core.errors import UsageError, did_you_mean
 FILE_MODULE_PREFIX = "baton_callback_file_"
 #: files already imported, by resolved path: a class loaded twice is the same class
 _FILES: dict[Path, ModuleType] = {}
+
+
+@dataclass(frozen=True)
+class PathKind:
+    """What a path names, for the words of its messages: the flag, the component (a
+    callback), what the code defines (a class) and examples of both forms."""
+
+    flag: str
+    component: str
+    #: a registered name, for examples
+    name_example: str
+    defines: str
+    #: the placeholder messages write, ``FILE.py:Class``
+    placeholder: str
+    #: ``mypkg.callbacks:MyCallback``
+    module_example: str
+    #: ``my_callbacks.py:MyCallback``
+    file_example: str
+
+    @property
+    def example_name(self) -> str:
+        return self.file_example.rpartition(":")[2]
+
+
+#: a callback class: ``--callback FILE.py:Class``
+CALLBACK_PATH = PathKind(
+    "--callback",
+    "callback",
+    "goodput",
+    "class",
+    "Class",
+    "mypkg.callbacks:MyCallback",
+    "my_callbacks.py:MyCallback",
+)
 
 
 def is_class_path(text: str) -> bool:
@@ -52,17 +91,18 @@ def _is_file(head: str) -> bool:
     return head.endswith(".py") or "/" in head or "\\" in head
 
 
-def split_class_path(text: str, source: str) -> tuple[str, str]:
+def split_class_path(text: str, source: str, kind: PathKind = CALLBACK_PATH) -> tuple[str, str]:
     """``(TARGET:Class, arguments text)`` of a class path as given: a file resolved to
-    an absolute path, ``pkg.mod.Class`` written ``pkg.mod:Class``."""
+    an absolute path, ``pkg.mod.Class`` written ``pkg.mod:Class`` (the same for any
+    ``kind``: ``pkg.mod.fn`` is ``pkg.mod:fn``)."""
     head, _, rest = text.partition(":")
     class_name, _, after = rest.partition(":")
     class_name = class_name.strip()
     if _is_file(head):
         if not class_name.isidentifier():
             raise UsageError(
-                f"{source}: name the class in {head}, e.g. --callback {head}:MyCallback"
-                f"{':' + rest if rest else ''}"
+                f"{source}: name the {kind.defines} in {head}, e.g. {kind.flag} "
+                f"{head}:{kind.example_name}{':' + rest if rest else ''}"
             )
         return f"{Path(head).expanduser().resolve()}:{class_name}", after
     if class_name.isidentifier():
@@ -70,8 +110,8 @@ def split_class_path(text: str, source: str) -> tuple[str, str]:
     module, _, attr = head.rpartition(".")
     if not module or not attr.isidentifier():
         raise UsageError(
-            f"{source}: {head!r} names no class; write MODULE:Class (mypkg.callbacks:MyCallback) "
-            "or FILE.py:Class"
+            f"{source}: {head!r} names no {kind.defines}; write MODULE:{kind.placeholder} "
+            f"({kind.module_example}) or FILE.py:{kind.placeholder}"
         )
     return f"{module}:{attr}", rest
 
@@ -98,7 +138,7 @@ def load_class(target: str, source: str) -> type[Callback]:
     names; a missing file or module, a missing class or one that is not a baton
     ``Callback`` is a one-line ``UsageError``."""
     where, _, name = target.rpartition(":")
-    module = _load_file(Path(where), source) if _is_file(where) else _import(where, name, source)
+    module = load_module(target, source)
     found = getattr(module, name, None)
     if not isinstance(found, type):
         own = [
@@ -124,13 +164,23 @@ def load_class(target: str, source: str) -> type[Callback]:
     return found
 
 
-def _load_file(path: Path, source: str) -> ModuleType:
+def load_module(target: str, source: str, kind: PathKind = CALLBACK_PATH) -> ModuleType:
+    """The module of ``target`` (``FILE.py:name``: the file, imported once; ``module:name``:
+    the module imported); a missing or failing file or module is a one-line
+    ``UsageError`` worded for ``kind``."""
+    where, _, name = target.rpartition(":")
+    if _is_file(where):
+        return _load_file(Path(where), source, kind)
+    return _import(where, name, source, kind)
+
+
+def _load_file(path: Path, source: str, kind: PathKind) -> ModuleType:
     if path in _FILES:
         return _FILES[path]
     if not path.is_file():
         raise UsageError(
-            f"{source}: callback file {path} does not exist; give the path of a Python file "
-            "that defines the class, e.g. --callback my_callbacks.py:MyCallback"
+            f"{source}: {kind.component} file {path} does not exist; give the path of a Python "
+            f"file that defines the {kind.defines}, e.g. {kind.flag} {kind.file_example}"
         )
     module_name = FILE_MODULE_PREFIX + re.sub(r"\W", "_", str(path))
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -155,14 +205,14 @@ def _load_file(path: Path, source: str) -> ModuleType:
     return module
 
 
-def _import(module: str, name: str, source: str) -> ModuleType:
+def _import(module: str, name: str, source: str, kind: PathKind) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
         if error.name is not None and module.startswith(error.name):
             raise UsageError(
                 f"{source}: no module named {module!r}; install the package that provides "
-                f"it, or give a file: --callback path/to/file.py:{name}"
+                f"it, or give a file: {kind.flag} path/to/file.py:{name}"
             ) from None
         raise UsageError(
             f"{source}: module {module} cannot be imported: {error}; install what it needs"
@@ -174,10 +224,13 @@ def _import(module: str, name: str, source: str) -> ModuleType:
 
 
 __all__ = [
+    "CALLBACK_PATH",
     "FILE_MODULE_PREFIX",
+    "PathKind",
     "class_label",
     "is_class_path",
     "load_class",
+    "load_module",
     "names_class",
     "normal_name",
     "split_class_path",

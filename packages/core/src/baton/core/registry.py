@@ -1,4 +1,4 @@
-"""Name -> component registries for callbacks, backends and patches.
+"""Name -> component registries for callbacks, backends, patches and reward functions.
 
 Packages register their components by decorating them; the CLI and config files
 refer to components by name. Installed baton packages announce themselves through the
@@ -14,6 +14,13 @@ Example::
         '''Print the loss on every log step.'''
 
     CALLBACKS.get("print_loss")  # -> PrintLoss
+
+    @register_reward("short")
+    def short(prompts, completions, completion_ids, **columns):
+        '''1.0 for a completion of at most 8 tokens.'''
+        return [1.0 if len(ids) <= 8 else 0.0 for ids in completion_ids]
+
+    REWARDS.get("short")  # -> short (``--reward short``)
 """
 
 from __future__ import annotations
@@ -157,3 +164,16 @@ class Registry[T]:
 
 CALLBACKS: Registry[type] = Registry("callback")
 BACKENDS: Registry[type] = Registry("backend")
+#: reward functions for GRPO, by the name ``--reward NAME`` gives (:mod:`baton.core.rewards`)
+REWARDS: Registry[Callable[..., Any]] = Registry("reward")
+
+
+def register_reward[F: Callable[..., Any]](name: str | None = None) -> Callable[[F], F]:
+    """Decorator: ``@register_reward("name")`` makes a reward function (TRL's signature,
+    see :mod:`baton.core.rewards`) ``--reward name``; the name defaults to the function's."""
+
+    def decorate(function: F) -> F:
+        REWARDS.register(name)(function)
+        return function
+
+    return decorate

@@ -48,6 +48,8 @@ import yaml
 
 from baton.core.callback import Callback
 from baton.core.callback_paths import (
+    CALLBACK_PATH,
+    PathKind,
     class_label,
     is_class_path,
     load_class,
@@ -67,7 +69,7 @@ log = logging.getLogger("baton")
 @dataclasses.dataclass(frozen=True)
 class CallbackChoice:
     """A callback's registered name or class path (``FILE.py:Class``, ``module:Class``)
-    and the arguments given for it (not yet typed)."""
+    and the arguments given for it (not yet typed); a reward function's the same way."""
 
     name: str
     arguments: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
@@ -96,22 +98,31 @@ def split_top_level(text: str, separator: str = ",") -> list[str]:
 def parse_callback_flag(text: str) -> CallbackChoice:
     """``NAME`` or ``NAME:key=value,key=value`` as given to ``--callback``; ``NAME`` may
     be a class path, ``FILE.py:Class`` or ``module:Class``."""
-    source = f"--callback {text}"
+    return parse_choice(text, CALLBACK_PATH)
+
+
+def parse_choice(text: str, kind: PathKind) -> CallbackChoice:
+    """``NAME`` or ``NAME:key=value,key=value`` as given to ``kind``'s flag; ``NAME`` may
+    be a path, ``FILE.py:name`` or ``module:name``."""
+    flag = kind.flag
+    source = f"{flag} {text}"
     if is_class_path(text):
-        name, rest = split_class_path(text, source)
+        name, rest = split_class_path(text, source, kind)
     else:
         name, _, rest = text.partition(":")
         name = name.strip()
     if not name:
-        raise UsageError(f"--callback {text!r}: give a callback name, e.g. --callback goodput")
+        raise UsageError(
+            f"{flag} {text!r}: give a {kind.component} name, e.g. {flag} {kind.name_example}"
+        )
     arguments: dict[str, Any] = {}
     for item in split_top_level(rest):
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
             shown = text[: len(text) - len(rest)].rstrip(":")
             raise UsageError(
-                f"--callback {text}: {item!r} is not key=value; "
-                f"write --callback {shown}:key=value,key=value"
+                f"{flag} {text}: {item!r} is not key=value; "
+                f"write {flag} {shown}:key=value,key=value"
             )
         arguments[key.strip().replace("-", "_")] = value.strip()
     return CallbackChoice(name, arguments, source=source)
@@ -172,19 +183,36 @@ def _annotation(raw: Any, module: ModuleType | None) -> Any:
 def callback_signature(cls: type) -> Signature:
     """The constructor's parameters (name, type, default, help from the docstrings'
     ``Args:`` sections) and the class's summary."""
-    module = sys.modules.get(cls.__module__)
     init = cast(Callable[..., Any], cls.__init__)  # pyright: ignore[reportUnknownMemberType]
     class_doc = inspect.getdoc(cls) or ""
     init_doc = init.__doc__ or ""
     helps = help_by_name(class_doc) | help_by_name(inspect.cleandoc(init_doc))
+    params = _params(cls, helps, keyword_only=False)
+    return Signature(params, summary_of(class_doc), class_doc)
+
+
+def settings_signature(function: Callable[..., Any]) -> Signature:
+    """A function's settings: its keyword-only parameters (name, type, default, help
+    from its docstring's ``Args:`` section), and its summary."""
+    doc = inspect.getdoc(function) or ""
+    params = _params(function, help_by_name(doc), keyword_only=True)
+    return Signature(params, summary_of(doc), doc)
+
+
+def _params(
+    target: Callable[..., Any], helps: dict[str, str], keyword_only: bool
+) -> tuple[Param, ...]:
+    module = sys.modules.get(getattr(target, "__module__", "") or "")
     params: list[Param] = []
-    for param in inspect.signature(cls).parameters.values():
+    for param in inspect.signature(target).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if keyword_only and param.kind is not param.KEYWORD_ONLY:
             continue
         default = dataclasses.MISSING if param.default is param.empty else param.default
         annotation = _annotation(param.annotation, module)
         params.append(Param(param.name, annotation, default, helps.get(param.name, "")))
-    return Signature(tuple(params), summary_of(class_doc), class_doc)
+    return tuple(params)
 
 
 def _typed(value: Any, annotation: Any, from_text: bool) -> Any:
@@ -205,7 +233,13 @@ def _typed(value: Any, annotation: Any, from_text: bool) -> Any:
 def callback_arguments(choice: CallbackChoice, cls: type) -> dict[str, Any]:
     """The choice's arguments typed from ``cls``'s signature; unknown names, wrong
     types and missing required arguments are one-line errors."""
-    params = {p.name: p for p in callback_signature(cls).params}
+    return typed_arguments(choice, callback_signature(cls).params)
+
+
+def typed_arguments(choice: CallbackChoice, signature: Sequence[Param]) -> dict[str, Any]:
+    """The choice's arguments typed from the parameters ``signature``; unknown names,
+    wrong types and missing required arguments are one-line errors."""
+    params = {p.name: p for p in signature}
     typed: dict[str, Any] = {}
     for key, value in choice.arguments.items():
         param = params.get(key)
@@ -392,5 +426,8 @@ __all__ = [
     "config_callback",
     "describe_parameter",
     "parse_callback_flag",
+    "parse_choice",
+    "settings_signature",
     "split_top_level",
+    "typed_arguments",
 ]

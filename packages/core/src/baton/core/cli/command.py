@@ -5,6 +5,7 @@ baton eval recipes/quickstart.py --checkpoint runs/quickstart/checkpoints/latest
 baton export runs/hf_finetune/checkpoints/latest --format hf exported/
 baton generate runs/hf_finetune --prompt "def main(" --max-new-tokens 20
 baton callbacks
+baton rewards accuracy
 baton backends
 baton patches --backend torchtitan
 baton plot runs/quickstart
@@ -235,6 +236,44 @@ def _callback_arguments(name: str) -> int:
     return 0
 
 
+def cmd_rewards(argv: Sequence[str]) -> int:
+    """``baton rewards``: the registered reward functions (GRPO's ``--reward``); ``baton
+    rewards NAME``: one's settings (type, default, help) as ``--reward NAME:key=value``
+    takes them."""
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: baton rewards [NAME]   (NAME: its settings for --reward NAME:key=value)")
+        return 0
+    from baton.core.cli.reward_flags import registered_rewards
+
+    if argv:
+        return _reward_settings(argv[0])
+    table = _table("reward", "function", "what it does")
+    for name, function in registered_rewards():
+        where = f"{function.__module__}:{function.__qualname__}"
+        table.add_row(name, where, _doc_line(function))
+    _print(table)
+    return 0
+
+
+def _reward_settings(name: str) -> int:
+    from baton.core.callback_paths import normal_name
+    from baton.core.cli.callback_flags import describe_parameter, settings_signature
+    from baton.core.cli.reward_flags import reward_function
+
+    function = reward_function(normal_name(name, "baton rewards"), "baton rewards")
+    params = settings_signature(function).params
+    print(f"{name} ({function.__module__}:{function.__qualname__}): {_doc_line(function)}")
+    table = _table("setting", "type", "default", "what it sets")
+    for param in params:
+        table.add_row(param.name, *describe_parameter(param))
+    if params:
+        _print(table)
+        print(f"use: baton run RECIPE.py --reward {name}:{params[0].name}=VALUE")
+    else:
+        print("takes no settings")
+    return 0
+
+
 def cmd_backends(argv: Sequence[str]) -> int:
     table = _table("backend", "class", "what it does")
     for name in BACKENDS.names():  # listed without importing torch, jax or the backends
@@ -307,6 +346,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "run": cmd_run,
     "eval": cmd_eval,
     "callbacks": cmd_callbacks,
+    "rewards": cmd_rewards,
     "backends": cmd_backends,
     "patches": cmd_patches,
     **{name: _tool_command(name) for name in TOOL_COMMANDS},

@@ -1,13 +1,14 @@
 """Rollout fixtures: a chat tokenizer, a tiny Llama policy, prompts prepared by `baton data
-prepare` from prompt-only records, and a rollout phase over them in one process.
+prepare` from prompt-only records, and a rollout phase over them in one process, built
+as a recipe builds it (``build_rollout_phase``).
 
     files = rollout_files(tmp_path)              # tokenizer, policy, prompts (conversational)
     phase = make_phase(files, num_generations=4, rows_per_step=8)
     step = phase.before_step(1)                  # RolloutStep(batch, records, metrics)
 
 The phase's weights come from a real ``transformers`` model's ``state_dict``
-(``WeightSource``), scaled by a value a test moves between steps, so that each version
-holds other weights.
+(``WeightSource``), scaled by a value a test moves between steps (or reads from a
+backend), so that each version holds other weights.
 """
 
 from __future__ import annotations
@@ -30,16 +31,25 @@ PROMPT_RECORDS = [
         "the assistant explains how trains run",
     )
 ]
+#: the rewards of ``make_phase``: a built-in and a function from a file, TRL's signature
+REWARDS = ("length:target=6", f"{Path(__file__).resolve()}:answer_reward")
+REWARD_WEIGHTS = (0.5, 1.0)
 
 
 def rollout_files(root: Path) -> dict[str, Path]:
-    """The chat tokenizer, a tiny Llama policy and its prompts prepared with `baton data
+    """The chat tokenizer, a tiny Llama policy (its ``generation_config.json`` stops at
+    the end of a turn, as a chat export's does) and its prompts prepared with `baton data
     prepare` (seven conversational prompts with an ``answer`` column)."""
+    from transformers import AutoTokenizer
+
     from baton.tools.data.cli import main
     from support.posttrain import chat_tokenizer, tiny_model
 
     tokenizer = chat_tokenizer(root / "tok")
     policy = tiny_model(root / "policy")
+    hf = AutoTokenizer.from_pretrained(tokenizer)
+    stops = [hf.eos_token_id, hf.convert_tokens_to_ids("<|im_end|>")]
+    (policy / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
     source = root / "prompts.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in PROMPT_RECORDS), encoding="utf-8")
     prefix = root / "prompts"
@@ -48,16 +58,10 @@ def rollout_files(root: Path) -> dict[str, Path]:
     return {"tokenizer": tokenizer, "policy": policy, "prompts": prefix, "root": root}
 
 
-def words_reward(completions: Sequence[Any], **_: Any) -> list[float | None]:
-    """A reward with TRL's signature: the completion's word count (turns: the last's)."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(len(t.split())) for t in texts]
-
-
 def answer_reward(
-    completions: Sequence[Any], answer: Sequence[str], **_: Any
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], answer: list[str]
 ) -> list[float | None]:
-    """A reward reading a column: 1.0 where the completion holds the answer's digits,
+    """A reward reading a column: 1.0 where the completion's text holds the answer,
     ``None`` (unscorable) for an empty completion."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [None if not t.strip() else float(a in t) for t, a in zip(texts, answer, strict=True)]
@@ -82,65 +86,52 @@ class WeightSource:
         return {**self.base, "lm_head.weight": self.base["lm_head.weight"] * (1.0 + scale)}
 
 
+def grpo_settings(**overrides: Any) -> dict[str, Any]:
+    """GRPO settings by TRL's names, small enough for a CPU test."""
+    settings: dict[str, Any] = {
+        "num_generations": 4,
+        "max_prompt_length": 32,
+        "max_completion_length": 12,
+        "temperature": 0.9,
+        "top_p": 1.0,
+        "top_k": 0,
+        "num_iterations": 1,
+        "mask_truncated_completions": False,
+        "scale_rewards": "group",
+        "beta": 0.0,
+        "reference": None,
+        "reward": REWARDS,
+        "reward_weights": REWARD_WEIGHTS,
+    }
+    unknown = set(overrides) - set(settings)
+    assert not unknown, unknown
+    return settings | overrides
+
+
 def make_phase(
     files: Mapping[str, Path],
     *,
-    num_generations: int = 4,
     rows_per_step: int = 8,
-    num_iterations: int = 1,
-    max_tokens: int = 12,
     seed: int = 0,
     weights: WeightSource | None = None,
-    reference: bool = False,
-    mask_truncated: bool = False,
-    **overrides: Any,
+    seq_len: int | None = None,
+    rewards: Sequence[Any] | None = None,
+    **settings: Any,
 ) -> Any:
     """A ``RolloutPhase`` in one process (the first rank; broadcast is the identity)."""
-    from transformers import AutoTokenizer
-
-    from baton.backends.rollouts.hf_generator import TransformersGenerator
-    from baton.backends.rollouts.phase import RolloutPhase, RolloutSettings
-    from baton.backends.rollouts.scoring import ReferenceScorer
-    from baton.core.rollouts.generator import Sampling
+    from baton.backends.rollouts.phase import build_rollout_phase
     from baton.data import load_tokenizer
-    from baton.data.prompts import PreparedPrompts
 
-    info = load_tokenizer(files["tokenizer"])
-    hf = AutoTokenizer.from_pretrained(files["tokenizer"])
-    im_end = hf.convert_tokens_to_ids("<|im_end|>")
-    sampling = Sampling(
-        temperature=0.9,
-        top_p=1.0,
-        top_k=0,
-        max_tokens=max_tokens,
-        stop_ids=(info.eod_id, im_end),
-        pad_id=hf.pad_token_id,
+    return build_rollout_phase(
+        grpo_settings(**settings),
+        prompts=files["prompts"],
+        policy=files["policy"],
+        tokenizer=load_tokenizer(files["tokenizer"]),
+        rows_per_step=rows_per_step,
+        seed=seed,
+        gather_weights=weights if weights is not None else WeightSource(files["policy"]),
+        broadcast=lambda value: value,
+        is_first_rank=True,
+        seq_len=seq_len,
+        rewards=rewards,
     )
-    settings = RolloutSettings(
-        num_generations=num_generations,
-        sampling=sampling,
-        max_prompt_length=32,
-        num_iterations=num_iterations,
-        mask_truncated_completions=mask_truncated,
-    )
-    keywords: dict[str, Any] = {
-        "prompts": PreparedPrompts(files["prompts"]),
-        "seed": seed,
-        "generator": TransformersGenerator(files["policy"], seed=seed),
-        "rewards": {"words": words_reward, "answer": answer_reward},
-        "reward_weights": [0.1, 1.0],
-        "reference": (
-            ReferenceScorer(files["policy"], temperature=sampling.temperature)
-            if reference
-            else None
-        ),
-        "settings": settings,
-        "rows_per_step": rows_per_step,
-        "seq_len": 32 + max_tokens,
-        "decode": lambda ids: hf.decode(list(ids), skip_special_tokens=True),
-        "gather_weights": weights if weights is not None else WeightSource(files["policy"]),
-        "broadcast": lambda value: value,
-        "is_first_rank": True,
-    }
-    keywords.update(overrides)
-    return RolloutPhase(**keywords)

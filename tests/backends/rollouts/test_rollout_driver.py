@@ -49,7 +49,7 @@ def run(files, run_dir: Path, steps: int, *, resume="none", save_every=None, ext
     gathers depend on the backend's trained value ``w``, as a policy's would."""
     backend = ScalarBackend()
     weights = WeightSource(files["policy"], scale_of=lambda: backend.w)
-    phase = make_phase(files, num_generations=4, rows_per_step=8, num_iterations=2, weights=weights)
+    phase = make_phase(files, rows_per_step=8, num_generations=4, num_iterations=2, weights=weights)
     logged, hooks = LoggedMetrics(), HookLog()
     callbacks = [logged, hooks, RolloutRecords(), *extra]
     if save_every:
@@ -86,12 +86,12 @@ def test_rollouts_run_before_the_step_and_reach_hooks_file_log_and_checkpoint(fi
     assert set(record) >= {
         "prompt_ids", "completion_ids", "completion", "rewards", "advantage", "logp_sum",
     }  # fmt: skip
-    assert set(record["rewards"]) == {"words", "answer"}
+    assert set(record["rewards"]) == {"length", "answer_reward"}
     # the rollout file holds what the loss reads: the batch step 3 sampled, row by row
     assert [r.to_json() for r in phase.current.records] == hooks.seen[8:]
     for step in (1, 2, 3, 4):
         metrics = logged.metrics[step]
-        for key in ("reward", "rewards/words/mean", "completions/mean_length"):
+        for key in ("reward", "rewards/length/mean", "completions/mean_length"):
             assert key in metrics, (step, key)
         for key in ("timing/generation_s", "timing/weight_sync_s", "timing/train_s"):
             assert metrics[key] >= 0.0, (step, key)
@@ -126,7 +126,7 @@ def test_a_resumed_run_makes_the_uninterrupted_runs_rollouts_bit_for_bit(files, 
     assert cut_file.read_bytes() == (tmp_path / "whole" / "logs" / "rollouts.jsonl").read_bytes()
     assert backend.w == whole_backend.w
     for step in (4, 5, 6):
-        for key in ("reward", "reward_std", "rewards/answer/mean", "completions/mean_length"):
+        for key in ("reward", "reward_std", "rewards/length/mean", "completions/mean_length"):
             assert logged.metrics[step][key] == whole_logged.metrics[step][key], (step, key)
 
 

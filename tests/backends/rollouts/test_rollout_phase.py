@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from baton.core.errors import UsageError
+from baton.core.rewards.function import Reward
 from baton.data import DataError
 from baton.data.prompts import PreparedPrompts
 from support.rollouts import WeightSource, make_phase, rollout_files
@@ -58,8 +59,13 @@ def test_a_step_samples_groups_scores_them_and_builds_rows(files):
             record.logp_sum, abs=1e-4
         )
         assert batch.values["advantages"][row, 0] == np.float32(record.advantage)
-        # the reward functions saw the completion as TRL gives it for turns
-        assert record.rewards["words"] == float(len(record.completion.split()))
+        # each reward function's value: the built-in length and the file's function, which
+        # saw the completion as TRL gives it for turns and the prompt's answer column
+        n = len(record.completion_ids)
+        assert record.rewards["length"] == -abs(n - 6) / 6
+        answer = prompts.record(record.prompt_index)["answer"]
+        expected = None if not record.completion.strip() else float(answer in record.completion)
+        assert record.rewards["answer_reward"] == expected
     # TRL's group advantages: (r - mean) / (std + 1e-4), the unbiased std of each group
     rewards = torch.tensor([r.reward for r in records], dtype=torch.float64).nan_to_num(0.0)
     grouped = rewards.view(-1, 4)
@@ -71,8 +77,8 @@ def test_a_step_samples_groups_scores_them_and_builds_rows(files):
     for key in (
         "reward",
         "reward_std",
-        "rewards/words/mean",
-        "rewards/answer/std",
+        "rewards/length/mean",
+        "rewards/answer_reward/std",
         "frac_reward_zero_std",
         "completions/mean_length",
         "completions/min_length",
@@ -140,7 +146,7 @@ def test_a_resumed_phase_samples_the_same_rollouts_bit_for_bit(files, tmp_path):
 
 
 def test_a_kl_term_scores_the_rows_with_the_reference(files):
-    phase = make_phase(files, reference=True)
+    phase = make_phase(files, beta=0.04)
     batch = phase.before_step(1).batch
     ref = batch.values["ref_logps"]
     assert ref.shape == batch.values["old_logps"].shape
@@ -149,7 +155,7 @@ def test_a_kl_term_scores_the_rows_with_the_reference(files):
 
 
 def test_truncated_completions_masked(files):
-    phase = make_phase(files, max_tokens=3, mask_truncated=True)
+    phase = make_phase(files, max_completion_length=3, mask_truncated_completions=True)
     batch = phase.before_step(1).batch
     truncated = np.array([r.truncated for r in batch.records])
     assert truncated.any()
@@ -164,13 +170,16 @@ def test_bad_settings_are_refused_naming_the_fix(files):
         make_phase(files, num_generations=1, rows_per_step=8)
     with pytest.raises(UsageError, match="pass --seq-len 44 or more"):
         make_phase(files, seq_len=40)
-    prompts = PreparedPrompts(files["prompts"])
-    longest = prompts.max_prompt_length
-    settings = make_phase(files).settings
-    from dataclasses import replace
-
-    short = replace(settings, max_prompt_length=longest - 1)
+    longest = PreparedPrompts(files["prompts"]).max_prompt_length
     with pytest.raises(
-        DataError, match=rf"longer than --max-prompt-length {longest - 1} .*prompt \d+"
+        DataError, match=rf"longer than --max-prompt-length {longest - 1} .*the first: prompt \d+"
     ):
-        make_phase(files, settings=short)
+        make_phase(files, max_prompt_length=longest - 1, seq_len=64)
+
+    def needs_solution(prompts, completions, completion_ids, solution):
+        return [0.0 for _ in completions]
+
+    with pytest.raises(UsageError, match="takes the column 'solution', which the prompts lack"):
+        make_phase(files, rewards=[Reward("needs_solution", needs_solution)])
+    with pytest.raises(UsageError, match="--reward-weights gives 1 weights for 2 rewards"):
+        make_phase(files, reward_weights=(1.0,))

@@ -19,6 +19,12 @@ The steps in between reuse the batch (``num_iterations`` > 1): nothing is sample
 records are handed out. The engine's data stream reads ``phase.current`` and takes its
 data-parallel share (``current.rows_of(rank, ranks)``) in micro-batches.
 
+Metrics: TRL's rollout metrics (``reward``, ``reward_std``, ``rewards/<name>/mean|std``,
+``frac_reward_zero_std``, ``completions/*``: ``baton.core.rollouts.advantages``) of the
+batch the step trains on, ``timing/generation_s`` (the seconds making a new batch:
+sampling, rewards, the reference, the broadcast; 0.0 on a reused one) and
+``timing/weight_sync_s`` (gathering and loading the weights; 0.0 when unchanged).
+
 Its state (the prompt order's position, the generator's random state, the batch not yet
 used up, with its metrics) is saved in every checkpoint and restored on resume, so a
 killed and resumed run samples the same completions and reaches the same weights.
@@ -44,15 +50,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from baton.core.errors import UsageError
+from baton.core.rewards.function import Reward
+from baton.core.rewards.scoring import RewardTable, score
+from baton.core.rollouts.advantages import group_advantages, rollout_metrics
 from baton.core.rollouts.generator import Completion, Generator, Sampling
 from baton.data.prompt_order import PromptOrder
 from baton.data.prompts import PreparedPrompts
 from baton.data.rollouts import Rollout, RolloutBatch
+from baton.data.tokenizer import TokenizerInfo, special_token_ids
+
+if TYPE_CHECKING:
+    from baton.backends.rollouts.scoring import ReferenceScorer
 
 log = logging.getLogger("baton")
 
@@ -90,8 +103,7 @@ class RolloutPhase:
         prompts: the prepared prompts.
         seed: the seed of the prompt order.
         generator: samples completions (the first rank's; ``None`` elsewhere).
-        rewards: the reward functions, TRL's signature, by name.
-        reward_weights: one weight per reward function (``None``: all 1.0).
+        rewards: the reward functions (TRL's signature), named and weighted.
         reference: the reference scorer of a KL term (first rank), or ``None``.
         settings: the GRPO settings it applies.
         rows_per_step: rollouts per step over every rank (B x G).
@@ -109,9 +121,8 @@ class RolloutPhase:
         prompts: PreparedPrompts,
         seed: int,
         generator: Generator | None,
-        rewards: Mapping[str, Callable[..., Sequence[float | None]]],
-        reward_weights: Sequence[float] | None,
-        reference: Any | None,
+        rewards: Sequence[Reward],
+        reference: ReferenceScorer | None,
         settings: RolloutSettings,
         rows_per_step: int,
         seq_len: int,
@@ -146,14 +157,14 @@ class RolloutPhase:
             raise ValueError("the first rank samples: give it a generator")
         self.prompts = prompts
         self.generator = generator
-        self.rewards = dict(rewards)
-        weights = [1.0] * len(self.rewards) if reward_weights is None else list(reward_weights)
-        if len(weights) != len(self.rewards):
+        if not rewards:
             raise UsageError(
-                f"--reward-weights gives {len(weights)} weights for {len(self.rewards)} reward "
-                "functions; give one weight per --reward"
+                "GRPO needs a reward: give --reward NAME (`baton rewards` lists them) or "
+                "--reward rewards.py:my_reward"
             )
-        self.reward_weights = weights
+        for reward in rewards:
+            reward.check_columns(prompts.columns)
+        self.rewards = list(rewards)
         self.reference = reference
         self.settings = settings
         self.rows_per_step = rows_per_step
@@ -221,7 +232,10 @@ class RolloutPhase:
         prompt_ids = [self.prompts.ids(index).tolist() for index in prompt_indices]
         completions = self.generator.generate(prompt_ids, self.settings.sampling)
         texts = [self.decode(c.ids) for c in completions]
-        scored = self._score(prompt_indices, completions, texts)
+        table = self._score(prompt_indices, completions, texts)
+        result = group_advantages(
+            table.rows, table.weights, group, scale_rewards=self.settings.scale_rewards
+        )
         records = [
             Rollout(
                 step=step,
@@ -230,10 +244,11 @@ class RolloutPhase:
                 prompt_ids=prompt_ids[row],
                 completion_ids=list(completion.ids),
                 completion=texts[row],
-                rewards={name: values[row] for name, values in scored.per_function.items()},
-                reward=scored.rewards[row],
-                advantage=float(np.float32(scored.advantages[row])),
-                logp_sum=float(math.fsum(completion.logps)),
+                rewards=table.row(row),
+                reward=result.rewards[row],
+                # the advantage as the loss reads it (float32 rows)
+                advantage=float(np.float32(result.advantages[row])),
+                logp_sum=math.fsum(completion.logps),
                 truncated=completion.truncated,
             )
             for row, completion in enumerate(completions)
@@ -247,22 +262,27 @@ class RolloutPhase:
         )
         if self.reference is not None:
             batch = batch.with_values(ref_logps=self.reference.score(batch))
-        return batch, {**scored.metrics, **completion_metrics(completions)}
+        lengths = [len(c.ids) for c in completions]
+        metrics = rollout_metrics(table, result, lengths, [c.truncated for c in completions])
+        return batch, metrics
 
     def _score(
         self, prompt_indices: Sequence[int], completions: Sequence[Completion], texts: list[str]
-    ) -> Scored:
-        """Each reward function on the completions, the weighted rewards, advantages and
-        the reward metrics."""
-        return score_completions(
+    ) -> RewardTable:
+        """Each reward function on the completions, given as TRL gives them: the prompts
+        as prepared (text or turns), the completions' text (for turns, one assistant
+        turn), their ids and each column of the prompts' records."""
+        records = [self.prompts.record(index) for index in prompt_indices]
+        given: list[Any] = list(texts)
+        if self.prompts.conversational:
+            given = [[{"role": "assistant", "content": text}] for text in texts]
+        columns = {name: [record.get(name) for record in records] for name in self.prompts.columns}
+        return score(
             self.rewards,
-            self.reward_weights,
-            [self.prompts.record(index) for index in prompt_indices],
-            completions,
-            texts,
-            conversational=self.prompts.conversational,
-            group=self.settings.num_generations,
-            scale_rewards=self.settings.scale_rewards,
+            [record["prompt"] for record in records],
+            given,
+            [list(c.ids) for c in completions],
+            columns,
         )
 
     # -- state ------------------------------------------------------------------------
@@ -370,70 +390,107 @@ def join_state(
     return joined
 
 
-@dataclass(frozen=True)
-class Scored:
-    """The completions' rewards: each function's values (``None``: unscorable), their
-    weighted sum (NaN where none scored), the advantages and the reward metrics."""
+def stop_ids(tokenizer: TokenizerInfo, policy: str | Path) -> tuple[int, ...]:
+    """The ids a completion ends at, as TRL's ``GRPOTrainer`` takes them: the tokenizer's
+    end-of-sequence id, then those of the policy's ``generation_config.json``."""
+    ids = [tokenizer.eod_id]
+    config = Path(policy) / "generation_config.json"
+    if config.is_file():
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token_id")
+        for value in eos if isinstance(eos, list) else [eos]:
+            if isinstance(value, int) and value not in ids:
+                ids.append(value)
+    return tuple(ids)
 
-    per_function: dict[str, list[float | None]]
-    rewards: list[float]
-    advantages: list[float]
-    metrics: dict[str, float]
 
-
-def score_completions(
-    rewards: Mapping[str, Callable[..., Sequence[float | None]]],
-    weights: Sequence[float],
-    records: Sequence[Mapping[str, Any]],
-    completions: Sequence[Completion],
-    texts: list[str],
+def build_rollout_phase(
+    settings: Mapping[str, Any],
     *,
-    conversational: bool,
-    group: int,
-    scale_rewards: str,
-) -> Scored:
-    """TEMPORARY (replaced by baton.core.rewards and baton.core.rollouts.advantages)."""
-    prompts = [r["prompt"] for r in records]
-    given: list[Any] = (
-        [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    prompts: str | Path,
+    policy: str | Path,
+    tokenizer: TokenizerInfo,
+    rows_per_step: int,
+    seed: int,
+    gather_weights: Callable[[], Mapping[str, Any] | None],
+    broadcast: Callable[[Any], Any],
+    is_first_rank: bool,
+    seq_len: int | None = None,
+    device: str = "cpu",
+    rewards: Sequence[Reward] | None = None,
+) -> RolloutPhase:
+    """The rollout phase of a GRPO run, wired the same way on every engine.
+
+    Args:
+        settings: the GRPO settings by TRL's names (an ``ObjectiveRun``'s values):
+            ``num_generations``, ``max_prompt_length``, ``max_completion_length``,
+            ``temperature``, ``top_p``, ``top_k``, ``num_iterations``,
+            ``mask_truncated_completions``, ``scale_rewards``, ``beta``, ``reference``,
+            ``reward`` and ``reward_weights``.
+        prompts: the prepared prompts' prefix (checked against ``tokenizer``).
+        policy: the policy's Hugging Face directory: the generator's model (its config;
+            its weights come from ``gather_weights``), its ``generation_config.json``'s
+            stop ids, and the reference of a KL term when ``reference`` is None.
+        tokenizer: the run's tokenizer (end-of-sequence and padding ids, decoding).
+        rows_per_step: rollouts per step over every rank (batch size x data-parallel
+            ranks x gradient accumulation).
+        seed: the seed of the prompt order and of the sampler.
+        gather_weights, broadcast, is_first_rank: the backend's collectives and rank
+            (see ``RolloutPhase``).
+        seq_len: the rows' length (default: ``max_prompt_length + max_completion_length``).
+        device: where the generator and the reference run.
+        rewards: the reward functions (default: built from ``reward`` and
+            ``reward_weights``).
+    """
+    from transformers import AutoTokenizer
+
+    from baton.backends.rollouts.hf_generator import TransformersGenerator
+    from baton.backends.rollouts.scoring import ReferenceScorer
+    from baton.core.cli.reward_flags import load_rewards
+
+    data = PreparedPrompts(prompts)
+    data.check_tokenizer(tokenizer)
+    if rewards is None:
+        rewards = load_rewards(list(settings["reward"]), list(settings["reward_weights"]) or None)
+    pad_id = special_token_ids(tokenizer)["pad_token_id"]
+    sampling = Sampling(
+        temperature=float(settings["temperature"]),
+        top_p=float(settings["top_p"]),
+        top_k=int(settings["top_k"]),
+        max_tokens=int(settings["max_completion_length"]),
+        stop_ids=stop_ids(tokenizer, policy),
+        pad_id=tokenizer.eod_id if pad_id is None else pad_id,
     )
-    columns = {k: [r[k] for r in records] for k in records[0] if k != "prompt"}
-    per_function: dict[str, list[float | None]] = {}
-    for name, function in rewards.items():
-        values = function(
-            prompts=prompts,
-            completions=given,
-            completion_ids=[list(c.ids) for c in completions],
-            **columns,
-        )
-        per_function[name] = [None if v is None else float(v) for v in values]
-    table = np.array(
-        [[math.nan if v is None else v for v in values] for values in per_function.values()],
-        dtype=np.float64,
-    ).T
-    summed = np.nansum(table * np.asarray(weights), axis=1)
-    summed[np.isnan(table).all(axis=1)] = math.nan
-    grouped = summed.reshape(-1, group)
-    mean = np.repeat(np.nanmean(grouped, axis=1), group)
-    std = np.repeat(np.nanstd(grouped, axis=1, ddof=1), group)
-    advantages = (summed - mean) / (std + 1e-4)
-    advantages = np.nan_to_num(advantages, nan=0.0)
-    metrics = {"reward": float(np.nanmean(summed)), "reward_std": float(np.nanmean(std))}
-    for name, values in per_function.items():
-        column = np.array([math.nan if v is None else v for v in values])
-        metrics[f"rewards/{name}/mean"] = float(np.nanmean(column))
-        metrics[f"rewards/{name}/std"] = float(np.nanstd(column, ddof=1))
-    metrics["frac_reward_zero_std"] = float(np.mean(np.isclose(std, 0.0)))
-    return Scored(per_function, summed.tolist(), advantages.tolist(), metrics)
+    rollout = RolloutSettings(
+        num_generations=int(settings["num_generations"]),
+        sampling=sampling,
+        max_prompt_length=int(settings["max_prompt_length"]),
+        num_iterations=int(settings["num_iterations"]),
+        mask_truncated_completions=bool(settings["mask_truncated_completions"]),
+        scale_rewards=str(settings["scale_rewards"]),
+    )
+    generator = reference = None
+    if is_first_rank:
+        generator = TransformersGenerator(policy, device=device, seed=seed)
+        if float(settings["beta"]) != 0.0:
+            reference = ReferenceScorer(
+                settings.get("reference") or policy, device=device, temperature=sampling.temperature
+            )
+    hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer.path)
 
+    def decode(ids: Sequence[int]) -> str:  # TRL's batch_decode(skip_special_tokens=True)
+        return str(hf_tokenizer.decode(list(ids), skip_special_tokens=True))
 
-def completion_metrics(completions: Sequence[Completion]) -> dict[str, float]:
-    """TRL's completion metrics: lengths (mean, min, max, in tokens, the stop token
-    counted) and the fraction truncated (``completions/clipped_ratio``)."""
-    lengths = [len(c.ids) for c in completions]
-    return {
-        "completions/mean_length": float(np.mean(lengths)),
-        "completions/min_length": float(min(lengths)),
-        "completions/max_length": float(max(lengths)),
-        "completions/clipped_ratio": float(np.mean([c.truncated for c in completions])),
-    }
+    return RolloutPhase(
+        prompts=data,
+        seed=seed,
+        generator=generator,
+        rewards=rewards,
+        reference=reference,
+        settings=rollout,
+        rows_per_step=rows_per_step,
+        seq_len=seq_len or rollout.max_prompt_length + sampling.max_tokens,
+        decode=decode,
+        gather_weights=gather_weights,
+        broadcast=broadcast,
+        is_first_rank=is_first_rank,
+    )

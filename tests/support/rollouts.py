@@ -116,9 +116,13 @@ def make_phase(
     weights: WeightSource | None = None,
     seq_len: int | None = None,
     rewards: Sequence[Any] | None = None,
+    is_first_rank: bool = True,
+    gather_weights: Callable[[], Mapping[str, Any] | None] | None = None,
+    broadcast: Callable[[Any], Any] | None = None,
     **settings: Any,
 ) -> Any:
-    """A ``RolloutPhase`` in one process (the first rank; broadcast is the identity)."""
+    """A ``RolloutPhase`` (by default in one process: the first rank, weights from a
+    ``WeightSource``, broadcast the identity)."""
     from baton.backends.rollouts.phase import build_rollout_phase
     from baton.data import load_tokenizer
 
@@ -129,9 +133,9 @@ def make_phase(
         tokenizer=load_tokenizer(files["tokenizer"]),
         rows_per_step=rows_per_step,
         seed=seed,
-        gather_weights=weights if weights is not None else WeightSource(files["policy"]),
-        broadcast=lambda value: value,
-        is_first_rank=True,
+        gather_weights=gather_weights or weights or WeightSource(files["policy"]),
+        broadcast=broadcast or (lambda value: value),
+        is_first_rank=is_first_rank,
         seq_len=seq_len,
         rewards=rewards,
     )

@@ -6,6 +6,8 @@ refusals."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,30 @@ def test_bad_settings_are_refused_naming_the_fix(files):
         make_phase(files, rewards=[Reward("needs_solution", needs_solution)])
     with pytest.raises(UsageError, match="--reward-weights gives 1 weights for 2 rewards"):
         make_phase(files, reward_weights=(1.0,))
+
+
+def test_two_ranks_train_on_shares_of_the_single_process_batches(files, tmp_path):
+    """Rank 0 samples, both ranks receive the batch, weights are gathered from halves
+    held by each rank, and the state saved after step 3 resumes on both: each rank's
+    share of every step is the single-process batch's, bit for bit."""
+    from pathlib import Path
+
+    from support.torchrun import torchrun
+
+    worker = Path(__file__).with_name("rollout_ranks_worker.py")
+    torchrun(worker, str(files["root"]), str(tmp_path), nproc=2)
+    source = WeightSource(files["policy"])
+    phase = make_phase(files, num_iterations=2, weights=source)
+    for step in range(1, 6):
+        source.scale = 0.1 * (step - 1)
+        batch = phase.before_step(step).batch
+        for rank in (0, 1):
+            expected, records = batch.rows_of(rank, 2).to_state()
+            with np.load(tmp_path / f"rank{rank}.npz") as got:
+                for name, array in expected.items():
+                    assert got[f"{step}/{name}"].tobytes() == array.tobytes(), (step, rank, name)
+            ran = json.loads((tmp_path / f"rank{rank}.json").read_text())
+            assert ran["records"][step - 1] == records
+    # both ranks gathered at steps 1, 3 (saved after it) and 5: the collective matched
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text())["gathers"] == 3

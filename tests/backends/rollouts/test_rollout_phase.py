@@ -212,3 +212,20 @@ def test_two_ranks_train_on_shares_of_the_single_process_batches(files, tmp_path
     # both ranks gathered at steps 1, 3 (saved after it) and 5: the collective matched
     for rank in (0, 1):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text())["gathers"] == 3
+
+
+def test_completions_nothing_can_score_train_with_zero_advantages(files, tmp_path):
+    def unscorable(prompts, completions, completion_ids):
+        return [None for _ in completions]
+
+    phase = make_phase(files, rewards=[Reward("unscorable", unscorable)], num_iterations=2)
+    step = phase.before_step(1)
+    assert all(r.advantage == 0.0 and np.isnan(r.reward) for r in step.records)
+    assert np.isnan(step.metrics["reward"]) and np.isnan(step.metrics["rewards/unscorable/mean"])
+    state = phase.save(tmp_path / "rollouts", write=True)
+    json.dumps(state, allow_nan=False)  # the state baton.json records is strict JSON
+    again = make_phase(files, rewards=[Reward("unscorable", unscorable)], num_iterations=2)
+    again.load(tmp_path / "rollouts", state)
+    reused = again.before_step(2)
+    assert reused.records is None and np.isnan(reused.metrics["reward"])
+    same_batches(reused.batch, step.batch)

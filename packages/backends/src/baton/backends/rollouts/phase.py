@@ -297,7 +297,8 @@ class RolloutPhase:
                 "sampled_at": self._sampled_at,
                 "arrays": arrays,
                 "records": records,
-                "metrics": dict(self._metrics),
+                # JSON has no NaN (a metric of a batch nothing could score): null
+                "metrics": {k: None if math.isnan(v) else v for k, v in self._metrics.items()},
             }
         return {
             "order": self.order.state_dict(),
@@ -321,7 +322,9 @@ class RolloutPhase:
         else:
             self.current = RolloutBatch.from_state(batch["arrays"], batch["records"])
             self._sampled_at = batch["sampled_at"]
-            self._metrics = {str(k): float(v) for k, v in batch["metrics"].items()}
+            self._metrics = {
+                str(k): math.nan if v is None else float(v) for k, v in batch["metrics"].items()
+            }
         self._synced = None  # the weights are gathered again before the next sampling
 
     def save(self, directory: Path, *, write: bool) -> dict[str, Any]:

@@ -165,6 +165,9 @@ def test_prompts_are_tokenized_as_trl_tokenizes_them(
             got = prompts.record(index)
             assert got["prompt"] == record["prompt"]
             assert {c: got[c] for c in columns} == {c: record.get(c) for c in columns}
+        given, by_column = prompts.for_rewards([2, 0], repeat=2)
+        assert given == [records[2]["prompt"]] * 2 + [records[0]["prompt"]] * 2
+        assert by_column == {c: [records[2].get(c)] * 2 + [records[0].get(c)] * 2 for c in columns}
         manifest = prompts.manifest
         assert (manifest["objective"], manifest["format"]) == ("prompts", "baton-prepared-data/2")
         assert manifest["conversational"] is (kind == "turns")
@@ -181,6 +184,34 @@ def test_prompts_are_tokenized_as_trl_tokenizes_them(
         assert data_objective(output) == "prompts"
         written.append(Path(f"{output}.bin").read_bytes())
     assert written[0] == written[1] == written[2]
+
+
+def test_null_fields_of_other_formats_are_no_columns(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Parquet holds every column in every row: a prompt's null ``completion`` is absent."""
+    import datasets
+
+    table = {"prompt": ["p one", "p two"], "completion": [None, None], "answer": ["1", None]}
+    datasets.Dataset.from_dict(table).to_parquet(str(tmp_path / "p.parquet"))
+    capsys.readouterr()
+    output = tmp_path / "out"
+    status, _, err = baton_data(
+        capsys,
+        "prepare",
+        tmp_path / "p.parquet",
+        "--tokenizer",
+        files["tokenizer"],
+        "--output",
+        output,
+    )
+    assert (status, err) == (0, "")
+    prompts = PreparedPrompts(output)
+    assert prompts.columns == ["answer"]
+    assert [prompts.record(i) for i in range(2)] == [
+        {"prompt": "p one", "answer": "1"},
+        {"prompt": "p two", "answer": None},
+    ]
 
 
 def test_inspect_shows_prompts_and_their_columns(

@@ -23,6 +23,7 @@ Example::
     len(prompts), prompts.max_prompt_length, prompts.columns    # 7473, 212, ["answer"]
     prompts.ids(0)                                   # np.ndarray of the prompt's ids
     prompts.record(0)                                # {"prompt": [...turns], "answer": "72"}
+    prompts.for_rewards([4, 9], repeat=8)            # 16 prompts, {"answer": [16 values]}
     prompts.check_tokenizer(load_tokenizer("runs/tok"))   # DataError on another tokenizer
     prompts.check_prompt_length(256)                 # DataError: a prompt is longer
 
@@ -174,6 +175,20 @@ class PreparedPrompts:
             )
         return value
 
+    def for_rewards(
+        self, indices: Sequence[int], repeat: int = 1
+    ) -> tuple[list[Any], dict[str, list[Any]]]:
+        """``(prompts, columns)`` as reward functions take them for the completions of the
+        prompts ``indices``, ``repeat`` completions each (in order: each prompt's
+        ``repeat`` completions together): every prompt as given, every column's value."""
+        records = [self.record(index) for index in indices]
+        prompts = [record["prompt"] for record in records for _ in range(repeat)]
+        columns = {
+            name: [record.get(name) for record in records for _ in range(repeat)]
+            for name in self.columns
+        }
+        return prompts, columns
+
     def check_tokenizer(self, tokenizer: TokenizerInfo) -> Manifest | None:
         """Raise :class:`DataError` if the prompts were prepared with another tokenizer."""
         return check_tokenizer(self.prefix, tokenizer)
@@ -243,11 +258,8 @@ def _check_prompts(
                 f"prompt {number} holds token id {max(tokens)}, outside the tokenizer's "
                 f"{vocab_size} ids"
             )
-        if "prompt" not in record or set(record) - {"prompt", *columns}:
-            raise DataError(
-                f"record {number} has the fields {sorted(record)}; give 'prompt' and only the "
-                f"columns {list(columns)}"
-            )
+        if "prompt" not in record:
+            raise DataError(f"record {number} has no 'prompt' (its fields: {sorted(record)})")
 
 
 def write_prompts(
@@ -264,7 +276,8 @@ def write_prompts(
     """Write ``PREFIX.bin/.idx/.prompts.jsonl/.json`` and return the manifest.
 
     ``ids[i]`` are prompt ``i``'s tokens, ``records[i]`` its ``{"prompt": ..., column:
-    value}`` (a column a record lacks is written null). ``manifest_fields`` (``sources``,
+    value}`` (a column a record lacks is written null, a field that is no column is left
+    out). ``manifest_fields`` (``sources``,
     ``input_format``, ...) are recorded as given. Raises :class:`DataError` (nothing
     written) for no prompts, a prompt without tokens or with an id outside the
     vocabulary, a column named as a reward function's argument, or a value JSON cannot

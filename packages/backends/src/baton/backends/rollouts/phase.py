@@ -232,7 +232,7 @@ class RolloutPhase:
         prompt_ids = [self.prompts.ids(index).tolist() for index in prompt_indices]
         completions = self.generator.generate(prompt_ids, self.settings.sampling)
         texts = [self.decode(c.ids) for c in completions]
-        table = self._score(prompt_indices, completions, texts)
+        table = self._score(indices, completions, texts)
         result = group_advantages(
             table.rows, table.weights, group, scale_rewards=self.settings.scale_rewards
         )
@@ -267,23 +267,17 @@ class RolloutPhase:
         return batch, metrics
 
     def _score(
-        self, prompt_indices: Sequence[int], completions: Sequence[Completion], texts: list[str]
+        self, indices: Sequence[int], completions: Sequence[Completion], texts: list[str]
     ) -> RewardTable:
-        """Each reward function on the completions, given as TRL gives them: the prompts
-        as prepared (text or turns), the completions' text (for turns, one assistant
-        turn), their ids and each column of the prompts' records."""
-        records = [self.prompts.record(index) for index in prompt_indices]
+        """Each reward function on the completions of the prompts ``indices``, given as
+        TRL gives them: the prompts as prepared (text or turns), the completions' text
+        (for turns, one assistant turn), their ids and each column of the prompts'
+        records."""
+        prompts, columns = self.prompts.for_rewards(indices, repeat=self.settings.num_generations)
         given: list[Any] = list(texts)
         if self.prompts.conversational:
             given = [[{"role": "assistant", "content": text}] for text in texts]
-        columns = {name: [record.get(name) for record in records] for name in self.prompts.columns}
-        return score(
-            self.rewards,
-            [record["prompt"] for record in records],
-            given,
-            [list(c.ids) for c in completions],
-            columns,
-        )
+        return score(self.rewards, prompts, given, [list(c.ids) for c in completions], columns)
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

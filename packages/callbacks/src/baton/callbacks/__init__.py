@@ -27,6 +27,7 @@ from baton.callbacks.optimizer_monitor import OptimizerMonitor
 from baton.callbacks.preemption import Preemption
 from baton.callbacks.profiler import Profiler
 from baton.callbacks.progress import Progress
+from baton.callbacks.rollout_records import RolloutRecords
 from baton.callbacks.standard import CONSOLE_KEYS, standard_callbacks
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.callbacks.time_limit import TimeLimit
@@ -51,6 +52,7 @@ __all__ = [
     "Preemption",
     "Profiler",
     "Progress",
+    "RolloutRecords",
     "ThroughputMonitor",
     "TimeLimit",
     "Watchdog",

@@ -161,17 +161,19 @@ class ObjectStore:
 
     # -- writing -------------------------------------------------------------------
     def upload(self, local: Path, verify: str = "full", name: str | None = None) -> None:
-        """Upload the complete checkpoint ``local`` (as ``name``, by default its own): its backend files, each checked
+        """Upload the complete checkpoint ``local`` (as ``name``, by default its own): its backend
+        files (and a rollout run's ``rollouts/`` files), each checked
         against its ``baton.json`` entry (size; with ``verify="full"`` the xxh3-128 of
         the object read back), then ``baton.json`` itself, checked the same way.
         Raises ``UploadError`` on a mismatch (``latest`` is not moved)."""
         meta = json.loads((local / ckpt.META_FILE).read_text())
-        files: dict[str, Any] = meta.get("files", {})
         name = name or local.name
-        for rel, entry in sorted(files.items()):
-            target = self._path(name, ckpt.BACKEND_DIR, rel)
-            self.put_file(local / ckpt.BACKEND_DIR / rel, target)
-            self._verify(target, cast(dict[str, Any], entry), verify)
+        for key, folder in ckpt.LISTED_DIRS.items():
+            files: dict[str, Any] = meta.get(key, {})
+            for rel, entry in sorted(files.items()):
+                target = self._path(name, folder, rel)
+                self.put_file(local / folder / rel, target)
+                self._verify(target, cast(dict[str, Any], entry), verify)
         meta_file = local / ckpt.META_FILE
         target = self._path(name, ckpt.META_FILE)
         self.put_file(meta_file, target)
@@ -240,16 +242,17 @@ class ObjectStore:
                     f"{self.url}/{name}: no {ckpt.META_FILE}; its upload did not finish"
                 ) from None
             (tmp / ckpt.META_FILE).write_bytes(raw)
-            files: dict[str, Any] = json.loads(raw).get("files", {})
-            for rel in sorted(files):
-                local = tmp / ckpt.BACKEND_DIR / rel
-                local.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    self.fs.get_file(self._path(name, ckpt.BACKEND_DIR, rel), str(local))
-                except FileNotFoundError:
-                    raise ckpt.CheckpointError(
-                        f"{self.url}/{name}: backend file {rel} is missing"
-                    ) from None
+            meta = json.loads(raw)
+            for key, folder in ckpt.LISTED_DIRS.items():
+                for rel in sorted(meta.get(key, {})):
+                    local = tmp / folder / rel
+                    local.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        self.fs.get_file(self._path(name, folder, rel), str(local))
+                    except FileNotFoundError:
+                        raise ckpt.CheckpointError(
+                            f"{self.url}/{name}: {folder} file {rel} is missing"
+                        ) from None
             ckpt.read_meta(tmp, verify)
             ckpt.fsync_tree(tmp)
             final = checkpoint_dir / name

@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from baton.core.abilities import Ability
     from baton.core.driver import Driver
     from baton.core.metrics import StepOutput
+    from baton.core.rollouts.collaborator import RolloutRecord
 
 # Priorities where the order of callbacks matters (lower runs first on entry hooks and
 # last on exit hooks; the default is 0). Each says why it sits where it does.
@@ -91,6 +94,11 @@ class Callback:
 
     def on_step_start(self, driver: Driver) -> None:
         """Step ``driver.step + 1`` is about to run."""
+
+    def on_rollout_end(self, driver: Driver, rollouts: Sequence[RolloutRecord]) -> None:
+        """New rollouts are ready for step ``driver.step + 1`` (a run that trains on
+        rollouts; every rank, the same records): one record per completion, with its
+        rewards and advantage. Not called on a step that reuses the last rollouts."""
 
     def on_step_end(self, driver: Driver, output: StepOutput) -> None:
         """A step finished. ``output`` holds lazy backend values: reading them syncs."""

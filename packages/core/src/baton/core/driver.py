@@ -21,6 +21,8 @@ limits. Beside it, each behind a small interface the loop calls:
   checkpoints, sync or async, and completing them) and ``resuming.Resumer`` (choosing,
   verifying and loading the checkpoint to continue from; the changed-settings policy);
 - ``reporting``: a log step's metrics in one host transfer, and an evaluation;
+- ``rollouts.collaborator.Rollouts``: on a run that trains on rollouts (online RL), the
+  rollout phase called before each step, its records handed to ``on_rollout_end``;
 - ``shutdown``: the end of a run, cleanly or after an error;
 - ``run_record``: ``run.json`` and ``patches.json``.
 """
@@ -50,6 +52,7 @@ from baton.core.metrics import StepOutput
 from baton.core.options import OptionKeywords, RunOptions
 from baton.core.patches import PatchDecision
 from baton.core.reporting import LogValues, evaluate
+from baton.core.rollouts.collaborator import Rollouts
 from baton.core.shutdown import end_run
 from baton.core.startup import check_needs, prepare, setup_backend
 
@@ -94,6 +97,11 @@ class Driver:
             ``"auto"`` or a checkpoint path), ``patches``, ``settings`` (the recipe's
             parameters), ``save_on_stop``, ``async_save``, ``verify``, ``overwrite``,
             ``allow_changed``, ``training_settings``; ``RunOptions`` says what each does.
+        rollouts: on a run that trains on rollouts (online RL), the rollout phase
+            (``baton.core.rollouts.collaborator.Rollouts``): called before each
+            ``train_step``, its new records handed to ``on_rollout_end``, its metrics
+            logged with the step's (and ``timing/train_s``, the step's own seconds), its
+            state saved in every checkpoint.
 
     Options are read as ``driver.options.max_steps``; ``driver.options.replace(...)``
     gives a checked copy to assign back.
@@ -110,6 +118,7 @@ class Driver:
         callbacks: Sequence[Callback] = (),
         *,
         options: RunOptions | None = None,
+        rollouts: Rollouts | None = None,
         **keywords: Unpack[OptionKeywords],
     ) -> None:
         if options is not None and keywords:
@@ -117,6 +126,8 @@ class Driver:
         self.options = options if options is not None else RunOptions.from_keywords(**keywords)
         self.backend = backend
         self.callbacks: list[Callback] = list(callbacks)
+        #: the rollout phase of a run that trains on rollouts, else ``None``
+        self.rollouts = rollouts
         self.control = Control()
         #: step, tokens, samples and training time: saved in each checkpoint
         self.counters = RunCounters()
@@ -265,8 +276,10 @@ class Driver:
             self.dispatch("on_train_start")
             while not self._limit_reached_before_step():
                 self.dispatch("on_step_start")
+                if self.rollouts is not None:
+                    self._roll_out(self.rollouts)
                 try:
-                    output = self.backend.train_step(self.step + 1)
+                    output = self._train_step()
                 except DataExhausted as end:
                     self._stop_at_data_end(str(end))
                     break
@@ -310,6 +323,24 @@ class Driver:
             self.stop_reason = f"evaluated {path}"
             self.dispatch("on_train_end")
         return metrics
+
+    def _roll_out(self, rollouts: Rollouts) -> None:
+        """The next step's rollouts (``rollouts.before_step``): their metrics go to the
+        step's log values, new records to ``on_rollout_end``."""
+        outcome = rollouts.before_step(self.step + 1)
+        for name, value in outcome.metrics.items():
+            self.record(name, value)
+        if outcome.records is not None:
+            self.dispatch("on_rollout_end", outcome.records)
+
+    def _train_step(self) -> StepOutput:
+        """The backend's step; on a rollout run its host seconds are ``timing/train_s``."""
+        if self.rollouts is None:
+            return self.backend.train_step(self.step + 1)
+        started = time.perf_counter()
+        output = self.backend.train_step(self.step + 1)
+        self.record("timing/train_s", time.perf_counter() - started)
+        return output
 
     def _handle_events(self, output: StepOutput, at_log_step: bool) -> bool:
         """Log, evaluate, save (last), then stop: returns True when the loop must end."""
@@ -423,6 +454,7 @@ class Driver:
             counters=self.counters,
             callbacks=self.callbacks,
             dispatch=self.dispatch,
+            rollouts=self.rollouts,
         )
 
     @contextmanager

@@ -13,6 +13,7 @@ HOOKS: tuple[str, ...] = (
     "on_load_checkpoint",
     "on_train_start",
     "on_step_start",
+    "on_rollout_end",
     "on_step_end",
     "on_log",
     "on_eval_start",

@@ -120,6 +120,21 @@ STANDARD_METRICS: dict[str, tuple[str, str]] = {
     "tokens": ("tokens trained on so far, all ranks together", "the driver"),
     "samples": ("samples trained on so far, all ranks together", "the driver"),
     "train_time_s": ("training wall time so far, over every resume", "the driver"),
+    "timing/generation_s": (
+        "a run that trains on rollouts: the host seconds making the step's new rollouts "
+        "(sampling, rewards, the reference, sending them to every rank; 0.0 on a step that "
+        "reuses the last ones)",
+        "the rollout phase",
+    ),
+    "timing/weight_sync_s": (
+        "a run that trains on rollouts: the host seconds gathering the policy's weights and "
+        "loading them into the generator (0.0 when they did not change)",
+        "the rollout phase",
+    ),
+    "timing/train_s": (
+        "a run that trains on rollouts: the host seconds of the backend's `train_step`",
+        "the driver",
+    ),
     "eval/<name>": (
         "evaluation results (`eval/loss`), only in `on_eval_end`; a LightningModule's "
         "validation values keep the names it logged (`val_loss`)",

@@ -4,14 +4,16 @@ Layout::
 
     runs/<name>/checkpoints/
         step_000100/          backend/ (the backend's native format) + baton.json
+                              (+ rollouts/: the rollout phase's arrays, a rollout run)
         .tmp-step_000200/     a save in progress (never loaded)
         latest -> step_000100 the newest complete checkpoint
 
 A checkpoint is written under a temporary name, every file and directory in it is
 fsynced, then it is renamed and its parent fsynced; ``latest`` is swapped the same way.
 Its ``baton.json`` lists every backend file with its size and an xxh3-128 checksum
-(``"files": {"model.pt": {"size": 1234, "xxh3_128": "..."}}``), so a truncated,
-zero-filled or bit-flipped checkpoint is detected and skipped instead of loaded::
+(``"files": {"model.pt": {"size": 1234, "xxh3_128": "..."}}``), and the files of
+``rollouts/`` the same way under ``"rollout_files"``, so a truncated, zero-filled or
+bit-flipped checkpoint is detected and skipped instead of loaded::
 
     meta = read_meta(path, verify="full")   # sizes and checksums ("size": sizes only)
     good, failures = scan(root)              # loadable ones newest first (latest first)
@@ -37,6 +39,10 @@ log = logging.getLogger("baton")
 META_FILE = "baton.json"
 #: a checkpoint's folder of the backend's own files (beside ``baton.json``)
 BACKEND_DIR = "backend"
+#: a checkpoint's folder of the rollout phase's arrays (a run that trains on rollouts)
+ROLLOUTS_DIR = "rollouts"
+#: the folders whose files ``baton.json`` lists with their sizes and checksums, by key
+LISTED_DIRS = {"files": BACKEND_DIR, "rollout_files": ROLLOUTS_DIR}
 #: a run's folder of checkpoints, inside its run directory
 CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
@@ -181,25 +187,31 @@ def read_meta(path: Path, verify: str = "full") -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: {META_FILE} is unreadable ({error})") from error
     meta = cast(dict[str, Any], loaded)
-    backend_dir = path / BACKEND_DIR
-    files: dict[str, Any] = dict(meta.get("files", {}))
+    for key, folder in LISTED_DIRS.items():
+        files: dict[str, Any] = dict(meta.get(key, {}))
+        _verify_files(path, folder, files, verify)
+    return meta
+
+
+def _verify_files(path: Path, folder: str, files: dict[str, Any], verify: str) -> None:
+    """Each file ``baton.json`` lists for ``folder`` is there, of its size and (with
+    ``verify="full"``) its checksum."""
     for rel, entry in files.items():
         # format 1 recorded sizes only
         expected = cast(dict[str, Any], entry) if isinstance(entry, dict) else {"size": entry}
-        file = backend_dir / rel
+        file = path / folder / rel
         if not file.is_file():
-            raise CheckpointError(f"{path}: backend file {rel} is missing")
+            raise CheckpointError(f"{path}: {folder} file {rel} is missing")
         actual = file.stat().st_size
         if actual != expected.get("size"):
             raise CheckpointError(
-                f"{path}: backend file {rel} has {actual} bytes, expected "
+                f"{path}: {folder} file {rel} has {actual} bytes, expected "
                 f"{expected.get('size')} (truncated)"
             )
         if verify == "full" and HASH in expected and file_digest(file) != expected[HASH]:
             raise CheckpointError(
-                f"{path}: backend file {rel} does not match its {HASH} checksum (corrupted)"
+                f"{path}: {folder} file {rel} does not match its {HASH} checksum (corrupted)"
             )
-    return meta
 
 
 def scan(root: Path, verify: str = "full") -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
@@ -273,12 +285,15 @@ def finalize(
     """Complete a save: manifest and ``baton.json``, fsync everything, rename, ``latest``.
 
     ``files`` is the backend directory's manifest when it was computed already (off the
-    training thread); otherwise it is computed here.
+    training thread); otherwise it is computed here. A ``rollouts/`` folder's manifest is
+    recorded as ``"rollout_files"``.
     """
     meta = dict(meta)
     if files is None:
         files = manifest(tmp / BACKEND_DIR) if (tmp / BACKEND_DIR).exists() else {}
     meta["files"] = files
+    if (tmp / ROLLOUTS_DIR).is_dir():
+        meta["rollout_files"] = manifest(tmp / ROLLOUTS_DIR)
     meta["format"] = max(2, int(meta.get("format", 2)))
     write_json_atomic(tmp / META_FILE, meta)
     fsync_tree(tmp)

@@ -30,9 +30,11 @@ from typing import Any
 
 from baton.core.backend import Backend
 from baton.core.callback import Callback
+from baton.core.checkpoints.files import ROLLOUTS_DIR, CheckpointMismatch
 from baton.core.checkpoints.resuming import Resumer, restore_callback_states
 from baton.core.checkpoints.saving import CheckpointSaver, checkpoint_meta
 from baton.core.options import RunOptions
+from baton.core.rollouts.collaborator import Rollouts
 
 log = logging.getLogger("baton")
 
@@ -78,6 +80,8 @@ class CheckpointManager:
         callbacks: the callbacks whose states each checkpoint holds.
         dispatch: ``dispatch(hook, *args)``: the run's hooks (``on_save_checkpoint``,
             ``on_checkpoint_saved``, ``on_load_checkpoint``).
+        rollouts: the rollout phase of a run that trains on rollouts (its state saved
+            and restored with the run's), or ``None``.
     """
 
     def __init__(
@@ -89,8 +93,10 @@ class CheckpointManager:
         counters: RunCounters,
         callbacks: Sequence[Callback],
         dispatch: Callable[..., None],
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.backend = backend
+        self.rollouts = rollouts
         self.resumer = resumer
         self.counters = counters
         self.callbacks = callbacks
@@ -118,6 +124,9 @@ class CheckpointManager:
             resume_changes=self.resumer.changes,
             patches=patches,
         )
+        if self.rollouts is not None and self.saver.writing is not None:
+            directory = self.saver.writing / ROLLOUTS_DIR
+            meta["rollouts"] = self.rollouts.save(directory, write=self.backend.rank == 0)
         self.dispatch("on_save_checkpoint", meta)
         return meta
 
@@ -153,6 +162,8 @@ class CheckpointManager:
     ) -> None:
         self.counters.restore(meta)
         step = self.counters.step
+        if self.rollouts is not None:
+            restore_rollouts(self.rollouts, path, meta)
         if callbacks:
             restore_callback_states(self.callbacks, meta, path, announce=not evaluating)
             self.resumed_from = path
@@ -163,3 +174,15 @@ class CheckpointManager:
         else:
             log.info("rolled back to %s (step %d)", path, step)
         self.dispatch("on_load_checkpoint", meta)
+
+
+def restore_rollouts(rollouts: Rollouts, path: Path, meta: dict[str, Any]) -> None:
+    """The rollout phase's state as the checkpoint at ``path`` holds it (``meta`` its
+    ``baton.json``); a checkpoint of a run without rollouts is refused."""
+    state = meta.get("rollouts")
+    if state is None:
+        raise CheckpointMismatch(
+            f"{path} holds no rollout state: it was written by a run that does not train "
+            "on rollouts; resume from a checkpoint of this run, or start a new run (--run-dir)"
+        )
+    rollouts.load(path / ROLLOUTS_DIR, state)

@@ -7,24 +7,26 @@ those rollouts: the reference outside baton that each engine's steps must equal.
     trl = grpo_reference(files, loss_type="dapo", beta=0.0, steps=1)
     trl[0]["loss"], trl[0]["grad_norm"], trl[0]["clip_ratio/region_mean"]
 
-The rollouts file has one JSON object per completion, in the order a step consumes them
-(prompt 0's ``num_generations`` completions, then prompt 1's, ...): ``prompt_index``,
-``prompt_ids``, ``completion_ids``, ``logps`` (per completion token, at the temperature)
-and ``reward``. TRL receives them through its own ``rollout_func`` hook; its reward
-function is :func:`recorded_reward`, which baton's runs call too
-(``--reward tests/support/grpo_rewards.py:recorded:path=...``), so both sides score the
-same completions with the same numbers.
+The rollouts file is in the format of a run's ``logs/rollouts.jsonl`` (``Rollout``
+records: ``prompt_ids``, ``completion_ids``, ``logps`` per completion token at the
+temperature, ``reward``...), prompt 0's ``num_generations`` completions first. TRL receives
+them through its own ``rollout_func`` hook, baton through ``--generator
+recorded:FILE.jsonl``; the reward function of both is :func:`recorded_reward`
+(``--reward tests/support/grpo_rewards.py:recorded:path=...``), so both sides train on the
+same completions scored with the same numbers.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from baton.data.rollouts import Rollout
 from support.posttrain import WORDS, chat_tokenizer, tiny_model
 
 #: prompts and completions of the fixed batch
@@ -117,31 +119,78 @@ def sample_rollouts(
             elif g % 2 == 0:  # the tiny model rarely stops: end half of them early
                 completion = [*completion[: 2 + (g + index) % 5], eos]
             last = index == len(prompts) - 1
-            records.append(
-                {
-                    "prompt_index": index,
-                    "prompt_ids": ids,
-                    "completion_ids": completion,
-                    "logps": completion_logps(model, ids, completion, temperature),
-                    "reward": 0.5 if last else float((len(completion) * 7 + g) % 5) / 4,
-                }
+            reward = 0.5 if last else float((len(completion) * 7 + g) % 5) / 4
+            logps = completion_logps(model, ids, completion, temperature)
+            record = Rollout(
+                step=1,
+                index=len(records),
+                prompt_index=index,
+                prompt_ids=ids,
+                completion_ids=completion,
+                completion=tokenizer.decode(completion, skip_special_tokens=True),
+                rewards={"recorded": reward},
+                reward=reward,
+                advantage=0.0,
+                logp_sum=math.fsum(logps),
+                truncated=completion[-1] != eos,
+                logps=logps,
             )
+            records.append(record.to_json())
     return records
 
 
 def grpo_files(directory: str | Path, *, seed: int = 0) -> dict[str, Path]:
-    """A chat tokenizer, a tiny policy, ``prompts.jsonl`` (TRL's prompt format) and
+    """A chat tokenizer, a tiny policy, ``prompts.jsonl`` (TRL's prompt format), those
+    prompts prepared by ``baton data prepare`` (``prepared``, a prefix) and
     ``rollouts.jsonl`` (the fixed batch) under ``directory``."""
+    from baton.tools.data.cli import main
+
     root = Path(directory)
     tokenizer = chat_tokenizer(root / "tok")
     policy = tiny_model(root / "policy", seed=seed)
     prompts = grpo_prompts(PROMPTS, seed)
     prompts_file = root / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    prepared = root / "prompts"
+    status = main(
+        ["prepare", str(prompts_file), "--tokenizer", str(tokenizer), "--output", str(prepared)]
+    )
+    if status != 0:
+        raise AssertionError(f"baton data prepare failed ({status})")
     rollouts = root / "rollouts.jsonl"
     records = sample_rollouts(policy, tokenizer, prompts, seed=seed)
     rollouts.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return {"tokenizer": tokenizer, "policy": policy, "prompts": prompts_file, "rollouts": rollouts}
+    return {
+        "tokenizer": tokenizer,
+        "policy": policy,
+        "prompts": prompts_file,
+        "prepared": prepared,
+        "rollouts": rollouts,
+    }
+
+
+def grpo_flags(files: dict[str, Path], **settings: Any) -> list[str]:
+    """The command line of a GRPO run on the fixed rollouts (every prompt in one step),
+    to append to a recipe's own flags; ``settings`` (TRL's names, e.g. ``beta=0.04``)
+    override the defaults."""
+    values: dict[str, Any] = {
+        "num_generations": GENERATIONS,
+        "max_completion_length": MAX_COMPLETION,
+        "temperature": TEMPERATURE,
+        "top_k": 0,
+        **settings,
+    }
+    flags = [
+        "--objective", "grpo",
+        "--data-path", str(files["prepared"]),
+        "--tokenizer", str(files["tokenizer"]),
+        "--init-from", str(files["policy"]),
+        "--generator", f"recorded:{files['rollouts']}",
+        "--reward", f"{Path(__file__).with_name('grpo_rewards.py')}:recorded:path={files['rollouts']}",
+    ]  # fmt: skip
+    for name, value in values.items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
 
 
 def read_rollouts(path: str | Path) -> list[dict[str, Any]]:

@@ -61,7 +61,8 @@ class Rollout:
     ``rewards`` holds each reward function's value (``None``: it could not score this
     completion); ``reward`` their weighted sum (NaN when none could); ``advantage`` the
     value the loss weighs the completion with; ``logp_sum`` the sum of its sampling
-    log-probabilities; ``truncated``: no stop token within the length limit.
+    log-probabilities and ``logps`` each completion token's (the ``old_logps`` the loss
+    reads); ``truncated``: no stop token within the length limit.
     """
 
     step: int
@@ -75,6 +76,8 @@ class Rollout:
     advantage: float
     logp_sum: float
     truncated: bool
+    #: each completion token's sampling log-probability (what the loss reads as old_logps)
+    logps: list[float] = field(default_factory=list[float])
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON data (NaN as ``None``)."""
@@ -90,6 +93,7 @@ class Rollout:
             "advantage": self.advantage,
             "logp_sum": self.logp_sum,
             "truncated": self.truncated,
+            "logps": [float(v) for v in self.logps],
         }
 
     @classmethod
@@ -108,6 +112,7 @@ class Rollout:
             advantage=float(data["advantage"]),
             logp_sum=float(data["logp_sum"]),
             truncated=bool(data["truncated"]),
+            logps=[float(v) for v in data.get("logps", ())],
         )
 
 

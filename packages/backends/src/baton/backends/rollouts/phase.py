@@ -250,6 +250,7 @@ class RolloutPhase:
                 advantage=float(np.float32(result.advantages[row])),
                 logp_sum=math.fsum(completion.logps),
                 truncated=completion.truncated,
+                logps=[float(v) for v in completion.logps],
             )
             for row, completion in enumerate(completions)
         ]
@@ -400,6 +401,18 @@ def stop_ids(tokenizer: TokenizerInfo, policy: str | Path) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def make_generator(choice: str, policy: str | Path, device: str, seed: int) -> Generator:
+    """The generator ``--generator`` names: ``transformers`` (``TransformersGenerator`` of
+    the policy's architecture) or ``recorded:FILE.jsonl`` (``RecordedGenerator``)."""
+    from baton.backends.rollouts.recorded import PREFIX, RecordedGenerator
+
+    if choice.startswith(PREFIX):
+        return RecordedGenerator(choice[len(PREFIX) :])
+    from baton.backends.rollouts.hf_generator import TransformersGenerator
+
+    return TransformersGenerator(policy, device=device, seed=seed)
+
+
 def build_rollout_phase(
     settings: Mapping[str, Any],
     *,
@@ -440,7 +453,6 @@ def build_rollout_phase(
     """
     from transformers import AutoTokenizer
 
-    from baton.backends.rollouts.hf_generator import TransformersGenerator
     from baton.backends.rollouts.scoring import ReferenceScorer
     from baton.core.cli.reward_flags import load_rewards
 
@@ -465,9 +477,12 @@ def build_rollout_phase(
         mask_truncated_completions=bool(settings["mask_truncated_completions"]),
         scale_rewards=str(settings["scale_rewards"]),
     )
-    generator = reference = None
+    generator: Generator | None = None
+    reference = None
     if is_first_rank:
-        generator = TransformersGenerator(policy, device=device, seed=seed)
+        generator = make_generator(
+            str(settings.get("generator", "transformers")), policy, device, seed
+        )
         if float(settings["beta"]) != 0.0:
             reference = ReferenceScorer(
                 settings.get("reference") or policy, device=device, temperature=sampling.temperature

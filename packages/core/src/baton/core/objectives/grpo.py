@@ -160,7 +160,16 @@ def _reference_use(settings: Mapping[str, Any]) -> ReferenceUse:
     return ReferenceUse.PER_ROLLOUT if float(settings["beta"]) != 0.0 else ReferenceUse.NONE
 
 
+#: the generators ``--generator`` names (``recorded:`` takes a file after it)
+GENERATORS = ("transformers", "recorded:FILE.jsonl")
+
+
 def _check(settings: Mapping[str, Any]) -> str | None:
+    generator = str(settings["generator"])
+    if generator != "transformers" and not (
+        generator.startswith("recorded:") and len(generator) > len("recorded:")
+    ):
+        return f"--generator {generator!r}: use one of {', '.join(GENERATORS)}"
     rewards, weights = settings["reward"], settings["reward_weights"]
     if not rewards:
         return (
@@ -238,6 +247,14 @@ GRPO_SETTINGS = (
         "group",
         "what advantages are divided by: the group's reward std, the batch's, or none",
         choices=("group", "batch", "none"),
+    ),
+    Setting(
+        "generator",
+        str,
+        "transformers",
+        "what samples the completions: transformers (a transformers model holding the "
+        "policy's current weights) or recorded:FILE.jsonl (completions replayed from a "
+        "rollouts file, e.g. another run's logs/rollouts.jsonl)",
     ),
     Setting(
         "reward",

@@ -299,3 +299,37 @@ def grpo_reference(
     return [
         {k: float(v) for k, v in entry.items() if isinstance(v, int | float)} for entry in logged
     ]
+
+
+#: the learning task's schedule: steps, and how much the mean reward must rise
+LEARNING_STEPS, LEARNING_MARGIN = 30, 0.12
+
+
+def learning_flags(files: dict[str, Path], **settings: Any) -> list[str]:
+    """A GRPO run that learns on a CPU (``grpo_rewards.vowel_start``): 2 prompts x 8
+    completions of up to 8 tokens a step, sampled by the transformers generator from the
+    policy's current weights, a constant learning rate of 5e-3 (``--lr`` and the batch
+    size are the recipe's flags: pass ``--batch-size 16 --lr 5e-3``)."""
+    values: dict[str, Any] = {
+        "num_generations": 8,
+        "max_completion_length": 8,
+        "temperature": 1.0,
+        **settings,
+    }
+    flags = [
+        "--objective", "grpo",
+        "--data-path", str(files["prepared"]),
+        "--tokenizer", str(files["tokenizer"]),
+        "--init-from", str(files["policy"]),
+        "--reward", f"{Path(__file__).with_name('grpo_rewards.py')}:vowel_start",
+        "--max-steps", str(LEARNING_STEPS),
+    ]  # fmt: skip
+    for name, value in values.items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+def learned(rewards: Sequence[float], margin: float = LEARNING_MARGIN) -> bool:
+    """Whether the mean reward of the last five steps beats the first five's by
+    ``margin``."""
+    return sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + margin

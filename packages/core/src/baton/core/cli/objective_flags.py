@@ -39,6 +39,8 @@ from baton.core.objectives import OBJECTIVES, Objective, ObjectiveRun, Setting, 
 
 #: the recipe parameter that takes the objective
 OBJECTIVE = "objective"
+#: marks the ``--objective`` flag ``expand`` made (``Annotated[str, EXPANDED]``)
+EXPANDED = "baton.objective"
 #: an objective of the user's: ``--objective FILE.py:NAME`` or ``module:NAME``
 OBJECTIVE_PATH = PathKind(
     "--objective",
@@ -136,7 +138,8 @@ def expand(signature: Signature) -> Signature:
             params.append(param)
             continue
         default = param.default if isinstance(param.default, str) else "pretrain"
-        params.append(Param(param.name, str, default, objective_help(default)))
+        expanded = Annotated[str, EXPANDED]
+        params.append(Param(param.name, expanded, default, objective_help(default)))
         for setting, owners in settings.values():
             annotation = setting.annotation
             if setting.repeatable:  # --reward a --reward b
@@ -153,8 +156,7 @@ def fold(values: Mapping[str, Any], signature: Signature) -> dict[str, Any]:
     """The recipe's keyword arguments: ``values`` (parsed over the ``expand``-ed
     ``signature``) with the objective's settings folded into one ``ObjectiveRun``.
     ``UsageError`` for a setting of another objective given a non-default value."""
-    names = {p.name for p in signature.params}
-    if OBJECTIVE not in names or not isinstance(values.get(OBJECTIVE), str):
+    if not any(_expanded(p) for p in signature.params):
         return dict(values)
     settings = declared_settings()
     kwargs = {k: v for k, v in values.items() if k not in settings}
@@ -174,6 +176,12 @@ def fold(values: Mapping[str, Any], signature: Signature) -> dict[str, Any]:
     chosen = {name: _as_declared(values[name]) for name in own if name in values}
     kwargs[OBJECTIVE] = ObjectiveRun.of(choice, **chosen)
     return kwargs
+
+
+def _expanded(param: Param) -> bool:
+    """Whether ``param`` is the ``--objective`` that ``expand`` made of a recipe's
+    ``ObjectiveRun`` parameter (a recipe's own ``objective: str`` is left as it is)."""
+    return EXPANDED in getattr(param.annotation, "__metadata__", ())
 
 
 def _given(value: Any, default: Any) -> bool:

@@ -37,6 +37,7 @@ from baton.core import Driver
 from baton.core.cli.dry_run import require_data
 from baton.core.cli.recipe import RecipeError
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
 
 
@@ -59,10 +60,7 @@ def recipe(
     run_dir: str = "runs/torchtitan_llama3_8b",
     init_from: str | None = None,
     model_config: str | None = None,
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
 ) -> Driver:
     """Llama 3 8B pre-training; ``dp_shard=-1`` gives FSDP every rank TP and PP leave.
 
@@ -87,23 +85,19 @@ def recipe(
         init_from: a checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
-        objective: pretrain, sft (prepared conversations) or dpo (prepared pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory or checkpoint (None:
-            the starting weights).
+        objective: what a step minimises (its settings are flags of their own).
     """
     from torchtitan.models.llama3.config_registry import llama3_8b
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
     from baton.backends.torchtitan.objective import (
-        OBJECTIVE_SETTINGS,
-        check_reference,
-        reference_fingerprint,
+        reads_text,
+        reference_settings,
         use_objective,
     )
 
+    run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
@@ -142,24 +136,22 @@ def recipe(
     if data_path is not None and tokenizer is not None:  # (a dry run plans without them)
         try:
             config.tokenizer, config.hf_assets_path = tokenizer_config(tokenizer)
-            if objective == "pretrain":
+            if reads_text(run):
                 config.dataloader = dataloader_config(data_path)
         except (OSError, ValueError) as error:
             raise RecipeError(str(error)) from None
-        use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
-        check_reference(reference, spec, data_path if objective == "dpo" else None)
-    fingerprint = reference_fingerprint(objective, reference, init_from)
-    settings: dict[str, Any] = {"tokenizer": tokenizer}
+        use_objective(config, run, data_path)
+    # a resume with other reference weights is refused (reference_fingerprint)
+    reference = reference_settings(run, init_from=init_from, spec=spec, data_path=data_path)
+    settings: dict[str, Any] = {"tokenizer": tokenizer, **run.settings(), **reference}
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
-    if fingerprint is not None:  # a resume with other reference weights is refused
-        settings["reference_fingerprint"] = fingerprint
     return Driver(
-        TorchTitanBackend(config, reference=reference, reference_fingerprint=fingerprint),
+        TorchTitanBackend(config),
         standard_callbacks(async_save=async_save),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings=settings or None,
-        training_settings=OBJECTIVE_SETTINGS,
+        settings=settings,
+        training_settings=run.objective.fixed_on_resume,
     )

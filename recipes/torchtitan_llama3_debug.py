@@ -30,9 +30,12 @@ trains that directory's architecture from its weights through TorchTitan's
 
     uv run baton run recipes/torchtitan_llama3_debug.py --init-from tiny-llama/ --tokenizer tok/
 
-Post-training: ``--objective sft`` trains on conversations, ``--objective dpo`` on
-preference pairs (``--dpo-beta``, ``--dpo-loss sigmoid|ipo``, ``--reference``), both
-prepared by ``baton data prepare ... --seq-len N`` (pass the same ``--seq-len``)::
+Post-training: ``--objective`` any declared objective (``baton.core.objectives``; its
+settings are flags: ``--objective sft`` trains on conversations, ``--objective dpo`` on
+preference pairs with ``--dpo-beta``, ``--dpo-loss``, ``--reference``), on data prepared
+by ``baton data prepare ... --seq-len N`` (pass the same ``--seq-len``). SFT is
+TorchTitan's own cross entropy; every other objective is its declared loss as
+TorchTitan's loss function (``torchtitan/objective_loss.py``)::
 
     uv run baton run recipes/torchtitan_llama3_debug.py --objective sft --data-path data/chat \
         --tokenizer tok/ --init-from tiny-llama/ --seq-len 96
@@ -52,16 +55,12 @@ from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
 from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
-from baton.backends.torchtitan.objective import (
-    OBJECTIVE_SETTINGS,
-    check_reference,
-    reference_fingerprint,
-    use_objective,
-)
+from baton.backends.torchtitan.objective import reads_text, reference_settings, use_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
 
 
@@ -90,10 +89,7 @@ def recipe(
     init_from: str | None = None,
     model_config: str | None = None,
     reshard_data: str = "refuse",
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
     run_dir: str = "runs/torchtitan_llama3_debug",
     progress: bool = True,
 ) -> Driver:
@@ -129,14 +125,11 @@ def recipe(
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
         reshard_data: when the data-parallel degree changed on resume: refuse or restart.
-        objective: pretrain, sft (prepared conversations) or dpo (prepared pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory or checkpoint (None:
-            the starting weights).
+        objective: what a step minimises (its settings are flags of their own).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
     """
+    run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     config = llama3_debug(
         steps=max_steps,
@@ -144,13 +137,13 @@ def recipe(
         local_batch_size=batch_size,
         seed=seed,
         dump_folder=f"{run_dir}/torchtitan",
-        dataset_path=data_path if objective == "pretrain" else None,  # else packed rows
+        dataset_path=data_path if reads_text(run) else None,  # else packed rows
         tokenizer=tokenizer,
         log_freq=log_every,
     )
-    if objective != "pretrain" and (eval_every or eval_split or eval_data_path is not None):
+    if not reads_text(run) and (eval_every or eval_split or eval_data_path is not None):
         raise UsageError(
-            f"--objective {objective} trains on every row of its data: evaluation "
+            f"--objective {run.name} trains on every row of its data: evaluation "
             "(--eval-every, --eval-split, --eval-data-path) is for pretraining"
         )
     if eval_split or eval_data_path is not None:  # TorchTitan's validator, on local data
@@ -169,8 +162,8 @@ def recipe(
         use_spec(config, spec)
     elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
         set_vocab(config, tokenizer_vocab(tokenizer))
-    use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
-    check_reference(reference, spec, data_path if objective == "dpo" else None)
+    use_objective(config, run, data_path)
+    reference = reference_settings(run, init_from=init_from, spec=spec, data_path=data_path)
     if init_from is not None and is_hf_dir(init_from):
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path
@@ -184,24 +177,17 @@ def recipe(
     floor = lr / 10 if min_lr is None else min_lr
     config.lr_scheduler = warmup_cosine_config(warmup_steps, floor / lr if lr else 0.0)
     config.checkpoint.async_mode = "async" if async_save else "disabled"
-    fingerprint = reference_fingerprint(objective, reference, init_from)
-    settings: dict[str, Any] = {"tokenizer": tokenizer}
+    # a resume with other reference weights is refused (reference_fingerprint)
+    settings: dict[str, Any] = {"tokenizer": tokenizer, **run.settings(), **reference}
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
-    if fingerprint is not None:  # a resume with other reference weights is refused
-        settings["reference_fingerprint"] = fingerprint
     return Driver(
-        TorchTitanBackend(
-            config,
-            reshard_data=reshard_data,
-            reference=reference,
-            reference_fingerprint=fingerprint,
-        ),
+        TorchTitanBackend(config, reshard_data=reshard_data),
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
-        settings=settings or None,
-        training_settings=OBJECTIVE_SETTINGS,
+        settings=settings,
+        training_settings=run.objective.fixed_on_resume,
     )

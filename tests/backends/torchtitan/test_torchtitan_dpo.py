@@ -1,6 +1,7 @@
-"""DPO on TorchTitan: packed preference pairs, ``dpo.DpoLoss`` as TorchTitan's loss
-function inside ``Trainer.train_step``, the reference log-probabilities computed once by
-TorchTitan before the first step and kept beside the data.
+"""DPO on TorchTitan: packed preference pairs, DPO's declared loss as TorchTitan's loss
+function (``objective_loss.ObjectiveLoss``) inside ``Trainer.train_step``, the reference
+log-probabilities computed once by TorchTitan before the first step and kept beside the
+data.
 
 The first step's loss and TRL's metrics equal TRL's ``DPOTrainer`` on the same policy,
 reference (another model: at equal weights every DPO loss is ln 2) and pairs
@@ -156,10 +157,10 @@ def test_a_resumed_dpo_run_continues_with_the_same_losses(assets, tmp_path):
 
 
 def test_dpo_runs_torchtitans_step_without_cuda_graphs(assets, tmp_path):
-    """The loss takes each micro-batch's documents in Python (PairFeed): a replayed CUDA
+    """The loss takes each micro-batch's documents in Python (RowFeed): a replayed CUDA
     graph of the forward-backward would not, so a DPO config turns them off (SFT keeps
     TorchTitan's default)."""
-    from baton.backends.torchtitan.dpo import DpoLoss
+    from baton.backends.torchtitan.objective_loss import ObjectiveLoss
 
     driver = build_driver(RECIPE, [
         "--objective", "dpo", "--data-path", str(assets["pairs"]),
@@ -168,8 +169,8 @@ def test_dpo_runs_torchtitans_step_without_cuda_graphs(assets, tmp_path):
     ])  # fmt: skip
     config = driver.backend.config
     assert config.training.disable_cuda_graphs is True
-    assert isinstance(config.loss, DpoLoss.Config)
-    assert (config.loss.beta, config.loss.loss_type) == (0.5, "ipo")
+    assert isinstance(config.loss, ObjectiveLoss.Config) and config.loss.run is not None
+    assert (config.loss.run["dpo_beta"], config.loss.run["dpo_loss"]) == (0.5, "ipo")
 
 
 def test_resuming_dpo_with_changed_reference_weights_is_refused(assets, tmp_path):

@@ -64,3 +64,15 @@ def test_dpo_under_fsdp2_equals_trl(assets, tmp_path):
     trl = dpo_reference(assets["policy"], assets["reference"], assets["pairs"], rows=[0, 1])
     assert first["loss"] == pytest.approx(trl["loss"], rel=1e-5)
     assert first["rewards/margins"] == pytest.approx(trl["rewards/margins"], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_dpo_under_tp2_equals_trl(assets, tmp_path):
+    """The vocabulary-sharded logits are gathered by TorchTitan's ``compute_logprobs``
+    before the per-token log-probabilities DPO's loss reads (each rank: both rows)."""
+    first = run_ranks(tmp_path, assets, "--objective", "dpo", "--data-path",
+                      str(assets["pairs"]), "--reference", str(assets["reference"]),
+                      *LAYOUTS["tp2"])  # fmt: skip
+    trl = dpo_reference(assets["policy"], assets["reference"], assets["pairs"], rows=[0, 1])
+    assert first["loss"] == pytest.approx(trl["loss"], rel=1e-5)
+    assert first["rewards/margins"] == pytest.approx(trl["rewards/margins"], rel=1e-4, abs=1e-5)

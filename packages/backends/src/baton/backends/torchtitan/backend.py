@@ -52,6 +52,7 @@ import torch
 
 from baton.backends import torch_distributed
 from baton.backends.torch_distributed import TorchDistributed
+from baton.backends.torch_logps import metric_means
 from baton.backends.torch_model_state import TorchModelState
 from baton.backends.torchtitan.batches import CountedBatches
 from baton.backends.torchtitan.capture import StepCapture
@@ -66,9 +67,10 @@ from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import check_model_layout, parallelism_plan
 from baton.backends.torchtitan.reduction import (
+    MetricMean,
     RankLocal,
     full_tensor,
-    global_value,
+    global_values,
     model_parameters,
 )
 from baton.backends.weight_checksums import gather
@@ -82,7 +84,7 @@ from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
 
 if TYPE_CHECKING:
-    from baton.backends.torchtitan.dpo import PairFeed
+    from baton.backends.torchtitan.objective_loss import RowFeed
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +119,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
     name = "torchtitan"
     distribution = "torchtitan"
 
-    def __init__(
-        self,
-        config: Any,
-        *,
-        reshard_data: str = "refuse",
-        reference: str | None = None,
-        reference_fingerprint: str | None = None,
-    ) -> None:
+    def __init__(self, config: Any, *, reshard_data: str = "refuse") -> None:
         if reshard_data not in RESHARD_DATA:
             raise ValueError(f"reshard_data={reshard_data!r}: use one of {RESHARD_DATA}")
         if config is None or not hasattr(config, "model_spec"):
@@ -135,17 +130,13 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             )
         self.config = config
         self.reshard_data = reshard_data
-        #: DPO's reference weights (a Hugging Face directory or checkpoint; None: the
-        #: starting weights), read only when ``config.loss`` is ``dpo.DpoLoss``
-        self.reference = reference
-        self.reference_fingerprint = reference_fingerprint
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._experts: ExpertLoad | None = None
         self._parameters: int | None = None
         self._model_state: TorchModelState | None = None
         self._batches: CountedBatches | None = None
-        self._pairs: PairFeed | None = None
+        self._rows: RowFeed | None = None
         self._profiler: Any = None
         self._steps_run = 0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
@@ -194,6 +185,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         cfg.checkpoint.enable = True
         cfg.checkpoint.interval = 1
         cfg.checkpoint.keep_latest_k = 0
+        init_from = cfg.checkpoint.initial_load_path  # as given: a reference's source
         resolve_paths(cfg)
         mismatch = vocab_mismatch(cfg)
         if mismatch is not None:  # an IndexError at step 1 otherwise
@@ -226,13 +218,13 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             stage_without_accelerator(trainer.checkpointer)
         if cfg.checkpoint.initial_load_path:  # weights-only start (initial_load_model_only)
             trainer.checkpointer.load(step=cfg.checkpoint.load_step)
-        from baton.backends.torchtitan.dpo import DpoLoss
+        from baton.backends.torchtitan.objective_loss import ObjectiveLoss
 
-        if isinstance(trainer.loss_fn, DpoLoss):  # the reference, before any step or resume
-            from baton.backends.torchtitan.reference import pair_feed
+        if isinstance(trainer.loss_fn, ObjectiveLoss):  # stored values, before any step
+            from baton.backends.torchtitan.row_feed import row_feed
 
-            self._pairs = pair_feed(trainer, cfg, self.reference, self.reference_fingerprint)
-            trainer.loss_fn.feed = self._pairs
+            self._rows = row_feed(trainer, cfg, trainer.loss_fn.run, init_from=init_from)
+            trainer.loss_fn.feed = self._rows
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
@@ -261,7 +253,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         assert trainer is not None and capture is not None, "call setup() first"
         if self._batches is None:  # after any resume, like TorchTitan's train()
             self._batches = CountedBatches(
-                trainer, take=self._pairs.take if self._pairs is not None else None
+                trainer, take=self._rows.take if self._rows is not None else None
             )
             self._profiler = self.config.profiler.build(
                 global_step=step - 1, base_folder=self.config.dump_folder
@@ -271,8 +263,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         trainer.gc_handler.run(step)
         lrs = trainer.lr_schedulers.get_metrics()
         self._batches.start_step()
-        if self._pairs is not None:
-            self._pairs.start_step()
+        if self._rows is not None:
+            self._rows.start_step()
         if self._experts is not None:
             self._experts.start_step()
         with capture.step():
@@ -293,8 +285,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             metrics["lr"] = next(iter(lrs.values()))
         else:
             metrics.update(lrs)
-        if self._pairs is not None:  # TRL's DPO metrics, this rank's share of the means
-            metrics.update(self._rank_local(self._pairs.metrics()))
+        if self._rows is not None:  # the objective's metrics, means over the global batch
+            metrics.update(self._objective_metrics(self._rows))
         counts = self._experts.step_counts() if self._experts is not None else None
         if counts is not None:
             metrics["moe/load_balance"] = counts
@@ -318,12 +310,21 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             return {key: RankLocal(value) for key, value in values.items()}
         return dict(values)
 
+    def _objective_metrics(self, rows: RowFeed) -> dict[str, Any]:
+        """The objective's metrics of the step: ``sum / weight`` of this rank's sums, or
+        where data-parallel ranks share the batch, means of the sums over the loss mesh
+        (one reduction on log steps, ``fetch``)."""
+        sums, names = rows.metric_sums(), rows.metric_names
+        if sums is None or names is None:
+            return {}
+        dims = self.trainer.parallel_dims
+        if dims.dp_cp_enabled:
+            return {name: MetricMean(sums, i) for i, name in enumerate(names)}
+        return metric_means(sums, names)
+
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Reduce rank-local values over the loss mesh, then one host transfer."""
-        return torch_distributed.fetch(
-            {key: global_value(value, self.trainer) for key, value in values.items()},
-            prepare=full_tensor,
-        )
+        return torch_distributed.fetch(global_values(values, self.trainer), prepare=full_tensor)
 
     def evaluate(self) -> Mapping[str, Any]:
         """Run TorchTitan's validator (``config.validator``) and return its loss
@@ -427,7 +428,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             self._model_state = None
             self._profiler = None
             self._batches = None
-            self._pairs = None
+            self._rows = None
             if "checkpoints" in vars(self):  # it holds the Trainer
                 del self.checkpoints
             self.trainer = None

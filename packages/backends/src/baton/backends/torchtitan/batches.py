@@ -19,9 +19,12 @@ from typing import Any
 class CountedBatches:
     """An iterator over ``trainer.batch_generator(trainer.dataloader)`` that counts what
     it hands out since :meth:`start_step`. ``take``, if given, sees each batch's input
-    dict first (DPO's ``PairFeed.take`` removes the documents the model must not see)."""
+    dict and labels first (``row_feed.RowFeed.take`` removes the rows' documents and
+    values, which the model must not see)."""
 
-    def __init__(self, trainer: Any, take: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self, trainer: Any, take: Callable[[dict[str, Any], Any], None] | None = None
+    ) -> None:
         self._batches: Iterator[Any] = trainer.batch_generator(trainer.dataloader)
         self._take = take
         #: label tokens, sequences and seconds spent waiting for data, this step
@@ -44,7 +47,7 @@ class CountedBatches:
         finally:
             self.wait_s += time.perf_counter() - started
         if self._take is not None:
-            self._take(input_dict)
+            self._take(input_dict, labels)
         self.tokens += labels.numel()
         self.samples += labels.shape[0]
         return input_dict, labels

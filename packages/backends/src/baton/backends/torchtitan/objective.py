@@ -1,26 +1,30 @@
-"""What a TorchTitan run minimises: pretraining, supervised fine-tuning or DPO.
+"""What a TorchTitan run minimises, from the objective's declaration
+(``baton.core.objectives``): ``use_objective`` sets a ``Trainer.Config`` up for an
+``ObjectiveRun``, after checking the data is the kind the objective reads (before anything
+is built: one ``DataError``/``UsageError`` line, exit 2).
 
-``use_objective`` sets a ``Trainer.Config`` for the vocabulary's ``objective``, after
-checking the data fits it (before anything is built: one ``DataError`` line, exit 2):
+- Pretraining text (``DataKind.TEXT``): the config as it is.
+- Packed rows (``baton data prepare --seq-len N``) go through ``PackedDataLoader``
+  (labels at TorchTitan's ignore index outside the supervised tokens, positions
+  restarting per document). An objective that is its engine's own cross entropy
+  (``native_cross_entropy``: SFT) keeps TorchTitan's loss: its cross entropy sums over
+  the supervised tokens and ``Trainer.train_step`` divides by ``global_valid_tokens``, the
+  supervised tokens of every micro-batch and data-parallel rank of the step, so the loss
+  is their global mean.
+- Any other objective (DPO, a package's own) trains through its declared loss:
+  ``objective_loss.ObjectiveLoss`` as TorchTitan's loss function, the rows' documents
+  beside each batch. It runs eagerly: TorchTitan's CUDA graphs (on by default on a GPU)
+  are turned off, since the loss takes each micro-batch's rows from Python.
 
-- ``pretrain``: the config as it is (the data must not be post-training rows);
-- ``sft``: the packed rows through ``PackedDataLoader`` (labels at TorchTitan's ignore
-  index outside the supervised tokens, positions restarting per document). TorchTitan's
-  own cross-entropy sums over the supervised tokens and ``Trainer.train_step`` divides by
-  ``global_valid_tokens``, the supervised tokens of every micro-batch and data-parallel
-  rank of the step: the loss is their global mean;
-- ``dpo``: the pairs with their documents, and ``dpo.DpoLoss`` as TorchTitan's loss
-  function (the reference log-probabilities are computed before the first step), run
-  eagerly: TorchTitan's CUDA graphs (on by default on a GPU) are turned off, since the
-  loss takes each micro-batch's documents from ``PairFeed`` in Python.
-
-``check_reference`` refuses a DPO reference of another architecture or tokenizer.
+``reference_settings`` checks an objective's reference model (``--reference``, else the
+starting weights) once, before the build, and gives its fingerprint to record.
 
 Example::
 
+    run = ObjectiveRun.of("dpo", dpo_beta=0.1)
     config = llama3_debug(seq_len=96, tokenizer="tok/")
-    use_objective(config, "sft", "data/chat")
-    check_reference("ref-model/", spec, "data/pairs")   # before a DPO run is built
+    use_objective(config, run, "data/pairs")
+    settings |= reference_settings(run, init_from="hf-model/", spec=spec, data_path="data/pairs")
 """
 
 from __future__ import annotations
@@ -28,47 +32,40 @@ from __future__ import annotations
 from typing import Any
 
 from baton.core.errors import UsageError
-from baton.core.model.spec import (
-    ModelSpec,
-    check_same_architecture,
-    is_hf_dir,
-    recorded_spec,
-)
+from baton.core.model.spec import ModelSpec
+from baton.core.objectives import DataKind, ObjectiveRun, ReferenceUse
 from baton.data.manifest import split_prefix
 from baton.data.packed import check_objective
 
-#: the objectives of the vocabulary's ``objective`` term
-OBJECTIVES = ("pretrain", "sft", "dpo")
-#: DPO's losses (TRL's ``loss_type`` names)
-DPO_LOSSES = ("sigmoid", "ipo")
+
+def reads_text(run: ObjectiveRun) -> bool:
+    """Whether ``run`` trains on pretraining text (TorchTitan's own data loaders)."""
+    return run.objective.data is DataKind.TEXT
 
 
-def check_run_objective(objective: str, data_path: str | None) -> None:
-    """Refuse an objective the data does not fit (``DataError``/``UsageError``, one line)."""
-    if objective not in OBJECTIVES:
-        raise UsageError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+def check_run_objective(run: ObjectiveRun, data_path: str | None) -> None:
+    """Refuse an objective the data does not fit, or one TorchTitan does not train yet
+    (``DataError``/``UsageError``, one line)."""
+    if run.objective.rollouts:
+        raise UsageError(
+            f"--objective {run.name} samples rollouts each step, which TorchTitan's step "
+            "does not run yet; choose an objective that trains on prepared data"
+        )
     if data_path is None:
-        if objective != "pretrain":
+        if not reads_text(run):
             raise UsageError(
-                f"--objective {objective} trains on data prepared by `baton data prepare "
-                "... --seq-len N`; pass its prefix with --data-path"
+                f"--objective {run.name} trains on {run.objective.data.described} prepared "
+                "by `baton data prepare ... --seq-len N`; pass its prefix with --data-path"
             )
         return
-    check_objective(data_path, objective)
+    check_objective(data_path, run.name)
 
 
-def use_objective(
-    config: Any,
-    objective: str,
-    data_path: str | None,
-    *,
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-) -> None:
-    """Set ``config`` (TorchTitan's ``Trainer.Config``) up for ``objective`` on
-    ``data_path``; refuses data of another objective first."""
-    check_run_objective(objective, data_path)
-    if objective == "pretrain" or data_path is None:
+def use_objective(config: Any, run: ObjectiveRun, data_path: str | None) -> None:
+    """Set ``config`` (TorchTitan's ``Trainer.Config``) up for ``run`` on ``data_path``;
+    refuses data of another kind first."""
+    check_run_objective(run, data_path)
+    if reads_text(run) or data_path is None:
         return
     from baton.backends.torchtitan.packed import PackedDataLoader
     from baton.data.packed import PackedDataset
@@ -79,65 +76,43 @@ def use_objective(
             f"{packed.prefix} was packed into rows of {packed.seq_len} tokens but the run's "
             f"sequence length is {config.training.seq_len}; pass --seq-len {packed.seq_len}"
         )
+    native = run.objective.native_cross_entropy
     config.dataloader = PackedDataLoader.Config(
-        dataset_path=split_prefix(data_path), documents=objective == "dpo"
+        dataset_path=split_prefix(data_path), documents=not native
     )
-    if objective == "dpo":
-        if dpo_loss not in DPO_LOSSES:
-            raise UsageError(f"--dpo-loss {dpo_loss!r}: use one of {', '.join(DPO_LOSSES)}")
-        if dpo_beta <= 0:
-            raise UsageError(f"--dpo-beta {dpo_beta}: must be positive")
-        from baton.backends.torchtitan.dpo import DpoLoss
-
-        config.loss = DpoLoss.Config(beta=dpo_beta, loss_type=dpo_loss)
-        # the loss reads each micro-batch's documents beside the batch (PairFeed), which
-        # a replayed CUDA graph of TorchTitan's forward-backward would not see
-        config.training.disable_cuda_graphs = True
-
-
-def check_reference(reference: str | None, spec: ModelSpec | None, data_path: str | None) -> None:
-    """Refuse a DPO ``--reference`` that is missing, of another architecture than the
-    policy's ``spec`` (a Hugging Face directory's ``config.json`` or a checkpoint's
-    recorded spec), or whose tokenizer files differ from the data's tokenizer."""
-    if reference is None:
+    if native:
         return
-    from pathlib import Path
+    from baton.backends.torchtitan.objective_loss import ObjectiveLoss
 
-    if not Path(reference).is_dir():
-        raise UsageError(
-            f"--reference {reference} is not a directory; pass a Hugging Face model "
-            "directory or a baton checkpoint"
-        )
-    what = f"--reference {reference}"
-    hf = is_hf_dir(reference)
-    saved = ModelSpec.from_hf(reference).to_dict() if hf else recorded_spec(reference)
-    check_same_architecture(saved, spec.to_dict() if spec is not None else None, what=what)
-    if hf and data_path is not None and (Path(reference) / "tokenizer.json").is_file():
-        from baton.data import load_tokenizer
+    config.loss = ObjectiveLoss.Config(run=run)
+    # the loss reads each micro-batch's rows beside the batch (RowFeed), which a
+    # replayed CUDA graph of TorchTitan's forward-backward would not see
+    config.training.disable_cuda_graphs = True
+
+
+def reference_settings(
+    run: ObjectiveRun, *, init_from: str | None, spec: ModelSpec | None, data_path: str | None
+) -> dict[str, str]:
+    """``{"reference_fingerprint": ...}`` of ``run``'s reference model (``--reference``,
+    else the starting weights ``init_from``) after checking it is the policy's
+    architecture (``spec``) and reads the data's tokenizer (``UsageError``, one line);
+    empty for an objective without a reference, or a reference that is a random start
+    (the backend fingerprints it by its seed and shapes)."""
+    if run.reference_use is ReferenceUse.NONE:
+        return {}
+    from baton.backends.reference_model import (
+        check_reference,
+        reference_fingerprint,
+        reference_source,
+    )
+
+    source = reference_source(run, init_from)
+    if source is None:
+        return {}
+    tokenizer = None
+    if data_path is not None:
         from baton.data.packed import PackedDataset
 
-        expected = PackedDataset(data_path).manifest.get("tokenizer", {}).get("fingerprint")
-        if expected and load_tokenizer(reference).fingerprint != expected:
-            raise UsageError(
-                f"{what} carries another tokenizer than the one {data_path} was prepared "
-                "with; pass a reference trained with the data's tokenizer"
-            )
-
-
-#: the settings of a post-training run a resume must not change
-OBJECTIVE_SETTINGS = frozenset({"objective", "dpo_beta", "dpo_loss", "reference_fingerprint"})
-
-
-def reference_fingerprint(
-    objective: str, reference: str | None, init_from: str | None
-) -> str | None:
-    """The fingerprint of a DPO run's reference weights (``--reference``, else the
-    starting weights of ``--init-from``; None for other objectives or a fresh
-    initialisation): recorded in the run's settings, so a resume with other reference
-    weights is refused, and the name of the stored log-probabilities."""
-    source = reference or init_from
-    if objective != "dpo" or source is None:
-        return None
-    from baton.backends.reference_logps import model_fingerprint
-
-    return model_fingerprint(source)
+        tokenizer = PackedDataset(data_path).manifest.get("tokenizer", {}).get("fingerprint")
+    check_reference(source, spec, tokenizer)
+    return {"reference_fingerprint": reference_fingerprint(source)}

@@ -15,11 +15,12 @@ reads:
   ``Trainer.post_dataloading_process``) never crosses a document, and RoPE counts from
   each document's start.
 
-Preference rows (``documents=True``, the DPO objective) also carry ``segments`` (the
-document number of each input token, 0 on padding) and ``documents`` (each segment's
-global sequence index, -1 past the row's last), which ``dpo.PairFeed`` takes off before
-the batch reaches the model. A pair is two documents of one row, so it is never split
-across micro-batches or ranks. The state (epoch, next row) is saved by TorchTitan's
+Rows for an objective's own loss (``documents=True``: every objective without
+TorchTitan's cross entropy, such as DPO) also carry ``segments`` (the document number of
+each input token, 0 on padding) and ``documents`` (each segment's global sequence index,
+-1 past the row's last), which ``objective_loss.RowFeed`` takes off before the batch
+reaches the model. A row's documents stay together (a DPO pair is two documents of one
+row), so they are never split across micro-batches or ranks. The state (epoch, next row) is saved by TorchTitan's
 ``CheckpointManager``.
 
 Example::
@@ -48,6 +49,9 @@ from baton.data.packed import PackedDataset
 
 #: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
 DOCUMENT_KEYS = ("segments", "documents")
+#: the prefix of an objective's value a row carries in its input dict (``values.old_logps``:
+#: rows from a stream that computes them; taken off before the model sees them)
+VALUE_PREFIX = "values."
 
 
 def row_sample(
@@ -128,7 +132,8 @@ class PackedDataLoader(BatonDataLoader):
         dataset_path: str | None = None
         """The prefix ``baton data prepare --seq-len N --output`` wrote."""
         documents: bool = False
-        """Also yield each token's document and each document's sequence index (DPO)."""
+        """Also yield each token's document and each document's sequence index (an
+        objective's own loss reads them)."""
         infinite: bool = True
         """Start again from the first row after the last one."""
 

@@ -31,6 +31,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from baton.backends.torchtitan.data import BatonDataLoader, RankShare
 from baton.backends.torchtitan.rank_items import RankItems
+from baton.core.objectives.pretrain import PRETRAIN
 from baton.data import PreparedDataset, held_out_tokens, load_tokenizer
 from baton.data.packed import check_objective
 from baton.data.shards import check_rank
@@ -133,7 +134,7 @@ class PreparedDataLoader(BatonDataLoader):
         cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PreparedWindows:
         path = cls.prepared_path(config)
-        check_objective(path, "pretrain")  # not packed conversations
+        check_objective(path, PRETRAIN.name)  # not packed conversations
         data = PreparedDataset(path)
         eod_id = tokenizer.eos_id
         tokenizer_path = getattr(tokenizer, "tokenizer_path", None)

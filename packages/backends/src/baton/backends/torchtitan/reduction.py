@@ -1,15 +1,18 @@
 """Values a TorchTitan step returns that become global only when fetched (log steps,
-on every rank at the same step): a rank-local loss and the experts' token counts.
+on every rank at the same step): a rank-local loss, the experts' token counts and an
+objective's metrics.
 
 Example (what ``TorchTitanBackend.train_step`` and ``fetch`` do)::
 
     loss = RankLocal(capture.loss)                 # on a data/context/pipeline-parallel run
-    global_value(loss, trainer)                    # the loss TorchTitan logs, on device
+    metrics = {"rewards/chosen": MetricMean(sums, 0), "rewards/rejected": MetricMean(sums, 1)}
+    values = global_values({"loss": loss, **metrics}, trainer)   # one reduction of sums
     torch_distributed.fetch(values, prepare=full_tensor)
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +32,16 @@ class RankLocal:
     """
 
     value: torch.Tensor
+
+
+@dataclass
+class MetricMean:
+    """One metric of a rank-local ``[2, M]`` table of ``(sum, weight)`` pairs (column
+    ``index``): its global value is the sum over the loss mesh of the sums divided by that
+    of the weights. Metrics sharing a table are reduced with one collective."""
+
+    sums: torch.Tensor
+    index: int
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -55,6 +68,32 @@ def global_value(value: Any, trainer: Any) -> Any:
     if dims.dp_cp_enabled:
         loss = dist_utils.dist_sum_tensor(loss, dims.get_optional_mesh("loss"))
     return loss
+
+
+def global_values(values: Mapping[str, Any], trainer: Any) -> dict[str, Any]:
+    """Each of ``values`` reduced over ``trainer``'s meshes (``global_value``); the
+    :class:`MetricMean` of one table from one reduction of the table."""
+    tables: dict[int, torch.Tensor] = {}
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, MetricMean):
+            table = tables.get(id(value.sums))
+            if table is None:
+                table = tables[id(value.sums)] = _summed(value.sums, trainer)
+            out[key] = table[0, value.index] / table[1, value.index].clamp(min=1e-12)
+        else:
+            out[key] = global_value(value, trainer)
+    return out
+
+
+def _summed(table: torch.Tensor, trainer: Any) -> torch.Tensor:
+    """``table`` summed over the loss mesh (data and context parallel ranks)."""
+    from torchtitan.distributed import utils as dist_utils
+
+    dims = trainer.parallel_dims
+    if not dims.dp_cp_enabled:
+        return table
+    return dist_utils.dist_sum_tensor(table, dims.get_optional_mesh("loss"))
 
 
 def model_parameters(trainer: Any) -> int:

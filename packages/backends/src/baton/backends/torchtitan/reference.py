@@ -1,32 +1,29 @@
-"""DPO's reference log-probabilities, computed once by TorchTitan before training and
-kept beside the data.
+"""A reference model's log-probabilities of every document of the data, computed once by
+TorchTitan before training and kept beside the data (an objective whose reference use is
+``ReferenceUse.STORED``: DPO's ``reference_logps`` document value).
 
-For every document of a packed preference dataset, the sum of the reference model's
-log-probabilities over its supervised targets, float64 ``[num_sequences]``, stored by
-the engines' shared ``baton.backends.reference_logps`` as
-``PREFIX.reference-<fingerprint16>.npy`` with its record (the reference's, the
-tokenizer's and the data's fingerprints, the engine). The fingerprint is the reference
-weights' files (a Hugging Face directory, a checkpoint; for a fresh initialisation its
-seed and parameter shapes); a stored file made with another tokenizer or data is
-refused.
-
-The reference is the starting weights (what ``setup`` loaded) or another Hugging Face
-directory or checkpoint, loaded into the same TorchTitan model through its checkpointer
-(``dcp_load``, resharded onto this run's layout) and replaced by the starting weights
-afterwards. The rows are split over the data-parallel ranks, each runs the model forward
-on its share as training does (TorchTitan's ``post_dataloading_process``: positions and
-the document mask), and one all-reduce gathers the sums.
+Which weights the reference is, their check and their fingerprint are the engines'
+shared ``baton.backends.reference_model``; a run that starts from a random
+initialisation is fingerprinted by its seed and parameter shapes. What is TorchTitan's own
+is the scorer: the reference weights are the starting weights (what ``setup`` loaded) or
+another Hugging Face directory or checkpoint, loaded into the same TorchTitan model
+through its checkpointer (``dcp_load``, resharded onto this run's layout) and replaced by
+the starting weights afterwards. The rows are split over the data-parallel ranks, each
+runs the model forward on its share as training does (TorchTitan's
+``post_dataloading_process``: positions and the document mask), the log-probabilities
+of each document's supervised targets at the objective's temperature are summed
+(``compute_logprobs``, as the loss computes them), and one all-reduce gathers the sums.
+``reference_logps.stored_or_computed`` keeps them as ``PREFIX.reference-<fp16>.npy``
+with their record, or reads them back.
 
 Example::
 
-    feed = pair_feed(trainer, config, source=None)   # after setup loaded the weights
-    trainer.loss_fn.feed = feed
+    stored = stored_document_values(trainer, config, run, init_from="hf-model/")
+    feed = RowFeed(run, count=all_reduce, stored=stored)   # {"reference_logps": [N]}
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -34,24 +31,25 @@ from typing import Any
 
 import numpy as np
 import torch
+from torchtitan.components.loss import IGNORE_INDEX
 
-from baton.backends.reference_logps import model_fingerprint, stored_or_computed
-from baton.backends.torchtitan.dpo import PairFeed, document_sums
+from baton.backends.reference_logps import stored_or_computed
+from baton.backends.reference_model import reference_fingerprint, reference_source
+from baton.backends.torchtitan.objective_loss import TORCH, token_logps
 from baton.backends.torchtitan.packed import DOCUMENT_KEYS, row_sample
-from baton.core.errors import UsageError
+from baton.core.objectives import ObjectiveRun, ReferenceUse
+from baton.core.objectives.array_math import document_sums
 from baton.data.packed import PackedDataset
 
+#: the document value a stored reference gives (``ReferenceUse.STORED``)
+REFERENCE_LOGPS = "reference_logps"
 
-def reference_fingerprint(config: Any, model: Any, source: str | None) -> str:
-    """The fingerprint of the reference weights: the files at ``source`` (or of the
-    starting weights, ``--init-from``), through the engines' shared ``model_fingerprint``;
-    a fresh initialisation's seed and architecture where no file holds them."""
-    path = source or config.checkpoint.initial_load_path
-    if path:
-        return model_fingerprint(path)
+
+def fresh_facts(config: Any, model: Any) -> dict[str, Any]:
+    """What decides a random initialisation's weights: the seed and every parameter's
+    shape (the fingerprint of a reference that is such a start)."""
     shapes = {name: list(value.shape) for name, value in sorted(model.state_dict().items())}
-    fresh = {"engine": "torchtitan", "seed": config.debug.seed, "parameters": shapes}
-    return hashlib.sha256(json.dumps(fresh, sort_keys=True).encode()).hexdigest()
+    return {"engine": "torchtitan", "seed": config.debug.seed, "parameters": shapes}
 
 
 def _rows_of_rank(num_rows: int, rank: int, ranks: int, batch_size: int) -> list[list[int]]:
@@ -65,10 +63,15 @@ def _rows_of_rank(num_rows: int, rank: int, ranks: int, batch_size: int) -> list
 
 @torch.no_grad()
 def forward_logps(
-    trainer: Any, data: PackedDataset, rows: list[list[int]], out: torch.Tensor
+    trainer: Any,
+    data: PackedDataset,
+    rows: list[list[int]],
+    out: torch.Tensor,
+    temperature: float = 1.0,
 ) -> None:
     """Fill ``out`` (``[num_sequences]``) with the model's document log-probabilities of
-    ``rows``, each batch through TorchTitan's own input processing and model."""
+    ``rows`` (the sum over each document's supervised targets at ``temperature``), each
+    batch through TorchTitan's own input processing and model."""
     model = trainer.model_parts[0]
     seen = trainer.ntokens_seen
     for batch in rows:
@@ -82,9 +85,11 @@ def forward_logps(
         tokens, labels, extra = trainer.post_dataloading_process(inputs, labels)
         with trainer.train_context():
             pred = model(tokens, **extra)
-        logps, _ = document_sums(pred, labels, segments, documents.shape[1])
+        logps, _ = token_logps(pred, labels, temperature)
+        mask = (labels != IGNORE_INDEX).to(torch.float32)
+        sums = document_sums(TORCH, logps * mask, segments, documents.shape[1])
         keep = (documents >= 0) & (torch.tensor(batch, device=documents.device) >= 0)[:, None]
-        out[documents[keep].cpu()] = logps[keep].double().cpu()
+        out[documents[keep].cpu()] = sums[keep].double().cpu()
     trainer.ntokens_seen = seen
 
 
@@ -111,6 +116,7 @@ def compute_reference_logps(
     rank: int,
     ranks: int,
     all_reduce: Callable[[torch.Tensor], torch.Tensor],
+    temperature: float = 1.0,
 ) -> np.ndarray:
     """The reference log-probabilities of every document of ``data``, computed on every
     data-parallel rank (``rank`` of ``ranks``; ``all_reduce`` sums over them). With a
@@ -123,45 +129,46 @@ def compute_reference_logps(
         starting = {k: v.detach().clone() for k, v in wrapper.state_dict().items()}
         load_reference_weights(trainer, source)
     out = torch.zeros(data.num_sequences, dtype=torch.float64)
+    rows = _rows_of_rank(data.num_rows, rank, ranks, batch_size)
     try:
-        forward_logps(trainer, data, _rows_of_rank(data.num_rows, rank, ranks, batch_size), out)
+        forward_logps(trainer, data, rows, out, temperature)
     finally:
         if starting is not None:
             wrapper.load_state_dict(starting)
     return all_reduce(out.to(trainer.device)).cpu().numpy()
 
 
-def pair_feed(
-    trainer: Any, config: Any, source: str | None, fingerprint: str | None = None
-) -> PairFeed:
-    """The ``PairFeed`` of a DPO run: the stored reference log-probabilities for this
-    reference, or computed now on every rank and written (every rank writes the same
-    numbers, atomically: ``reference_logps.stored_or_computed``). ``fingerprint``: the
-    reference's, if the recipe already took it (``objective.reference_fingerprint``)."""
-    from torchtitan.distributed import utils as dist_utils
-
-    dims = trainer.parallel_dims
-    if dims.pp_enabled or dims.cp_enabled:
-        raise UsageError(
-            "--objective dpo on TorchTitan runs with data and tensor parallelism; "
-            "use --pp 1 (and no context parallelism)"
-        )
+def stored_document_values(
+    trainer: Any,
+    config: Any,
+    run: ObjectiveRun,
+    *,
+    init_from: str | None,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor],
+    rank: int = 0,
+    ranks: int = 1,
+) -> dict[str, torch.Tensor]:
+    """The per-document values ``run`` reads from beside the data: with a stored
+    reference, ``{"reference_logps": [num_sequences]}``, read if this reference's file is
+    there, else computed now on every rank and written (every rank writes the same
+    numbers, atomically); nothing otherwise. ``init_from``: the run's starting weights
+    as given (``--init-from``; the reference unless ``--reference`` names one)."""
+    if run.reference_use is not ReferenceUse.STORED:
+        return {}
     data: PackedDataset = trainer.dataloader.dataset.data
-    mesh = dims.get_mesh("batch") if dims.dp_enabled else None
-
-    def all_reduce(value: torch.Tensor) -> torch.Tensor:
-        return value if mesh is None else dist_utils.dist_sum_tensor(value, mesh)
-
+    source = reference_source(run, init_from)
+    fingerprint = reference_fingerprint(source, fresh=fresh_facts(config, trainer.model_parts[0]))
+    given = run.values.get("reference")  # other weights than the starting ones
     logps = stored_or_computed(
         data.prefix,
-        fingerprint or reference_fingerprint(config, trainer.model_parts[0], source),
+        fingerprint,
         tokenizer_fingerprint=data.manifest.get("tokenizer", {}).get("fingerprint", ""),
         engine="torchtitan",
         compute=lambda: compute_reference_logps(
-            trainer, data, source=source, batch_size=config.training.local_batch_size,
-            rank=0 if mesh is None else mesh.get_local_rank(),
-            ranks=1 if mesh is None else mesh.size(), all_reduce=all_reduce,
+            trainer, data, source=str(given) if given else None,
+            batch_size=config.training.local_batch_size, rank=rank, ranks=ranks,
+            all_reduce=all_reduce, temperature=run.temperature,
         ),
         num_sequences=data.num_sequences,
     )  # fmt: skip
-    return PairFeed(torch.from_numpy(logps), count=all_reduce)
+    return {REFERENCE_LOGPS: torch.from_numpy(logps)}

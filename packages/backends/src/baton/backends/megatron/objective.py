@@ -46,6 +46,7 @@ from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.packed_data import VALUES, carried_values
 from baton.backends.megatron.posttrain_step import cross_entropy_loss, packed_forward_step
 from baton.backends.megatron.step import global_sums, gpt_forward_step, mean_loss
+from baton.backends.megatron.vocab_parallel import token_entropy, token_logps
 from baton.backends.torch_logps import metric_means, metric_sums
 from baton.core.errors import UsageError
 from baton.core.objectives import LossInputs, ObjectiveRun, Rows
@@ -128,13 +129,9 @@ def loss_inputs(
     """The objective's inputs from a packed micro-batch and the model's output: Megatron's
     per-token cross entropy (``logits=False``) or its vocab-parallel logits. Log-probabilities
     and entropies are float32 and 0 on padding."""
-    from baton.backends.megatron import vocab_parallel
-
     if logits:
-        logps = vocab_parallel.token_logps(output, batch["labels"], run.temperature)
-        entropy = (
-            vocab_parallel.token_entropy(output, run.temperature) if run.objective.entropy else None
-        )
+        logps = token_logps(output, batch["labels"], run.temperature)
+        entropy = token_entropy(output, run.temperature) if run.objective.entropy else None
     else:
         logps, entropy = -output.float(), None
     predicted = batch["segments"] > 0

@@ -35,10 +35,10 @@ from baton.backends.megatron.config import tiny_transformer_config
 from baton.backends.megatron.evaluation import held_out_split
 from baton.backends.megatron.hf import transformer_fields, use_spec
 from baton.backends.megatron.moe import moe_layout
-from baton.backends.megatron.objective import set_objective
-from baton.callbacks import standard_callbacks
+from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.model.spec import check_init_from, resolve_spec
+from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
 
 
@@ -71,10 +71,7 @@ def recipe(
     tokenizer: str | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
     run_dir: str = "runs/megatron_gpt_tiny",
     progress: bool = True,
 ) -> Driver:
@@ -110,8 +107,8 @@ def recipe(
         distributed_optimizer: shard optimizer state over data-parallel ranks.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none; pretraining only: sft and dpo
-            train on every row of their data).
+        eval_every: steps between evaluations (0: none; pretraining only: an objective
+            on packed rows trains on every row of its data).
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
@@ -123,15 +120,13 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
-        objective: pretrain, sft (conversations packed by `baton data prepare --seq-len`,
-            the loss on their supervised tokens) or dpo (packed preference pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory or checkpoint
-            (default: the --init-from weights).
+        objective: what a step minimises, with its settings (their flags come from the
+            objective's declaration): pretrain, or an objective on rows packed by
+            `baton data prepare --seq-len` (sft, dpo, ...).
         run_dir: where checkpoints, logs and the byte dataset go.
         progress: show the progress bar.
     """
+    run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     import torch
     import torch.nn.functional as F
@@ -181,7 +176,7 @@ def recipe(
     config.optimizer.min_lr = lr / 10 if min_lr is None else min_lr
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
-    set_objective(config, objective, dpo_beta=dpo_beta, dpo_loss=dpo_loss, reference=reference)
+    config.objective = run
     prepared = tokenizer is not None  # else --data-path is a text file of bytes
     config.data.text_path = None if prepared else data_path
     config.data.data_path = data_path if prepared else None
@@ -192,10 +187,17 @@ def recipe(
         config.data.split = held_out_split(eval_split)
     return Driver(
         MegatronBackend(config),
-        standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
+        standard_callbacks(
+            save_every=save_every,
+            async_save=async_save,
+            progress=progress,
+            console_keys=(*CONSOLE_KEYS, *run.objective.console_keys),
+        ),
         max_steps=max_steps,
         log_every=log_every,
-        eval_every=eval_every if objective == "pretrain" else 0,
+        eval_every=0 if config.packed_rows else eval_every,  # packed rows: no held-out split
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
+        settings={"tokenizer": tokenizer, **run.settings()}
+        | ({"model_spec": spec.to_dict()} if spec else {}),
+        training_settings=run.objective.fixed_on_resume,
     )

@@ -38,11 +38,11 @@ experts over expert-parallel ranks (Megatron's MoE layers)::
 from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
-from baton.backends.megatron.objective import set_objective
-from baton.callbacks import standard_callbacks
+from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import require_data
 from baton.core.model.spec import LlamaSpec, check_init_from, resolve_spec
+from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
 
 
@@ -136,10 +136,7 @@ def recipe(
     run_dir: str = "runs/megatron_llama3_8b",
     init_from: str | None = None,
     model_config: str | None = None,
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
 ) -> Driver:
     """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout).
 
@@ -159,13 +156,11 @@ def recipe(
         run_dir: where checkpoints, logs and the dataset index cache go.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face config.json (Llama, Qwen3, Qwen3-MoE) or its directory.
-        objective: pretrain, sft (conversations packed by `baton data prepare --seq-len`)
-            or dpo (packed preference pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory or checkpoint
-            (default: the --init-from weights).
+        objective: what a step minimises, with its settings (their flags come from the
+            objective's declaration): pretrain, or an objective on rows packed by
+            `baton data prepare --seq-len` (sft, dpo, ...).
     """
+    run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     require_data(
         "a prepared prefix or blend '0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare` "
@@ -190,12 +185,18 @@ def recipe(
     config.data.train_samples = max_steps * global_batch_size
     config.data.cache_dir = f"{run_dir}/data"
     config.init_from = init_from  # weights only: fresh optimizer, step 0
-    set_objective(config, objective, dpo_beta=dpo_beta, dpo_loss=dpo_loss, reference=reference)
+    config.objective = run
     return Driver(
         MegatronBackend(config),
-        standard_callbacks(save_every=save_every, async_save=True),
+        standard_callbacks(
+            save_every=save_every,
+            async_save=True,
+            console_keys=(*CONSOLE_KEYS, *run.objective.console_keys),
+        ),
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
+        settings={"tokenizer": tokenizer, **run.settings()}
+        | ({"model_spec": spec.to_dict()} if spec else {}),
+        training_settings=run.objective.fixed_on_resume,
     )

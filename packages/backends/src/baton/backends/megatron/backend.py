@@ -44,9 +44,14 @@ from baton.backends.megatron.data import ByteEodTokenizer, PreparedSource, Sampl
 from baton.backends.megatron.evaluation import evaluate_loss
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
-from baton.backends.megatron.objective import forward_step_of, objective_metrics, use_objective
+from baton.backends.megatron.objective import (
+    check_objective,
+    forward_step_of,
+    step_results,
+    use_objective,
+)
 from baton.backends.megatron.plan import flops_per_token, layout_plan
-from baton.backends.megatron.step import gpt_forward_step, mean_loss, run_schedule
+from baton.backends.megatron.step import gpt_forward_step, run_schedule
 from baton.backends.megatron.training_data import build_data, open_data
 from baton.backends.torch_distributed import TorchDistributed
 from baton.backends.weight_checksums import gather
@@ -55,6 +60,7 @@ from baton.core.backend import BackendBase
 from baton.core.checkpoints.io import UsesCheckpointIO
 from baton.core.cli.overrides import set_fields
 from baton.core.metrics import StepOutput
+from baton.core.objectives import ReferenceUse
 
 log = logging.getLogger("baton")
 
@@ -85,9 +91,11 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self._model_state: MegatronModelState | None = None
         #: a model with experts: its ``moe/*`` metrics (``moe_metrics.py``)
         self._moe: MoeMetrics | None = None
-        #: DPO's reference model fingerprint (``reference.py``), recorded in checkpoints
+        #: a stored reference's weights, checked before anything is built (``reference.py``)
+        self._reference: Path | None = None
+        #: the stored reference's fingerprint, recorded in checkpoints
         self.reference_fingerprint: str | None = None
-        #: the schedule's forward step: pretraining's, or SFT's / DPO's on packed rows
+        #: the schedule's forward step: pretraining's, or the objective's on packed rows
         self._forward_step: Callable[..., Any] = gpt_forward_step
 
     # -- resuming with changed settings ---------------------------------------------
@@ -127,8 +135,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             path = load_tokenizer(self.config.data.tokenizer).path / "tokenizer.json"
             tokenizer = fingerprint_file(path)[:16]
         facts = {**self.config.describe(), "tokenizer": tokenizer}
-        if self.config.objective != "pretrain":  # (absent from pretraining checkpoints)
-            facts["objective"] = self.config.objective
+        if self.config.packed_rows:  # (absent from pretraining checkpoints)
+            facts["objective"] = self.config.objective.name
         if self.reference_fingerprint is not None:
             facts["reference"] = self.reference_fingerprint[:16]
         return facts
@@ -146,13 +154,14 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     # -- build ------------------------------------------------------------------------
     def check_data(self) -> None:
         """Open and check the configured data and tokenizer before anything is built
-        (``DataError`` naming the problem; see ``training_data.open_data``), and DPO's
-        reference model (``reference.check_reference``)."""
+        (``DataError`` naming the problem; see ``training_data.open_data``), and a stored
+        reference's weights (``reference.checked_reference``)."""
         self.source = open_data(self.config)
-        if self.config.objective == "dpo" and self.source is not None:
-            from baton.backends.megatron.reference import check_reference
+        if self.config.objective.reference_use is ReferenceUse.STORED:
+            from baton.backends.megatron.reference import checked_reference
 
-            check_reference(self.config, self.source.info)
+            assert self.source is not None, "open_data refuses packed rows without prepared data"
+            self._reference = checked_reference(self.config, self.source.info)
 
     def dry_run(self, world_size: int) -> str:
         """The parallel layout on ``world_size`` ranks, checked by the configuration
@@ -164,6 +173,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
         cfg = self.config
         cfg.check_layout()
+        check_objective(cfg)
         self.check_data()
         self.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()
@@ -203,32 +213,30 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             ),
             self._async_saves,
         )
-        if cfg.objective == "dpo":
-            self._score_reference()
+        if self._reference is not None:
+            self._score_reference(self._reference)
         if cfg.init_from is not None:
             self.load_weights(Path(cfg.init_from))
 
-    def _score_reference(self) -> None:
-        """DPO: every sequence's reference log-probability, stored beside the data (and
-        computed first, with the reference's weights in this model, if not stored yet),
-        given to the training rows (``reference.py``)."""
-        from baton.backends.megatron.reference import (
-            check_reference,
-            compute_reference_logps,
-            reference_fingerprint,
-        )
+    def _score_reference(self, path: Path) -> None:
+        """Every sequence's log-probability under the stored reference at ``path``, read
+        from beside the data (computed first, with the reference's weights in this model,
+        if not stored yet), given to the training rows as their ``reference_logps``
+        (``reference.py``)."""
+        from baton.backends.megatron.packed_data import REFERENCE_LOGPS
+        from baton.backends.megatron.reference import compute_reference_logps
         from baton.backends.reference_logps import stored_or_computed
+        from baton.backends.reference_model import reference_fingerprint
 
-        assert self.source is not None, "check_data refuses DPO without prepared data"
+        assert self.source is not None, "check_data refuses packed rows without prepared data"
         rows = self.train_streams[0].dataset
-        path = check_reference(self.config, self.source.info)
         fingerprint = reference_fingerprint(path)
 
         def scored() -> Any:
             self.load_weights(path)
             return compute_reference_logps(self.chunks, rows, self.config, self._device)
 
-        rows.reference = stored_or_computed(
+        rows.document_values[REFERENCE_LOGPS] = stored_or_computed(
             rows.data.prefix,
             fingerprint,
             tokenizer_fingerprint=self.source.info.fingerprint,
@@ -281,9 +289,10 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             metrics["grad_norm"] = grad_norm
         if self._moe is not None:
             metrics.update(self._moe_metrics())
-        metrics.update(objective_metrics(cfg, reduced, self._device))
+        loss, objective_metrics = step_results(cfg, reduced, self._device)
+        metrics.update(objective_metrics)
         return StepOutput(
-            loss=mean_loss(reduced, self._device),
+            loss=loss,
             metrics=metrics,
             tokens=cfg.global_batch_size * cfg.seq_len,
             samples=cfg.global_batch_size,
@@ -322,11 +331,11 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     # -- abilities --------------------------------------------------------------------
     def abilities(self) -> Abilities:
-        """Everything but step replay; evaluation refused for SFT and DPO (they train on
-        every row of their data: no validation split), weight checksums where no rank
-        holds a data-parallel replica."""
+        """Everything but step replay; evaluation refused on packed rows (an objective on
+        conversations or preference pairs trains on every row of its data: no validation
+        split), weight checksums where no rank holds a data-parallel replica."""
         no_replica = bool(self.chunks) and self.config.data_parallel_size(self.world_size) == 1
-        objective = self.config.objective
+        objective = self.config.objective.name
         return Abilities(
             evaluate=True,
             async_save=True,
@@ -338,7 +347,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             evaluate=(
                 f"--objective {objective} trains on every packed row: no validation split; "
                 "run with --eval-every 0"
-                if objective != "pretrain"
+                if self.config.packed_rows
                 else None
             ),
             weight_checksums=(

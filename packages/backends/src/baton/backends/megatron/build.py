@@ -26,7 +26,7 @@ def transformer_engine_available() -> bool:
 def layer_spec(config: MegatronConfig, vp_stage: int | None = None) -> Any:
     """The transformer layer spec ``config.layer_spec`` names (``auto``: Transformer
     Engine's where it is installed and a GPU is present, else Megatron's local one; the
-    local one for SFT and DPO, whose packed rows need its attention mask). A
+    local one for packed rows, which need its attention mask). A
     model with experts gets Megatron's decoder block spec: MoE layers where
     ``moe_layer_freq`` says, dense ones elsewhere (this pipeline stage's layers)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
@@ -34,7 +34,7 @@ def layer_spec(config: MegatronConfig, vp_stage: int | None = None) -> Any:
     choice = config.layer_spec
     if choice == "auto":  # post-training's packed rows need the local layers' mask
         te = transformer_engine_available() and torch.cuda.is_available()
-        te = te and config.objective == "pretrain"
+        te = te and not config.packed_rows
         choice = "transformer_engine" if te else "local"
     model = config.model
     if model.num_moe_experts:

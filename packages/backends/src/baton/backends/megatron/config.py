@@ -10,14 +10,15 @@ Example::
 
     from megatron.core.transformer import TransformerConfig
 
-from baton.core.model.spec import LlamaSpec
     from baton.backends.megatron import MegatronConfig
+    from baton.core.objectives import ObjectiveRun
 
     config = MegatronConfig(
         model=TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4),
         seq_len=64, micro_batch_size=4, global_batch_size=8,
     )
     config.optimizer.lr = 3e-3          # native objects, edited in place
+    config.objective = ObjectiveRun.of(objective)   # a recipe's --objective and its settings
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
 from baton.core.model.spec import LlamaSpec
+from baton.core.objectives import DataKind, ObjectiveRun
+from baton.core.objectives.pretrain import PRETRAIN
 
 
 def tiny_transformer_config(**overrides: Any) -> TransformerConfig:
@@ -132,16 +135,17 @@ class MegatronConfig:
     #: the shared model spec the model is built from (``hf.use_spec`` sets it): its
     #: parameters are then shown by their Hugging Face names (``model_state``)
     spec: LlamaSpec | None = None
-    #: what a step minimises: ``pretrain`` (every next token), ``sft`` (the supervised
-    #: tokens of packed conversations, ``baton data prepare --seq-len``) or ``dpo``
-    #: (packed preference pairs against a reference model)
-    objective: Literal["pretrain", "sft", "dpo"] = "pretrain"
-    #: DPO's beta and loss (``sigmoid`` or ``ipo``)
-    dpo_beta: float = 0.1
-    dpo_loss: Literal["sigmoid", "ipo"] = "sigmoid"
-    #: DPO's reference model: a Hugging Face directory or baton checkpoint (``None``: the
-    #: starting weights, ``init_from``)
-    reference: str | None = None
+    #: what a step minimises and the values of its settings (``baton.core.objectives``):
+    #: an objective on pretraining text runs Megatron's own windows and loss; one on
+    #: packed rows (conversations, preference pairs) runs them under a block-causal mask
+    #: (``objective.py``)
+    objective: ObjectiveRun = field(default_factory=lambda: ObjectiveRun.of(PRETRAIN))
+
+    @property
+    def packed_rows(self) -> bool:
+        """Whether the objective trains on packed rows (``baton data prepare --seq-len``)
+        instead of windows of pretraining text."""
+        return self.objective.objective.data is not DataKind.TEXT
 
     def parallel_sizes(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) sizes from the model config."""

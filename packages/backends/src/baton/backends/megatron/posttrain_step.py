@@ -1,5 +1,6 @@
-"""Megatron's forward step on packed post-training rows (``packed_data.PackedRows``), with
-the loss functions of SFT and DPO its schedules call once per micro-batch.
+"""Megatron's forward step on packed rows (``packed_data.PackedRows``: documents packed
+into rows by ``baton data prepare --seq-len``), as its schedules call it once per
+micro-batch, and the cross entropy of an objective that is Megatron's own loss.
 
 Documents never see each other: positions restart per document (``position_ids``) and
 the attention mask is block-causal over ``segments``, an explicit ``[b, 1, s, s]`` mask
@@ -11,14 +12,16 @@ restarted positions. With Transformer Engine on a GPU the same rows would go as 
 ``PackedSeqParams`` (``cu_seqlens`` from ``segments``, no mask); that path is not built
 here, because it cannot be run without Transformer Engine.
 
-Post-training runs set Megatron's ``calculate_per_token_loss``: a loss function returns
-(sum, count) and Megatron adds the counts of every micro-batch and data-parallel rank
-and divides the gradients by that global count in ``finalize_model_grads``. SFT's sum is
-over supervised tokens; DPO's over pairs.
+The model returns Megatron's per-token cross entropy of the labels, or with
+``logits=True`` its vocab-parallel logits (``[b, s, V / tp]``) for a loss that needs them
+(``objective.py``). Packed rows run under Megatron's ``calculate_per_token_loss``: a loss
+function returns (sum, count) and Megatron adds the counts of every micro-batch and
+data-parallel rank and divides the gradients by that global count in
+``finalize_model_grads``.
 
 Example::
 
-    step = partial(packed_forward_step, sft_loss)
+    step = partial(packed_forward_step, cross_entropy_loss)
     reduced = run_schedule(chunks, streams, config, num_microbatches=2,
                            forward_only=False, forward_step=step)
 """
@@ -33,7 +36,7 @@ import torch
 
 from baton.backends.megatron.step import gpt_loss, on_model_device
 
-#: a loss function on a packed micro-batch and the model's per-token losses
+#: a loss function on a packed micro-batch and the model's output
 PackedLoss = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[Any, Any, Any]]
 
 
@@ -47,70 +50,28 @@ def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
 
 
 def packed_forward_step(
-    loss: PackedLoss, data_iterator: Iterator[dict[str, torch.Tensor]], model: Any
+    loss: PackedLoss,
+    data_iterator: Iterator[dict[str, torch.Tensor]],
+    model: Any,
+    *,
+    logits: bool = False,
 ) -> Any:
-    """The ``forward_step_func`` of a packed micro-batch (bind ``loss`` first): Megatron's
-    per-token losses of the labels under the block-causal mask, then ``loss``. The
-    micro-batch moves to the model's device."""
+    """The ``forward_step_func`` of a packed micro-batch (bind ``loss`` first): the model
+    under the block-causal mask, returning Megatron's per-token losses of the labels, or
+    its vocab-parallel logits with ``logits=True``, then ``loss``. The micro-batch moves
+    to the model's device."""
     batch = on_model_device(next(data_iterator), model)
     output = model(
         batch["tokens"],
         batch["position_ids"],
         block_causal_mask(batch["segments"]),
-        labels=batch["labels"],
+        labels=None if logits else batch["labels"],
     )
     return output, partial(loss, batch)
 
 
-def sft_loss(
+def cross_entropy_loss(
     batch: dict[str, torch.Tensor], output: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Cross entropy summed over the supervised targets, and their count."""
+    """Megatron's cross entropy summed over the supervised targets, and their count."""
     return gpt_loss(batch["loss_mask"], output)
-
-
-def document_logps(
-    batch: dict[str, torch.Tensor], output: torch.Tensor, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logps, counts)``, each ``[b, max_documents_per_row]``: per document, the sum of
-    the log-probabilities of its supervised targets (minus Megatron's per-token losses)
-    and their number."""
-    from baton.backends import torch_objectives as objectives
-
-    mask = batch["loss_mask"].to(dtype)
-    logps = -output.to(dtype).view(mask.shape) * mask
-    segments, documents = batch["segments"], batch["documents"].shape[1]
-    return (
-        objectives.segment_sums(logps, segments, documents),
-        objectives.segment_sums(mask, segments, documents),
-    )
-
-
-def dpo_loss(
-    batch: dict[str, torch.Tensor], output: torch.Tensor, *, beta: float, kind: str
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """DPO's loss summed over the micro-batch's pairs, their count, and for reporting
-    ``lm loss`` (sum, count) and ``dpo``: TRL's metrics (``DPO_METRICS``) summed over the
-    pairs, then the count. Each row holds whole pairs: chosen, rejected, chosen..."""
-    from baton.backends import torch_objectives as objectives
-
-    logps, counts = document_logps(batch, output)
-    documents = batch["documents"]
-    losses, sums = objectives.pair_losses(
-        logps, counts, batch["reference_logps"], documents, beta=beta, loss_type=kind
-    )
-    total = losses.sum()
-    pairs = torch.tensor(losses.numel(), dtype=torch.int)
-    count = torch.tensor(float(losses.numel()), device=total.device)
-    metrics = torch.stack([*(sums[name].float() for name in objectives.DPO_METRICS), count])
-    return total, pairs, {"lm loss": torch.stack([total.detach().clone(), count]), "dpo": metrics}
-
-
-def reference_logps_loss(
-    batch: dict[str, torch.Tensor], output: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """A forward-only pass's "loss": each document's log-probability sum (float64) beside
-    its global sequence index, for ``reference.compute_reference_logps``."""
-    logps, _ = document_logps(batch, output.detach(), torch.float64)
-    zero = torch.zeros((), device=output.device)
-    return zero, torch.zeros((), dtype=torch.int), {"documents": batch["documents"], "logps": logps}

@@ -1,30 +1,30 @@
-"""DPO's reference log-probabilities on Megatron: computed once by this engine before
-training with a forward-only pass of Megatron's schedule, stored beside the prepared data
-through ``baton.backends.reference_logps`` (``PREFIX.reference-<fingerprint16>.npy`` and
-its ``.json``, shared by every engine), tied to the reference's fingerprint.
+"""A stored reference's log-probabilities on Megatron (``ReferenceUse.STORED``): each
+document's log-probability sum under the reference, computed once by this engine before
+training with a forward-only pass of Megatron's schedule, and stored beside the prepared
+data through ``baton.backends.reference_logps`` (``PREFIX.reference-<fingerprint16>.npy``
+and its ``.json``, shared by every engine), tied to the reference's fingerprint.
 
-The reference is ``config.reference`` (a Hugging Face directory or baton checkpoint) or,
-by default, the starting weights ``config.init_from``; it must be the policy's
-architecture and use the data's tokenizer.
+Which weights the reference is (``--reference``, else the starting weights
+``--init-from``), their check (the policy's architecture, the data's tokenizer) and their
+fingerprint are every engine's (``baton.backends.reference_model``); scoring the rows is
+this engine's own part.
 
-Example (what ``MegatronBackend.setup`` does for ``--objective dpo``)::
+Example (what ``MegatronBackend`` does for an objective with a stored reference)::
 
-    path = check_reference(config, tokenizer_info)     # UsageError: none, another model
+    source = checked_reference(config, tokenizer_info)   # check_data: once, before building
 
-    def scored():                                      # only when nothing is stored
-        load_weights(chunks, optimizer, path)
+    def scored():                                        # only when nothing is stored
+        load_weights(chunks, optimizer, source)
         return compute_reference_logps(chunks, rows, config, device)
 
     logps = stored_or_computed(
-        rows.data.prefix, reference_fingerprint(path), engine="megatron", compute=scored,
+        rows.data.prefix, reference_fingerprint(source), engine="megatron", compute=scored,
         tokenizer_fingerprint=tokenizer_info.fingerprint,
     )
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,60 +33,48 @@ import numpy
 import torch
 
 from baton.backends.megatron.config import MegatronConfig
-from baton.core.checkpoints.files import native_dir
+from baton.backends.reference_model import check_reference, reference_source
 from baton.core.errors import UsageError
 from baton.data import TokenizerInfo
 from baton.data.packed import PackedDataset
 
 
-def check_reference(config: MegatronConfig, tokenizer: TokenizerInfo) -> Path:
-    """The reference model's directory, refused (``UsageError``, one line) when there is
-    none, it is missing, or it is another architecture or tokenizer than the policy's."""
-    from baton.core.model.spec import (
-        ModelSpec,
-        check_init_from,
-        check_same_architecture,
-        is_hf_dir,
-    )
-    from baton.data import fingerprint_file
-
+def checked_reference(config: MegatronConfig, tokenizer: TokenizerInfo) -> Path:
+    """The reference model's directory (``reference_model.check_reference``), refused
+    (``UsageError``, one line) when the run has no starting weights, or the reference is
+    missing, another architecture or another tokenizer than the policy's."""
+    run = config.objective
     if config.init_from is None:
         raise UsageError(
-            "--objective dpo starts from a model and compares it with a reference: pass "
-            "--init-from (a Hugging Face directory or checkpoint)"
+            f"--objective {run.name} starts from a model and compares it with a reference: "
+            "pass --init-from (a Hugging Face directory or checkpoint)"
         )
-    path = Path(config.reference or config.init_from)
-    if not path.is_dir():
-        raise UsageError(f"--reference {path} is not a directory: pass a Hugging Face "
-                         "directory or a baton checkpoint")  # fmt: skip
-    if is_hf_dir(path):
-        spec = config.spec.to_dict() if config.spec is not None else None
-        check_same_architecture(
-            ModelSpec.from_hf(str(path)).to_dict(), spec, what=f"--reference {path}"
-        )
-        own = path / "tokenizer.json"
-        if own.is_file() and fingerprint_file(own) != tokenizer.fingerprint:
-            raise UsageError(
-                f"--reference {path} has another tokenizer than the data's ({tokenizer.path}); "
-                "pass a reference that uses the data's tokenizer"
-            )
-    else:
-        check_init_from(str(path), config.spec)
-    return path
+    source = reference_source(run, config.init_from)
+    assert source is not None, "reference_source falls back on --init-from"
+    return check_reference(source, config.spec, tokenizer.fingerprint)
 
 
-def reference_fingerprint(path: Path) -> str:
-    """The reference's fingerprint: a Hugging Face directory's as every engine takes it
-    (``reference_logps.model_fingerprint``: its weight and config files), a checkpoint's
-    from the xxh3-128 of every file of its weights (as checkpoint manifests record)."""
-    from baton.backends.reference_logps import model_fingerprint
-    from baton.core.checkpoints.files import manifest
-    from baton.core.model.spec import is_hf_dir
+def document_logps(batch: dict[str, torch.Tensor], output: torch.Tensor) -> torch.Tensor:
+    """``[b, max_documents_per_row]`` float64: per document, the sum of the
+    log-probabilities of its supervised targets (minus Megatron's per-token losses)."""
+    from array_api_compat import array_namespace
 
-    if is_hf_dir(path):
-        return model_fingerprint(path)
-    files = json.dumps(manifest(native_dir(path)), sort_keys=True)
-    return hashlib.sha256(files.encode()).hexdigest()
+    from baton.core.objectives.array_math import document_sums
+
+    mask = batch["loss_mask"].to(torch.float64)
+    logps = -output.to(torch.float64).view(mask.shape) * mask
+    xp = array_namespace(logps)
+    return document_sums(xp, logps, batch["segments"], batch["documents"].shape[1])
+
+
+def reference_logps_loss(
+    batch: dict[str, torch.Tensor], output: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """A forward-only pass's "loss": each document's log-probability sum (float64) beside
+    its global sequence index, for ``compute_reference_logps``."""
+    logps = document_logps(batch, output.detach())
+    zero = torch.zeros((), device=output.device)
+    return zero, torch.zeros((), dtype=torch.int), {"documents": batch["documents"], "logps": logps}
 
 
 @torch.no_grad()
@@ -99,7 +87,7 @@ def compute_reference_logps(
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from baton.backends.megatron.posttrain_step import packed_forward_step, reference_logps_loss
+    from baton.backends.megatron.posttrain_step import packed_forward_step
     from baton.backends.megatron.step import run_schedule
     from baton.backends.megatron.training_data import streams_over
 

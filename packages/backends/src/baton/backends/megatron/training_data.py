@@ -63,10 +63,10 @@ def open_data(config: MegatronConfig) -> PreparedSource | None:
     source = open_prepared(data.data_path, data.tokenizer)
     if config.vocab_size is not None:
         check_model_vocab(source.info, config.vocab_size)
-    if config.objective == "pretrain":
-        check_split_not_empty(source, data.split or "98,2,0")
-    else:
+    if config.packed_rows:
         open_packed(config)
+    else:
+        check_split_not_empty(source, data.split or "98,2,0")
     return source
 
 
@@ -96,10 +96,10 @@ def build_data(
     barrier: Callable[[], None],
 ) -> tuple[list[SampleStream], Any]:
     """The training streams (one per model chunk) and the validation split; rank 0
-    indexes the byte corpus while the others wait at ``barrier``. Post-training data
-    (``config.objective`` sft or dpo) is one stream of packed rows (``PackedRows``) per
+    indexes the byte corpus while the others wait at ``barrier``. Packed rows (an
+    objective on conversations or preference pairs) are one stream of ``PackedRows`` per
     chunk, all of it trained on: no validation split."""
-    if config.objective != "pretrain":
+    if config.packed_rows:
         assert source is not None, "open_data refuses post-training without prepared data"
         rows = PackedRows(open_packed(config), pad_id=source.info.eod_id)
         return streams_over(rows, config, chunks), None

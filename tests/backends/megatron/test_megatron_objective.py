@@ -29,7 +29,6 @@ TEMPERED_FILE = ROOT / "tests" / "support" / "tempered_objective.py"
 SEQ_LEN = 128
 ROWS = [0, 1, 2, 3]
 GAMMA, TEMPERATURE = 2.0, 0.7
-WAITING = pytest.mark.skip(reason="waiting for --objective FILE.py:NAME")
 
 
 def declared(path: Path, name: str) -> Objective:
@@ -150,7 +149,6 @@ def test_tempered_first_step_equals_transformers(fixtures, tmp_path):
     check_tempered(first_step(argv), fixtures)
 
 
-@WAITING
 def test_focal_from_its_file_first_step_equals_transformers(fixtures, tmp_path):
     """The focal objective named by its file on the command line, not registered."""
     argv = run_argv(
@@ -184,7 +182,6 @@ def test_first_step_under_tensor_parallel_2_equals_transformers(
     check(json.loads(out.read_text())["1"], fixtures)
 
 
-@WAITING
 @pytest.mark.slow
 def test_focal_from_its_file_under_tensor_parallel_2_equals_transformers(fixtures, tmp_path):
     """The focal objective named by its file, under tensor parallel 2."""

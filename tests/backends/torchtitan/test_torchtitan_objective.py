@@ -103,7 +103,6 @@ def test_a_registered_objective_trains_from_its_declaration(assets, monkeypatch,
     check_focal_step(assets, first)
 
 
-@pytest.mark.skip(reason="waiting for --objective FILE.py:NAME")
 def test_the_focal_example_trains_through_the_objective_flag(assets, tmp_path):
     first = first_step(
         assets, tmp_path, "--objective", f"{FOCAL_FILE}:FOCAL", "--focal-gamma", str(GAMMA)
@@ -132,7 +131,7 @@ def test_log_probabilities_at_a_temperature_and_the_entropy_equal_torchs():
     and each distribution's entropy, without gradient."""
     import torch
 
-    from baton.backends.torchtitan.objective_loss import token_logps
+    from baton.backends.torchtitan.token_logps import token_logps
 
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 5, 11, generator=generator, requires_grad=True)
@@ -157,8 +156,8 @@ def test_rows_from_a_stream_carry_their_values_beside_the_batch():
     step); a value the rows do not carry is absent."""
     import torch
 
-    from baton.backends.torchtitan.objective_loss import TORCH
     from baton.backends.torchtitan.row_feed import RowFeed
+    from baton.backends.torchtitan.token_logps import TORCH
     from baton.core.objectives import ObjectiveRun
 
     run = ObjectiveRun.of("grpo", loss_type="dapo", reward=("accuracy",))

@@ -84,7 +84,7 @@ from baton.core.metrics import StepOutput
 from baton.core.patches import PatchRecorder
 
 if TYPE_CHECKING:
-    from baton.backends.torchtitan.objective_loss import RowFeed
+    from baton.backends.torchtitan.row_feed import RowFeed
 
 logger = logging.getLogger(__name__)
 

@@ -39,35 +39,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import array_api_compat
 import torch
-from torchtitan.components.loss import BaseLoss, compute_logprobs
+from torchtitan.components.loss import BaseLoss
 from torchtitan.config import CompileConfig
 
+from baton.backends.torchtitan.token_logps import TORCH, token_logps
 from baton.core.objectives import LossInputs, ObjectiveRun
 
 if TYPE_CHECKING:
     from baton.backends.torchtitan.row_feed import RowFeed
-
-#: the array namespace of torch tensors (what the objectives' losses compute with)
-TORCH = array_api_compat.array_namespace(torch.zeros(()))
-
-
-def token_logps(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float, *, entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logps, entropy)``, each ``[B, T]`` float32: the log-probability of each label
-    under ``logits / temperature`` (0 at the ignore index) and, with ``entropy``, each
-    predicted distribution's entropy (no gradient; else None), through TorchTitan's
-    ``compute_logprobs`` (tensor-parallel logits gathered)."""
-    if temperature != 1.0:
-        logits = logits.float() / temperature
-    if entropy:
-        logps, entropies = compute_logprobs(logits, labels, return_entropy=True)
-        return logps, entropies
-    logps = compute_logprobs(logits, labels)
-    assert isinstance(logps, torch.Tensor)
-    return logps, None
 
 
 class ObjectiveLoss(BaseLoss):

@@ -35,8 +35,8 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from baton.backends.reference_logps import stored_or_computed
 from baton.backends.reference_model import reference_fingerprint, reference_source
-from baton.backends.torchtitan.objective_loss import TORCH, token_logps
 from baton.backends.torchtitan.packed import DOCUMENT_KEYS, row_sample
+from baton.backends.torchtitan.token_logps import TORCH, token_logps
 from baton.core.objectives import ObjectiveRun, ReferenceUse
 from baton.core.objectives.array_math import document_sums
 from baton.data.packed import PackedDataset

@@ -32,8 +32,8 @@ import torch
 from torchtitan.components.loss import IGNORE_INDEX
 
 from baton.backends.torch_logps import metric_sums
-from baton.backends.torchtitan.objective_loss import TORCH
 from baton.backends.torchtitan.packed import DOCUMENT_KEYS, VALUE_PREFIX
+from baton.backends.torchtitan.token_logps import TORCH
 from baton.core.errors import UsageError
 from baton.core.objectives import LossTerms, ObjectiveRun, Rows
 

@@ -342,21 +342,11 @@ def check_parameter(name: str, annotation: Any, help_text: str = "") -> str | No
     term = TERMS.get(name)
     if term is None:
         return None
-    if name == "objective" and _takes_objective_run(annotation):
-        return None  # the recipe's objective: --objective and its settings' flags
     if base_type(annotation) is not term.type:
         return f"{name} must be {term.type.__name__} (or {term.type.__name__} | None)"
     if term.zero is not None and f"(0: {term.zero}" not in help_text:
         return f"{name}: its help must say what 0 means as everywhere: '(0: {term.zero})'"
     return None
-
-
-def _takes_objective_run(annotation: Any) -> bool:
-    """Whether ``annotation`` is ``ObjectiveRun | str`` (``objective_flags.takes_objective``)."""
-    from baton.core.cli.objective_flags import takes_objective
-    from baton.core.cli.recipe_signature import Param
-
-    return takes_objective(Param("objective", annotation, None))
 
 
 def markdown_table() -> str:

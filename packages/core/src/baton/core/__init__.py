@@ -2,7 +2,7 @@
 
 Example::
 
-    from baton.core import Callback, Driver
+    from baton.core import Callback, DriverView
 
     class StopAtLoss(Callback):
         '''Stop once the logged loss drops below a threshold.'''
@@ -10,7 +10,7 @@ Example::
         def __init__(self, threshold: float) -> None:
             self.threshold = threshold
 
-        def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
             if metrics["loss"] < self.threshold:
                 driver.control.request_stop(f"loss {metrics['loss']:.3f} < {self.threshold}")
 """
@@ -32,6 +32,7 @@ from baton.core.checkpoints.files import CheckpointError
 from baton.core.checkpoints.io import CheckpointIO, UsesCheckpointIO
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
+from baton.core.driver_view import DriverView
 from baton.core.errors import BatonError, RunError, UsageError
 from baton.core.hooks import EXIT_HOOKS, HOOKS
 from baton.core.metrics import NamedMetrics, StepOutput
@@ -65,6 +66,7 @@ __all__ = [
     "Control",
     "DataExhausted",
     "Driver",
+    "DriverView",
     "LoadPlan",
     "MissingAbilityError",
     "NamedMetrics",

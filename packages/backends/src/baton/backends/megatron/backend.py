@@ -1,7 +1,7 @@
 """Megatron-Core driven one optimizer step at a time by baton's loop.
 
 ``setup`` joins the process group the launch describes (torchrun, SLURM or BATON_*,
-through ``TorchDistributed``), initialises model-parallel state (tensor, pipeline,
+through its ``TorchDistributed`` runtime), initialises model-parallel state (tensor, pipeline,
 virtual pipeline), builds ``GPTModel`` chunks from the ``TransformerConfig``, wraps each
 in Megatron's ``DistributedDataParallel``, builds the optimizer with
 ``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the data through
@@ -48,7 +48,7 @@ from baton.backends.megatron.objective import forward_step_of, objective_metrics
 from baton.backends.megatron.plan import flops_per_token, layout_plan
 from baton.backends.megatron.step import gpt_forward_step, mean_loss, run_schedule
 from baton.backends.megatron.training_data import build_data, open_data
-from baton.backends.torch_distributed import TorchDistributed
+from baton.backends.torch_distributed import TorchDistributed, UsesTorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
@@ -59,7 +59,7 @@ from baton.core.metrics import StepOutput
 log = logging.getLogger("baton")
 
 
-class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, BackendBase):
+class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistributed, BackendBase):
     """Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop."""
 
     name = "megatron"
@@ -70,6 +70,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
         self.config = config or MegatronConfig()
         set_fields(self.config, overrides)
+        #: the process group and device the run trains on
+        self.runtime = TorchDistributed()
         #: the DDP-wrapped GPTModel chunks of this rank (several with a virtual pipeline)
         self.chunks: list[Any] = []
         self.optimizer: Any = None
@@ -165,7 +167,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         cfg = self.config
         cfg.check_layout()
         self.check_data()
-        self.init_process_group(cfg.dist_backend)
+        self.runtime.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()
         cfg.data_parallel_size(self.world_size)  # validates the layout
         self.num_microbatches = cfg.num_microbatches(self.world_size)
@@ -180,7 +182,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
         use_objective(cfg)
         self._forward_step = forward_step_of(cfg)
-        self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
+        self.chunks = build_model(
+            cfg, vocab_size=self.padded_vocab_size, device=self.runtime.device
+        )
         self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
         self._moe = MoeMetrics(self.chunks) if cfg.model.num_moe_experts else None
         self.train_streams, self.valid_dataset = build_data(
@@ -226,7 +230,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
         def scored() -> Any:
             self.load_weights(path)
-            return compute_reference_logps(self.chunks, rows, self.config, self._device)
+            return compute_reference_logps(self.chunks, rows, self.config, self.runtime.device)
 
         rows.reference = stored_or_computed(
             rows.data.prefix,
@@ -281,9 +285,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             metrics["grad_norm"] = grad_norm
         if self._moe is not None:
             metrics.update(self._moe_metrics())
-        metrics.update(objective_metrics(cfg, reduced, self._device))
+        metrics.update(objective_metrics(cfg, reduced, self.runtime.device))
         return StepOutput(
-            loss=mean_loss(reduced, self._device),
+            loss=mean_loss(reduced, self.runtime.device),
             metrics=metrics,
             tokens=cfg.global_batch_size * cfg.seq_len,
             samples=cfg.global_batch_size,
@@ -301,7 +305,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid
         split (``evaluation.py``)."""
-        return evaluate_loss(self.chunks, self.valid_dataset, self.config, self._device)
+        return evaluate_loss(self.chunks, self.valid_dataset, self.config, self.runtime.device)
 
     # -- the model to callbacks -------------------------------------------------------
     def model_state(self) -> MegatronModelState:
@@ -378,4 +382,4 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None
         vars(self).pop("checkpoints", None)  # built by the next setup, on its own parts
-        self.teardown_process_group()
+        self.runtime.teardown_process_group()

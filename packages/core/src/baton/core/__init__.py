@@ -17,6 +17,7 @@ Example::
 
 from baton.core.abilities import Abilities, Ability, MissingAbilityError
 from baton.core.backend import Backend, BackendBase, DataExhausted, PendingSave, RunLimits
+from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
 from baton.core.callback import (
     CHECKPOINT_PRIORITY,
     DISPLAY_PRIORITY,
@@ -58,11 +59,13 @@ __all__ = [
     "Ability",
     "Backend",
     "BackendBase",
+    "BackendDescriptor",
     "BatonError",
     "Callback",
     "CheckpointError",
     "CheckpointFacts",
     "CheckpointIO",
+    "CompareRun",
     "Control",
     "DataExhausted",
     "Driver",
@@ -82,5 +85,6 @@ __all__ = [
     "UnknownNameError",
     "UsageError",
     "UsesCheckpointIO",
+    "declare_backend",
     "register_patch",
 ]

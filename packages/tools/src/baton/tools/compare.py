@@ -120,10 +120,12 @@ def objective_backends(objective: str, recipes: Path) -> tuple[str, ...]:
     """The compared backends that declare ``objective`` and, past pretraining, whose recipe
     in ``recipes`` takes ``--objective``, in order."""
     declared = {d.name for d in backend_descriptors() if objective in d.objectives}
-    return tuple(
-        b for b, run in compared().items() if b in declared and (objective == "pretrain" or (
-            (recipes / run.recipe).is_file() and takes_objective(recipes / run.recipe)))
-    )  # fmt: skip
+
+    def recipe_runs_it(run: CompareRun) -> bool:
+        recipe = recipes / run.recipe
+        return objective == "pretrain" or (recipe.is_file() and takes_objective(recipe))
+
+    return tuple(b for b, run in compared().items() if b in declared and recipe_runs_it(run))
 
 
 def prepare_chat(source: str, tokenizer: str, data_dir: Path, seq_len: int) -> str:

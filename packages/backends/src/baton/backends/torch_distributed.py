@@ -262,7 +262,8 @@ class TorchDistributed:
 class UsesTorchDistributed:
     """A backend whose ranks, barrier, flags and host transfers are its ``runtime``'s (a
     ``TorchDistributed``): each hands over to it. Composed before ``BackendBase`` by the
-    TorchTitan and Megatron-Core backends, which build the runtime in ``__init__``."""
+    TorchTitan and Megatron-Core backends (and ``examples/minimal_backend.py``), which
+    build the runtime in ``__init__``."""
 
     #: the process group and device the backend trains on
     runtime: TorchDistributed

@@ -2,8 +2,7 @@
 function counts: it still ties the two modules together; a package importing its own
 submodule counts too; so do imports under ``if TYPE_CHECKING:``, which tie two modules
 together for the reader as much as any: a part that names its host's type for its
-annotations still reaches back into it. One is left out: ``baton.core.driver`` named
-for the type of the ``driver`` every callback hook receives),
+annotations still reaches back into it),
 and a smoke detector for size: the largest module, class and function are printed, and
 only a module or function well past any reasonable size fails (a class has no cap: its
 size is its methods'). Nothing is split to satisfy it; a split follows a job."""
@@ -31,22 +30,10 @@ def modules() -> dict[str, Path]:
     return found
 
 
-#: the one module a type-only import may name without counting: a hook's ``driver``
-HOOK_TYPE = "baton.core.driver"
-
-
 def imported(name: str, file: Path, known: dict[str, Path]) -> set[str]:
     """The known modules ``file`` imports, at run time or for the type checker
-    (``from a import b``: ``a`` and, if it is a module, ``a.b``), less ``HOOK_TYPE``
-    imported for types only."""
+    (``from a import b``: ``a`` and, if it is a module, ``a.b``)."""
     tree = ast.parse(file.read_text())
-    for_types = {
-        id(node)
-        for branch in ast.walk(tree)
-        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
-        for statement in branch.body
-        for node in ast.walk(statement)
-    }
     package = name if file.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
     for node in ast.walk(tree):
@@ -59,8 +46,6 @@ def imported(name: str, file: Path, known: dict[str, Path]) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
             found = {base} | {f"{base}.{alias.name}" for alias in node.names}
-        if id(node) in for_types:
-            found.discard(HOOK_TYPE)
         targets |= found
     return {t for t in targets if t in known and t != name}
 

@@ -1,11 +1,13 @@
-"""The backends the conformance suite runs: the example backend and the six, each built
-tiny on CPU the way a user builds it (the example's constructor, or a recipe's flags
-through ``build_driver``), with an optimizer step that changes the weights and some
-evaluation data.
+"""The backends the conformance suite runs: the example backend and every declared one
+(``baton.core.backend_descriptor``: the six), each built tiny on CPU the way a user
+builds it (the example's constructor, or a recipe's flags through ``build_driver``),
+with an optimizer step that changes the weights and some evaluation data.
 
-    backend = FACTORIES["fabric"](tmp_path / "run")   # not set up: a Driver does that
+    suite_backends()                        # ["minimal", "fabric", "lightning", ...]
+    backend = build("fabric", tmp_path / "run")   # not set up: a Driver does that
 
-Adding a backend to the suite is one entry in ``FACTORIES``.
+A backend that declares itself is in the suite; its entry in ``FACTORIES`` says how to
+build it (a declared backend without one fails, naming this file).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from baton.core.backend_descriptor import backend_descriptors
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -84,6 +88,9 @@ def maxtext(run_dir: Path) -> Any:
     return from_recipe("maxtext_tiny.py", run_dir, flags)
 
 
+#: the example backend, which no package declares
+EXAMPLE = "minimal"
+
 #: name -> build(run_dir) of a backend, not set up
 FACTORIES: dict[str, Callable[[Path], Any]] = {
     "minimal": minimal,
@@ -94,3 +101,20 @@ FACTORIES: dict[str, Callable[[Path], Any]] = {
     "torchtitan": torchtitan,
     "maxtext": maxtext,
 }
+
+
+def suite_backends() -> list[str]:
+    """The example backend, then every declared backend in the order backends are listed."""
+    return [EXAMPLE, *(d.name for d in backend_descriptors() if d.name != EXAMPLE)]
+
+
+def build(name: str, run_dir: Path) -> Any:
+    """Backend ``name`` built tiny under ``run_dir`` (not set up); a declared backend the
+    suite cannot build fails, naming where its factory goes."""
+    factory = FACTORIES.get(name)
+    if factory is None:
+        pytest.fail(
+            f"backend {name!r} is declared but the conformance suite cannot build it: add "
+            "a build(run_dir) for it to FACTORIES in tests/conformance/factories.py"
+        )
+    return factory(run_dir)

@@ -1,5 +1,5 @@
 """The runs the conformance suite compares, each a real ``Driver`` over a backend from
-``factories.FACTORIES``, and the callbacks that look at the backend while it is set up.
+``factories.build``, and the callbacks that look at the backend while it is set up.
 
     runs = conformance_runs("fabric", tmp_path)
     runs.resumed == {s: runs.full[s] for s in runs.resumed}   # bitwise
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from baton.core import Ability, Callback, Driver
-from conformance.factories import FACTORIES
+from conformance.factories import build
 from support.recording import Losses
 
 #: steps of the uninterrupted run; the interrupted one saves at SAVE_AT and resumes
@@ -41,7 +41,7 @@ class Runs:
 def run(name: str, run_dir: Path, callbacks: list[Callback], **options: Any) -> Losses:
     """One run of backend ``name`` (a fresh backend) under ``run_dir``; its losses."""
     losses = Losses()
-    backend = FACTORIES[name](run_dir)
+    backend = build(name, run_dir)
     Driver(backend, [losses, *callbacks], log_every=1, run_dir=run_dir, **options).fit()
     return losses
 
@@ -236,7 +236,7 @@ def probe(name: str, root: Path) -> dict[str, Any]:
     """Three steps with the ``Probe`` (``losses``: their losses); and ``dry_run``,
     asked before any setup."""
     results: dict[str, Any] = {}
-    fresh = FACTORIES[name](root / "dry")
+    fresh = build(name, root / "dry")
     attempt(results, "declared_before_setup", fresh.abilities)
     before = results["declared_before_setup"]
     if not isinstance(before, Exception) and "dry_run" in before.names:

@@ -1,5 +1,6 @@
-"""Every backend keeps the contract, checked the same way on each (``FACTORIES``: the
-example backend of ``examples/minimal_backend.py`` and the six):
+"""Every backend keeps the contract, checked the same way on each (``suite_backends()``:
+the example backend of ``examples/minimal_backend.py`` and every declared backend, the
+six):
 
 - saved at step 2 and loaded by a fresh backend, a run continues with bitwise the losses
   of the uninterrupted run;
@@ -22,11 +23,13 @@ from typing import Any
 import pytest
 
 from baton.core import LOAD_ALL, MissingAbilityError
-from conformance.factories import FACTORIES
+from conformance.factories import suite_backends
 from conformance.harness import ABILITIES, SAVE_AT, STEPS, Runs, conformance_runs, probe
 
 FAST = {"minimal"}
-NAMES = [pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in FACTORIES]
+NAMES = [
+    pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in suite_backends()
+]
 
 
 @pytest.fixture(scope="module", params=NAMES)

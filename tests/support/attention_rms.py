@@ -1,6 +1,6 @@
 from array_api_compat import array_namespace
 
-from baton.core import Callback, Driver
+from baton.core import Callback, DriverView
 from baton.core.abilities import Ability
 
 
@@ -10,7 +10,7 @@ class AttentionOutputRMS(Callback):
     def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state"})  # checked before the first step
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         state = driver.backend.model_state()
         squares, sizes = {}, {}
         for piece in state.parameters("*.self_attn.o_proj.*"):

@@ -95,7 +95,7 @@ def sample_rollouts(
     from transformers import AutoModelForCausalLM
 
     tokenizer = _hf_tokenizer(tokenizer_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32).eval()
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(seed)
     records = []

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from baton.core import Callback, Driver, StepOutput
+from baton.core import Callback, DriverView, StepOutput
 
 #: exit status of a run whose checkpoint was not complete before the next save
 LATE = 3
@@ -36,10 +36,10 @@ class KillAfterSave(Callback):
         self.bucket, self.min_step_s = bucket, min_step_s
         self._started = 0.0
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         self._started = time.perf_counter()
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         time.sleep(max(0.0, self.min_step_s - (time.perf_counter() - self._started)))
         if driver.step <= self.saved:
             return
@@ -50,7 +50,7 @@ class KillAfterSave(Callback):
             print(f"{self.name} not complete by step {driver.step}", flush=True)
             os._exit(LATE)
 
-    def _complete(self, driver: Driver) -> bool:
+    def _complete(self, driver: DriverView) -> bool:
         latest = driver.checkpoint_dir / "latest"
         if not (latest.is_symlink() and Path(os.readlink(latest)).name == self.name):
             return False

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from baton.core import Callback, Driver
+from baton.core import Callback, DriverView
 from baton.core.abilities import Ability
 
 #: what the probe freezes after step 1 (Hugging Face names)
@@ -51,7 +51,7 @@ class ModelStateProbe(Callback):
     def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state"})
 
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         backend = driver.backend
         self.state = backend.model_state()
         self.counted = {p.name: p.counted for p in self.state.parameters()}

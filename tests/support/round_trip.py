@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from baton.core import Callback, Driver
+from baton.core import Callback, DriverView
 from baton.core.cli.recipe import build_driver
 
 RECIPES = Path(__file__).parents[2] / "recipes"
@@ -87,7 +87,7 @@ class MaxTextLoads(Callback):
         self.loss = float("nan")  # by MaxText's eval_step on the fixed batch
         self.aux_loss = float("nan")  # its moe_lb_loss there
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         from baton.backends.maxtext.hf import write_params
         from support.maxtext_forward import load_params, logits, losses
 

@@ -51,7 +51,7 @@ from baton.core.patches import Patch, PatchRecorder, version_matches
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 #: torch releases whose ``torch.serialization.safe_globals`` and DCP layout this fits
 TORCH_VERSIONS = ">=2.6,<2.14"
@@ -257,7 +257,7 @@ class DcpSafeLoading(Patch):
             return False, "torch's DCP reader no longer loads metadata with pickle"
         return True, f"torch {installed}"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from torch.distributed.checkpoint import default_planner, filesystem
 
         planner = default_planner.DefaultLoadPlanner

@@ -1,11 +1,17 @@
 """The torch.distributed plumbing every torch backend shares: process group from the
 launch, rank and world size, barrier, flag all-reduce, and the one-transfer ``fetch``.
 
-A backend mixes it in before ``BackendBase`` and says which device its collectives use::
+A backend owns one ``TorchDistributed`` runtime (as the Fabric backends own a
+``FabricRuntime``) and composes ``UsesTorchDistributed``, which hands its ranks,
+barrier, flags and host transfers over to it::
 
-    class MyBackend(TorchDistributed, BackendBase):
+    class MyBackend(UsesTorchDistributed, BackendBase):
+        def __init__(self) -> None:
+            self.runtime = TorchDistributed()
+
         def setup(self) -> None:
-            self.init_process_group()          # torchrun, SLURM, BATON_* or one process
+            self.runtime.init_process_group()   # torchrun, SLURM, BATON_* or one process
+            model = build(device=self.runtime.device)
             ...
 
 ``init_process_group`` reads the launch the same way for every backend
@@ -13,7 +19,7 @@ A backend mixes it in before ``BackendBase`` and says which device its collectiv
 ``BATON_*`` settings) joins rank 0's TCP store directly, within
 ``BATON_RENDEZVOUS_TIMEOUT`` seconds, or fails naming the endpoint. One that nobody launched gets a one-rank group on a
 file store (no port to collide on). The group is destroyed in ``teardown_process_group``
-only if this backend created it.
+only if this runtime created it.
 """
 
 from __future__ import annotations
@@ -146,16 +152,20 @@ def _listening(host: str, port: int) -> bool:
 
 
 class TorchDistributed:
-    """Mixin: rank, world size, ``barrier``, ``all_reduce_flags`` and ``fetch`` over
-    torch.distributed; ``init_process_group`` / ``teardown_process_group`` around a run.
+    """One run's torch.distributed runtime: the process group it joins or creates, the
+    device its collectives and flags live on, and the rank, world size, ``barrier``,
+    ``all_reduce_flags`` and ``fetch`` over them.
 
-    ``self._device`` is the device collectives and flags live on (set it in ``setup``
-    when training on an accelerator).
+    ``device`` is the CPU until ``init_process_group`` picks ``cuda:LOCAL_RANK`` where
+    CUDA is available; a backend whose framework chooses the device (TorchTitan's
+    trainer) sets it.
     """
 
-    _device: torch.device = torch.device("cpu")
-    _owns_process_group: bool = False
-    _store_file: str | None = None
+    def __init__(self) -> None:
+        #: the device collectives and flags live on
+        self.device = torch.device("cpu")
+        self._owns_process_group = False
+        self._store_file: str | None = None
 
     @property
     def rank(self) -> int:
@@ -176,7 +186,7 @@ class TorchDistributed:
 
     @property
     def device_type(self) -> str:
-        return self._device.type
+        return self.device.type
 
     def init_process_group(
         self, backend: str = "auto", *, timeout: timedelta | None = None
@@ -187,7 +197,7 @@ class TorchDistributed:
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(launch.local_rank)
-            self._device = torch.device("cuda", launch.local_rank)
+            self.device = torch.device("cuda", launch.local_rank)
         if dist.is_initialized():
             return launch
         if backend == "auto":
@@ -241,8 +251,41 @@ class TorchDistributed:
         barrier()
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
-        return all_reduce_flags(flags, self._device)
+        return all_reduce_flags(flags, self.device)
+
+    @staticmethod
+    def fetch(values: Mapping[str, Any]) -> dict[str, float]:
+        """Every tensor to the host in one transfer; plain numbers pass through."""
+        return fetch(values)
+
+
+class UsesTorchDistributed:
+    """A backend whose ranks, barrier, flags and host transfers are its ``runtime``'s (a
+    ``TorchDistributed``): each hands over to it. Composed before ``BackendBase`` by the
+    TorchTitan and Megatron-Core backends (and ``examples/minimal_backend.py``), which
+    build the runtime in ``__init__``."""
+
+    #: the process group and device the backend trains on
+    runtime: TorchDistributed
+
+    @property
+    def rank(self) -> int:
+        return self.runtime.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.world_size
+
+    @property
+    def device_type(self) -> str:
+        return self.runtime.device_type
+
+    def barrier(self) -> None:
+        self.runtime.barrier()
+
+    def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
+        return self.runtime.all_reduce_flags(flags)
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
-        return fetch(values)
+        return self.runtime.fetch(values)

@@ -46,7 +46,7 @@ from baton.core.checkpoints import files as ckpt
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Ability, Driver, StepOutput
+    from baton.core import Ability, DriverView, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -146,15 +146,15 @@ class Checkpoint(Callback):
         return f"Checkpoint(every_n_steps={self.every_n_steps}, monitor={self.monitor!r})"
 
     # -- hooks ----------------------------------------------------------------------
-    def on_configure(self, driver: Driver) -> None:
+    def on_configure(self, driver: DriverView) -> None:
         driver.configure_saving(on_stop=self.save_on_stop, asynchronous=self.async_save)
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         self._last_save = time.monotonic()
         if driver.is_global_zero:
             _remove_stale_temporaries(driver.checkpoint_dir)
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         # on resume and on rollback: the restored checkpoint is complete; what is newer
         # belongs to an abandoned timeline and what is gone from disk is forgotten
         restored = ckpt.checkpoint_name(int(checkpoint["step"]))
@@ -168,26 +168,26 @@ class Checkpoint(Callback):
         self.kept.sort(key=_step)
         self.scores = {n: s for n, s in self.scores.items() if n in self.kept}
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if self.every_n_steps and driver.step % self.every_n_steps == 0:
             driver.control.request_save(f"every {self.every_n_steps} steps", all_ranks=True)
         if self.every_minutes and time.monotonic() - self._last_save >= self.every_minutes * 60:
             # wall clocks differ across ranks: agreed at the next log step
             driver.control.request_save(f"every {self.every_minutes:g} minutes")
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if self._monitored is not None:
             value = self._monitored.read(
                 "train", driver.step, metrics, named_eval=evaluation_may_name(driver)
             )
             self._value = value if value is not None else self._value
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if self._monitored is not None:
             value = self._monitored.read("eval", driver.step, metrics)
             self._value = value if value is not None else self._value
 
-    def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         self._last_save = time.monotonic()
         name = ckpt.checkpoint_name(driver.step)
         score = self._value if self._value is not None and math.isfinite(self._value) else None
@@ -201,7 +201,7 @@ class Checkpoint(Callback):
             state["scores"][name] = score
             self._pending_scores[name] = score
 
-    def on_checkpoint_saved(self, driver: Driver, path: Path) -> None:
+    def on_checkpoint_saved(self, driver: DriverView, path: Path) -> None:
         name = path.name
         self.kept = [n for n in self.kept if n != name] + [name]
         if name in self._pending_scores:
@@ -222,7 +222,7 @@ class Checkpoint(Callback):
             keep.update(ranked[: self.keep_best])
         return keep
 
-    def _rotate(self, driver: Driver) -> None:
+    def _rotate(self, driver: DriverView) -> None:
         keep = self.protected()
         latest = ckpt.latest(driver.checkpoint_dir)
         if latest is not None:

@@ -60,7 +60,7 @@ from baton.core.options import check_verify
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, RunOptions
+    from baton.core import DriverView, RunOptions
 
 log = logging.getLogger("baton")
 
@@ -223,7 +223,7 @@ class CheckpointUpload(Callback):
         log.warning("%s holds no complete checkpoint newer than the local ones", self.url)
 
     # -- during the run ------------------------------------------------------------
-    def on_checkpoint_saved(self, driver: Driver, path: Path) -> None:
+    def on_checkpoint_saved(self, driver: DriverView, path: Path) -> None:
         if not driver.is_global_zero:
             return
         staged = path.with_name(f"{STAGING_PREFIX}{path.name}")
@@ -231,7 +231,7 @@ class CheckpointUpload(Callback):
         self._removed.discard(path.name)
         self._submit(("upload", path.name, staged))
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         if not driver.is_global_zero:
             return
         # older checkpoints only the bucket holds (this machine fetched the newest one):
@@ -251,7 +251,7 @@ class CheckpointUpload(Callback):
             if _step(n) < restored and n not in scored and not (driver.checkpoint_dir / n).is_dir()
         ]
 
-    def on_checkpoint_removed(self, driver: Driver, path: Path) -> None:
+    def on_checkpoint_removed(self, driver: DriverView, path: Path) -> None:
         if not driver.is_global_zero:
             return
         older = [n for n in self._remote_only if _step(n) < _step(path.name)]
@@ -260,13 +260,13 @@ class CheckpointUpload(Callback):
             self._removed.add(name)
             self._submit(("remove", name, None))
 
-    def on_train_end(self, driver: Driver) -> None:
+    def on_train_end(self, driver: DriverView) -> None:
         self.wait()
 
-    def on_exception(self, driver: Driver, error: BaseException) -> None:
+    def on_exception(self, driver: DriverView, error: BaseException) -> None:
         self.wait()  # the complete checkpoints reach the bucket still
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         self.wait()
 
     def wait(self) -> None:

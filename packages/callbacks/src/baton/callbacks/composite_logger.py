@@ -58,7 +58,7 @@ from baton.core.errors import UsageError
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 log = logging.getLogger("baton")
 
@@ -150,7 +150,7 @@ class CompositeLogger(Callback):
                 "" if what == "open" else " where it keeps failing",
             )
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         if self.rank_zero_only and not driver.is_global_zero:
             return
         for sink in self.sinks:
@@ -163,10 +163,10 @@ class CompositeLogger(Callback):
         if self._active and self.threaded:
             self._thread = LogThread(self._write_all)
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         self._write(driver.step, metrics, "train")
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         self._write(driver.step, metrics, "eval")
 
     def _write(self, step: int, metrics: dict[str, float], phase: Phase) -> None:
@@ -189,13 +189,13 @@ class CompositeLogger(Callback):
         if self._thread is not None:
             self._thread.flush()
 
-    def on_train_end(self, driver: Driver) -> None:
+    def on_train_end(self, driver: DriverView) -> None:
         self.flush()  # before displays that finish after the loggers (exit hooks run last-first)
 
-    def on_exception(self, driver: Driver, error: BaseException) -> None:
+    def on_exception(self, driver: DriverView, error: BaseException) -> None:
         self.flush()
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         if self._thread is not None:
             self._thread.close()
             self._thread = None

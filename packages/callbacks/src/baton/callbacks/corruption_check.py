@@ -48,7 +48,7 @@ from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
     from baton.core.abilities import Ability
 
 log = logging.getLogger("baton")
@@ -152,10 +152,10 @@ class CorruptionCheck(Callback):
         """The last step whose replicas checked clean (or the step the run started at)."""
         return self.last_good.step
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         self.last_good.mark(driver.step)  # a resumed state was checked when saved
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         if self.last_good.roll_back_if_due(driver.checkpoint_dir, driver.rollback) is not None:
             log.warning("CorruptionCheck: rolled back to step %d", driver.step)
         every = self.replay_every_n_steps
@@ -166,7 +166,7 @@ class CorruptionCheck(Callback):
             self._replaying = backend.replay_next_step()
             self._replay_due = not self._replaying  # not yet: the next step then
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         found: list[tuple[str, list[int], str]] = []
         if self._replaying:
             self._replaying = False
@@ -183,7 +183,7 @@ class CorruptionCheck(Callback):
         if found:
             self._act(driver, found)
 
-    def _act(self, driver: Driver, found: list[tuple[str, list[int], str]]) -> None:
+    def _act(self, driver: DriverView, found: list[tuple[str, list[int], str]]) -> None:
         self.findings += [finding(driver.step, *entry) for entry in found]
         shown = "; ".join(
             f"{name} on rank(s) {', '.join(map(str, ranks))}"

@@ -28,7 +28,7 @@ from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
-    from baton.core import Ability, Driver
+    from baton.core import Ability, DriverView
 
 log = logging.getLogger("baton")
 
@@ -95,13 +95,13 @@ class EarlyStopping(Callback):
     def __repr__(self) -> str:
         return f"EarlyStopping(monitor={self.monitor!r})"
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         self._check(driver, "train", metrics)
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         self._check(driver, "eval", metrics)
 
-    def _check(self, driver: Driver, phase: Phase, metrics: dict[str, float]) -> None:
+    def _check(self, driver: DriverView, phase: Phase, metrics: dict[str, float]) -> None:
         value = self._monitored.read(
             phase, driver.step, metrics, named_eval=evaluation_may_name(driver)
         )

@@ -39,7 +39,7 @@ from baton.core.model_state import ModelState
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 #: the averages' folder inside a checkpoint (beside ``backend/``)
 EMA_DIR = "ema"
@@ -77,10 +77,10 @@ class EMA(Callback):
     def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state"})
 
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         self._state = driver.backend.model_state()
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if driver.step <= self.start_step or self._state is None:
             return
         pieces = self._state.parameters()
@@ -100,25 +100,25 @@ class EMA(Callback):
         self.updates = int(state["updates"])
         self._restored = self.updates > 0
 
-    def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         directory = driver.checkpoint_being_written
         if self.averages and self._state is not None and directory is not None:
             self._state.save_arrays(directory / EMA_DIR, self.averages)
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         if not self._restored or self._state is None or driver.resumed_from is None:
             return
         self._restored = False
         self.averages = self._state.load_arrays(driver.resumed_from / EMA_DIR)
 
     # -- evaluation with the averages -----------------------------------------------------
-    def on_eval_start(self, driver: Driver) -> None:
+    def on_eval_start(self, driver: DriverView) -> None:
         if not (self.use_for_eval and self.averages and self._state is not None):
             return
         self._trained = {p.name: copy_of(p.value) for p in self._state.parameters()}
         self._state.assign(self.averages)
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if self._trained is not None and self._state is not None:
             self._state.assign(self._trained)
             self._trained = None

@@ -34,7 +34,7 @@ from baton.core.model_state import ModelState, matches
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 @CALLBACKS.register("freeze")
@@ -59,7 +59,7 @@ class Freeze(Callback):
     def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state"})
 
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         self._state = driver.backend.model_state()
         names = [p.name for p in self._state.parameters()]
         here = [any(matches(name, pattern) for name in names) for pattern in self.patterns]
@@ -77,7 +77,7 @@ class Freeze(Callback):
         """Whether step ``step`` (1-based) trains with the parameters frozen."""
         return self.until_step is None or step <= self.until_step
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         if self._state is None:
             return
         frozen = self.wanted(driver.step + 1)
@@ -87,7 +87,7 @@ class Freeze(Callback):
             self._state.unfreeze(self.frozen)
             self.frozen = []
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         metrics["freeze/frozen"] = float(len(self.frozen))
 
     def state_dict(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 
 @CALLBACKS.register("gc")
@@ -45,23 +45,23 @@ class GarbageCollection(Callback):
         self.last_collect_s: float | None = None
         self._was_enabled: bool | None = None
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         self._was_enabled = gc.isenabled()
         gc.collect(self.generation)
         gc.disable()
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if driver.step % self.every_n_steps == 0:
             start = time.perf_counter()
             gc.collect(self.generation)
             self.last_collect_s = time.perf_counter() - start
             self.collections += 1
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if self.last_collect_s is not None:
             metrics["gc/collect_s"] = self.last_collect_s
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         if self._was_enabled:
             gc.enable()
         self._was_enabled = None

@@ -65,7 +65,7 @@ from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 #: when this module was imported: the process start where ``/proc`` cannot say
 _IMPORTED_AT = time.time()
@@ -120,7 +120,7 @@ class Goodput(Callback):
         self._productive = 0.0
 
     # -- lifecycle -------------------------------------------------------------
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         if not driver.is_global_zero:
             return
         run_dir = Path(driver.options.run_dir)
@@ -144,7 +144,7 @@ class Goodput(Callback):
         self._pending = {"startup": now - started}
         self._write(driver, now, process_start=started)
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         if self._writer is None:
             return
         now = self._advance("restore")
@@ -152,7 +152,7 @@ class Goodput(Callback):
         self._eval0, self._save0 = driver.eval_time_s, driver.save_blocking_s
         self._write(driver, now)
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if self._writer is None:
             return
         now = time.time()
@@ -180,14 +180,14 @@ class Goodput(Callback):
         elif self._step_mark is not None:
             self._step_mark.write(self._record(driver.step))
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if self._writer is None:
             return
         wall = time.time() - self._run_start
         if wall > 0:
             metrics["goodput"] = (self._productive_before + self._productive) / wall
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         if self._writer is None:
             return
         now = time.time()
@@ -199,7 +199,7 @@ class Goodput(Callback):
         self._writer = None
 
     # -- bookkeeping -----------------------------------------------------------
-    def _take_pauses(self, driver: Driver) -> float:
+    def _take_pauses(self, driver: DriverView) -> float:
         """Move the evaluation and save blocking time since the last call to their
         categories; returns their sum."""
         evaluation = driver.eval_time_s - self._eval0
@@ -231,7 +231,7 @@ class Goodput(Callback):
             **extra,
         }
 
-    def _write(self, driver: Driver, now: float, **extra: Any) -> None:
+    def _write(self, driver: DriverView, now: float, **extra: Any) -> None:
         assert self._writer is not None
         self._writer.append(self._record(driver.step, **extra))
         self._t0 = self._mark

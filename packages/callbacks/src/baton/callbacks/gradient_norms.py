@@ -32,7 +32,7 @@ from baton.core.model_state import ModelState
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 @CALLBACKS.register("gradient_norms")
@@ -50,7 +50,7 @@ class GradientNormMonitor(Callback):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
-        self._driver: Driver | None = None
+        self._driver: DriverView | None = None
         self._state: ModelState | None = None
         self._counted: frozenset[str] = frozenset()
         self._logs_next = False
@@ -58,13 +58,13 @@ class GradientNormMonitor(Callback):
     def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state"})
 
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         self._driver = driver
         self._state = driver.backend.model_state()
         self._counted = frozenset(p.name for p in self._state.parameters() if p.counted)
         self._state.watch_gradients(self._watch)
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         self._logs_next = (driver.step + 1) % driver.options.log_every == 0
 
     def group(self, name: str) -> str:

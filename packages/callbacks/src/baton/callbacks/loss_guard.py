@@ -40,7 +40,7 @@ from baton.core.callback import GUARD_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Ability, Driver, StepOutput
+    from baton.core import Ability, DriverView, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -109,11 +109,11 @@ class LossGuard(Callback):
         """The last step whose logged loss was healthy (or the step loaded)."""
         return self.last_good.step
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         self.last_good.mark(driver.step)
 
     # -- detection ------------------------------------------------------------------
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         ctl = driver.control
         if ctl.save:
             # check the state before it is saved. A save every rank makes now needs a
@@ -124,7 +124,7 @@ class LossGuard(Callback):
             if (agreed and "log" not in ctl.agreed) or not ctl.log:
                 ctl.request_log("loss guard checks before saving", all_ranks=agreed)
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if "loss" not in metrics:
             raise ValueError(
                 f"LossGuard: backend {driver.backend.name!r} returned no loss (StepOutput.loss "
@@ -159,7 +159,7 @@ class LossGuard(Callback):
         self._act(driver, what)
 
     # -- action ---------------------------------------------------------------------
-    def _act(self, driver: Driver, what: str) -> None:
+    def _act(self, driver: DriverView, what: str) -> None:
         # never save the broken state, now or on the way out
         good = self.last_good.refuse_save(driver.control, what, driver.checkpoint_dir)
         where = (
@@ -186,7 +186,7 @@ class LossGuard(Callback):
         log.error(message)
         driver.control.request_stop(message, all_ranks=True)
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         bad_step = self.last_good.roll_back_if_due(driver.checkpoint_dir, driver.rollback)
         if bad_step is None:
             return

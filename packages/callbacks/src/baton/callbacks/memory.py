@@ -24,7 +24,7 @@ from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 GIB = float(1 << 30)
 
@@ -60,6 +60,6 @@ class MemoryMonitor(Callback):
     def __init__(self) -> None:
         self._process = psutil.Process()
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         metrics["memory/host_rss_gib"] = self._process.memory_info().rss / GIB
         metrics.update(device_memory(driver.backend.device_type))

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
-def evaluation_may_name(driver: Driver) -> bool:
+def evaluation_may_name(driver: DriverView) -> bool:
     """Whether ``driver``'s run evaluates on a cadence with a backend whose evaluation
     keeps its author's names (``names_evaluation_metrics``: a LightningModule's)."""
     return (

@@ -24,7 +24,7 @@ from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 log = logging.getLogger("baton")
 
@@ -49,7 +49,7 @@ class OptimizerMonitor(Callback):
         self.aliases = {"optim/lr": tuple(lr_keys), "optim/grad_norm": tuple(grad_norm_keys)}
         self._reported = False
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         missing: list[str] = []
         for target, keys in self.aliases.items():
             found = next((k for k in keys if k in metrics), None)

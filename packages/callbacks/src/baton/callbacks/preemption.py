@@ -35,7 +35,7 @@ from baton.core.callback import STOP_REQUEST_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -70,14 +70,14 @@ class Preemption(Callback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum).name
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         if threading.current_thread() is not threading.main_thread():
             log.warning("Preemption: not on the main thread, signal handlers not installed")
             return
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if self.received is None:
             return
         reason = f"received {self.received} (preemption)"
@@ -107,7 +107,7 @@ class Preemption(Callback):
                 done.stderr.strip() or f"scontrol exit {done.returncode}",
             )
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

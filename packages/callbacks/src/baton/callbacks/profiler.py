@@ -23,7 +23,7 @@ from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -67,7 +67,7 @@ class Profiler(Callback):
     def end_step(self) -> int:
         return self.start_step + self.num_steps - 1
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         if driver.step + 1 != self.start_step or self.library is None:
             return
         out = self.output_dir or Path(driver.log_dir) / "profiler"
@@ -90,13 +90,13 @@ class Profiler(Callback):
             self.trace_path = out
         log.info("profiling steps %d..%d", self.start_step, self.end_step)
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if self.library is None:
             self.library = array_library(output.loss)
         if self._active is not None and driver.step >= self.end_step:
             self._stop(driver)
 
-    def _stop(self, driver: Driver) -> None:
+    def _stop(self, driver: DriverView) -> None:
         active, self._active = self._active, None
         if active == "jax":
             import jax
@@ -107,6 +107,6 @@ class Profiler(Callback):
             active.export_chrome_trace(str(self.trace_path))
         log.info("profile written to %s", self.trace_path)
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         if self._active is not None:  # the run ended inside the window
             self._stop(driver)

@@ -23,7 +23,7 @@ from baton.core.callback import DISPLAY_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 
 @CALLBACKS.register("progress")
@@ -47,7 +47,7 @@ class Progress(Callback):
         self._rate: tuple[float, str] | None = None
         self._eval_loss: float | None = None
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         if not driver.is_global_zero or driver.evaluating_only:  # `baton eval`: no steps
             return
         self._bar = RichProgress(
@@ -67,16 +67,16 @@ class Progress(Callback):
         self._last = (time.monotonic(), self._count(driver)[0])
 
     @staticmethod
-    def _count(driver: Driver) -> tuple[int, str]:
+    def _count(driver: DriverView) -> tuple[int, str]:
         """Tokens for a token model, else samples: what the rate counts."""
         return (driver.tokens, "tok/s") if driver.tokens else (driver.samples, "samples/s")
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         # host counters only (no device value is read): the bar moves every step
         if self._bar is not None:
             self._bar.update(self._task, completed=driver.step)
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         now = time.monotonic()
         then, count_then = self._last
         count, unit = self._count(driver)
@@ -86,11 +86,11 @@ class Progress(Callback):
         self._loss = metrics.get("loss", self._loss)
         self._show(driver)
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         self._eval_loss = metrics.get("eval/loss", metrics.get("val_loss", self._eval_loss))
         self._show(driver)
 
-    def _show(self, driver: Driver) -> None:
+    def _show(self, driver: DriverView) -> None:
         if self._bar is None:
             return
         parts = [] if self._loss is None else [f"loss {self._loss:.4f}"]
@@ -102,11 +102,11 @@ class Progress(Callback):
         info = "  ".join(parts)
         self._bar.update(self._task, completed=driver.step, info=info)
 
-    def on_train_end(self, driver: Driver) -> None:
+    def on_train_end(self, driver: DriverView) -> None:
         if self._bar is not None:
             self._bar.update(self._task, completed=driver.step)
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

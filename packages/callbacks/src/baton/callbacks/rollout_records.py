@@ -35,7 +35,7 @@ from baton.core.callback import LOGGER_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
     from baton.core.rollouts.collaborator import RolloutRecord
 
 FILE_NAME = "rollouts.jsonl"
@@ -57,7 +57,7 @@ class RolloutRecords(Callback):
         #: records written by this process
         self.written = 0
 
-    def _open(self, driver: Driver) -> None:
+    def _open(self, driver: DriverView) -> None:
         """Open the file for appending, without the records of steps after the current."""
         self._close()
         if self.path is None:
@@ -72,25 +72,25 @@ class RolloutRecords(Callback):
             self._fh.close()
             self._fh = None
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         if driver.is_global_zero:
             self._open(driver)
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         if self._fh is not None:  # a rollback in the middle of the run
             self._open(driver)
 
-    def on_rollout_end(self, driver: Driver, rollouts: Sequence[RolloutRecord]) -> None:
+    def on_rollout_end(self, driver: DriverView, rollouts: Sequence[RolloutRecord]) -> None:
         if self._fh is None:
             return
         self._fh.write("".join(json.dumps(record.to_json()) + "\n" for record in rollouts))
         self._fh.flush()
         self.written += len(rollouts)
 
-    def on_train_end(self, driver: Driver) -> None:
+    def on_train_end(self, driver: DriverView) -> None:
         self._close()
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         self._close()
 
 

@@ -29,7 +29,7 @@ from baton.core.callback import METRIC_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 @CALLBACKS.register("throughput")
@@ -53,19 +53,19 @@ class ThroughputMonitor(Callback):
         self.precision = precision
         self._window: tuple[float, float, int, int, int] | None = None
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         if self.peak_flops is None:
             self.peak_flops = peak_flops(device_name(driver.backend.device_type), self.precision)
         self._reset(driver)
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         self._reset(driver)  # a rollback moves the counters back
 
     @staticmethod
-    def _paused(driver: Driver) -> float:
+    def _paused(driver: DriverView) -> float:
         return driver.eval_time_s + driver.save_blocking_s
 
-    def _reset(self, driver: Driver) -> None:
+    def _reset(self, driver: DriverView) -> None:
         self._window = (
             time.perf_counter(),
             self._paused(driver),
@@ -74,7 +74,7 @@ class ThroughputMonitor(Callback):
             driver.samples,
         )
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         if self._window is None:
             return
         then, paused0, step0, tokens0, samples0 = self._window

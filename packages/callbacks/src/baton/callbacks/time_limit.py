@@ -25,7 +25,7 @@ from baton.core.callback import STOP_REQUEST_PRIORITY, Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -52,7 +52,7 @@ class TimeLimit(Callback):
     def elapsed_min(self) -> float:
         return (time.monotonic() - self._start) / 60
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if self._fired or self.elapsed_min() < self.minutes:
             return
         self._fired = True
@@ -62,5 +62,5 @@ class TimeLimit(Callback):
         if self.save:
             driver.control.request_save(reason)
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         metrics["time/elapsed_min"] = self.elapsed_min()

@@ -52,7 +52,7 @@ from baton.core.callback import Callback
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver, StepOutput
+    from baton.core import DriverView, StepOutput
 
 log = logging.getLogger("baton")
 
@@ -125,7 +125,7 @@ class Watchdog(Callback):
         self._world = 1
 
     # -- hooks (the training thread: in-memory notes only) ---------------------
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         self._dir = driver.options.run_dir / WATCHDOG_DIR
         self._dir.mkdir(parents=True, exist_ok=True)
         self._rank, self._world = driver.backend.rank, driver.backend.world_size
@@ -136,28 +136,28 @@ class Watchdog(Callback):
         self._thread = threading.Thread(target=self._watch, name="baton-watchdog", daemon=True)
         self._thread.start()
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         self._step_started = time.monotonic()
         self._note(driver.step + 1, "step")
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         self._durations.append(time.monotonic() - self._step_started)
         self._first_step_done = True
         self._note(driver.step, "step_end")
 
-    def on_eval_start(self, driver: Driver) -> None:
+    def on_eval_start(self, driver: DriverView) -> None:
         self._note(driver.step, "between")
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         self._note(driver.step, "between")
 
-    def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         self._note(driver.step, "between")
 
-    def on_train_end(self, driver: Driver) -> None:
+    def on_train_end(self, driver: DriverView) -> None:
         self._halt()
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         self._halt()
 
     def _note(self, step: int, phase: str) -> None:

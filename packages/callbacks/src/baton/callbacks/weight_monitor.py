@@ -32,7 +32,7 @@ from baton.core.model_state import ModelState
 from baton.core.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 @CALLBACKS.register("weight_monitor")
@@ -55,14 +55,14 @@ class WeightMonitor(Callback):
     def requires(self) -> frozenset[Ability]:
         return frozenset({"model_state"})
 
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         self._state = driver.backend.model_state()
 
     def _counted(self) -> dict[str, Any]:
         assert self._state is not None
         return {p.name: p.value for p in self._state.parameters() if p.counted}
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         if (driver.step + 1) % driver.options.log_every:
             return
         self._before = {
@@ -70,7 +70,7 @@ class WeightMonitor(Callback):
             for name, value in self._counted().items()
         }
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         if self._before is None or self._state is None:
             return
         before, self._before = self._before, None

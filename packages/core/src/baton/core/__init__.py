@@ -2,7 +2,7 @@
 
 Example::
 
-    from baton.core import Callback, Driver
+    from baton.core import Callback, DriverView
 
     class StopAtLoss(Callback):
         '''Stop once the logged loss drops below a threshold.'''
@@ -10,13 +10,14 @@ Example::
         def __init__(self, threshold: float) -> None:
             self.threshold = threshold
 
-        def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
             if metrics["loss"] < self.threshold:
                 driver.control.request_stop(f"loss {metrics['loss']:.3f} < {self.threshold}")
 """
 
 from baton.core.abilities import Abilities, Ability, MissingAbilityError
 from baton.core.backend import Backend, BackendBase, DataExhausted, PendingSave, RunLimits
+from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
 from baton.core.callback import (
     CHECKPOINT_PRIORITY,
     DISPLAY_PRIORITY,
@@ -32,6 +33,7 @@ from baton.core.checkpoints.files import CheckpointError
 from baton.core.checkpoints.io import CheckpointIO, UsesCheckpointIO
 from baton.core.control import Control
 from baton.core.driver import Driver, RunResult
+from baton.core.driver_view import DriverView
 from baton.core.errors import BatonError, RunError, UsageError
 from baton.core.hooks import EXIT_HOOKS, HOOKS
 from baton.core.metrics import NamedMetrics, StepOutput
@@ -57,14 +59,17 @@ __all__ = [
     "Ability",
     "Backend",
     "BackendBase",
+    "BackendDescriptor",
     "BatonError",
     "Callback",
     "CheckpointError",
     "CheckpointFacts",
     "CheckpointIO",
+    "CompareRun",
     "Control",
     "DataExhausted",
     "Driver",
+    "DriverView",
     "LoadPlan",
     "MissingAbilityError",
     "NamedMetrics",
@@ -80,5 +85,6 @@ __all__ = [
     "UnknownNameError",
     "UsageError",
     "UsesCheckpointIO",
+    "declare_backend",
     "register_patch",
 ]

@@ -5,12 +5,12 @@ start of a run, and never calls the others, so an unused hook costs nothing.
 
 Example::
 
-    from baton.core import Callback
+    from baton.core import Callback, DriverView
 
     class PrintLoss(Callback):
         '''Print the loss on every log step.'''
 
-        def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+        def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
             print(driver.step, metrics["loss"])
 
 ``on_log`` carries training metrics only; evaluation results arrive in
@@ -21,6 +21,9 @@ step on a backend without it.
 Stateful callbacks set a unique ``state_key`` and implement ``state_dict`` /
 ``load_state_dict``; their state travels in every checkpoint (it must be JSON
 serialisable) and comes back on resume.
+
+Every hook receives the running driver as a ``DriverView`` (``driver_view.py``): the
+documented part of the loop a callback reads and calls.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from baton.core.abilities import Ability
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
     from baton.core.metrics import StepOutput
     from baton.core.rollouts.collaborator import RolloutRecord
 
@@ -80,57 +83,57 @@ class Callback:
         return frozenset()
 
     # -- hooks -----------------------------------------------------------------
-    def on_configure(self, driver: Driver) -> None:
+    def on_configure(self, driver: DriverView) -> None:
         """Before anything is built: edit ``driver.backend.config`` (the native config)."""
 
-    def on_setup(self, driver: Driver) -> None:
+    def on_setup(self, driver: DriverView) -> None:
         """The backend built its model, optimizer, data and step function."""
 
-    def on_load_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         """A checkpoint was restored; ``checkpoint`` is its ``baton.json`` content."""
 
-    def on_train_start(self, driver: Driver) -> None:
+    def on_train_start(self, driver: DriverView) -> None:
         """The loop is about to run its first step (after any resume)."""
 
-    def on_step_start(self, driver: Driver) -> None:
+    def on_step_start(self, driver: DriverView) -> None:
         """Step ``driver.step + 1`` is about to run."""
 
-    def on_rollout_end(self, driver: Driver, rollouts: Sequence[RolloutRecord]) -> None:
+    def on_rollout_end(self, driver: DriverView, rollouts: Sequence[RolloutRecord]) -> None:
         """New rollouts are ready for step ``driver.step + 1`` (a run that trains on
         rollouts; every rank, the same records): one record per completion, with its
         rewards and advantage. Not called on a step that reuses the last rollouts."""
 
-    def on_step_end(self, driver: Driver, output: StepOutput) -> None:
+    def on_step_end(self, driver: DriverView, output: StepOutput) -> None:
         """A step finished. ``output`` holds lazy backend values: reading them syncs."""
 
-    def on_log(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_log(self, driver: DriverView, metrics: dict[str, float]) -> None:
         """Host-side training metrics of a log step (never evaluation results).
         Callbacks may add keys for later callbacks."""
 
-    def on_eval_start(self, driver: Driver) -> None:
+    def on_eval_start(self, driver: DriverView) -> None:
         """Evaluation is about to run."""
 
-    def on_eval_end(self, driver: Driver, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, driver: DriverView, metrics: dict[str, float]) -> None:
         """Evaluation finished with these host-side metrics (keys ``eval/...``).
         Callbacks may add keys for later callbacks."""
 
-    def on_save_checkpoint(self, driver: Driver, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, driver: DriverView, checkpoint: dict[str, Any]) -> None:
         """A checkpoint is being written; entries added to ``checkpoint`` go to ``baton.json``."""
 
-    def on_checkpoint_saved(self, driver: Driver, path: Path) -> None:
+    def on_checkpoint_saved(self, driver: DriverView, path: Path) -> None:
         """The checkpoint at ``path`` is complete on disk (and is now ``latest``)."""
 
-    def on_checkpoint_removed(self, driver: Driver, path: Path) -> None:
+    def on_checkpoint_removed(self, driver: DriverView, path: Path) -> None:
         """Rotation dropped the checkpoint at ``path`` (deleted on rank 0); copies kept
         elsewhere (object storage) follow."""
 
-    def on_train_end(self, driver: Driver) -> None:
+    def on_train_end(self, driver: DriverView) -> None:
         """The loop ended normally (stop condition or stop request)."""
 
-    def on_exception(self, driver: Driver, error: BaseException) -> None:
+    def on_exception(self, driver: DriverView, error: BaseException) -> None:
         """Something raised during the run; teardown follows."""
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         """Always runs last, in reverse order: release what ``on_configure``/``on_setup`` took."""
 
     def __repr__(self) -> str:

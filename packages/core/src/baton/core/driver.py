@@ -47,6 +47,7 @@ from baton.core.checkpoints.run_record import write_patch_report, write_run_reco
 from baton.core.checkpoints.rundir import RunDirLock
 from baton.core.control import Control
 from baton.core.dispatch import Dispatcher
+from baton.core.driver_view import DriverView
 from baton.core.errors import UsageError
 from baton.core.metrics import StepOutput
 from baton.core.options import OptionKeywords, RunOptions
@@ -106,6 +107,9 @@ class Driver:
     Options are read as ``driver.options.max_steps``; ``driver.options.replace(...)``
     gives a checked copy to assign back.
     The run directory is locked for the run: a second run on it fails naming the holder.
+
+    A callback's hooks receive the driver typed as ``DriverView`` (``driver_view.py``):
+    the part of it they may read and call, which this class satisfies.
 
     Callbacks that own the save policy (``Checkpoint``) set it through
     ``configure_saving`` in ``on_configure``; a guard that must not let a broken state
@@ -234,7 +238,8 @@ class Driver:
         """Call ``hook(driver, *args)`` on every callback that overrides it, in order."""
         handlers = self._dispatch.table[hook]
         if handlers:  # most hooks have none: nothing more is built or called
-            args = (self, *args)
+            view: DriverView = self  # what hooks may use of the driver (checked statically)
+            args = (view, *args)
             for handler in handlers:
                 handler(*args)
 

@@ -41,7 +41,7 @@ from baton.core.registry import Registry
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 PHASES: dict[str, str] = {
     "configure": "on_configure",
@@ -161,14 +161,14 @@ class Patch(Callback):
         """Whether the run needs this patch (``(False, why)`` to explain a skip)."""
         return True
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         raise NotImplementedError
 
-    def _apply_in_phase(self, driver: Driver) -> None:
+    def _apply_in_phase(self, driver: DriverView) -> None:
         self.applied = True
         self.apply(driver, self.recorder)
 
-    def on_teardown(self, driver: Driver) -> None:
+    def on_teardown(self, driver: DriverView) -> None:
         failures = self.recorder.undo()
         if failures:
             import logging

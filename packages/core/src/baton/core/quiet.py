@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from baton.core.patches import PATCHES, Patch, PatchRecorder, parse_selection, version_matches
 
 if TYPE_CHECKING:
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class QuietPatch(Patch):
         decide without importing them); ``condition`` decides for the run."""
         return True
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         install_quiet(self.quiet, recorder)
 
 

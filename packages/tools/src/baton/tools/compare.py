@@ -23,7 +23,9 @@ sequence length and learning-rate schedule, into ``<run-dir>/<backend>`` (its ou
 class), TorchTitan ``torchtitan_llama3_debug.py`` (its llama3 or qwen3 model),
 Megatron-Core ``megatron_gpt_tiny.py`` (GPTModel, with MoE layers for a Qwen3-MoE),
 MaxText ``maxtext_tiny.py`` (its ``llama2``, ``qwen3`` or ``qwen3_moe`` decoder block,
-``dtype=float32``). All four start from the same weights, in fp32. The loss curves land
+``dtype=float32``); each backend's descriptor declares its recipe and the recipe's own
+flags (``BackendDescriptor.compare``), so a backend that declares one is compared too.
+All four start from the same weights, in fp32. The loss curves land
 in ``<run-dir>/comparison/loss.png`` (``baton plot`` with the run directories) and a
 table prints each backend's first and final loss and the largest relative difference of
 its per-step losses from the first backend's.
@@ -63,7 +65,8 @@ The loss is the mean over the step's supervised tokens on every backend. When ``
 holds every row of the data (and fewer than 10 rows, so Fabric holds none out for
 evaluation) every backend's first step reads the same rows, and the first-step losses
 agree within 1e-5 relative; otherwise each backend's own order picks the rows. Without
-``--backends`` it runs the backends whose recipe takes ``--objective``.
+``--backends`` it runs the backends that declare the objective and whose recipe takes
+``--objective``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
+from baton.core.backend_descriptor import CompareRun, backend_descriptors
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import WarmupCosine
 from baton.core.model.spec import ModelSpec
@@ -92,18 +96,16 @@ from baton.tools.compare_model import (
 
 #: where the backends' tiny recipes are found unless ``--recipes`` says otherwise
 RECIPES = Path("recipes")
-BACKENDS = ("fabric", "torchtitan", "megatron", "maxtext")
-#: the recipe each backend runs
-RECIPE_FILES = {
-    "fabric": "hf_finetune.py",
-    "torchtitan": "torchtitan_llama3_debug.py",
-    "megatron": "megatron_gpt_tiny.py",
-    "maxtext": "maxtext_tiny.py",
-}
-#: what ``--objective`` may ask of every backend
+#: what ``--objective`` may ask of the backends (each runs those its descriptor names)
 OBJECTIVES = ("pretrain", "sft")
 #: input files that ``--objective sft`` prepares as conversations (anything else: a prefix)
 CHAT_SUFFIXES = (".jsonl", ".parquet")
+
+
+def compared() -> dict[str, CompareRun]:
+    """The backends ``baton compare`` runs, each with how (its descriptor's
+    ``CompareRun``), in the order backends are listed: the first is the reference."""
+    return {d.name: d.compare for d in backend_descriptors() if d.compare is not None}
 
 
 def takes_objective(recipe: Path) -> bool:
@@ -114,12 +116,16 @@ def takes_objective(recipe: Path) -> bool:
     return signature is not None and any(p.name == "objective" for p in signature.params)
 
 
-def sft_backends(recipes: Path) -> tuple[str, ...]:
-    """The backends whose recipe in ``recipes`` trains ``--objective sft``, in order."""
-    return tuple(
-        b for b in BACKENDS if (recipes / RECIPE_FILES[b]).is_file()
-        and takes_objective(recipes / RECIPE_FILES[b])
-    )  # fmt: skip
+def objective_backends(objective: str, recipes: Path) -> tuple[str, ...]:
+    """The compared backends that declare ``objective`` and, past pretraining, whose recipe
+    in ``recipes`` takes ``--objective``, in order."""
+    declared = {d.name for d in backend_descriptors() if objective in d.objectives}
+
+    def recipe_runs_it(run: CompareRun) -> bool:
+        recipe = recipes / run.recipe
+        return objective == "pretrain" or (recipe.is_file() and takes_objective(recipe))
+
+    return tuple(b for b, run in compared().items() if b in declared and recipe_runs_it(run))
 
 
 def prepare_chat(source: str, tokenizer: str, data_dir: Path, seq_len: int) -> str:
@@ -181,8 +187,8 @@ def backend_command(
 ) -> list[str]:
     """``python -m baton.core.cli.command run <backend's recipe> --init-from ...`` with the shared
     settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
-    ``--objective sft``: on packed rows of ``seq_len`` inputs)."""
-    no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
+    ``--objective sft``: on packed rows of ``seq_len`` inputs), then the recipe's own
+    flags (its descriptor's ``CompareRun``)."""
     common = [
         f"--init-from={init_from}",
         f"--max-steps={steps}",
@@ -198,30 +204,9 @@ def backend_command(
     ]
     if objective != "pretrain":
         common.append(f"--objective={objective}")
-    own = {
-        # its model shifts the labels itself: one token more gives --seq-len targets (packed
-        # rows, read with --objective sft, hold their own seq_len + 1 tokens)
-        "fabric": [f"--seq-len={seq_len + 1}", f"--batch-size={batch}", "--eval-every=0"],
-        "torchtitan": [f"--seq-len={seq_len}", f"--batch-size={batch}", "--no-progress"],
-        "megatron": [
-            f"--seq-len={seq_len}",
-            f"--batch-size={batch}",
-            f"--global-batch-size={batch}",
-            no_eval,
-            "--no-async-save",
-            "--no-progress",
-        ],
-        "maxtext": [
-            f"--seq-len={seq_len}",
-            f"--batch-size={batch}",
-            "--eval-every=0",
-            "--no-async-save",
-            "--no-progress",
-            "--overrides",
-            "dtype=float32",
-        ],
-    }[backend]
-    recipe = recipes / RECIPE_FILES[backend]
+    run = compared()[backend]
+    own = run.command_flags(seq_len=seq_len, batch=batch, steps=steps)
+    recipe = recipes / run.recipe
     return [sys.executable, "-m", "baton.core.cli.command", "run", str(recipe), *common, *own]
 
 
@@ -312,8 +297,9 @@ def compare(
             --layers/--hidden/--heads).
         model_config: a Llama, Qwen3 or Qwen3-MoE config.json (or its directory) whose
             model is written with random weights for all backends to start from.
-        backends: which backends to run, in order (the first is the reference; None: all
-            four, or for sft those whose recipe takes --objective).
+        backends: which backends to run, in order (the first is the reference; None:
+            every compared backend that declares the objective, for sft those whose
+            recipe takes --objective).
         run_dir: where the data, the model, each backend's run and the chart go.
         recipes: the directory holding each backend's recipe.
         objective: pretrain (next token over text) or sft (conversations: --data-path a
@@ -323,8 +309,9 @@ def compare(
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective {objective}: choose from {' '.join(OBJECTIVES)}")
     if backends is None:
-        backends = BACKENDS if objective == "pretrain" else sft_backends(recipes)
+        backends = objective_backends(objective, recipes)
     _check_arguments(backends, data_path, tokenizer, recipes)
+    _check_objective(backends, objective, recipes)
     if objective == "sft":
         _check_sft(backends, data_path, tokenizer, recipes)
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
@@ -421,17 +408,18 @@ def _check_arguments(
     backends: Sequence[str], data_path: str | None, tokenizer: str | None, recipes: Path
 ) -> None:
     """``ValueError`` for unknown backends, data without its tokenizer, missing recipes."""
-    unknown = [b for b in backends if b not in BACKENDS]
+    runs = compared()
+    unknown = [b for b in backends if b not in runs]
     if unknown or not backends:
         raise ValueError(
-            f"--backends {' '.join(backends) or '(none)'}: choose from {' '.join(BACKENDS)}"
+            f"--backends {' '.join(backends) or '(none)'}: choose from {' '.join(runs)}"
         )
     if (data_path is None) != (tokenizer is None):
         raise ValueError(
             "pass both --data-path (a `baton data prepare` prefix) and --tokenizer (the "
             "directory it was prepared with), or neither to prepare the Python reference"
         )
-    missing = [RECIPE_FILES[b] for b in backends if not (recipes / RECIPE_FILES[b]).is_file()]
+    missing = [runs[b].recipe for b in backends if not (recipes / runs[b].recipe).is_file()]
     if missing:
         raise ValueError(
             f"--recipes {recipes} lacks {', '.join(missing)}; run from the project's root "
@@ -449,11 +437,24 @@ def _check_sft(
             "--objective sft needs --data-path (a chat .jsonl/.parquet, or a prefix from "
             "`baton data prepare --seq-len`) and --tokenizer (with its chat template)"
         )
-    without = [b for b in backends if not takes_objective(recipes / RECIPE_FILES[b])]
+    runs = compared()
+    without = [b for b in backends if not takes_objective(recipes / runs[b].recipe)]
     if without:
         raise ValueError(
             f"--objective sft: the recipe of {' '.join(without)} has no --objective; choose "
-            f"from {' '.join(sft_backends(recipes)) or '(none)'}"
+            f"from {' '.join(objective_backends('sft', recipes)) or '(none)'}"
+        )
+
+
+def _check_objective(backends: Sequence[str], objective: str, recipes: Path) -> None:
+    """``ValueError`` for a backend whose descriptor does not name ``objective``."""
+    declared = {d.name: d.objectives for d in backend_descriptors()}
+    others = [b for b in backends if objective not in declared[b]]
+    if others:
+        raise ValueError(
+            f"--objective {objective}: {' '.join(others)} does not train it (its backend "
+            f"declares {', '.join(declared[others[0]])}); choose from "
+            f"{' '.join(objective_backends(objective, recipes)) or '(none)'}"
         )
 
 

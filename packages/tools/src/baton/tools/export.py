@@ -6,11 +6,11 @@ baton export CHECKPOINT --format hf OUT_DIR [--ema]
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads: ``model.safetensors``,
 ``config.json`` and ``generation_config.json`` carrying the run tokenizer's special-token
 ids (generation stops at its end of document), and the tokenizer's files. Each backend
-maps its weights (``baton.backends.<name>.export``): Fabric's ``transformers`` models as
-they are, TorchTitan's through its own state-dict adapter, Megatron-Core's (any
-tensor/pipeline layout) and MaxText's through baton's mappings of a Llama spec;
-``baton.backends.hf_io`` writes the directory. Any other checkpoint is refused with the
-reason.
+that declares an exporter (``BackendDescriptor.exporter``) maps its weights
+(``baton.backends.<name>.export``): Fabric's ``transformers`` models as they are,
+TorchTitan's through its own state-dict adapter, Megatron-Core's (any tensor/pipeline
+layout) and MaxText's through baton's mappings of a Llama spec; ``baton.backends.hf_io``
+writes the directory. Any other checkpoint is refused with the reason.
 ``--ema`` writes the ``EMA`` callback's averaged weights over them (``ema_export``).
 
 Example::
@@ -23,19 +23,23 @@ Example::
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from baton.core.backend_descriptor import BackendDescriptor, backend_descriptors
 from baton.core.checkpoints.files import CheckpointError, read_meta
 from baton.core.errors import ExportError, UsageError
 from baton.core.quiet import quiet_imports
 from baton.tools.ema_export import EMA_DIR, assemble, replace_weights
 
 FORMATS = ("hf",)
-#: the backends whose checkpoints export to Hugging Face format
-EXPORTERS = ("fabric", "torchtitan", "megatron", "maxtext")
+
+
+def exporters() -> dict[str, BackendDescriptor]:
+    """The backends whose checkpoints export to Hugging Face format (each declares its
+    exporter), in the order backends are listed."""
+    return {d.name: d for d in backend_descriptors() if d.exports_hf}
 
 
 def export_hf(checkpoint: Path, out_dir: Path, *, ema: bool = False) -> Path:
@@ -43,15 +47,15 @@ def export_hf(checkpoint: Path, out_dir: Path, *, ema: bool = False) -> Path:
     ``ema``: the ``EMA`` callback's averaged weights instead of the trained ones."""
     backend = read_meta(checkpoint).get("backend", {})
     name = backend.get("name")
-    if name not in EXPORTERS:
+    known = exporters()
+    if name not in known:
         raise ExportError(
             f"checkpoint {checkpoint} has no Hugging Face mapping: it was written by the "
             f"{name!r} backend for model {backend.get('model', 'unknown')!r}; --format hf "
-            f"exports checkpoints of {', '.join(EXPORTERS)}"
+            f"exports checkpoints of {', '.join(known)}"
         )
     averages = assemble(checkpoint / EMA_DIR) if ema else None  # refused early if absent
-    module = importlib.import_module(f"baton.backends.{name}.export")
-    out: Path = module.export_hf(checkpoint, out_dir)
+    out = known[name].load_exporter()(checkpoint, out_dir)
     if averages is not None:
         replace_weights(out, averages)
     return out

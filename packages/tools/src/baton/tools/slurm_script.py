@@ -8,8 +8,9 @@ Example::
                    run_dir="runs/q", nodes=2, gpus_per_node=8, time="04:00:00")
     print(batch_script(spec))   # #!/bin/bash, #SBATCH lines, then one srun of torchrun
 
-Torch backends run one ``srun`` task per node, each a ``torchrun`` with a c10d
-rendezvous on the job's first node; JAX backends one task per process. Every run gets
+Backends launched by torchrun (their ``BackendDescriptor.launcher``) run one ``srun`` task
+per node, each a ``torchrun`` with a c10d rendezvous on the job's first node; JAX backends
+one task per process. Every run gets
 ``--resume auto`` and ``#SBATCH --signal=USR1@LEAD`` (see :mod:`baton.tools.submit`).
 """
 
@@ -20,10 +21,10 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-#: backends whose processes rendezvous through torch.distributed (torchrun per node)
-TORCH_BACKENDS = frozenset({"fabric", "torchtitan", "megatron"})
-#: backends whose processes rendezvous through jax.distributed (one task per process)
-JAX_BACKENDS = frozenset({"maxtext", "jax"})
+from baton.core.backend_descriptor import LAUNCHER_NAMES, Launcher, backend_descriptors
+
+#: the launchers a SLURM job runs: torchrun per node, or one task per JAX process
+SLURM_LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "jax")
 RDZV_PORT = 29400
 #: CPU cores asked per worker (torchrun worker or JAX process) a task runs, by default
 CPUS_PER_WORKER = 8
@@ -38,6 +39,23 @@ _TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$")
 
 class SubmitError(ValueError):
     """A bad ``baton submit`` invocation; the message says what to change."""
+
+
+def launched_by(launcher: Launcher) -> tuple[str, ...]:
+    """The backends whose descriptor names ``launcher`` (``"torchrun"``: torch.distributed
+    rendezvous, ``"jax"``: jax.distributed), in the order backends are listed."""
+    return tuple(d.name for d in backend_descriptors() if d.launcher == launcher)
+
+
+def check_launch(backend: str) -> None:
+    """``SubmitError`` for a backend no SLURM launch starts (one that runs in one process,
+    or declares no launcher), naming the backends each launch starts."""
+    if not any(backend in launched_by(launcher) for launcher in SLURM_LAUNCHERS):
+        known = ", ".join(
+            f"{', '.join(launched_by(launcher))} ({LAUNCHER_NAMES[launcher]})"
+            for launcher in SLURM_LAUNCHERS
+        )
+        raise SubmitError(f"backend {backend!r} has no SLURM launch; known: {known}")
 
 
 @dataclass(frozen=True)
@@ -65,7 +83,7 @@ class JobSpec:
 
     @property
     def uses_torchrun(self) -> bool:
-        return self.backend not in JAX_BACKENDS
+        return self.backend not in launched_by("jax")
 
     @property
     def workers_per_node(self) -> int:

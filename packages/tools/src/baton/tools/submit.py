@@ -9,12 +9,15 @@ Example::
 
 The job is an ``sbatch`` script (``--dry-run`` prints it and submits nothing):
 
-- torch backends (fabric, torchtitan, megatron): one ``srun`` task per node, each
-  running ``torchrun`` with a c10d rendezvous on the job's first node, one worker per
-  GPU (``--procs-per-node`` on CPU);
-- JAX backends (maxtext, jax): one ``srun`` task per process (``--procs-per-node``,
-  default 1 per host); each reads its rank from SLURM and joins ``jax.distributed``
-  with the first node as coordinator.
+- backends launched by torchrun (their ``BackendDescriptor.launcher``: fabric,
+  lightning, torchtitan, megatron): one ``srun`` task per node, each running
+  ``torchrun`` with a c10d rendezvous on the job's first node, one worker per GPU
+  (``--procs-per-node`` on CPU);
+- JAX backends (launcher ``jax``: maxtext, jax): one ``srun`` task per process
+  (``--procs-per-node``, default 1 per host); each reads its rank from SLURM and joins
+  ``jax.distributed`` with the first node as coordinator.
+
+A backend that runs in one process has no SLURM launch and is refused.
 
 The job's nodes must share a filesystem that holds the working directory, the recipe,
 the Python environment and the run directory (checkpoints written by one node are read
@@ -63,13 +66,13 @@ from pathlib import Path
 
 from baton.tools.slurm_script import (
     CPUS_PER_WORKER,
-    JAX_BACKENDS,
     MEM_PER_WORKER_GB,
     RDZV_PORT,
-    TORCH_BACKENDS,
     JobSpec,
     SubmitError,
     batch_script,
+    check_launch,
+    launched_by,
     time_limit_seconds,
 )
 from baton.tools.submit_checks import (
@@ -82,18 +85,18 @@ from baton.tools.submit_checks import (
 
 __all__ = [
     "CPUS_PER_WORKER",
-    "JAX_BACKENDS",
     "MEM_PER_WORKER_GB",
     "RDZV_PORT",
-    "TORCH_BACKENDS",
     "WORLD_SIZE_PARAMETERS",
     "JobSpec",
     "SubmitError",
     "batch_script",
+    "check_launch",
     "check_layout",
     "check_recipe",
     "cpu_setting",
     "gpu_flags",
+    "launched_by",
     "main",
     "time_limit_seconds",
 ]
@@ -231,9 +234,7 @@ def main(argv: Sequence[str]) -> int:
                 f"{error} (the recipe is checked as the job will run it, training: baton "
                 "submit's --dry-run only prints the script)"
             ) from None
-        if backend not in TORCH_BACKENDS | JAX_BACKENDS:
-            raise SubmitError(f"backend {backend!r} has no SLURM launch; known: fabric, "
-                              "torchtitan, megatron (torchrun), maxtext, jax (jax.distributed)")  # fmt: skip
+        check_launch(backend)
         spec = _job_spec(args, recipe_args, backend, run_dir)
         output_dir = Path(spec.output_dir)
         script = batch_script(spec)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from baton.backends.fabric import patches as _patches  # noqa: F401  (registers the patches)
 from baton.backends.lazy_exports import lazy_exports
-from baton.core.registry import BACKENDS
+from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
 
 if TYPE_CHECKING:
     from baton.backends.fabric.backend import FabricBackend
@@ -26,10 +26,22 @@ if TYPE_CHECKING:
 
 __all__ = ["FabricBackend", "FabricConfig", "GPTConfig", "GPTTraining"]
 
-BACKENDS.add_lazy(
-    "fabric",
-    "baton.backends.fabric.backend:FabricBackend",
-    "Your PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).",
+declare_backend(
+    BackendDescriptor(
+        name="fabric",
+        engine="baton.backends.fabric.backend:FabricBackend",
+        summary="Your PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).",
+        launcher="torchrun",
+        objectives=("pretrain", "sft", "dpo"),
+        exporter="baton.backends.fabric.export:export_hf",
+        compare=CompareRun(
+            "hf_finetune.py",
+            # its model shifts the labels itself: one token more gives --seq-len targets
+            # (packed rows, read with --objective sft, hold their own seq_len + 1 tokens)
+            flags=("--seq-len={window}", "--batch-size={batch}", "--eval-every=0"),
+        ),
+        order=10,
+    )
 )
 
 __getattr__ = lazy_exports(

@@ -42,7 +42,6 @@ averaged gradient is the gradient of the global mean::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -67,7 +66,15 @@ from baton.backends.fabric.runtime import (
     TrainingParts,
     UsesFabricRuntime,
 )
-from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
+from baton.backends.fabric.step import (
+    BatchError,
+    BatchLoss,
+    GlobalItemMean,
+    MicroBatchMean,
+    StepFn,
+    TimedDraws,
+    split_loss,
+)
 from baton.backends.fabric.stream import DataPosition, LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
 from baton.backends.torch_model_state import TorchModelState
@@ -242,29 +249,31 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         return self.corruption.run_step(self._step)
 
     def _step(self) -> StepOutput:
-        if self.mean_over is not None:
-            return self._global_mean_step(self.mean_over)
+        """One optimizer step over ``grad_accum`` micro-batches, drawn as the loop reaches
+        each; with ``mean_over`` all drawn first and counted, and the loss a mean over the
+        global batch's items (see the module docs)."""
         parts, stream = self._built()
         model, optimizer = parts.model, parts.optimizer
         fabric, cfg = self.runtime.fabric, self.config
-        metrics: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
-        total: torch.Tensor | None = None
+        lr = optimizer.param_groups[0]["lr"]
+        draws = TimedDraws(lambda: self.corruption.draw(stream.next), cfg.grad_accum)
+        batches: Iterable[Any] = draws
+        mean: MicroBatchMean | GlobalItemMean = MicroBatchMean(cfg.grad_accum)
+        if self.mean_over is not None:
+            batches = list(draws)  # counted before any is trained on
+            mean = GlobalItemMean.counted(batches, self.mean_over, fabric, self.runtime.device)
         samples = tokens = 0
-        waited = 0.0
-        for micro in range(cfg.grad_accum):
-            started = time.perf_counter()
-            host_batch = self.corruption.draw(stream.next)
-            waited += time.perf_counter() - started
+        for micro, host_batch in enumerate(batches):
             batch = fabric.to_device(host_batch)
             n_samples, n_tokens = count_batch(batch)
             samples += n_samples
             tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
             with fabric.no_backward_sync(model, enabled=micro < cfg.grad_accum - 1):
-                loss, extra = self._batch_loss().training(model, batch)
-                fabric.backward(loss if cfg.grad_accum == 1 else loss / cfg.grad_accum)
-            total = loss.detach() if total is None else total + loss.detach()
-            metrics.update(extra)
-        assert total is not None
+                loss, extra = self._batch_loss().training(model, mean.inputs(batch))
+                fabric.backward(mean.backward_of(loss))
+            mean.add(loss, extra)
+        loss, values = mean.result(fabric)
+        metrics: dict[str, Any] = {"lr": lr, **values}
         self.model_view.before_clipping()
         if cfg.grad_clip is not None:
             # error_if_nonfinite=False: checking would sync with the device every step;
@@ -276,62 +285,11 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         world = fabric.world_size
         self.position.samples += samples * world
         return StepOutput(
-            loss=total if cfg.grad_accum == 1 else total / cfg.grad_accum,
+            loss=loss,
             metrics=metrics,
             tokens=tokens * world,
             samples=samples * world,
-            data_wait_s=waited,
-        )
-
-    def _global_mean_step(self, mean_over: Callable[[Any], int]) -> StepOutput:
-        """A step whose loss (and metrics) are means over the items of the global batch
-        (``mean_over``; see the module docs)."""
-        parts, stream = self._built()
-        model, optimizer = parts.model, parts.optimizer
-        fabric, cfg, device = self.runtime.fabric, self.config, self.runtime.device
-        started = time.perf_counter()
-        host_batches = [self.corruption.draw(stream.next) for _ in range(cfg.grad_accum)]
-        waited = time.perf_counter() - started
-        count = torch.tensor(float(sum(mean_over(b) for b in host_batches)), device=device)
-        if fabric.world_size > 1:
-            count = fabric.all_reduce(count, reduce_op="sum")
-        count = count.clamp(min=1.0)  # a global batch without items contributes nothing
-        shares: dict[str, torch.Tensor] = {}
-        samples = tokens = 0
-        for micro, host_batch in enumerate(host_batches):
-            batch = fabric.to_device(host_batch)
-            n_samples, n_tokens = count_batch(batch)
-            samples += n_samples
-            tokens += self.count_tokens(batch) if self.count_tokens is not None else n_tokens
-            with fabric.no_backward_sync(model, enabled=micro < cfg.grad_accum - 1):
-                loss, extra = self._batch_loss().training(
-                    model, {**batch, "num_items_in_batch": count}
-                )
-                # each share is already divided by the global count; DDP averages the
-                # ranks' gradients and the global mean is their sum
-                fabric.backward(loss * fabric.world_size if fabric.world_size > 1 else loss)
-            for name, value in {"loss": loss, **extra}.items():
-                value = torch.as_tensor(value, device=device).detach().float()
-                shares[name] = value if name not in shares else shares[name] + value
-        if fabric.world_size > 1:
-            summed = fabric.all_reduce(torch.stack(list(shares.values())), reduce_op="sum")
-            shares = dict(zip(shares, summed.unbind(), strict=True))
-        metrics: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
-        metrics.update({k: v for k, v in shares.items() if k != "loss"})
-        self.model_view.before_clipping()
-        if cfg.grad_clip is not None:
-            metrics["grad_norm"] = fabric.clip_gradients(
-                model, optimizer, max_norm=cfg.grad_clip, error_if_nonfinite=False
-            )
-        self._optimizer_step(parts)
-        world = fabric.world_size
-        self.position.samples += samples * world
-        return StepOutput(
-            loss=shares["loss"],
-            metrics=metrics,
-            tokens=tokens * world,
-            samples=samples * world,
-            data_wait_s=waited,
+            data_wait_s=draws.waited_s,
         )
 
     def _batch_loss(self) -> BatchLoss:

@@ -21,7 +21,7 @@ from baton.core.quiet import Quiet, QuietPatch
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 #: the frame Lightning draws around its "processes registered" block
 _RULE = "-" * 100
@@ -92,7 +92,7 @@ class FabricNoNvmlRetry(Patch):
             return False, "NVML loads on this host (torch's check is cheap)"
         return True, "no NVML on this host"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         import lightning.fabric  # noqa: F401  (its import is what sets the variable)
 
         if os.environ.get(NVML_CHECK) == "1":

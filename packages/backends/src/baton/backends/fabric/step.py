@@ -1,5 +1,6 @@
 """How a batch becomes a loss in the Fabric backend: calling the model, reading its loss,
-checking it, and describing a batch the model rejected.
+checking it, and describing a batch the model rejected; and how a step's micro-batches'
+losses make the step's (a mean of micro-batch means, or a mean over the global batch).
 
 Example::
 
@@ -9,11 +10,19 @@ Example::
     losses = BatchLoss(training_step=None, loss_fn=my_loss)   # what FabricBackend uses
     loss, extra = losses.training(model, batch)   # the first batch is checked
     values = losses.evaluation(model, batch)      # {"loss": ..., **extra}, detached
+
+    mean = MicroBatchMean(micro_batches=2)        # how a step's micro-batches add up
+    for batch in TimedDraws(stream.next, 2):      # drawn as the loop reaches each
+        loss, extra = losses.training(model, mean.inputs(batch))
+        fabric.backward(mean.backward_of(loss))
+        mean.add(loss, extra)
+    loss, metrics = mean.result(fabric)           # GlobalItemMean: the global batch's mean
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -140,3 +149,95 @@ class BatchLoss:
         loss, extra = self(model, batch)
         check_loss(loss, "evaluation", need_grad=False)
         return {"loss": loss.detach(), **extra}
+
+
+class TimedDraws:
+    """``count`` batches from ``draw()``, each drawn when the iteration reaches it (so a
+    step that trains on each as it comes interleaves drawing and training);
+    ``waited_s`` sums the time spent drawing."""
+
+    def __init__(self, draw: Callable[[], Any], count: int) -> None:
+        self.draw, self.count = draw, count
+        self.waited_s = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(self.count):
+            started = time.perf_counter()
+            batch = self.draw()
+            self.waited_s += time.perf_counter() - started
+            yield batch
+
+
+class MicroBatchMean:
+    """A step's loss as the mean of its micro-batches' losses (the default): each
+    backward pass is divided by the number of micro-batches, and the other metrics are
+    the last micro-batch's."""
+
+    def __init__(self, micro_batches: int) -> None:
+        self.micro_batches = micro_batches
+        self._total: torch.Tensor | None = None
+        self._metrics: dict[str, Any] = {}
+
+    def inputs(self, batch: Any) -> Any:
+        """What the loss is handed: the batch as it is."""
+        return batch
+
+    def backward_of(self, loss: torch.Tensor) -> torch.Tensor:
+        """The value whose backward pass this micro-batch contributes."""
+        return loss if self.micro_batches == 1 else loss / self.micro_batches
+
+    def add(self, loss: torch.Tensor, extra: Mapping[str, Any]) -> None:
+        detached = loss.detach()
+        self._total = detached if self._total is None else self._total + detached
+        self._metrics.update(extra)
+
+    def result(self, fabric: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The step's loss and its other metrics."""
+        assert self._total is not None, "no micro-batch was added"
+        total = self._total
+        return (total if self.micro_batches == 1 else total / self.micro_batches), self._metrics
+
+
+class GlobalItemMean:
+    """A step's loss as a mean over the items of the whole global batch
+    (``FabricBackend(mean_over=...)``): each batch is handed the global count under
+    ``"num_items_in_batch"``, so its loss and metrics are its share of the global mean;
+    the shares are added over micro-batches and ranks, and the backward pass is scaled
+    so that DDP's average of the ranks' gradients is the global mean's gradient."""
+
+    def __init__(self, count: torch.Tensor, world_size: int, device: torch.device) -> None:
+        self.count, self.world_size, self.device = count, world_size, device
+        self._shares: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def counted(
+        cls, batches: list[Any], mean_over: Callable[[Any], int], fabric: Any, device: Any
+    ) -> GlobalItemMean:
+        """The items of ``batches`` (``mean_over`` each), summed over the ranks (one
+        all-reduce); a global batch without items contributes nothing."""
+        count = torch.tensor(float(sum(mean_over(b) for b in batches)), device=device)
+        if fabric.world_size > 1:
+            count = fabric.all_reduce(count, reduce_op="sum")
+        return cls(count.clamp(min=1.0), fabric.world_size, device)
+
+    def inputs(self, batch: Any) -> Any:
+        """What the loss is handed: the batch (a dict) with the global count."""
+        return {**batch, "num_items_in_batch": self.count}
+
+    def backward_of(self, loss: torch.Tensor) -> torch.Tensor:
+        """Each share is already divided by the global count; DDP averages the ranks'
+        gradients and the global mean is their sum."""
+        return loss * self.world_size if self.world_size > 1 else loss
+
+    def add(self, loss: torch.Tensor, extra: Mapping[str, Any]) -> None:
+        for name, value in {"loss": loss, **extra}.items():
+            value = torch.as_tensor(value, device=self.device).detach().float()
+            self._shares[name] = value if name not in self._shares else self._shares[name] + value
+
+    def result(self, fabric: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The step's loss and its other metrics, summed over the ranks (one all-reduce)."""
+        shares = self._shares
+        if self.world_size > 1:
+            summed = fabric.all_reduce(torch.stack(list(shares.values())), reduce_op="sum")
+            shares = dict(zip(shares, summed.unbind(), strict=True))
+        return shares["loss"], {k: v for k, v in shares.items() if k != "loss"}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from baton.backends.jax.data import BatchStream, DataExhausted, DataUnavailable
 from baton.backends.lazy_exports import lazy_exports
-from baton.core.registry import BACKENDS
+from baton.core.backend_descriptor import BackendDescriptor, declare_backend
 
 if TYPE_CHECKING:
     from baton.backends.jax.backend import (
@@ -37,10 +37,15 @@ __all__ = [
     "LossFunctionError",
 ]
 
-BACKENDS.add_lazy(
-    "jax",
-    "baton.backends.jax.backend:JaxBackend",
-    "Your own flax model and optax optimizer, one jitted step per baton step.",
+declare_backend(
+    BackendDescriptor(
+        name="jax",
+        engine="baton.backends.jax.backend:JaxBackend",
+        summary="Your own flax model and optax optimizer, one jitted step per baton step.",
+        launcher="jax",
+        objectives=("pretrain",),
+        order=60,
+    )
 )
 
 __getattr__ = lazy_exports(

@@ -19,17 +19,22 @@ from typing import TYPE_CHECKING
 
 from baton.backends.lazy_exports import lazy_exports
 from baton.backends.lightning import patches as _patches  # noqa: F401  (registers the patches)
-from baton.core.registry import BACKENDS
+from baton.core.backend_descriptor import BackendDescriptor, declare_backend
 
 if TYPE_CHECKING:
     from baton.backends.lightning.backend import LightningBackend, LightningHookError
 
 __all__ = ["LightningBackend", "LightningHookError"]
 
-BACKENDS.add_lazy(
-    "lightning",
-    "baton.backends.lightning.backend:LightningBackend",
-    "Your LightningModule (and LightningDataModule) as Trainer.fit runs it, through Fabric.",
+declare_backend(
+    BackendDescriptor(
+        name="lightning",
+        engine="baton.backends.lightning.backend:LightningBackend",
+        summary="Your LightningModule (and LightningDataModule) as Trainer.fit runs it, through Fabric.",
+        launcher="torchrun",
+        objectives=("pretrain",),
+        order=20,
+    )
 )
 
 

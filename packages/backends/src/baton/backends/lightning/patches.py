@@ -16,7 +16,7 @@ from baton.backends.fabric.patches import FabricNoNvmlRetry, FabricQuiet
 from baton.core.patches import Patch, PatchRecorder, register_patch
 
 if TYPE_CHECKING:
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 
 @register_patch
@@ -51,7 +51,7 @@ class LightningLogSignature(Patch):
     versions = ">=2.6,<2.7"
     phase = "setup"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from lightning.pytorch.core import module
 
         recorder.setattr(
@@ -77,7 +77,7 @@ class LightningLogFastPath(Patch):
     versions = ">=2.6,<2.7"
     phase = "setup"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from lightning.pytorch.core.module import LightningModule
 
         from baton.backends.lightning.log_fast_path import log_with_fast_path

@@ -19,7 +19,7 @@ from baton.backends.maxtext import dpo_loss as _dpo_loss  # registers its patch
 from baton.backends.maxtext import moe_metrics as _moe_metrics  # registers its patch
 from baton.backends.maxtext import patches as _patches  # registers the patches (no jax)
 from baton.backends.maxtext.config import TINY_CPU, MaxTextConfig, per_device_batch
-from baton.core.registry import BACKENDS
+from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
 
 if TYPE_CHECKING:
     from baton.backends.maxtext.backend import MaxTextBackend
@@ -28,10 +28,28 @@ __all__ = ["TINY_CPU", "MaxTextBackend", "MaxTextConfig", "per_device_batch"]
 
 del _patches, _moe_metrics, _dpo_loss
 
-BACKENDS.add_lazy(
-    "maxtext",
-    "baton.backends.maxtext.backend:MaxTextBackend",
-    "MaxText's jitted JAX train step, one call per baton step.",
+declare_backend(
+    BackendDescriptor(
+        name="maxtext",
+        engine="baton.backends.maxtext.backend:MaxTextBackend",
+        summary="MaxText's jitted JAX train step, one call per baton step.",
+        launcher="jax",
+        objectives=("pretrain", "sft", "dpo"),
+        exporter="baton.backends.maxtext.export:export_hf",
+        compare=CompareRun(
+            "maxtext_tiny.py",
+            flags=(
+                "--seq-len={seq_len}",
+                "--batch-size={batch}",
+                "--eval-every=0",
+                "--no-async-save",
+                "--no-progress",
+                "--overrides",
+                "dtype=float32",
+            ),
+        ),
+        order=50,
+    )
 )
 
 

@@ -40,7 +40,7 @@ from baton.core.patches import Patch, PatchRecorder, register_patch
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 #: where the loss leaves its sums among the step's intermediates
 SUMS_KEY = "baton_dpo"
@@ -138,7 +138,7 @@ class MaxTextDpoLoss(Patch):
             return False, f"objective={objective}"
         return True, "objective=dpo"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from maxtext.trainers.pre_train import train
 
         config: Any = driver.backend.config

@@ -32,7 +32,7 @@ from baton.core.patches import Patch, PatchRecorder, register_patch
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 
 def expert_load(indices: Any, num_experts: int, capacity_factor: float) -> tuple[Any, Any]:
@@ -85,7 +85,7 @@ class MaxTextMoeLoadMetrics(Patch):
             return False, "no experts (num_experts <= 1)"
         return True, f"num_experts={experts}"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from flax import nnx
         from maxtext.layers.moe import RoutedMoE
         from maxtext.trainers.pre_train import train

@@ -23,7 +23,7 @@ from baton.core.quiet import Quiet, QuietPatch
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 VERSIONS = ">=0.2.5,<0.3"
 
@@ -108,7 +108,7 @@ class MaxTextCpuPlatform(Patch):
             return False, f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']} is already set"
         return True, "hardware=cpu"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         recorder.setenv("JAX_PLATFORMS", "cpu")
 
 
@@ -127,7 +127,7 @@ class MaxTextHostDevices(Patch):
             return False, "host_devices not set"
         return True, f"host_devices={count}"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         simulate_host_devices(recorder, int(driver.backend.config.host_devices))
 
 
@@ -148,7 +148,7 @@ class MaxTextNoHloDump(Patch):
             return False, "XLA_FLAGS is already set"
         return True, "XLA_FLAGS is empty"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         if not os.environ.get("XLA_FLAGS"):  # another patch may have set flags since
             recorder.setenv("XLA_FLAGS", NO_DUMP_XLA_FLAGS)
 
@@ -162,7 +162,7 @@ class MaxTextJaxSettings(Patch):
     versions = VERSIONS
     phase = "configure"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         for key in MAXTEXT_ENV:  # undo restores each to its value now
             recorder.setenv(key, os.environ.get(key))
         import jax  # importing jax does not start a backend; JAX_PLATFORMS still applies
@@ -191,7 +191,7 @@ class MaxTextCompilationCache(Patch):
             return False, "the run sets jax_cache_dir"
         return True, "jax_cache_dir not set"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         cache = driver.options.run_dir.resolve() / "jax_cache"
         recorder.setitem(driver.backend.config.overrides, "jax_cache_dir", str(cache))
 
@@ -220,7 +220,7 @@ class MaxTextOutputDir(Patch):
             return False, "the run sets base_output_directory"
         return True, "base_output_directory not set"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         output = driver.options.run_dir.resolve() / "maxtext"
         recorder.setitem(driver.backend.config.overrides, "base_output_directory", str(output))
 
@@ -234,7 +234,7 @@ class MaxTextRootLogger(Patch):
     versions = VERSIONS
     phase = "configure"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         root = logging.getLogger()
         handlers, level = list(root.handlers), root.level
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from baton.backends.lazy_exports import lazy_exports
 from baton.backends.megatron import patches as _patches  # noqa: F401  (registers the patches)
-from baton.core.registry import BACKENDS
+from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
 
 if TYPE_CHECKING:
     from baton.backends.megatron.backend import MegatronBackend
@@ -22,10 +22,27 @@ if TYPE_CHECKING:
 
 __all__ = ["DataConfig", "MegatronBackend", "MegatronConfig"]
 
-BACKENDS.add_lazy(
-    "megatron",
-    "baton.backends.megatron.backend:MegatronBackend",
-    "Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop.",
+declare_backend(
+    BackendDescriptor(
+        name="megatron",
+        engine="baton.backends.megatron.backend:MegatronBackend",
+        summary="Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop.",
+        launcher="torchrun",
+        objectives=("pretrain", "sft", "dpo"),
+        exporter="baton.backends.megatron.export:export_hf",
+        compare=CompareRun(
+            "megatron_gpt_tiny.py",
+            flags=(
+                "--seq-len={seq_len}",
+                "--batch-size={batch}",
+                "--global-batch-size={batch}",
+                "--eval-every={after_last_step}",  # its held-out evaluation: past the end
+                "--no-async-save",
+                "--no-progress",
+            ),
+        ),
+        order=40,
+    )
 )
 
 

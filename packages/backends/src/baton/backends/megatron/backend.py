@@ -1,7 +1,7 @@
 """Megatron-Core driven one optimizer step at a time by baton's loop.
 
 ``setup`` joins the process group the launch describes (torchrun, SLURM or BATON_*,
-through ``TorchDistributed``), initialises model-parallel state (tensor, pipeline,
+through its ``TorchDistributed`` runtime), initialises model-parallel state (tensor, pipeline,
 virtual pipeline), builds ``GPTModel`` chunks from the ``TransformerConfig``, wraps each
 in Megatron's ``DistributedDataParallel``, builds the optimizer with
 ``get_megatron_optimizer`` and its ``OptimizerParamScheduler``, and the data through
@@ -53,7 +53,7 @@ from baton.backends.megatron.objective import (
 from baton.backends.megatron.plan import flops_per_token, layout_plan
 from baton.backends.megatron.step import gpt_forward_step, run_schedule
 from baton.backends.megatron.training_data import build_data, open_data
-from baton.backends.torch_distributed import TorchDistributed
+from baton.backends.torch_distributed import TorchDistributed, UsesTorchDistributed
 from baton.backends.weight_checksums import gather
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
@@ -65,7 +65,7 @@ from baton.core.objectives import ReferenceUse
 log = logging.getLogger("baton")
 
 
-class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, BackendBase):
+class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistributed, BackendBase):
     """Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop."""
 
     name = "megatron"
@@ -76,6 +76,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
         self.config = config or MegatronConfig()
         set_fields(self.config, overrides)
+        #: the process group and device the run trains on
+        self.runtime = TorchDistributed()
         #: the DDP-wrapped GPTModel chunks of this rank (several with a virtual pipeline)
         self.chunks: list[Any] = []
         self.optimizer: Any = None
@@ -175,7 +177,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         cfg.check_layout()
         check_objective(cfg)
         self.check_data()
-        self.init_process_group(cfg.dist_backend)
+        self.runtime.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()
         cfg.data_parallel_size(self.world_size)  # validates the layout
         self.num_microbatches = cfg.num_microbatches(self.world_size)
@@ -190,7 +192,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
         use_objective(cfg)
         self._forward_step = forward_step_of(cfg)
-        self.chunks = build_model(cfg, vocab_size=self.padded_vocab_size, device=self._device)
+        self.chunks = build_model(
+            cfg, vocab_size=self.padded_vocab_size, device=self.runtime.device
+        )
         self.optimizer, self.scheduler = build_optimizer(cfg, self.chunks)
         self._moe = MoeMetrics(self.chunks) if cfg.model.num_moe_experts else None
         self.train_streams, self.valid_dataset = build_data(
@@ -234,7 +238,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
         def scored() -> Any:
             self.load_weights(path)
-            return compute_reference_logps(self.chunks, rows, self.config, self._device)
+            return compute_reference_logps(self.chunks, rows, self.config, self.runtime.device)
 
         rows.document_values[REFERENCE_LOGPS] = stored_or_computed(
             rows.data.prefix,
@@ -289,7 +293,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             metrics["grad_norm"] = grad_norm
         if self._moe is not None:
             metrics.update(self._moe_metrics())
-        loss, objective_metrics = step_results(cfg, reduced, self._device)
+        loss, objective_metrics = step_results(cfg, reduced, self.runtime.device)
         metrics.update(objective_metrics)
         return StepOutput(
             loss=loss,
@@ -310,7 +314,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid
         split (``evaluation.py``)."""
-        return evaluate_loss(self.chunks, self.valid_dataset, self.config, self._device)
+        return evaluate_loss(self.chunks, self.valid_dataset, self.config, self.runtime.device)
 
     # -- the model to callbacks -------------------------------------------------------
     def model_state(self) -> MegatronModelState:
@@ -387,4 +391,4 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         self.chunks, self.train_streams, self._model_state = [], [], None
         self.optimizer = self.scheduler = self.valid_dataset = None
         vars(self).pop("checkpoints", None)  # built by the next setup, on its own parts
-        self.teardown_process_group()
+        self.runtime.teardown_process_group()

@@ -18,7 +18,7 @@ from baton.core.quiet import Quiet, QuietPatch, no_nvidia_device
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 VERSIONS = ">=0.19,<0.20"
 
@@ -38,7 +38,7 @@ class _CpuPatch(Patch):
             return False, "a CUDA GPU is present"
         return True, "no CUDA GPU"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         import baton.backends.megatron.cpu as cpu
 
         getattr(cpu, self.installer)(recorder)

@@ -15,17 +15,27 @@ from typing import TYPE_CHECKING
 
 from baton.backends.lazy_exports import lazy_exports
 from baton.backends.torchtitan import patches as patches
-from baton.core.registry import BACKENDS
+from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
 
 if TYPE_CHECKING:
     from baton.backends.torchtitan.backend import TorchTitanBackend
 
 __all__ = ["TorchTitanBackend"]
 
-BACKENDS.add_lazy(
-    "torchtitan",
-    "baton.backends.torchtitan.backend:TorchTitanBackend",
-    "TorchTitan's Trainer, one Trainer.train_step per baton step.",
+declare_backend(
+    BackendDescriptor(
+        name="torchtitan",
+        engine="baton.backends.torchtitan.backend:TorchTitanBackend",
+        summary="TorchTitan's Trainer, one Trainer.train_step per baton step.",
+        launcher="torchrun",
+        objectives=("pretrain", "sft", "dpo"),
+        exporter="baton.backends.torchtitan.export:export_hf",
+        compare=CompareRun(
+            "torchtitan_llama3_debug.py",
+            flags=("--seq-len={seq_len}", "--batch-size={batch}", "--no-progress"),
+        ),
+        order=30,
+    )
 )
 
 

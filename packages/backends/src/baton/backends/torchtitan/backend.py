@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from baton.backends import torch_distributed
-from baton.backends.torch_distributed import TorchDistributed
+from baton.backends.torch_distributed import TorchDistributed, UsesTorchDistributed
 from baton.backends.torch_logps import metric_means
 from baton.backends.torch_model_state import TorchModelState
 from baton.backends.torchtitan.batches import CountedBatches
@@ -113,7 +113,7 @@ def resolve_paths(cfg: Any) -> None:
         cfg.hf_assets_path = str(Path(cfg.hf_assets_path).resolve())
 
 
-class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, BackendBase):
+class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistributed, BackendBase):
     """TorchTitan's Trainer, its real train_step once per baton step."""
 
     name = "torchtitan"
@@ -130,6 +130,8 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             )
         self.config = config
         self.reshard_data = reshard_data
+        #: the process group and device (the Trainer's) the run trains on
+        self.runtime = TorchDistributed()
         self.trainer: Any = None
         self._capture: StepCapture | None = None
         self._experts: ExpertLoad | None = None
@@ -201,7 +203,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self._join_launch()
         self.trainer = cfg.build()
         trainer = self.trainer
-        self._device = trainer.device
+        self.runtime.device = trainer.device
         self.checkpoints = TitanCheckpointIO(trainer, reshard_data=self.reshard_data)
         vocab = trainer.tokenizer.get_vocab_size()
         model_vocab = getattr(trainer.model_config, "vocab_size", None)
@@ -245,7 +247,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             "autograd multithreading",
             lambda: torch.autograd.set_multithreading_enabled(multithreading),
         )
-        self.init_process_group(backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds))
+        self.runtime.init_process_group(
+            backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds)
+        )
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -432,6 +436,6 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             if "checkpoints" in vars(self):  # it holds the Trainer
                 del self.checkpoints
             self.trainer = None
-            self._device = torch.device("cpu")
-            self.teardown_process_group()
+            self.runtime.device = torch.device("cpu")
+            self.runtime.teardown_process_group()
             self._changes.undo()

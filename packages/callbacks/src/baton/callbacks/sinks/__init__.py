@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from baton.core.registry import Registry
 
 if TYPE_CHECKING:
-    from baton.core import Driver
+    from baton.core import DriverView
 
 #: which phase a batch of metrics belongs to
 Phase = Literal["train", "eval"]
@@ -33,7 +33,7 @@ class Sink(Protocol):
 
     name: str
 
-    def open(self, driver: Driver) -> None: ...
+    def open(self, driver: DriverView) -> None: ...
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None: ...
 

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 class ConsoleSink:
@@ -28,7 +28,7 @@ class ConsoleSink:
         self.keys = list(keys) if keys is not None else None
         self.stream = stream
 
-    def open(self, driver: Driver) -> None:
+    def open(self, driver: DriverView) -> None:
         pass
 
     def write(self, step: int, metrics: dict[str, float], phase: Phase = "train") -> None:

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
-    from baton.core import Driver
+    from baton.core import DriverView
 
 FILE_NAME = "metrics.jsonl"
 
@@ -33,7 +33,7 @@ class JsonlSink:
         self.path = Path(path) if path is not None else None
         self._fh: IO[str] | None = None
 
-    def open(self, driver: Driver) -> None:
+    def open(self, driver: DriverView) -> None:
         if self.path is None:
             self.path = Path(driver.log_dir) / FILE_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)

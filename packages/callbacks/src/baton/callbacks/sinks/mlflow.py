@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
-    from baton.core import Driver
+    from baton.core import DriverView
 
 #: characters MLflow refuses in metric and param keys become ``_``
 _INVALID_KEY_CHARS = re.compile(r"[^\w\-. /]")
@@ -72,7 +72,7 @@ class MlflowSink:
         self.run_id = state.get("run_id")
 
     # -- sink ------------------------------------------------------------------
-    def open(self, driver: Driver) -> None:
+    def open(self, driver: DriverView) -> None:
         if not driver.is_global_zero:
             return
         from mlflow.tracking import MlflowClient

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
     from baton.callbacks.sinks.event_file import EventFile
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 class TensorBoardSink:
@@ -39,7 +39,7 @@ class TensorBoardSink:
         self._file: EventFile | None = None
         self._protos: Any = None  # tensorboard's event_pb2 and summary_pb2, once opened
 
-    def open(self, driver: Driver) -> None:
+    def open(self, driver: DriverView) -> None:
         from tensorboard.compat.proto import (  # pyright: ignore[reportMissingTypeStubs]
             event_pb2,
             summary_pb2,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from baton.callbacks.sinks import Phase
-    from baton.core import Driver
+    from baton.core import DriverView
 
 
 class WandbSink:
@@ -46,7 +46,7 @@ class WandbSink:
         self.tags = tags
         self.run: Any = None
 
-    def open(self, driver: Driver) -> None:
+    def open(self, driver: DriverView) -> None:
         import wandb
 
         log_dir = Path(driver.log_dir)

@@ -139,7 +139,9 @@ def expand(signature: Signature) -> Signature:
             continue
         default = param.default if isinstance(param.default, str) else "pretrain"
         expanded = Annotated[str, EXPANDED]
-        params.append(Param(param.name, expanded, default, objective_help(default)))
+        described = objective_help(default)
+        help_text = f"{param.help} {described}" if param.help else described
+        params.append(Param(param.name, expanded, default, help_text))
         for setting, owners in settings.values():
             annotation = setting.annotation
             if setting.repeatable:  # --reward a --reward b

@@ -19,7 +19,7 @@ from baton.backends.torchtitan.patches.common import CpuOnlyPatch
 from baton.core.patches import PatchRecorder
 
 if TYPE_CHECKING:
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 #: torchtitan modules that copy ``device_type`` / ``device_module`` at import time
 DEVICE_COPIES = (
@@ -96,7 +96,7 @@ class TorchTitanCpuDevice(CpuOnlyPatch):
     name = "torchtitan_cpu_device"
     phase = "configure"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         for name in DEVICE_COPIES:
             importlib.import_module(name)
         utils = sys.modules["torchtitan.tools.utils"]
@@ -142,7 +142,7 @@ class TorchTitanCpuAttention(CpuOnlyPatch):
     name = "torchtitan_cpu_attention"
     phase = "configure"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from torchtitan.models.common.attention import (
             FlexAttention,
             ScaledDotProductAttention,

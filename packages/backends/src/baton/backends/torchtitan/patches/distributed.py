@@ -11,7 +11,7 @@ from baton.core.patches import Patch, PatchRecorder
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 
 class TorchTitanPgSetTimeout(Patch):
@@ -35,7 +35,7 @@ class TorchTitanPgSetTimeout(Patch):
             return False, "torch.distributed.set_timeout exists"
         return True, "torch.distributed.set_timeout is missing"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d
 
@@ -82,11 +82,11 @@ class TorchTitanFsdpPartialDtensor(Patch):
             return False, "one rank in the data/tensor mesh: spmd_types passes no mesh dims"
         return True, f"spmd_types with {dense} ranks in the dense mesh on torch {torch_version}"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         recorder.setattr(driver.backend.config.parallelism, "spmd_backend", "partial_dtensor")
 
 
-def _gloo_fsdp_modules(driver: Driver) -> list[Any]:
+def _gloo_fsdp_modules(driver: DriverView) -> list[Any]:
     """The FSDP-wrapped modules of the trainer whose gradients reduce over gloo."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
@@ -123,7 +123,7 @@ class TorchTitanGlooFsdpSumReduction(CpuOnlyPatch):
     name = "torchtitan_gloo_fsdp_sum_reduction"
     phase = "setup"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         for module in _gloo_fsdp_modules(driver):
             groups = module._get_fsdp_state()._fsdp_param_groups
             before = [group.force_sum_reduction_for_comms for group in groups]

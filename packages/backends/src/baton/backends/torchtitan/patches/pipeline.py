@@ -9,7 +9,7 @@ from baton.core.patches import Patch, PatchRecorder
 
 if TYPE_CHECKING:
     from baton.core.backend import Backend
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 
 def _microbatch_step(schedule: Any) -> Any:
@@ -74,7 +74,7 @@ class TorchTitanPipelineMicrobatchStep(Patch):
             return False, "torch's schedule.step takes microbatch lists"
         return True, "torch's schedule.step takes whole batches only"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         trainer = driver.backend.trainer
         schedule = getattr(trainer, "pp_schedule", None)
         if schedule is not None:

@@ -13,7 +13,7 @@ from baton.backends.torchtitan.patches.common import VERSIONS
 from baton.core.patches import Patch, PatchRecorder
 
 if TYPE_CHECKING:
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 #: environment variables TorchTitan sets process-wide while it builds and seeds
 TORCHTITAN_ENV = (
@@ -43,7 +43,7 @@ class TorchTitanRestoreProcessState(Patch):
     versions = VERSIONS
     phase = "configure"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         import gc
 
         import torch

@@ -11,7 +11,7 @@ from baton.backends.torchtitan.patches.common import VERSIONS
 from baton.core.patches import Patch, PatchRecorder
 
 if TYPE_CHECKING:
-    from baton.core.driver import Driver
+    from baton.core.driver_view import DriverView
 
 
 class TorchTitanChatTemplateGeneration(Patch):
@@ -30,7 +30,7 @@ class TorchTitanChatTemplateGeneration(Patch):
     versions = VERSIONS
     phase = "configure"
 
-    def apply(self, driver: Driver, recorder: PatchRecorder) -> None:
+    def apply(self, driver: DriverView, recorder: PatchRecorder) -> None:
         from torchtitan.components.tokenizer import BaseTokenizer
 
         from baton.backends.torchtitan.chat_template import allow_generation_tags

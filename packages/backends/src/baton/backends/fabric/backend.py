@@ -38,6 +38,11 @@ micro-batches and ranks (one more all-reduce) and scales the backward pass so th
 averaged gradient is the gradient of the global mean::
 
     FabricBackend(model, optimizer, rows, mean_over=lambda b: int((b["labels"] != -100).sum()))
+
+A metric whose weight is not the loss's items (TRL's DPO accuracies over pairs, a
+clipped fraction over tokens) is returned as ``step.WeightedMean(total, weight)``: its
+totals and weights are added over micro-batches and ranks in that same all-reduce, and
+the step logs ``total / weight`` (without ``mean_over``: each micro-batch's mean).
 """
 
 from __future__ import annotations
@@ -67,7 +72,14 @@ from baton.backends.fabric.runtime import (
     TrainingParts,
     UsesFabricRuntime,
 )
-from baton.backends.fabric.step import BatchError, BatchLoss, StepFn, split_loss
+from baton.backends.fabric.step import (
+    BatchError,
+    BatchLoss,
+    StepFn,
+    WeightedMean,
+    resolved,
+    split_loss,
+)
 from baton.backends.fabric.stream import DataPosition, LoaderStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
 from baton.backends.torch_model_state import TorchModelState
@@ -263,7 +275,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
                 loss, extra = self._batch_loss().training(model, batch)
                 fabric.backward(loss if cfg.grad_accum == 1 else loss / cfg.grad_accum)
             total = loss.detach() if total is None else total + loss.detach()
-            metrics.update(extra)
+            metrics.update(resolved(extra))
         assert total is not None
         self.model_view.before_clipping()
         if cfg.grad_clip is not None:
@@ -311,13 +323,15 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
                 # ranks' gradients and the global mean is their sum
                 fabric.backward(loss * fabric.world_size if fabric.world_size > 1 else loss)
             for name, value in {"loss": loss, **extra}.items():
-                value = torch.as_tensor(value, device=device).detach().float()
+                value = _as_summable(value, device)
                 shares[name] = value if name not in shares else shares[name] + value
-        if fabric.world_size > 1:
-            summed = fabric.all_reduce(torch.stack(list(shares.values())), reduce_op="sum")
-            shares = dict(zip(shares, summed.unbind(), strict=True))
+        if fabric.world_size > 1:  # every share in one all-reduce
+            flat = torch.cat([value.reshape(-1) for value in shares.values()])
+            summed = fabric.all_reduce(flat, reduce_op="sum")
+            pieces = summed.split([value.numel() for value in shares.values()])
+            shares = {k: p.view_as(v) for (k, v), p in zip(shares.items(), pieces, strict=True)}
         metrics: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
-        metrics.update({k: v for k, v in shares.items() if k != "loss"})
+        metrics.update({k: _reported(v) for k, v in shares.items() if k != "loss"})
         self.model_view.before_clipping()
         if cfg.grad_clip is not None:
             metrics["grad_norm"] = fabric.clip_gradients(
@@ -440,3 +454,19 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
 
     def gather_replay_mismatches(self) -> list[list[str]]:
         return self.corruption.gather_replay_mismatches()
+
+
+def _as_summable(value: Any, device: torch.device) -> torch.Tensor:
+    """A micro-batch's metric as a detached float32 tensor to add over micro-batches and
+    ranks: a scalar, or ``[total, weight]`` for a ``WeightedMean``."""
+    if isinstance(value, WeightedMean):
+        parts = [torch.as_tensor(part, device=device).detach().float() for part in value]
+        return torch.stack(parts)
+    return torch.as_tensor(value, device=device).detach().float()
+
+
+def _reported(summed: torch.Tensor) -> torch.Tensor:
+    """What a step logs of a summed metric: itself, or ``total / weight``."""
+    if summed.dim() == 0:
+        return summed
+    return WeightedMean(summed[0], summed[1]).value()

@@ -6,6 +6,9 @@ Example::
     loss, extra = split_loss(call_model(model, batch))   # model(**batch), .loss, ...
     check_loss(loss, "training")
 
+    # a loss function's metric that is a mean over the global batch, not per micro-batch
+    loss, extra = split_loss((loss, {"accuracy": WeightedMean(correct.sum(), count)}))
+
     losses = BatchLoss(training_step=None, loss_fn=my_loss)   # what FabricBackend uses
     loss, extra = losses.training(model, batch)   # the first batch is checked
     values = losses.evaluation(model, batch)      # {"loss": ..., **extra}, detached
@@ -14,7 +17,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -22,6 +25,27 @@ from torch import nn
 
 class BatchError(ValueError):
     """A training batch the model (or the loss function) cannot take."""
+
+
+class WeightedMean(NamedTuple):
+    """A metric a loss function returns as ``(total, weight)``: the step reports
+    ``total / weight``, each summed over the step's micro-batches (and, under
+    ``FabricBackend(mean_over=...)``, its ranks) first, so the metric is a mean over the
+    global batch whatever the micro-batching (an accuracy over pairs, a clipped fraction
+    over tokens)."""
+
+    total: Any
+    weight: Any
+
+    def value(self) -> torch.Tensor:
+        """``total / weight`` (0 where the weight is 0)."""
+        weight = torch.as_tensor(self.weight, dtype=torch.float32)
+        return torch.as_tensor(self.total, dtype=torch.float32) / weight.clamp(min=1e-12)
+
+
+def resolved(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``metrics`` with each ``WeightedMean`` as its value (one batch's mean)."""
+    return {k: v.value() if isinstance(v, WeightedMean) else v for k, v in metrics.items()}
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
@@ -36,7 +60,7 @@ def call_model(model: nn.Module, batch: Any) -> Any:
 def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
     """``(loss, other metrics)`` from a tensor, an object with ``.loss``, a dict with
     "loss", or a ``(loss, {name: value})`` pair (the form the JAX backend's ``loss_fn``
-    returns too)."""
+    returns too). The metrics kept are scalars and ``WeightedMean`` pairs."""
     if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Mapping):
         loss, metrics = output
         return loss, split_loss({**metrics, "loss": loss})[1]
@@ -47,9 +71,11 @@ def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
                 "return the loss under 'loss'"
             )
         extra = {
-            k: v.detach() if isinstance(v, torch.Tensor) else v
+            k: _detached(v)
             for k, v in output.items()
-            if k != "loss" and isinstance(v, torch.Tensor | int | float) and _is_scalar(v)
+            if k != "loss"
+            and (isinstance(v, WeightedMean) or isinstance(v, torch.Tensor | int | float))
+            and _is_scalar(v)
         }
         return output["loss"], extra
     if not isinstance(output, torch.Tensor) and getattr(output, "loss", None) is not None:
@@ -58,7 +84,15 @@ def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def _is_scalar(value: Any) -> bool:
+    if isinstance(value, WeightedMean):
+        return all(_is_scalar(part) for part in value)
     return not isinstance(value, torch.Tensor) or value.numel() == 1
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, WeightedMean):
+        return WeightedMean(*(_detached(part) for part in value))
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def check_loss(loss: Any, phase: str, *, need_grad: bool = True) -> None:
@@ -136,7 +170,8 @@ class BatchLoss:
         return loss, extra
 
     def evaluation(self, model: nn.Module, batch: Any) -> dict[str, Any]:
-        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked)."""
+        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked;
+        a ``WeightedMean`` as this batch's mean)."""
         loss, extra = self(model, batch)
         check_loss(loss, "evaluation", need_grad=False)
-        return {"loss": loss.detach(), **extra}
+        return {"loss": loss.detach(), **resolved(extra)}

@@ -20,17 +20,21 @@ language reference); with it, ``--data-path`` is a prepared dataset or blend (``
 prepare``) or ``.jsonl``/``.parquet``/``.txt`` files, and the tokenizer's vocabulary must
 fit the model's.
 
-Post-training (``--objective sft|dpo``) reads data packed by ``baton data prepare
---seq-len N`` (conversations, or preference pairs) with ``--data-path PREFIX --tokenizer
-DIR``; rows hold the data's own ``seq_len``. Packed rows go to the model as
-``input_ids``, ``position_ids`` restarting in each document (``transformers`` then keeps
-attention inside each document) and labels of -100 where a token is not supervised. A
-step's loss is the mean over the supervised tokens (SFT) or the pairs (DPO) of the
-global batch, every micro-batch and rank. DPO (``--dpo-beta``, ``--dpo-loss sigmoid|ipo``)
-compares against ``--reference`` (a Hugging Face directory or checkpoint; default: the
-``--init-from`` weights), whose log-probabilities are computed once before training and
-stored beside the data (``PREFIX.reference-<fingerprint>.npy``); it logs TRL's metrics
-(``rewards/chosen``, ``rewards/margins``, ``logps/chosen``...).
+Post-training (``--objective NAME``: any objective ``baton.core.objectives`` declares
+over prepared conversations or preference pairs, e.g. sft and dpo; ``--help`` lists them
+with their settings' flags) reads data packed by ``baton data prepare --seq-len N`` with
+``--data-path PREFIX --tokenizer DIR``; rows hold the data's own ``seq_len``. Packed
+rows go to the model as ``input_ids``, ``position_ids`` restarting in each document
+(``transformers`` then keeps attention inside each document) and labels of -100 where a
+token is not supervised. SFT keeps the model's own cross entropy; any other objective's
+loss is its declared one, over the targets' log-probabilities. A step's loss is the mean
+over the objective's items (the supervised tokens of SFT, the pairs of DPO) of the global
+batch, every micro-batch and rank, and so are its metrics (DPO: TRL's ``rewards/chosen``,
+``rewards/margins``, ``logps/chosen``...). An objective with a stored reference (DPO:
+``--dpo-beta``, ``--dpo-loss sigmoid|ipo``) compares against ``--reference`` (a Hugging
+Face directory or checkpoint; default: the ``--init-from`` weights), whose
+log-probabilities are computed once before training and stored beside the data
+(``PREFIX.reference-<fingerprint>.npy``).
 
 uv run baton run recipes/hf_finetune.py --objective sft --init-from hf_model \
     --data-path data/chat --tokenizer hf_model
@@ -48,7 +52,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.hf_posttrain import OBJECTIVE_SETTINGS, post_training
+from baton.backends.fabric.hf_posttrain import post_training
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.text import text_loaders
@@ -58,10 +62,8 @@ from baton.core import Callback, Driver
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import EpochFactor, WarmupCosine
 from baton.core.model.spec import FAMILIES, ModelSpec, check_init_from
+from baton.core.objectives import DataKind, ObjectiveRun
 from baton.data import resolve_tokenizer
-
-#: the training objectives this recipe runs
-OBJECTIVES = ("pretrain", "sft", "dpo")
 
 
 def save_tiny_llama(directory: str | Path, seed: int = 0) -> Path:
@@ -162,10 +164,7 @@ def recipe(
     save_every: int = 50,
     run_dir: str = "runs/hf_finetune",
     progress: bool = True,
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
     --model-config architecture from scratch).
@@ -175,8 +174,8 @@ def recipe(
         model_config: the architecture: a config.json or its directory (None: --init-from's).
         make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
         max_steps: optimizer steps to train.
-        lr: AdamW's peak learning rate (after warmup; no weight decay; constant for
-            --objective sft and dpo).
+        lr: AdamW's peak learning rate (after warmup; no weight decay; constant when
+            post-training).
         min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
             --lr / 10; pretraining).
         warmup_steps: steps of linear warmup (at most --max-steps; pretraining).
@@ -201,13 +200,10 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
-        objective: pretrain (next token over text), sft (prepared conversations) or dpo
-            (prepared preference pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory or checkpoint (None:
-            --init-from).
+        objective: what a step minimises: pretrain (next token over text) or an objective
+            over prepared conversations or pairs, with its settings' flags.
     """
+    run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -221,37 +217,41 @@ def recipe(
             f"{source} has no config.json: give a directory written by "
             "save_pretrained (or add --make-tiny-model to create a tiny Llama there)"
         )
-    if objective not in OBJECTIVES:
-        raise UsageError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    pretraining = run.objective.data is DataKind.TEXT
+    if pretraining and not run.objective.native_cross_entropy:
+        raise UsageError(
+            f"--objective {run.name} reads pretraining text with a loss of its own; this "
+            "recipe pretrains with the model's cross entropy only: use --objective pretrain"
+        )
     config = AutoConfig.from_pretrained(source)
     spec = None  # a spec family is recorded as baton's model spec; other models are not
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
-    if objective != "pretrain" and (eval_split or eval_data_path is not None):
+    if not pretraining and (eval_split or eval_data_path is not None):
         raise UsageError(
-            f"--objective {objective} evaluates on a tail of its rows: --eval-split and "
+            f"--objective {run.name} evaluates on a tail of its rows: --eval-split and "
             "--eval-data-path are for pretraining"
         )
     settings = {"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {})
+    settings |= run.settings()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
-    if objective == "pretrain":
+    if pretraining:
         train, val, loss_fn, more_keys = pretraining_data(
             config, spec, data_path=data_path, tokenizer=tokenizer, seq_len=seq_len,
             batch_size=batch_size, seed=seed, text_key=text_key, eval_split=eval_split,
             eval_data_path=eval_data_path,
         )  # fmt: skip
-        mean_over, recorded = None, ()
+        mean_over = None
         scheduler = warmup_cosine(lr, min_lr, warmup_steps, max_steps)
     else:  # a constant learning rate
-        run = post_training(
-            objective, config, spec, data_path=data_path, tokenizer=tokenizer,
-            init_from=init_from, reference=reference, dpo_beta=dpo_beta, dpo_loss=dpo_loss,
+        post = post_training(
+            run, config, spec, data_path=data_path, tokenizer=tokenizer, init_from=init_from,
             batch_size=batch_size, seed=seed, accelerator=accelerator,
         )  # fmt: skip
-        train, val, loss_fn, more_keys = run.train, run.val, run.loss_fn, run.console_keys
-        mean_over, recorded, scheduler = run.mean_over, OBJECTIVE_SETTINGS, None
-        settings |= run.settings
+        train, val, loss_fn, more_keys = post.train, post.val, post.loss_fn, post.console_keys
+        mean_over, scheduler = post.mean_over, None
+        settings |= post.settings
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
@@ -279,7 +279,7 @@ def recipe(
         eval_every=eval_every,
         run_dir=run_dir,
         settings=settings,
-        training_settings=recorded,
+        training_settings=run.objective.fixed_on_resume,
     )
 
 

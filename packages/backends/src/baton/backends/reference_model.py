@@ -40,6 +40,8 @@ from baton.data import fingerprint_file
 
 #: the ``config.json`` fields compared for a model outside baton's spec families
 CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+#: the fix a reference of another architecture is refused with
+SAME_ARCHITECTURE = "give a reference of the same architecture"
 
 
 def reference_source(run: ObjectiveRun, init_from: str | None) -> str | None:
@@ -71,13 +73,15 @@ def check_reference(
         return path
     theirs = json.loads((path / "config.json").read_text(encoding="utf-8"))
     if spec is not None and theirs.get("model_type") in FAMILIES:
-        check_same_architecture(ModelSpec.from_hf(str(path)).to_dict(), spec.to_dict(), what=what)
+        check_same_architecture(
+            ModelSpec.from_hf(str(path)).to_dict(), spec.to_dict(), what=what, fix=SAME_ARCHITECTURE
+        )
     elif config is not None:
         for name in CONFIG_FIELDS:
             if theirs.get(name) != config.get(name):
                 raise UsageError(
-                    f"{what} has {name} {theirs.get(name)}, the model {config.get(name)}; give "
-                    "a reference of the same architecture"
+                    f"{what} has {name} {theirs.get(name)}, the model {config.get(name)}; "
+                    f"{SAME_ARCHITECTURE}"
                 )
     own = path / "tokenizer.json"
     if tokenizer_fingerprint and own.is_file() and fingerprint_file(own) != tokenizer_fingerprint:

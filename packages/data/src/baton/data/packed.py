@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from baton.core.objectives import OBJECTIVES as OBJECTIVES_REGISTRY
 from baton.core.objectives import DataKind, objective_named
+from baton.core.objectives.registry import objective_reading
 from baton.data.errors import DataError
 from baton.data.indexed import PreparedDataset
 from baton.data.indexed_writer import IndexedWriter
@@ -124,14 +124,8 @@ def check_objective(prefix: str | Path, objective: str) -> None:
             f"{name} is pretraining text, but --objective {objective} needs {MADE_BY[wanted]}; "
             "prepare them, or train with --objective pretrain"
         )
-    matching = next(
-        (
-            other
-            for other in OBJECTIVES_REGISTRY.names(plugins=False)
-            if OBJECTIVES_REGISTRY.get(other).data.value == found
-        ),
-        found,
-    )
+    reads = objective_reading(DataKind(found)) if found in set(DataKind) else None
+    matching = reads.name if reads is not None else found
     if DataKind.PROMPTS.value in (found, wanted.value):  # prompts: a kind of their own
         raise DataError(
             f"{name} holds {found} data (prepared for --objective {matching}), but "

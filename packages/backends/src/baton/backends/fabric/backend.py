@@ -38,6 +38,11 @@ micro-batches and ranks (one more all-reduce) and scales the backward pass so th
 averaged gradient is the gradient of the global mean::
 
     FabricBackend(model, optimizer, rows, mean_over=lambda b: int((b["labels"] != -100).sum()))
+
+A metric whose weight is not the loss's items (TRL's DPO accuracies over pairs, a
+clipped fraction over tokens) is returned as ``step.WeightedMean(total, weight)``: its
+totals and weights are added over micro-batches and ranks in that same all-reduce, and
+the step logs ``total / weight`` (without ``mean_over``: each micro-batch's mean).
 """
 
 from __future__ import annotations

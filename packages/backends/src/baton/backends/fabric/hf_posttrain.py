@@ -1,22 +1,28 @@
-"""An SFT or DPO run of a Hugging Face causal LM on the Fabric backend, from data packed
-by ``baton data prepare --seq-len N``: the checks of the data, tokenizer and model, the
-DPO reference's log-probabilities (computed once, stored beside the data), and the
-loaders, losses and recorded settings a ``FabricBackend`` and ``Driver`` are built from.
+"""A post-training run of a Hugging Face causal LM on the Fabric backend, for any
+objective of ``baton.core.objectives`` that reads packed rows (``baton data prepare
+--seq-len N``): the checks of the data, tokenizer and model, a stored reference's
+log-probabilities (computed once, stored beside the data), and the loaders, loss and
+recorded settings a ``FabricBackend`` and ``Driver`` are built from.
 
-The rows and losses themselves are ``posttrain.py``'s; this module puts them together
-for a recipe (``recipes/hf_finetune.py --objective sft|dpo``).
+What the objective declares decides everything: the data it reads, whether it compares
+with a reference (``ReferenceUse.STORED``), and its loss: the model's own cross entropy
+where it declares ``native_cross_entropy`` (``posttrain.cross_entropy_loss``), else its
+declared loss through ``objective_loss.ObjectiveLoss``. The rows and losses themselves
+are ``posttrain.py``'s and ``objective_loss.py``'s; this module puts them together for a
+recipe (``recipes/hf_finetune.py --objective NAME``).
 
 Example::
 
     config = AutoConfig.from_pretrained("sft_export")
-    run = post_training(
-        "dpo", config, spec, data_path="data/pairs", tokenizer="sft_export",
-        init_from="sft_export", reference=None, dpo_beta=0.1, dpo_loss="sigmoid",
-        batch_size=8, seed=0, accelerator="cpu",
+    run = ObjectiveRun.of(objective)    # the recipe's --objective, with its settings
+    post = post_training(
+        run, config, spec, data_path="data/pairs", tokenizer="sft_export",
+        init_from="sft_export", batch_size=8, seed=0, accelerator="cpu",
     )
-    backend = FabricBackend(model, optimizer, run.train, eval_data=run.val,
-                            loss_fn=run.loss_fn, mean_over=run.mean_over)
-    Driver(backend, callbacks, settings=run.settings, training_settings=OBJECTIVE_SETTINGS)
+    backend = FabricBackend(model, optimizer, post.train, eval_data=post.val,
+                            loss_fn=post.loss_fn, mean_over=post.mean_over)
+    Driver(backend, callbacks, settings=run.settings() | post.settings,
+           training_settings=run.objective.fixed_on_resume)
 """
 
 from __future__ import annotations
@@ -24,28 +30,30 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from baton.backends.fabric.moe import RouterBalance
+from baton.backends.fabric.objective_loss import ObjectiveItems, ObjectiveLoss
 from baton.backends.fabric.posttrain import (
-    DPOLoss,
-    MoESFTLoss,
+    MoECrossEntropyLoss,
     PackedRows,
-    pair_count,
+    cross_entropy_loss,
     reference_logps,
-    sft_loss,
-    supervised_tokens,
+)
+from baton.backends.reference_logps import stored_or_computed
+from baton.backends.reference_model import (
+    check_reference,
+    reference_fingerprint,
+    reference_source,
 )
 from baton.core.errors import UsageError
 from baton.core.model.spec import ModelSpec
+from baton.core.objectives import ObjectiveRun, ReferenceUse
 from baton.data import DataError, load_tokenizer
 from baton.data.packed import PackedDataset, check_objective
-
-#: the recorded settings of a post-training run that a resume may not change
-OBJECTIVE_SETTINGS = frozenset({"objective", "dpo_beta", "dpo_loss", "reference_fingerprint"})
 
 
 @dataclass(frozen=True)
@@ -56,14 +64,14 @@ class PostTraining:
     train: Any
     #: a fixed tail of rows, as batches, for evaluation
     val: list[dict[str, torch.Tensor]]
-    #: the objective's loss (``sft_loss`` or a ``DPOLoss``)
+    #: the objective's loss (the model's own cross entropy, or an ``ObjectiveLoss``)
     loss_fn: Callable[..., Any]
-    #: what the loss is a mean over in the global batch (supervised tokens or pairs)
+    #: what the loss is a mean over in the global batch (``ObjectiveItems``)
     mean_over: Callable[[Any], int]
-    #: settings to record besides the recipe's (DPO: the reference's fingerprint)
-    settings: dict[str, Any] = field(default_factory=dict)
-    #: metrics worth a place on the console line besides the loss (DPO: its rewards)
-    console_keys: list[str] = field(default_factory=list)
+    #: settings to record besides the objective's (a stored reference's fingerprint)
+    settings: dict[str, Any] = field(default_factory=dict[str, Any])
+    #: metrics worth a place on the console line besides the loss
+    console_keys: list[str] = field(default_factory=list[str])
 
 
 def reference_device(accelerator: str) -> torch.device:
@@ -74,43 +82,36 @@ def reference_device(accelerator: str) -> torch.device:
     return torch.device("cpu")
 
 
-def dpo_reference_logps(
+def stored_reference(
+    run: ObjectiveRun,
     data: PackedDataset,
     config: Any,
-    source: str,
+    spec: ModelSpec | None,
     *,
+    init_from: str | None,
     pad_id: int,
     batch_rows: int,
     accelerator: str,
-) -> tuple[Any, str]:
-    """``(log-probabilities of every document under the reference, its fingerprint)``:
-    read from beside the data when stored for this reference, else computed and stored.
-    A reference of another architecture or tokenizer is refused."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+) -> tuple[np.ndarray, str]:
+    """``(log-probability of every document under the reference, its fingerprint)``: the
+    reference is ``--reference``, else the starting weights; read from beside the data
+    when stored for it, else computed with this model's forward and stored. A reference
+    of another architecture or tokenizer is refused."""
+    from transformers import AutoModelForCausalLM
 
     from baton.backends.fabric.weights import load_weights
-    from baton.backends.reference_logps import model_fingerprint, stored_or_computed
 
+    source = reference_source(run, init_from)
+    if source is None:
+        raise UsageError(
+            f"--objective {run.name} compares with a reference model: pass --reference DIR "
+            "or --init-from DIR"
+        )
     tokenizer_fingerprint = data.manifest["tokenizer"]["fingerprint"]
-    directory = Path(source)
-    if (directory / "config.json").is_file():
-        theirs = AutoConfig.from_pretrained(source)
-        for name in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers"):
-            if getattr(theirs, name, None) != getattr(config, name, None):
-                raise UsageError(
-                    f"--reference {source} has {name} {getattr(theirs, name, None)}, the "
-                    f"model {getattr(config, name, None)}; give a reference of the same "
-                    "architecture"
-                )
-    if (directory / "tokenizer.json").is_file():
-        if load_tokenizer(directory).fingerprint != tokenizer_fingerprint:
-            raise UsageError(
-                f"--reference {source} has another tokenizer than the data "
-                f"{data.prefix}; give a reference trained with the data's tokenizer"
-            )
-    fingerprint = model_fingerprint(source)
+    check_reference(source, spec, tokenizer_fingerprint, config=config.to_dict())
+    fingerprint = reference_fingerprint(source)
 
-    def compute() -> Any:
+    def compute() -> np.ndarray:
         device = reference_device(accelerator)
         model = AutoModelForCausalLM.from_config(config)
         load_weights(model, source)
@@ -155,34 +156,32 @@ def packed_loaders(
 
 
 def post_training(
-    objective: str,
+    run: ObjectiveRun,
     config: Any,
     spec: ModelSpec | None,
     *,
     data_path: str | None,
     tokenizer: str | None,
     init_from: str | None,
-    reference: str | None,
-    dpo_beta: float,
-    dpo_loss: str,
     batch_size: int,
     seed: int,
     accelerator: str,
 ) -> PostTraining:
-    """The ``objective`` (``sft`` or ``dpo``) run of the model of ``config`` (a
-    ``transformers`` config; ``spec`` its model spec, if any) on the packed data at
-    ``data_path``, prepared with ``tokenizer``; DPO's reference is ``reference`` or else
-    ``init_from``. Bad input is a ``UsageError`` or ``DataError`` naming the fix."""
-    from baton.backends.torch_objectives import DPO_LOSSES, DPO_METRICS
-
+    """``run``'s training of the model of ``config`` (a ``transformers`` config; ``spec``
+    its model spec, if any) on the packed data at ``data_path``, prepared with
+    ``tokenizer``; a stored reference is ``--reference`` or else ``init_from``. Bad input
+    is a ``UsageError`` or ``DataError`` naming the fix."""
     if data_path is None or tokenizer is None:
         raise UsageError(
-            f"--objective {objective} needs --data-path PREFIX (made by `baton data prepare "
+            f"--objective {run.name} needs --data-path PREFIX (made by `baton data prepare "
             "... --seq-len N`) and --tokenizer DIR"
         )
-    if objective == "dpo" and dpo_loss not in DPO_LOSSES:
-        raise UsageError(f"--dpo-loss {dpo_loss!r}: use one of {', '.join(DPO_LOSSES)}")
-    check_objective(data_path, objective)
+    if run.objective.rollouts:
+        raise UsageError(
+            f"--objective {run.name} samples completions every step, which Fabric's "
+            "post-training does not run yet; choose an objective over prepared data"
+        )
+    check_objective(data_path, run.name)
     data = PackedDataset(data_path)
     info = load_tokenizer(tokenizer)
     if info.fingerprint != data.manifest["tokenizer"]["fingerprint"]:
@@ -195,28 +194,24 @@ def post_training(
             f"the data's vocabulary has {info.vocab_size} tokens, the model's only "
             f"{config.vocab_size}; use a model built for this tokenizer"
         )
-    balance, moe_keys = None, []
+    balance, keys = None, list(run.objective.console_keys)
     if spec is not None and spec.moe is not None:  # its load-balancing term, padding excluded
         balance = RouterBalance(config, aux_loss_coef=spec.moe.aux_loss_coef)
-        moe_keys = ["moe/aux_loss", "moe/load_balance"]
-    if objective == "sft":
-        train, val = packed_loaders(data, batch_size=batch_size, seed=seed, pad_id=info.eod_id)
-        loss_fn = sft_loss if balance is None else MoESFTLoss(balance)
-        return PostTraining(train, val, loss_fn, supervised_tokens, console_keys=moe_keys)
-    source = reference or init_from
-    if source is None:
-        raise UsageError("--objective dpo needs --reference DIR or --init-from DIR")
-    logps, fingerprint = dpo_reference_logps(
-        data, config, source, pad_id=info.eod_id, batch_rows=batch_size, accelerator=accelerator
-    )
+        keys += ["moe/aux_loss", "moe/load_balance"]
+    reference, settings = None, {}
+    if run.reference_use is ReferenceUse.STORED:
+        reference, fingerprint = stored_reference(
+            run, data, config, spec, init_from=init_from, pad_id=info.eod_id,
+            batch_rows=batch_size, accelerator=accelerator,
+        )  # fmt: skip
+        settings["reference_fingerprint"] = fingerprint
     train, val = packed_loaders(
-        data, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=logps
+        data, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=reference
     )
-    return PostTraining(
-        train,
-        val,
-        DPOLoss(dpo_beta, dpo_loss, balance),
-        pair_count,
-        settings={"reference_fingerprint": fingerprint},
-        console_keys=[name for name in DPO_METRICS if name.startswith("rewards/")] + moe_keys,
-    )
+    if not run.objective.native_cross_entropy:
+        loss_fn: Callable[..., Any] = ObjectiveLoss(run, balance)
+    elif balance is not None:
+        loss_fn = MoECrossEntropyLoss(balance)
+    else:
+        loss_fn = cross_entropy_loss
+    return PostTraining(train, val, loss_fn, ObjectiveItems(run), settings, keys)

@@ -1,39 +1,35 @@
-"""Post-training on the Fabric backend with ``transformers`` models: SFT and DPO on packed
-rows (``baton.data.packed``).
+"""Post-training on the Fabric backend with ``transformers`` models: packed rows
+(``baton.data.packed``) as the model's inputs, the model's own cross entropy for the
+objectives that declare it (``native_cross_entropy``: SFT), and the forward-only scorer
+of a stored reference (each document's log-probability under the reference model).
 
 Rows go to the model natively: ``input_ids`` (a row's tokens but the last),
 ``position_ids`` restarting at 0 in each document, no attention mask and no KV cache
 (``use_cache=False``), from which ``transformers`` builds a block-causal mask (a query
 never sees another document; with a cache it would not look for packed documents), and
-for SFT ``labels``/``shift_labels`` (the next tokens, -100 where not supervised: the
-model's own loss). With ``FabricBackend(mean_over=...)`` the batch also carries
-``num_items_in_batch``, the global batch's supervised tokens (SFT) or pairs (DPO), so a
-step's loss is the mean over the global batch.
+``labels``/``shift_labels`` (the next tokens, -100 where not supervised: the model's own
+loss). With ``FabricBackend(mean_over=ObjectiveItems(run))`` the batch also carries
+``num_items_in_batch``, the global batch's supervised tokens, so a step's loss is the
+mean over the global batch. Every other objective (DPO, a declared one) goes through
+``objective_loss.ObjectiveLoss`` on the same rows; a stored reference's log-probability
+of each document comes in the batch as ``reference_logps`` (``PackedRows(reference=...)``).
 
-DPO sums each document's log-probabilities over its supervised targets
-(``baton.backends.torch_objectives``); documents 2k-1 and 2k of a row are a pair
-(chosen, rejected), and each document's reference log-probability comes precomputed
-(``reference_logps``) in the batch.
-
-A mixture-of-experts model adds its load-balancing term to either loss, over the rows'
-tokens without padding (:class:`MoESFTLoss`, ``DPOLoss(balance=...)``; TRL's DPO adds
-the model's term as well).
+A mixture-of-experts model adds its load-balancing term over the rows' tokens without
+padding (:class:`MoECrossEntropyLoss`; ``ObjectiveLoss(balance=...)``).
 
 Example::
 
     data = PackedDataset("data/chat")
     train = GlobalBatches(PackedRows(data, pad_id=0), batch_size=8, seed=0)
-    backend = FabricBackend(model, optimizer, train, loss_fn=sft_loss, mean_over=supervised_tokens)
+    backend = FabricBackend(model, optimizer, train, loss_fn=cross_entropy_loss,
+                            mean_over=ObjectiveItems(run))
 
     pairs = PackedDataset("data/pairs")
     reference = reference_logps(reference_model, pairs, pad_id=0, batch_rows=8)
-    rows = PackedRows(pairs, pad_id=0, reference=reference)
-    backend = FabricBackend(model, optimizer, GlobalBatches(rows, batch_size=8),
-                            loss_fn=DPOLoss(beta=0.1, loss_type="sigmoid"), mean_over=pair_count)
+    rows = PackedRows(pairs, pad_id=0, reference=reference)   # batches carry reference_logps
 
     balance = RouterBalance(model_config, aux_loss_coef=0.01)  # a Qwen3-MoE
-    backend = FabricBackend(model, optimizer, train, loss_fn=MoESFTLoss(balance),
-                            mean_over=supervised_tokens)
+    loss_fn = MoECrossEntropyLoss(balance)
 """
 
 from __future__ import annotations
@@ -43,16 +39,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from array_api_compat import array_namespace
 from torch.utils.data import Dataset
 
-from baton.backends import torch_objectives as objectives
 from baton.backends.fabric.moe import RouterBalance
+from baton.backends.fabric.objective_loss import model_inputs
+from baton.backends.torch_logps import IGNORE, token_logps
+from baton.core.objectives.array_math import document_sums
 from baton.data.packed import PackedDataset
+
+#: the batch key of a stored reference's per-document log-probabilities (the document
+#: value an objective with ``ReferenceUse.STORED`` reads)
+REFERENCE_LOGPS = "reference_logps"
 
 
 class PackedRows(Dataset):
     """Rows of a packed dataset as ``transformers`` inputs: a dict of ``[seq_len]``
-    tensors per row (``default_collate`` stacks them)."""
+    tensors per row (``default_collate`` stacks them); with ``reference`` (each global
+    document's stored reference log-probability) also ``reference_logps``, ``[D]``."""
 
     def __init__(
         self, data: PackedDataset, pad_id: int, reference: np.ndarray | None = None
@@ -66,7 +70,7 @@ class PackedRows(Dataset):
         batch = self.data.batch([index], pad_id=self.pad_id)
         targets = torch.from_numpy(batch.targets[0])
         loss_mask = torch.from_numpy(batch.loss_mask[0])
-        labels = targets.masked_fill(~loss_mask, -100)
+        labels = targets.masked_fill(~loss_mask, IGNORE)
         item = {
             "input_ids": torch.from_numpy(batch.inputs[0]),
             "position_ids": torch.from_numpy(batch.positions[0]).long(),
@@ -77,40 +81,20 @@ class PackedRows(Dataset):
         if self.reference is not None:
             documents = batch.documents[0]
             known = np.where(documents >= 0, self.reference[np.maximum(documents, 0)], 0.0)
-            item["reference_logps"] = torch.from_numpy(known)
+            item[REFERENCE_LOGPS] = torch.from_numpy(known)
         return item
 
 
-def supervised_tokens(batch: Mapping[str, torch.Tensor]) -> int:
-    """The supervised targets of a batch (``FabricBackend(mean_over=...)`` for SFT)."""
-    return int((batch["labels"] != -100).sum())
-
-
-def pair_count(batch: Mapping[str, torch.Tensor]) -> int:
-    """The preference pairs of a batch (``FabricBackend(mean_over=...)`` for DPO)."""
-    return int((batch["documents"][:, 0::2] >= 0).sum())
-
-
-def _model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """What the model is called with: without a KV cache and without an attention mask,
-    ``transformers`` reads packed documents from the restarting ``position_ids``."""
-    return {
-        "input_ids": batch["input_ids"],
-        "position_ids": batch["position_ids"],
-        "use_cache": False,
-    }
-
-
-def sft_loss(model: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+def cross_entropy_loss(model: Any, batch: Mapping[str, Any]) -> torch.Tensor:
     """The model's own loss on the packed batch: the sum of cross entropy over the
     supervised targets divided by ``num_items_in_batch`` (without it: their mean)."""
     labels = batch["labels"]
     count = batch.get("num_items_in_batch")
     output = model(
-        **_model_inputs(batch),
+        **model_inputs(batch),
         labels=labels,  # already the next tokens: ``shift_labels`` tells transformers so
         shift_labels=labels,
-        num_items_in_batch=count if count is not None else (labels != -100).sum(),
+        num_items_in_batch=count if count is not None else (labels != IGNORE).sum(),
     )
     return output.loss
 
@@ -121,15 +105,15 @@ def _share(items: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor | floa
     return 1.0 if total is None else items / total
 
 
-class MoESFTLoss:
-    """:func:`sft_loss` for a mixture-of-experts model, plus its load-balancing term over
-    the rows' tokens (:class:`~baton.backends.fabric.moe.RouterBalance`); returns
-    ``(loss, {"moe/aux_loss", "moe/load_balance"})``. The cross entropy is the model's
-    own loss function, as :func:`sft_loss` has it.
+class MoECrossEntropyLoss:
+    """:func:`cross_entropy_loss` for a mixture-of-experts model, plus its load-balancing
+    term over the rows' tokens (:class:`~baton.backends.fabric.moe.RouterBalance`);
+    returns ``(loss, {"moe/aux_loss", "moe/load_balance"})``. The cross entropy is the
+    model's own loss function, as :func:`cross_entropy_loss` has it.
 
     Example::
 
-        loss_fn = MoESFTLoss(RouterBalance(config, aux_loss_coef=0.01))
+        loss_fn = MoECrossEntropyLoss(RouterBalance(config, aux_loss_coef=0.01))
     """
 
     def __init__(self, balance: RouterBalance) -> None:
@@ -139,9 +123,9 @@ class MoESFTLoss:
         self, model: Any, batch: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         labels = batch["labels"]
-        supervised = (labels != -100).sum()
+        supervised = (labels != IGNORE).sum()
         count = batch.get("num_items_in_batch")
-        output = model(**_model_inputs(batch), output_router_logits=True)
+        output = model(**model_inputs(batch), output_router_logits=True)
         cross_entropy = model.loss_function(
             logits=output.logits,
             labels=None,
@@ -155,64 +139,24 @@ class MoESFTLoss:
         return cross_entropy + term, metrics
 
 
-class DPOLoss:
-    """``loss_fn(model, batch) -> (loss, TRL's metrics)`` of DPO on packed pairs whose
-    reference log-probabilities are in the batch (``PackedRows(reference=...)``)."""
-
-    def __init__(self, beta: float, loss_type: str, balance: RouterBalance | None = None) -> None:
-        if loss_type not in objectives.DPO_LOSSES:
-            raise ValueError(
-                f"DPO loss {loss_type!r}: use one of {', '.join(objectives.DPO_LOSSES)}"
-            )
-        self.beta, self.loss_type, self.balance = beta, loss_type, balance
-
-    def __call__(
-        self, model: Any, batch: Mapping[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        documents = batch["documents"]
-        if self.balance is None:
-            output = model(**_model_inputs(batch))
-        else:
-            output = model(**_model_inputs(batch), output_router_logits=True)
-        logits = output.logits
-        labels = batch["labels"]
-        logps, counts = objectives.document_logps(
-            logits, labels.clamp(min=0), labels != -100, batch["segments"], documents.shape[1]
-        )
-        losses, sums = objectives.pair_losses(
-            logps, counts, batch["reference_logps"], documents,
-            beta=self.beta, loss_type=self.loss_type,
-        )  # fmt: skip
-        pairs = batch.get("num_items_in_batch")
-        if pairs is None:
-            pairs = torch.tensor(float(max(len(losses), 1)), device=losses.device)
-        loss = losses.sum() / pairs
-        metrics = {name: value / pairs for name, value in sums.items()}
-        if self.balance is not None:  # TRL adds the model's load-balancing term as well
-            share = _share((documents[:, 0::2] >= 0).sum(), batch)
-            term, moe = self.balance(output.router_logits, batch["segments"] > 0, share)
-            loss, metrics = loss + term, metrics | moe
-        return loss, metrics
-
-
 @torch.no_grad()
 def reference_logps(
     model: Any, data: PackedDataset, *, pad_id: int, batch_rows: int, device: Any = "cpu"
 ) -> np.ndarray:
     """``[num_sequences]`` float64: each document's sum of ``model``'s log-probabilities
-    over its supervised targets, computed on packed rows as training sees them."""
+    over its supervised targets, computed on packed rows as training sees them and summed
+    as an objective's loss sums the policy's (``array_math.document_sums``)."""
     model.eval()
     rows = PackedRows(data, pad_id)
     out = np.zeros(data.num_sequences, dtype=np.float64)
     for start in range(0, len(rows), batch_rows):
         items = [rows[i] for i in range(start, min(start + batch_rows, len(rows)))]
         batch = {k: torch.stack([item[k] for item in items]).to(device) for k in items[0]}
-        logits = model(**_model_inputs(batch)).logits
-        labels = batch["labels"]
-        documents = batch["documents"]
-        logps, _ = objectives.document_logps(
-            logits, labels.clamp(min=0), labels != -100, batch["segments"], documents.shape[1]
-        )
+        logits = model(**model_inputs(batch)).logits
+        labels, documents = batch["labels"], batch["documents"]
+        logps = token_logps(logits, labels.clamp(min=0)) * (labels != IGNORE).float()
+        xp = array_namespace(logps)
+        sums = document_sums(xp, logps, batch["segments"], documents.shape[1])
         present = documents >= 0
-        out[documents[present].cpu().numpy()] = logps[present].double().cpu().numpy()
+        out[documents[present].cpu().numpy()] = sums[present].double().cpu().numpy()
     return out

@@ -7,6 +7,9 @@ Example::
     loss, extra = split_loss(call_model(model, batch))   # model(**batch), .loss, ...
     check_loss(loss, "training")
 
+    # a loss function's metric that is a mean over the global batch, not per micro-batch
+    loss, extra = split_loss((loss, {"accuracy": WeightedMean(correct.sum(), count)}))
+
     losses = BatchLoss(training_step=None, loss_fn=my_loss)   # what FabricBackend uses
     loss, extra = losses.training(model, batch)   # the first batch is checked
     values = losses.evaluation(model, batch)      # {"loss": ..., **extra}, detached
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -31,6 +34,27 @@ from torch import nn
 
 class BatchError(ValueError):
     """A training batch the model (or the loss function) cannot take."""
+
+
+class WeightedMean(NamedTuple):
+    """A metric a loss function returns as ``(total, weight)``: the step reports
+    ``total / weight``, each summed over the step's micro-batches (and, under
+    ``FabricBackend(mean_over=...)``, its ranks) first, so the metric is a mean over the
+    global batch whatever the micro-batching (an accuracy over pairs, a clipped fraction
+    over tokens)."""
+
+    total: Any
+    weight: Any
+
+    def value(self) -> torch.Tensor:
+        """``total / weight`` (0 where the weight is 0)."""
+        weight = torch.as_tensor(self.weight, dtype=torch.float32)
+        return torch.as_tensor(self.total, dtype=torch.float32) / weight.clamp(min=1e-12)
+
+
+def resolved(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``metrics`` with each ``WeightedMean`` as its value (one batch's mean)."""
+    return {k: v.value() if isinstance(v, WeightedMean) else v for k, v in metrics.items()}
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
@@ -45,7 +69,7 @@ def call_model(model: nn.Module, batch: Any) -> Any:
 def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
     """``(loss, other metrics)`` from a tensor, an object with ``.loss``, a dict with
     "loss", or a ``(loss, {name: value})`` pair (the form the JAX backend's ``loss_fn``
-    returns too)."""
+    returns too). The metrics kept are scalars and ``WeightedMean`` pairs."""
     if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Mapping):
         loss, metrics = output
         return loss, split_loss({**metrics, "loss": loss})[1]
@@ -56,9 +80,11 @@ def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
                 "return the loss under 'loss'"
             )
         extra = {
-            k: v.detach() if isinstance(v, torch.Tensor) else v
+            k: _detached(v)
             for k, v in output.items()
-            if k != "loss" and isinstance(v, torch.Tensor | int | float) and _is_scalar(v)
+            if k != "loss"
+            and (isinstance(v, WeightedMean) or isinstance(v, torch.Tensor | int | float))
+            and _is_scalar(v)
         }
         return output["loss"], extra
     if not isinstance(output, torch.Tensor) and getattr(output, "loss", None) is not None:
@@ -67,7 +93,15 @@ def split_loss(output: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def _is_scalar(value: Any) -> bool:
+    if isinstance(value, WeightedMean):
+        return all(_is_scalar(part) for part in value)
     return not isinstance(value, torch.Tensor) or value.numel() == 1
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, WeightedMean):
+        return WeightedMean(*(_detached(part) for part in value))
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def check_loss(loss: Any, phase: str, *, need_grad: bool = True) -> None:
@@ -145,10 +179,11 @@ class BatchLoss:
         return loss, extra
 
     def evaluation(self, model: nn.Module, batch: Any) -> dict[str, Any]:
-        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked)."""
+        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked;
+        a ``WeightedMean`` as this batch's mean)."""
         loss, extra = self(model, batch)
         check_loss(loss, "evaluation", need_grad=False)
-        return {"loss": loss.detach(), **extra}
+        return {"loss": loss.detach(), **resolved(extra)}
 
 
 class TimedDraws:
@@ -189,7 +224,7 @@ class MicroBatchMean:
     def add(self, loss: torch.Tensor, extra: Mapping[str, Any]) -> None:
         detached = loss.detach()
         self._total = detached if self._total is None else self._total + detached
-        self._metrics.update(extra)
+        self._metrics.update(resolved(extra))
 
     def result(self, fabric: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """The step's loss and its other metrics."""
@@ -203,7 +238,9 @@ class GlobalItemMean:
     (``FabricBackend(mean_over=...)``): each batch is handed the global count under
     ``"num_items_in_batch"``, so its loss and metrics are its share of the global mean;
     the shares are added over micro-batches and ranks, and the backward pass is scaled
-    so that DDP's average of the ranks' gradients is the global mean's gradient."""
+    so that DDP's average of the ranks' gradients is the global mean's gradient. A
+    ``WeightedMean`` metric's total and weight are added apart and reported as
+    ``total / weight``."""
 
     def __init__(self, count: torch.Tensor, world_size: int, device: torch.device) -> None:
         self.count, self.world_size, self.device = count, world_size, device
@@ -231,13 +268,30 @@ class GlobalItemMean:
 
     def add(self, loss: torch.Tensor, extra: Mapping[str, Any]) -> None:
         for name, value in {"loss": loss, **extra}.items():
-            value = torch.as_tensor(value, device=self.device).detach().float()
+            value = _summable(value, self.device)
             self._shares[name] = value if name not in self._shares else self._shares[name] + value
 
     def result(self, fabric: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """The step's loss and its other metrics, summed over the ranks (one all-reduce)."""
         shares = self._shares
-        if self.world_size > 1:
-            summed = fabric.all_reduce(torch.stack(list(shares.values())), reduce_op="sum")
-            shares = dict(zip(shares, summed.unbind(), strict=True))
-        return shares["loss"], {k: v for k, v in shares.items() if k != "loss"}
+        if self.world_size > 1:  # every share in one all-reduce
+            flat = torch.cat([value.reshape(-1) for value in shares.values()])
+            summed = fabric.all_reduce(flat, reduce_op="sum")
+            pieces = summed.split([value.numel() for value in shares.values()])
+            shares = {k: p.view_as(v) for (k, v), p in zip(shares.items(), pieces, strict=True)}
+        return shares["loss"], {k: _reported(v) for k, v in shares.items() if k != "loss"}
+
+
+def _summable(value: Any, device: torch.device) -> torch.Tensor:
+    """A micro-batch's metric as a detached float32 tensor to add over micro-batches and
+    ranks: a scalar, or ``[total, weight]`` for a ``WeightedMean``."""
+    if isinstance(value, WeightedMean):
+        return torch.stack(
+            [torch.as_tensor(part, device=device).detach().float() for part in value]
+        )
+    return torch.as_tensor(value, device=device).detach().float()
+
+
+def _reported(summed: torch.Tensor) -> torch.Tensor:
+    """What a step logs of a summed metric: itself, or ``total / weight``."""
+    return summed if summed.dim() == 0 else WeightedMean(summed[0], summed[1]).value()

@@ -319,15 +319,13 @@ RENAMED: dict[str, str] = {old: term.name for term in VOCABULARY for old in term
 
 
 def base_type(annotation: Any) -> Any:
-    """``int | None`` -> ``int``; ``Annotated[int, ...]`` -> ``int``; ``ObjectiveRun | str``
-    -> ``str`` (a recipe's objective: its name on the command line); others as they are."""
+    """``int | None`` -> ``int``; ``Annotated[int, ...]`` -> ``int``; a recipe's
+    ``ObjectiveRun | str`` -> ``str`` (its name on the command line); others as they are."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return base_type(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        rest = [
-            a for a in typing.get_args(annotation) if a is not type(None) and a is not ObjectiveRun
-        ]
+        rest = [a for a in typing.get_args(annotation) if a not in (type(None), ObjectiveRun)]
         if len(rest) == 1:
             return base_type(rest[0])
     return annotation

@@ -276,17 +276,21 @@ def first_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | No
 
 
 def check_same_architecture(
-    saved: dict[str, Any] | None, current: dict[str, Any] | None, *, what: str
+    saved: dict[str, Any] | None,
+    current: dict[str, Any] | None,
+    *,
+    what: str,
+    fix: str = "use the same --model-config (or none) as that run",
 ) -> None:
-    """Raise ``UsageError`` when two recorded specs differ, naming the first field; a
-    missing spec on either side (a run from before specs were recorded) passes."""
+    """Raise ``UsageError`` when two recorded specs differ, naming the first field and
+    ``fix``; a missing spec on either side (a run from before specs were recorded) passes."""
     if not saved or not current:
         return
     name = first_difference(saved, current)
     if name is not None:
         raise UsageError(
             f"{what} has a different architecture: {name} is {_flat(saved).get(name)!r} "
-            f"there, {_flat(current).get(name)!r} here; use the same --model-config (or none) as that run"
+            f"there, {_flat(current).get(name)!r} here; {fix}"
         )
 
 

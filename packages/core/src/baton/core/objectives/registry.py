@@ -12,7 +12,7 @@ Example::
 from __future__ import annotations
 
 from baton.core.errors import UsageError, did_you_mean
-from baton.core.objectives.declaration import Objective
+from baton.core.objectives.declaration import DataKind, Objective
 from baton.core.objectives.dpo import DPO
 from baton.core.objectives.grpo import GRPO
 from baton.core.objectives.pretrain import PRETRAIN
@@ -20,8 +20,22 @@ from baton.core.objectives.sft import SFT
 from baton.core.registry import Registry
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
-for _shipped in (PRETRAIN, SFT, DPO, GRPO):
+#: the objectives baton ships, in the order messages prefer them
+SHIPPED: tuple[Objective, ...] = (PRETRAIN, SFT, DPO, GRPO)
+for _shipped in SHIPPED:
     OBJECTIVES.add(_shipped.name, _shipped)
+
+
+def objective_reading(kind: DataKind) -> Objective | None:
+    """The objective a message names for data of ``kind``: the shipped one that reads
+    it, else any registered one that does (None: none)."""
+    for objective in SHIPPED:
+        if objective.data == kind:
+            return objective
+    for name in OBJECTIVES.names(plugins=False):
+        if OBJECTIVES.get(name).data == kind:
+            return OBJECTIVES.get(name)
+    return None
 
 
 def register_objective(objective: Objective) -> Objective:

@@ -24,7 +24,7 @@ import types
 import typing
 from typing import Any
 
-from baton.core.objectives import OBJECTIVES
+from baton.core.objectives import OBJECTIVES, ObjectiveRun
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +339,8 @@ def check_parameter(name: str, annotation: Any, help_text: str = "") -> str | No
     term = TERMS.get(name)
     if term is None:
         return None
+    if name == "objective" and ObjectiveRun in (annotation, *typing.get_args(annotation)):
+        return None  # the recipe's objective: ObjectiveRun | str (objective_flags)
     if base_type(annotation) is not term.type:
         return f"{name} must be {term.type.__name__} (or {term.type.__name__} | None)"
     if term.zero is not None and f"(0: {term.zero}" not in help_text:

@@ -56,6 +56,7 @@ def first_step(run_dir: Path, *flags: str) -> dict[str, float]:
         "--run-dir", str(run_dir), "--no-progress", *flags,
         "--overrides", "dtype=float32", "matmul_precision=highest",
     ])  # fmt: skip
+    assert driver is not None
     run = driver.backend.config.objective
     assert isinstance(run, ObjectiveRun) and run["focal_gamma"] == GAMMA
     driver.callbacks.append(logged)

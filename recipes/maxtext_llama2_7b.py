@@ -29,8 +29,9 @@ converted once into ``<run-dir>/hf-params`` (a baton checkpoint: its weights), s
     uv run baton run recipes/maxtext_llama2_7b.py --init-from hf/Llama-2-7b \
         --tokenizer hf/Llama-2-7b --data-path data/corpus
 Post-training on prepared conversations or preference pairs (``baton data prepare
---seq-len N``), MaxText's own step and loss (DPO: its step with a loss over reference
-log-probabilities computed once, before training):
+--seq-len N``), MaxText's own step and loss (another objective: its step with that
+objective's loss, over a reference's log-probabilities computed once, before training,
+where it has a reference):
     uv run baton run recipes/maxtext_llama2_7b.py --objective sft --init-from hf/Llama-2-7b \
         --tokenizer hf/Llama-2-7b --data-path data/chat --seq-len 4096
 """
@@ -40,16 +41,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from baton.backends.maxtext import MaxTextBackend, MaxTextConfig, per_device_batch
-from baton.backends.maxtext.objective import (
-    check_objective_settings,
-    check_reference,
-    check_run_data,
-)
+from baton.backends.maxtext.objective import check_run_data, checked_reference
 from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning, require_data
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.objectives import DataKind, ObjectiveRun
 from baton.data import resolve_tokenizer
 
 HARDWARE = {
@@ -84,10 +82,7 @@ def recipe(
     run_dir: str = "runs/maxtext_llama2_7b",
     init_from: str | None = None,
     model_config: str | None = None,
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
 ) -> Driver:
     """Pre-train Llama 2 7B with MaxText's step (GPU/TPU); --dry-run checks it on CPU.
 
@@ -116,13 +111,10 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
-        objective: pretrain (every next token), sft (a prepared conversation dataset,
-            --data-path PREFIX) or dpo (prepared preference pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory (scanned layers: with
-            --init-from or --model-config) or checkpoint (None: the starting weights).
+        objective: what a step minimises, with its settings (a reference model given as
+            a Hugging Face directory needs scanned layers: --init-from or --model-config).
     """
+    run = ObjectiveRun.of(objective)
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
@@ -152,34 +144,34 @@ def recipe(
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
     check_expert_parallel(spec, ep)
-    check_objective_settings(objective, dpo_loss, dpo_beta)
-    if not is_planning():  # data of the wrong kind: refused before anything is built
-        vocab = vocab_size if spec is None else None
-        check_run_data(objective, data_path, tokenizer, vocab, seq_len)
-        check_reference(reference, spec, tokenizer)
     if spec is not None:  # that architecture instead of llama2-7b's (vocabulary included)
         from baton.backends.maxtext.hf import maxtext_settings
 
         overrides |= {"model_name": "default"} | maxtext_settings(spec)
-    if init_from is not None and not is_planning():  # converted weights: training only
-        overrides["load_parameters_path"] = str(_parameters(init_from, run_dir))
     config = MaxTextConfig(
         overrides=overrides,
         data_path=data_path,
         tokenizer=tokenizer,
-        objective=objective,
-        dpo_beta=dpo_beta,
-        dpo_loss=dpo_loss,
-        reference=reference,
+        objective=run,
         init_from=init_from,
     )
+    recorded = run.settings()
+    if not is_planning():  # data of the wrong kind: refused before anything is built
+        vocab = None if run.objective.data is DataKind.TEXT else config.get("vocab_size")
+        check_run_data(run, data_path, tokenizer, vocab, seq_len)
+        recorded |= checked_reference(config, spec, tokenizer)
+    if init_from is not None and not is_planning():  # converted weights: training only
+        config["load_parameters_path"] = str(_parameters(init_from, run_dir))
     return Driver(
         MaxTextBackend(config),
         standard_callbacks(save_every=save_every or None, async_save=True),
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
+        settings={"tokenizer": tokenizer}
+        | ({"model_spec": spec.to_dict()} if spec else {})
+        | recorded,
+        training_settings=run.objective.fixed_on_resume,
     )
 
 

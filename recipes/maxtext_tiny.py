@@ -21,6 +21,8 @@ uv run baton run recipes/maxtext_tiny.py --objective sft --tokenizer tok/ --data
     --seq-len 512 --init-from hf-model/           # prepared conversations (baton data prepare)
 uv run baton run recipes/maxtext_tiny.py --objective dpo --tokenizer tok/ --data-path data/pairs \
     --seq-len 512 --init-from sft-model/ --dpo-beta 0.1 --dpo-loss ipo
+uv run baton run recipes/maxtext_tiny.py --objective examples/objectives/focal.py:FOCAL \
+    --focal-gamma 2 --tokenizer tok/ --data-path data/chat --seq-len 512 --init-from hf-model/
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from pathlib import Path
 
 from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig, per_device_batch
 from baton.backends.maxtext.checkpoint import params_path
+from baton.backends.maxtext.objective import check_run_data, checked_reference
 from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
+from baton.core.objectives import DataKind, ObjectiveRun
 from baton.data import resolve_tokenizer
 
 
@@ -75,10 +79,7 @@ def recipe(
     ep: int = 1,
     init_from: str | None = None,
     model_config: str | None = None,
-    objective: str = "pretrain",
-    dpo_beta: float = 0.1,
-    dpo_loss: str = "sigmoid",
-    reference: str | None = None,
+    objective: ObjectiveRun | str = "pretrain",
     run_dir: str = "runs/maxtext_tiny",
     progress: bool = True,
     print_loss: bool = True,
@@ -91,7 +92,10 @@ def recipe(
     (MaxText's load_parameters_path): fresh optimizer, step 0. --model-config (a Hugging
     Face Llama config.json) builds that architecture; --init-from HF_DIR builds the
     directory's and starts from its weights (converted to a MaxText parameter checkpoint
-    under the run directory).
+    under the run directory). --objective trains what a declared objective minimises
+    (its settings are flags too): pretrain reads text; sft, dpo and others read one
+    prepared dataset (--data-path PREFIX --tokenizer DIR); an objective with a reference
+    model scores the data with it once, before training.
 
     Args:
         max_steps: optimizer steps to train (MaxText's schedule length).
@@ -125,18 +129,13 @@ def recipe(
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build (experts on MaxText's dense CPU path).
-        objective: pretrain (every next token), sft (the supervised tokens of a prepared
-            conversation dataset: --data-path PREFIX --tokenizer DIR) or dpo (prepared
-            preference pairs).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss: sigmoid or ipo.
-        reference: DPO's reference model, a Hugging Face directory or checkpoint (None: the
-            starting weights); its log-probabilities are computed once, before training.
+        objective: what a step minimises, with its settings.
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
         print_loss: print the loss line on log steps.
         overrides: further MaxText settings as key=value, applied last.
     """
+    run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer, eval_data_path)  # the data names its own
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer
@@ -167,15 +166,8 @@ def recipe(
     if tokenizer is not None:
         settings["grain_worker_count"] = 0  # read in this process: CPU-friendly
         settings["grain_worker_count_eval"] = 0
-    from baton.backends.maxtext.objective import (
-        check_objective_settings,
-        check_reference,
-        check_run_data,
-    )
-
-    check_objective_settings(objective, dpo_loss, dpo_beta)  # refused before anything is built
-    check_run_data(objective, data_path, tokenizer, seq_len=seq_len)
-    has_eval_data = (tokenizer is None or eval_data_path is not None) and objective == "pretrain"
+    reads_text = run.objective.data is DataKind.TEXT
+    has_eval_data = (tokenizer is None or eval_data_path is not None) and reads_text
     if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
         eval_every = 25 if has_eval_data else 0
     elif eval_every and not has_eval_data:
@@ -186,21 +178,12 @@ def recipe(
         )
     spec = resolve_spec(model_config, init_from)
     check_init_from(init_from, spec)
-    check_reference(reference, spec, tokenizer)
     check_expert_parallel(spec, ep)
     if spec is not None:
         from baton.backends.maxtext.hf import maxtext_settings
         from baton.backends.maxtext.qwen3 import CPU_EXPERTS
 
         settings |= maxtext_settings(spec) | (CPU_EXPERTS if spec.moe is not None else {})
-    if init_from is not None and is_hf_dir(init_from):
-        from baton.backends.maxtext.hf import write_params, write_params_apart
-
-        # simulated devices: JAX starts in the run, so the conversion runs in a child
-        convert = write_params_apart if devices else write_params
-        settings["load_parameters_path"] = str(convert(init_from, f"{run_dir}/hf-params"))
-    elif init_from is not None:
-        settings["load_parameters_path"] = str(params_path(Path(init_from)))
     config = MaxTextConfig(
         overrides=settings | parse_overrides(overrides),
         data_path=data_path,
@@ -208,13 +191,21 @@ def recipe(
         tokenizer=tokenizer,
         data_seed=data_seed,
         host_devices=devices,
-        objective=objective,
-        dpo_beta=dpo_beta,
-        dpo_loss=dpo_loss,
-        reference=reference,
+        objective=run,
         init_from=init_from,
         warmup_steps=warmup_steps,
     )
+    vocab = None if reads_text else config.get("vocab_size")
+    check_run_data(run, data_path, tokenizer, vocab, seq_len)  # before anything is written
+    recorded = run.settings() | checked_reference(config, spec, tokenizer)
+    if init_from is not None and is_hf_dir(init_from):
+        from baton.backends.maxtext.hf import write_params, write_params_apart
+
+        # simulated devices: JAX starts in the run, so the conversion runs in a child
+        convert = write_params_apart if devices else write_params
+        config["load_parameters_path"] = str(convert(init_from, f"{run_dir}/hf-params"))
+    elif init_from is not None:
+        config["load_parameters_path"] = str(params_path(Path(init_from)))
     callbacks = standard_callbacks(
         save_every=save_every or None,
         async_save=async_save,
@@ -228,5 +219,8 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
+        settings={"tokenizer": tokenizer}
+        | ({"model_spec": spec.to_dict()} if spec else {})
+        | recorded,
+        training_settings=run.objective.fixed_on_resume,
     )

@@ -34,11 +34,11 @@ def test_import_registers_backend_and_patches_without_jax() -> None:
     assert patches.split(",") == [
         "maxtext_compilation_cache",
         "maxtext_cpu_platform",
-        "maxtext_dpo_loss",
         "maxtext_host_devices",
         "maxtext_jax_settings",
         "maxtext_moe_load_metrics",
         "maxtext_no_hlo_dump",
+        "maxtext_objective_loss",
         "maxtext_output_dir",
         "maxtext_quiet",
         "maxtext_root_logger",

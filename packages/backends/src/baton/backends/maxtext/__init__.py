@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from baton.backends.lazy_exports import lazy_exports
-from baton.backends.maxtext import dpo_loss as _dpo_loss  # registers its patch
 from baton.backends.maxtext import moe_metrics as _moe_metrics  # registers its patch
+from baton.backends.maxtext import objective_loss as _objective_loss  # registers its patch
 from baton.backends.maxtext import patches as _patches  # registers the patches (no jax)
 from baton.backends.maxtext.config import TINY_CPU, MaxTextConfig, per_device_batch
 from baton.core.backend_descriptor import BackendDescriptor, CompareRun, declare_backend
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TINY_CPU", "MaxTextBackend", "MaxTextConfig", "per_device_batch"]
 
-del _patches, _moe_metrics, _dpo_loss
+del _patches, _moe_metrics, _objective_loss
 
 declare_backend(
     BackendDescriptor(

@@ -309,7 +309,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         """Prepared post-training rows, baton's byte stream, or MaxText's own pipeline as
         its train.py builds it."""
         cfg = self.hparams
-        if self.config.post_training:  # prepared rows (and DPO's reference), fed by baton
+        if self.config.post_training:  # prepared rows (and a stored reference), fed by baton
             from baton.backends.maxtext.posttrain import post_training_stream
 
             self.batches, self.data_fingerprint = post_training_stream(
@@ -352,7 +352,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         scalars = metrics["scalar"]
         values: dict[str, Any] = {}
         skipped = {"learning/loss"} | ({"learning/moe_lb_loss"} if cfg.num_experts <= 1 else set())
-        if self.config.objective == "dpo":  # MaxText's token-loss views of the DPO loss
+        if not self.config.objective.objective.native_cross_entropy:  # token-loss views
             skipped |= {"learning/lm_loss", "learning/perplexity", "learning/z_loss"}
         for key, value in scalars.items():
             if key not in skipped:

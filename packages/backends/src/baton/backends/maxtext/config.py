@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from baton.backends.maxtext.input_pipeline import DATASET_TYPES, native_data_overrides
-from baton.backends.maxtext.objective import check_objective_settings, check_post_training_data
 from baton.core.errors import UsageError
+from baton.core.objectives import DataKind, ObjectiveRun
+from baton.core.objectives.pretrain import PRETRAIN
 from baton.data import DataError
 
 #: A small decoder that trains on CPU in seconds (about 0.2M parameters, byte vocabulary).
@@ -158,17 +159,15 @@ class MaxTextConfig:
             for its own pipelines).
         eval_batches: fixed validation batches per evaluation (byte stream).
         host_devices: simulated CPU devices for trying a mesh on CPU (fresh process only).
-        objective: ``pretrain`` (every next token), ``sft`` (the supervised tokens of a
-            prepared conversation dataset) or ``dpo`` (prepared preference pairs); with
-            ``sft``/``dpo``, ``data_path`` is a prefix written by ``baton data prepare
-            --seq-len N`` and baton feeds its rows as MaxText batches (``packed_batches``).
-        dpo_beta: DPO's beta.
-        dpo_loss: DPO's loss, ``sigmoid`` or ``ipo`` (TRL's conventions).
-        reference: DPO's reference model, a Hugging Face directory or a baton checkpoint
-            (``None``: the starting weights).
+        objective: the objective and its settings (``ObjectiveRun``; a registered name is
+            taken with its defaults). One reading text trains on ``data_path`` as above;
+            any other reads a prefix written by ``baton data prepare --seq-len N`` whose
+            rows baton feeds as MaxText batches (``packed_batches``), MaxText's own loss
+            for an objective that is its cross entropy (``native_cross_entropy``), the
+            objective's loss otherwise (``objective_loss``).
         init_from: where the starting weights come from (a Hugging Face directory or a
-            checkpoint; loaded through ``load_parameters_path``): the default DPO
-            reference's fingerprint is that of its files.
+            checkpoint; loaded through ``load_parameters_path``): the default reference
+            model of an objective that has one.
         warmup_steps: with it, the learning rate follows baton's schedule shape (linear
             warmup over these steps, cosine decay to ``learning_rate *
             learning_rate_final_fraction`` at ``learning_rate_schedule_steps``, the same
@@ -183,10 +182,7 @@ class MaxTextConfig:
     data_seed: int = 0
     eval_batches: int = 4
     host_devices: int | None = None
-    objective: str = "pretrain"
-    dpo_beta: float = 0.1
-    dpo_loss: str = "sigmoid"
-    reference: str | None = None
+    objective: ObjectiveRun = field(default_factory=lambda: ObjectiveRun.of(PRETRAIN))
     init_from: str | None = None
     warmup_steps: int | None = None
 
@@ -195,6 +191,11 @@ class MaxTextConfig:
         # never changed by later updates
         self.overrides = dict(self.overrides)
         self.check_settings(self.overrides)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "objective":  # a registered name (``--set objective=NAME``): its defaults
+            value = ObjectiveRun.of(value)
+        super().__setattr__(name, value)
 
     # dict-style access to the overrides, for on_configure callbacks
     def __getitem__(self, key: str) -> Any:
@@ -279,15 +280,13 @@ class MaxTextConfig:
 
     @property
     def post_training(self) -> bool:
-        """True for ``sft`` and ``dpo``: baton feeds prepared rows (``packed_batches``)."""
-        return self.objective != "pretrain"
+        """True for an objective reading prepared rows, not text: baton feeds them
+        (``packed_batches``)."""
+        return self.objective.objective.data is not DataKind.TEXT
 
     def data_overrides(self) -> dict[str, Any]:
         """The MaxText keys that select the data pipeline (validated; see ``input_pipeline``)."""
-        if self.post_training:
-            vocab = self.overrides.get("vocab_size")
-            check_post_training_data(self.objective, self.data_path, self.tokenizer, vocab)
-            check_objective_settings(self.objective, self.dpo_loss, self.dpo_beta)
+        if self.post_training:  # checked by the recipe (maxtext/objective.py)
             return {"dataset_type": "synthetic"}  # baton feeds the rows
         if self.tokenizer is None:
             return {} if "dataset_type" in self.overrides else {"dataset_type": "synthetic"}

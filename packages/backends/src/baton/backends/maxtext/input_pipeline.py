@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from baton.core.objectives.pretrain import PRETRAIN
 from baton.data import (
     DataError,
     PreparedDataset,
@@ -110,7 +111,8 @@ def native_data_overrides(
     prefixes, weights = maxtext_mixture(data_path)
     resolved = []
     for prefix in prefixes:
-        check_objective(prefix, "pretrain")  # post-training data is refused, naming the fix
+        # MaxText's pipelines read text, as pretraining does: other data is refused
+        check_objective(prefix, PRETRAIN.name)
         prepared = PreparedDataset(prefix)  # names a missing .idx/.bin or a truncated file
         check_tokenizer(prepared.prefix, info)  # names both fingerprints
         resolved.append(str(Path(prepared.prefix).resolve()))

@@ -1,62 +1,55 @@
-"""The training objective's checks, before MaxText builds anything: the data fits it.
+"""The checks of a MaxText run's objective, once, before MaxText builds anything: the data
+is the kind its declaration reads, and its reference (if it compares the policy with one)
+is the policy's architecture with the data's tokenizer. No jax.
 
-``--objective pretrain`` reads pretraining text; ``sft`` a prepared conversation dataset;
-``dpo`` prepared preference pairs (``baton data prepare ... --seq-len N``). Any other
-pairing is refused in one line naming the fix (a ``DataError``: exit status 2). No jax.
+An objective reading text (``DataKind.TEXT``) trains on a tokenized prefix or blend (or
+bytes); every other one on one dataset prepared for it (``baton data prepare ...
+--seq-len N``), fed by baton as MaxText batches (``packed_batches``). Any other pairing
+is refused in one line naming the fix (a ``DataError``: exit status 2).
 
 Example::
 
-    check_post_training_data("sft", "data/chat", "runs/tok")   # DataError if it is not SFT data
-    check_objective_settings("dpo", "ipo", 0.1)
+    run = ObjectiveRun.of("dpo")
+    check_run_data(run, "data/pairs", "runs/tok", vocab_size=512, seq_len=128)
+    settings |= checked_reference(run, config, spec)   # {"reference_fingerprint": ...}
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
+from baton.backends.maxtext.config import MaxTextConfig
+from baton.backends.maxtext.reference import reference_fingerprint
+from baton.backends.reference_model import check_reference, reference_source
 from baton.core.errors import UsageError
-from baton.core.model.spec import ModelSpec, first_difference, is_hf_dir
+from baton.core.model.spec import ModelSpec
+from baton.core.objectives import DataKind, ObjectiveRun, ReferenceUse
 from baton.data import DataError, check_model_vocab, check_tokenizer, load_tokenizer
 from baton.data.packed import check_objective, read_packed_manifest
 
-#: the objectives the MaxText backend trains
-OBJECTIVES = ("pretrain", "sft", "dpo")
-#: DPO's losses (TRL's ``loss_type`` names)
-DPO_LOSSES = ("sigmoid", "ipo")
 
-
-def check_objective_settings(objective: str, dpo_loss: str, dpo_beta: float) -> None:
-    """``UsageError`` for an unknown objective or DPO loss, or a beta that is not positive."""
-    if objective not in OBJECTIVES:
-        raise UsageError(f"--objective {objective}: use one of {', '.join(OBJECTIVES)}")
-    if objective == "dpo" and dpo_loss not in DPO_LOSSES:
-        raise UsageError(f"--dpo-loss {dpo_loss}: use one of {', '.join(DPO_LOSSES)}")
-    if objective == "dpo" and not dpo_beta > 0:
-        raise UsageError(f"--dpo-beta {dpo_beta}: DPO's beta must be positive (e.g. 0.1)")
-
-
-def check_post_training_data(
-    objective: str,
+def check_prepared_data(
+    run: ObjectiveRun,
     data_path: str | None,
     tokenizer: str | None,
     vocab_size: int | None = None,
     seq_len: int | None = None,
 ) -> None:
-    """``DataError`` unless ``data_path`` is one prepared dataset for ``objective`` (``sft``
-    or ``dpo``) made with ``tokenizer``, whose ids fit ``vocab_size`` embedding rows and
-    whose rows fit ``seq_len`` tokens."""
+    """``DataError`` unless ``data_path`` is one dataset prepared for ``run``'s objective
+    with ``tokenizer``, whose ids fit ``vocab_size`` embedding rows and whose rows fit
+    ``seq_len`` tokens."""
     if not data_path or not tokenizer:
         raise DataError(
-            f"--objective {objective} trains on prepared data: pass --data-path PREFIX (from "
+            f"--objective {run.name} trains on prepared data: pass --data-path PREFIX (from "
             "`baton data prepare INPUT --tokenizer DIR --seq-len N --output PREFIX`) and "
             "--tokenizer DIR"
         )
     if any(sep in data_path for sep in (",", ";", " ")):
         raise DataError(
-            f"--objective {objective} reads one prepared dataset, not a blend ({data_path!r}); "
+            f"--objective {run.name} reads one prepared dataset, not a blend ({data_path!r}); "
             "prepare the sources together into one prefix"
         )
-    check_objective(data_path, objective)
+    check_objective(data_path, run.name)
     info = load_tokenizer(tokenizer)
     check_tokenizer(data_path, info)
     if vocab_size is not None:
@@ -70,16 +63,22 @@ def check_post_training_data(
 
 
 def check_run_data(
-    objective: str,
+    run: ObjectiveRun,
     data_path: str | None,
     tokenizer: str | None,
     vocab_size: int | None = None,
     seq_len: int | None = None,
 ) -> None:
-    """The data of a run fits its objective: a pretraining run on tokenized data reads no
-    post-training prefix; an SFT or DPO run reads one prepared dataset of its kind."""
-    if objective != "pretrain":
-        check_post_training_data(objective, data_path, tokenizer, vocab_size, seq_len)
+    """The data of a run fits its objective: an objective reading text reads tokenized
+    prefixes (or bytes), any other one dataset prepared for it. An objective sampling
+    its data (``rollouts``) is refused: the MaxText backend does not generate."""
+    if run.objective.rollouts:
+        raise UsageError(
+            f"--objective {run.name} samples completions every step, which the MaxText "
+            "backend does not do; train it with another backend"
+        )
+    if run.objective.data is not DataKind.TEXT:
+        check_prepared_data(run, data_path, tokenizer, vocab_size, seq_len)
         return
     if not data_path or not tokenizer:
         return  # text for the byte stream
@@ -87,32 +86,20 @@ def check_run_data(
 
     if not is_hf_files(data_path):
         for prefix in maxtext_mixture(data_path)[0]:
-            check_objective(prefix, "pretrain")
+            check_objective(prefix, run.name)
 
 
-def check_reference(reference: str | None, spec: ModelSpec | None, tokenizer: str | None) -> None:
-    """``UsageError`` if a Hugging Face reference model differs from the run's model
-    (``spec``, from --init-from or --model-config) in architecture, or ships another
-    tokenizer than the run's."""
-    if reference is None or not is_hf_dir(reference):
-        return
-    field = (
-        None
-        if spec is None
-        else first_difference(ModelSpec.from_hf(reference).to_dict(), spec.to_dict())
-    )
-    if field is not None:
-        raise UsageError(
-            f"--reference {reference} is another model than the one trained (its {field} "
-            "differs); pass a reference of the same architecture and tokenizer"
-        )
-    theirs = Path(reference) / "tokenizer.json"
-    if (
-        tokenizer
-        and theirs.is_file()
-        and load_tokenizer(reference).fingerprint != load_tokenizer(tokenizer).fingerprint
-    ):
-        raise UsageError(
-            f"--reference {reference} has another tokenizer than --tokenizer {tokenizer}; "
-            "pass a reference trained with the run's tokenizer"
-        )
+def checked_reference(
+    config: MaxTextConfig, spec: ModelSpec | None, tokenizer: str | None
+) -> dict[str, Any]:
+    """For an objective with a reference model: the reference checked against the policy
+    (``spec``) and the data's ``tokenizer`` (``UsageError`` naming the fix), and its
+    fingerprint as the run records it (``{"reference_fingerprint": ...}``); else ``{}``."""
+    run = config.objective
+    if run.reference_use is ReferenceUse.NONE:
+        return {}
+    source = reference_source(run, config.init_from)
+    if source is not None:
+        tokens = load_tokenizer(tokenizer).fingerprint if tokenizer else None
+        check_reference(source, spec, tokens)
+    return {"reference_fingerprint": reference_fingerprint(config)}

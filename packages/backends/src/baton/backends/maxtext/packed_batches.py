@@ -13,8 +13,13 @@ MaxText's model or loss:
   elsewhere: MaxText's loss weighs each target by ``targets_segmentation != 0``, so the
   loss is the mean over the supervised tokens of the global batch.
 
-For DPO a batch also carries ``reference_logps`` (float32, ``[B, max_documents_per_row]``):
-the reference model's log-probability of each document (0 where the row has none).
+For an objective computed by baton's loss (not MaxText's cross entropy:
+``objective_loss``) a batch also carries ``documents`` (int32, ``[B,
+max_documents_per_row]``: each row's documents' global indices, -1 where the row has
+fewer) and the objective's document values (float32, the same shape, 0 where the row has
+no document), such as DPO's ``reference_logps``, the reference model's log-probability of
+each document. MaxText's train step splits every array of the batch along its rows, so
+they travel with their rows through its gradient accumulation and data sharding.
 
 Rows are read in a shuffled order, a fresh permutation per epoch (seed + epoch), a whole
 global batch of rows per step: every process builds the same batch and MaxText's loader
@@ -25,17 +30,23 @@ Example::
 
     batches = PackedBatches(PackedDataset("data/chat"), batch_size=8, seed=0)
     batch = next(batches)          # {"inputs": int32 [8, seq_len], ...}
+    pairs = PackedBatches(PackedDataset("data/pairs"), batch_size=8, documents=True,
+                          document_values={"reference_logps": logps})   # [num_sequences]
     batches.state_dict()           # {"consumed": 1 (batches), "epoch": 0, "position": 8, ...}
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from baton.backends.maxtext.epoch_order import EpochOrder
 from baton.data.packed import PackedBatch, PackedDataset
+
+#: the batch array of each row's documents' global indices (``Rows.documents``)
+DOCUMENTS_KEY = "documents"
 
 
 def padded(array: np.ndarray, length: int | None) -> np.ndarray:
@@ -51,11 +62,16 @@ def padded(array: np.ndarray, length: int | None) -> np.ndarray:
 
 
 def maxtext_batch(
-    batch: PackedBatch, reference: np.ndarray | None = None, length: int | None = None
+    batch: PackedBatch,
+    length: int | None = None,
+    *,
+    documents: bool = False,
+    document_values: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """MaxText's batch dict from ``batch``, padded to ``length`` tokens (padding is segment
-    0: unsupervised, attended by nothing else); ``reference`` (one log-probability per
-    sequence of the dataset) adds each row's documents' values as ``reference_logps``."""
+    0: unsupervised, attended by nothing else). ``documents`` adds each row's documents'
+    global indices (``DOCUMENTS_KEY``); ``document_values`` (each one value per sequence
+    of the dataset) add each row's documents' values under their names."""
     positions = padded(batch.positions, length)
     segments = padded(batch.segments, length)
     arrays = {
@@ -66,18 +82,20 @@ def maxtext_batch(
         "targets_position": positions.copy(),
         "targets_segmentation": padded(np.where(batch.loss_mask, batch.segments, 0), length),
     }
-    if reference is not None:
-        present = batch.documents >= 0
-        values = reference[np.where(present, batch.documents, 0)]
-        arrays["reference_logps"] = np.where(present, values, 0.0).astype(np.float32)
+    if documents:
+        arrays[DOCUMENTS_KEY] = np.asarray(batch.documents, dtype=np.int32)
+    present = batch.documents >= 0
+    for name, per_sequence in (document_values or {}).items():
+        values = per_sequence[np.where(present, batch.documents, 0)]
+        arrays[name] = np.where(present, values, 0.0).astype(np.float32)
     return arrays
 
 
 class PackedBatches:
     """Global batches of ``batch_size`` rows of ``data`` in an ``EpochOrder`` of the rows
     (``epoch_order.py``: a seeded shuffled order per epoch, resumable at another global
-    batch), as MaxText batch dicts of ``length`` tokens; ``reference`` as in
-    :func:`maxtext_batch`."""
+    batch), as MaxText batch dicts of ``length`` tokens; ``documents`` and
+    ``document_values`` as in :func:`maxtext_batch`."""
 
     def __init__(
         self,
@@ -86,7 +104,8 @@ class PackedBatches:
         batch_size: int,
         seed: int = 0,
         length: int | None = None,
-        reference: np.ndarray | None = None,
+        documents: bool = False,
+        document_values: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         if data.num_rows < batch_size:
             raise ValueError(
@@ -97,7 +116,8 @@ class PackedBatches:
         self.batch_size = batch_size
         self.seed = seed
         self.length = length
-        self.reference = reference
+        self.documents = documents
+        self.document_values = dict(document_values or {})
         #: which rows each batch reads, and the position (epoch, rows read)
         self.order = EpochOrder(data.num_rows, batch_size=batch_size, seed=seed)
 
@@ -111,7 +131,9 @@ class PackedBatches:
 
     def __next__(self) -> dict[str, np.ndarray]:
         packed = self.data.batch([int(r) for r in self.order.take()])
-        return maxtext_batch(packed, self.reference, self.length)
+        return maxtext_batch(
+            packed, self.length, documents=self.documents, document_values=self.document_values
+        )
 
     def skip_to(self, batches: int) -> None:
         """The position after ``batches`` batches of this size from the start."""

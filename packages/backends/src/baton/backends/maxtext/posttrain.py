@@ -1,6 +1,9 @@
-"""The data stream of an SFT or DPO run on MaxText: prepared rows as MaxText batches, and
-for DPO the reference's log-probabilities (read from beside the data, or computed once
-here, before the first step).
+"""The data stream of a MaxText run on prepared rows (an objective that does not read
+text): its rows as MaxText batches and, for an objective computed by baton's loss
+(``objective_loss``), each row's documents and the objective's document values; for an
+objective with a stored reference (``ReferenceUse.STORED``) the reference's
+log-probabilities, read from beside the data or computed once here, before the first
+step.
 
 Example::
 
@@ -16,6 +19,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.reference import (
@@ -25,10 +30,14 @@ from baton.backends.maxtext.reference import (
 )
 from baton.backends.maxtext.step_parts import StepParts
 from baton.backends.reference_logps import stored_or_computed
+from baton.core.objectives import ObjectiveRun, ReferenceUse
 from baton.data import DataError
 from baton.data.packed import PackedDataset, mask_path
 
 log = logging.getLogger(__name__)
+
+#: the document value a stored reference fills (``ReferenceUse.STORED``)
+STORED_REFERENCE = "reference_logps"
 
 
 def packed_fingerprint(data: PackedDataset) -> str:
@@ -39,18 +48,17 @@ def packed_fingerprint(data: PackedDataset) -> str:
 
 
 def reference_values(
-    source: str | None, parts: StepParts, state: Any, data: PackedDataset, fingerprint: str
-) -> Any:
+    run: ObjectiveRun, parts: StepParts, state: Any, data: PackedDataset, fingerprint: str
+) -> np.ndarray:
     """The reference log-probability of every sequence: stored beside the data, or
-    computed now with MaxText's model, the weights of ``source`` (``None``: the train
-    ``state``'s), and stored (``stored_or_computed`` refuses values stored for another
-    tokenizer or other data)."""
+    computed now with MaxText's model, the weights of ``--reference`` (else the train
+    ``state``'s: the starting weights), and stored (``stored_or_computed`` refuses values
+    stored for another tokenizer or other data)."""
+    given = run.values.get("reference")
 
-    def compute() -> Any:
-        log.info(
-            "computing the DPO reference's log-probabilities of %d sequences", data.num_sequences
-        )
-        return compute_reference(parts, state, data, reference_params(parts, state, source))
+    def compute() -> np.ndarray:
+        log.info("computing the reference's log-probabilities of %d sequences", data.num_sequences)
+        return compute_reference(parts, state, data, reference_params(parts, state, given))
 
     return stored_or_computed(
         data.prefix,
@@ -65,9 +73,11 @@ def reference_values(
 def post_training_stream(
     config: MaxTextConfig, parts: StepParts, state: Any
 ) -> tuple[PackedBatches, str]:
-    """The run's batches and data fingerprint (for DPO tied to the reference's too), from
-    the run's config, MaxText's step parts and the train ``state`` the reference starts from."""
+    """The run's batches and data fingerprint (with a stored reference, tied to the
+    reference's too), from the run's config, MaxText's step parts and the train ``state``
+    the reference starts from."""
     hparams = parts.hparams
+    run = config.objective
     data = PackedDataset(str(config.data_path))
     length = int(hparams.max_target_length)
     if data.seq_len > length:
@@ -76,17 +86,22 @@ def post_training_stream(
             f"max_target_length {length}; pass --seq-len {data.seq_len}"
         )
     fingerprint = packed_fingerprint(data)
-    reference = None
-    if config.objective == "dpo":
-        source = config.reference or config.init_from
-        weights = reference_fingerprint(source, hparams)
-        reference = reference_values(config.reference, parts, state, data, weights)
+    values: dict[str, np.ndarray] = {}
+    if run.reference_use is ReferenceUse.STORED:
+        if STORED_REFERENCE not in run.objective.document_values:
+            raise ValueError(
+                f"objective {run.name} stores its reference's log-probabilities but does not "
+                f"declare the document value {STORED_REFERENCE!r} they fill"
+            )
+        weights = reference_fingerprint(config)
+        values[STORED_REFERENCE] = reference_values(run, parts, state, data, weights)
         fingerprint = hashlib.sha256(f"{fingerprint}:{weights}".encode()).hexdigest()[:16]
     batches = PackedBatches(
         data,
         batch_size=int(hparams.global_batch_size_to_load),
         seed=config.data_seed,
         length=length,
-        reference=reference,
+        documents=not run.objective.native_cross_entropy,
+        document_values=values,
     )
     return batches, fingerprint

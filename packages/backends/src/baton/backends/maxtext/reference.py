@@ -1,37 +1,39 @@
-"""DPO's reference log-probabilities, computed once by MaxText before training.
+"""The reference model's log-probabilities of prepared rows, computed by MaxText: its
+scorer for an objective that stores them (``ReferenceUse.STORED``), and the facts that
+name its weights.
 
-The reference is the run's starting weights, a Hugging Face directory (the same
-architecture and vocabulary as the run's model) or a baton/MaxText checkpoint. Its
-log-probability of every sequence of the dataset (the sum over the sequence's
-supervised targets) is computed with MaxText's model on this run's mesh, a global batch
-of rows at a time as training packs them. ``baton.backends.reference_logps`` stores the
-values beside the data (``PREFIX.reference-<fingerprint16>.npy`` and its ``.json``
-record, one file per reference for every engine) under the reference's fingerprint, so
-a changed reference is another file.
+The reference is the run's ``--reference`` or, by default, its starting weights: a
+Hugging Face directory (the same architecture and vocabulary as the run's model), a
+baton/MaxText checkpoint, or a random initialisation. Its log-probability of every
+sequence of the dataset (the sum over the sequence's supervised targets) is computed with
+MaxText's model on this run's mesh, a global batch of rows at a time as training packs
+them. ``baton.backends.reference_logps`` stores the values beside the data
+(``PREFIX.reference-<fingerprint16>.npy`` and its ``.json`` record, one file per
+reference for every engine) under the reference's fingerprint
+(``reference_model.reference_fingerprint``, the same on every engine), so a changed
+reference is another file.
 
 Example::
 
-    fingerprint = reference_fingerprint(source, parts.hparams)
+    fingerprint = reference_fingerprint(config)            # the recipe records it too
     values = compute_reference(parts, state, data, reference_params(parts, state, source))
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from baton.backends.maxtext.config import SHAPE_KEYS
-from baton.backends.maxtext.dpo import document_logps, target_logps
-from baton.backends.maxtext.dpo_loss import model_logits
+from baton.backends.maxtext.config import SHAPE_KEYS, MaxTextConfig
+from baton.backends.maxtext.objective_loss import model_logits, token_logps
 from baton.backends.maxtext.packed_batches import maxtext_batch
 from baton.backends.maxtext.step_parts import StepParts
-from baton.backends.reference_logps import model_fingerprint
+from baton.backends.reference_model import reference_fingerprint as weights_fingerprint
+from baton.backends.reference_model import reference_source
 from baton.core.errors import UsageError
-from baton.core.model.spec import is_hf_dir
+from baton.core.objectives.array_math import document_sums
 from baton.data.packed import PackedDataset
 
 #: the MaxText settings that decide a model's log-probabilities
@@ -60,31 +62,36 @@ def model_settings(hparams: Any) -> dict[str, str]:
     return {key: as_text(getattr(hparams, key)) for key in MODEL_KEYS}
 
 
-def reference_fingerprint(source: str | None, hparams: Any) -> str:
-    """The reference's fingerprint: a Hugging Face directory's as every engine takes it
-    (``model_fingerprint``: its weight and config files), so the stored values are one file
-    per reference for every engine; a checkpoint's from the xxh3-128 of every file of its
-    parameters (as checkpoint manifests record); starting weights drawn at random: the
-    initialisation seed and MaxText's model settings."""
-    if source and is_hf_dir(source):
-        return model_fingerprint(source)
-    if source:
-        from baton.backends.maxtext.checkpoint import params_path
-        from baton.core.checkpoints.files import manifest
+#: the MaxText settings a random start's weights follow from, besides ``MODEL_KEYS``
+START_KEYS = ("model_name", "init_weights_seed", "weight_dtype")
 
-        files = json.dumps(manifest(params_path(source)), sort_keys=True)
-        return hashlib.sha256(files.encode()).hexdigest()
-    facts = {
-        "weights": f"random init, seed {getattr(hparams, 'init_weights_seed', 0)}",
-        "model": model_settings(hparams),
+
+def random_start(config: MaxTextConfig) -> dict[str, Any]:
+    """The facts that decide a random initialisation: its seed and the model's settings
+    among the run's MaxText overrides (the rest is MaxText's defaults for that model)."""
+    overrides = config.overrides
+    model = {k: as_text(overrides[k]) for k in (*MODEL_KEYS, *START_KEYS) if k in overrides}
+    return {
+        "weights": f"random init, seed {overrides.get('init_weights_seed', 0)}",
+        "model": model,
+        "base_config": config.base_config,
         "engine": "maxtext",
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def reference_fingerprint(config: MaxTextConfig) -> str:
+    """The fingerprint of the reference of ``config``'s objective: its weights' files
+    (``--reference``, else ``--init-from``), or for a random start the facts that decide
+    it (``random_start``)."""
+    source = reference_source(config.objective, config.init_from)
+    return weights_fingerprint(source, fresh=random_start(config))
 
 
 def check_same_model(source: str, hparams: Any) -> None:
-    """``UsageError`` unless the Hugging Face model at ``source`` has the run's architecture
-    and vocabulary."""
+    """``UsageError`` unless the Hugging Face model at ``source`` converts into the run's
+    MaxText model: the same MaxText settings of :data:`MODEL_KEYS` (the recipe compared
+    the architectures where the run's model has a spec; one built from MaxText settings
+    alone is compared here, before its weights are converted)."""
     from baton.backends.maxtext.hf import maxtext_settings
     from baton.core.model.spec import LlamaSpec
 
@@ -144,10 +151,12 @@ def reference_params(parts: StepParts, state: Any, source: str | None) -> Any:
 
 
 def compute_reference(parts: StepParts, state: Any, data: PackedDataset, params: Any) -> np.ndarray:
-    """Every sequence's reference log-probability (float64 ``[num_sequences]``), with
+    """Every sequence's reference log-probability (float64 ``[num_sequences]``): the sum of
+    its supervised targets' log-probabilities (``token_logps``, ``document_sums``), with
     MaxText's model on the run's mesh, a global batch of rows at a time (``params``: the
     reference's weights, ``None``: those of the train ``state``)."""
     import jax
+    import jax.numpy as jnp
     from flax import nnx
     from flax.core.spmd import logical_axis_rules
     from jax.experimental import multihost_utils
@@ -163,8 +172,9 @@ def compute_reference(parts: StepParts, state: Any, data: PackedDataset, params:
             nnx.replace_by_pure_dict(weights, params)
             nnx.update(model, weights)
         logits = model_logits(model, cfg, batch, is_train=False)
-        token = target_logps(logits, batch["targets"])
-        return document_logps(token, batch["targets_segmentation"], documents)[0]
+        token, _ = token_logps(logits, batch["targets"])
+        supervised = (batch["targets_segmentation"] != 0).astype(jnp.float32)
+        return document_sums(jnp, token * supervised, batch["inputs_segmentation"], documents)
 
     run = jax.jit(logps_of)
     placement = sharding.get_input_data_sharding(cfg, mesh)

@@ -45,8 +45,11 @@ def to_tokens(xp: Any, per_document: Any, segments: Any, num_documents: int) -> 
 
 
 def softplus(xp: Any, values: Any) -> Any:
-    """``log(1 + exp(values))``, stable for large magnitudes (``-log_sigmoid(-x)``)."""
-    return xp.log1p(xp.exp(-xp.abs(values))) + xp.maximum(values, xp.zeros_like(values))
+    """``log(1 + exp(values))``, stable for large magnitudes (``-log_sigmoid(-x)``), with
+    the gradient ``sigmoid(values)`` everywhere: ``logaddexp(0, x)``, whose derivative each
+    framework defines at a tie (at 0 a formula over ``abs`` and ``maximum`` has JAX's
+    subgradients, 1 and 1/2, and a gradient of 0 where DPO starts: policy = reference)."""
+    return xp.logaddexp(xp.zeros_like(values), values)
 
 
 def present_documents(xp: Any, documents: Any) -> Any:

@@ -4,6 +4,7 @@ for every loss type, importance-sampling level and KL weight."""
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Any
 
@@ -201,3 +202,49 @@ def test_grpo_is_trls_loss(run):
         assert ours[name] == pytest.approx(trl[name], rel=1e-5, abs=1e-7), name
     if run["beta"]:
         assert ours["kl"] == pytest.approx(trl["kl"], rel=1e-5)
+
+
+def pair_rows(
+    pi_c: list[float], pi_r: list[float], n_c: list[int], n_r: list[int]
+) -> tuple[np.ndarray, Rows]:
+    """One row per pair (chosen document 1, rejected 2), each target's log-probability
+    its document's total divided over its tokens: the documents' sums are ``pi_*``."""
+    width = max(n_c) + max(n_r)
+    logps = np.zeros((len(pi_c), width), dtype=np.float32)
+    segments = np.zeros((len(pi_c), width), dtype=np.int32)
+    for b, (c, r, m, k) in enumerate(zip(pi_c, pi_r, n_c, n_r, strict=True)):
+        logps[b, :m], segments[b, :m] = c / m, 1
+        logps[b, m : m + k], segments[b, m : m + k] = r / k, 2
+    documents = np.array([[2 * b, 2 * b + 1] for b in range(len(pi_c))])
+    return logps, Rows(segments > 0, segments, documents)
+
+
+def test_dpo_is_trls_sigmoid_and_ipo_losses_on_hand_made_pairs():
+    pi_c, pi_r, ref_c, ref_r = [-10.0, -20.0], [-12.0, -18.0], [-11.0, -19.0], [-11.0, -19.0]
+    logps, rows = pair_rows(pi_c, pi_r, [2, 4], [1, 2])
+    reference = np.array([[c, r] for c, r in zip(ref_c, ref_r, strict=True)], dtype=np.float32)
+    given = LossInputs(
+        Rows(*(torch.from_numpy(np.asarray(a)) for a in (rows.mask, rows.segments, rows.documents)),
+             {"reference_logps": torch.from_numpy(reference)}),
+        torch.from_numpy(logps),
+    )  # fmt: skip
+    xp = array_namespace(given.logps)
+    sigmoid = ObjectiveRun.of("dpo", dpo_beta=0.5).loss(xp, given)
+    # c - r = (pi_c - ref_c) - (pi_r - ref_r): 2 and -2
+    expected = -torch.nn.functional.logsigmoid(0.5 * torch.tensor([2.0, -2.0])).sum()
+    assert float(sigmoid.total) == pytest.approx(float(expected), rel=1e-6)
+    ipo = ObjectiveRun.of("dpo", dpo_beta=0.5, dpo_loss="ipo").loss(xp, given)
+    delta = torch.tensor([1.0 / 2 - (-1.0) / 1, -1.0 / 4 - 1.0 / 2])  # per-token log-ratios
+    assert float(ipo.total) == pytest.approx(float(((delta - 1.0) ** 2).sum()), rel=1e-6)
+    total, pairs = sigmoid.metrics["rewards/margins"]
+    assert float(pairs) == 2 and float(total) == pytest.approx(0.5 * (2 - 2), abs=1e-6)
+    assert float(sigmoid.metrics["rewards/accuracies"][0]) == 1.0
+    assert float(sigmoid.metrics["logps/chosen"][0]) == pytest.approx(-30.0)
+
+
+def test_dpo_at_the_reference_is_log_two_per_pair():
+    logps, rows = pair_rows([-10.0, -20.0], [-12.0, -18.0], [2, 4], [1, 2])
+    reference = np.array([[-10.0, -12.0], [-20.0, -18.0]], dtype=np.float32)
+    rows = Rows(rows.mask, rows.segments, rows.documents, {"reference_logps": reference})
+    terms = ObjectiveRun.of("dpo").loss(array_namespace(logps), LossInputs(rows, logps))
+    assert float(terms.total) == pytest.approx(2 * math.log(2), rel=1e-6)

@@ -123,7 +123,46 @@ def vocabulary_table() -> str:
     return markdown_table()
 
 
-#: the tables a page may ask for with ``<!-- reference: NAME -->``
+def objectives_table() -> str:
+    """Every registered objective: what it minimises, the data it reads, its reference
+    model, the metric keys its loss logs and its settings (``baton.core.objectives``)."""
+    from baton.core.objectives import OBJECTIVES, ReferenceUse
+
+    rows = [
+        "| objective | what a step minimises | data | reference | metric keys | settings |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in OBJECTIVES.names():
+        objective = OBJECTIVES.get(name)
+        if isinstance(objective.reference, ReferenceUse):
+            reference = objective.reference.value
+        else:
+            reference = "per rollout with a KL term" if objective.rollouts else "by setting"
+        keys = ", ".join(f"`{k}`" for k in (*objective.metrics, *objective.step_metrics))
+        flags = ", ".join(f"`{s.flag}`" for s in objective.settings)
+        rows.append(
+            f"| `{name}` | {_cell(objective.summary)} | {objective.data.described} "
+            f"| {reference} | {keys or 'none'} | {flags or 'none'} |"
+        )
+    return "\n".join(rows)
+
+
+def objective_settings_table(name: str) -> str:
+    """One objective's settings: flag, type, default and meaning (its declaration)."""
+    from baton.core.objectives import objective_named
+
+    rows = ["| flag | type | default | meaning |", "|---|---|---|---|"]
+    for setting in objective_named(name).settings:
+        kind = setting.type.__name__ + (" (repeatable)" if setting.repeatable else "")
+        kind += " (several)" if setting.listed else ""
+        rows.append(
+            f"| `{setting.flag}` | {kind} | `{setting.default!r}` | {_cell(setting.help)} |"
+        )
+    return "\n".join(rows)
+
+
+#: the tables a page may ask for with ``<!-- reference: NAME -->`` (and
+#: ``objective-NAME``: that objective's settings)
 TABLES: dict[str, Callable[[], str]] = {
     "callbacks": callbacks_table,
     "abilities": abilities_table,
@@ -131,13 +170,18 @@ TABLES: dict[str, Callable[[], str]] = {
     "callback-metrics": callback_metrics_table,
     "patches": patches_table,
     "vocabulary": vocabulary_table,
+    "objectives": objectives_table,
 }
+#: the prefix of an objective's settings table (``objective-grpo``)
+OBJECTIVE_TABLE = "objective-"
 
 MARKER = re.compile(r"<!-- reference: ([a-z-]+) -->")
 
 
 def render(name: str) -> str:
-    """The markdown table called ``name`` (one of ``TABLES``)."""
+    """The markdown table called ``name`` (one of ``TABLES``, or ``objective-NAME``)."""
+    if name.startswith(OBJECTIVE_TABLE) and name not in TABLES:
+        return objective_settings_table(name[len(OBJECTIVE_TABLE) :])
     return TABLES[name]()
 
 
@@ -147,7 +191,7 @@ def fill(markdown: str) -> str:
 
     def table(match: re.Match[str]) -> str:
         name = match.group(1)
-        if name not in TABLES:
+        if name not in TABLES and not name.startswith(OBJECTIVE_TABLE):
             raise KeyError(f"unknown reference table {name!r}; known: {', '.join(TABLES)}")
         return render(name)
 

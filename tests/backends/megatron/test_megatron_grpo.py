@@ -21,11 +21,13 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from baton.core import Callback
 from baton.core.cli.command import main as baton
+from baton.core.cli.recipe import build_driver
 from support.grpo import grpo_flags, learned, learning_flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grpo_worker import GATHERED, METRICS, run
+from grpo_worker import GATHERED, METRICS, GRPOOutputs, run
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "megatron_gpt_tiny.py"
 WORKER = Path(__file__).with_name("grpo_worker.py")
@@ -146,6 +148,60 @@ def test_the_policy_learns_the_task(grpo_assets, tmp_path):
     print(f"rewards {[round(r, 3) for r in rewards]} in {wall:.1f} s")
     assert learned(rewards), rewards
     assert all(logged[step]["timing/weight_sync_s"] > 0 for step in logged)
+
+
+class StopAfter(Callback):
+    """Save and stop after ``step`` (a run cut short, to be resumed)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, driver: Any, output: Any) -> None:
+        if driver.step == self.step:
+            driver.control.request_save("test")
+            driver.control.request_stop("test")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reaches_the_uninterrupted_runs_weights_bit_for_bit(grpo_assets, tmp_path):
+    """A GRPO run sampling with the transformers generator, stopped after step 2 (its
+    checkpoint holds Megatron's state and the rollout phase's: prompt order, sampler) and
+    resumed, samples the same completions and ends with the same weights, bit for bit,
+    as a run that never stopped."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = grpo_assets["files"]
+
+    def run_to(run_dir: Path, out: Path, *extra: str, stop: int = 0) -> dict[int, Any]:
+        argv = [
+            *learning_flags(files, max_prompt_length=PROMPT_LENGTH), "--max-steps", "4",
+            "--batch-size", "8", "--global-batch-size", "16", "--lr", "5e-3",
+            "--seq-len", str(SEQ_LEN), *TRL_OPTIMIZER, "--log-every", "1",
+            "--save-every", "0", "--no-async-save", "--no-progress", "--run-dir", str(run_dir),
+            *extra,
+        ]  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        driver = build_driver(RECIPE, argv)
+        outputs = GRPOOutputs(out)
+        driver.callbacks += [outputs, StopAfter(stop)] if stop else [outputs]
+        driver.fit()
+        return outputs.metrics
+
+    straight = run_to(tmp_path / "straight", tmp_path / "a")
+    run_to(tmp_path / "cut", tmp_path / "b", stop=2)
+    resumed = run_to(tmp_path / "cut", tmp_path / "c", "--resume", "auto")
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        for name in ("loss", "grad_norm", "reward"):
+            assert resumed[step][name] == straight[step][name], (step, name)
+    records = [
+        (tmp_path / run / "logs" / "rollouts.jsonl").read_text() for run in ("straight", "cut")
+    ]
+    assert records[0] == records[1] and len(records[0].splitlines()) == 4 * 16
+    want, got = (load_file(str(tmp_path / out / GATHERED)) for out in ("a", "c"))
+    assert sorted(want) == sorted(got)
+    assert all(torch.equal(want[name], got[name]) for name in want)
 
 
 def test_gradient_norms_per_layer_add_up_to_the_steps_norm(grpo_assets, tmp_path):

@@ -351,6 +351,8 @@ def test_bad_input_is_refused_in_one_line(grpo_assets, tmp_path, capsys):
          "pass --seq-len 34 or more"),
         ("tokenizer", [*without(base(tmp_path / "g"), "--tokenizer"), "--tokenizer",
                        str(tokenizer)], "tokenizer"),
+        ("no-policy", without(base(tmp_path / "k"), "--init-from"),
+         "samples completions with a transformers model of the policy"),
         ("raises", reward(tmp_path / "h", "raises"), "raises raised ValueError: no answer"),
         ("wrong-count", reward(tmp_path / "i", "too_few"), "returned 1 values for 16"),
         ("nan", reward(tmp_path / "j", "nan"), "nan returned NaN"),

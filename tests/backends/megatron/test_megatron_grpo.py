@@ -204,6 +204,7 @@ def test_a_resumed_run_reaches_the_uninterrupted_runs_weights_bit_for_bit(grpo_a
         ]  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         driver = build_driver(RECIPE, argv)
+        assert driver is not None
         outputs = GRPOOutputs(out)
         driver.callbacks += [outputs, StopAfter(stop)] if stop else [outputs]
         driver.fit()

@@ -12,6 +12,8 @@ uv run baton run recipes/megatron_gpt_tiny.py --init-from tiny-qwen3-moe/  # Meg
 uv run baton run recipes/megatron_gpt_tiny.py --objective sft --init-from tiny-llama/ \\
     --data-path data/chat --tokenizer runs/tok --seq-len 512   # conversations, packed
     ... --objective dpo --data-path data/pairs --dpo-beta 0.1  # preference pairs
+    ... --objective grpo --data-path data/prompts --reward rewards.py:fn \
+    --num-generations 8 --global-batch-size 16 --seq-len 1024   # online RL on rollouts
     ... --capacity-factor 1.0                          # the router drops what overflows
 OMP_NUM_THREADS=1 uv run torchrun --nproc-per-node 2 -m baton.core.cli.command run \\
     recipes/megatron_gpt_tiny.py --max-steps 50        # data parallel 2 on gloo
@@ -35,8 +37,10 @@ from baton.backends.megatron.config import tiny_transformer_config
 from baton.backends.megatron.evaluation import held_out_split
 from baton.backends.megatron.hf import transformer_fields, use_spec
 from baton.backends.megatron.moe import moe_layout
-from baton.callbacks import CONSOLE_KEYS, standard_callbacks
+from baton.backends.megatron.rollout_phase import megatron_rollout_phase, policy_spec
+from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
+from baton.core.cli.dry_run import is_planning
 from baton.core.model.spec import check_init_from, resolve_spec
 from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -93,8 +97,10 @@ def recipe(
         d_model: model width (Megatron's hidden size).
         heads: attention heads.
         seq_len: tokens per sequence.
-        batch_size: sequences per forward pass and data-parallel rank (the micro batch).
-        global_batch_size: sequences per optimizer step over all ranks.
+        batch_size: sequences per forward pass and data-parallel rank (the micro batch;
+            rollouts for an objective that samples them).
+        global_batch_size: sequences per optimizer step over all ranks (the rollouts
+            sampled per step: --num-generations must divide it).
         llama: Llama-style blocks (RMSNorm, SwiGLU, RoPE, untied output layer).
         tp: tensor parallel degree.
         pp: pipeline parallel stages.
@@ -112,7 +118,8 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
-            or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B".
+            or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B" (prepared
+            prompts for an objective that samples completions).
         eval_split: the fraction of the documents held out for evaluation, the last
             ones (0: none); None: Megatron's split, 969,30,1 for bytes, 98,2,0 for
             prepared data.
@@ -121,8 +128,10 @@ def recipe(
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
             directory) to build.
         objective: what a step minimises, with its settings (their flags come from the
-            objective's declaration): pretrain, or an objective on rows packed by
-            `baton data prepare --seq-len` (sft, dpo, ...).
+            objective's declaration): pretrain, an objective on rows packed by
+            `baton data prepare --seq-len` (sft, dpo, ...), or one on completions it
+            samples from prepared prompts each step (grpo; --seq-len must hold the
+            longest prompt and completion).
         run_dir: where checkpoints, logs and the byte dataset go.
         progress: show the progress bar.
     """
@@ -144,6 +153,8 @@ def recipe(
     )
 
     spec = resolve_spec(model_config, init_from)
+    if run.objective.rollouts and not is_planning():  # the generator's architecture
+        spec = policy_spec(spec, init_from, run)
     check_init_from(init_from, spec)
     shape: dict[str, object] = dict(
         num_layers=layers, hidden_size=d_model, num_attention_heads=heads
@@ -185,14 +196,20 @@ def recipe(
     config.data.cache_dir = f"{run_dir}/data"
     if eval_split is not None:  # Megatron's validation split: the last documents
         config.data.split = held_out_split(eval_split)
+    backend = MegatronBackend(config)
+    phase = None  # an objective on rollouts: sampled before each step from the weights
+    if run.objective.rollouts and not is_planning():
+        phase = megatron_rollout_phase(backend, init_from=init_from)
     return Driver(
-        MegatronBackend(config),
+        backend,
         standard_callbacks(
             save_every=save_every,
             async_save=async_save,
             progress=progress,
             console_keys=(*CONSOLE_KEYS, *run.objective.console_keys),
+            extra=(RolloutRecords(),) if phase is not None else (),
         ),
+        rollouts=phase,
         max_steps=max_steps,
         log_every=log_every,
         eval_every=0 if config.packed_rows else eval_every,  # packed rows: no held-out split

@@ -18,7 +18,11 @@ Data: prepared datasets (``baton data prepare``; a prefix or a blend such as
 prepared with, through Megatron's GPTDataset. Without ``--data-path`` and ``--tokenizer``
 the recipe refuses to start. The model keeps Llama 3's 128256-row vocabulary.
 ``--objective sft`` / ``dpo`` fine-tune on conversations or preference pairs packed by
-``baton data prepare --seq-len N`` (pass ``--seq-len N`` and ``--init-from`` the model).
+``baton data prepare --seq-len N`` (pass ``--seq-len N`` and ``--init-from`` the model);
+``--objective grpo`` trains on completions it samples each step from prepared prompts
+(``--global-batch-size`` rollouts a step, rows of ``--seq-len`` >= the longest prompt and
+completion; ``--init-from`` the model's Hugging Face directory, a ``transformers``
+generator on global rank 0 sampling with the weights it trains).
 
 Model: Llama 3 8B, or any Llama ``config.json`` with ``--model-config DIR_OR_FILE`` (built
 through ``TransformerConfig``; Llama 3.x ``rope_scaling`` as Megatron's ``rope_scaling``);
@@ -38,9 +42,10 @@ experts over expert-parallel ranks (Megatron's MoE layers)::
 from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
-from baton.callbacks import CONSOLE_KEYS, standard_callbacks
+from baton.backends.megatron.rollout_phase import megatron_rollout_phase, policy_spec
+from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
-from baton.core.cli.dry_run import require_data
+from baton.core.cli.dry_run import is_planning, require_data
 from baton.core.model.spec import LlamaSpec, check_init_from, resolve_spec
 from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -147,18 +152,22 @@ def recipe(
         vpp: model chunks per pipeline stage (above 1: interleaved 1F1B).
         ep: expert parallel degree (a mixture-of-experts --model-config, e.g. Qwen3-30B-A3B).
         seq_len: tokens per sequence.
-        batch_size: sequences per forward pass and data-parallel rank (the micro batch).
-        global_batch_size: sequences per optimizer step over all ranks.
+        batch_size: sequences per forward pass and data-parallel rank (the micro batch;
+            rollouts for an objective that samples them).
+        global_batch_size: sequences per optimizer step over all ranks (the rollouts
+            sampled per step: --num-generations must divide it).
         lr: peak learning rate (decays to a tenth).
-        data_path: a prepared prefix or blend "0.7 A 0.3 B" (required to train).
+        data_path: a prepared prefix or blend "0.7 A 0.3 B" (required to train; prepared
+            prompts for an objective that samples completions).
         tokenizer: the Llama 3 tokenizer directory the data was prepared with.
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints, logs and the dataset index cache go.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face config.json (Llama, Qwen3, Qwen3-MoE) or its directory.
         objective: what a step minimises, with its settings (their flags come from the
-            objective's declaration): pretrain, or an objective on rows packed by
-            `baton data prepare --seq-len` (sft, dpo, ...).
+            objective's declaration): pretrain, an objective on rows packed by
+            `baton data prepare --seq-len` (sft, dpo, ...), or one on completions it
+            samples from prepared prompts each step (grpo).
     """
     run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
@@ -169,6 +178,8 @@ def recipe(
         tokenizer=tokenizer,
     )
     spec = resolve_spec(model_config, init_from)
+    if run.objective.rollouts and not is_planning():  # the generator's architecture
+        spec = policy_spec(spec, init_from, run)
     check_init_from(init_from, spec)
     config = llama3_8b_config(
         tp,
@@ -186,13 +197,19 @@ def recipe(
     config.data.cache_dir = f"{run_dir}/data"
     config.init_from = init_from  # weights only: fresh optimizer, step 0
     config.objective = run
+    backend = MegatronBackend(config)
+    phase = None  # an objective on rollouts: sampled before each step from the weights
+    if run.objective.rollouts and not is_planning():
+        phase = megatron_rollout_phase(backend, init_from=init_from)
     return Driver(
-        MegatronBackend(config),
+        backend,
         standard_callbacks(
             save_every=save_every,
             async_save=True,
             console_keys=(*CONSOLE_KEYS, *run.objective.console_keys),
+            extra=(RolloutRecords(),) if phase is not None else (),
         ),
+        rollouts=phase,
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,

@@ -40,17 +40,24 @@ from baton.backends.megatron.checkpoint import AsyncSaves, load_weights
 from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO, TrainingParts
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
-from baton.backends.megatron.data import ByteEodTokenizer, PreparedSource, SampleStream
+from baton.backends.megatron.data import (
+    ByteEodTokenizer,
+    PreparedSource,
+    SampleStream,
+    TrainStream,
+)
 from baton.backends.megatron.evaluation import evaluate_loss
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
 from baton.backends.megatron.objective import (
+    LossMetrics,
     check_objective,
     forward_step_of,
     step_results,
     use_objective,
 )
 from baton.backends.megatron.plan import flops_per_token, layout_plan
+from baton.backends.megatron.rollout_rows import CurrentRollouts, RolloutStream
 from baton.backends.megatron.step import gpt_forward_step, run_schedule
 from baton.backends.megatron.training_data import build_data, open_data
 from baton.backends.torch_distributed import TorchDistributed, UsesTorchDistributed
@@ -59,6 +66,7 @@ from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoints.io import UsesCheckpointIO
 from baton.core.cli.overrides import set_fields
+from baton.core.errors import UsageError
 from baton.core.metrics import StepOutput
 from baton.core.objectives import ReferenceUse
 
@@ -73,17 +81,26 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
     #: built by ``setup``, handed the parts it saves and restores (``checkpoint_io.py``)
     checkpoints: MegatronCheckpointIO
 
-    def __init__(self, config: MegatronConfig | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: MegatronConfig | None = None,
+        *,
+        rollouts: CurrentRollouts | None = None,
+        **overrides: Any,
+    ) -> None:
         self.config = config or MegatronConfig()
         set_fields(self.config, overrides)
         #: the process group and device the run trains on
         self.runtime = TorchDistributed()
+        #: an objective that trains on rollouts: the step's batch (the rollout phase's
+        #: ``current``), read by the data stream at each step (``rollout_rows.py``)
+        self.rollouts = rollouts
         #: the DDP-wrapped GPTModel chunks of this rank (several with a virtual pipeline)
         self.chunks: list[Any] = []
         self.optimizer: Any = None
         self.scheduler: Any = None
         #: one stream per chunk (each chunk of an interleaved pipeline reads its own)
-        self.train_streams: list[SampleStream] = []
+        self.train_streams: list[TrainStream] = []
         self.valid_dataset: Any = None
         self.num_microbatches = 1
         #: the prepared datasets and tokenizer (``None``: the byte corpus)
@@ -99,6 +116,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         self.reference_fingerprint: str | None = None
         #: the schedule's forward step: pretraining's, or the objective's on packed rows
         self._forward_step: Callable[..., Any] = gpt_forward_step
+        #: the metrics the objective's loss returns (``objective.LossMetrics``)
+        self._loss_metrics: LossMetrics | None = None
 
     # -- resuming with changed settings ---------------------------------------------
     @property
@@ -191,7 +210,8 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         torch.manual_seed(cfg.seed)
         tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
         use_objective(cfg)
-        self._forward_step = forward_step_of(cfg)
+        self._loss_metrics = LossMetrics(cfg.objective.objective.metrics)
+        self._forward_step = forward_step_of(cfg, self._loss_metrics)
         self.chunks = build_model(
             cfg, vocab_size=self.padded_vocab_size, device=self.runtime.device
         )
@@ -204,6 +224,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
             rank=self.rank,
             world_size=self.world_size,
             barrier=self.barrier,
+            rollouts=self.rollouts,
         )
         self.checkpoints = MegatronCheckpointIO(
             TrainingParts(
@@ -233,7 +254,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         from baton.backends.reference_model import reference_fingerprint
 
         assert self.source is not None, "check_data refuses packed rows without prepared data"
-        rows = self.train_streams[0].dataset
+        stream = self.train_streams[0]
+        assert isinstance(stream, SampleStream), "a stored reference scores packed rows"
+        rows = stream.dataset
         fingerprint = reference_fingerprint(path)
 
         def scored() -> Any:
@@ -260,8 +283,31 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         return self.chunks[0] if self.chunks else None
 
     @property
-    def train_stream(self) -> SampleStream | None:
+    def train_stream(self) -> TrainStream | None:
         return self.train_streams[0] if self.train_streams else None
+
+    # -- the rollout phase's collectives ----------------------------------------------
+    def gather_weights(self) -> dict[str, torch.Tensor] | None:
+        """The model's current weights as whole tensors by their Hugging Face names (the
+        names and shapes ``baton export`` writes) on global rank 0, ``None`` elsewhere;
+        gathered over tensor-parallel ranks, pipeline stages and expert-parallel ranks
+        (``gathered_weights.py``). A collective: every rank calls it. A model not built
+        from a Hugging Face spec has no such names: ``UsageError``."""
+        from baton.backends.megatron.gathered_weights import gather_hf_weights
+
+        assert self.chunks, "setup() must run before gather_weights()"
+        if self.config.spec is None:
+            raise UsageError(
+                "the model has no Hugging Face architecture to gather its weights by: build "
+                "it from --model-config CONFIG or --init-from HF_DIR"
+            )
+        return gather_hf_weights(self.chunks, self.config.spec)
+
+    def broadcast(self, value: Any) -> Any:
+        """Global rank 0's ``value`` on every rank (a collective)."""
+        from baton.backends.megatron.gathered_weights import broadcast_object
+
+        return broadcast_object(value)
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -274,6 +320,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         lr = self.optimizer.param_groups[0]["lr"]
         if self._moe is not None:
             self._moe.begin_step()
+        for stream in self.train_streams:
+            if isinstance(stream, RolloutStream):  # this step's rollouts
+                stream.begin_step()
         reduced = run_schedule(
             self.chunks,
             self.train_streams,
@@ -293,7 +342,9 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
             metrics["grad_norm"] = grad_norm
         if self._moe is not None:
             metrics.update(self._moe_metrics())
-        loss, objective_metrics = step_results(cfg, reduced, self.runtime.device)
+        loss, objective_metrics = step_results(
+            cfg, reduced, self.runtime.device, self._loss_metrics
+        )
         metrics.update(objective_metrics)
         return StepOutput(
             loss=loss,
@@ -337,9 +388,11 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
     def abilities(self) -> Abilities:
         """Everything but step replay; evaluation refused on packed rows (an objective on
         conversations or preference pairs trains on every row of its data: no validation
-        split), weight checksums where no rank holds a data-parallel replica."""
+        split) and on rollouts (sampled each step), weight checksums where no rank holds
+        a data-parallel replica."""
         no_replica = bool(self.chunks) and self.config.data_parallel_size(self.world_size) == 1
         objective = self.config.objective.name
+        rows = "each step's rollouts" if self.config.rollouts else "every packed row"
         return Abilities(
             evaluate=True,
             async_save=True,
@@ -349,7 +402,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
             dry_run=True,
         ).refusing(
             evaluate=(
-                f"--objective {objective} trains on every packed row: no validation split; "
+                f"--objective {objective} trains on {rows}: no validation split; "
                 "run with --eval-every 0"
                 if self.config.packed_rows
                 else None

@@ -44,7 +44,7 @@ from baton.backends.megatron.checkpoint import (
 )
 from baton.backends.megatron.config import DataConfig
 from baton.backends.megatron.cpu import device_mode_paused
-from baton.backends.megatron.data import PreparedSource, SampleStream, data_fingerprint
+from baton.backends.megatron.data import PreparedSource, TrainStream, data_fingerprint
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
 
 
@@ -57,8 +57,8 @@ class TrainingParts:
             pipeline).
         optimizer: Megatron's optimizer over them (``get_megatron_optimizer``).
         scheduler: its ``OptimizerParamScheduler``.
-        train_streams: one ``SampleStream`` per chunk; the first one's position is saved
-            and every one is restored to it.
+        train_streams: one stream per chunk (``data.TrainStream``); the first one's
+            position is saved and every one is restored to it.
         layout: the run's parallel layout (``MegatronBackend.layout()``: ``tensor``,
             ``pipeline``, ``distributed_optimizer``, ...), recorded in every checkpoint.
         data: the configured data, and ``source``: the prepared datasets (``None``: the
@@ -68,13 +68,13 @@ class TrainingParts:
     chunks: list[Any]
     optimizer: Any
     scheduler: Any
-    train_streams: list[SampleStream]
+    train_streams: list[TrainStream]
     layout: Mapping[str, Any]
     data: DataConfig
     source: PreparedSource | None
 
     @property
-    def train_stream(self) -> SampleStream:
+    def train_stream(self) -> TrainStream:
         """The stream whose position a checkpoint records."""
         return self.train_streams[0]
 

@@ -137,15 +137,22 @@ class MegatronConfig:
     spec: LlamaSpec | None = None
     #: what a step minimises and the values of its settings (``baton.core.objectives``):
     #: an objective on pretraining text runs Megatron's own windows and loss; one on
-    #: packed rows (conversations, preference pairs) runs them under a block-causal mask
-    #: (``objective.py``)
+    #: packed rows (conversations, preference pairs) or on rollouts (one a row) runs them
+    #: under a block-causal mask (``objective.py``)
     objective: ObjectiveRun = field(default_factory=lambda: ObjectiveRun.of(PRETRAIN))
 
     @property
     def packed_rows(self) -> bool:
-        """Whether the objective trains on packed rows (``baton data prepare --seq-len``)
-        instead of windows of pretraining text."""
+        """Whether the objective trains on rows of documents (packed by ``baton data
+        prepare --seq-len``, or one rollout a row) instead of windows of pretraining
+        text."""
         return self.objective.objective.data is not DataKind.TEXT
+
+    @property
+    def rollouts(self) -> bool:
+        """Whether the objective trains on each step's rollouts (online RL: the rollout
+        phase's rows, ``rollout_rows.py``) rather than on rows of prepared data."""
+        return self.objective.objective.rollouts
 
     def parallel_sizes(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) sizes from the model config."""

@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy
 import torch
@@ -250,6 +250,24 @@ def build_gpt_datasets(
         sizes = [10_000, 1_000, 100] if mock else [None, None, None]
     cls = MockGPTDataset if mock else GPTDataset
     return BlendedMegatronDatasetBuilder(cls, list(sizes), lambda: True, config).build()
+
+
+class TrainStream(Protocol):
+    """What a training step reads micro-batches from (one per model chunk): a
+    ``SampleStream`` over a dataset, or a ``rollout_rows.RolloutStream`` of the step's
+    rollouts. ``consumed`` counts the global samples read (a checkpoint records it)."""
+
+    consumed: int
+
+    def __next__(self) -> dict[str, torch.Tensor]: ...
+
+    def take_wait(self) -> float:
+        """Seconds spent reading micro-batches since the last call."""
+        ...
+
+    def state_dict(self) -> dict[str, int]: ...
+
+    def load_state_dict(self, state: dict[str, int]) -> None: ...
 
 
 class SampleStream:

@@ -14,6 +14,9 @@ declared loss on packed rows.
   vocab-parallel logits (``vocab_parallel.py``: the reductions over the vocabulary run
   over the tensor-parallel group), and the rows' loss mask, documents and values
   (``packed_data.PackedRows``: document values travel in the micro-batch).
+- Rollouts (an objective that samples completions each step: GRPO): the same loss
+  function on the step's rollouts, one a row (``rollout_rows.RolloutStream``: their
+  sampling and reference log-probabilities per token, their advantages per rollout).
 
 On packed rows Megatron's schedule finishes the gradients with its per-token loss
 normalisation (``calculate_per_token_loss``, and ``finalize_model_grads_func`` as
@@ -23,14 +26,16 @@ and the gradients are divided by the count of the global batch (every micro-batc
 data-parallel rank), so the step's loss is one mean over the global batch whatever the
 micro-batching. The loss function also reports ``[sum, count, metric sums..., metric
 weights...]``, which ``step_results`` reduces over the step's micro-batches and ranks in
-one collective: the logged loss and each metric, ``sum / weight``.
+one collective: the logged loss and each metric, ``sum / weight`` (the metrics the loss
+returns: ``LossMetrics``).
 
 Example (what ``MegatronBackend.setup`` and ``train_step`` do)::
 
     check_objective(config)                  # UsageError: what Megatron cannot run
     use_objective(config)                    # before the model and its DDP are built
-    forward_step = forward_step_of(config)   # then run_schedule(..., forward_step=...)
-    loss, metrics = step_results(config, reduced, device)
+    metrics = LossMetrics(config.objective.objective.metrics)
+    forward_step = forward_step_of(config, metrics)   # run_schedule(..., forward_step=...)
+    loss, logged = step_results(config, reduced, device, metrics)
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from baton.backends.megatron.step import global_sums, gpt_forward_step, mean_los
 from baton.backends.megatron.vocab_parallel import token_entropy, token_logps
 from baton.backends.torch_logps import metric_means, metric_sums
 from baton.core.errors import UsageError
-from baton.core.objectives import LossInputs, ObjectiveRun, Rows
+from baton.core.objectives import LossInputs, LossTerms, ObjectiveRun, Rows
 
 #: what a loss function reports under this key: ``[sum, count, sums..., weights...]``
 REPORTED = "objective"
@@ -57,16 +62,12 @@ REPORTED = "objective"
 
 def check_objective(config: MegatronConfig) -> None:
     """``UsageError`` (one line, the fix) before anything is built, for an objective
-    Megatron-Core does not run: one that samples completions each step, a loss of its own
-    on pretraining text (packed rows carry the documents a loss reads), values the rows do
-    not carry, or packed rows with Transformer Engine's layers."""
+    Megatron-Core does not run: a loss of its own on pretraining text (packed rows carry
+    the documents a loss reads), values the rows do not carry (packed rows a stored
+    reference's, rollouts' rows their log-probabilities and advantages), or rows with
+    Transformer Engine's layers."""
     run = config.objective
     declared = run.objective
-    if declared.rollouts:
-        raise UsageError(
-            f"--objective {run.name} samples completions every step: Megatron-Core runs it "
-            "from the rollouts' rows, not from prepared data; pick another backend for now"
-        )
     if not config.packed_rows and not declared.native_cross_entropy:
         raise UsageError(
             f"--objective {run.name} computes its own loss on {declared.data.described}: "
@@ -79,9 +80,10 @@ def check_objective(config: MegatronConfig) -> None:
         if name not in carried_values(run)
     ]
     if missing:
+        rows = "rollouts' rows" if declared.rollouts else "packed rows"
         raise UsageError(
-            f"--objective {run.name} reads {', '.join(missing)}, which Megatron-Core's packed "
-            "rows do not carry; declare it as a stored reference's value or train elsewhere"
+            f"--objective {run.name} reads {', '.join(missing)}, which Megatron-Core's {rows} "
+            "do not carry; declare it as a stored reference's value or train elsewhere"
         )
     if config.packed_rows and config.layer_spec == "transformer_engine":
         raise UsageError(
@@ -112,15 +114,69 @@ def needs_logits(run: ObjectiveRun) -> bool:
     return run.temperature != 1.0 or run.objective.entropy
 
 
-def forward_step_of(config: MegatronConfig) -> Callable[..., Any]:
-    """The ``forward_step_func`` of ``config.objective``."""
+class LossMetrics:
+    """The metrics a run's loss returns: those of its objective's declared ``metrics``
+    that the loss's ``LossTerms.metrics`` hold (GRPO's ``kl`` only with a KL term), seen
+    at its first micro-batch. Every declared metric travels in the reported sums (one
+    shape on every rank); only the returned ones are logged."""
+
+    def __init__(self, declared: tuple[str, ...]) -> None:
+        self.declared = declared
+        #: the returned names, once a loss ran here or the last pipeline stage told them
+        self.returned: tuple[str, ...] | None = None
+        self._agreed = False
+
+    def saw(self, terms: LossTerms) -> None:
+        """Note the names of a micro-batch's loss terms (the first call decides)."""
+        if self.returned is None:
+            self.returned = tuple(name for name in self.declared if name in terms.metrics)
+
+    def names(self) -> tuple[str, ...]:
+        """The returned names on every rank: a pipeline's other stages, which run no loss,
+        are told once by the last stage (one collective over the pipeline group, at the
+        first step)."""
+        if not self._agreed:
+            self.returned, self._agreed = _from_last_stage(self.returned), True
+        assert self.returned is not None
+        return self.returned
+
+
+def _pipeline_stages() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_pipeline_model_parallel_world_size()
+
+
+def _from_last_stage(names: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The last pipeline stage's ``names`` on every stage of this rank's pipeline."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    box: list[Any] = [names]
+    if _pipeline_stages() > 1:
+        dist.broadcast_object_list(
+            box,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+    if box[0] is None:
+        raise RuntimeError("the objective's loss never ran on the last pipeline stage")
+    return tuple(box[0])
+
+
+def forward_step_of(
+    config: MegatronConfig, metrics: LossMetrics | None = None
+) -> Callable[..., Any]:
+    """The ``forward_step_func`` of ``config.objective`` (``metrics`` notes the names the
+    declared loss returns)."""
     run = config.objective
     if not config.packed_rows:
         return gpt_forward_step
     if run.objective.native_cross_entropy:
         return partial(packed_forward_step, cross_entropy_loss)
     logits = needs_logits(run)
-    return partial(packed_forward_step, partial(objective_loss, run, logits=logits), logits=logits)
+    loss = partial(objective_loss, run, logits=logits, metrics=metrics)
+    return partial(packed_forward_step, loss, logits=logits)
 
 
 def loss_inputs(
@@ -154,15 +210,22 @@ def rows_of(batch: dict[str, torch.Tensor]) -> Rows:
 
 
 def objective_loss(
-    run: ObjectiveRun, batch: dict[str, torch.Tensor], output: torch.Tensor, *, logits: bool
+    run: ObjectiveRun,
+    batch: dict[str, torch.Tensor],
+    output: torch.Tensor,
+    *,
+    logits: bool,
+    metrics: LossMetrics | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Megatron's three-value loss of the declared objective on one micro-batch: the sum
     of its loss over the micro-batch's items, their count (Megatron adds the counts of the
     global batch and divides the gradients by it), and under ``REPORTED`` the sum, the
-    count and each metric's ``(sum, weight)`` (detached), for ``step_results``."""
+    count and each declared metric's ``(sum, weight)`` (detached), for ``step_results``."""
     inputs = loss_inputs(run, batch, output, logits=logits)
     xp = array_namespace(inputs.logps)
     terms = run.loss(xp, inputs)
+    if metrics is not None:
+        metrics.saw(terms)
     items = run.items(xp, inputs.rows)
     total = terms.total
     sums = metric_sums(terms, run.objective.metrics, like=total)
@@ -172,14 +235,22 @@ def objective_loss(
 
 
 def step_results(
-    config: MegatronConfig, reduced: list[dict[str, torch.Tensor]], device: torch.device
+    config: MegatronConfig,
+    reduced: list[dict[str, torch.Tensor]],
+    device: torch.device,
+    metrics: LossMetrics | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The step's loss, a mean over the global batch (micro-batches, pipeline stages and
     data-parallel ranks), and the objective's metrics, each ``sum / weight`` over the
-    same (lazy device values)."""
+    same (lazy device values): those ``metrics`` says the loss returns, else every
+    declared one."""
     if not uses_objective_loss(config):
         return mean_loss(reduced, device), {}
     names = config.objective.objective.metrics
     sums = global_sums(reduced, REPORTED, 2 + 2 * len(names), device)
     loss = sums[0] / sums[1].clamp(min=1)
-    return loss, metric_means(sums[2:].view(2, len(names)), names)
+    means = metric_means(sums[2:].view(2, len(names)), names)
+    if metrics is not None:
+        returned = metrics.names()
+        means = {name: value for name, value in means.items() if name in returned}
+    return loss, means

@@ -30,6 +30,7 @@ from baton.backends.megatron.config import MegatronConfig
 from baton.core.objectives import ObjectiveRun, ReferenceUse
 from baton.data import DataError, parse_blend
 from baton.data.packed import PackedDataset, check_objective
+from baton.data.rollouts import VALUE_NAMES as ROLLOUT_VALUES
 
 #: the prefix of a sample's keys that hold the objective's values
 VALUES = "values/"
@@ -38,7 +39,11 @@ REFERENCE_LOGPS = "reference_logps"
 
 
 def carried_values(run: ObjectiveRun) -> frozenset[str]:
-    """The values packed rows carry for ``run``: a stored reference's log-probabilities."""
+    """The values the rows carry for ``run``: a rollout's (``baton.data.rollouts``: the
+    sampling and reference log-probabilities, the advantage) for an objective that trains
+    on rollouts (``rollout_rows.py``), else a stored reference's log-probabilities."""
+    if run.objective.rollouts:
+        return frozenset(ROLLOUT_VALUES)
     return frozenset({REFERENCE_LOGPS} if run.reference_use is ReferenceUse.STORED else ())
 
 

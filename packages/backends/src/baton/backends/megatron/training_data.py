@@ -10,7 +10,10 @@ Example (what ``MegatronBackend.check_data`` and ``setup`` do)::
 
 A prepared source (``baton data prepare``) gives ``GPTDataset`` splits (a
 ``BlendedDataset`` over a weighted blend); otherwise the mock dataset or the byte corpus
-indexed once under ``config.data.cache_dir``.
+indexed once under ``config.data.cache_dir``. An objective on packed rows reads them
+(``packed_data.PackedRows``); one that trains on rollouts reads each step's rollouts
+(``rollout_rows.RolloutStream``, from ``rollouts``: the rollout phase's current batch),
+its prepared prompts being the rollout phase's to read.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import (
     PreparedSource,
     SampleStream,
+    TrainStream,
     build_gpt_datasets,
     build_indexed_dataset,
     check_split_not_empty,
     open_prepared,
 )
 from baton.backends.megatron.packed_data import PackedRows, check_data_objective, open_packed
+from baton.backends.megatron.rollout_rows import CurrentRollouts, RolloutStream
 
 
 def open_data(config: MegatronConfig) -> PreparedSource | None:
@@ -36,7 +41,8 @@ def open_data(config: MegatronConfig) -> PreparedSource | None:
     ``DataError`` for data that does not fit the objective (``check_data_objective``),
     a missing tokenizer or ``.idx``, a tokenizer other than the data's, one with more
     tokens than the model's vocabulary, a split share that gets no document, or packed
-    rows of another ``seq_len``."""
+    rows of another ``seq_len`` (prompts, which a rollout phase reads, are checked here
+    for their kind and tokenizer only)."""
     from baton.data import DataError, check_model_vocab
 
     check_data_objective(config)
@@ -63,10 +69,10 @@ def open_data(config: MegatronConfig) -> PreparedSource | None:
     source = open_prepared(data.data_path, data.tokenizer)
     if config.vocab_size is not None:
         check_model_vocab(source.info, config.vocab_size)
-    if config.packed_rows:
-        open_packed(config)
-    else:
+    if not config.packed_rows:
         check_split_not_empty(source, data.split or "98,2,0")
+    elif not config.rollouts:  # (prompts: the rollout phase reads them)
+        open_packed(config)
     return source
 
 
@@ -94,15 +100,24 @@ def build_data(
     rank: int,
     world_size: int,
     barrier: Callable[[], None],
-) -> tuple[list[SampleStream], Any]:
+    rollouts: CurrentRollouts | None = None,
+) -> tuple[list[TrainStream], Any]:
     """The training streams (one per model chunk) and the validation split; rank 0
     indexes the byte corpus while the others wait at ``barrier``. Packed rows (an
     objective on conversations or preference pairs) are one stream of ``PackedRows`` per
-    chunk, all of it trained on: no validation split."""
+    chunk, all of it trained on: no validation split. An objective on rollouts reads
+    each step's batch from ``rollouts`` (one ``RolloutStream`` per chunk)."""
+    if config.rollouts:
+        if rollouts is None:
+            raise ValueError(
+                f"--objective {config.objective.name} trains on rollouts: give the backend "
+                "the rollout phase's current batch (MegatronBackend(config, rollouts=...))"
+            )
+        return [*rollout_streams(config, rollouts, chunks)], None
     if config.packed_rows:
         assert source is not None, "open_data refuses post-training without prepared data"
         rows = PackedRows(open_packed(config), pad_id=source.info.eod_id)
-        return streams_over(rows, config, chunks), None
+        return [*streams_over(rows, config, chunks)], None
     if source is not None:
         datasets = prepared_datasets(config, source, world_size)
     elif config.data.kind == "mock":
@@ -117,7 +132,7 @@ def build_data(
             prefix, seq_len=config.seq_len, seed=config.seed, split=config.data.split or "969,30,1"
         )
     train, valid, _ = datasets
-    return streams_over(train, config, chunks), valid
+    return [*streams_over(train, config, chunks)], valid
 
 
 def prepared_datasets(config: MegatronConfig, source: PreparedSource, world_size: int) -> list[Any]:
@@ -143,3 +158,22 @@ def prepared_datasets(config: MegatronConfig, source: PreparedSource, world_size
         tokenizer=source.tokenizer,
         sizes=sizes,
     )
+
+
+def rollout_streams(
+    config: MegatronConfig, rollouts: CurrentRollouts, count: int
+) -> list[RolloutStream]:
+    """``count`` streams of the step's rollouts (one per model chunk), each taking this
+    data-parallel rank's share."""
+    from megatron.core import parallel_state
+
+    return [
+        RolloutStream(
+            rollouts,
+            micro_batch_size=config.micro_batch_size,
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            dp_size=parallel_state.get_data_parallel_world_size(),
+            global_batch_size=config.global_batch_size,
+        )
+        for _ in range(count)
+    ]

@@ -124,11 +124,14 @@ def check_objective(prefix: str | Path, objective: str) -> None:
             f"{name} is pretraining text, but --objective {objective} needs {MADE_BY[wanted]}; "
             "prepare them, or train with --objective pretrain"
         )
+    # the objective named as its data (sft) first, so one a package or file registered
+    # beside it for the same data is not the one the message suggests
+    candidates = [found, *OBJECTIVES_REGISTRY.names(plugins=False)]
     matching = next(
         (
             other
-            for other in OBJECTIVES_REGISTRY.names(plugins=False)
-            if OBJECTIVES_REGISTRY.get(other).data.value == found
+            for other in candidates
+            if other in OBJECTIVES_REGISTRY and OBJECTIVES_REGISTRY.get(other).data.value == found
         ),
         found,
     )

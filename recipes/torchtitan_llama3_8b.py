@@ -7,6 +7,9 @@ uv run baton run recipes/torchtitan_llama3_8b.py --dry-run --tp 2 --pp 2 --world
 torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_llama3_8b.py \\
     --objective sft --data-path data/chat --tokenizer ./assets/hf/Llama-3.1-8B \\
     --init-from ./assets/hf/Llama-3.1-8B --seq-len 4096     # fine-tune on prepared chats
+torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_llama3_8b.py \\
+    --objective grpo --data-path data/prompts --tokenizer sft-export/ --init-from sft-export/ \\
+    --reward accuracy --num-generations 8 --batch-size 2 --seq-len 1024   # online RL (GRPO)
 
 The config is TorchTitan's own ``llama3_8b()``; data comes from a local ``.jsonl`` /
 ``.parquet`` file through TorchTitan's Hugging Face text loader and the tokenizer from a
@@ -25,6 +28,13 @@ through TorchTitan's ``Llama3StateDictAdapter.from_hf`` (a baton checkpoint: its
     torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_llama3_8b.py \\
         --init-from ./assets/hf/Llama-3.1-8B --tokenizer ./assets/hf/Llama-3.1-8B \\
         --data-path corpus.jsonl
+
+Online RL (``--objective grpo`` on prompts from ``baton data prepare PROMPTS.jsonl``): rank 0
+samples each step's completions with a ``transformers`` model on its GPU holding the
+policy's current weights (gathered whole from TorchTitan's shards in memory), every rank
+trains its share of them inside ``Trainer.train_step``; ``--batch-size`` is rollouts per
+data-parallel rank, ``--seq-len`` at least ``--max-prompt-length`` +
+``--max-completion-length``.
 """
 
 from __future__ import annotations
@@ -32,9 +42,10 @@ from __future__ import annotations
 from typing import Any
 
 from baton.backends.torchtitan import TorchTitanBackend
-from baton.callbacks import standard_callbacks
+from baton.callbacks import RolloutRecords, standard_callbacks
+from baton.callbacks.standard import CONSOLE_KEYS
 from baton.core import Driver
-from baton.core.cli.dry_run import require_data
+from baton.core.cli.dry_run import is_planning, require_data
 from baton.core.cli.recipe import RecipeError
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.objectives import ObjectiveRun
@@ -146,9 +157,23 @@ def recipe(
     settings: dict[str, Any] = {"tokenizer": tokenizer, **run.settings(), **reference}
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
+    backend = TorchTitanBackend(config)
+    callbacks = standard_callbacks(
+        async_save=async_save, console_keys=(*CONSOLE_KEYS, *run.objective.console_keys)
+    )
+    rollouts = None
+    if run.objective.rollouts and not is_planning():  # a dry run samples nothing
+        from baton.backends.torchtitan.online_rl import titan_rollout_phase
+
+        rollouts = titan_rollout_phase(
+            run, backend, data_path=data_path, tokenizer=tokenizer, init_from=init_from,
+            spec=spec, seed=int(config.debug.seed or 0),
+        )  # fmt: skip
+        callbacks.append(RolloutRecords())
     return Driver(
-        TorchTitanBackend(config),
-        standard_callbacks(async_save=async_save),
+        backend,
+        callbacks,
+        rollouts=rollouts,
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,

@@ -40,6 +40,17 @@ TorchTitan's loss function (``torchtitan/objective_loss.py``)::
     uv run baton run recipes/torchtitan_llama3_debug.py --objective sft --data-path data/chat \
         --tokenizer tok/ --init-from tiny-llama/ --seq-len 96
 
+Online RL: ``--objective grpo`` samples ``--num-generations`` completions of each prompt
+(``baton data prepare PROMPTS.jsonl --tokenizer DIR --output PREFIX``) every step with a
+``transformers`` model holding the policy's current weights (gathered from TorchTitan's
+shards in memory), scores them with ``--reward`` functions and trains TRL's GRPO loss
+inside ``Trainer.train_step``; ``--batch-size`` is rollouts per rank, and rows hold
+``--seq-len`` >= ``--max-prompt-length`` + ``--max-completion-length`` tokens::
+
+    uv run baton run recipes/torchtitan_llama3_debug.py --objective grpo --data-path data/prompts \
+        --tokenizer tok/ --init-from sft-export/ --reward accuracy --num-generations 8 \
+        --batch-size 16 --max-prompt-length 256 --max-completion-length 256 --seq-len 512
+
 Their documents never attend to each other: TorchTitan's ``block_causal`` FlexAttention
 on a GPU, SDPA under the same document mask on CPU (``torchtitan_cpu_attention``).
 
@@ -56,7 +67,8 @@ from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
 from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
 from baton.backends.torchtitan.objective import reads_text, reference_settings, use_objective
-from baton.callbacks import standard_callbacks
+from baton.callbacks import RolloutRecords, standard_callbacks
+from baton.callbacks.standard import CONSOLE_KEYS
 from baton.core import Driver
 from baton.core.errors import UsageError
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
@@ -168,6 +180,11 @@ def recipe(
         init_from_hf(config, init_from)
     elif init_from is not None:  # weights only, through TorchTitan's initial load path
         config.checkpoint.initial_load_path = init_from
+    if expert_bias is not None and run.objective.rollouts:
+        raise UsageError(
+            f"--objective {run.name} loads the policy's weights into a Hugging Face model "
+            "each step, which has no place for an expert bias; train without --expert-bias"
+        )
     if expert_bias is not None:  # TorchTitan's auxiliary-loss-free balancing
         from baton.backends.torchtitan.moe import use_expert_bias
 
@@ -181,9 +198,26 @@ def recipe(
     settings: dict[str, Any] = {"tokenizer": tokenizer, **run.settings(), **reference}
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
+    backend = TorchTitanBackend(config, reshard_data=reshard_data)
+    callbacks = standard_callbacks(
+        save_every=save_every,
+        async_save=async_save,
+        progress=progress,
+        console_keys=(*CONSOLE_KEYS, *run.objective.console_keys),
+    )
+    rollouts = None
+    if run.objective.rollouts:  # each step's rollouts, sampled with the current weights
+        from baton.backends.torchtitan.online_rl import titan_rollout_phase
+
+        rollouts = titan_rollout_phase(
+            run, backend, data_path=data_path, tokenizer=tokenizer, init_from=init_from,
+            spec=spec, seed=seed,
+        )  # fmt: skip
+        callbacks.append(RolloutRecords())
     return Driver(
-        TorchTitanBackend(config, reshard_data=reshard_data),
-        standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
+        backend,
+        callbacks,
+        rollouts=rollouts,
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every or None,

@@ -149,6 +149,27 @@ def test_set_walks_nested_dataclasses() -> None:
         apply_overrides(config, ["training.seqlen=1"])
 
 
+def test_set_walks_list_indices() -> None:
+    """A list element is named by its index (TorchTitan's optimizer parameter groups)."""
+    from dataclasses import dataclass, field
+
+    from baton.core.cli.overrides import OverrideError, apply_overrides
+
+    @dataclass
+    class Group:
+        kwargs: dict[str, object] = field(default_factory=lambda: {"weight_decay": 0.1})
+
+    @dataclass
+    class Optimizer:
+        groups: list[Group] = field(default_factory=lambda: [Group(), Group()])
+
+    config = Optimizer()
+    apply_overrides(config, ["groups.1.kwargs.weight_decay=0.0"])
+    assert [g.kwargs["weight_decay"] for g in config.groups] == [0.1, 0.0]
+    with pytest.raises(OverrideError, match="groups has no field '2'; fields: 0, 1"):
+        apply_overrides(config, ["groups.2.kwargs.weight_decay=0.0"])
+
+
 def test_every_run_leaves_a_run_record_and_tensorboard_hparams(recipe_file, tmp_path) -> None:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 

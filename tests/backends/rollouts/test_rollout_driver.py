@@ -167,3 +167,32 @@ def test_a_rollback_restores_the_rollouts_and_rewrites_their_records(files, tmp_
     assert sampled == [1, 3, 3, 5]  # step 3's rollouts made again after the rollback
     whole = (tmp_path / "whole" / "logs" / "rollouts.jsonl").read_bytes()
     assert (tmp_path / "back" / "logs" / "rollouts.jsonl").read_bytes() == whole
+
+
+def test_a_reward_that_raises_on_the_first_rollouts_leaves_no_run_directory(files, tmp_path):
+    """Bad input the first rollouts reveal (a reward function that raises) is refused as
+    bad input found before training is: the run directory it created goes; once a step
+    has trained, the run's directory stays (its logs say what happened)."""
+    from baton.core.errors import UsageError
+    from baton.core.rewards.function import Reward
+
+    calls = {"n": 0}
+
+    def fails_on(step: int):
+        def reward(prompts, completions, completion_ids, **columns):
+            calls["n"] += 1
+            if calls["n"] == step:
+                raise ValueError("cannot score this")
+            return [1.0] * len(completions)
+
+        return reward
+
+    for step, stays in ((1, False), (2, True)):
+        calls["n"] = 0
+        run_dir = tmp_path / f"fails_at_{step}" / "run"
+        phase = make_phase(files, rewards=[Reward("fails", fails_on(step))])
+        driver = Driver(ScalarBackend(), [RolloutRecords()], rollouts=phase, max_steps=3,
+                        log_every=1, run_dir=run_dir)  # fmt: skip
+        with pytest.raises(UsageError, match="fails raised ValueError: cannot score this"):
+            driver.fit()
+        assert run_dir.exists() is stays, step

@@ -118,16 +118,26 @@ def write_model(
     (``config`` with the special-token ids of :func:`special_ids`),
     ``generation_config.json`` with the same ids, and the tokenizer's files when the run
     had a tokenizer directory. Returns ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = write_config(out_dir, config, tokenizer=tokenizer)
     write_safetensors(weights, out / WEIGHTS_FILE)
-    ids = special_ids(config, tokenizer)
-    _write_json(out / "config.json", {**config, **ids})
-    _write_json(out / "generation_config.json", {**ids, "_from_model_config": False})
     if tokenizer is not None:
         for name in TOKENIZER_FILES:
             if (Path(tokenizer) / name).is_file():
                 shutil.copyfile(Path(tokenizer) / name, out / name)
+    return out
+
+
+def write_config(
+    out_dir: str | Path, config: Mapping[str, Any], *, tokenizer: str | Path | None = None
+) -> Path:
+    """Write a model directory's ``config.json`` (``config`` with the special-token ids of
+    :func:`special_ids`) and ``generation_config.json`` (the same ids), no weights: what
+    builds the architecture and says where generation stops. Returns ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = special_ids(config, tokenizer)
+    _write_json(out / "config.json", {**config, **ids})
+    _write_json(out / "generation_config.json", {**ids, "_from_model_config": False})
     return out
 
 

@@ -33,6 +33,13 @@ machine without pinned memory, see ``checkpoint_io.stage_without_accelerator``).
 saved on another layout loads through DCP's resharding (see ``plan_load``); the
 layout, samples consumed and the rest of ``checkpoint_facts`` go into ``baton.json``.
 
+Online RL (an objective that samples rollouts each step, GRPO): the recipe hands the
+backend the rollout phase's current batch (``read_rollouts``) and the phase the
+backend's two collectives: ``gather_weights`` (the policy's weights whole, by Hugging
+Face name, on the first rank: ``gathered_weights.py``) and ``broadcast`` (the first
+rank's object on every rank). ``Trainer.train_step`` reads this rank's share of each
+step's rollouts through ``rollout_rows.RolloutDataLoader``.
+
 Weights-only start (fine-tuning): ``config.checkpoint.initial_load_path`` names a baton
 checkpoint (``runs/x/checkpoints/step_000100``) or a TorchTitan ``step-N`` folder;
 TorchTitan's initial load path reads the model weights only
@@ -43,7 +50,7 @@ TorchTitan's initial load path reads the model weights only
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,6 +92,7 @@ from baton.core.patches import PatchRecorder
 
 if TYPE_CHECKING:
     from baton.backends.torchtitan.row_feed import RowFeed
+    from baton.data.rollouts import RolloutBatch
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +147,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         self._model_state: TorchModelState | None = None
         self._batches: CountedBatches | None = None
         self._rows: RowFeed | None = None
+        self._rollouts: Callable[[], RolloutBatch | None] | None = None
         self._profiler: Any = None
         self._steps_run = 0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
@@ -227,6 +236,15 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
 
             self._rows = row_feed(trainer, cfg, trainer.loss_fn.run, init_from=init_from)
             trainer.loss_fn.feed = self._rows
+        from baton.backends.torchtitan.rollout_rows import RolloutDataLoader
+
+        if isinstance(trainer.dataloader, RolloutDataLoader):
+            if self._rollouts is None:
+                raise ValueError(
+                    "config.dataloader reads rollouts: give the backend the rollout phase's "
+                    "current batch with read_rollouts(lambda: phase.current) before setup"
+                )
+            trainer.dataloader.current = self._rollouts
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
@@ -250,6 +268,33 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         self.runtime.init_process_group(
             backend, timeout=timedelta(seconds=cfg.comm.init_timeout_seconds)
         )
+
+    # -- online RL: the rollout phase's batches and collectives -------------------------
+    def read_rollouts(self, current: Callable[[], RolloutBatch | None]) -> None:
+        """Train on rollouts: ``current()`` is the batch the rollout phase made for the
+        step about to run (``phase.current``); each step reads this rank's share of it
+        (``config.dataloader`` must be ``rollout_rows.RolloutDataLoader.Config``)."""
+        self._rollouts = current
+
+    def gather_weights(self) -> dict[str, torch.Tensor] | None:
+        """The model's current weights as whole tensors by Hugging Face name (the names
+        and shapes ``baton export`` writes) on global rank 0, ``None`` on the other ranks;
+        a collective: every rank calls it (``gathered_weights.py``)."""
+        from baton.backends.torchtitan.gathered_weights import gather_hf_weights
+
+        assert self.trainer is not None, "call setup() first"
+        return gather_hf_weights(self.trainer, keep=self.rank == 0)
+
+    def broadcast(self, value: Any) -> Any:
+        """Global rank 0's ``value`` on every rank (a collective every rank calls; on
+        one rank, ``value`` itself)."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, device=self._device)
+        return box[0]
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:

@@ -104,11 +104,14 @@ class TitanCheckpointIO:
         data-loader position is per data-parallel rank and moves only while
         ``dp_replicate x dp_shard`` stays. Otherwise ``reshard_data="refuse"`` (the
         default) refuses, and ``"restart"`` plans a load that leaves the data loader at
-        the beginning of its data."""
+        the beginning of its data. A run on rollouts keeps no data position per rank
+        (the rollout phase's state is the same on every rank): any degree loads."""
+        from baton.backends.torchtitan.rollout_rows import RolloutDataLoader
+
         now = self.layout()
         before = int(saved.get("dp_replicate", 1)) * int(saved.get("dp_shard", 1))
         after = now["dp_replicate"] * now["dp_shard"]
-        if before == after:
+        if before == after or isinstance(self.trainer.dataloader, RolloutDataLoader):
             logger.info("resharding checkpoint from %s to %s", dict(saved), now)
             return LOAD_ALL
         if self.reshard_data == "refuse":

@@ -95,6 +95,20 @@ def read_model_weights(folder: Path) -> dict[str, Any]:
     return weights
 
 
+def to_hf_weights(adapter: Any, weights: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """TorchTitan's model weights (full tensors by TorchTitan FQN, as its checkpoints hold
+    them) by Hugging Face name, through the model's state-dict adapter (``to_hf``: the
+    names, the rotary permutation of the query and key projections). A mixture of experts
+    balanced by an expert bias has no Hugging Face form: ``ExportError`` naming ``where``
+    the weights come from."""
+    from baton.backends.torchtitan.moe import expert_bias_refusal
+
+    refusal = expert_bias_refusal(weights)
+    if refusal is not None:
+        raise ExportError(f"{where}: {refusal}")
+    return adapter.to_hf(weights)
+
+
 def titan_spec(model_config: Any, hf_weights: dict[str, Any]) -> LlamaSpec:
     """The Llama spec of a TorchTitan llama3 model (a registry flavour such as
     ``debugmodel``): shapes from the exported tensors, the rest (heads, normalization
@@ -156,14 +170,7 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, model: str | N
         )
     spec = importlib.import_module(f"torchtitan.models.{name}").model_registry(flavor)
     adapter = spec.state_dict_adapter(spec.model, None)
-    weights = read_model_weights(folder)
-    if name == "qwen3":
-        from baton.backends.torchtitan.moe import expert_bias_refusal
-
-        refusal = expert_bias_refusal(weights)
-        if refusal is not None:
-            raise ExportError(f"{checkpoint_dir}: {refusal}")
-    hf_weights = adapter.to_hf(weights)
+    hf_weights = to_hf_weights(adapter, read_model_weights(folder), where=str(checkpoint_dir))
     dtype = str(hf_weights["model.embed_tokens.weight"].dtype).removeprefix("torch.")
     if name == "qwen3":  # the recorded spec (built from it), with the trained vocabulary
         vocab = int(hf_weights["model.embed_tokens.weight"].shape[0])

@@ -15,6 +15,10 @@ is built: one ``DataError``/``UsageError`` line, exit 2).
   ``objective_loss.ObjectiveLoss`` as TorchTitan's loss function, the rows' documents
   beside each batch. It runs eagerly: TorchTitan's CUDA graphs (on by default on a GPU)
   are turned off, since the loss takes each micro-batch's rows from Python.
+- An objective that samples rollouts each step (``rollouts``: GRPO) reads prompts
+  (``--data-path``, checked to be prompts) through the rollout phase, not a data loader
+  over them: ``rollout_rows.RolloutDataLoader`` hands ``Trainer.train_step`` this rank's
+  share of each step's rollouts, to the same ``ObjectiveLoss``.
 
 ``reference_settings`` checks an objective's reference model (``--reference``, else the
 starting weights) once, before the build, and gives its fingerprint to record.
@@ -44,13 +48,8 @@ def reads_text(run: ObjectiveRun) -> bool:
 
 
 def check_run_objective(run: ObjectiveRun, data_path: str | None) -> None:
-    """Refuse an objective the data does not fit, or one TorchTitan does not train yet
-    (``DataError``/``UsageError``, one line)."""
-    if run.objective.rollouts:
-        raise UsageError(
-            f"--objective {run.name} samples rollouts each step, which TorchTitan's step "
-            "does not run yet; choose an objective that trains on prepared data"
-        )
+    """Refuse an objective the data does not fit (``DataError``/``UsageError``, one
+    line)."""
     if data_path is None:
         if not reads_text(run):
             raise UsageError(
@@ -66,6 +65,14 @@ def use_objective(config: Any, run: ObjectiveRun, data_path: str | None) -> None
     refuses data of another kind first."""
     check_run_objective(run, data_path)
     if reads_text(run) or data_path is None:
+        return
+    if run.objective.rollouts:  # the rollout phase reads the prompts
+        from baton.backends.torchtitan.objective_loss import ObjectiveLoss
+        from baton.backends.torchtitan.rollout_rows import RolloutDataLoader
+
+        config.dataloader = RolloutDataLoader.Config()
+        config.loss = ObjectiveLoss.Config(run=run)
+        config.training.disable_cuda_graphs = True
         return
     from baton.backends.torchtitan.packed import PackedDataLoader
     from baton.data.packed import PackedDataset
@@ -110,9 +117,10 @@ def reference_settings(
     if source is None:
         return {}
     tokenizer = None
-    if data_path is not None:
-        from baton.data.packed import PackedDataset
+    if data_path is not None:  # the tokenizer the data (rows or prompts) was prepared with
+        from baton.data.packed import read_packed_manifest
 
-        tokenizer = PackedDataset(data_path).manifest.get("tokenizer", {}).get("fingerprint")
+        manifest = read_packed_manifest(data_path) or {}
+        tokenizer = manifest.get("tokenizer", {}).get("fingerprint")
     check_reference(source, spec, tokenizer)
     return {"reference_fingerprint": reference_fingerprint(source)}

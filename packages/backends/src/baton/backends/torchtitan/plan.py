@@ -30,7 +30,7 @@ def parallelism_plan(config: Any, world_size: int) -> str:
         dims = ParallelDims.from_config(par, world_size)
     except AssertionError as error:
         raise ValueError(f"parallelism does not fit {world_size} ranks: {error}") from error
-    global_batch = _check_layout(config, dims)
+    sequences = _check_layout(config, dims)
     batch_degree = dims.dp_replicate * dims.dp_shard
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)
@@ -42,7 +42,7 @@ def parallelism_plan(config: Any, world_size: int) -> str:
     # fp32 master weights + grads + two AdamW moments, sharded over FSDP/TP/PP/CP (the
     # experts over EP x its FSDP, the same number of ranks)
     state_gib = params * (param_bytes + 4 + 8) / shards / 2**30
-    tokens = global_batch * training.seq_len
+    tokens = sequences * training.seq_len
     lines = [
         f"model        {config.model_spec.name} {config.model_spec.flavor}: "
         f"{params / 1e9:.2f} B parameters, {flops / 1e9:.1f} GFLOP per token",
@@ -53,8 +53,8 @@ def parallelism_plan(config: Any, world_size: int) -> str:
         f"precision    params {training.mixed_precision_param} in compute, "
         f"{training.dtype} master, reduce {training.mixed_precision_reduce}",
         f"batch        local {training.local_batch_size} x seq {training.seq_len}, "
-        f"global {global_batch} sequences = {tokens:,} tokens/step, "
-        f"grad accumulation {global_batch // (training.local_batch_size * batch_degree)}",
+        f"global {sequences} sequences = {tokens:,} tokens/step, "
+        f"grad accumulation {sequences // (training.local_batch_size * batch_degree)}",
         f"compile      {'on: ' + ', '.join(config.compile.components) if config.compile.enable else 'off'}",
         f"act. ckpt    {activation_checkpointing(config.activation_checkpoint)}",
         f"checkpoint   DCP, async_mode={config.checkpoint.async_mode}",
@@ -101,17 +101,40 @@ def check_model_layout(config: Any) -> None:
     )
 
 
+def global_batch(config: Any, dims: Any) -> int:
+    """The sequences one optimizer step reads over every data-parallel rank, as
+    ``Trainer.__init__`` sizes it: ``training.global_batch_size``, or where it is unset
+    (-1) the local batch x the data-parallel degree (``dp_replicate x dp_shard``)."""
+    training = config.training
+    batch = training.global_batch_size
+    if batch < 0:
+        batch = training.local_batch_size * dims.dp_replicate * dims.dp_shard
+    return int(batch)
+
+
+def rows_per_step(config: Any, world_size: int) -> int:
+    """:func:`global_batch` of ``config`` on ``world_size`` ranks (TorchTitan's
+    ``ParallelDims`` resolves ``dp_shard=-1``), before anything is built: the rollouts a
+    step of online RL trains on (local batch x data-parallel ranks x gradient
+    accumulation)."""
+    from torchtitan.distributed import ParallelDims
+
+    try:
+        dims = ParallelDims.from_config(config.parallelism, world_size)
+    except AssertionError as error:
+        raise ValueError(f"parallelism does not fit {world_size} ranks: {error}") from error
+    return global_batch(config, dims)
+
+
 def _check_layout(config: Any, dims: Any) -> int:
     """The global batch in sequences, after the divisibility checks ``Trainer.__init__``
     asserts (batch over data-parallel ranks, sequence over TP/CP, microbatches, stages)."""
     par, training = config.parallelism, config.training
     batch_degree = dims.dp_replicate * dims.dp_shard
-    global_batch = training.global_batch_size
-    if global_batch < 0:
-        global_batch = training.local_batch_size * batch_degree
-    if global_batch % (training.local_batch_size * batch_degree):
+    global_batch_size = global_batch(config, dims)
+    if global_batch_size % (training.local_batch_size * batch_degree):
         raise ValueError(
-            f"training.global_batch_size {global_batch} is not a multiple of "
+            f"training.global_batch_size {global_batch_size} is not a multiple of "
             f"local_batch_size {training.local_batch_size} x data-parallel degree {batch_degree}"
         )
     divisor = (dims.tp if par.enable_sequence_parallel else 1) * (2 * dims.cp if dims.cp > 1 else 1)
@@ -132,7 +155,7 @@ def _check_layout(config: Any, dims: Any) -> int:
     refusal = expert_parallel_refusal(config)
     if refusal is not None:
         raise ValueError(refusal)
-    return global_batch
+    return global_batch_size
 
 
 def expert_lines(model: Any, dims: Any) -> list[str]:

@@ -4,8 +4,9 @@ Example::
 
     apply_overrides(backend.config, ["training.seq_len=4096", "optimizer.lr=3e-4"])
 
-Each ``KEY.PATH=VALUE`` walks attributes of dataclasses and objects, and keys of
-mappings; the value is read as YAML (``4096``, ``3e-4``, ``true``, ``null``, ``[1, 2]``,
+Each ``KEY.PATH=VALUE`` walks attributes of dataclasses and objects, keys of mappings
+and indices of lists (``optimizer.param_groups.0.optimizer_kwargs.weight_decay=0.0``);
+the value is read as YAML (``4096``, ``3e-4``, ``true``, ``null``, ``[1, 2]``,
 plain strings) and must fit the type of the value it replaces (an ``int`` field takes
 ``4096``, not ``"fast"``; a float field takes an int). An unknown name is an error that
 lists the names at that level. A config object with its own ``apply_override(key,
@@ -16,7 +17,7 @@ itself.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping, MutableSequence
 from typing import Any, cast
 
 import yaml
@@ -38,6 +39,8 @@ def _names(obj: Any) -> list[str]:
     if isinstance(obj, MutableMapping):
         keys: Iterable[Any] = cast(MutableMapping[Any, Any], obj)
         return sorted(map(str, keys))
+    if isinstance(obj, MutableSequence):
+        return [str(i) for i in range(len(cast(MutableSequence[Any], obj)))]
     if dataclasses.is_dataclass(obj):
         return [f.name for f in dataclasses.fields(obj)]
     if not hasattr(obj, "__dict__"):
@@ -55,12 +58,16 @@ def _has(obj: Any, name: str) -> bool:
 def _get(obj: Any, name: str) -> Any:
     if isinstance(obj, MutableMapping):
         return cast(MutableMapping[str, Any], obj)[name]
+    if isinstance(obj, MutableSequence):
+        return cast(MutableSequence[Any], obj)[int(name)]
     return getattr(obj, name)
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
     if isinstance(obj, MutableMapping):
         obj[name] = value
+    elif isinstance(obj, MutableSequence):
+        cast(MutableSequence[Any], obj)[int(name)] = value
     else:
         setattr(obj, name, value)
 

@@ -484,6 +484,8 @@ class Driver:
         """Tear down (``shutdown.end_run``), then release the run directory."""
         end_run(self.backend, self._checkpoints.saver, self._guarded_hooks, error)
         if self._lock is not None:  # a run that failed at once leaves no run directory
-            refused = isinstance(error, UsageError) and not self._training
+            # bad input found before the first step ended (a reward function that raises
+            # on the first rollouts) is refused like bad input found before training
+            refused = isinstance(error, UsageError) and (not self._training or self.step == 0)
             self._lock.release(remove_if_unused=error is not None, remove_created=refused)
             self._lock = None

@@ -43,6 +43,20 @@ A metric whose weight is not the loss's items (TRL's DPO accuracies over pairs, 
 clipped fraction over tokens) is returned as ``step.WeightedMean(total, weight)``: its
 totals and weights are added over micro-batches and ranks in that same all-reduce, and
 the step logs ``total / weight`` (without ``mean_over``: each micro-batch's mean).
+
+Online RL (an objective that samples rollouts each step, GRPO): ``data`` is
+``rollout_rows.RolloutRows``, each step this rank's share of the rollout phase's batch,
+and the backend gives the phase its two collectives: ``gather_weights()`` (the model's
+weights by Hugging Face name on rank 0: ``gathered_weights.py``) and ``broadcast(value)``
+(rank 0's value on every rank)::
+
+    rows = RolloutRows(batch_size=8)
+    backend = FabricBackend(model, optimizer, rows, loss_fn=ObjectiveLoss(run),
+                            mean_over=ObjectiveItems(run))
+    phase = build_rollout_phase(..., gather_weights=backend.gather_weights,
+                                broadcast=backend.broadcast)
+    rows.read_from(lambda: phase.current)
+    Driver(backend, callbacks, rollouts=phase)
 """
 
 from __future__ import annotations
@@ -104,7 +118,8 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
             ``fabric.init_module`` so FSDP can build it sharded).
         optimizer: ``optimizer(model) -> Optimizer`` called with the set-up model.
         data: the training batches: any ``DataLoader`` (torchdata's ``StatefulDataLoader``
-            for an exact data position on resume) or re-iterable of batches.
+            for an exact data position on resume) or re-iterable of batches; or
+            ``RolloutRows``, each step's rollouts (see the module docs).
         loss_fn: ``loss_fn(model, batch) -> loss`` (see the module docs).
         training_step: ``training_step(model, batch)`` instead of ``loss_fn``: a loss or a
             dict with ``loss`` and other metrics (see the module docs).
@@ -135,7 +150,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         self,
         model: nn.Module | ModelFactory | None = None,
         optimizer: OptimizerFactory | torch.optim.Optimizer | None = None,
-        data: Iterable[Any] | None = None,
+        data: Iterable[Any] | RolloutRows | None = None,
         *,
         loss_fn: StepFn | None = None,
         training_step: StepFn | None = None,

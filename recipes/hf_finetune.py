@@ -287,7 +287,7 @@ def recipe(
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
         scheduler=scheduler,
         data=train,
-        eval_data=val or None,
+        eval_data=val,
         loss_fn=loss_fn,
         mean_over=mean_over,
         describe={"model": config.model_type, "hidden_size": config.hidden_size},

@@ -118,3 +118,27 @@ def test_two_ddp_ranks_gather_the_export_on_the_first(grpo_assets, tmp_path, mon
     assert [rank["gathered"] for rank in ranks] == [True, False]
     exported = export(run_dir / "checkpoints" / "step_000002", tmp_path / "hf")
     assert_same(load_file(f"{out}.gathered.safetensors"), exported)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fsdp2", "fsdp1"])
+def test_sharded_weights_are_gathered_whole_on_the_first_rank(tmp_path, mode):
+    """A tiny Llama with tied embeddings sharded over 2 CPU ranks as Fabric's sharded
+    strategies hold it (FSDP 2, FSDP 1 inside Fabric's module wrapper): the first rank
+    gathers every weight whole, by the names the export writes (the tied ``lm_head``
+    left out), equal to the unsharded model's; the other rank gets ``None``. (Fabric's
+    own ``fsdp`` strategy needs GPUs.)"""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from support.tiny_llama import save_tiny_llama
+    from support.torchrun import torchrun
+
+    source = save_tiny_llama(tmp_path / "llama", tie=True)
+    out = tmp_path / "out"
+    torchrun(HERE / "gather_sharded_worker.py", mode, str(source), str(out), timeout=300)
+    ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
+    assert [rank["gathered"] for rank in ranks] == [True, False]
+    whole = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+    expected = {name: tensor for name, tensor in whole.items() if name != "lm_head.weight"}
+    assert_same(load_file(f"{out}.safetensors"), expected)

@@ -15,7 +15,8 @@ Qwen3-MoE's experts fused, the layout a generator built from the same config hol
   step: a generator copies them);
 - FSDP (``fsdp``, ``ModelParallelStrategy``): a collective over every rank
   (``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with
-  ``full_state_dict`` and ``cpu_offload``), whole host tensors on rank 0 only.
+  ``full_state_dict``; on an accelerator with ``cpu_offload``: whole host tensors on
+  rank 0 only), kept on rank 0.
 
 Example::
 
@@ -45,7 +46,10 @@ def full_state_dict(parts: TrainingParts, *, sharded: bool, rank: int) -> dict[s
 
     # the module as the strategy wrapped it: FSDP 1's root holds the unwrapped parameters
     module = getattr(parts.model, "_forward_module", parts.model)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    # on an accelerator the whole tensors come to rank 0's host only; a model already on
+    # the host is gathered on every rank (FSDP 1's offload of host tensors crashes)
+    on_host = all(p.device.type == "cpu" for p in module.parameters())
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not on_host)
     state = get_model_state_dict(module, options=options)
     return state if rank == 0 else None
 

@@ -69,8 +69,8 @@ class PostTraining:
 
     #: a resumable global order of packed rows (``GlobalBatches``)
     train: Any
-    #: a fixed tail of rows, as batches, for evaluation
-    val: list[dict[str, torch.Tensor]]
+    #: a fixed tail of rows, as batches, for evaluation (``None``: nothing held out)
+    val: list[dict[str, torch.Tensor]] | None
     #: the objective's loss (the model's own cross entropy, or an ``ObjectiveLoss``)
     loss_fn: Callable[..., Any]
     #: what the loss is a mean over in the global batch (``ObjectiveItems``)
@@ -206,7 +206,7 @@ def post_training(
         keys += ["moe/aux_loss", "moe/load_balance"]
     if data is None:  # each step's rows: the rollout phase's batch
         rows = RolloutRows(batch_size)
-        return PostTraining(rows, [], ObjectiveLoss(run, balance), ObjectiveItems(run), {}, keys)
+        return PostTraining(rows, None, ObjectiveLoss(run, balance), ObjectiveItems(run), {}, keys)
     reference, settings = None, {}
     if run.reference_use is ReferenceUse.STORED:
         reference, fingerprint = stored_reference(

@@ -84,6 +84,17 @@ def test_first_grpo_step_equals_trl(grpo_assets, loss_type, beta, tmp_path):
         assert first[name] == pytest.approx(trl[name], rel=1e-6), name
 
 
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_micro_batches_leave_the_step_as_trl_s(grpo_assets, loss_type, tmp_path):
+    """The 16 rollouts as 4 micro-batches of 4 (``--grad-accum 4``): the loss is still
+    the mean over the global batch, so the step is TRL's on all 16 at once."""
+    files = grpo_assets["files"]
+    flags = fixed_flags(files, tmp_path / "run", "--grad-accum", "4", loss_type=loss_type)
+    flags[flags.index("--batch-size") + 1] = "4"
+    first = fit(flags).metrics[1]
+    check_step(first, grpo_assets["reference"](loss_type=loss_type, beta=0.0, steps=1)[0], 0.0)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_second_iteration_on_the_same_rollouts_equals_trl(grpo_assets, beta, tmp_path):
     """``--num-iterations 2``: step 2 trains on step 1's rollouts again, against their

@@ -21,8 +21,8 @@ prepare``) or ``.jsonl``/``.parquet``/``.txt`` files, and the tokenizer's vocabu
 fit the model's.
 
 Post-training (``--objective NAME``: any objective ``baton.core.objectives`` declares
-over prepared conversations or preference pairs, e.g. sft and dpo; ``--help`` lists them
-with their settings' flags) reads data packed by ``baton data prepare --seq-len N`` with
+over prepared conversations or preference pairs, e.g. sft and dpo, or over prompts, grpo;
+``--help`` lists them with their settings' flags) reads data packed by ``baton data prepare --seq-len N`` with
 ``--data-path PREFIX --tokenizer DIR``; rows hold the data's own ``seq_len``. Packed
 rows go to the model as ``input_ids``, ``position_ids`` restarting in each document
 (``transformers`` then keeps attention inside each document) and labels of -100 where a
@@ -40,6 +40,19 @@ uv run baton run recipes/hf_finetune.py --objective sft --init-from hf_model \
     --data-path data/chat --tokenizer hf_model
 uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
     --data-path data/pairs --tokenizer sft_export --dpo-beta 0.1
+
+Online RL (``--objective grpo``: TRL's GRPO family) reads prompts prepared by ``baton data
+prepare PROMPTS.jsonl``: before each step the first rank samples ``--num-generations``
+completions of each prompt with a ``transformers`` model holding the policy's current
+weights (gathered in memory by their Hugging Face names, no file written), scores them
+with the ``--reward`` functions, and every rank trains its share of the rollouts. A step
+trains ``--batch-size`` x ranks x ``--grad-accum`` rollouts (``--num-generations`` must
+divide them); rows are ``--seq-len`` long, at least ``--max-prompt-length`` +
+``--max-completion-length``. Each step's rollouts go to ``logs/rollouts.jsonl``.
+
+uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export \
+    --data-path data/prompts --tokenizer sft_export --reward rewards.py:correct \
+    --num-generations 8 --batch-size 16 --max-completion-length 256 --seq-len 768
 """
 
 from __future__ import annotations
@@ -55,10 +68,19 @@ from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.hf_posttrain import post_training
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.moe import with_moe_metrics
+from baton.backends.fabric.online_rl import fabric_rollout_phase
+from baton.backends.fabric.rollout_rows import RolloutRows
 from baton.backends.fabric.text import text_loaders
-from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMonitor
+from baton.callbacks import (
+    Checkpoint,
+    CompositeLogger,
+    Progress,
+    RolloutRecords,
+    ThroughputMonitor,
+)
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
+from baton.core.cli.dry_run import is_planning
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import EpochFactor, WarmupCosine
 from baton.core.model.spec import FAMILIES, ModelSpec, check_init_from
@@ -127,14 +149,18 @@ def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> 
     return loader, [as_lm_batch(list(zip(x, y, strict=True))) for x, y in fixed]
 
 
-def run_callbacks(keys: list[str], *, save_every: int, progress: bool) -> list[Callback]:
+def run_callbacks(
+    keys: list[str], *, save_every: int, progress: bool, rollouts: bool = False
+) -> list[Callback]:
     """This recipe's callbacks: checkpoints (the last two kept), throughput, the JSON Lines
-    log and a console line of ``keys``, and the progress bar."""
+    log and a console line of ``keys``, the progress bar, and on a run that samples
+    rollouts their records (``logs/rollouts.jsonl``)."""
     return [
         Checkpoint(every_n_steps=save_every or None, keep_last=2),
         ThroughputMonitor(),
         CompositeLogger(["jsonl", ConsoleSink(keys)]),
         *([Progress()] if progress else []),
+        *([RolloutRecords()] if rollouts else []),
     ]
 
 
@@ -179,8 +205,10 @@ def recipe(
         min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
             --lr / 10; pretraining).
         warmup_steps: steps of linear warmup (at most --max-steps; pretraining).
-        batch_size: sequences per step and rank.
-        seq_len: tokens per sequence.
+        batch_size: sequences per step and rank (rollouts per micro-batch and rank for
+            an objective that samples them).
+        seq_len: tokens per sequence (for an objective that samples rollouts, at least
+            the longest prompt and completion).
         grad_accum: micro-batches accumulated per optimizer step.
         grad_clip: gradient norm clipping threshold (0: no clipping).
         precision: Lightning precision: 32-true, bf16-mixed, 16-mixed.
@@ -196,12 +224,14 @@ def recipe(
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none).
+        eval_every: steps between evaluations (0: none; an objective that samples
+            rollouts holds nothing out).
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
-        objective: what a step minimises: pretrain (next token over text) or an objective
-            over prepared conversations or pairs, with its settings' flags.
+        objective: what a step minimises: pretrain (next token over text), an objective
+            over prepared conversations or pairs, or one over completions it samples from
+            prepared prompts each step (grpo), with its settings' flags.
     """
     run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
@@ -271,12 +301,23 @@ def recipe(
             init_from=init_from,
         ),
     )
+    phase = None  # an objective on rollouts: sampled before each step from the weights
+    if isinstance(train, RolloutRows) and not is_planning():
+        assert data_path is not None and tokenizer is not None  # post_training checked
+        phase = fabric_rollout_phase(
+            run, backend, train, config, data_path=data_path, tokenizer=tokenizer,
+            init_from=init_from, seq_len=seq_len, seed=seed, accelerator=accelerator,
+        )  # fmt: skip
+    callbacks = run_callbacks(
+        keys + more_keys, save_every=save_every, progress=progress, rollouts=phase is not None
+    )
     return Driver(
         backend,
-        run_callbacks(keys + more_keys, save_every=save_every, progress=progress),
+        callbacks,
+        rollouts=phase,
         max_steps=max_steps,
         log_every=log_every,
-        eval_every=eval_every,
+        eval_every=0 if run.objective.rollouts else eval_every,  # nothing held out
         run_dir=run_dir,
         settings=settings,
         training_settings=run.objective.fixed_on_resume,

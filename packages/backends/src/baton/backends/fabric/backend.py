@@ -43,6 +43,20 @@ A metric whose weight is not the loss's items (TRL's DPO accuracies over pairs, 
 clipped fraction over tokens) is returned as ``step.WeightedMean(total, weight)``: its
 totals and weights are added over micro-batches and ranks in that same all-reduce, and
 the step logs ``total / weight`` (without ``mean_over``: each micro-batch's mean).
+
+Online RL (an objective that samples rollouts each step, GRPO): ``data`` is
+``rollout_rows.RolloutRows``, each step this rank's share of the rollout phase's batch,
+and the backend gives the phase its two collectives: ``gather_weights()`` (the model's
+weights by Hugging Face name on rank 0: ``gathered_weights.py``) and ``broadcast(value)``
+(rank 0's value on every rank)::
+
+    rows = RolloutRows(batch_size=8)
+    backend = FabricBackend(model, optimizer, rows, loss_fn=ObjectiveLoss(run),
+                            mean_over=ObjectiveItems(run))
+    phase = build_rollout_phase(..., gather_weights=backend.gather_weights,
+                                broadcast=backend.broadcast)
+    rows.read_from(lambda: phase.current)
+    Driver(backend, callbacks, rollouts=phase)
 """
 
 from __future__ import annotations
@@ -65,6 +79,7 @@ from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.evaluation import evaluate_batches
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
+from baton.backends.fabric.rollout_rows import RolloutRows, RolloutStream
 from baton.backends.fabric.runtime import (
     FabricRuntime,
     ModelFacts,
@@ -80,7 +95,7 @@ from baton.backends.fabric.step import (
     TimedDraws,
     split_loss,
 )
-from baton.backends.fabric.stream import DataPosition, LoaderStream, count_batch, shard_stream
+from baton.backends.fabric.stream import DataPosition, TrainingStream, count_batch, shard_stream
 from baton.backends.fabric.weights import load_weights
 from baton.backends.torch_model_state import TorchModelState
 from baton.core.abilities import Abilities
@@ -103,7 +118,8 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
             ``fabric.init_module`` so FSDP can build it sharded).
         optimizer: ``optimizer(model) -> Optimizer`` called with the set-up model.
         data: the training batches: any ``DataLoader`` (torchdata's ``StatefulDataLoader``
-            for an exact data position on resume) or re-iterable of batches.
+            for an exact data position on resume) or re-iterable of batches; or
+            ``RolloutRows``, each step's rollouts (see the module docs).
         loss_fn: ``loss_fn(model, batch) -> loss`` (see the module docs).
         training_step: ``training_step(model, batch)`` instead of ``loss_fn``: a loss or a
             dict with ``loss`` and other metrics (see the module docs).
@@ -134,7 +150,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         self,
         model: nn.Module | ModelFactory | None = None,
         optimizer: OptimizerFactory | torch.optim.Optimizer | None = None,
-        data: Iterable[Any] | None = None,
+        data: Iterable[Any] | RolloutRows | None = None,
         *,
         loss_fn: StepFn | None = None,
         training_step: StepFn | None = None,
@@ -205,7 +221,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         )
 
     @property
-    def stream(self) -> LoaderStream | None:
+    def stream(self) -> TrainingStream | None:
         """This rank's training stream (``None`` before ``setup``)."""
         return self.position.stream
 
@@ -241,13 +257,20 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         scheduler = self.scheduler_source(optimizer) if self.scheduler_source is not None else None
         schedulers = (scheduler,) if scheduler is not None else ()
         self.parts = TrainingParts(raw_model, model, (optimizer,), schedulers)
-        self.position.stream = shard_stream(fabric, self._training_data(), self.config.on_epoch_end)
+        self.position.stream = self._stream_of(fabric, self._training_data())
         self._as_built = AsBuilt.take(optimizer, schedulers)
 
-    def _training_data(self) -> Iterable[Any]:
+    def _training_data(self) -> Iterable[Any] | RolloutRows:
         if self.data is None:
             raise ValueError("FabricBackend needs training data: data=DataLoader(...) or a list")
         return self.data
+
+    def _stream_of(self, fabric: Any, data: Iterable[Any] | RolloutRows) -> TrainingStream:
+        """This rank's stream of the training data: its share of each step's rollouts
+        (``RolloutRows``), else batches of the user's iterable (``shard_stream``)."""
+        if isinstance(data, RolloutRows):
+            return data.shard(fabric.global_rank, fabric.world_size, self.config.grad_accum)
+        return shard_stream(fabric, data, self.config.on_epoch_end)
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
@@ -304,7 +327,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
             self._losses = BatchLoss(self.training_step, self.loss_fn)
         return self._losses
 
-    def _built(self) -> tuple[TrainingParts, LoaderStream]:
+    def _built(self) -> tuple[TrainingParts, TrainingStream]:
         """What ``setup`` built: the parts and the training stream."""
         assert self.parts is not None and self.position.stream is not None
         return self.parts, self.position.stream
@@ -317,10 +340,31 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         parts.optimizer.zero_grad(set_to_none=True)
 
     def skip_data(self, steps: int) -> None:
-        """Draw and discard ``steps`` optimizer steps' worth of batches."""
+        """Draw and discard ``steps`` optimizer steps' worth of batches (rollouts have
+        none to skip: ``rollout_rows.RolloutStream.skip``)."""
         stream = self._built()[1]
+        if isinstance(stream, RolloutStream):
+            stream.skip(steps)
+            return
         for _ in range(steps * self.config.grad_accum):
             stream.next()
+
+    # -- online RL: the rollout phase's collectives ------------------------------------
+    def gather_weights(self) -> dict[str, torch.Tensor] | None:
+        """The model's current weights as whole tensors by their Hugging Face names (the
+        names and tensors ``baton export`` writes) on global rank 0, ``None`` on the other
+        ranks; gathered over FSDP's shards (``gathered_weights.py``). A collective under
+        a sharded strategy: every rank calls it."""
+        from baton.backends.fabric.gathered_weights import gather_hf_weights
+
+        parts = self._built()[0]
+        return gather_hf_weights(parts, sharded=self.runtime.sharded, rank=self.runtime.rank)
+
+    def broadcast(self, value: Any) -> Any:
+        """Global rank 0's ``value`` on every rank (a collective, through Fabric)."""
+        from baton.backends.fabric.gathered_weights import broadcast_object
+
+        return broadcast_object(self.runtime.fabric, value)
 
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self) -> Mapping[str, Any]:

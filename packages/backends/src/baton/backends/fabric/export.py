@@ -51,7 +51,7 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     config: dict[str, Any] = json.loads(hf_config.read_text())
     weights = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
     model = _check_fit(hf_config.parent, weights, state_file)
-    tied = _tied(model)
+    tied = tied_names(model)
     own = {name: tensor for name, tensor in weights.items() if name not in tied}
     return write_model(
         out_dir, saved_layout(model, own), config, tokenizer=run_tokenizer(checkpoint)
@@ -66,7 +66,7 @@ def saved_layout(model: Any, weights: dict[str, Any]) -> dict[str, Any]:
     return dict(revert_weight_conversion(model, dict(weights)))
 
 
-def _tied(model: Any) -> set[str]:
+def tied_names(model: Any) -> set[str]:
     """The names of ``model``'s weights tied to another (not written)."""
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     return tied if getattr(model.config, "tie_word_embeddings", False) else set()
@@ -81,7 +81,7 @@ def _check_fit(config_dir: Path, weights: dict[str, Any], state_file: Path) -> A
     config = transformers.AutoConfig.from_pretrained(config_dir)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
-    tied = _tied(model)
+    tied = tied_names(model)
     expected = set(model.state_dict())
     missing = [name for name in expected - set(weights) if name not in tied]
     unexpected = sorted(set(weights) - expected)

@@ -1,8 +1,13 @@
 """A post-training run of a Hugging Face causal LM on the Fabric backend, for any
 objective of ``baton.core.objectives`` that reads packed rows (``baton data prepare
---seq-len N``): the checks of the data, tokenizer and model, a stored reference's
-log-probabilities (computed once, stored beside the data), and the loaders, loss and
-recorded settings a ``FabricBackend`` and ``Driver`` are built from.
+--seq-len N``) or samples rollouts from prepared prompts: the checks of the data,
+tokenizer and model, a stored reference's log-probabilities (computed once, stored
+beside the data), and the loaders, loss and recorded settings a ``FabricBackend`` and
+``Driver`` are built from.
+
+An objective that samples rollouts (GRPO) trains on each step's rollouts: its training
+data is ``rollout_rows.RolloutRows`` (the rollout phase's batch, which ``online_rl.py``
+builds once the backend exists), with nothing held out for evaluation.
 
 What the objective declares decides everything: the data it reads, whether it compares
 with a reference (``ReferenceUse.STORED``), and its loss: the model's own cross entropy
@@ -43,6 +48,7 @@ from baton.backends.fabric.posttrain import (
     cross_entropy_loss,
     reference_logps,
 )
+from baton.backends.fabric.rollout_rows import RolloutRows
 from baton.backends.reference_logps import stored_or_computed
 from baton.backends.reference_model import (
     check_reference,
@@ -54,6 +60,7 @@ from baton.core.model.spec import ModelSpec
 from baton.core.objectives import ObjectiveRun, ReferenceUse
 from baton.data import DataError, load_tokenizer
 from baton.data.packed import PackedDataset, check_objective
+from baton.data.prompts import PreparedPrompts
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,8 @@ class PostTraining:
 
     #: a resumable global order of packed rows (``GlobalBatches``)
     train: Any
-    #: a fixed tail of rows, as batches, for evaluation
-    val: list[dict[str, torch.Tensor]]
+    #: a fixed tail of rows, as batches, for evaluation (``None``: nothing held out)
+    val: list[dict[str, torch.Tensor]] | None
     #: the objective's loss (the model's own cross entropy, or an ``ObjectiveLoss``)
     loss_fn: Callable[..., Any]
     #: what the loss is a mean over in the global batch (``ObjectiveItems``)
@@ -168,23 +175,22 @@ def post_training(
     accelerator: str,
 ) -> PostTraining:
     """``run``'s training of the model of ``config`` (a ``transformers`` config; ``spec``
-    its model spec, if any) on the packed data at ``data_path``, prepared with
-    ``tokenizer``; a stored reference is ``--reference`` or else ``init_from``. Bad input
-    is a ``UsageError`` or ``DataError`` naming the fix."""
+    its model spec, if any) on the packed data (or, for an objective on rollouts, the
+    prompts) at ``data_path``, prepared with ``tokenizer``; a stored reference is
+    ``--reference`` or else ``init_from``. Bad input is a ``UsageError`` or ``DataError``
+    naming the fix."""
     if data_path is None or tokenizer is None:
         raise UsageError(
             f"--objective {run.name} needs --data-path PREFIX (made by `baton data prepare "
             "... --seq-len N`) and --tokenizer DIR"
         )
-    if run.objective.rollouts:
-        raise UsageError(
-            f"--objective {run.name} samples completions every step, which Fabric's "
-            "post-training does not run yet; choose an objective over prepared data"
-        )
     check_objective(data_path, run.name)
-    data = PackedDataset(data_path)
     info = load_tokenizer(tokenizer)
-    if info.fingerprint != data.manifest["tokenizer"]["fingerprint"]:
+    # prompts (an objective on rollouts) are the rollout phase's to read
+    data = None if run.objective.rollouts else PackedDataset(data_path)
+    if data is None:
+        PreparedPrompts(data_path).check_tokenizer(info)
+    elif info.fingerprint != data.manifest["tokenizer"]["fingerprint"]:
         raise DataError(
             f"{data.prefix} was prepared with another tokenizer than {tokenizer}; pass the "
             "tokenizer the data was prepared with, or prepare the data again"
@@ -198,6 +204,9 @@ def post_training(
     if spec is not None and spec.moe is not None:  # its load-balancing term, padding excluded
         balance = RouterBalance(config, aux_loss_coef=spec.moe.aux_loss_coef)
         keys += ["moe/aux_loss", "moe/load_balance"]
+    if data is None:  # each step's rows: the rollout phase's batch
+        rows = RolloutRows(batch_size)
+        return PostTraining(rows, None, ObjectiveLoss(run, balance), ObjectiveItems(run), {}, keys)
     reference, settings = None, {}
     if run.reference_use is ReferenceUse.STORED:
         reference, fingerprint = stored_reference(

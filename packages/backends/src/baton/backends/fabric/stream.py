@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from baton.backends.fabric.elastic import GlobalBatches
 from baton.core.backend import DataExhausted
@@ -195,6 +195,20 @@ class LoaderStream:
 _ORDER_ATTRIBUTES = ("generator", "sampler", "batch_sampler", "_sampler")
 
 
+class TrainingStream(Protocol):
+    """What a Fabric step draws its batches from: a ``LoaderStream`` over the user's
+    data, or a ``rollout_rows.RolloutStream`` of each step's rollouts; its position goes
+    into every checkpoint."""
+
+    def next(self) -> Any:
+        """The next batch."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class DataPosition:
     """Where a run's training data stands: the stream this rank reads and the samples
@@ -208,7 +222,7 @@ class DataPosition:
         position.samples += 32                                       # after a step
     """
 
-    stream: LoaderStream | None = None
+    stream: TrainingStream | None = None
     samples: int = 0
 
 

@@ -16,7 +16,7 @@ from baton.core.errors import UsageError
 from baton.core.rewards.function import Reward
 from baton.data import DataError
 from baton.data.prompts import PreparedPrompts
-from support.rollouts import WeightSource, make_phase, rollout_files
+from support.rollouts import WeightSource, grpo_settings, make_phase, rollout_files
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +170,12 @@ def test_bad_settings_are_refused_naming_the_fix(files):
         make_phase(files, num_generations=3, rows_per_step=8)
     with pytest.raises(UsageError, match="--num-generations 1: .* at least 2"):
         make_phase(files, num_generations=1, rows_per_step=8)
-    with pytest.raises(UsageError, match="pass --seq-len 44 or more"):
-        make_phase(files, seq_len=40)
     longest = PreparedPrompts(files["prompts"]).max_prompt_length
+    needed = (
+        longest + grpo_settings()["max_completion_length"]
+    )  # the rows hold the data's longest prompt and completion
+    with pytest.raises(UsageError, match=f"pass --seq-len {needed} or more"):
+        make_phase(files, seq_len=needed - 1)
     with pytest.raises(
         DataError, match=rf"longer than --max-prompt-length {longest - 1} .*the first: prompt \d+"
     ):

@@ -101,8 +101,7 @@ CASES = {
     ),
     "rows too short": (
         ["--seq-len", "30"],
-        "rows of 30 tokens cannot hold a prompt of --max-prompt-length 24 and a completion "
-        "of --max-completion-length 8; pass --seq-len 32 or more",
+        "rows of 30 tokens cannot hold the longest prompt of",
     ),
 }
 

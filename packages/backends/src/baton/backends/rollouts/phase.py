@@ -143,16 +143,19 @@ class RolloutPhase:
                 "step (batch size x data-parallel ranks x gradient accumulation); make the "
                 f"rollouts per step a multiple of {group}"
             )
-        longest = settings.max_prompt_length + settings.sampling.max_tokens
-        if seq_len < longest:
-            raise UsageError(
-                f"rows of {seq_len} tokens cannot hold a prompt of --max-prompt-length "
-                f"{settings.max_prompt_length} and a completion of --max-completion-length "
-                f"{settings.sampling.max_tokens}; pass --seq-len {longest} or more"
-            )
         if settings.num_iterations < 1:
             raise UsageError(f"--num-iterations must be at least 1, not {settings.num_iterations}")
         prompts.check_prompt_length(settings.max_prompt_length)
+        # the rows hold the data's longest prompt (at most --max-prompt-length) and the
+        # longest completion
+        longest = prompts.max_prompt_length + settings.sampling.max_tokens
+        if seq_len < longest:
+            raise UsageError(
+                f"rows of {seq_len} tokens cannot hold the longest prompt of {prompts.prefix} "
+                f"({prompts.max_prompt_length} tokens) and a completion of "
+                f"--max-completion-length {settings.sampling.max_tokens}; pass --seq-len "
+                f"{longest} or more"
+            )
         if is_first_rank and generator is None:
             raise ValueError("the first rank samples: give it a generator")
         self.prompts = prompts
@@ -446,7 +449,8 @@ def build_rollout_phase(
         seed: the seed of the prompt order and of the sampler.
         gather_weights, broadcast, is_first_rank: the backend's collectives and rank
             (see ``RolloutPhase``).
-        seq_len: the rows' length (default: ``max_prompt_length + max_completion_length``).
+        seq_len: the rows' length (default: the prompts' longest plus
+            ``max_completion_length``).
         device: where the generator and the reference run.
         rewards: the reward functions (default: built from ``reward`` and
             ``reward_weights``).
@@ -500,7 +504,7 @@ def build_rollout_phase(
         reference=reference,
         settings=rollout,
         rows_per_step=rows_per_step,
-        seq_len=seq_len or rollout.max_prompt_length + sampling.max_tokens,
+        seq_len=seq_len or data.max_prompt_length + sampling.max_tokens,
         decode=decode,
         gather_weights=gather_weights,
         broadcast=broadcast,

@@ -31,6 +31,7 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
+from baton.core.errors import UsageError
 from baton.core.model.spec import LlamaSpec
 from baton.core.objectives import DataKind, ObjectiveRun
 from baton.core.objectives.pretrain import PRETRAIN
@@ -192,7 +193,7 @@ class MegatronConfig:
     def data_parallel_size(self, world_size: int) -> int:
         tp, pp = self.parallel_sizes()
         if world_size % (tp * pp):
-            raise ValueError(
+            raise UsageError(
                 f"world size {world_size} is not divisible by tensor parallel {tp} x pipeline "
                 f"parallel {pp}; launch a multiple of {tp * pp} processes or change the sizes"
             )
@@ -202,10 +203,10 @@ class MegatronConfig:
         dp = self.data_parallel_size(world_size)
         per_step = self.micro_batch_size * dp
         if self.global_batch_size % per_step:
-            raise ValueError(
-                f"global_batch_size {self.global_batch_size} is not a multiple of "
-                f"micro_batch_size {self.micro_batch_size} x data parallel {dp}; "
-                f"use a multiple of {per_step}"
+            raise UsageError(
+                f"--global-batch-size {self.global_batch_size} is not a multiple of "
+                f"--batch-size {self.micro_batch_size} x data-parallel ranks {dp}; pass "
+                f"--global-batch-size {per_step} (or a multiple of it)"
             )
         return self.global_batch_size // per_step
 

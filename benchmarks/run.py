@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, str] = {
     "prepare": "benchmarks.prepare",
     "startup": "benchmarks.startup",
     "posttrain": "benchmarks.posttrain",
+    "grpo": "benchmarks.grpo",
 }
 
 

@@ -39,6 +39,7 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
         "prepare",
         "startup",
         "posttrain",
+        "grpo",
     }
     assert not [r for r in rows if r["note"].startswith("error")]
     for row in rows:
@@ -66,3 +67,5 @@ def test_quick_run_prints_every_benchmark(tmp_path) -> None:
     ):
         assert cases[("posttrain", case)]["ratio"] is not None
     assert cases[("startup", "baton data prepare, 0.5 MB JSON Lines")]["ratio"] is not None
+    assert cases[("grpo", "grpo step: baton fabric")]["ratio"] is not None
+    assert cases[("grpo", "split: fabric generation")]["value"] > 0

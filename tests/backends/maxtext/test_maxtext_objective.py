@@ -36,10 +36,12 @@ def focal_declaration() -> Objective:
 
 
 @pytest.fixture
-def focal_registered() -> Iterator[Objective]:
+def focal_registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[Objective]:
     """The focal objective registered by name, as a plugin registers its own; removed
-    afterwards (the registry is the process's)."""
+    afterwards, and any focal an earlier test loaded from its path restored (the registry
+    is the process's)."""
     focal = focal_declaration()
+    monkeypatch.delitem(OBJECTIVES._items, focal.name, raising=False)  # pyright: ignore[reportPrivateUsage]
     register_objective(focal)
     try:
         yield focal

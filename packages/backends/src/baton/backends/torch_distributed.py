@@ -156,6 +156,8 @@ class TorchDistributed:
     device its collectives and flags live on, and the rank, world size, ``barrier``,
     ``all_reduce_flags`` and ``fetch`` over them.
 
+    ``broadcast`` sends rank 0's object to every rank.
+
     ``device`` is the CPU until ``init_process_group`` picks ``cuda:LOCAL_RANK`` where
     CUDA is available; a backend whose framework chooses the device (TorchTitan's
     trainer) sets it.
@@ -253,6 +255,15 @@ class TorchDistributed:
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
         return all_reduce_flags(flags, self.device)
 
+    def broadcast(self, value: Any) -> Any:
+        """Global rank 0's ``value`` (any picklable object) on every rank; a collective
+        every rank calls. Without a group of two or more ranks, ``value`` itself."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, device=self.device)
+        return box[0]
+
     @staticmethod
     def fetch(values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""
@@ -285,6 +296,10 @@ class UsesTorchDistributed:
 
     def all_reduce_flags(self, flags: list[bool]) -> list[bool]:
         return self.runtime.all_reduce_flags(flags)
+
+    def broadcast(self, value: Any) -> Any:
+        """Global rank 0's ``value`` on every rank (a collective every rank calls)."""
+        return self.runtime.broadcast(value)
 
     def fetch(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Every tensor to the host in one transfer; plain numbers pass through."""

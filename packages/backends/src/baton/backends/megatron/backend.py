@@ -303,12 +303,6 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
             )
         return gather_hf_weights(self.chunks, self.config.spec)
 
-    def broadcast(self, value: Any) -> Any:
-        """Global rank 0's ``value`` on every rank (a collective)."""
-        from baton.backends.megatron.gathered_weights import broadcast_object
-
-        return broadcast_object(value)
-
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
         assert self.train_streams, "setup() must run before train_step()"

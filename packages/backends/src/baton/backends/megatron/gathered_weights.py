@@ -1,7 +1,7 @@
 """The model's current weights as whole tensors by their Hugging Face names on global rank
-0, and an object sent from global rank 0 to every rank: the two collectives a rollout
-phase calls (``baton.backends.rollouts.phase``: its generator loads the policy's weights
-by name; its batch reaches every rank).
+0: the collective a rollout phase calls for its generator (``baton.backends.rollouts.phase``:
+the generator loads the policy's weights by name; the runtime's ``broadcast`` then sends
+its batch to every rank).
 
 ``gather_hf_weights`` reads this rank's parameters as ``named_params`` lays them out
 (Megatron's global names, each tensor-parallel shard's slice of the global tensor, a
@@ -20,7 +20,7 @@ Example::
     weights = gather_hf_weights(backend.chunks, spec)   # every rank calls it
     if weights is not None:                             # global rank 0
         generator.load_weights(weights, version=step)
-    batch = broadcast_object(batch if rank == 0 else None)
+    batch = backend.broadcast(batch if rank == 0 else None)
 """
 
 from __future__ import annotations
@@ -81,12 +81,3 @@ def gather_hf_weights(chunks: list[Any], spec: ModelSpec) -> dict[str, torch.Ten
     if gathered is None:
         return None
     return megatron_to_hf(assemble([piece for part in gathered for piece in part]), spec)
-
-
-def broadcast_object(value: Any) -> Any:
-    """Global rank 0's ``value`` on every rank (a collective: every rank calls it)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -285,17 +285,6 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         assert self.trainer is not None, "call setup() first"
         return gather_hf_weights(self.trainer, keep=self.rank == 0)
 
-    def broadcast(self, value: Any) -> Any:
-        """Global rank 0's ``value`` on every rank (a collective every rank calls; on
-        one rank, ``value`` itself)."""
-        if self.world_size == 1:
-            return value
-        import torch.distributed as dist
-
-        box = [value]
-        dist.broadcast_object_list(box, src=0, device=self._device)
-        return box[0]
-
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:
         trainer, capture = self.trainer, self._capture

@@ -29,9 +29,7 @@ TINY = ["--max-steps", "2", "--layers", "1", "--d-model", "32", "--batch-size", 
         "--seq-len", "32", "--log-every", "1", "--eval-every", "0", "--no-progress"]  # fmt: skip
 
 
-def run_without(
-    missing: str, tmp_path: Path, *args: str
-) -> subprocess.CompletedProcess[str]:
+def run_without(missing: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     wrapper = tmp_path / "without_package.py"
     wrapper.write_text(WRAPPER)
     return subprocess.run(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from baton.core.errors import UsageError
 from baton.core.registry import Registry
@@ -111,22 +111,18 @@ def check_installed(name: str) -> None:
     )
 
 
-_S = TypeVar("_S")
-
-
-def installed_sinks(sinks: Sequence[_S]) -> list[_S]:
+def installed_sinks[S](sinks: Sequence[S]) -> list[S]:
     """``sinks`` (names or sink objects) without the named ones whose package is missing,
     each left out with one log line naming the package and how to add it: what a
     default set of sinks does, so that a default never stops a run."""
-    kept: list[_S] = []
+    kept: list[S] = []
     for sink in sinks:
         module = missing_package(sink) if isinstance(sink, str) else None
         if module is None:
             kept.append(sink)
             continue
         log.info(
-            "log sink %r left out: it needs the %s package, which is not installed; add it "
-            "with %s",
+            "log sink %r left out: it needs the %s package, which is not installed; add it with %s",
             sink,
             module,
             install_hint(str(sink), module),

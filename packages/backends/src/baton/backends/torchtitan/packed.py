@@ -93,6 +93,11 @@ class PackedRows(IterableDataset, Stateful):
             owner=type(self).__name__,
         )
 
+    @property
+    def items(self) -> RankItems:
+        """This rank's rows (checked against the batch by ``BatonDataLoader``)."""
+        return self.rows
+
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         for row in self.rows:
             yield row_sample(self.data, row, documents=self.documents)

@@ -40,7 +40,6 @@ uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.hf_posttrain import OBJECTIVE_SETTINGS, post_training
+from baton.backends.fabric.lr_schedule import lambda_scheduler
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.text import text_loaders
@@ -56,7 +56,7 @@ from baton.callbacks import Checkpoint, CompositeLogger, Progress, ThroughputMon
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 from baton.core.errors import UsageError
-from baton.core.lr_schedule import EpochFactor, WarmupCosine
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import FAMILIES, ModelSpec, check_init_from
 from baton.data import resolve_tokenizer
 
@@ -101,16 +101,6 @@ def window_output(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
     return model(input_ids=ids, labels=ids)
 
 
-def warmup_cosine(
-    lr: float, min_lr: float | None, warmup_steps: int, max_steps: int
-) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
-    """Baton's schedule shape (the same on every backend): linear warmup, cosine decay to
-    ``min_lr`` (default ``lr / 10``) at ``max_steps``, as a ``LambdaLR`` factory."""
-    floor = lr / 10 if min_lr is None else min_lr
-    shape = WarmupCosine(1.0, floor / lr if lr else 0.0, min(warmup_steps, max_steps), max_steps)
-    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, EpochFactor.of(shape))
-
-
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
     train, val = byte_splits(path)
     loader = StatefulDataLoader(
@@ -142,6 +132,7 @@ def recipe(
     make_tiny_model: bool = False,
     max_steps: int = 100,
     lr: float = 1e-3,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
     warmup_steps: int = 0,
     batch_size: int = 8,
@@ -175,11 +166,11 @@ def recipe(
         model_config: the architecture: a config.json or its directory (None: --init-from's).
         make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
         max_steps: optimizer steps to train.
-        lr: AdamW's peak learning rate (after warmup; no weight decay; constant for
-            --objective sft and dpo).
-        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10; pretraining).
-        warmup_steps: steps of linear warmup (at most --max-steps; pretraining).
+        lr: AdamW's peak learning rate (after warmup; no weight decay).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: cosine for pretrain, constant for sft and dpo).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and rank.
         seq_len: tokens per sequence.
         grad_accum: micro-batches accumulated per optimizer step.
@@ -223,6 +214,10 @@ def recipe(
         )
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    schedule = resolve_schedule(
+        objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     config = AutoConfig.from_pretrained(source)
     spec = None  # a spec family is recorded as baton's model spec; other models are not
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
@@ -233,7 +228,8 @@ def recipe(
             f"--objective {objective} evaluates on a tail of its rows: --eval-split and "
             "--eval-data-path are for pretraining"
         )
-    settings = {"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {})
+    settings = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
+    settings |= {"model_spec": spec.to_dict()} if spec else {}
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if objective == "pretrain":
         train, val, loss_fn, more_keys = pretraining_data(
@@ -242,20 +238,19 @@ def recipe(
             eval_data_path=eval_data_path,
         )  # fmt: skip
         mean_over, recorded = None, ()
-        scheduler = warmup_cosine(lr, min_lr, warmup_steps, max_steps)
-    else:  # a constant learning rate
+    else:
         run = post_training(
             objective, config, spec, data_path=data_path, tokenizer=tokenizer,
             init_from=init_from, reference=reference, dpo_beta=dpo_beta, dpo_loss=dpo_loss,
             batch_size=batch_size, seed=seed, accelerator=accelerator,
         )  # fmt: skip
         train, val, loss_fn, more_keys = run.train, run.val, run.loss_fn, run.console_keys
-        mean_over, recorded, scheduler = run.mean_over, OBJECTIVE_SETTINGS, None
+        mean_over, recorded = run.mean_over, OBJECTIVE_SETTINGS
         settings |= run.settings
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
-        scheduler=scheduler,
+        scheduler=lambda_scheduler(schedule),
         data=train,
         eval_data=val,
         loss_fn=loss_fn,

@@ -33,6 +33,7 @@ from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
@@ -51,8 +52,9 @@ def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
-    warmup_steps: int = 5,
+    warmup_steps: int = 0,
     batch_size: int = 4,
     seq_len: int = 64,
     layers: int = 2,
@@ -96,9 +98,10 @@ def recipe(
     Args:
         max_steps: optimizer steps to train (MaxText's schedule length).
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: cosine for pretrain, constant for sft and dpo).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and data-parallel rank (MaxText's per-device
             batch is this over --tp).
         seq_len: tokens per sequence.
@@ -138,6 +141,10 @@ def recipe(
         overrides: further MaxText settings as key=value, applied last.
     """
     tokenizer = resolve_tokenizer(data_path, tokenizer, eval_data_path)  # the data names its own
+    schedule = resolve_schedule(
+        objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer
 
@@ -147,7 +154,7 @@ def recipe(
         "run_name": "maxtext_tiny",
         "steps": max_steps,  # MaxText's learning-rate schedule length
         "learning_rate": lr,
-        "learning_rate_final_fraction": (lr / 10 if min_lr is None else min_lr) / lr if lr else 0.0,
+        "learning_rate_final_fraction": schedule.floor / lr if lr else 0.0,
         "per_device_batch_size": per_device_batch(batch_size, tp),
         "max_target_length": seq_len,
         "base_num_decoder_layers": layers,
@@ -213,7 +220,8 @@ def recipe(
         dpo_loss=dpo_loss,
         reference=reference,
         init_from=init_from,
-        warmup_steps=warmup_steps,
+        warmup_steps=schedule.warmup_steps,
+        lr_schedule=schedule.decay,
     )
     callbacks = standard_callbacks(
         save_every=save_every or None,
@@ -228,5 +236,6 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
+        settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay}
+        | ({"model_spec": spec.to_dict()} if spec else {}),
     )

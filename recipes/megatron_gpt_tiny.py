@@ -38,6 +38,7 @@ from baton.backends.megatron.moe import moe_layout
 from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, resolve_spec
 from baton.data import resolve_tokenizer
 
@@ -45,8 +46,9 @@ from baton.data import resolve_tokenizer
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
-    warmup_steps: int = 10,
+    warmup_steps: int = 0,
     layers: int = 2,
     d_model: int = 64,
     heads: int = 4,
@@ -88,10 +90,12 @@ def recipe(
     ``--init-from HF_DIR`` that directory's architecture with its weights.
 
     Args:
-        max_steps: optimizer steps to train (the cosine decay spans them).
+        max_steps: optimizer steps to train (the schedule spans them).
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at (default: --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: cosine for pretrain, constant for sft and dpo).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         layers: transformer layers.
         d_model: model width (Megatron's hidden size).
         heads: attention heads.
@@ -133,6 +137,10 @@ def recipe(
         progress: show the progress bar.
     """
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     import torch
     import torch.nn.functional as F
 
@@ -169,16 +177,17 @@ def recipe(
         seq_len=seq_len,
         micro_batch_size=batch_size,
         global_batch_size=global_batch_size,
-        warmup_steps=min(warmup_steps, max_steps),
-        decay_steps=max_steps,
+        warmup_steps=schedule.warmup_steps,
+        decay_steps=schedule.total_steps,
+        decay_style=schedule.decay,  # pyright: ignore[reportArgumentType]
         position_embedding_type="rope" if llama else "learned_absolute",
         share_embeddings_and_output_weights=not llama,
         seed=seed,
     )
     if spec is not None:
         use_spec(config, spec)
-    config.optimizer.lr = lr
-    config.optimizer.min_lr = lr / 10 if min_lr is None else min_lr
+    config.optimizer.lr = schedule.peak
+    config.optimizer.min_lr = schedule.floor
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
     set_objective(config, objective, dpo_beta=dpo_beta, dpo_loss=dpo_loss, reference=reference)
@@ -197,5 +206,6 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every if objective == "pretrain" else 0,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {}),
+        settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay}
+        | ({"model_spec": spec.to_dict()} if spec else {}),
     )

@@ -51,7 +51,7 @@ from typing import Any
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_layout
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
-from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
+from baton.backends.torchtitan.lr_schedule import schedule_config
 from baton.backends.torchtitan.objective import (
     OBJECTIVE_SETTINGS,
     check_reference,
@@ -61,6 +61,7 @@ from baton.backends.torchtitan.objective import (
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.data import resolve_tokenizer
 
@@ -68,8 +69,9 @@ from baton.data import resolve_tokenizer
 def recipe(
     max_steps: int = 20,
     lr: float = 8e-4,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
-    warmup_steps: int = 2,
+    warmup_steps: int = 0,
     batch_size: int = 4,
     seq_len: int = 128,
     seed: int = 0,
@@ -102,9 +104,10 @@ def recipe(
     Args:
         max_steps: optimizer steps to train.
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: cosine for pretrain, constant for sft and dpo).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and data-parallel rank.
         seq_len: tokens per sequence.
         seed: seed of the weights and of the data order.
@@ -138,6 +141,10 @@ def recipe(
         progress: show the progress bar.
     """
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     config = llama3_debug(
         steps=max_steps,
         seq_len=seq_len,
@@ -181,11 +188,10 @@ def recipe(
         use_expert_bias(config, expert_bias)
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
-    floor = lr / 10 if min_lr is None else min_lr
-    config.lr_scheduler = warmup_cosine_config(warmup_steps, floor / lr if lr else 0.0)
+    config.lr_scheduler = schedule_config(schedule)
     config.checkpoint.async_mode = "async" if async_save else "disabled"
     fingerprint = reference_fingerprint(objective, reference, init_from)
-    settings: dict[str, Any] = {"tokenizer": tokenizer}
+    settings: dict[str, Any] = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
     if fingerprint is not None:  # a resume with other reference weights is refused

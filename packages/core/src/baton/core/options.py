@@ -33,6 +33,7 @@ TRAINING_SETTINGS: frozenset[str] = frozenset(
     {
         "lr",
         "learning_rate",
+        "lr_schedule",
         "min_lr",
         "min_lr_ratio",
         "warmup_steps",

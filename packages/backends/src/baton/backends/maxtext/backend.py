@@ -206,7 +206,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
 
         if self.config.warmup_steps is None:
             return train_utils.setup_train_loop(cfg, recorder)
-        with baton_schedule(self.config.warmup_steps):
+        with baton_schedule(self.config.warmup_steps, self.config.lr_schedule):
             return train_utils.setup_train_loop(cfg, recorder)
 
     # -- resuming with changed settings ---------------------------------------------
@@ -226,7 +226,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             return set()  # the recipe did not build this run's schedule for the new total
         hparams = self.hparams
         if self.config.warmup_steps is not None and self.rank == 0:
-            shape = shape_of(hparams, self.config.warmup_steps)
+            shape = shape_of(hparams, self.config.warmup_steps, self.config.lr_schedule)
             logging.getLogger("baton").info(shape.resume_line(self.optimizer_step()))
         return {"max_steps"}
 

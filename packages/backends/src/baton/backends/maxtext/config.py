@@ -169,10 +169,13 @@ class MaxTextConfig:
         init_from: where the starting weights come from (a Hugging Face directory or a
             checkpoint; loaded through ``load_parameters_path``): the default DPO
             reference's fingerprint is that of its files.
-        warmup_steps: with it, the learning rate follows baton's schedule shape (linear
-            warmup over these steps, cosine decay to ``learning_rate *
+        warmup_steps: with it, the learning rate follows baton's schedule (linear
+            warmup over these steps, then ``lr_schedule`` to ``learning_rate *
             learning_rate_final_fraction`` at ``learning_rate_schedule_steps``, the same
-            as every backend: ``lr_schedule``) instead of MaxText's own (``None``).
+            as every backend: ``baton.core.lr_schedule``) instead of MaxText's own
+            (``None``).
+        lr_schedule: what baton's schedule does after the warmup: ``constant``,
+            ``linear`` or ``cosine`` decay.
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
@@ -189,6 +192,7 @@ class MaxTextConfig:
     reference: str | None = None
     init_from: str | None = None
     warmup_steps: int | None = None
+    lr_schedule: str = "cosine"
 
     def __post_init__(self) -> None:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is

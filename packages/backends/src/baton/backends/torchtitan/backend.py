@@ -380,7 +380,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         """After ``load``: TorchTitan's scheduler kept only the restored step and its
         factor is this run's (built for ``training.steps``), so the warmup stays and the
         decay ends at the new total; says so. Returns the names applied."""
-        from baton.backends.torchtitan.lr_schedule import WarmupCosineConfig, shape_of
+        from baton.backends.torchtitan.lr_schedule import BatonScheduleConfig, shape_of
 
         trainer = self.trainer
         assert trainer is not None, "apply_changed_settings is called after setup"
@@ -390,7 +390,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         if changes["max_steps"][1] != total:
             return set()  # the recipe did not build this run's schedule for the new total
         schedule_config = self.config.lr_scheduler
-        if isinstance(schedule_config, WarmupCosineConfig) and self.rank == 0:
+        if isinstance(schedule_config, BatonScheduleConfig) and self.rank == 0:
             scheduler = trainer.lr_schedulers.schedulers[0]
             shape = shape_of(schedule_config, total, peak=float(scheduler.base_lrs[0]))
             logger.info(shape.resume_line(int(scheduler.last_epoch)))

@@ -22,7 +22,10 @@ fit the model's.
 
 Post-training (``--objective sft|dpo``) reads data packed by ``baton data prepare
 --seq-len N`` (conversations, or preference pairs) with ``--data-path PREFIX --tokenizer
-DIR``; rows hold the data's own ``seq_len``. Packed rows go to the model as
+DIR``; rows hold the data's own ``seq_len``. Every row trains unless rows are held out for
+evaluation with ``--eval-split F`` (the last rows) or ``--eval-data-path PREFIX``; the
+evaluation is the objective's loss over all of them (SFT: the mean over their
+supervised tokens; DPO: the mean over their pairs, with TRL's metrics). Packed rows go to the model as
 ``input_ids``, ``position_ids`` restarting in each document (``transformers`` then keeps
 attention inside each document) and labels of -100 where a token is not supervised. A
 step's loss is the mean over the supervised tokens (SFT) or the pairs (DPO) of the
@@ -149,7 +152,7 @@ def recipe(
     tokenizer: str | None = None,
     text_key: str = "text",
     log_every: int = 10,
-    eval_every: int = 50,
+    eval_every: int | None = None,
     save_every: int = 50,
     run_dir: str = "runs/hf_finetune",
     progress: bool = True,
@@ -181,14 +184,15 @@ def recipe(
         seed: seed of the data order and of new weights (--make-tiny-model, from scratch).
         data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
             .jsonl/.parquet/.txt files (None: the Python language reference).
-        eval_split: with --tokenizer: the fraction of the documents held out for
-            evaluation, the last ones (0: none); without it or --eval-data-path a tail of
-            4 batches of windows is kept from training for evaluation.
+        eval_split: with --tokenizer: the fraction of the documents (--objective sft,
+            dpo: of the packed rows) held out for evaluation, the last ones (0: none;
+            nothing is held out unless asked; byte runs evaluate on the text's tail).
         eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none).
+        eval_every: steps between evaluations (0: none; None: 50 where there is
+            evaluation data, else none).
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
@@ -223,11 +227,6 @@ def recipe(
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
-    if objective != "pretrain" and (eval_split or eval_data_path is not None):
-        raise UsageError(
-            f"--objective {objective} evaluates on a tail of its rows: --eval-split and "
-            "--eval-data-path are for pretraining"
-        )
     settings = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
     settings |= {"model_spec": spec.to_dict()} if spec else {}
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
@@ -243,6 +242,7 @@ def recipe(
             objective, config, spec, data_path=data_path, tokenizer=tokenizer,
             init_from=init_from, reference=reference, dpo_beta=dpo_beta, dpo_loss=dpo_loss,
             batch_size=batch_size, seed=seed, accelerator=accelerator,
+            eval_split=eval_split, eval_data_path=eval_data_path,
         )  # fmt: skip
         train, val, loss_fn, more_keys = run.train, run.val, run.loss_fn, run.console_keys
         mean_over, recorded = run.mean_over, OBJECTIVE_SETTINGS
@@ -266,6 +266,8 @@ def recipe(
             init_from=init_from,
         ),
     )
+    if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
+        eval_every = 50 if val is not None else 0
     return Driver(
         backend,
         run_callbacks(keys + more_keys, save_every=save_every, progress=progress),

@@ -38,7 +38,9 @@ prepared by ``baton data prepare ... --seq-len N`` (pass the same ``--seq-len``)
         --tokenizer tok/ --init-from tiny-llama/ --seq-len 96
 
 Their documents never attend to each other: TorchTitan's ``block_causal`` FlexAttention
-on a GPU, SDPA under the same document mask on CPU (``torchtitan_cpu_attention``).
+on a GPU, SDPA under the same document mask on CPU (``torchtitan_cpu_attention``). Every
+row trains unless ``--eval-split F`` (the last rows) or ``--eval-data-path PREFIX`` holds
+some out; ``--eval-every N`` then evaluates the objective's loss over all of them.
 
 Checkpoints: TorchTitan's DCP CheckpointManager under ``<run-dir>/checkpoints/step_NNNNNN``,
 every ``--save-every`` steps and at the end.
@@ -50,6 +52,7 @@ from typing import Any
 
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_layout
+from baton.backends.torchtitan.held_out import set_held_out
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
 from baton.backends.torchtitan.lr_schedule import schedule_config
 from baton.backends.torchtitan.objective import (
@@ -115,10 +118,12 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background (TorchTitan's async mode;
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
-        eval_every: steps between evaluations (0: none) with TorchTitan's validator.
+        eval_every: steps between evaluations (0: none) with TorchTitan's validator
+            (--objective sft, dpo: the objective's loss over the held-out rows).
         data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
-        eval_split: the fraction of the data's documents held out for evaluation, the
-            last ones (0: none).
+        eval_split: the fraction of the data's documents (--objective sft, dpo: packed
+            rows) held out for evaluation, the last ones (0: none; nothing is held out
+            unless asked).
         eval_data_path: evaluation data, of the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: bytes).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
@@ -155,16 +160,12 @@ def recipe(
         tokenizer=tokenizer,
         log_freq=log_every,
     )
-    if objective != "pretrain" and (eval_every or eval_split or eval_data_path is not None):
-        raise UsageError(
-            f"--objective {objective} trains on every row of its data: evaluation "
-            "(--eval-every, --eval-split, --eval-data-path) is for pretraining"
-        )
-    if eval_split or eval_data_path is not None:  # TorchTitan's validator, on local data
+    held_out = bool(eval_split or eval_data_path is not None)
+    if held_out and objective == "pretrain":  # TorchTitan's validator, on local data
         set_evaluation(
             config, data_path=data_path, eval_split=eval_split, eval_data_path=eval_data_path
         )
-    elif eval_every:
+    elif eval_every and not held_out:
         raise UsageError(
             f"--eval-every {eval_every} needs held-out data: pass --eval-split F (the last "
             "documents of --data-path) or --eval-data-path FILE_OR_PREFIX"
@@ -177,6 +178,8 @@ def recipe(
     elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
         set_vocab(config, tokenizer_vocab(tokenizer))
     use_objective(config, objective, data_path, dpo_beta=dpo_beta, dpo_loss=dpo_loss)
+    if held_out and objective != "pretrain":  # the last rows, or other prepared data
+        set_held_out(config, eval_split=eval_split, eval_data_path=eval_data_path)
     check_reference(reference, spec, data_path if objective == "dpo" else None)
     if init_from is not None and is_hf_dir(init_from):
         init_from_hf(config, init_from)

@@ -14,7 +14,7 @@ Example::
         init_from="sft_export", reference=None, dpo_beta=0.1, dpo_loss="sigmoid",
         batch_size=8, seed=0, accelerator="cpu",
     )
-    backend = FabricBackend(model, optimizer, run.train, eval_data=run.val,
+    backend = FabricBackend(model, optimizer, run.train, eval_data=run.val,  # None: none held
                             loss_fn=run.loss_fn, mean_over=run.mean_over)
     Driver(backend, callbacks, settings=run.settings, training_settings=OBJECTIVE_SETTINGS)
 """
@@ -42,7 +42,7 @@ from baton.backends.fabric.posttrain import (
 from baton.core.errors import UsageError
 from baton.core.model.spec import ModelSpec
 from baton.data import DataError, load_tokenizer
-from baton.data.packed import PackedDataset, check_objective
+from baton.data.packed import PackedDataset, check_objective, held_out_rows
 
 #: the recorded settings of a post-training run that a resume may not change
 OBJECTIVE_SETTINGS = frozenset({"objective", "dpo_beta", "dpo_loss", "reference_fingerprint"})
@@ -54,8 +54,8 @@ class PostTraining:
 
     #: a resumable global order of packed rows (``GlobalBatches``)
     train: Any
-    #: a fixed tail of rows, as batches, for evaluation
-    val: list[dict[str, torch.Tensor]]
+    #: the held-out rows (``--eval-split``, ``--eval-data-path``) as batches, or None
+    val: list[dict[str, torch.Tensor]] | None
     #: the objective's loss (``sft_loss`` or a ``DPOLoss``)
     loss_fn: Callable[..., Any]
     #: what the loss is a mean over in the global batch (supervised tokens or pairs)
@@ -130,25 +130,34 @@ def dpo_reference_logps(
 
 
 def packed_loaders(
-    data: PackedDataset, *, batch_size: int, seed: int, pad_id: int, reference: Any = None
-) -> tuple[Any, list[dict[str, torch.Tensor]]]:
-    """``(train, validation batches)``: ``GlobalBatches`` of packed rows (a resumable
-    global order) and a fixed tail of rows for evaluation."""
-    from torch.utils.data import Subset, default_collate
+    data: PackedDataset,
+    *,
+    batch_size: int,
+    seed: int,
+    pad_id: int,
+    reference: Any = None,
+    held: PackedDataset | None = None,
+    held_reference: Any = None,
+) -> tuple[Any, list[dict[str, torch.Tensor]] | None]:
+    """``(train, evaluation batches)``: ``GlobalBatches`` of every row of ``data`` (a
+    resumable global order) and, when rows are held out (``held``: ``held_out_rows``),
+    those rows in batches of ``batch_size``; nothing is held out unless asked."""
+    from torch.utils.data import default_collate
 
     from baton.backends.fabric.elastic import GlobalBatches
 
     rows = PackedRows(data, pad_id, reference=reference)
-    held = min(4 * batch_size, len(rows) // 10)
-    if len(rows) - held < batch_size:
+    if len(rows) < batch_size:
         raise UsageError(
-            f"{data.prefix} holds {len(rows)} rows, too few for batches of {batch_size}; "
-            "use a smaller --batch-size or more data"
+            f"{data.prefix} holds {len(rows)} rows to train on, too few for batches of "
+            f"{batch_size}; use a smaller --batch-size or more data"
         )
-    train = GlobalBatches(Subset(rows, range(len(rows) - held)), batch_size=batch_size, seed=seed)
-    tail = list(range(len(rows) - held, len(rows)))
+    train = GlobalBatches(rows, batch_size=batch_size, seed=seed)
+    if held is None:
+        return train, None
+    tail = PackedRows(held, pad_id, reference=held_reference)
     val = [
-        default_collate([rows[i] for i in tail[start : start + batch_size]])
+        default_collate([tail[i] for i in range(start, min(start + batch_size, len(tail)))])
         for start in range(0, len(tail), batch_size)
     ]
     return train, val
@@ -168,11 +177,15 @@ def post_training(
     batch_size: int,
     seed: int,
     accelerator: str,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
 ) -> PostTraining:
     """The ``objective`` (``sft`` or ``dpo``) run of the model of ``config`` (a
     ``transformers`` config; ``spec`` its model spec, if any) on the packed data at
     ``data_path``, prepared with ``tokenizer``; DPO's reference is ``reference`` or else
-    ``init_from``. Bad input is a ``UsageError`` or ``DataError`` naming the fix."""
+    ``init_from``. Rows are held out for evaluation only when asked: the last
+    ``eval_split`` of them, or the prepared data at ``eval_data_path`` (``held_out_rows``).
+    Bad input is a ``UsageError`` or ``DataError`` naming the fix."""
     from baton.backends.torch_objectives import DPO_LOSSES, DPO_METRICS
 
     if data_path is None or tokenizer is None:
@@ -199,8 +212,11 @@ def post_training(
     if spec is not None and spec.moe is not None:  # its load-balancing term, padding excluded
         balance = RouterBalance(config, aux_loss_coef=spec.moe.aux_loss_coef)
         moe_keys = ["moe/aux_loss", "moe/load_balance"]
+    trained, held = held_out_rows(data, eval_split=eval_split, eval_data_path=eval_data_path)
     if objective == "sft":
-        train, val = packed_loaders(data, batch_size=batch_size, seed=seed, pad_id=info.eod_id)
+        train, val = packed_loaders(
+            trained, batch_size=batch_size, seed=seed, pad_id=info.eod_id, held=held
+        )
         loss_fn = sft_loss if balance is None else MoESFTLoss(balance)
         return PostTraining(train, val, loss_fn, supervised_tokens, console_keys=moe_keys)
     source = reference or init_from
@@ -209,9 +225,15 @@ def post_training(
     logps, fingerprint = dpo_reference_logps(
         data, config, source, pad_id=info.eod_id, batch_rows=batch_size, accelerator=accelerator
     )
+    held_logps = logps  # held-out rows of the same data share its reference
+    if held is not None and held.whole is not data:  # --eval-data-path: its own, stored beside it
+        held_logps, _ = dpo_reference_logps(
+            held, config, source, pad_id=info.eod_id, batch_rows=batch_size, accelerator=accelerator
+        )
     train, val = packed_loaders(
-        data, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=logps
-    )
+        trained, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=logps,
+        held=held, held_reference=held_logps,
+    )  # fmt: skip
     return PostTraining(
         train,
         val,

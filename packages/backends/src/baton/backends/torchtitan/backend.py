@@ -62,6 +62,7 @@ from baton.backends.torchtitan.checkpoint_io import (
 )
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.evaluation import NO_VALIDATION, validate
+from baton.backends.torchtitan.held_out import HeldOut, holds_rows_out
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import check_model_layout, parallelism_plan
@@ -146,6 +147,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         self._model_state: TorchModelState | None = None
         self._batches: CountedBatches | None = None
         self._pairs: PairFeed | None = None
+        self._held: HeldOut | None = None
         self._profiler: Any = None
         self._steps_run = 0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
@@ -233,6 +235,10 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
 
             self._pairs = pair_feed(trainer, cfg, self.reference, self.reference_fingerprint)
             trainer.loss_fn.feed = self._pairs
+        self._held = HeldOut.of(  # post-training's held-out rows (and their reference), if any
+            trainer, cfg, pairs=self._pairs, source=self.reference,
+            fingerprint=self.reference_fingerprint,
+        )  # fmt: skip
 
     def _join_launch(self) -> None:
         """Rank and world from the launch (torchrun, SLURM, ``BATON_*`` or one process);
@@ -327,7 +333,10 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
 
     def evaluate(self) -> Mapping[str, Any]:
         """Run TorchTitan's validator (``config.validator``) and return its loss
-        (``evaluation.py``)."""
+        (``evaluation.py``); a post-training run's held-out rows: the objective's loss
+        over all of them (``held_out.py``)."""
+        if self._held is not None:
+            return self._held.evaluate(self.trainer, self.config.training.local_batch_size)
         return validate(self.trainer, self.config)
 
     # -- the model, its gradients and optimizer (model_state) --------------------------
@@ -357,8 +366,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
         dimension holds replicas to compare."""
         asynchronous = getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
         no_replica = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
+        evaluates = bool(self.config.validator.enable) or holds_rows_out(self.config)
         return Abilities(
-            evaluate=bool(self.config.validator.enable),
+            evaluate=evaluates,
             async_save=asynchronous,
             multi_rank=True,
             weight_checksums=True,
@@ -366,7 +376,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], TorchDistributed, B
             dry_run=True,
         ).refusing(
             weight_checksums=no_replica,
-            evaluate=None if self.config.validator.enable else NO_VALIDATION,
+            evaluate=None if evaluates else NO_VALIDATION,
         )
 
     # -- resuming with changed settings ---------------------------------------------

@@ -22,6 +22,9 @@ the batch reaches the model. A pair is two documents of one row, so it is never 
 across micro-batches or ranks. The state (epoch, next row) is saved by TorchTitan's
 ``CheckpointManager``.
 
+Every row trains unless rows are held out for evaluation (``eval_split``: the last rows,
+which training then leaves out; ``eval_data_path``: other data), ``held_out.py``.
+
 Example::
 
     cfg.dataloader = PackedDataLoader.Config(dataset_path="data/chat")
@@ -44,7 +47,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from baton.backends.torchtitan.data import BatonDataLoader, RankShare
 from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import DataError, load_tokenizer
-from baton.data.packed import PackedDataset
+from baton.data.packed import PackedDataset, held_out_rows
 
 #: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
 DOCUMENT_KEYS = ("segments", "documents")
@@ -136,13 +139,19 @@ class PackedDataLoader(BatonDataLoader):
         """Also yield each token's document and each document's sequence index (DPO)."""
         infinite: bool = True
         """Start again from the first row after the last one."""
+        eval_split: float = 0.0
+        """The fraction of the rows held out for evaluation (the last ones; 0: none);
+        training reads the rows before them (``held_out.set_held_out``)."""
+        eval_data_path: str | None = None
+        """Other prepared data to evaluate on (every row of ``dataset_path`` trains)."""
 
     @classmethod
     def build_dataset(
         cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PackedRows:
+        data = open_packed(cls.prepared_path(config), tokenizer, share.seq_len)
         return PackedRows(
-            open_packed(cls.prepared_path(config), tokenizer, share.seq_len),
+            held_out_rows(data, eval_split=config.eval_split)[0],  # the rows that train
             dp_rank=share.dp_rank,
             dp_world_size=share.dp_world_size,
             documents=config.documents,

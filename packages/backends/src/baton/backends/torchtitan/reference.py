@@ -146,7 +146,7 @@ def pair_feed(
             "--objective dpo on TorchTitan runs with data and tensor parallelism; "
             "use --pp 1 (and no context parallelism)"
         )
-    data: PackedDataset = trainer.dataloader.dataset.data
+    data: PackedDataset = trainer.dataloader.dataset.data.whole  # held-out rows included
     mesh = dims.get_mesh("batch") if dims.dp_enabled else None
 
     def all_reduce(value: torch.Tensor) -> torch.Tensor:

@@ -3,14 +3,16 @@
 Nothing is held out unless asked: ``set_held_out`` puts ``--eval-split F`` (the last
 rows of the training data, which the training loader then leaves out) or
 ``--eval-data-path PREFIX`` (other prepared data of the same kind) on the run's
-``PackedDataLoader.Config``, checked before anything is built. ``HeldOut`` evaluates
-them: every held-out row through TorchTitan's own input processing and model (the
-forward DPO's reference takes, ``reference.forward_logps``), split over the
-data-parallel ranks, then the objective's loss over all of them
-(``baton.backends.posttrain_evaluation``: SFT the mean over their supervised tokens,
-DPO TRL's loss and metrics over their pairs). A DPO run's held-out rows of another
-dataset get their reference log-probabilities before the first step, stored beside
-that data as the training data's are.
+``PackedDataLoader.Config``, checked before anything is built. SFT's held-out rows are
+TorchTitan's validator's data: its loss is the sum of the cross entropy over their
+supervised tokens over their count, one mean over all of them (a rank with fewer rows
+reads rows with nothing supervised, so every rank runs as many forwards). DPO's are
+``HeldOut``'s: every held-out row through TorchTitan's own input processing and model
+(the forward DPO's reference takes, ``reference.forward_logps``), split over the
+data-parallel ranks, then TRL's loss and metrics over all their pairs
+(``baton.backends.posttrain_evaluation``). A DPO run's held-out rows of another dataset
+get their reference log-probabilities before the first step, stored beside that data as
+the training data's are.
 
 Example::
 
@@ -38,7 +40,10 @@ def set_held_out(
 ) -> None:
     """Hold rows of the run's packed data out for evaluation (``config.dataloader``, a
     ``PackedDataLoader.Config``): the last ``eval_split`` of them, or the prepared data at
-    ``eval_data_path``; refused in one line (``DataError``) when it does not fit."""
+    ``eval_data_path``; refused in one line (``DataError``) when it does not fit. SFT's
+    are read by TorchTitan's validator (``config.validator``, one full pass: the loss
+    summed over the supervised tokens of every held-out row over their count); DPO's by
+    ``HeldOut``."""
     loader = config.dataloader
     if not isinstance(loader, PackedDataLoader.Config) or not loader.dataset_path:
         raise UsageError("held-out rows need packed post-training data (--objective sft|dpo)")
@@ -47,6 +52,16 @@ def set_held_out(
     )  # checked now, before anything is built
     loader.eval_split = eval_split
     loader.eval_data_path = eval_data_path
+    if loader.documents:  # DPO: HeldOut evaluates its pairs
+        return
+    config.validator.dataloader = PackedDataLoader.Config(
+        dataset_path=eval_data_path or loader.dataset_path,
+        eval_split=0.0 if eval_data_path else eval_split,
+        split="eval",
+        infinite=False,
+    )
+    config.validator.steps = -1
+    config.validator.enable = True
 
 
 def holds_rows_out(config: Any) -> bool:
@@ -84,12 +99,10 @@ def data_parallel(trainer: Any) -> tuple[int, int, Callable[[torch.Tensor], torc
 
 
 class HeldOut:
-    """A run's held-out rows with, for DPO, their reference log-probabilities."""
+    """A DPO run's held-out pairs with their reference log-probabilities."""
 
-    def __init__(
-        self, data: PackedDataset, objective: str, reference: np.ndarray | None, loss: Any
-    ) -> None:
-        self.data, self.objective, self.reference = data, objective, reference
+    def __init__(self, data: PackedDataset, reference: np.ndarray, loss: Any) -> None:
+        self.data, self.reference = data, reference
         self.beta = float(getattr(loss, "beta", 0.1))
         self.loss_type = str(getattr(loss, "loss_type", "sigmoid"))
 
@@ -103,22 +116,21 @@ class HeldOut:
         source: str | None = None,
         fingerprint: str | None = None,
     ) -> HeldOut | None:
-        """The run's held-out rows (``None`` when none): for DPO (``pairs``, the run's
-        ``PairFeed``) with the training data's reference where they are its rows, else
-        their own, computed now (before any step: the reference's weights are
-        ``source``'s or the starting ones) or read from beside them."""
+        """A DPO run's held-out pairs (``None`` when none, and for SFT, whose held-out
+        rows TorchTitan's validator reads), with the training data's reference where
+        they are its rows (``pairs``, the run's ``PairFeed``), else their own, computed
+        now (before any step: the reference's weights are ``source``'s or the starting
+        ones) or read from beside them."""
         data = held_out_data(config)
-        if data is None:
+        if data is None or pairs is None:
             return None
         if trainer.parallel_dims.pp_enabled or trainer.parallel_dims.cp_enabled:
             raise UsageError(
-                "evaluating held-out rows on TorchTitan runs with data and tensor "
+                "evaluating held-out pairs on TorchTitan runs with data and tensor "
                 "parallelism; use --pp 1 (and no context parallelism), or --eval-every 0"
             )
-        if pairs is None:
-            return cls(data, "sft", None, trainer.loss_fn)
         if data.whole.prefix == trainer.dataloader.dataset.data.whole.prefix:
-            return cls(data, "dpo", pairs.reference.numpy(), trainer.loss_fn)
+            return cls(data, pairs.reference.numpy(), trainer.loss_fn)
         from baton.backends.reference_logps import stored_or_computed
         from baton.backends.torchtitan.reference import (
             compute_reference_logps,
@@ -137,11 +149,11 @@ class HeldOut:
             ),
             num_sequences=data.num_sequences,
         )  # fmt: skip
-        return cls(data, "dpo", reference, trainer.loss_fn)
+        return cls(data, reference, trainer.loss_fn)
 
     def evaluate(self, trainer: Any, batch_size: int) -> dict[str, float]:
-        """The objective's loss (and DPO's metrics) over every held-out row, under the
-        current weights, the model in eval mode for the pass."""
+        """DPO's loss and metrics over every held-out pair, under the current weights,
+        the model in eval mode for the pass."""
         from baton.backends.torchtitan.reference import compute_reference_logps
 
         rank, ranks, all_reduce = data_parallel(trainer)
@@ -155,6 +167,6 @@ class HeldOut:
         finally:
             model.train()
         return evaluation_metrics(
-            self.data, logps, objective=self.objective, reference=self.reference,
+            self.data, logps, objective="dpo", reference=self.reference,
             beta=self.beta, loss_type=self.loss_type,
         )  # fmt: skip

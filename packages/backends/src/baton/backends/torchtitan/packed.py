@@ -102,8 +102,15 @@ class PackedRows(IterableDataset, Stateful):
         return self.rows
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        served = 0
         for row in self.rows:
+            served += 1
             yield row_sample(self.data, row, documents=self.documents)
+        if not self.rows.infinite:  # a finite pass: as many rows on every rank (FSDP's
+            share = -(-self.rows.count // self.rows.dp_world_size)  # forward is collective)
+            for _ in range(share - served):  # with nothing supervised: no loss, no count
+                inputs, labels = row_sample(self.data, 0, documents=self.documents)
+                yield inputs, torch.full_like(labels, IGNORE_INDEX)
 
     def state_dict(self) -> dict[str, Any]:
         return self.rows.state_dict()
@@ -144,14 +151,18 @@ class PackedDataLoader(BatonDataLoader):
         training reads the rows before them (``held_out.set_held_out``)."""
         eval_data_path: str | None = None
         """Other prepared data to evaluate on (every row of ``dataset_path`` trains)."""
+        split: str = "train"
+        """``train`` reads the rows before the held-out ones, ``eval`` the held-out ones
+        (every row when none are held out: evaluation data of its own)."""
 
     @classmethod
     def build_dataset(
         cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PackedRows:
         data = open_packed(cls.prepared_path(config), tokenizer, share.seq_len)
+        trained, held = held_out_rows(data, eval_split=config.eval_split)
         return PackedRows(
-            held_out_rows(data, eval_split=config.eval_split)[0],  # the rows that train
+            held if config.split == "eval" and held is not None else trained,
             dp_rank=share.dp_rank,
             dp_world_size=share.dp_world_size,
             documents=config.documents,

@@ -67,6 +67,7 @@ def recipe(
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
+    eval_split: float = 0.0,
     eval_data_path: str | None = None,
     tokenizer: str | None = None,
     vocab_size: int | None = None,
@@ -116,6 +117,8 @@ def recipe(
             --no-callback checkpoint: none at all).
         async_save: write checkpoints in the background.
         data_path: with --tokenizer: a prepared prefix or blend, or JSON/Parquet files.
+        eval_split: --objective sft, dpo: the fraction of the packed rows held out for
+            evaluation, the last ones (0: none; nothing is held out unless asked).
         eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         vocab_size: embedding rows (None: the tokenizer's rounded up to 128, or 256).
@@ -182,9 +185,27 @@ def recipe(
 
     check_objective_settings(objective, dpo_loss, dpo_beta)  # refused before anything is built
     check_run_data(objective, data_path, tokenizer, seq_len=seq_len)
-    has_eval_data = (tokenizer is None or eval_data_path is not None) and objective == "pretrain"
+    if objective == "pretrain":
+        if eval_split:
+            raise UsageError(
+                "--eval-split holds packed rows out for --objective sft or dpo; MaxText's own "
+                "pipelines evaluate on separate files: pass --eval-data-path"
+            )
+        has_eval_data = tokenizer is None or eval_data_path is not None
+    else:  # held-out packed rows: the last ones, or other prepared data (checked now)
+        from baton.data.packed import PackedDataset, held_out_rows
+
+        held_out_rows(
+            PackedDataset(str(data_path)), eval_split=eval_split, eval_data_path=eval_data_path
+        )
+        has_eval_data = bool(eval_split or eval_data_path is not None)
     if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
         eval_every = 25 if has_eval_data else 0
+    elif eval_every and not has_eval_data and objective != "pretrain":
+        raise UsageError(
+            f"--eval-every {eval_every} needs held-out rows: pass --eval-split F (the last "
+            "rows of --data-path) or --eval-data-path PREFIX, or --eval-every 0"
+        )
     elif eval_every and not has_eval_data:
         raise UsageError(
             f"--eval-every {eval_every} with --data-path: MaxText's own pipelines evaluate "
@@ -212,6 +233,7 @@ def recipe(
         overrides=settings | parse_overrides(overrides),
         data_path=data_path,
         eval_data_path=eval_data_path,
+        eval_split=eval_split,
         tokenizer=tokenizer,
         data_seed=data_seed,
         host_devices=devices,

@@ -38,6 +38,7 @@ from baton.backends.megatron.moe import moe_layout
 from baton.backends.megatron.objective import set_objective
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
+from baton.core.errors import UsageError
 from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, resolve_spec
 from baton.data import resolve_tokenizer
@@ -65,11 +66,12 @@ def recipe(
     distributed_optimizer: bool = False,
     seed: int = 1234,
     log_every: int = 10,
-    eval_every: int = 25,
+    eval_every: int | None = None,
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
     eval_split: float | None = None,
+    eval_data_path: str | None = None,
     tokenizer: str | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
@@ -114,15 +116,18 @@ def recipe(
         distributed_optimizer: shard optimizer state over data-parallel ranks.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none; pretraining only: sft and dpo
-            train on every row of their data).
+        eval_every: steps between evaluations (0: none; None: 25 where there is
+            evaluation data, else none).
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
             or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B".
-        eval_split: the fraction of the documents held out for evaluation, the last
-            ones (0: none); None: Megatron's split, 969,30,1 for bytes, 98,2,0 for
-            prepared data.
+        eval_split: the fraction of the documents (--objective sft, dpo: packed rows)
+            held out for evaluation, the last ones (0: none); None: none held out of
+            prepared data (nothing is held out unless asked), Megatron's split 969,30,1
+            for bytes.
+        eval_data_path: --objective sft, dpo: other prepared data of the same kind to
+            evaluate on.
         tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
@@ -197,14 +202,29 @@ def recipe(
     config.data.tokenizer = tokenizer
     config.data.train_samples = max_steps * global_batch_size if prepared else None
     config.data.cache_dir = f"{run_dir}/data"
-    if eval_split is not None:  # Megatron's validation split: the last documents
-        config.data.split = held_out_split(eval_split)
+    if objective != "pretrain":  # held-out packed rows: the last ones, or other data
+        config.data.eval_split = eval_split or 0.0
+        config.data.eval_data_path = eval_data_path
+        has_eval_data = bool(eval_split or eval_data_path is not None)
+    elif eval_data_path is not None:
+        raise UsageError(
+            "--eval-data-path is evaluation data for --objective sft or dpo on Megatron-Core; "
+            "a pretraining run holds the last documents out with --eval-split F"
+        )
+    elif prepared:  # Megatron's validation split: the last documents, none unless asked
+        config.data.split = held_out_split(eval_split or 0.0)
+        has_eval_data = bool(eval_split)
+    else:  # the byte corpus: Megatron's split unless --eval-split says otherwise
+        config.data.split = None if eval_split is None else held_out_split(eval_split)
+        has_eval_data = eval_split is None or eval_split > 0
+    if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
+        eval_every = 25 if has_eval_data else 0
     return Driver(
         MegatronBackend(config),
         standard_callbacks(save_every=save_every, async_save=async_save, progress=progress),
         max_steps=max_steps,
         log_every=log_every,
-        eval_every=eval_every if objective == "pretrain" else 0,
+        eval_every=eval_every,
         run_dir=run_dir,
         settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay}
         | ({"model_spec": spec.to_dict()} if spec else {}),

@@ -153,7 +153,10 @@ class MaxTextConfig:
         eval_data_path: with ``tokenizer``: the evaluation data (a prepared prefix or
             JSON/Parquet files, the same kind as ``data_path``), read by MaxText's own
             pipeline (``grain_eval_files`` / ``hf_eval_files``). Without it a run on
-            MaxText's pipelines has nothing to evaluate on.
+            MaxText's pipelines has nothing to evaluate on. With ``objective`` sft or
+            dpo: other prepared data of the same kind, whose rows baton evaluates.
+        eval_split: with ``objective`` sft or dpo: the fraction of the packed rows held
+            out for evaluation (the last ones; 0: none, every row trains).
         data_seed: the shuffling seed of the byte stream (MaxText's ``data_shuffle_seed``
             for its own pipelines).
         eval_batches: fixed validation batches per evaluation (byte stream).
@@ -183,6 +186,7 @@ class MaxTextConfig:
     data_path: str | None = None
     tokenizer: str | None = None
     eval_data_path: str | None = None
+    eval_split: float = 0.0
     data_seed: int = 0
     eval_batches: int = 4
     host_devices: int | None = None
@@ -311,7 +315,7 @@ class MaxTextConfig:
         """Whether evaluation has data: the byte stream's held-out part, MaxText's
         synthetic batches, or ``eval_data_path`` for MaxText's own pipelines."""
         if self.post_training:
-            return False
+            return bool(self.eval_split or self.eval_data_path)
         return self.tokenizer is None or bool(self.eval_data_path)
 
     def merged(self) -> dict[str, Any]:

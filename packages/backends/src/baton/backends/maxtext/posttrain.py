@@ -2,10 +2,16 @@
 for DPO the reference's log-probabilities (read from beside the data, or computed once
 here, before the first step).
 
+Every row trains unless rows are held out for evaluation (``config.eval_split``: the
+last rows; ``config.eval_data_path``: other prepared data); ``HeldOutRows`` evaluates
+them with MaxText's model (the forward DPO's reference takes, ``compute_reference``) as
+the objective's loss over all of them (``baton.backends.posttrain_evaluation``).
+
 Example::
 
     # after MaxText's setup: its step parts (config, model structure, mesh), train state
-    batches, fingerprint = post_training_stream(config, parts, state)
+    batches, fingerprint, held = post_training_stream(config, parts, state)
+    held.evaluate(parts, state) if held else None    # {"loss": ..., ...}
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +31,10 @@ from baton.backends.maxtext.reference import (
     reference_params,
 )
 from baton.backends.maxtext.step_parts import StepParts
+from baton.backends.posttrain_evaluation import evaluation_metrics
 from baton.backends.reference_logps import stored_or_computed
 from baton.data import DataError
-from baton.data.packed import PackedDataset, mask_path
+from baton.data.packed import PackedDataset, held_out_rows, mask_path
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +70,36 @@ def reference_values(
     )
 
 
+@dataclass(frozen=True)
+class HeldOutRows:
+    """A run's held-out rows (and, for DPO, the reference's log-probabilities of their
+    documents) and how they are evaluated."""
+
+    data: PackedDataset
+    config: MaxTextConfig
+    reference: Any = None
+
+    def evaluate(self, parts: StepParts, state: Any) -> dict[str, float]:
+        """The objective's loss (DPO: and TRL's metrics) over every held-out row, with
+        the train ``state``'s weights."""
+        logps = compute_reference(parts, state, self.data, None)
+        return evaluation_metrics(
+            self.data, logps, objective=self.config.objective, reference=self.reference,
+            beta=self.config.dpo_beta, loss_type=self.config.dpo_loss,
+        )  # fmt: skip
+
+
 def post_training_stream(
     config: MaxTextConfig, parts: StepParts, state: Any
-) -> tuple[PackedBatches, str]:
-    """The run's batches and data fingerprint (for DPO tied to the reference's too), from
-    the run's config, MaxText's step parts and the train ``state`` the reference starts from."""
+) -> tuple[PackedBatches, str, HeldOutRows | None]:
+    """The run's batches, data fingerprint (for DPO tied to the reference's too) and
+    held-out rows, from the run's config, MaxText's step parts and the train ``state``
+    the reference starts from."""
     hparams = parts.hparams
     data = PackedDataset(str(config.data_path))
+    trained, held = held_out_rows(
+        data, eval_split=config.eval_split, eval_data_path=config.eval_data_path
+    )
     length = int(hparams.max_target_length)
     if data.seq_len > length:
         raise DataError(
@@ -76,17 +107,23 @@ def post_training_stream(
             f"max_target_length {length}; pass --seq-len {data.seq_len}"
         )
     fingerprint = packed_fingerprint(data)
-    reference = None
+    if trained is not data:  # the rows trained on are part of the data's identity
+        fingerprint = hashlib.sha256(f"{fingerprint}:{trained.num_rows}".encode()).hexdigest()[:16]
+    reference = held_reference = None
     if config.objective == "dpo":
         source = config.reference or config.init_from
         weights = reference_fingerprint(source, hparams)
         reference = reference_values(config.reference, parts, state, data, weights)
+        held_reference = reference
+        if held is not None and held.whole is not data:  # other data: its own, beside it
+            held_reference = reference_values(config.reference, parts, state, held, weights)
         fingerprint = hashlib.sha256(f"{fingerprint}:{weights}".encode()).hexdigest()[:16]
     batches = PackedBatches(
-        data,
+        trained,
         batch_size=int(hparams.global_batch_size_to_load),
         seed=config.data_seed,
         length=length,
         reference=reference,
     )
-    return batches, fingerprint
+    rows = None if held is None else HeldOutRows(held, config, held_reference)
+    return batches, fingerprint, rows

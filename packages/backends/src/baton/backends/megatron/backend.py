@@ -41,10 +41,11 @@ from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO, Training
 from baton.backends.megatron.checksums import replica_checksums
 from baton.backends.megatron.config import MegatronConfig
 from baton.backends.megatron.data import ByteEodTokenizer, PreparedSource, SampleStream
-from baton.backends.megatron.evaluation import evaluate_loss
+from baton.backends.megatron.evaluation import evaluate_loss, held_out_metrics
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
 from baton.backends.megatron.objective import forward_step_of, objective_metrics, use_objective
+from baton.backends.megatron.packed_data import PackedRows
 from baton.backends.megatron.plan import flops_per_token, layout_plan
 from baton.backends.megatron.step import gpt_forward_step, mean_loss, run_schedule
 from baton.backends.megatron.training_data import build_data, open_data
@@ -224,18 +225,27 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
         path = check_reference(self.config, self.source.info)
         fingerprint = reference_fingerprint(path)
 
-        def scored() -> Any:
-            self.load_weights(path)
-            return compute_reference_logps(self.chunks, rows, self.config, self._device)
+        def reference_of(data: Any) -> Any:  # every row of the dataset ``data`` is cut from
+            whole = PackedRows(data.whole, pad_id=rows.pad_id)
 
-        rows.reference = stored_or_computed(
-            rows.data.prefix,
-            fingerprint,
-            tokenizer_fingerprint=self.source.info.fingerprint,
-            engine=self.name,
-            compute=scored,
-            num_sequences=rows.data.num_sequences,
-        )
+            def scored() -> Any:
+                self.load_weights(path)
+                return compute_reference_logps(self.chunks, whole, self.config, self._device)
+
+            return stored_or_computed(
+                whole.data.prefix,
+                fingerprint,
+                tokenizer_fingerprint=self.source.info.fingerprint if self.source else "",
+                engine=self.name,
+                compute=scored,
+                num_sequences=whole.data.num_sequences,
+            )
+
+        rows.reference = reference_of(rows.data)
+        held = self.valid_dataset
+        if held is not None:  # held-out rows: the same reference, or their data's own
+            same = held.data.whole.prefix == rows.data.whole.prefix
+            held.reference = rows.reference if same else reference_of(held.data)
         self.reference_fingerprint = fingerprint
 
     def load_weights(self, directory: Path) -> None:
@@ -300,7 +310,10 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid
-        split (``evaluation.py``)."""
+        split (``evaluation.py``); a post-training run's held-out rows: the objective's
+        loss over every one of them (``evaluation.held_out_metrics``)."""
+        if self.config.objective != "pretrain":
+            return held_out_metrics(self.chunks, self.valid_dataset, self.config, self._device)
         return evaluate_loss(self.chunks, self.valid_dataset, self.config, self._device)
 
     # -- the model to callbacks -------------------------------------------------------
@@ -322,11 +335,12 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
 
     # -- abilities --------------------------------------------------------------------
     def abilities(self) -> Abilities:
-        """Everything but step replay; evaluation refused for SFT and DPO (they train on
-        every row of their data: no validation split), weight checksums where no rank
+        """Everything but step replay; evaluation refused for SFT and DPO that hold no
+        rows out (every row trains: no validation split), weight checksums where no rank
         holds a data-parallel replica."""
         no_replica = bool(self.chunks) and self.config.data_parallel_size(self.world_size) == 1
         objective = self.config.objective
+        held_out = bool(self.config.data.eval_split or self.config.data.eval_data_path)
         return Abilities(
             evaluate=True,
             async_save=True,
@@ -336,9 +350,10 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], TorchDistributed, 
             dry_run=True,
         ).refusing(
             evaluate=(
-                f"--objective {objective} trains on every packed row: no validation split; "
-                "run with --eval-every 0"
-                if objective != "pretrain"
+                f"--objective {objective} holds no packed row out: no validation split; hold "
+                "some out with --eval-split F or give --eval-data-path PREFIX, or run with "
+                "--eval-every 0"
+                if objective != "pretrain" and not held_out
                 else None
             ),
             weight_checksums=(

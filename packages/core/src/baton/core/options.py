@@ -48,6 +48,7 @@ TRAINING_SETTINGS: frozenset[str] = frozenset(
         "sequence_length",
         "data",
         "data_path",
+        "eval_split",
         "dataset",
         "dataset_path",
         "tokenizer",

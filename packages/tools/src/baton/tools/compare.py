@@ -188,7 +188,6 @@ def backend_command(
     """``python -m baton.core.cli.command run <backend's recipe> --init-from ...`` with the shared
     settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
     ``--objective sft``: on packed rows of ``seq_len`` inputs)."""
-    no_eval = f"--eval-every={steps + 1}"  # the recipes' held-out evaluation: past the end
     common = [
         f"--init-from={init_from}",
         f"--max-steps={steps}",
@@ -214,7 +213,7 @@ def backend_command(
             f"--seq-len={seq_len}",
             f"--batch-size={batch}",
             f"--global-batch-size={batch}",
-            no_eval,
+            "--eval-every=0",
             "--no-async-save",
             "--no-progress",
         ],

@@ -279,8 +279,8 @@ VOCABULARY: tuple[Term, ...] = (
     Term(
         "eval_split",
         float,
-        "the fraction of the training data's documents held out for evaluation (the last "
-        "ones); 0: none",
+        "the fraction of the training data's documents (sft, dpo: packed rows) held out "
+        "for evaluation, the last ones; 0: none (nothing is held out unless asked)",
         "data",
         0,
         ("validation_split", "val_split", "holdout_fraction"),

@@ -5,7 +5,8 @@ and each objective's default, the same on every engine.
 Step ``k`` counts optimizer steps from 1 (the driver's step); ``lr(k)`` is the rate that
 step ``k``'s update uses and logs:
 
-- ``k <= warmup_steps``: ``peak * k / warmup_steps`` (step 1 already moves the weights);
+- ``k <= warmup_steps``: ``peak * k / warmup_steps`` (step 1 already moves the weights;
+  computed in Megatron-Core's order, from ``peak / warmup_steps``);
 - after, with ``progress = (k - warmup) / (total - warmup)``:
 
   - ``constant``: ``peak`` (the floor is not used);
@@ -78,7 +79,7 @@ class LRSchedule:
         """The learning rate of optimizer step ``step`` (counted from 1)."""
         warmup, total = self.warmup_steps, self.total_steps
         if warmup and step <= warmup:
-            return self.peak * max(step, 0) / warmup
+            return self._warming(max(step, 0))
         if self.decay == "constant":
             return self.peak
         if step >= total:
@@ -87,6 +88,18 @@ class LRSchedule:
         if self.decay == "linear":
             return self.floor + (self.peak - self.floor) * (1 - progress)
         return self.floor + (self.peak - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _warming(self, step: int) -> float:
+        """``peak * step / warmup_steps``, computed as Megatron-Core's scheduler computes
+        its warmup from ``peak / warmup_steps`` (``init + (peak - init) * (step - 1) /
+        (warmup - 1)``), so its rates equal these bit for bit."""
+        warmup = self.warmup_steps
+        init = self.peak / warmup
+        if step == 0:
+            return 0.0
+        if warmup == 1:
+            return self.peak
+        return init + ((self.peak - init) * float(step - 1)) / float(warmup - 1)
 
     def scaled(self, by: float) -> LRSchedule:
         """The same shape with peak and floor multiplied by ``by`` (a factor's shape

@@ -17,9 +17,11 @@ constant, linear or cosine decay to the floor at the last step) is Megatron's ow
 starts one step later and its decay ends one step later than baton's unless shifted),
 and a scheduler built for it (``shape`` set) takes each group's rate from that shape
 itself, ``shape.lr(num_steps + 1)`` with the group's ``max_lr``/``min_lr``: the ``lr``
-a Megatron step logs is the one every engine logs, bit for bit (Megatron's formula
-multiplies in another order, which can differ in the last bit, and with no warmup it
-cannot start a decay one step in: its first update would take the peak).
+a Megatron step logs is the one every engine logs, bit for bit. Baton's shape computes in
+Megatron's order, so with a warmup of two steps or more Megatron's own formula gives the
+same floats (a plain Megatron-Core loop with these arguments trains identically); with
+one step its first rate is ``floor + (peak - floor)``, and with none it cannot start a
+decay one step in (its first update would take the peak).
 
 Example::
 

@@ -119,6 +119,12 @@ def forward_step_of(config: MegatronConfig) -> Callable[..., Any]:
         return gpt_forward_step
     if run.objective.native_cross_entropy:
         return partial(packed_forward_step, cross_entropy_loss)
+    return declared_loss_step(run)
+
+
+def declared_loss_step(run: ObjectiveRun) -> Callable[..., Any]:
+    """The ``forward_step_func`` computing ``run``'s declared loss on packed rows
+    (``objective_loss``; its results reduced by ``step_results``, or over held-out rows)."""
     logits = needs_logits(run)
     return partial(packed_forward_step, partial(objective_loss, run, logits=logits), logits=logits)
 

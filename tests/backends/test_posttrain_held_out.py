@@ -132,6 +132,29 @@ def test_dpo_evaluation_is_trl_s_loss_and_metrics_over_the_held_out_pairs(
         assert logged.eval[1][f"eval/{name}"] == pytest.approx(trl[name], rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["torchtitan", "megatron"])
+def test_held_out_pairs_are_evaluated_whole_over_two_data_parallel_ranks(engine, files, tmp_path):
+    """Three held-out pairs over two data-parallel gloo ranks, one row a rank at a time:
+    one rank's last batch is a stand-in row that adds nothing, and the evaluation equals
+    TRL's over the three pairs."""
+    recipe, batches = ENGINES[engine]
+    # one row a rank at a time (Megatron: its global batch of 2 over the two ranks)
+    args = [
+        "--objective", "dpo", "--data-path", str(files["pairs"]),
+        "--init-from", str(files["policy"]), "--tokenizer", str(files["tokenizer"]),
+        "--max-steps", "1", "--log-every", "1", "--save-every", "0", "--lr", "1e-12",
+        "--eval-every", "1", "--reference", str(files["reference"]),
+        "--eval-data-path", str(files["pairs_eval"]), *batches(2), "--batch-size", "1",
+    ]  # fmt: skip
+    logged = run_recipe(ROOT / "recipes" / recipe, args, tmp_path / "r", ranks=2)
+    assert logged.returncode == 0, logged.output
+    trl = dpo_reference(files["policy"], files["reference"], files["pairs_eval"], rows=[0, 1, 2])
+    assert logged.eval[1]["eval/loss"] == pytest.approx(trl["loss"], rel=1e-5)
+    for name in ("rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"):
+        assert logged.eval[1][f"eval/{name}"] == pytest.approx(trl[name], rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("engine", EVERY_ENGINE)
 def test_held_out_rows_of_another_kind_are_refused_in_one_line(engine, files, tmp_path):
     recipe, batches = ENGINES[engine]

@@ -55,10 +55,16 @@ def held_out_files(root: Path, seq_len: int, family: str = "llama") -> dict[str,
     return files
 
 
-def run_recipe(recipe: Path, args: Sequence[str], run_dir: Path, timeout: int = 900) -> Logged:
-    """``baton run RECIPE ARGS --run-dir RUN_DIR`` in a fresh process; what it logged."""
+def run_recipe(
+    recipe: Path, args: Sequence[str], run_dir: Path, timeout: int = 900, ranks: int = 1
+) -> Logged:
+    """``baton run RECIPE ARGS --run-dir RUN_DIR`` in a fresh process (under ``torchrun``
+    with ``ranks`` gloo ranks when more than one); what it logged."""
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     done = subprocess.run(
-        [sys.executable, "-m", "baton.core.cli.command", "run", str(recipe), *args,
+        [*launch, "-m", "baton.core.cli.command", "run", str(recipe), *args,
          "--run-dir", str(run_dir), "--no-progress"],
         capture_output=True, text=True, timeout=timeout, env=os.environ | ENV, cwd=ROOT,
     )  # fmt: skip

@@ -22,19 +22,22 @@ fit the model's.
 
 Post-training (``--objective NAME``: any objective ``baton.core.objectives`` declares
 over prepared conversations or preference pairs, e.g. sft and dpo, or over prompts, grpo;
-``--help`` lists them with their settings' flags) reads data packed by ``baton data prepare --seq-len N`` with
-``--data-path PREFIX --tokenizer DIR``; rows hold the data's own ``seq_len``. Packed
-rows go to the model as ``input_ids``, ``position_ids`` restarting in each document
-(``transformers`` then keeps attention inside each document) and labels of -100 where a
-token is not supervised. SFT keeps the model's own cross entropy; any other objective's
-loss is its declared one, over the targets' log-probabilities. A step's loss is the mean
-over the objective's items (the supervised tokens of SFT, the pairs of DPO) of the global
-batch, every micro-batch and rank, and so are its metrics (DPO: TRL's ``rewards/chosen``,
-``rewards/margins``, ``logps/chosen``...). An objective with a stored reference (DPO:
-``--dpo-beta``, ``--dpo-loss sigmoid|ipo``) compares against ``--reference`` (a Hugging
-Face directory or checkpoint; default: the ``--init-from`` weights), whose
-log-probabilities are computed once before training and stored beside the data
-(``PREFIX.reference-<fingerprint>.npy``).
+``--help`` lists them with their settings' flags) reads data packed by ``baton data
+prepare --seq-len N`` with ``--data-path PREFIX --tokenizer DIR``; rows hold the data's
+own ``seq_len``. Every row trains unless rows are held out for evaluation with
+``--eval-split F`` (the last rows) or ``--eval-data-path PREFIX``; the evaluation is the
+objective's loss over all of them (SFT: the mean over their supervised tokens; DPO: the
+mean over their pairs, with TRL's metrics). Packed rows go to the model as ``input_ids``,
+``position_ids`` restarting in each document (``transformers`` then keeps attention
+inside each document) and labels of -100 where a token is not supervised. SFT keeps the
+model's own cross entropy; any other objective's loss is its declared one, over the
+targets' log-probabilities. A step's loss is the mean over the objective's items (the
+supervised tokens of SFT, the pairs of DPO) of the global batch, every micro-batch and
+rank, and so are its metrics (DPO: TRL's ``rewards/chosen``, ``rewards/margins``,
+``logps/chosen``...). An objective with a stored reference (DPO: ``--dpo-beta``,
+``--dpo-loss sigmoid|ipo``) compares against ``--reference`` (a Hugging Face directory or
+checkpoint; default: the ``--init-from`` weights), whose log-probabilities are computed
+once before training and stored beside the data (``PREFIX.reference-<fingerprint>.npy``).
 
 uv run baton run recipes/hf_finetune.py --objective sft --init-from hf_model \
     --data-path data/chat --tokenizer hf_model
@@ -47,8 +50,9 @@ completions of each prompt with a ``transformers`` model holding the policy's cu
 weights (gathered in memory by their Hugging Face names, no file written), scores them
 with the ``--reward`` functions, and every rank trains its share of the rollouts. A step
 trains ``--batch-size`` x ranks x ``--grad-accum`` rollouts (``--num-generations`` must
-divide them); rows are ``--seq-len`` long, at least ``--max-prompt-length`` +
-``--max-completion-length``. Each step's rollouts go to ``logs/rollouts.jsonl``.
+divide them); rows are ``--seq-len`` long, at least the longest prepared prompt (at most
+``--max-prompt-length``) plus ``--max-completion-length``. Each step's rollouts go to
+``logs/rollouts.jsonl``.
 
 uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export \
     --data-path data/prompts --tokenizer sft_export --reward rewards.py:correct \
@@ -57,7 +61,6 @@ uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
 from baton.backends.fabric.hf_posttrain import post_training
+from baton.backends.fabric.lr_schedule import lambda_scheduler
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
 from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.online_rl import fabric_rollout_phase
@@ -82,7 +86,7 @@ from baton.callbacks.sinks.console import ConsoleSink
 from baton.core import Callback, Driver
 from baton.core.cli.dry_run import is_planning
 from baton.core.errors import UsageError
-from baton.core.lr_schedule import EpochFactor, WarmupCosine
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import FAMILIES, ModelSpec, check_init_from
 from baton.core.objectives import DataKind, ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -125,16 +129,6 @@ def window_output(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
     return model(input_ids=ids, labels=ids)
 
 
-def warmup_cosine(
-    lr: float, min_lr: float | None, warmup_steps: int, max_steps: int
-) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
-    """Baton's schedule shape (the same on every backend): linear warmup, cosine decay to
-    ``min_lr`` (default ``lr / 10``) at ``max_steps``, as a ``LambdaLR`` factory."""
-    floor = lr / 10 if min_lr is None else min_lr
-    shape = WarmupCosine(1.0, floor / lr if lr else 0.0, min(warmup_steps, max_steps), max_steps)
-    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, EpochFactor.of(shape))
-
-
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
     train, val = byte_splits(path)
     loader = StatefulDataLoader(
@@ -170,6 +164,7 @@ def recipe(
     make_tiny_model: bool = False,
     max_steps: int = 100,
     lr: float = 1e-3,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
     warmup_steps: int = 0,
     batch_size: int = 8,
@@ -186,7 +181,7 @@ def recipe(
     tokenizer: str | None = None,
     text_key: str = "text",
     log_every: int = 10,
-    eval_every: int = 50,
+    eval_every: int | None = None,
     save_every: int = 50,
     run_dir: str = "runs/hf_finetune",
     progress: bool = True,
@@ -200,11 +195,12 @@ def recipe(
         model_config: the architecture: a config.json or its directory (None: --init-from's).
         make_tiny_model: first write a random 2-layer byte Llama to a missing --init-from.
         max_steps: optimizer steps to train.
-        lr: AdamW's peak learning rate (after warmup; no weight decay; constant when
-            post-training).
-        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10; pretraining).
-        warmup_steps: steps of linear warmup (at most --max-steps; pretraining).
+        lr: AdamW's peak learning rate (after warmup; no weight decay).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and rank (rollouts per micro-batch and rank for
             an objective that samples them).
         seq_len: tokens per sequence (for an objective that samples rollouts, at least
@@ -217,15 +213,16 @@ def recipe(
         seed: seed of the data order and of new weights (--make-tiny-model, from scratch).
         data_path: a text file (bytes), or with --tokenizer a prepared dataset, blend or
             .jsonl/.parquet/.txt files (None: the Python language reference).
-        eval_split: with --tokenizer: the fraction of the documents held out for
-            evaluation, the last ones (0: none); without it or --eval-data-path a tail of
-            4 batches of windows is kept from training for evaluation.
+        eval_split: with --tokenizer: the fraction of the documents (--objective sft,
+            dpo: of the packed rows) held out for evaluation, the last ones (0: none;
+            nothing is held out unless asked; byte runs evaluate on the text's tail).
         eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         text_key: the text field of .jsonl/.parquet records.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none; an objective that samples
-            rollouts holds nothing out).
+        eval_every: steps between evaluations (0: none; None: 50 where there is
+            evaluation data, else none; an objective that samples rollouts holds nothing
+            out).
         save_every: steps between checkpoints (0: only when the run stops).
         run_dir: where checkpoints and logs go.
         progress: show the progress bar.
@@ -234,6 +231,7 @@ def recipe(
             prepared prompts each step (grpo), with its settings' flags.
     """
     run = ObjectiveRun.of(objective)
+    run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -253,17 +251,17 @@ def recipe(
             f"--objective {run.name} reads pretraining text with a loss of its own; this "
             "recipe pretrains with the model's cross entropy only: use --objective pretrain"
         )
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     config = AutoConfig.from_pretrained(source)
     spec = None  # a spec family is recorded as baton's model spec; other models are not
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
-    if not pretraining and (eval_split or eval_data_path is not None):
-        raise UsageError(
-            f"--objective {run.name} evaluates on a tail of its rows: --eval-split and "
-            "--eval-data-path are for pretraining"
-        )
-    settings = {"tokenizer": tokenizer} | ({"model_spec": spec.to_dict()} if spec else {})
+    settings = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
+    settings |= {"model_spec": spec.to_dict()} if spec else {}
     settings |= run.settings()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if pretraining:
@@ -273,19 +271,19 @@ def recipe(
             eval_data_path=eval_data_path,
         )  # fmt: skip
         mean_over = None
-        scheduler = warmup_cosine(lr, min_lr, warmup_steps, max_steps)
-    else:  # a constant learning rate
+    else:
         post = post_training(
             run, config, spec, data_path=data_path, tokenizer=tokenizer, init_from=init_from,
             batch_size=batch_size, seed=seed, accelerator=accelerator,
+            eval_split=eval_split, eval_data_path=eval_data_path,
         )  # fmt: skip
         train, val, loss_fn, more_keys = post.train, post.val, post.loss_fn, post.console_keys
-        mean_over, scheduler = post.mean_over, None
+        mean_over = post.mean_over
         settings |= post.settings
     backend = FabricBackend(
         model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
         optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
-        scheduler=scheduler,
+        scheduler=lambda_scheduler(schedule),
         data=train,
         eval_data=val,
         loss_fn=loss_fn,
@@ -311,6 +309,8 @@ def recipe(
     callbacks = run_callbacks(
         keys + more_keys, save_every=save_every, progress=progress, rollouts=phase is not None
     )
+    if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
+        eval_every = 50 if val is not None else 0
     return Driver(
         backend,
         callbacks,

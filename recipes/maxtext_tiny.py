@@ -36,6 +36,7 @@ from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import CONSOLE_KEYS, standard_callbacks
 from baton.core import Driver
 from baton.core.errors import UsageError
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.objectives import DataKind, ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -55,8 +56,9 @@ def parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
-    warmup_steps: int = 5,
+    warmup_steps: int = 0,
     batch_size: int = 4,
     seq_len: int = 64,
     layers: int = 2,
@@ -69,6 +71,7 @@ def recipe(
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
+    eval_split: float = 0.0,
     eval_data_path: str | None = None,
     tokenizer: str | None = None,
     vocab_size: int | None = None,
@@ -100,9 +103,11 @@ def recipe(
     Args:
         max_steps: optimizer steps to train (MaxText's schedule length).
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and data-parallel rank (MaxText's per-device
             batch is this over --tp).
         seq_len: tokens per sequence.
@@ -117,6 +122,8 @@ def recipe(
             --no-callback checkpoint: none at all).
         async_save: write checkpoints in the background.
         data_path: with --tokenizer: a prepared prefix or blend, or JSON/Parquet files.
+        eval_split: an objective on prepared rows: the fraction of its packed rows held
+            out for evaluation, the last ones (0: none; nothing is held out unless asked).
         eval_data_path: with --tokenizer: evaluation data, the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: UTF-8 bytes).
         vocab_size: embedding rows (None: the tokenizer's rounded up to 128, or 256).
@@ -136,7 +143,12 @@ def recipe(
         overrides: further MaxText settings as key=value, applied last.
     """
     run = ObjectiveRun.of(objective)
+    run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)
     tokenizer = resolve_tokenizer(data_path, tokenizer, eval_data_path)  # the data names its own
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     if tokenizer is not None and vocab_size is None:
         from baton.data import load_tokenizer
 
@@ -146,7 +158,7 @@ def recipe(
         "run_name": "maxtext_tiny",
         "steps": max_steps,  # MaxText's learning-rate schedule length
         "learning_rate": lr,
-        "learning_rate_final_fraction": (lr / 10 if min_lr is None else min_lr) / lr if lr else 0.0,
+        "learning_rate_final_fraction": schedule.floor / lr if lr else 0.0,
         "per_device_batch_size": per_device_batch(batch_size, tp),
         "max_target_length": seq_len,
         "base_num_decoder_layers": layers,
@@ -167,9 +179,22 @@ def recipe(
         settings["grain_worker_count"] = 0  # read in this process: CPU-friendly
         settings["grain_worker_count_eval"] = 0
     reads_text = run.objective.data is DataKind.TEXT
-    has_eval_data = (tokenizer is None or eval_data_path is not None) and reads_text
+    if reads_text:
+        if eval_split:
+            raise UsageError(
+                "--eval-split holds packed rows out for an objective on prepared rows; "
+                "MaxText's own pipelines evaluate on separate files: pass --eval-data-path"
+            )
+        has_eval_data = tokenizer is None or eval_data_path is not None
+    else:  # held-out packed rows: the last ones, or other prepared data
+        has_eval_data = bool(eval_split or eval_data_path is not None)
     if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
         eval_every = 25 if has_eval_data else 0
+    elif eval_every and not has_eval_data and not reads_text:
+        raise UsageError(
+            f"--eval-every {eval_every} needs held-out rows: pass --eval-split F (the last "
+            "rows of --data-path) or --eval-data-path PREFIX, or --eval-every 0"
+        )
     elif eval_every and not has_eval_data:
         raise UsageError(
             f"--eval-every {eval_every} with --data-path: MaxText's own pipelines evaluate "
@@ -188,15 +213,24 @@ def recipe(
         overrides=settings | parse_overrides(overrides),
         data_path=data_path,
         eval_data_path=eval_data_path,
+        eval_split=eval_split,
         tokenizer=tokenizer,
         data_seed=data_seed,
         host_devices=devices,
         objective=run,
         init_from=init_from,
-        warmup_steps=warmup_steps,
+        warmup_steps=schedule.warmup_steps,
+        lr_schedule=schedule.decay,
     )
     vocab = None if reads_text else config.get("vocab_size")
     check_run_data(run, data_path, tokenizer, vocab, seq_len)  # before anything is written
+    if not reads_text:  # held-out rows that do not fit are refused before anything is built
+        from baton.data.packed import PackedDataset, held_out_rows
+
+        held_out_rows(
+            PackedDataset(str(data_path)), run.name, eval_split=eval_split,
+            eval_data_path=eval_data_path,
+        )  # fmt: skip
     recorded = run.settings() | checked_reference(config, spec, tokenizer)
     if init_from is not None and is_hf_dir(init_from):
         from baton.backends.maxtext.hf import write_params, write_params_apart
@@ -219,7 +253,7 @@ def recipe(
         log_every=log_every,
         eval_every=eval_every or None,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer}
+        settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay}
         | ({"model_spec": spec.to_dict()} if spec else {})
         | recorded,
         training_settings=run.objective.fixed_on_resume,

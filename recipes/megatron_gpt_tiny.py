@@ -41,6 +41,8 @@ from baton.backends.megatron.rollout_phase import megatron_rollout_phase, policy
 from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning
+from baton.core.errors import UsageError
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, resolve_spec
 from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -49,8 +51,9 @@ from baton.data import resolve_tokenizer
 def recipe(
     max_steps: int = 50,
     lr: float = 3e-3,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
-    warmup_steps: int = 10,
+    warmup_steps: int = 0,
     layers: int = 2,
     d_model: int = 64,
     heads: int = 4,
@@ -67,11 +70,12 @@ def recipe(
     distributed_optimizer: bool = False,
     seed: int = 1234,
     log_every: int = 10,
-    eval_every: int = 25,
+    eval_every: int | None = None,
     save_every: int = 25,
     async_save: bool = True,
     data_path: str | None = None,
     eval_split: float | None = None,
+    eval_data_path: str | None = None,
     tokenizer: str | None = None,
     init_from: str | None = None,
     model_config: str | None = None,
@@ -89,10 +93,13 @@ def recipe(
     ``--init-from HF_DIR`` that directory's architecture with its weights.
 
     Args:
-        max_steps: optimizer steps to train (the cosine decay spans them).
+        max_steps: optimizer steps to train (the schedule spans them).
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at (default: --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         layers: transformer layers.
         d_model: model width (Megatron's hidden size).
         heads: attention heads.
@@ -113,16 +120,19 @@ def recipe(
         distributed_optimizer: shard optimizer state over data-parallel ranks.
         seed: seed of the weights and of the data order.
         log_every: steps between log lines.
-        eval_every: steps between evaluations (0: none; pretraining only: an objective
-            on packed rows trains on every row of its data).
+        eval_every: steps between evaluations (0: none; None: 25 where there is
+            evaluation data, else none).
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background.
         data_path: a UTF-8 text file to train on as bytes (None: the Python reference),
             or with --tokenizer a prepared prefix or blend "0.7 A 0.3 B" (prepared
             prompts for an objective that samples completions).
-        eval_split: the fraction of the documents held out for evaluation, the last
-            ones (0: none); None: Megatron's split, 969,30,1 for bytes, 98,2,0 for
-            prepared data.
+        eval_split: the fraction of the documents (an objective on prepared rows: of its
+            packed rows) held out for evaluation, the last ones (0: none); None: none
+            held out of prepared data (nothing is held out unless asked), Megatron's
+            split 969,30,1 for bytes.
+        eval_data_path: an objective on prepared rows: other prepared data of the same
+            kind to evaluate on.
         tokenizer: the Hugging Face tokenizer directory --data-path was prepared with.
         init_from: a baton checkpoint or Hugging Face directory whose weights start the run.
         model_config: a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json (or its
@@ -136,7 +146,12 @@ def recipe(
         progress: show the progress bar.
     """
     run = ObjectiveRun.of(objective)
+    run.check_held_out(eval_split=eval_split or 0.0, eval_data_path=eval_data_path)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     import torch
     import torch.nn.functional as F
 
@@ -175,16 +190,17 @@ def recipe(
         seq_len=seq_len,
         micro_batch_size=batch_size,
         global_batch_size=global_batch_size,
-        warmup_steps=min(warmup_steps, max_steps),
-        decay_steps=max_steps,
+        warmup_steps=schedule.warmup_steps,
+        decay_steps=schedule.total_steps,
+        decay_style=schedule.decay,  # pyright: ignore[reportArgumentType]
         position_embedding_type="rope" if llama else "learned_absolute",
         share_embeddings_and_output_weights=not llama,
         seed=seed,
     )
     if spec is not None:
         use_spec(config, spec)
-    config.optimizer.lr = lr
-    config.optimizer.min_lr = lr / 10 if min_lr is None else min_lr
+    config.optimizer.lr = schedule.peak
+    config.optimizer.min_lr = schedule.floor
     config.ddp.use_distributed_optimizer = distributed_optimizer
     config.init_from = init_from  # a checkpoint's weights, fresh optimizer (fine-tuning)
     config.objective = run
@@ -194,8 +210,23 @@ def recipe(
     config.data.tokenizer = tokenizer
     config.data.train_samples = max_steps * global_batch_size if prepared else None
     config.data.cache_dir = f"{run_dir}/data"
-    if eval_split is not None:  # Megatron's validation split: the last documents
-        config.data.split = held_out_split(eval_split)
+    if config.packed_rows:  # held-out packed rows: the last ones, or other data
+        config.data.eval_split = eval_split or 0.0
+        config.data.eval_data_path = eval_data_path
+        has_eval_data = bool(eval_split or eval_data_path is not None)
+    elif eval_data_path is not None:
+        raise UsageError(
+            "--eval-data-path is evaluation data for an objective on packed rows on "
+            "Megatron-Core; a pretraining run holds the last documents out with --eval-split F"
+        )
+    elif prepared:  # Megatron's validation split: the last documents, none unless asked
+        config.data.split = held_out_split(eval_split or 0.0)
+        has_eval_data = bool(eval_split)
+    else:  # the byte corpus: Megatron's split unless --eval-split says otherwise
+        config.data.split = None if eval_split is None else held_out_split(eval_split)
+        has_eval_data = eval_split is None or eval_split > 0
+    if eval_every is None:  # by default: evaluate whenever there is data to evaluate on
+        eval_every = 25 if has_eval_data else 0
     backend = MegatronBackend(config)
     phase = None  # an objective on rollouts: sampled before each step from the weights
     if run.objective.rollouts and not is_planning():
@@ -212,9 +243,9 @@ def recipe(
         rollouts=phase,
         max_steps=max_steps,
         log_every=log_every,
-        eval_every=0 if config.packed_rows else eval_every,  # packed rows: no held-out split
+        eval_every=eval_every,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer, **run.settings()}
+        settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay, **run.settings()}
         | ({"model_spec": spec.to_dict()} if spec else {}),
         training_settings=run.objective.fixed_on_resume,
     )

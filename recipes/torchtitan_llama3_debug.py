@@ -52,7 +52,9 @@ inside ``Trainer.train_step``; ``--batch-size`` is rollouts per rank, and rows h
         --batch-size 16 --max-prompt-length 256 --max-completion-length 256 --seq-len 512
 
 Their documents never attend to each other: TorchTitan's ``block_causal`` FlexAttention
-on a GPU, SDPA under the same document mask on CPU (``torchtitan_cpu_attention``).
+on a GPU, SDPA under the same document mask on CPU (``torchtitan_cpu_attention``). Every
+row trains unless ``--eval-split F`` (the last rows) or ``--eval-data-path PREFIX`` holds
+some out; ``--eval-every N`` then evaluates the objective's loss over all of them.
 
 Checkpoints: TorchTitan's DCP CheckpointManager under ``<run-dir>/checkpoints/step_NNNNNN``,
 every ``--save-every`` steps and at the end.
@@ -64,13 +66,15 @@ from typing import Any
 
 from baton.backends.torchtitan import TorchTitanBackend
 from baton.backends.torchtitan.configs import llama3_debug, set_evaluation, set_layout
+from baton.backends.torchtitan.held_out import set_held_out
 from baton.backends.torchtitan.hf import init_from_hf, set_vocab, tokenizer_vocab, use_spec
-from baton.backends.torchtitan.lr_schedule import warmup_cosine_config
+from baton.backends.torchtitan.lr_schedule import schedule_config
 from baton.backends.torchtitan.objective import reads_text, reference_settings, use_objective
 from baton.callbacks import RolloutRecords, standard_callbacks
 from baton.callbacks.standard import CONSOLE_KEYS
 from baton.core import Driver
 from baton.core.errors import UsageError
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -79,8 +83,9 @@ from baton.data import resolve_tokenizer
 def recipe(
     max_steps: int = 20,
     lr: float = 8e-4,
+    lr_schedule: str | None = None,
     min_lr: float | None = None,
-    warmup_steps: int = 2,
+    warmup_steps: int = 0,
     batch_size: int = 4,
     seq_len: int = 128,
     seed: int = 0,
@@ -110,9 +115,11 @@ def recipe(
     Args:
         max_steps: optimizer steps to train.
         lr: peak learning rate (after warmup).
-        min_lr: the learning rate the cosine decay ends at, at --max-steps (default:
-            --lr / 10).
-        warmup_steps: steps of linear warmup (at most --max-steps).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and data-parallel rank.
         seq_len: tokens per sequence.
         seed: seed of the weights and of the data order.
@@ -120,10 +127,12 @@ def recipe(
         save_every: steps between checkpoints (0: only when the run stops).
         async_save: write checkpoints in the background (TorchTitan's async mode;
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
-        eval_every: steps between evaluations (0: none) with TorchTitan's validator.
+        eval_every: steps between evaluations (0: none) with TorchTitan's validator
+            (an objective on prepared rows: its loss over the held-out rows).
         data_path: .jsonl/.parquet, a prepared prefix or .txt (None: the Python reference).
-        eval_split: the fraction of the data's documents held out for evaluation, the
-            last ones (0: none).
+        eval_split: the fraction of the data's documents (an objective on prepared rows:
+            of its packed rows) held out for evaluation, the last ones (0: none; nothing is
+            held out unless asked).
         eval_data_path: evaluation data, of the same kind as --data-path.
         tokenizer: a Hugging Face tokenizer directory (None: bytes).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
@@ -142,7 +151,12 @@ def recipe(
         progress: show the progress bar.
     """
     run = ObjectiveRun.of(objective)
+    run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     config = llama3_debug(
         steps=max_steps,
         seq_len=seq_len,
@@ -153,16 +167,12 @@ def recipe(
         tokenizer=tokenizer,
         log_freq=log_every,
     )
-    if not reads_text(run) and (eval_every or eval_split or eval_data_path is not None):
-        raise UsageError(
-            f"--objective {run.name} trains on every row of its data: evaluation "
-            "(--eval-every, --eval-split, --eval-data-path) is for pretraining"
-        )
-    if eval_split or eval_data_path is not None:  # TorchTitan's validator, on local data
+    held_out = bool(eval_split or eval_data_path is not None)
+    if held_out and reads_text(run):  # TorchTitan's validator, on local data
         set_evaluation(
             config, data_path=data_path, eval_split=eval_split, eval_data_path=eval_data_path
         )
-    elif eval_every:
+    elif eval_every and not held_out:
         raise UsageError(
             f"--eval-every {eval_every} needs held-out data: pass --eval-split F (the last "
             "documents of --data-path) or --eval-data-path FILE_OR_PREFIX"
@@ -175,6 +185,8 @@ def recipe(
     elif tokenizer is not None:  # the debug model's vocabulary follows the tokenizer
         set_vocab(config, tokenizer_vocab(tokenizer))
     use_objective(config, run, data_path)
+    if held_out and not reads_text(run):  # the last rows, or other prepared data
+        set_held_out(config, run, eval_split=eval_split, eval_data_path=eval_data_path)
     reference = reference_settings(run, init_from=init_from, spec=spec, data_path=data_path)
     if init_from is not None and is_hf_dir(init_from):
         init_from_hf(config, init_from)
@@ -191,11 +203,11 @@ def recipe(
         use_expert_bias(config, expert_bias)
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
-    floor = lr / 10 if min_lr is None else min_lr
-    config.lr_scheduler = warmup_cosine_config(warmup_steps, floor / lr if lr else 0.0)
+    config.lr_scheduler = schedule_config(schedule)
     config.checkpoint.async_mode = "async" if async_save else "disabled"
     # a resume with other reference weights is refused (reference_fingerprint)
-    settings: dict[str, Any] = {"tokenizer": tokenizer, **run.settings(), **reference}
+    settings: dict[str, Any] = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
+    settings |= run.settings() | reference
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
     backend = TorchTitanBackend(config, reshard_data=reshard_data)

@@ -276,3 +276,71 @@ def test_a_registered_callbacks_changed_argument_is_refused_on_resume(
     assert status == 0, out
     recorded = newest_meta(tmp_path / "run")["settings"]["callbacks"]  # type: ignore[index]
     assert [(r["name"], r["interval_s"]) for r in recorded] == [("goodput", 5.0)]
+
+
+def test_a_class_of_a_top_level_module_on_pythonpath(tmp_path: Path, my_callbacks: Path) -> None:
+    """``--callback my_callbacks:EmbedNorm`` with ``my_callbacks.py`` on ``PYTHONPATH`` (no
+    package around it), as a user types it: the module's class, its arguments after it;
+    the same in a config file and in ``baton callbacks``."""
+    import os
+    import subprocess
+    import sys
+
+    paths = [str(my_callbacks.parent), str(ROOT / "tests")]  # the recipe imports support/
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
+
+    def baton_process(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "baton.core.cli.command", *args],
+            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+        )  # fmt: skip
+
+    run_dir = tmp_path / "run"
+    result = baton_process(
+        "run", str(SCALAR), "--run-dir", str(run_dir), "--max-steps", "2",
+        "--callback", "my_callbacks:EmbedNorm:scale=3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert written(run_dir) == {"scale": 3.0, "label": "norm", "steps": 2, "at": 2}
+    recorded = json.loads((run_dir / "run.json").read_text())["settings"]["callbacks"]
+    assert recorded == [{"name": "my_callbacks:EmbedNorm", "scale": 3.0, "label": "norm"}]
+
+    config = tmp_path / "exp.yaml"
+    config.write_text("callbacks:\n  - my_callbacks:EmbedNorm\n  - name: my_callbacks:EmbedNorm\n"
+                      "    label: from-config\n")  # fmt: skip
+    again = tmp_path / "again"
+    result = baton_process("run", str(SCALAR), "--run-dir", str(again), "--max-steps", "1",
+                           "--config", str(config))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert written(again)["label"] == "from-config"
+
+    result = baton_process("callbacks", "my_callbacks:EmbedNorm")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("my_callbacks:EmbedNorm (my_callbacks:EmbedNorm): Counts")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            "watchdog:Watchdog",
+            "--callback watchdog:Watchdog: 'watchdog' is a registered callback and 'Watchdog' "
+            "is not key=value; for the registered callback write --callback "
+            "watchdog:key=value, for the class Watchdog of a module watchdog write "
+            "--callback watchdog.Watchdog",
+        ),
+        (
+            "watchdg:Watchdog",
+            "no module named 'watchdg' (the registered callback 'watchdog'?); install the "
+            "package that provides it, put its file on PYTHONPATH, or give a file: "
+            "--callback path/to/file.py:Watchdog",
+        ),
+    ],
+)
+def test_a_module_and_class_that_could_be_a_callback_says_how_to_write_it(
+    tmp_path: Path, given: str, message: str
+) -> None:
+    with pytest.raises(UsageError) as error:
+        build_driver(SCALAR, ["--run-dir", str(tmp_path / "run"), "--callback", given])
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()

@@ -423,3 +423,22 @@ def test_baton_rewards_lists_them_and_their_settings(
     assert status == 0 and "limit" in out and "the longest completion rewarded" in out
     status, out = baton(capsys, "rewards", "lenght")
     assert status == 2 and "did you mean 'length'?" in out
+
+
+def test_a_reward_of_a_top_level_module_and_a_name_that_is_also_a_reward(
+    my_rewards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--reward MODULE:fn`` of a module outside any package (on the Python path) is that
+    function; where ``MODULE`` is also a registered reward the flag says how to write each
+    meaning."""
+    monkeypatch.syspath_prepend(str(my_rewards.parent))
+    monkeypatch.delitem(__import__("sys").modules, my_rewards.stem, raising=False)
+    (reward,) = load_rewards([f"{my_rewards.stem}:brevity:limit=2"])
+    assert (reward.spec, dict(reward.settings)) == (f"{my_rewards.stem}:brevity", {"limit": 2})
+    with pytest.raises(UsageError) as error:
+        load_rewards(["accuracy:brevity"])
+    assert str(error.value) == (
+        "--reward accuracy:brevity: 'accuracy' is a registered reward and 'brevity' is not "
+        "key=value; for the registered reward write --reward accuracy:key=value, for the "
+        "function brevity of a module accuracy write --reward accuracy.brevity"
+    )

@@ -237,3 +237,52 @@ def test_compare_sft_refuses_a_backend_whose_recipe_has_no_objective(tmp_path, c
     )  # fmt: skip
     assert code == 2
     assert "the recipe of maxtext has no --objective; choose from fabric" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_sft_on_ten_rows_or_more_reads_every_row_on_all_four(tmp_path: Path) -> None:
+    """``--objective sft`` on a chat ``.jsonl`` that packs into more than ten rows, one
+    batch of them all: no engine holds a row out (nothing is unless asked), so every
+    first step reads the same rows and the first-step losses agree within 1e-5; every
+    engine logs the same ``lr`` at every step, SFT's default schedule (constant)."""
+    from baton.data.packed import PackedDataset
+    from baton.tools.data.posttrain import prepare_posttrain
+    from support.posttrain import MODEL_VOCAB, chat_tokenizer, conversations, tiny_model
+
+    tokenizer = chat_tokenizer(tmp_path / "tok")
+    model = tiny_model(tmp_path / "model")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(28)))
+    probe = tmp_path / "probe" / "chat"
+    prepare_posttrain([chat], tokenizer, probe, seq_len=96)
+    rows = PackedDataset(probe).num_rows
+    assert rows >= 10  # Fabric used to hold a tenth of such data out
+    run_dir = tmp_path / "compare"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline"}
+    command = [
+        sys.executable, "-m", "baton.core.cli.command", "compare", "--objective=sft", "--steps=2",
+        "--seq-len=96", f"--batch={rows}", f"--data-path={chat}", f"--tokenizer={tokenizer}",
+        f"--init-from={model}", f"--run-dir={run_dir}", f"--recipes={ROOT / 'recipes'}",
+        "--lr=1e-3", "--backends", *BACKENDS,
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    tails = "\n".join(
+        f"--- {b}\n" + "\n".join((run_dir / f"{b}.log").read_text().splitlines()[-15:])
+        for b in BACKENDS
+        if (run_dir / f"{b}.log").is_file()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr + tails
+    assert f"every backend trains on all {rows} rows, none held out" in result.stdout
+    assert "schedule on every backend: constant lr 0.001" in result.stdout
+    first, lrs = {}, {}
+    for backend in BACKENDS:
+        assert "--lr-schedule=constant" in (run_dir / f"{backend}.log").read_text()
+        logged = [
+            r for r in read_jsonl(run_dir / backend / "logs" / "metrics.jsonl") if "loss" in r
+        ]
+        assert [r["step"] for r in logged] == [1, 2], backend
+        first[backend], lrs[backend] = logged[0]["loss"], [r["lr"] for r in logged]
+    for backend, value in first.items():
+        assert abs(value - first["fabric"]) / first["fabric"] < 1e-5, first
+        assert lrs[backend] == pytest.approx([1e-3, 1e-3], rel=1e-6), (backend, lrs)
+    assert abs(first["fabric"] - math.log(MODEL_VOCAB)) < 1.0

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "recipes" / "quickstart.py"
 TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq-len", "32"]
 TINY += ["--batch-size", "4", "--log-every", "1", "--eval-every", "8", "--no-progress"]
+TINY += ["--eval-split", "0.1"]  # nothing is held out unless asked: evaluate the last tenth
 
 
 class StopAt(Callback):
@@ -95,7 +96,7 @@ def test_hf_recipe_on_tokenized_jsonl(tmp_path):
     with pytest.raises(ValueError, match="vocabulary has 400 tokens, the model's only 256"):
         build_driver(recipe, ["--init-from", str(tmp_path / "bytes"), *args])
     LlamaForCausalLM(LlamaConfig(vocab_size=512, **shape)).save_pretrained(tmp_path / "llama")
-    args += ["--max-steps", "3", "--eval-every", "3", "--batch-size", "4"]
+    args += ["--max-steps", "3", "--eval-every", "3", "--eval-split", "0.1", "--batch-size", "4"]
     driver = build_driver(
         recipe, ["--init-from", str(tmp_path / "llama"), *args, "--run-dir", str(tmp_path / "r")]
     )

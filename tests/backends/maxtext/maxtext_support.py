@@ -23,7 +23,8 @@ def outside_driver(config: Any = None) -> Iterator[None]:
     from baton.backends.maxtext.patches import NO_DUMP_XLA_FLAGS
 
     warmup = getattr(config, "warmup_steps", None)
-    schedule = baton_schedule(warmup) if warmup is not None else contextlib.nullcontext()
+    decay = getattr(config, "lr_schedule", "cosine")
+    schedule = baton_schedule(warmup, decay) if warmup is not None else contextlib.nullcontext()
     prng, flags = jax.config.jax_default_prng_impl, os.environ.get("XLA_FLAGS")
     os.environ["XLA_FLAGS"] = flags or NO_DUMP_XLA_FLAGS
     try:

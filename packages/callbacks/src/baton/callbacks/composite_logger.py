@@ -13,7 +13,7 @@ Sinks are given by name (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``, ``co
 or as objects. ``tensorboard``, ``wandb`` and ``mlflow`` need the
 ``baton-callbacks[tensorboard]`` / ``[wandb]`` / ``[mlflow]`` extras: naming one that is
 not installed is an error that says so, and the default sinks leave TensorBoard out when
-it is missing. From the command line::
+it is missing, with one log line saying how to add it. From the command line::
 
     baton run recipes/quickstart.py --callback logger:sinks=[jsonl,mlflow,console]
     baton run recipes/quickstart.py \
@@ -45,12 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 from baton.callbacks.log_thread import LogThread
 from baton.callbacks.sinks import (
-    MissingSinkPackage,
     Phase,
     Sink,
     StatefulSink,
     build_sink,
-    check_installed,
+    installed_sinks,
 )
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.core.callback import LOGGER_PRIORITY, Callback
@@ -63,14 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("baton")
 
 DEFAULT_SINKS = ("jsonl", "tensorboard", "console")
-
-
-def _installed(name: str) -> bool:
-    try:
-        check_installed(name)
-    except MissingSinkPackage:
-        return False
-    return True
 
 
 @CALLBACKS.register("logger")
@@ -97,7 +88,7 @@ class CompositeLogger(Callback):
         mlflow_tracking_uri: str | None = None,
     ) -> None:
         if sinks is DEFAULT_SINKS:  # the defaults leave out what is not installed
-            sinks = [name for name in DEFAULT_SINKS if _installed(name)]
+            sinks = installed_sinks(DEFAULT_SINKS)
         if mlflow_tracking_uri is not None and "mlflow" not in sinks:
             raise UsageError(
                 "mlflow_tracking_uri is given but no mlflow sink: add it, "

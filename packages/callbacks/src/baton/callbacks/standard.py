@@ -13,6 +13,10 @@ Gives, in this order: ``Checkpoint`` (every ``save_every`` steps and/or
 (SIGTERM/SIGUSR1 save and exit 0), ``ThroughputMonitor``, ``CompositeLogger`` (JSONL,
 TensorBoard and a console line of ``console_keys``), ``Progress`` (a live bar), then
 ``extra``. Each part can be switched off; priorities order them, not the list.
+
+The default sinks leave out one whose package is missing (TensorBoard without
+``tensorboard`` or ``crc32c``), with one log line saying how to add it, so a minimal
+install still trains; sinks given by name refuse a missing package in one line.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from baton.callbacks.checkpoint import Checkpoint
 from baton.callbacks.composite_logger import CompositeLogger
 from baton.callbacks.preemption import Preemption
 from baton.callbacks.progress import Progress
-from baton.callbacks.sinks import Sink, check_installed
+from baton.callbacks.sinks import Sink, check_installed, installed_sinks
 from baton.callbacks.sinks.console import ConsoleSink
 from baton.callbacks.sinks.wandb import WandbSink
 from baton.callbacks.throughput import ThroughputMonitor
 from baton.core.callback import Callback
 
+#: the sinks ``standard_callbacks`` writes to by default (besides the console line)
+STANDARD_SINKS: tuple[str, ...] = ("jsonl", "tensorboard")
 #: printed on every log step and evaluation (the loss visibly falls in any terminal);
 #: ``a|b`` shows ``a``, else ``b`` (tokens/s for token models, else samples/s; a
 #: LightningModule's ``val_loss`` where evaluation keeps the module's names)
@@ -51,7 +57,7 @@ def standard_callbacks(
     checkpoint: bool = True,
     preemption: bool = True,
     throughput: bool = True,
-    sinks: Sequence[str | Sink] = ("jsonl", "tensorboard"),
+    sinks: Sequence[str | Sink] = STANDARD_SINKS,
     console_keys: Sequence[str] | None = CONSOLE_KEYS,
     progress: bool = True,
     wandb_project: str | None = None,
@@ -70,7 +76,8 @@ def standard_callbacks(
         checkpoint: include ``Checkpoint``.
         preemption: include ``Preemption``.
         throughput: include ``ThroughputMonitor``.
-        sinks: the logger's sinks besides the console line.
+        sinks: the logger's sinks besides the console line (the default leaves out a
+            sink whose package is missing, saying so; named ones refuse it).
         console_keys: keys of the console line (``None``: no console line).
         progress: include ``Progress`` (the progress bar).
         wandb_project: also log to this W&B project.
@@ -110,6 +117,8 @@ def standard_logger(
 ) -> Callback | None:
     """The ``CompositeLogger`` of ``standard_callbacks``: ``sinks``, then W&B where a
     project is given, then the console line (``console_keys``); ``None`` with no sink."""
+    if sinks is STANDARD_SINKS:  # a default never stops a run
+        sinks = installed_sinks(STANDARD_SINKS)
     console = [ConsoleSink(console_keys)] if console_keys is not None else []
     wandb: list[Sink] = []
     if wandb_project:

@@ -6,11 +6,19 @@ class path, with the same ``:key=value,...`` arguments::
     --callback my_callbacks.py:EmbedNorm:scale=2     # a file (relative to the working directory)
     --callback mypkg.callbacks:EmbedNorm:scale=2     # a module on the Python path
     --callback mypkg.callbacks.EmbedNorm             # the same, written as one dotted name
+    --callback my_callbacks:EmbedNorm:scale=2        # a top-level module (my_callbacks.py
+                                                     # on PYTHONPATH)
+
+``NAME:Identifier`` is a class path when ``NAME`` is no registered callback and
+``Identifier`` is no ``key=value``; where ``NAME`` is a registered callback too
+(``ema:EmbedNorm``), it is refused in one line saying how to write each meaning
+(``ema.EmbedNorm`` for the module's class, ``ema:key=value`` for the callback).
 
 A file's path is recorded resolved (absolute), so a resume rebuilds the same class
 from another working directory. From code::
 
     is_class_path("ema")                                # False: a registered name
+    is_class_path("my_callbacks:EmbedNorm")             # True: no callback is my_callbacks
     target, rest = split_class_path("my_callbacks.py:EmbedNorm:scale=2", "--callback ...")
     # ("/home/me/exp/my_callbacks.py:EmbedNorm", "scale=2")
     load_class(target, "--callback ...")                # the class, a Callback subclass
@@ -30,9 +38,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from baton.core.callback import Callback
 from baton.core.errors import UsageError, did_you_mean
+from baton.core.registry import CALLBACKS, Registry
 
 #: the module names files are imported under (``baton_callback_file__home_me_cb_py``)
 FILE_MODULE_PREFIX = "baton_callback_file_"
@@ -56,6 +66,9 @@ class PathKind:
     module_example: str
     #: ``my_callbacks.py:MyCallback``
     file_example: str
+    #: the names registered for this flag (``NAME:Identifier`` is a path unless ``NAME``
+    #: is one of them)
+    registry: Registry[Any] = CALLBACKS
 
     @property
     def example_name(self) -> str:
@@ -74,11 +87,26 @@ CALLBACK_PATH = PathKind(
 )
 
 
-def is_class_path(text: str) -> bool:
-    """Whether ``text`` (``--callback``'s, as given) names a class by file or module
-    rather than by registered name: its part before the first ``:`` is a path or dotted."""
-    head = text.partition(":")[0]
-    return _is_file(head) or "." in head
+def is_class_path(text: str, kind: PathKind = CALLBACK_PATH) -> bool:
+    """Whether ``text`` (``--callback``'s, or another ``kind``'s flag's, as given) names a
+    class by file or module rather than by registered name: its part before the first
+    ``:`` is a path or dotted, or it is ``NAME:Identifier`` with ``NAME`` not registered
+    (a top-level module) and ``Identifier`` no ``key=value``. ``NAME:Identifier`` with a
+    registered ``NAME`` is ambiguous: a ``UsageError`` saying how to write either meaning."""
+    head, _, rest = text.partition(":")
+    if _is_file(head) or "." in head:
+        return True
+    first = rest.partition(":")[0].strip()
+    if not head.strip() or not first.isidentifier():
+        return False
+    if head.strip() not in kind.registry:
+        return True
+    flag = kind.flag
+    raise UsageError(
+        f"{flag} {text}: {head!r} is a registered {kind.component} and {first!r} is not "
+        f"key=value; for the registered {kind.component} write {flag} {head}:key=value, for "
+        f"the {kind.defines} {first} of a module {head} write {flag} {head}.{first}"
+    )
 
 
 def names_class(name: str) -> bool:
@@ -116,12 +144,12 @@ def split_class_path(text: str, source: str, kind: PathKind = CALLBACK_PATH) -> 
     return f"{module}:{attr}", rest
 
 
-def normal_name(text: str, source: str) -> str:
-    """A callback's name as recorded: a registered name unchanged, a class path as
-    ``split_class_path`` writes it (arguments not allowed here)."""
-    if not is_class_path(text):
+def normal_name(text: str, source: str, kind: PathKind = CALLBACK_PATH) -> str:
+    """A callback's (or another ``kind``'s) name as recorded: a registered name
+    unchanged, a class path as ``split_class_path`` writes it (arguments not allowed here)."""
+    if not is_class_path(text, kind):
         return text
-    target, rest = split_class_path(text, source)
+    target, rest = split_class_path(text, source, kind)
     if rest.strip():
         raise UsageError(f"{source}: {text!r}: give the arguments as the entry's own keys")
     return target
@@ -210,9 +238,12 @@ def _import(module: str, name: str, source: str, kind: PathKind) -> ModuleType:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
         if error.name is not None and module.startswith(error.name):
+            close = None if "." in module else did_you_mean(module, kind.registry.names())
+            registered = f" (the registered {kind.component} {close!r}?)" if close else ""
             raise UsageError(
-                f"{source}: no module named {module!r}; install the package that provides "
-                f"it, or give a file: {kind.flag} path/to/file.py:{name}"
+                f"{source}: no module named {module!r}{registered}; install the package "
+                f"that provides it, put its file on PYTHONPATH, or give a file: {kind.flag} "
+                f"path/to/file.py:{name}"
             ) from None
         raise UsageError(
             f"{source}: module {module} cannot be imported: {error}; install what it needs"

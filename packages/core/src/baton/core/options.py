@@ -33,6 +33,7 @@ TRAINING_SETTINGS: frozenset[str] = frozenset(
     {
         "lr",
         "learning_rate",
+        "lr_schedule",
         "min_lr",
         "min_lr_ratio",
         "warmup_steps",
@@ -47,6 +48,7 @@ TRAINING_SETTINGS: frozenset[str] = frozenset(
         "sequence_length",
         "data",
         "data_path",
+        "eval_split",
         "dataset",
         "dataset_path",
         "tokenizer",

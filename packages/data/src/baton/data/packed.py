@@ -23,6 +23,16 @@ Example::
     batch.documents                              # [4, max_documents_per_row] sequence ids
     batch.supervised_tokens                      # loss_mask.sum()
 
+Held-out rows (``--eval-split F``: the last rows; or ``--eval-data-path``: another
+prepared dataset of the same kind), the one rule of every engine: nothing is held out
+unless asked::
+
+    train, held = held_out_rows(data, "sft", eval_split=0.25)   # two views of the same files
+    train.num_rows, held.num_rows, held.whole is data           # 6, 2, True
+    train, held = held_out_rows(data, "sft", eval_data_path="data/chat_eval")
+    train, held = held_out_rows(data, "sft")                    # (data, None): every row trains
+    train, held = split_rows(data, 0.25)                        # the split alone
+
 Writing rows of ``(tokens, mask)`` documents (a row holds at most ``seq_len + 1`` tokens;
 preference rows hold whole pairs, chosen first)::
 
@@ -48,6 +58,7 @@ Attention never crosses documents: positions restart at 0 in each document and q
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Sequence
@@ -64,6 +75,7 @@ from baton.data.errors import DataError
 from baton.data.indexed import PreparedDataset
 from baton.data.indexed_writer import IndexedWriter
 from baton.data.manifest import manifest_path, split_prefix
+from baton.data.split import held_out_start
 from baton.data.tokenizer import TokenizerInfo
 
 #: the ``format`` of a post-training manifest
@@ -195,6 +207,10 @@ class PackedDataset:
                 f"for post-training; {redo}, or train with --objective pretrain"
             )
         self.manifest: dict[str, Any] = manifest
+        #: the dataset a view of rows (``rows``) was cut from (``self`` for a whole one)
+        self.whole: PackedDataset = self
+        #: the first row of ``whole`` this dataset's row 0 is
+        self.first_row = 0
         self.objective: str = str(objective)
         self.seq_len: int = int(manifest["seq_len"])
         self.indexed = PreparedDataset(self.prefix)
@@ -253,6 +269,24 @@ class PackedDataset:
     def num_rows(self) -> int:
         return len(self._row_bounds) - 1
 
+    def rows(self, start: int, stop: int) -> PackedDataset:
+        """Rows ``start .. stop - 1`` as a dataset of their own: the same files, its row 0
+        this one's row ``start``; documents keep their global sequence numbers (a DPO
+        reference over ``whole`` still applies), ``max_documents_per_row`` stays the
+        whole's."""
+        if not 0 <= start < stop <= self.num_rows:
+            raise IndexError(f"rows {start}..{stop - 1} out of range (0..{self.num_rows - 1})")
+        view = copy.copy(self)
+        view._row_bounds = self._row_bounds[start : stop + 1]
+        view.documents_per_row = self.documents_per_row[start:stop]
+        view.first_row = self.first_row + start
+        return view
+
+    @property
+    def sequences(self) -> range:
+        """The global sequence numbers of this dataset's documents."""
+        return range(int(self._row_bounds[0]), int(self._row_bounds[-1]))
+
     @property
     def num_sequences(self) -> int:
         """Documents over all rows (conversations, or two per preference pair)."""
@@ -304,10 +338,65 @@ class PackedDataset:
         return PackedBatch(inputs, targets, loss_mask, positions, segments, documents)
 
     def __repr__(self) -> str:
+        part = "" if self.whole is self else f" from row {self.first_row}"
         return (
-            f"PackedDataset({self.prefix!r}: {self.objective}, {self.num_rows} rows of "
+            f"PackedDataset({self.prefix!r}: {self.objective}, {self.num_rows} rows{part} of "
             f"{self.seq_len + 1} tokens, {self.num_sequences} documents)"
         )
+
+
+def held_out_rows(
+    data: PackedDataset,
+    objective: str,
+    *,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
+) -> tuple[PackedDataset, PackedDataset | None]:
+    """``(rows to train on, rows to evaluate on)`` of a run of the training
+    ``objective`` on ``data``: with ``eval_split`` the last ``eval_split`` of the rows are
+    held out (``held_out_start``, the rule of every engine: at least one, never all); with
+    ``eval_data_path`` that prepared dataset is evaluated and every row trains; with
+    neither every row trains and there is nothing to evaluate (``None``). Held-out data
+    of a kind ``objective`` does not read, another row width or tokenizer, or both flags
+    at once, is a ``DataError`` naming the fix."""
+    if eval_split and eval_data_path is not None:
+        raise DataError(
+            "pass --eval-split F (the last rows of --data-path) or --eval-data-path PREFIX "
+            "(other prepared data), not both"
+        )
+    if eval_data_path is not None:
+        check_objective(eval_data_path, objective)
+        held = PackedDataset(eval_data_path)
+        ours, theirs = data.manifest["tokenizer"], held.manifest["tokenizer"]
+        if theirs.get("fingerprint") != ours.get("fingerprint"):
+            raise DataError(
+                f"--eval-data-path {held.prefix} was prepared with another tokenizer than "
+                f"{data.prefix}; prepare it with {ours.get('path')}"
+            )
+        if held.seq_len != data.seq_len:
+            raise DataError(
+                f"--eval-data-path {held.prefix} holds rows of {held.seq_len} tokens, "
+                f"{data.prefix} of {data.seq_len}; prepare it with --seq-len {data.seq_len}"
+            )
+        return data, held
+    return split_rows(data, eval_split)
+
+
+def split_rows(
+    data: PackedDataset, eval_split: float
+) -> tuple[PackedDataset, PackedDataset | None]:
+    """``(the rows before the last eval_split of them, those last rows)`` (``(data,
+    None)`` for 0); a ``DataError`` when none would be left to train on."""
+    if not eval_split:
+        return data, None
+    rows = data.num_rows
+    if 0 <= eval_split < 1 and max(1, round(eval_split * rows)) >= rows:
+        raise DataError(
+            f"{data.prefix} holds {rows} packed row(s): holding out {eval_split} of them "
+            "leaves none to train on; use more data or a smaller --eval-split"
+        )
+    first = held_out_start(rows, eval_split, source=data.prefix)
+    return data.rows(0, first), data.rows(first, rows)
 
 
 # ---- the writer ----------------------------------------------------------------------

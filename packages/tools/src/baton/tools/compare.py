@@ -30,11 +30,14 @@ in ``<run-dir>/comparison/loss.png`` (``baton plot`` with the run directories) a
 table prints each backend's first and final loss and the largest relative difference of
 its per-step losses from the first backend's.
 
-Every backend runs one learning-rate schedule shape (``baton.core.lr_schedule``), given
-through the recipes' flags ``--lr``, ``--warmup-steps`` and ``--min-lr``: linear warmup
-over ``--warmup-steps`` to ``--lr``, then cosine decay to ``--min-lr`` (default a tenth
-of ``--lr``) at the last step; it is printed before the runs and before the table, and
-each step logs the same ``lr`` on all four, so the losses differ by no schedule.
+Every backend runs one learning-rate schedule (``baton.core.lr_schedule``), given
+through the recipes' flags ``--lr``, ``--lr-schedule``, ``--warmup-steps`` and
+``--min-lr``: linear warmup over ``--warmup-steps`` to ``--lr``, then the rate held
+(``constant``) or decayed (``linear``, ``cosine``) to ``--min-lr`` (default a tenth of
+``--lr``) at the last step; by default the objective's schedule (cosine for pretraining,
+constant for SFT) with a warmup of a tenth of the steps when it decays. It is printed
+before the runs and before the table, and each step logs the same ``lr`` on all four,
+so the losses differ by no schedule.
 
 Where the four still differ (each recipe keeps its backend's own choices):
 
@@ -61,12 +64,13 @@ backend's first-step loss and its relative difference from the first backend's::
     uv run baton compare --objective sft --data-path chat.jsonl --tokenizer hf_model \
         --init-from hf_model --seq-len 512 --batch 8 --backends fabric megatron
 
-The loss is the mean over the step's supervised tokens on every backend. When ``--batch``
-holds every row of the data (and fewer than 10 rows, so Fabric holds none out for
-evaluation) every backend's first step reads the same rows, and the first-step losses
-agree within 1e-5 relative; otherwise each backend's own order picks the rows. Without
-``--backends`` it runs the backends that declare the objective and whose recipe takes
-``--objective``.
+The loss is the mean over the step's supervised tokens on every backend. No backend holds
+rows out (nothing is held out unless a run asks with ``--eval-split`` or
+``--eval-data-path``), so every backend trains on every row: when ``--batch`` holds every
+row of the data every backend's first step reads the same rows, and the first-step
+losses agree within 1e-5 relative; otherwise each backend's own order picks the rows of
+a step. The data line says how many rows there are. Without ``--backends`` it runs the
+backends that declare the objective and whose recipe takes ``--objective``.
 """
 
 from __future__ import annotations
@@ -84,8 +88,9 @@ from typing import Any
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 from baton.core.backend_descriptor import CompareRun, backend_descriptors
 from baton.core.errors import UsageError
-from baton.core.lr_schedule import WarmupCosine
+from baton.core.lr_schedule import SHAPES, LRSchedule
 from baton.core.model.spec import ModelSpec
+from baton.core.objectives import objective_named
 from baton.tools.compare_model import (
     MOE_LOSSES,
     check_model,
@@ -184,6 +189,7 @@ def backend_command(
     min_lr: float | None = None,
     recipes: Path = RECIPES,
     objective: str = "pretrain",
+    lr_schedule: str = "cosine",
 ) -> list[str]:
     """``python -m baton.core.cli.command run <backend's recipe> --init-from ...`` with the shared
     settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
@@ -193,6 +199,7 @@ def backend_command(
         f"--init-from={init_from}",
         f"--max-steps={steps}",
         f"--lr={lr}",
+        f"--lr-schedule={lr_schedule}",
         f"--warmup-steps={min(warmup_steps, steps)}",
         f"--min-lr={lr / 10 if min_lr is None else min_lr}",
         f"--data-path={data_path}",
@@ -264,6 +271,7 @@ def compare(
     seq_len: int = 128,
     batch: int = 4,
     lr: float = 1e-3,
+    lr_schedule: str | None = None,
     warmup_steps: int | None = None,
     min_lr: float | None = None,
     vocab_size: int = 2048,
@@ -286,8 +294,11 @@ def compare(
         seq_len: tokens per sample.
         batch: samples per step.
         lr: peak learning rate (after warmup).
-        warmup_steps: steps of linear warmup on every backend (None: a tenth of --steps).
-        min_lr: the learning rate every backend's cosine decay ends at, at the last step
+        lr_schedule: after the warmup, on every backend: constant, linear or cosine decay
+            (None: the objective's, cosine for pretrain and constant for sft).
+        warmup_steps: steps of linear warmup on every backend (None: a tenth of --steps
+            under a decaying schedule, none under a constant one).
+        min_lr: the learning rate every backend's decay ends at, at the last step
             (None: --lr / 10).
         vocab_size: the BPE trained when no --tokenizer is given.
         data_path: a prepared prefix (`baton data prepare`); with --tokenizer.
@@ -316,12 +327,13 @@ def compare(
         _check_sft(backends, data_path, tokenizer, recipes)
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
     _check_model_choice(init_from, model_config, shape)  # before any data is prepared
-    schedule = shared_schedule(steps, lr, warmup_steps, min_lr)
+    decay = objective_named(objective).lr_schedule if lr_schedule is None else lr_schedule
+    schedule = shared_schedule(steps, lr, warmup_steps, min_lr, decay)
     root = Path(run_dir)
     if objective == "sft":
         assert data_path is not None and tokenizer is not None  # _check_sft
         data_path = prepare_chat(data_path, tokenizer, root / "data", seq_len)
-        print(f"data: {data_path} (conversations, packed), tokenizer {tokenizer}", flush=True)
+        print(f"data: {data_path} ({packed_rows(data_path)}), tokenizer {tokenizer}", flush=True)
     elif data_path is None or tokenizer is None:
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
@@ -330,7 +342,8 @@ def compare(
     settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
                 "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr,
                 "warmup_steps": schedule.warmup_steps, "min_lr": schedule.floor,
-                "recipes": recipes, "objective": objective}  # fmt: skip
+                "recipes": recipes, "objective": objective,
+                "lr_schedule": schedule.decay}  # fmt: skip
     wall, failed = _run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
     print(f"\nschedule on every backend: {schedule.summary()}")
@@ -340,21 +353,41 @@ def compare(
 
 
 def shared_schedule(
-    steps: int, lr: float, warmup_steps: int | None = None, min_lr: float | None = None
-) -> WarmupCosine:
-    """The one schedule every backend runs: warmup (default a tenth of ``steps``) to
-    ``lr``, cosine decay to ``min_lr`` (default ``lr / 10``) at ``steps``.
+    steps: int,
+    lr: float,
+    warmup_steps: int | None = None,
+    min_lr: float | None = None,
+    lr_schedule: str = "cosine",
+) -> LRSchedule:
+    """The one schedule every backend runs: warmup (default a tenth of ``steps`` when the
+    rate decays, none when it is constant) to ``lr``, then ``lr_schedule`` to ``min_lr``
+    (default ``lr / 10``) at ``steps``.
 
-    >>> shared_schedule(50, 1e-3).describe()
+    >>> shared_schedule(50, 1e-3).summary()
     'warmup 5 steps to lr 0.001, cosine decay to 0.0001 at step 50'
     """
-    warmup = steps // 10 if warmup_steps is None else min(warmup_steps, steps)
+    if lr_schedule not in SHAPES:
+        raise ValueError(f"--lr-schedule {lr_schedule}: choose from {' '.join(SHAPES)}")
+    default = 0 if lr_schedule == "constant" else steps // 10
+    warmup = default if warmup_steps is None else min(warmup_steps, steps)
     if warmup < 0 or (min_lr is not None and not 0 <= min_lr <= lr):
         raise ValueError(
             f"--warmup-steps {warmup_steps} / --min-lr {min_lr}: the warmup must be at "
             f"least 0 and --min-lr between 0 and --lr ({lr:g})"
         )
-    return WarmupCosine(lr, lr / 10 if min_lr is None else min_lr, warmup, steps)
+    return LRSchedule(lr, lr / 10 if min_lr is None else min_lr, warmup, steps, lr_schedule)
+
+
+def packed_rows(prefix: str) -> str:
+    """How the packed conversations at ``prefix`` are laid out, and that every backend
+    trains on all of them (none held out)."""
+    from baton.data.packed import PackedDataset
+
+    data = PackedDataset(prefix)
+    return (
+        f"{data.num_sequences} conversations packed in {data.num_rows} rows; every backend "
+        f"trains on all {data.num_rows} rows, none held out"
+    )
 
 
 def _check_model_choice(
@@ -516,16 +549,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4, help="samples per step")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument(
+        "--lr-schedule",
+        choices=SHAPES,
+        default=None,
+        help="after the warmup, on every backend (default: cosine for pretrain, constant for sft)",
+    )
+    parser.add_argument(
         "--warmup-steps",
         type=int,
         default=None,
-        help="steps of linear warmup on every backend (default: a tenth of --steps)",
+        help="steps of linear warmup on every backend (default: a tenth of --steps when "
+        "the rate decays, none when it is constant)",
     )
     parser.add_argument(
         "--min-lr",
         type=float,
         default=None,
-        help="where every backend's cosine decay ends, at the last step (default: --lr / 10)",
+        help="where every backend's decay ends, at the last step (default: --lr / 10)",
     )
     parser.add_argument("--vocab-size", type=int, default=2048, help="the BPE trained if needed")
     parser.add_argument("--data-path", default=None, help="a `baton data prepare` prefix")
@@ -562,6 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seq_len=args.seq_len,
             batch=args.batch,
             lr=args.lr,
+            lr_schedule=args.lr_schedule,
             warmup_steps=args.warmup_steps,
             min_lr=args.min_lr,
             vocab_size=args.vocab_size,

@@ -125,12 +125,14 @@ def vocabulary_table() -> str:
 
 def objectives_table() -> str:
     """Every registered objective: what it minimises, the data it reads, its reference
-    model, the metric keys its loss logs and its settings (``baton.core.objectives``)."""
+    model, the metric keys its loss logs, its settings and its default learning-rate
+    schedule (``baton.core.objectives``)."""
     from baton.core.objectives import OBJECTIVES, ReferenceUse
 
     rows = [
-        "| objective | what a step minimises | data | reference | metric keys | settings |",
-        "|---|---|---|---|---|---|",
+        "| objective | what a step minimises | data | reference | metric keys | settings "
+        "| `--lr-schedule` |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in OBJECTIVES.names():
         objective = OBJECTIVES.get(name)
@@ -142,7 +144,7 @@ def objectives_table() -> str:
         flags = ", ".join(f"`{s.flag}`" for s in objective.settings)
         rows.append(
             f"| `{name}` | {_cell(objective.summary)} | {objective.data.described} "
-            f"| {reference} | {keys or 'none'} | {flags or 'none'} |"
+            f"| {reference} | {keys or 'none'} | {flags or 'none'} | `{objective.lr_schedule}` |"
         )
     return "\n".join(rows)
 

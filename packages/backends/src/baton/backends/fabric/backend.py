@@ -106,6 +106,12 @@ from baton.core.metrics import StepOutput
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
+#: why a backend without evaluation data cannot evaluate, and the fix
+NO_EVAL_DATA = (
+    "no evaluation data: hold some out with --eval-split F or give --eval-data-path "
+    "(FabricBackend(eval_data=...)), or run with --eval-every 0"
+)
+
 #: also importable from here (``LightningBackend`` and older code import them so)
 __all__ = ["BatchError", "FabricBackend", "FabricConfig", "split_loss"]
 
@@ -371,7 +377,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         """The mean loss (and other metrics a step function returns) over the evaluation
         data, averaged over ranks."""
         if self.eval_data is None:
-            raise ValueError("no evaluation data: pass eval_data=... to FabricBackend to evaluate")
+            raise ValueError(NO_EVAL_DATA)
         losses, model = self._batch_loss(), self._built()[0].model
         return evaluate_batches(
             self.runtime.fabric,
@@ -379,6 +385,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
             self.eval_data,
             lambda batch: losses.evaluation(model, batch),
             self.config.eval_batches,
+            weight_of=self.mean_over,  # post-training: a mean over every held-out item
         )
 
     # -- abilities --------------------------------------------------------------------
@@ -387,7 +394,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         asynchronous save where the state is whole (single device, DDP: written by a
         thread); weight checksums and step replay where a rank holds whole replicas."""
         offered = Abilities(
-            evaluate=True,
+            evaluate=self.eval_data is not None,
             skip_data=True,
             multi_rank=True,
             model_state=True,
@@ -395,6 +402,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
             weight_checksums=True,
             step_replay=True,
         )
+        offered = offered.refusing(evaluate=None if self.eval_data is not None else NO_EVAL_DATA)
         if self.runtime.fabric is None:
             return offered
         return offered.refusing(**self.corruption.refusals())

@@ -8,7 +8,12 @@ Example (what ``FabricBackend.evaluate`` does)::
     # {"loss": tensor(2.31), "accuracy": tensor(0.41)}: device tensors, fetched later
 
 ``values_of(batch)`` gives one batch's metrics (the loss first, then whatever else the
-step function returns); ``limit`` caps the number of batches (``None``: all).
+step function returns); ``limit`` caps the number of batches (``None``: all). With
+``weight_of(batch)`` (a backend's ``mean_over``: the items of the objective's loss in a
+batch) each batch's mean loss counts by its items and each ``WeightedMean`` metric adds
+its own total and weight, so the result is the objective's loss over every held-out row
+(the sum of its totals over the sum of its items) and each metric its sum over its
+weight, however the rows are batched.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from baton.backends.fabric.step import WeightedMean
+
 
 def evaluate_batches(
     fabric: Any,
@@ -26,11 +33,15 @@ def evaluate_batches(
     batches: Iterable[Any],
     values_of: Callable[[Any], dict[str, Any]],
     limit: int | None = None,
+    weight_of: Callable[[Any], float] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The mean of each metric ``values_of`` returns over ``batches`` (at most ``limit``),
-    averaged over ranks. Evaluation draws no training randomness (a loader's seed,
-    dropout): the random state is forked and restored."""
+    averaged over ranks: each batch's value weighted by ``weight_of(batch)`` where given
+    (a ``WeightedMean`` then adds its own total and weight), else one batch one vote (a
+    ``WeightedMean`` as its batch's mean). Evaluation draws no training randomness (a
+    loader's seed, dropout): the random state is forked and restored."""
     sums: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor] = {}
     count = 0
     model.eval()
     cuda = [fabric.device] if fabric.device.type == "cuda" else []
@@ -39,15 +50,32 @@ def evaluate_batches(
             for index, batch in enumerate(batches):
                 if limit is not None and index >= limit:
                     break
+                weight = 1.0 if weight_of is None else float(weight_of(batch))
                 for key, value in values_of(fabric.to_device(batch)).items():
-                    value = torch.as_tensor(value, device=fabric.device).float()
-                    sums[key] = sums[key] + value if key in sums else value
+                    if isinstance(value, WeightedMean) and weight_of is None:
+                        value = value.value()
+                    if isinstance(value, WeightedMean):
+                        total, part = _tensor(value.total, fabric), _tensor(value.weight, fabric)
+                    else:
+                        total = _tensor(value, fabric) * weight
+                        part = torch.tensor(weight, device=fabric.device)
+                    sums[key] = sums[key] + total if key in sums else total
+                    weights[key] = weights[key] + part if key in weights else part
                 count += 1
     finally:
         model.train()
     if count == 0:
         raise ValueError("the evaluation data yielded no batch: it is empty")
-    means = {key: total / count for key, total in sums.items()}
+    if weight_of is None:
+        means = {key: total / count for key, total in sums.items()}
+        if fabric.world_size > 1:
+            means = {k: fabric.all_reduce(v, reduce_op="mean") for k, v in means.items()}
+        return means
     if fabric.world_size > 1:
-        means = {key: fabric.all_reduce(value, reduce_op="mean") for key, value in means.items()}
-    return means
+        sums = {key: fabric.all_reduce(value, reduce_op="sum") for key, value in sums.items()}
+        weights = {key: fabric.all_reduce(value, reduce_op="sum") for key, value in weights.items()}
+    return {key: value / weights[key].clamp(min=1e-12) for key, value in sums.items()}
+
+
+def _tensor(value: Any, fabric: Any) -> torch.Tensor:
+    return torch.as_tensor(value, device=fabric.device).float()

@@ -24,7 +24,7 @@ Example::
         run, config, spec, data_path="data/pairs", tokenizer="sft_export",
         init_from="sft_export", batch_size=8, seed=0, accelerator="cpu",
     )
-    backend = FabricBackend(model, optimizer, post.train, eval_data=post.val,
+    backend = FabricBackend(model, optimizer, post.train, eval_data=post.val,  # None: none held
                             loss_fn=post.loss_fn, mean_over=post.mean_over)
     Driver(backend, callbacks, settings=run.settings() | post.settings,
            training_settings=run.objective.fixed_on_resume)
@@ -59,7 +59,7 @@ from baton.core.errors import UsageError
 from baton.core.model.spec import ModelSpec
 from baton.core.objectives import ObjectiveRun, ReferenceUse
 from baton.data import DataError, load_tokenizer
-from baton.data.packed import PackedDataset, check_objective
+from baton.data.packed import PackedDataset, check_objective, held_out_rows
 from baton.data.prompts import PreparedPrompts
 
 
@@ -69,7 +69,7 @@ class PostTraining:
 
     #: a resumable global order of packed rows (``GlobalBatches``)
     train: Any
-    #: a fixed tail of rows, as batches, for evaluation (``None``: nothing held out)
+    #: the held-out rows (``--eval-split``, ``--eval-data-path``) as batches, or None
     val: list[dict[str, torch.Tensor]] | None
     #: the objective's loss (the model's own cross entropy, or an ``ObjectiveLoss``)
     loss_fn: Callable[..., Any]
@@ -138,25 +138,34 @@ def stored_reference(
 
 
 def packed_loaders(
-    data: PackedDataset, *, batch_size: int, seed: int, pad_id: int, reference: Any = None
-) -> tuple[Any, list[dict[str, torch.Tensor]]]:
-    """``(train, validation batches)``: ``GlobalBatches`` of packed rows (a resumable
-    global order) and a fixed tail of rows for evaluation."""
-    from torch.utils.data import Subset, default_collate
+    data: PackedDataset,
+    *,
+    batch_size: int,
+    seed: int,
+    pad_id: int,
+    reference: Any = None,
+    held: PackedDataset | None = None,
+    held_reference: Any = None,
+) -> tuple[Any, list[dict[str, torch.Tensor]] | None]:
+    """``(train, evaluation batches)``: ``GlobalBatches`` of every row of ``data`` (a
+    resumable global order) and, when rows are held out (``held``: ``held_out_rows``),
+    those rows in batches of ``batch_size``; nothing is held out unless asked."""
+    from torch.utils.data import default_collate
 
     from baton.backends.fabric.elastic import GlobalBatches
 
     rows = PackedRows(data, pad_id, reference=reference)
-    held = min(4 * batch_size, len(rows) // 10)
-    if len(rows) - held < batch_size:
+    if len(rows) < batch_size:
         raise UsageError(
-            f"{data.prefix} holds {len(rows)} rows, too few for batches of {batch_size}; "
-            "use a smaller --batch-size or more data"
+            f"{data.prefix} holds {len(rows)} rows to train on, too few for batches of "
+            f"{batch_size}; use a smaller --batch-size or more data"
         )
-    train = GlobalBatches(Subset(rows, range(len(rows) - held)), batch_size=batch_size, seed=seed)
-    tail = list(range(len(rows) - held, len(rows)))
+    train = GlobalBatches(rows, batch_size=batch_size, seed=seed)
+    if held is None:
+        return train, None
+    tail = PackedRows(held, pad_id, reference=held_reference)
     val = [
-        default_collate([rows[i] for i in tail[start : start + batch_size]])
+        default_collate([tail[i] for i in range(start, min(start + batch_size, len(tail)))])
         for start in range(0, len(tail), batch_size)
     ]
     return train, val
@@ -173,12 +182,16 @@ def post_training(
     batch_size: int,
     seed: int,
     accelerator: str,
+    eval_split: float = 0.0,
+    eval_data_path: str | None = None,
 ) -> PostTraining:
     """``run``'s training of the model of ``config`` (a ``transformers`` config; ``spec``
     its model spec, if any) on the packed data (or, for an objective on rollouts, the
     prompts) at ``data_path``, prepared with ``tokenizer``; a stored reference is
-    ``--reference`` or else ``init_from``. Bad input is a ``UsageError`` or ``DataError``
-    naming the fix."""
+    ``--reference`` or else ``init_from``. Rows are held out for evaluation only when
+    asked: the last ``eval_split`` of them, or the prepared data at ``eval_data_path``
+    (``held_out_rows``), evaluated by the same loss. Bad input is a ``UsageError`` or
+    ``DataError`` naming the fix."""
     if data_path is None or tokenizer is None:
         raise UsageError(
             f"--objective {run.name} needs --data-path PREFIX (made by `baton data prepare "
@@ -204,19 +217,30 @@ def post_training(
     if spec is not None and spec.moe is not None:  # its load-balancing term, padding excluded
         balance = RouterBalance(config, aux_loss_coef=spec.moe.aux_loss_coef)
         keys += ["moe/aux_loss", "moe/load_balance"]
-    if data is None:  # each step's rows: the rollout phase's batch
+    if data is None:  # each step's rows: the rollout phase's batch (nothing held out)
         rows = RolloutRows(batch_size)
         return PostTraining(rows, None, ObjectiveLoss(run, balance), ObjectiveItems(run), {}, keys)
-    reference, settings = None, {}
+    trained, held = held_out_rows(
+        data, run.name, eval_split=eval_split, eval_data_path=eval_data_path
+    )
+    reference = held_reference = None
+    settings: dict[str, Any] = {}
     if run.reference_use is ReferenceUse.STORED:
         reference, fingerprint = stored_reference(
             run, data, config, spec, init_from=init_from, pad_id=info.eod_id,
             batch_rows=batch_size, accelerator=accelerator,
         )  # fmt: skip
         settings["reference_fingerprint"] = fingerprint
+        held_reference = reference  # held-out rows of the same data share its reference
+        if held is not None and held.whole is not data:  # other data: its own, beside it
+            held_reference, _ = stored_reference(
+                run, held, config, spec, init_from=init_from, pad_id=info.eod_id,
+                batch_rows=batch_size, accelerator=accelerator,
+            )  # fmt: skip
     train, val = packed_loaders(
-        data, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=reference
-    )
+        trained, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=reference,
+        held=held, held_reference=held_reference,
+    )  # fmt: skip
     if not run.objective.native_cross_entropy:
         loss_fn: Callable[..., Any] = ObjectiveLoss(run, balance)
     elif balance is not None:

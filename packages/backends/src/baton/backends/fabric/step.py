@@ -179,11 +179,11 @@ class BatchLoss:
         return loss, extra
 
     def evaluation(self, model: nn.Module, batch: Any) -> dict[str, Any]:
-        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked;
-        a ``WeightedMean`` as this batch's mean)."""
+        """``{"loss": ..., **other metrics}`` of an evaluation batch (the loss checked; a
+        ``WeightedMean`` kept as its total and weight, for a mean over every batch)."""
         loss, extra = self(model, batch)
         check_loss(loss, "evaluation", need_grad=False)
-        return {"loss": loss.detach(), **resolved(extra)}
+        return {"loss": loss.detach(), **extra}
 
 
 class TimedDraws:

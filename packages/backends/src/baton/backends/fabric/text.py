@@ -12,12 +12,14 @@ with the tokenizer's end-of-document id).
 
 ``text_loaders`` wraps either in ``GlobalBatches`` (one seeded global order; its global
 position is in every checkpoint, so a run resumes on another number of ranks at the next
-sample) and keeps a fixed tail of windows for evaluation.
+sample); evaluation reads held-out documents only when asked (``eval_split``, the last
+documents, or ``eval_data_path``): nothing is held out otherwise, as on every engine.
 
 Example::
 
     train, val, vocab = text_loaders("data/corpus", "runs/tok", seq_len=256, batch_size=8)
-    train, val, vocab = text_loaders("docs.jsonl", "runs/tok", seq_len=256, batch_size=8)
+    train, val, vocab = text_loaders("docs.jsonl", "runs/tok", seq_len=256, batch_size=8,
+                                     eval_split=0.05)    # val: the last 5% of the documents
 """
 
 from __future__ import annotations
@@ -186,18 +188,15 @@ def text_loaders(
     seq_len: int,
     batch_size: int,
     seed: int = 0,
-    eval_batches: int = 4,
     text_key: str = "text",
     eval_split: float = 0.0,
     eval_data_path: str | None = None,
-) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]], int]:
+) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]] | None, int]:
     """``(train loader, validation batches, tokenizer vocabulary size)``: shuffled
     ``GlobalBatches`` of ``batch_size`` per rank over the training windows, and the
     evaluation's fixed batches: every full batch of ``eval_data_path`` when given, else of
-    the last ``eval_split`` of the documents (held out from training), else a tail of
-    ``eval_batches`` batches of windows kept from training."""
-    from torch.utils.data import Subset
-
+    the last ``eval_split`` of the documents (held out from training), else ``None``:
+    nothing is held out unless asked, and every window trains."""
     from baton.backends.fabric.elastic import GlobalBatches
     from baton.data import load_tokenizer
 
@@ -227,16 +226,9 @@ def text_loaders(
     else:
         windows = prepared_windows(data_path, tokenizer, seq_len)
     total = len(windows)  # type: ignore[arg-type]
-    held = min(eval_batches * batch_size, total // 10)
-    if total - held < batch_size:
+    if total < batch_size:
         raise ValueError(
             f"{data_path} holds {total} windows of {seq_len} tokens, too few for batches of "
-            f"{batch_size} plus evaluation; use a smaller --seq-len or --batch-size, or more data"
+            f"{batch_size}; use a smaller --seq-len or --batch-size, or more data"
         )
-    train = GlobalBatches(Subset(windows, range(total - held)), batch_size=batch_size, seed=seed)
-    tail = [windows[i] for i in range(total - held, total)]
-    val = []
-    for start in range(0, len(tail), batch_size):
-        chunk = tail[start : start + batch_size]
-        val.append((torch.stack([x for x, _ in chunk]), torch.stack([y for _, y in chunk])))
-    return train, val, tokenizer.vocab_size
+    return GlobalBatches(windows, batch_size=batch_size, seed=seed), None, tokenizer.vocab_size

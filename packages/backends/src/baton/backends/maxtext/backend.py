@@ -150,6 +150,10 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         self._loader: Any = None
         self._rampup: Any = None
         self._eval: list[dict[str, np.ndarray]] = []
+        #: a post-training run's held-out rows (``posttrain.HeldOutRows``), and the parts
+        #: they are evaluated with
+        self._held: Any = None
+        self._parts: StepParts | None = None
         #: a short hash of the training data (core refuses a resume on other data)
         self.data_fingerprint = ""
 
@@ -206,7 +210,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
 
         if self.config.warmup_steps is None:
             return train_utils.setup_train_loop(cfg, recorder)
-        with baton_schedule(self.config.warmup_steps):
+        with baton_schedule(self.config.warmup_steps, self.config.lr_schedule):
             return train_utils.setup_train_loop(cfg, recorder)
 
     # -- resuming with changed settings ---------------------------------------------
@@ -226,7 +230,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             return set()  # the recipe did not build this run's schedule for the new total
         hparams = self.hparams
         if self.config.warmup_steps is not None and self.rank == 0:
-            shape = shape_of(hparams, self.config.warmup_steps)
+            shape = shape_of(hparams, self.config.warmup_steps, self.config.lr_schedule)
             logging.getLogger("baton").info(shape.resume_line(self.optimizer_step()))
         return {"max_steps"}
 
@@ -312,9 +316,10 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         if self.config.post_training:  # prepared rows (and a stored reference), fed by baton
             from baton.backends.maxtext.posttrain import post_training_stream
 
-            self.batches, self.data_fingerprint = post_training_stream(
+            self.batches, self.data_fingerprint, self._held = post_training_stream(
                 self.config, parts, self.state
             )
+            self._parts = parts
         elif self.config.byte_stream:
             corpus = TextCorpus.load(self.config.data_path)
             self.data_fingerprint = corpus.fingerprint()
@@ -370,15 +375,22 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         )
 
     def evaluate(self) -> Mapping[str, Any]:
-        """Token-weighted loss over the fixed validation batches (lazy device values)."""
+        """Token-weighted loss over the fixed validation batches (lazy device values); a
+        post-training run's held-out rows: the objective's loss over every one of them
+        (``posttrain.HeldOutRows``)."""
         import jax
         from flax.core.spmd import logical_axis_rules
         from maxtext.utils import sharding
 
+        if self._held is not None and self._parts is not None:
+            return self._held.evaluate(self._parts, self.state)
         if not self._eval or self._p_eval is None:
             why = (
                 "the validation split is shorter than one eval batch"
                 if self.config.has_eval_data
+                else "hold packed rows out with --eval-split F or --eval-data-path PREFIX, or "
+                "do not ask for evaluation"
+                if self.config.post_training
                 else "MaxText's own pipelines evaluate on separate files: pass eval_data_path "
                 "(--eval-data-path), or do not ask for evaluation"
             )
@@ -435,7 +447,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         """Drop the device state and compiled steps (patches restore process settings)."""
         self._saves.close()  # the driver waited for the saves; the thread stops
         self.state = self.steps = None
-        self._p_eval = self._loader = None
+        self._p_eval = self._loader = self._held = self._parts = None
         if self.data_iterator is not None and hasattr(self.data_iterator, "close"):
             self.data_iterator.close()  # stops Grain's worker processes
         self.data_iterator = None

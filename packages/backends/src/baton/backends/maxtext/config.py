@@ -154,7 +154,11 @@ class MaxTextConfig:
         eval_data_path: with ``tokenizer``: the evaluation data (a prepared prefix or
             JSON/Parquet files, the same kind as ``data_path``), read by MaxText's own
             pipeline (``grain_eval_files`` / ``hf_eval_files``). Without it a run on
-            MaxText's pipelines has nothing to evaluate on.
+            MaxText's pipelines has nothing to evaluate on. With an ``objective`` on
+            prepared rows: other prepared data of the same kind, whose rows baton
+            evaluates.
+        eval_split: with an ``objective`` on prepared rows: the fraction of the packed
+            rows held out for evaluation (the last ones; 0: none, every row trains).
         data_seed: the shuffling seed of the byte stream (MaxText's ``data_shuffle_seed``
             for its own pipelines).
         eval_batches: fixed validation batches per evaluation (byte stream).
@@ -168,10 +172,13 @@ class MaxTextConfig:
         init_from: where the starting weights come from (a Hugging Face directory or a
             checkpoint; loaded through ``load_parameters_path``): the default reference
             model of an objective that has one.
-        warmup_steps: with it, the learning rate follows baton's schedule shape (linear
-            warmup over these steps, cosine decay to ``learning_rate *
+        warmup_steps: with it, the learning rate follows baton's schedule (linear
+            warmup over these steps, then ``lr_schedule`` to ``learning_rate *
             learning_rate_final_fraction`` at ``learning_rate_schedule_steps``, the same
-            as every backend: ``lr_schedule``) instead of MaxText's own (``None``).
+            as every backend: ``baton.core.lr_schedule``) instead of MaxText's own
+            (``None``).
+        lr_schedule: what baton's schedule does after the warmup: ``constant``,
+            ``linear`` or ``cosine`` decay.
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
@@ -179,12 +186,14 @@ class MaxTextConfig:
     data_path: str | None = None
     tokenizer: str | None = None
     eval_data_path: str | None = None
+    eval_split: float = 0.0
     data_seed: int = 0
     eval_batches: int = 4
     host_devices: int | None = None
     objective: ObjectiveRun = field(default_factory=lambda: ObjectiveRun.of(PRETRAIN))
     init_from: str | None = None
     warmup_steps: int | None = None
+    lr_schedule: str = "cosine"
 
     def __post_init__(self) -> None:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is
@@ -306,7 +315,7 @@ class MaxTextConfig:
         """Whether evaluation has data: the byte stream's held-out part, MaxText's
         synthetic batches, or ``eval_data_path`` for MaxText's own pipelines."""
         if self.post_training:
-            return False
+            return bool(self.eval_split or self.eval_data_path)
         return self.tokenizer is None or bool(self.eval_data_path)
 
     def merged(self) -> dict[str, Any]:

@@ -36,7 +36,7 @@ declare_backend(
                 "--seq-len={seq_len}",
                 "--batch-size={batch}",
                 "--global-batch-size={batch}",
-                "--eval-every={after_last_step}",  # its held-out evaluation: past the end
+                "--eval-every=0",
                 "--no-async-save",
                 "--no-progress",
             ),

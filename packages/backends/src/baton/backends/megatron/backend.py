@@ -46,7 +46,7 @@ from baton.backends.megatron.data import (
     SampleStream,
     TrainStream,
 )
-from baton.backends.megatron.evaluation import evaluate_loss
+from baton.backends.megatron.evaluation import evaluate_loss, held_out_metrics
 from baton.backends.megatron.model_state import MegatronModelState
 from baton.backends.megatron.moe_metrics import MoeMetrics
 from baton.backends.megatron.objective import (
@@ -56,6 +56,7 @@ from baton.backends.megatron.objective import (
     step_results,
     use_objective,
 )
+from baton.backends.megatron.packed_data import PackedRows
 from baton.backends.megatron.plan import flops_per_token, layout_plan
 from baton.backends.megatron.rollout_rows import CurrentRollouts, RolloutStream
 from baton.backends.megatron.step import gpt_forward_step, run_schedule
@@ -259,18 +260,29 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         rows = stream.dataset
         fingerprint = reference_fingerprint(path)
 
-        def scored() -> Any:
-            self.load_weights(path)
-            return compute_reference_logps(self.chunks, rows, self.config, self.runtime.device)
+        info = self.source.info
 
-        rows.document_values[REFERENCE_LOGPS] = stored_or_computed(
-            rows.data.prefix,
-            fingerprint,
-            tokenizer_fingerprint=self.source.info.fingerprint,
-            engine=self.name,
-            compute=scored,
-            num_sequences=rows.data.num_sequences,
-        )
+        def reference_of(data: Any) -> Any:  # every row of the dataset ``data`` is cut from
+            whole = PackedRows(data.whole, pad_id=rows.pad_id)
+
+            def scored() -> Any:
+                self.load_weights(path)
+                return compute_reference_logps(self.chunks, whole, self.config, self.runtime.device)
+
+            return stored_or_computed(
+                whole.data.prefix,
+                fingerprint,
+                tokenizer_fingerprint=info.fingerprint,
+                engine=self.name,
+                compute=scored,
+                num_sequences=whole.data.num_sequences,
+            )
+
+        values = rows.document_values[REFERENCE_LOGPS] = reference_of(rows.data)
+        held = self.valid_dataset
+        if held is not None:  # held-out rows: the same reference, or their data's own
+            same = held.data.whole.prefix == rows.data.whole.prefix
+            held.document_values[REFERENCE_LOGPS] = values if same else reference_of(held.data)
         self.reference_fingerprint = fingerprint
 
     def load_weights(self, directory: Path) -> None:
@@ -358,8 +370,12 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
 
     def evaluate(self) -> Mapping[str, Any]:
         """Mean loss over the first ``eval_micro_batches`` x micro-batches of the valid
-        split (``evaluation.py``)."""
-        return evaluate_loss(self.chunks, self.valid_dataset, self.config, self.runtime.device)
+        split (``evaluation.py``); on packed rows, the objective's loss over every held-out
+        row (``evaluation.held_out_metrics``)."""
+        device = self.runtime.device
+        if self.config.packed_rows:
+            return held_out_metrics(self.chunks, self.valid_dataset, self.config, device)
+        return evaluate_loss(self.chunks, self.valid_dataset, self.config, device)
 
     # -- the model to callbacks -------------------------------------------------------
     def model_state(self) -> MegatronModelState:
@@ -380,13 +396,12 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
 
     # -- abilities --------------------------------------------------------------------
     def abilities(self) -> Abilities:
-        """Everything but step replay; evaluation refused on packed rows (an objective on
-        conversations or preference pairs trains on every row of its data: no validation
-        split) and on rollouts (sampled each step), weight checksums where no rank holds
-        a data-parallel replica."""
+        """Everything but step replay; evaluation refused on rollouts (sampled each step)
+        and on packed rows that hold no row out (every row trains: no validation split),
+        weight checksums where no rank holds a data-parallel replica."""
         no_replica = bool(self.chunks) and self.config.data_parallel_size(self.world_size) == 1
         objective = self.config.objective.name
-        rows = "each step's rollouts" if self.config.rollouts else "every packed row"
+        held_out = bool(self.config.data.eval_split or self.config.data.eval_data_path)
         return Abilities(
             evaluate=True,
             async_save=True,
@@ -396,9 +411,13 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
             dry_run=True,
         ).refusing(
             evaluate=(
-                f"--objective {objective} trains on {rows}: no validation split; "
-                "run with --eval-every 0"
-                if self.config.packed_rows
+                f"--objective {objective} trains on each step's rollouts: no validation "
+                "split; run with --eval-every 0"
+                if self.config.rollouts
+                else f"--objective {objective} holds no packed row out: no validation split; "
+                "hold some out with --eval-split F or give --eval-data-path PREFIX, or run "
+                "with --eval-every 0"
+                if self.config.packed_rows and not held_out
                 else None
             ),
             weight_checksums=(

@@ -95,13 +95,13 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
 
 def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any]:
     """``get_megatron_optimizer`` over ``chunks`` and its ``OptimizerParamScheduler``
-    (warmup, then the decay style over ``decay_steps``; constant without them; the
-    cosine is baton's shape, ``scheduler.cosine_arguments``), as
+    (warmup, then the decay style over ``decay_steps``; constant without them; constant,
+    linear and cosine are baton's schedule, ``scheduler.schedule_arguments``), as
     ``BatonParamScheduler`` (which keeps what a callback set through ``model_state``)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    from baton.backends.megatron.scheduler import BatonParamScheduler, cosine_arguments
-    from baton.core.lr_schedule import WarmupCosine
+    from baton.backends.megatron.scheduler import BatonParamScheduler, schedule_arguments
+    from baton.core.lr_schedule import SHAPES, LRSchedule
 
     cfg = config
     opt = cfg.optimizer
@@ -130,9 +130,9 @@ def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any
         "lr_decay_style": style,
     }
     shape = None
-    if style == "cosine" and decay is not None:  # baton's shape, as on every backend
-        shape = WarmupCosine(opt.lr, opt.min_lr, min(cfg.warmup_steps, decay), decay)
-        schedule = cosine_arguments(shape)
+    if style in SHAPES and decay is not None:  # baton's schedule, as on every backend
+        shape = LRSchedule(opt.lr, opt.min_lr, min(cfg.warmup_steps, decay), decay, style)
+        schedule = schedule_arguments(shape)
     scheduler = BatonParamScheduler(
         optimizer,
         **schedule,
@@ -141,5 +141,6 @@ def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any
         wd_incr_steps=1,
         wd_incr_style="constant",
     )
-    scheduler.shape = shape
+    if shape is not None:
+        scheduler.follow(shape)
     return optimizer, scheduler

@@ -92,6 +92,11 @@ class DataConfig:
     #: corpus, ``98,2,0`` for prepared data, whose sized splits must not be empty)
     split: str | None = None
     eval_micro_batches: int = 4
+    #: post-training: the fraction of the packed rows held out for evaluation (the last
+    #: ones; 0: none, every row trains)
+    eval_split: float = 0.0
+    #: post-training: other prepared data of the same kind to evaluate on
+    eval_data_path: str | None = None
 
 
 @dataclass

@@ -174,6 +174,13 @@ def forward_step_of(
         return gpt_forward_step
     if run.objective.native_cross_entropy:
         return partial(packed_forward_step, cross_entropy_loss)
+    return declared_loss_step(run, metrics)
+
+
+def declared_loss_step(run: ObjectiveRun, metrics: LossMetrics | None = None) -> Callable[..., Any]:
+    """The ``forward_step_func`` computing ``run``'s declared loss on packed rows
+    (``objective_loss``; its results reduced by ``step_results``, or over held-out rows;
+    ``metrics`` notes the names the loss returns)."""
     logits = needs_logits(run)
     loss = partial(objective_loss, run, logits=logits, metrics=metrics)
     return partial(packed_forward_step, loss, logits=logits)

@@ -82,8 +82,9 @@ def compute_reference_logps(
     chunks: list[Any], rows: Any, config: MegatronConfig, device: torch.device
 ) -> numpy.ndarray:
     """Every sequence's log-probability sum under the weights in ``chunks`` (float64
-    ``[num_sequences]``): a forward-only pass of Megatron's schedule over all rows, each
-    data-parallel rank its share, gathered on every rank."""
+    ``[num_sequences]``; 0 for documents of rows ``rows`` does not hold): a forward-only
+    pass of Megatron's schedule over all of ``rows``, each data-parallel rank its share,
+    gathered on every rank."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -118,6 +119,7 @@ def compute_reference_logps(
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(sums, group=group)
             dist.all_reduce(seen, group=group)
-    if (seen == 0).any():
-        raise RuntimeError(f"reference pass left {int((seen == 0).sum())} sequences unscored")
-    return (sums / seen).cpu().numpy()
+    ours = seen[data.sequences.start : data.sequences.stop]  # a view's rows: its documents
+    if (ours == 0).any():
+        raise RuntimeError(f"reference pass left {int((ours == 0).sum())} sequences unscored")
+    return (sums / seen.clamp(min=1)).cpu().numpy()

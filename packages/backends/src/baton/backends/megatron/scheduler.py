@@ -10,11 +10,18 @@ those. Two keys of baton's carry it instead, saved and restored with the groups:
   schedule continues, scaled, from the value set);
 - ``baton_weight_decay``: replaces the group's scheduled weight decay.
 
-Baton's one schedule shape (``baton.core.lr_schedule``: linear warmup from step 1,
-cosine decay to the floor at the last step) is Megatron's own cosine with the arguments
-of ``cosine_arguments``: Megatron's ``num_steps`` counts the updates done, so its
-warmup starts one step later and its decay ends one step later than baton's unless
-shifted.
+Baton's one schedule (``baton.core.lr_schedule``: linear warmup from step 1, then
+constant, linear or cosine decay to the floor at the last step) is Megatron's own
+``constant``, ``linear`` or ``cosine`` style with the arguments of
+``schedule_arguments`` (Megatron's ``num_steps`` counts the updates done, so its warmup
+starts one step later and its decay ends one step later than baton's unless shifted),
+and a scheduler built for it (``shape`` set) takes each group's rate from that shape
+itself, ``shape.lr(num_steps + 1)`` with the group's ``max_lr``/``min_lr``: the ``lr``
+a Megatron step logs is the one every engine logs, bit for bit. Baton's shape computes in
+Megatron's order, so with a warmup of two steps or more Megatron's own formula gives the
+same floats (a plain Megatron-Core loop with these arguments trains identically); with
+one step its first rate is ``floor + (peak - floor)``, and with none it cannot start a
+decay one step in (its first update would take the peak).
 
 Example::
 
@@ -24,9 +31,11 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from baton.core.lr_schedule import WarmupCosine
+from baton.core.lr_schedule import LRSchedule
 
 #: a group's factor on its scheduled learning rate
 LR_SCALE = "baton_lr_scale"
@@ -38,17 +47,33 @@ class BatonParamScheduler(OptimizerParamScheduler):
     """``OptimizerParamScheduler`` that applies each group's ``LR_SCALE`` and
     ``WEIGHT_DECAY`` after scheduling (groups without them: Megatron's values)."""
 
-    #: baton's shape this scheduler was built to follow (``cosine_arguments``), if any
-    shape: WarmupCosine | None = None
+    #: baton's schedule this scheduler was built to follow (``schedule_arguments``), if any
+    shape: LRSchedule | None = None
+
+    def follow(self, shape: LRSchedule) -> None:
+        """From now on every group's rate is ``shape``'s (with the group's own
+        ``max_lr``/``min_lr``), set at once for the next update."""
+        self.shape = shape
+        self.step(increment=0)
+
+    def get_lr(self, param_group: dict[str, object]) -> float:
+        """The group's rate for the next update: baton's ``shape`` at step
+        ``num_steps + 1`` where one is followed, else Megatron's own."""
+        shape = self.shape
+        if shape is None:
+            return super().get_lr(param_group)
+        peak = param_group.get("max_lr", self.max_lr)
+        floor = param_group.get("min_lr", self.min_lr)
+        if (peak, floor) != (shape.peak, shape.floor):
+            shape = replace(shape, peak=float(peak), floor=float(floor))  # pyright: ignore[reportArgumentType]
+        return shape.lr(self.num_steps + 1)
 
     def extend(self, total_steps: int) -> None:
         """After loading: decay to the floor at ``total_steps`` (the restored step and
         warmup kept), every group's learning rate recomputed for the next update."""
         if self.shape is not None:
-            self.shape = WarmupCosine(
-                self.shape.peak, self.shape.floor, self.shape.warmup_steps, total_steps
-            )
-            self.lr_decay_steps = cosine_arguments(self.shape)["lr_decay_steps"]
+            self.shape = self.shape.with_total(total_steps)
+            self.lr_decay_steps = schedule_arguments(self.shape)["lr_decay_steps"]
         else:
             self.lr_decay_steps = total_steps
         self.step(increment=0)
@@ -75,12 +100,13 @@ def set_lr(group: dict[str, object], value: float) -> None:
         group["lr"] = value
 
 
-def cosine_arguments(shape: WarmupCosine) -> dict[str, object]:
+def schedule_arguments(shape: LRSchedule) -> dict[str, object]:
     """Megatron's ``OptimizerParamScheduler`` arguments that give ``shape`` (update ``k``
     uses ``shape.lr(k)``; Megatron computes it at ``num_steps = k - 1``): a warmup one
-    step shorter from ``peak / warmup``, a decay ending one step earlier.
+    step shorter from ``peak / warmup``, a decay ending one step earlier, Megatron's
+    style of the same name.
 
-    >>> cosine_arguments(WarmupCosine(1e-3, 1e-4, warmup_steps=2, total_steps=10))
+    >>> schedule_arguments(LRSchedule(1e-3, 1e-4, warmup_steps=2, total_steps=10))
     {'init_lr': 0.0005, 'max_lr': 0.001, 'min_lr': 0.0001, 'lr_warmup_steps': 1, \
 'lr_decay_steps': 9, 'lr_decay_style': 'cosine'}
     """
@@ -91,5 +117,5 @@ def cosine_arguments(shape: WarmupCosine) -> dict[str, object]:
         "min_lr": shape.floor,
         "lr_warmup_steps": warmup,
         "lr_decay_steps": max(shape.total_steps - 1, warmup + 1),
-        "lr_decay_style": "cosine",
+        "lr_decay_style": shape.decay,
     }

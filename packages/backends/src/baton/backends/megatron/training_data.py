@@ -34,6 +34,7 @@ from baton.backends.megatron.data import (
 )
 from baton.backends.megatron.packed_data import PackedRows, check_data_objective, open_packed
 from baton.backends.megatron.rollout_rows import CurrentRollouts, RolloutStream
+from baton.data.packed import held_out_rows
 
 
 def open_data(config: MegatronConfig) -> PreparedSource | None:
@@ -72,7 +73,12 @@ def open_data(config: MegatronConfig) -> PreparedSource | None:
     if not config.packed_rows:
         check_split_not_empty(source, data.split or "98,2,0")
     elif not config.rollouts:  # (prompts: the rollout phase reads them)
-        open_packed(config)
+        held_out_rows(
+            open_packed(config),
+            config.objective.name,
+            eval_split=data.eval_split,
+            eval_data_path=data.eval_data_path,
+        )  # fmt: skip  (held-out rows that do not fit are refused before anything is built)
     return source
 
 
@@ -105,8 +111,10 @@ def build_data(
     """The training streams (one per model chunk) and the validation split; rank 0
     indexes the byte corpus while the others wait at ``barrier``. Packed rows (an
     objective on conversations or preference pairs) are one stream of ``PackedRows`` per
-    chunk, all of it trained on: no validation split. An objective on rollouts reads
-    each step's batch from ``rollouts`` (one ``RolloutStream`` per chunk)."""
+    chunk, every row trained on unless rows are held out (``data.eval_split``: the last
+    rows; ``data.eval_data_path``: other data), which are then the validation rows. An
+    objective on rollouts reads each step's batch from ``rollouts`` (one
+    ``RolloutStream`` per chunk; nothing held out)."""
     if config.rollouts:
         if rollouts is None:
             raise ValueError(
@@ -116,8 +124,15 @@ def build_data(
         return [*rollout_streams(config, rollouts, chunks)], None
     if config.packed_rows:
         assert source is not None, "open_data refuses post-training without prepared data"
-        rows = PackedRows(open_packed(config), pad_id=source.info.eod_id)
-        return [*streams_over(rows, config, chunks)], None
+        trained, held = held_out_rows(
+            open_packed(config),
+            config.objective.name,
+            eval_split=config.data.eval_split,
+            eval_data_path=config.data.eval_data_path,
+        )
+        rows = PackedRows(trained, pad_id=source.info.eod_id)
+        valid = None if held is None else PackedRows(held, pad_id=source.info.eod_id)
+        return [*streams_over(rows, config, chunks)], valid
     if source is not None:
         datasets = prepared_datasets(config, source, world_size)
     elif config.data.kind == "mock":

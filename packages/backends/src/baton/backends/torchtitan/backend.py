@@ -70,6 +70,7 @@ from baton.backends.torchtitan.checkpoint_io import (
 )
 from baton.backends.torchtitan.checksums import replica_checksums, replica_refusal
 from baton.backends.torchtitan.evaluation import NO_VALIDATION, validate
+from baton.backends.torchtitan.held_out import HeldOut, holds_rows_out
 from baton.backends.torchtitan.hf import vocab_mismatch
 from baton.backends.torchtitan.moe_metrics import ExpertLoad
 from baton.backends.torchtitan.plan import check_model_layout, parallelism_plan
@@ -148,6 +149,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         self._batches: CountedBatches | None = None
         self._rows: RowFeed | None = None
         self._rollouts: Callable[[], RolloutBatch | None] | None = None
+        self._held: HeldOut | None = None
         self._profiler: Any = None
         self._steps_run = 0
         self._changes = PatchRecorder()  # process-wide changes for TorchTitan, undone on teardown
@@ -236,6 +238,11 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
 
             self._rows = row_feed(trainer, cfg, trainer.loss_fn.run, init_from=init_from)
             trainer.loss_fn.feed = self._rows
+            self._held = HeldOut.of(  # held-out rows (and their stored values), if any
+                trainer, cfg, trainer.loss_fn.run, stored=self._rows.stored,
+                init_from=init_from,
+            )  # fmt: skip
+
         from baton.backends.torchtitan.rollout_rows import RolloutDataLoader
 
         if isinstance(trainer.dataloader, RolloutDataLoader):
@@ -366,7 +373,10 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
 
     def evaluate(self) -> Mapping[str, Any]:
         """Run TorchTitan's validator (``config.validator``) and return its loss
-        (``evaluation.py``)."""
+        (``evaluation.py``); a post-training run's held-out rows: the objective's loss
+        over all of them (``held_out.py``)."""
+        if self._held is not None:
+            return self._held.evaluate(self.trainer, self.config.training.local_batch_size)
         return validate(self.trainer, self.config)
 
     # -- the model, its gradients and optimizer (model_state) --------------------------
@@ -396,8 +406,9 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         dimension holds replicas to compare."""
         asynchronous = getattr(self.config.checkpoint, "async_mode", "disabled") != "disabled"
         no_replica = None if self.trainer is None else replica_refusal(self.trainer.parallel_dims)
+        evaluates = bool(self.config.validator.enable) or holds_rows_out(self.config)
         return Abilities(
-            evaluate=bool(self.config.validator.enable),
+            evaluate=evaluates,
             async_save=asynchronous,
             multi_rank=True,
             weight_checksums=True,
@@ -405,7 +416,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
             dry_run=True,
         ).refusing(
             weight_checksums=no_replica,
-            evaluate=None if self.config.validator.enable else NO_VALIDATION,
+            evaluate=None if evaluates else NO_VALIDATION,
         )
 
     # -- resuming with changed settings ---------------------------------------------
@@ -419,7 +430,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         """After ``load``: TorchTitan's scheduler kept only the restored step and its
         factor is this run's (built for ``training.steps``), so the warmup stays and the
         decay ends at the new total; says so. Returns the names applied."""
-        from baton.backends.torchtitan.lr_schedule import WarmupCosineConfig, shape_of
+        from baton.backends.torchtitan.lr_schedule import BatonScheduleConfig, shape_of
 
         trainer = self.trainer
         assert trainer is not None, "apply_changed_settings is called after setup"
@@ -429,7 +440,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
         if changes["max_steps"][1] != total:
             return set()  # the recipe did not build this run's schedule for the new total
         schedule_config = self.config.lr_scheduler
-        if isinstance(schedule_config, WarmupCosineConfig) and self.rank == 0:
+        if isinstance(schedule_config, BatonScheduleConfig) and self.rank == 0:
             scheduler = trainer.lr_schedulers.schedulers[0]
             shape = shape_of(schedule_config, total, peak=float(scheduler.base_lrs[0]))
             logger.info(shape.resume_line(int(scheduler.last_epoch)))
@@ -466,7 +477,7 @@ class TorchTitanBackend(UsesCheckpointIO[TitanCheckpointIO], UsesTorchDistribute
             self._model_state = None
             self._profiler = None
             self._batches = None
-            self._rows = None
+            self._rows = self._held = None
             if "checkpoints" in vars(self):  # it holds the Trainer
                 del self.checkpoints
             self.trainer = None

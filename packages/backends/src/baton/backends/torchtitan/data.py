@@ -39,6 +39,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 
+from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import held_out_start
 from baton.data.corpus import read_text, reference_documents
 from baton.data.shards import check_rank
@@ -222,6 +223,9 @@ class BatonDataLoader(ParallelAwareDataloader):
         **kwargs: Any,
     ) -> None:
         dataset = self.build_dataset(config, tokenizer, RankShare(seq_len, dp_rank, dp_world_size))
+        items = getattr(dataset, "items", None)  # a prepared dataset's rows or windows
+        if isinstance(items, RankItems) and items.infinite:  # training: a batch repeats none
+            items.check_batch(local_batch_size)
         super().__init__(
             dataset,
             dp_rank=dp_rank,

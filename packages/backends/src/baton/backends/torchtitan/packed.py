@@ -23,6 +23,9 @@ reaches the model. A row's documents stay together (a DPO pair is two documents 
 row), so they are never split across micro-batches or ranks. The state (epoch, next row) is saved by TorchTitan's
 ``CheckpointManager``.
 
+Every row trains unless rows are held out for evaluation (``eval_split``: the last rows,
+which training then leaves out; ``eval_data_path``: other data), ``held_out.py``.
+
 Example::
 
     cfg.dataloader = PackedDataLoader.Config(dataset_path="data/chat")
@@ -45,7 +48,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from baton.backends.torchtitan.data import BatonDataLoader, RankShare
 from baton.backends.torchtitan.rank_items import RankItems
 from baton.data import DataError, load_tokenizer
-from baton.data.packed import PackedDataset
+from baton.data.packed import PackedDataset, split_rows
 
 #: what a row gives besides TorchTitan's inputs (taken off before the model sees them)
 DOCUMENT_KEYS = ("segments", "documents")
@@ -97,9 +100,21 @@ class PackedRows(IterableDataset, Stateful):
             owner=type(self).__name__,
         )
 
+    @property
+    def items(self) -> RankItems:
+        """This rank's rows (checked against the batch by ``BatonDataLoader``)."""
+        return self.rows
+
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        served = 0
         for row in self.rows:
+            served += 1
             yield row_sample(self.data, row, documents=self.documents)
+        if not self.rows.infinite:  # a finite pass: as many rows on every rank (FSDP's
+            share = -(-self.rows.count // self.rows.dp_world_size)  # forward is collective)
+            for _ in range(share - served):  # with nothing supervised: no loss, no count
+                inputs, labels = row_sample(self.data, 0, documents=self.documents)
+                yield inputs, torch.full_like(labels, IGNORE_INDEX)
 
     def state_dict(self) -> dict[str, Any]:
         return self.rows.state_dict()
@@ -136,13 +151,23 @@ class PackedDataLoader(BatonDataLoader):
         objective's own loss reads them)."""
         infinite: bool = True
         """Start again from the first row after the last one."""
+        eval_split: float = 0.0
+        """The fraction of the rows held out for evaluation (the last ones; 0: none);
+        training reads the rows before them (``held_out.set_held_out``)."""
+        eval_data_path: str | None = None
+        """Other prepared data to evaluate on (every row of ``dataset_path`` trains)."""
+        split: str = "train"
+        """``train`` reads the rows before the held-out ones, ``eval`` the held-out ones
+        (every row when none are held out: evaluation data of its own)."""
 
     @classmethod
     def build_dataset(
         cls, config: Config, tokenizer: BaseTokenizer, share: RankShare
     ) -> PackedRows:
+        data = open_packed(cls.prepared_path(config), tokenizer, share.seq_len)
+        trained, held = split_rows(data, config.eval_split)
         return PackedRows(
-            open_packed(cls.prepared_path(config), tokenizer, share.seq_len),
+            held if config.split == "eval" and held is not None else trained,
             dp_rank=share.dp_rank,
             dp_world_size=share.dp_world_size,
             documents=config.documents,

@@ -95,6 +95,11 @@ class PreparedWindows(IterableDataset, Stateful):
             owner=type(self).__name__,
         )
 
+    @property
+    def items(self) -> RankItems:
+        """This rank's windows (checked against the batch by ``BatonDataLoader``)."""
+        return self.windows
+
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         for window in self.windows:
             start = self.first + window * self.seq_len

@@ -11,6 +11,11 @@ Example::
                       fix="prepare more data", same="the same prepared data")
     next(iter(items))         # 1, then 5, 9, ...
     items.state_dict()        # {"epoch": 0, "row": 5, "num_rows": 100}
+    items.check_batch(32)     # DataError: fewer items than one batch over the ranks
+
+A training stream never repeats an item within a batch: data with fewer items than one
+batch over the data-parallel ranks (``check_batch``, called by every baton loader) is
+refused, as the other engines refuse it.
 """
 
 from __future__ import annotations
@@ -47,8 +52,21 @@ class RankItems:
         self.dp_world_size = dp_world_size
         self.infinite = infinite
         self.same = same
+        self.what, self.fix = what, fix
         self.epoch = 0
         self.next = dp_rank  # the next item this rank reads
+
+    def check_batch(self, batch_size: int) -> None:
+        """Refuse (``DataError``) a batch of ``batch_size`` items a rank that the data
+        cannot fill once over every rank: it would read an item twice in one step."""
+        check_enough_for_ranks(
+            self.count,
+            self.dp_world_size,
+            what=self.what,
+            fix=f"use a smaller --batch-size or {self.fix}",
+            per_rank=batch_size,
+            unit="batch",
+        )
 
     def __iter__(self) -> Iterator[int]:
         while True:

@@ -147,15 +147,19 @@ def stored_document_values(
     all_reduce: Callable[[torch.Tensor], torch.Tensor],
     rank: int = 0,
     ranks: int = 1,
+    data: PackedDataset | None = None,
 ) -> dict[str, torch.Tensor]:
     """The per-document values ``run`` reads from beside the data: with a stored
     reference, ``{"reference_logps": [num_sequences]}``, read if this reference's file is
     there, else computed now on every rank and written (every rank writes the same
     numbers, atomically); nothing otherwise. ``init_from``: the run's starting weights
-    as given (``--init-from``; the reference unless ``--reference`` names one)."""
+    as given (``--init-from``; the reference unless ``--reference`` names one).
+    ``data``: other prepared rows than the training data's (held-out rows of their own),
+    whose values are kept beside them."""
     if run.reference_use is not ReferenceUse.STORED:
         return {}
-    data: PackedDataset = trainer.dataloader.dataset.data
+    if data is None:  # every row of the training data, held-out rows included
+        data = trainer.dataloader.dataset.data.whole
     source = reference_source(run, init_from)
     fingerprint = reference_fingerprint(source, fresh=fresh_facts(config, trainer.model_parts[0]))
     given = run.values.get("reference")  # other weights than the starting ones

@@ -106,7 +106,7 @@ def parse_choice(text: str, kind: PathKind) -> CallbackChoice:
     be a path, ``FILE.py:name`` or ``module:name``."""
     flag = kind.flag
     source = f"{flag} {text}"
-    if is_class_path(text):
+    if is_class_path(text, kind):
         name, rest = split_class_path(text, source, kind)
     else:
         name, _, rest = text.partition(":")

@@ -13,7 +13,8 @@ baton goodput runs/quickstart
 baton data prepare corpus.jsonl --tokenizer runs/tok --output data/corpus
 
 A user error prints one line naming the problem and the fix and exits 2 (bad command,
-recipe or settings) or 1 (the run failed); ``BATON_DEBUG=1`` adds the traceback.
+recipe or settings) or 1 (the run failed); ``BATON_DEBUG=1`` adds the traceback. Under
+torchrun the ranks that stop on the same error print it once (``rank_errors.py``).
 """
 
 from __future__ import annotations
@@ -412,12 +413,17 @@ def _reader_gone() -> int:
 
 
 def _report(message: str, status: int, *, hint: bool = False) -> int:
-    """Print a user error as one message (the traceback only with ``BATON_DEBUG=1``)."""
+    """Print a user error as one message (the traceback only with ``BATON_DEBUG=1``);
+    under torchrun once, by the first rank that has it (``rank_errors.claim``)."""
+    from baton.core.cli.rank_errors import claim
+
     debug = os.environ.get("BATON_DEBUG", "") not in ("", "0")
     if debug:
         traceback.print_exc()
     suffix = " (BATON_DEBUG=1 shows the traceback)" if hint and not debug else ""
-    print(f"baton: {message}{suffix}", file=sys.stderr)
+    line = f"baton: {message}{suffix}"
+    if claim(line):
+        print(line, file=sys.stderr)
     return status
 
 

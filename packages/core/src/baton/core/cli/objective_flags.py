@@ -50,6 +50,7 @@ OBJECTIVE_PATH = PathKind(
     "NAME",
     "mypkg.objectives:FOCAL",
     "my_objectives.py:FOCAL",
+    OBJECTIVES,
 )
 
 
@@ -67,7 +68,7 @@ def load_named_objectives(argv: Sequence[str]) -> list[str]:
 
 
 def _registered(value: str) -> str:
-    if not is_class_path(value):
+    if not is_class_path(value, OBJECTIVE_PATH):
         return value
     source = f"--objective {value}"
     target, rest = split_class_path(value, source, OBJECTIVE_PATH)

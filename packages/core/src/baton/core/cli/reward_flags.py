@@ -56,6 +56,7 @@ REWARD_PATH = PathKind(
     "function",
     "mypkg.rewards:my_reward",
     "rewards.py:my_reward",
+    REWARDS,
 )
 
 
@@ -206,7 +207,7 @@ def rewards_from_records(records: Sequence[Mapping[str, Any]], source: str) -> l
     """The rewards :func:`reward_record` recorded, built again (a resume)."""
     built: list[Reward] = []
     for record in records:
-        name = normal_name(str(record["name"]), source)
+        name = normal_name(str(record["name"]), source, REWARD_PATH)
         settings = {str(k): v for k, v in record.items() if k not in ("name", "weight")}
         where = f"{source}: reward {class_label(name)}"
         choice = CallbackChoice(name, settings, source=where, from_text=False)

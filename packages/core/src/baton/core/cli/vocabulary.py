@@ -184,8 +184,32 @@ _GENERAL: tuple[Term, ...] = (
     ),
     # -- optimizer and schedule ------------------------------------------------------
     Term("lr", float, "peak learning rate (after warmup)", "schedule", None, ("learning_rate",)),
-    Term("min_lr", float, "the learning rate the decay ends at", "schedule", 0),
-    Term("warmup_steps", int, "steps of linear warmup", "schedule", 0),
+    Term(
+        "lr_schedule",
+        str,
+        "the learning rate after the warmup: constant, linear or cosine decay to --min-lr "
+        "at --max-steps (None: the one the objective declares, the same on every engine: "
+        "cosine for pretrain, constant for sft, dpo and grpo; baton.core.lr_schedule)",
+        "schedule",
+        None,
+        ("lr_scheduler", "lr_decay_style", "lr_scheduler_type", "decay_style"),
+    ),
+    Term(
+        "min_lr",
+        float,
+        "the learning rate a linear or cosine decay ends at, at --max-steps (None: --lr / 10)",
+        "schedule",
+        0,
+    ),
+    Term(
+        "warmup_steps",
+        int,
+        "steps of linear warmup from 0 to --lr; 0: none (the default on every engine)",
+        "schedule",
+        0,
+        ("lr_warmup_steps",),
+        zero="none",
+    ),
     Term(
         "grad_clip",
         float,
@@ -257,8 +281,8 @@ _GENERAL: tuple[Term, ...] = (
     Term(
         "eval_split",
         float,
-        "the fraction of the training data's documents held out for evaluation (the last "
-        "ones); 0: none",
+        "the fraction of the training data's documents (post-training: packed rows) held "
+        "out for evaluation, the last ones; 0: none (nothing is held out unless asked)",
         "data",
         0,
         ("validation_split", "val_split", "holdout_fraction"),

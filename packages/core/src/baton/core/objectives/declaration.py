@@ -260,6 +260,10 @@ class Objective:
     check: Callable[[Mapping[str, Any]], str | None] | None = None
     #: settings recorded but free to change on resume (paths whose content is what counts)
     changeable: frozenset[str] = frozenset()
+    #: the learning-rate schedule after the warmup when a run does not choose one
+    #: (``--lr-schedule``: ``constant``, ``linear`` or ``cosine``), the same on every
+    #: engine (``baton.core.lr_schedule``)
+    lr_schedule: str = "constant"
 
     def setting(self, name: str) -> Setting:
         for setting in self.settings:

@@ -7,6 +7,7 @@ Example::
 
     run = ObjectiveRun.of("pretrain")
     run.objective.data          # DataKind.TEXT
+    run.objective.lr_schedule   # "cosine": decayed to a floor unless --lr-schedule says
 """
 
 from __future__ import annotations
@@ -22,4 +23,5 @@ PRETRAIN = Objective(
     items=supervised_tokens,
     item_name="tokens",
     native_cross_entropy=True,
+    lr_schedule="cosine",
 )

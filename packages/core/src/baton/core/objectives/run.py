@@ -13,6 +13,7 @@ Example::
     run.objective.data                             # DataKind.PAIRS
     run.reference_use                              # ReferenceUse.STORED
     run.settings()                                 # {"objective": "dpo", "dpo_beta": 0.2, ...}
+    run.check_held_out(eval_split=0.1, eval_data_path=None)   # UsageError for GRPO only
     terms = run.loss(xp, inputs)                   # LossTerms(total, metrics)
 """
 
@@ -86,6 +87,18 @@ class ObjectiveRun:
     def settings(self) -> dict[str, Any]:
         """The run's objective and its settings, as a run records them."""
         return {"objective": self.name, **self.values}
+
+    def check_held_out(self, *, eval_split: float, eval_data_path: str | None) -> None:
+        """``UsageError`` (one line) when rows are to be held out for evaluation
+        (``--eval-split``, ``--eval-data-path``) from an objective that samples its rows
+        every step (``rollouts``): it has no prepared rows to hold out."""
+        if not self.objective.rollouts or not (eval_split or eval_data_path is not None):
+            return
+        flag = "--eval-split" if eval_split else "--eval-data-path"
+        raise UsageError(
+            f"{flag}: --objective {self.name} samples its completions every step and holds "
+            f"no rows out for evaluation; drop {flag}"
+        )
 
     def loss(self, xp: Any, inputs: LossInputs) -> LossTerms:
         """The objective's loss on one micro-batch (see ``LossTerms``)."""

@@ -280,22 +280,26 @@ def _prepare_posttrain(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(argv: Sequence[str]) -> int:
-    from baton.data.packed import data_objective
     from baton.tools.data.describe import describe
-    from baton.tools.data.describe_prompts import describe_prompts
 
     parser = argparse.ArgumentParser(
         prog="baton data inspect",
-        description="Print a prepared dataset's counts, manifest and first documents.",
+        description="Print what a prepared dataset holds (documents and tokens; rows, "
+        "conversations or pairs and supervised tokens; prompts and their columns) and its first "
+        "items, decoded, the supervised tokens in [[...]].",
     )
     parser.add_argument("prefix", help="the dataset prefix (PREFIX.bin, PREFIX.idx)")
     parser.add_argument("--tokenizer", help="decode with this tokenizer (default: the manifest's)")
-    parser.add_argument("-n", type=int, default=3, help="documents to show")
-    parser.add_argument("--chars", type=int, default=400, help="characters shown per document")
+    parser.add_argument(
+        "-n", type=int, default=3, help="documents, conversations, pairs or prompts to show"
+    )
+    parser.add_argument("--chars", type=int, default=400, help="characters shown per item")
     args = parser.parse_args(argv)
     try:
-        report = describe_prompts if data_objective(args.prefix) == "prompts" else describe
-        print(report(args.prefix, args.tokenizer, count=args.n, chars=args.chars))
+        report = describe(
+            args.prefix, args.tokenizer, count=args.n, chars=args.chars, color=sys.stdout.isatty()
+        )
+        print(report)
     except DataError as error:
         return _fail("inspect", str(error))
     return 0

@@ -1,9 +1,12 @@
 """``baton data inspect PREFIX`` on prompts (GRPO's): counts, the longest prompt, and the
 first prompts decoded with their columns.
 
+One describer of ``baton.tools.data.describe.KINDS``.
+
 Example::
 
     baton data inspect data/math -n 2        # tokenizer from the manifest
+    rollout_prompts("data/math", None, count=2, chars=400, color=False)   # the report's lines
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ def _shown(value: object, chars: int) -> str:
     return text if len(text) <= chars else text[:chars] + " [...]"
 
 
-def describe_prompts(
-    prefix: str | Path, tokenizer: str | Path | None = None, count: int = 3, chars: int = 400
-) -> str:
-    """The report ``baton data inspect`` prints for prompts."""
+def rollout_prompts(
+    prefix: str | Path, tokenizer: str | Path | None, count: int, chars: int, color: bool
+) -> list[str]:
+    """Prompts: their count and tokens, the longest, the columns, the first prompts
+    decoded with their columns (``color`` unused: nothing is supervised)."""
     prompts = PreparedPrompts(prefix)
     manifest = prompts.manifest
     recorded = manifest["tokenizer"]
@@ -54,4 +58,4 @@ def describe_prompts(
             lines.append(f"{column}: {_shown(record.get(column), chars)}")
     if count and info is None:
         lines.append("(token ids: pass --tokenizer DIR to decode)")
-    return "\n".join(lines)
+    return lines

@@ -23,6 +23,7 @@ from typing import Any
 
 from baton.backends.maxtext.input_pipeline import DATASET_TYPES, native_data_overrides
 from baton.core.errors import UsageError
+from baton.core.model.spec import ModelSpec
 from baton.core.objectives import DataKind, ObjectiveRun
 from baton.core.objectives.pretrain import PRETRAIN
 from baton.data import DataError
@@ -172,6 +173,9 @@ class MaxTextConfig:
             warmup over these steps, cosine decay to ``learning_rate *
             learning_rate_final_fraction`` at ``learning_rate_schedule_steps``, the same
             as every backend: ``lr_schedule``) instead of MaxText's own (``None``).
+        model_spec: the Hugging Face architecture the run builds (``--model-config``,
+            ``--init-from HF_DIR`` or the one a checkpoint recorded), whose names
+            ``gather_weights`` gives the weights (``None``: the model has none).
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
@@ -185,6 +189,7 @@ class MaxTextConfig:
     objective: ObjectiveRun = field(default_factory=lambda: ObjectiveRun.of(PRETRAIN))
     init_from: str | None = None
     warmup_steps: int | None = None
+    model_spec: ModelSpec | None = None
 
     def __post_init__(self) -> None:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is

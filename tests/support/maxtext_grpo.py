@@ -62,15 +62,17 @@ def grpo_argv(
 
 
 class GatheredWeights(Callback):
-    """What the backend's ``gather_weights()`` gives after each step (on the host)."""
+    """What the backend's ``gather_weights()`` gives after each step (on the host; every
+    process calls it, the first keeps what it gave)."""
 
     def __init__(self) -> None:
         self.values: dict[int, dict[str, np.ndarray]] = {}
 
     def on_step_end(self, driver: Any, output: Any) -> None:
         gathered = driver.backend.gather_weights()
-        assert gathered is not None  # one process: the first
-        self.values[driver.step] = {name: np.array(value) for name, value in gathered.items()}
+        assert (gathered is not None) == (driver.backend.rank == 0)
+        if gathered is not None:
+            self.values[driver.step] = {name: np.array(v) for name, v in gathered.items()}
 
 
 def run_grpo(argv: list[str], *callbacks: Callback) -> tuple[Any, LoggedMetrics]:

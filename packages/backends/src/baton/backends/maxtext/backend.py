@@ -7,7 +7,10 @@ optimizer, sharded state), ``sharding.maybe_update_params_sharding_with_opt`` an
 ``train.train_step`` once on the next batch, which MaxText's ``DataLoader`` places on
 the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``), or,
 when the config names a tokenizer, from MaxText's own Grain (prepared ``mmap`` data) or
-Hugging Face (local JSON/Parquet) pipeline (``input_pipeline``).
+Hugging Face (local JSON/Parquet) pipeline (``input_pipeline``); for post-training from
+prepared rows (``packed_batches``) or, for an objective that samples its rows (GRPO),
+from the rollout phase (``rollout_batches``; its collectives ``gather_weights`` and
+``broadcast`` are the backend's).
 
 Metrics stay on the device; ``fetch`` brings everything a log step needs to the host
 with one ``jax.device_get`` (``JaxDistributed``, shared with the other JAX backends).
@@ -63,7 +66,11 @@ from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import MaxTextModelState
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.plan import planned_on_host
-from baton.backends.maxtext.rollout_batches import RolloutBatches, prompts_fingerprint
+from baton.backends.maxtext.rollout_batches import (
+    RolloutBatches,
+    RolloutSource,
+    prompts_fingerprint,
+)
 from baton.backends.maxtext.step_parts import StepParts, optimizer_step
 from baton.backends.maxtext.train_steps import TrainSteps
 from baton.core.abilities import Abilities
@@ -72,7 +79,6 @@ from baton.core.checkpoints.io import UsesCheckpointIO
 from baton.core.cli.overrides import set_fields
 from baton.core.errors import UsageError
 from baton.core.metrics import StepOutput
-from baton.data.rollouts import RolloutBatch
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
 #: the norm before clipping on every backend (MaxText's ``raw_grad_norm``); MaxText's own
@@ -140,9 +146,9 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
         self._graphdef: Any = None
         self.batches: TextBatches | PackedBatches | RolloutBatches | None = None
-        #: on a run that trains on rollouts: the rollout phase's batch of the current step
-        #: (the recipe sets it: ``lambda: phase.current``), which the data stream reads
-        self.rollouts: Callable[[], RolloutBatch | None] | None = None
+        #: on a run that trains on rollouts: the rollout phase (the recipe sets it), whose
+        #: current batch the data stream reads each step
+        self.rollouts: RolloutSource | None = None
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
         #: the training data as checkpoints save it, with the batches read (after setup)
@@ -351,8 +357,7 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         if self.rollouts is None:
             raise RuntimeError(
                 f"--objective {self.config.objective.name} trains on rollouts: give the "
-                "backend the rollout phase's current batch (backend.rollouts = lambda: "
-                "phase.current)"
+                "backend the rollout phase (backend.rollouts = phase)"
             )
         rows = int(cfg.global_batch_size_to_train_on)
         if int(cfg.global_batch_size_to_load) != rows:

@@ -27,7 +27,7 @@ is the prompts' (``prompts_fingerprint``: a resume on other prompts is refused).
 
 Example::
 
-    batches = RolloutBatches(lambda: phase.current, rows=16, length=64,
+    batches = RolloutBatches(phase, rows=16, length=64,   # phase: a RolloutSource
                              document_values=run.objective.document_values)
     batch = next(batches)   # {"inputs": int32 [N, T], ..., "advantages": float32 [N, 1],
                             #  "old_logps": float32 [N, T]}
@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -51,6 +51,19 @@ from baton.data.rollouts import RolloutBatch
 
 #: what a checkpoint's ``data.json`` says this stream is (``"pipeline"``)
 ROLLOUTS_PIPELINE = "rollouts"
+
+
+class RolloutSource(Protocol):
+    """Where the rows of each step come from: the rollout phase
+    (``baton.backends.rollouts.phase.RolloutPhase``)."""
+
+    #: rollouts the phase makes per step (over every process)
+    rows_per_step: int
+
+    @property
+    def current(self) -> RolloutBatch | None:
+        """The batch of the current step (``None`` before the first step)."""
+        ...
 
 
 def prompts_fingerprint(prefix: str) -> str:
@@ -90,21 +103,27 @@ def _per_document(batch: RolloutBatch, array: np.ndarray) -> np.ndarray:
 
 class RolloutBatches:
     """The rollout phase's current batch as MaxText batch dicts of ``length`` tokens, one
-    per step (see the module's text). ``current`` returns the phase's batch of this step
-    (``None`` before the first step); ``rows`` is MaxText's global batch;
+    per step (see the module's text). ``rows`` is MaxText's global batch, which must be
+    the phase's rollouts per step (``UsageError`` otherwise, before anything is sampled);
     ``document_values`` names the objective's values that are one per rollout."""
 
     pipeline = ROLLOUTS_PIPELINE
 
     def __init__(
         self,
-        current: Callable[[], RolloutBatch | None],
+        source: RolloutSource,
         *,
         rows: int,
         length: int,
         document_values: Collection[str] = (),
     ) -> None:
-        self.current = current
+        if source.rows_per_step != rows:
+            raise UsageError(
+                f"the rollout phase samples {source.rows_per_step} rollouts a step, MaxText's "
+                f"global batch is {rows} rows (per-device batch x devices x gradient "
+                "accumulation); give the phase MaxText's global batch as rows_per_step"
+            )
+        self.source = source
         self.rows = rows
         self.length = length
         self.document_values = tuple(document_values)
@@ -115,18 +134,14 @@ class RolloutBatches:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = self.current()
+        batch = self.source.current
         if batch is None:
             raise RuntimeError(
                 "the rollout phase has made no rollouts yet: the driver calls it before "
                 "each step (Driver(..., rollouts=phase))"
             )
         if batch.size != self.rows:
-            raise UsageError(
-                f"the rollout phase made {batch.size} rollouts a step, MaxText's global batch "
-                f"is {self.rows} rows (per-device batch x devices x gradient accumulation); "
-                "build the phase with rows_per_step equal to MaxText's global batch"
-            )
+            raise ValueError(f"the rollout phase made {batch.size} rollouts, not {self.rows}")
         self.batches_read += 1
         return rollout_arrays(batch, self.length, self.document_values)
 

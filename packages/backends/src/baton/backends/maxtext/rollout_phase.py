@@ -127,5 +127,5 @@ def maxtext_rollout_phase(
             seq_len=int(config["max_target_length"]),
             device="cpu",
         )
-    backend.rollouts = lambda: phase.current
+    backend.rollouts = phase
     return phase

@@ -23,6 +23,10 @@ uv run baton run recipes/maxtext_tiny.py --objective dpo --tokenizer tok/ --data
     --seq-len 512 --init-from sft-model/ --dpo-beta 0.1 --dpo-loss ipo
 uv run baton run recipes/maxtext_tiny.py --objective examples/objectives/focal.py:FOCAL \
     --focal-gamma 2 --tokenizer tok/ --data-path data/chat --seq-len 512 --init-from hf-model/
+uv run baton run recipes/maxtext_tiny.py --objective grpo --tokenizer tok/ \
+    --data-path data/prompts --init-from sft-model/ --reward rewards.py:fn \
+    --num-generations 8 --batch-size 16 --max-prompt-length 256 \
+    --max-completion-length 256 --seq-len 512      # online RL on rollouts sampled each step
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig, per_
 from baton.backends.maxtext.checkpoint import params_path
 from baton.backends.maxtext.objective import check_run_data, checked_reference
 from baton.backends.maxtext.qwen3 import check_expert_parallel
-from baton.callbacks import CONSOLE_KEYS, standard_callbacks
+from baton.backends.maxtext.rollout_phase import maxtext_rollout_phase, policy_spec
+from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
+from baton.core.cli.dry_run import is_planning
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
@@ -98,7 +104,11 @@ def recipe(
     under the run directory). --objective trains what a declared objective minimises
     (its settings are flags too): pretrain reads text; sft, dpo and others read one
     prepared dataset (--data-path PREFIX --tokenizer DIR); an objective with a reference
-    model scores the data with it once, before training.
+    model scores the data with it once, before training; grpo samples completions of
+    prepared prompts each step (--data-path PROMPTS_PREFIX, a Hugging Face architecture:
+    --init-from HF_DIR, --model-config or a checkpoint of such a run), its rollouts per
+    step MaxText's global batch (--batch-size x data-parallel devices x gradient
+    accumulation), rows of --seq-len tokens holding the longest prompt and completion.
 
     Args:
         max_steps: optimizer steps to train (MaxText's schedule length).
@@ -109,7 +119,7 @@ def recipe(
         min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
         warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         batch_size: sequences per step and data-parallel rank (MaxText's per-device
-            batch is this over --tp).
+            batch is this over --tp); rollouts for an objective that samples them.
         seq_len: tokens per sequence.
         layers: decoder layers.
         d_model: model width (the MLP is twice as wide).
@@ -202,6 +212,8 @@ def recipe(
             "files like --data-path), or --eval-every 0"
         )
     spec = resolve_spec(model_config, init_from)
+    if run.objective.rollouts:  # the generator runs the policy's Hugging Face architecture
+        spec = policy_spec(spec, init_from, run)
     check_init_from(init_from, spec)
     check_expert_parallel(spec, ep)
     if spec is not None:
@@ -221,10 +233,12 @@ def recipe(
         init_from=init_from,
         warmup_steps=schedule.warmup_steps,
         lr_schedule=schedule.decay,
+        model_spec=spec,
     )
     vocab = None if reads_text else config.get("vocab_size")
     check_run_data(run, data_path, tokenizer, vocab, seq_len)  # before anything is written
-    if not reads_text:  # held-out rows that do not fit are refused before anything is built
+    if not reads_text and not run.objective.rollouts:  # held-out rows that do not fit
+        # are refused before anything is built (rollouts: nothing is held out)
         from baton.data.packed import PackedDataset, held_out_rows
 
         held_out_rows(
@@ -232,6 +246,13 @@ def recipe(
             eval_data_path=eval_data_path,
         )  # fmt: skip
     recorded = run.settings() | checked_reference(config, spec, tokenizer)
+    backend = MaxTextBackend(config)
+    # an objective on rollouts: each step's are sampled before it, on the backend's weights
+    phase = (
+        maxtext_rollout_phase(backend, init_from=init_from, devices=devices)
+        if run.objective.rollouts and not is_planning()  # a dry run samples nothing
+        else None
+    )
     if init_from is not None and is_hf_dir(init_from):
         from baton.backends.maxtext.hf import write_params, write_params_apart
 
@@ -243,12 +264,14 @@ def recipe(
     callbacks = standard_callbacks(
         save_every=save_every or None,
         async_save=async_save,
-        console_keys=CONSOLE_KEYS if print_loss else None,
+        console_keys=(*CONSOLE_KEYS, *run.objective.console_keys) if print_loss else None,
         progress=progress,
+        extra=(RolloutRecords(),) if phase is not None else (),
     )
     return Driver(
-        MaxTextBackend(config),
+        backend,
         callbacks,
+        rollouts=phase,
         max_steps=max_steps,
         log_every=log_every,
         eval_every=eval_every or None,

@@ -139,15 +139,16 @@ def sample_rollouts(
     return records
 
 
-def grpo_files(directory: str | Path, *, seed: int = 0) -> dict[str, Path]:
-    """A chat tokenizer, a tiny policy, ``prompts.jsonl`` (TRL's prompt format), those
-    prompts prepared by ``baton data prepare`` (``prepared``, a prefix) and
-    ``rollouts.jsonl`` (the fixed batch) under ``directory``."""
+def grpo_files(directory: str | Path, *, seed: int = 0, family: str = "llama") -> dict[str, Path]:
+    """A chat tokenizer, a tiny policy of ``family`` (``support.posttrain.tiny_model``),
+    ``prompts.jsonl`` (TRL's prompt format), those prompts prepared by ``baton data
+    prepare`` (``prepared``, a prefix) and ``rollouts.jsonl`` (the fixed batch) under
+    ``directory``."""
     from baton.tools.data.cli import main
 
     root = Path(directory)
     tokenizer = chat_tokenizer(root / "tok")
-    policy = tiny_model(root / "policy", seed=seed)
+    policy = tiny_model(root / "policy", family=family, seed=seed)
     prompts = grpo_prompts(PROMPTS, seed)
     prompts_file = root / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))

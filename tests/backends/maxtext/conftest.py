@@ -2,4 +2,28 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(scope="session")
+def qwen3_grpo_assets(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The shared GRPO fixtures (``support.grpo``) on a tiny Qwen3 policy, built once per
+    session: ``files`` and ``reference(**settings)`` (TRL's ``GRPOTrainer`` steps on the
+    fixed rollouts, each setting computed once). MaxText's Llama folds the attention scale
+    into its query kernel (``maxtext/hf.py``), so its gradients are not Hugging Face's;
+    a Qwen3's query kernel is Hugging Face's, so gradient norms and the steps after the
+    first compare with TRL's."""
+    from support.grpo import grpo_files, grpo_reference
+
+    files = grpo_files(tmp_path_factory.mktemp("grpo-qwen3"), family="qwen3")
+    computed: dict[tuple, list] = {}
+
+    def reference(**settings: object) -> list[dict[str, float]]:
+        key = tuple(sorted(settings.items()))
+        if key not in computed:
+            computed[key] = grpo_reference(files, **settings)  # type: ignore[arg-type]
+        return computed[key]
+
+    return {"files": files, "reference": reference}

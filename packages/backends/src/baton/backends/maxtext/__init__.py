@@ -34,7 +34,7 @@ declare_backend(
         engine="baton.backends.maxtext.backend:MaxTextBackend",
         summary="MaxText's jitted JAX train step, one call per baton step.",
         launcher="jax",
-        objectives=("pretrain", "sft", "dpo"),
+        objectives=("pretrain", "sft", "dpo", "grpo"),
         exporter="baton.backends.maxtext.export:export_hf",
         compare=CompareRun(
             "maxtext_tiny.py",

@@ -7,7 +7,10 @@ optimizer, sharded state), ``sharding.maybe_update_params_sharding_with_opt`` an
 ``train.train_step`` once on the next batch, which MaxText's ``DataLoader`` places on
 the mesh. Batches come from baton's byte-level text stream (``data.TextBatches``), or,
 when the config names a tokenizer, from MaxText's own Grain (prepared ``mmap`` data) or
-Hugging Face (local JSON/Parquet) pipeline (``input_pipeline``).
+Hugging Face (local JSON/Parquet) pipeline (``input_pipeline``); for post-training from
+prepared rows (``packed_batches``) or, for an objective that samples its rows (GRPO),
+from the rollout phase (``rollout_batches``; its collectives ``gather_weights`` and
+``broadcast`` are the backend's).
 
 Metrics stay on the device; ``fetch`` brings everything a log step needs to the host
 with one ``jax.device_get`` (``JaxDistributed``, shared with the other JAX backends).
@@ -63,12 +66,18 @@ from baton.backends.maxtext.input_pipeline import native_data_fingerprint
 from baton.backends.maxtext.model_state import MaxTextModelState
 from baton.backends.maxtext.packed_batches import PackedBatches
 from baton.backends.maxtext.plan import planned_on_host
+from baton.backends.maxtext.rollout_batches import (
+    RolloutBatches,
+    RolloutSource,
+    prompts_fingerprint,
+)
 from baton.backends.maxtext.step_parts import StepParts, optimizer_step
 from baton.backends.maxtext.train_steps import TrainSteps
 from baton.core.abilities import Abilities
 from baton.core.backend import BackendBase
 from baton.core.checkpoints.io import UsesCheckpointIO
 from baton.core.cli.overrides import set_fields
+from baton.core.errors import UsageError
 from baton.core.metrics import StepOutput
 
 #: MaxText's metric names that mean something else under baton's names: ``grad_norm`` is
@@ -136,7 +145,10 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         self.mesh: Any = None
         self.state: Any = None  # nnx.State of MaxText's TrainStateNNX
         self._graphdef: Any = None
-        self.batches: TextBatches | PackedBatches | None = None
+        self.batches: TextBatches | PackedBatches | RolloutBatches | None = None
+        #: on a run that trains on rollouts: the rollout phase (the recipe sets it), whose
+        #: current batch the data stream reads each step
+        self.rollouts: RolloutSource | None = None
         #: MaxText's own data iterator (Grain or Hugging Face pipeline), else None
         self.data_iterator: Any = None
         #: the training data as checkpoints save it, with the batches read (after setup)
@@ -313,7 +325,10 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
         """Prepared post-training rows, baton's byte stream, or MaxText's own pipeline as
         its train.py builds it."""
         cfg = self.hparams
-        if self.config.post_training:  # prepared rows (and a stored reference), fed by baton
+        if self.config.objective.objective.rollouts:  # the rollout phase's rows, each step
+            self.batches = self._rollout_batches(cfg)
+            self.data_fingerprint = prompts_fingerprint(str(self.config.data_path))
+        elif self.config.post_training:  # prepared rows (and a stored reference), fed by baton
             from baton.backends.maxtext.posttrain import post_training_stream
 
             self.batches, self.data_fingerprint, self._held = post_training_stream(
@@ -340,6 +355,49 @@ class MaxTextBackend(UsesCheckpointIO[MaxTextCheckpointIO], JaxDistributed, Back
             self.data_fingerprint = native_data_fingerprint(cfg)
             if maxtext_eval_iterator is not None:  # a fixed set, the same at every evaluation
                 self._eval = [next(maxtext_eval_iterator) for _ in range(self.config.eval_batches)]
+
+    def _rollout_batches(self, cfg: Any) -> RolloutBatches:
+        """The stream of the rollout phase's batches (``rollouts``, set by the recipe),
+        one whole global batch a step: MaxText must train on every row it loads."""
+        if self.rollouts is None:
+            raise RuntimeError(
+                f"--objective {self.config.objective.name} trains on rollouts: give the "
+                "backend the rollout phase (backend.rollouts = phase)"
+            )
+        rows = int(cfg.global_batch_size_to_train_on)
+        if int(cfg.global_batch_size_to_load) != rows:
+            raise UsageError(
+                f"MaxText would load {cfg.global_batch_size_to_load} rows a step and train on "
+                f"{rows}: every rollout must be trained on; make --batch-size a multiple of --tp"
+            )
+        return RolloutBatches(
+            self.rollouts,
+            rows=rows,
+            length=int(cfg.max_target_length),
+            document_values=self.config.objective.objective.document_values,
+        )
+
+    # -- the rollout phase's collectives ------------------------------------------------
+    def gather_weights(self) -> dict[str, np.ndarray] | None:
+        """The model's current weights as whole tensors by their Hugging Face names (the
+        names and shapes ``baton export`` writes) on process 0, ``None`` on the others;
+        every process calls it (``rollout_collectives``)."""
+        from baton.backends.maxtext.rollout_collectives import gathered_hf_weights
+
+        if self.state is None:
+            raise RuntimeError("gather_weights() is available after setup")
+        if self.config.model_spec is None:
+            raise UsageError(
+                "the model has no Hugging Face architecture to name its weights by: build it "
+                "with --model-config CONFIG or --init-from HF_DIR"
+            )
+        return gathered_hf_weights(self.state, self.config.model_spec)
+
+    def broadcast(self, obj: Any) -> Any:
+        """Process 0's ``obj`` on every process (a collective; ``rollout_collectives``)."""
+        from baton.backends.maxtext.rollout_collectives import broadcast_from_first
+
+        return broadcast_from_first(obj)
 
     # -- the step ---------------------------------------------------------------------
     def train_step(self, step: int) -> StepOutput:

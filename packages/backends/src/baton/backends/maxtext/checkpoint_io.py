@@ -40,6 +40,7 @@ from baton.backends.maxtext.checkpoint import (
 )
 from baton.backends.maxtext.epoch_order import BATCHES_KEY
 from baton.backends.maxtext.packed_batches import PackedBatches
+from baton.backends.maxtext.rollout_batches import RolloutBatches
 from baton.backends.maxtext.step_parts import optimizer_step
 from baton.backends.maxtext.train_steps import TrainSteps
 from baton.core.checkpoint_record import LOAD_ALL, CheckpointFacts, LoadPlan
@@ -54,8 +55,8 @@ class TrainingData:
 
     #: MaxText's ``dataset_type`` as text: synthetic (baton's streams), grain or hf
     dataset_type: str
-    #: baton's stream (bytes, or prepared rows), else ``None``
-    batches: TextBatches | PackedBatches | None
+    #: baton's stream (bytes, prepared rows, or the rollout phase's rows), else ``None``
+    batches: TextBatches | PackedBatches | RolloutBatches | None
     #: MaxText's own data iterator (Grain or Hugging Face pipeline), else ``None``
     iterator: Any
     #: a short hash of the training data (core refuses a resume on other data)
@@ -225,6 +226,10 @@ class MaxTextCheckpointIO:
 
     def _restore_data_position(self, data: Mapping[str, Any]) -> None:
         run_data = self.data
+        if isinstance(run_data.batches, RolloutBatches):
+            run_data.batches.load_state_dict(dict(data))  # refuses another stream's state
+            run_data.batches_read = run_data.batches.batches_read
+            return
         if run_data.batches is not None:
             if BATCHES_KEY in data and "seed" not in data:
                 raise ValueError(

@@ -23,6 +23,7 @@ from typing import Any
 
 from baton.backends.maxtext.input_pipeline import DATASET_TYPES, native_data_overrides
 from baton.core.errors import UsageError
+from baton.core.model.spec import ModelSpec
 from baton.core.objectives import DataKind, ObjectiveRun
 from baton.core.objectives.pretrain import PRETRAIN
 from baton.data import DataError
@@ -179,6 +180,9 @@ class MaxTextConfig:
             (``None``).
         lr_schedule: what baton's schedule does after the warmup: ``constant``,
             ``linear`` or ``cosine`` decay.
+        model_spec: the Hugging Face architecture the run builds (``--model-config``,
+            ``--init-from HF_DIR`` or the one a checkpoint recorded), whose names
+            ``gather_weights`` gives the weights (``None``: the model has none).
     """
 
     overrides: dict[str, Any] = field(default_factory=lambda: dict(TINY_CPU))
@@ -194,6 +198,7 @@ class MaxTextConfig:
     init_from: str | None = None
     warmup_steps: int | None = None
     lr_schedule: str = "cosine"
+    model_spec: ModelSpec | None = None
 
     def __post_init__(self) -> None:
         # the config owns its overrides: a dict passed in (TINY_CPU, a recipe's) is

@@ -3,9 +3,11 @@ is the kind its declaration reads, and its reference (if it compares the policy 
 is the policy's architecture with the data's tokenizer. No jax.
 
 An objective reading text (``DataKind.TEXT``) trains on a tokenized prefix or blend (or
-bytes); every other one on one dataset prepared for it (``baton data prepare ...
---seq-len N``), fed by baton as MaxText batches (``packed_batches``). Any other pairing
-is refused in one line naming the fix (a ``DataError``: exit status 2).
+bytes); one sampling its rows (``rollouts``: GRPO) on prepared prompts (``baton data
+prepare PROMPTS.jsonl``), whose rollouts the rollout phase makes each step
+(``rollout_batches``); every other one on one dataset prepared for it (``baton data
+prepare ... --seq-len N``), fed by baton as MaxText batches (``packed_batches``). Any
+other pairing is refused in one line naming the fix (a ``DataError``: exit status 2).
 
 Example::
 
@@ -21,7 +23,6 @@ from typing import Any
 from baton.backends.maxtext.config import MaxTextConfig
 from baton.backends.maxtext.reference import reference_fingerprint
 from baton.backends.reference_model import check_reference, reference_source
-from baton.core.errors import UsageError
 from baton.core.model.spec import ModelSpec
 from baton.core.objectives import DataKind, ObjectiveRun, ReferenceUse
 from baton.data import DataError, check_model_vocab, check_tokenizer, load_tokenizer
@@ -36,13 +37,17 @@ def check_prepared_data(
     seq_len: int | None = None,
 ) -> None:
     """``DataError`` unless ``data_path`` is one dataset prepared for ``run``'s objective
-    with ``tokenizer``, whose ids fit ``vocab_size`` embedding rows and whose rows fit
-    ``seq_len`` tokens."""
+    (rows, or prompts for an objective sampling its rows) with ``tokenizer``, whose ids
+    fit ``vocab_size`` embedding rows and whose rows fit ``seq_len`` tokens."""
     if not data_path or not tokenizer:
+        made = (
+            "`baton data prepare PROMPTS.jsonl --tokenizer DIR --output PREFIX`"
+            if run.objective.rollouts
+            else "`baton data prepare INPUT --tokenizer DIR --seq-len N --output PREFIX`"
+        )
         raise DataError(
             f"--objective {run.name} trains on prepared data: pass --data-path PREFIX (from "
-            "`baton data prepare INPUT --tokenizer DIR --seq-len N --output PREFIX`) and "
-            "--tokenizer DIR"
+            f"{made}) and --tokenizer DIR"
         )
     if any(sep in data_path for sep in (",", ";", " ")):
         raise DataError(
@@ -70,13 +75,8 @@ def check_run_data(
     seq_len: int | None = None,
 ) -> None:
     """The data of a run fits its objective: an objective reading text reads tokenized
-    prefixes (or bytes), any other one dataset prepared for it. An objective sampling
-    its data (``rollouts``) is refused: the MaxText backend does not generate."""
-    if run.objective.rollouts:
-        raise UsageError(
-            f"--objective {run.name} samples completions every step, which the MaxText "
-            "backend does not do; train it with another backend"
-        )
+    prefixes (or bytes), any other one dataset prepared for it (prompts for an objective
+    sampling its rows, whose length the rollout phase checks against ``seq_len``)."""
     if run.objective.data is not DataKind.TEXT:
         check_prepared_data(run, data_path, tokenizer, vocab_size, seq_len)
         return

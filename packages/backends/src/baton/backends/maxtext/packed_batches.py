@@ -16,10 +16,12 @@ MaxText's model or loss:
 For an objective computed by baton's loss (not MaxText's cross entropy:
 ``objective_loss``) a batch also carries ``documents`` (int32, ``[B,
 max_documents_per_row]``: each row's documents' global indices, -1 where the row has
-fewer) and the objective's document values (float32, the same shape, 0 where the row has
+fewer), the objective's document values (float32, the same shape, 0 where the row has
 no document), such as DPO's ``reference_logps``, the reference model's log-probability of
-each document. MaxText's train step splits every array of the batch along its rows, so
-they travel with their rows through its gradient accumulation and data sharding.
+each document, and its token values (float32 ``[B, length]``, right-padded with 0), such
+as GRPO's ``old_logps``. MaxText's train step splits every array of the batch along its
+rows, so they travel with their rows through its gradient accumulation and data
+sharding.
 
 Rows are read in a shuffled order, a fresh permutation per epoch (seed + epoch), a whole
 global batch of rows per step: every process builds the same batch and MaxText's loader
@@ -67,11 +69,14 @@ def maxtext_batch(
     *,
     documents: bool = False,
     document_values: Mapping[str, np.ndarray] | None = None,
+    token_values: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """MaxText's batch dict from ``batch``, padded to ``length`` tokens (padding is segment
     0: unsupervised, attended by nothing else). ``documents`` adds each row's documents'
     global indices (``DOCUMENTS_KEY``); ``document_values`` (each one value per sequence
-    of the dataset) add each row's documents' values under their names."""
+    of the dataset) add each row's documents' values under their names; ``token_values``
+    (each one value per input token of each row, ``[B, width]``) are added under their
+    names, padded with 0 like the rows."""
     positions = padded(batch.positions, length)
     segments = padded(batch.segments, length)
     arrays = {
@@ -88,7 +93,18 @@ def maxtext_batch(
     for name, per_sequence in (document_values or {}).items():
         values = per_sequence[np.where(present, batch.documents, 0)]
         arrays[name] = np.where(present, values, 0.0).astype(np.float32)
+    for name, per_token in (token_values or {}).items():
+        arrays[name] = padded_values(per_token, length)
     return arrays
+
+
+def padded_values(array: np.ndarray, length: int | None) -> np.ndarray:
+    """``array`` (``[B, width]``) as float32, padded with zeros on the right to ``length``
+    columns."""
+    extra = 0 if length is None else length - array.shape[1]
+    if extra < 0:
+        raise ValueError(f"token values of {array.shape[1]} columns exceed {length} tokens")
+    return np.pad(np.asarray(array, dtype=np.float32), ((0, 0), (0, extra)))
 
 
 class PackedBatches:

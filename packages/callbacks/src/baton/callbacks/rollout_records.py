@@ -4,12 +4,12 @@ One JSON object per completion, appended as each batch of rollouts is sampled (r
 writes): the step that first trains on it, its index among the step's rollouts, the
 prompt's index and ids, the completion's ids and text, each reward function's value
 (``null``: it could not score the completion), the weighted reward, the advantage the loss
-used, the sum of the sampling log-probabilities and whether the completion was
-truncated::
+used, the sampling log-probability of each completion token and their sum, and whether
+the completion was truncated::
 
     {"step": 3, "index": 0, "prompt_index": 41, "prompt_ids": [...], "completion_ids": [...],
      "completion": "<answer>7</answer>", "rewards": {"accuracy": 1.0}, "reward": 1.0,
-     "advantage": 0.87, "logp_sum": -12.3, "truncated": false}
+     "advantage": 0.87, "logp_sum": -12.3, "logps": [...], "truncated": false}
 
 A resumed run continues the file: records of steps after the checkpoint's (written by
 the run that was killed) are dropped first, so no rollout appears twice; a rollback

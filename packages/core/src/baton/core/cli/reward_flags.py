@@ -152,7 +152,7 @@ def parse_reward_weights(weights: str | Sequence[float] | None, count: int) -> t
         except (TypeError, ValueError):
             raise UsageError(
                 f"--reward-weights: {text!r} is not a number; give one number per --reward, "
-                "e.g. --reward-weights 1.0,0.5"
+                "e.g. --reward-weights 1.0 0.5"
             ) from None
         if not math.isfinite(value):
             raise UsageError(f"--reward-weights: {text!r} is not a finite number")

@@ -28,7 +28,7 @@ Naming them (``baton.core.cli.reward_flags``), as ``--callback`` names callbacks
     --reward rewards.py:my_reward              # a function in a file (relative to here)
     --reward mypkg.rewards:my_reward           # a function in a module on the Python path
     --reward mypkg.rewards.my_reward:scale=2   # the same, dotted, with a setting
-    --reward accuracy --reward format --reward-weights 1.0,0.2    # several, weighted
+    --reward accuracy --reward format --reward-weights 1.0 0.2    # several, weighted
 
 Settings (``:key=value,...``) bind the function's keyword-only parameters, typed from
 its annotations (``1e-3`` is a float, ``[a,b]`` a list, ``Literal`` choices checked); an

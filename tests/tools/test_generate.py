@@ -129,3 +129,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, hf_dir: Path, capsys) 
         assert message in err and err.count("\n") == 1, err
     assert baton(["generate", str(hf_dir), "--prompt", "x", "--tokenizer", str(bare)]) == 2
     assert "holds no tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("objective", "chat"),
+    [("sft", True), ("dpo", True), ("pretrain", False), ("grpo", False), ("unknown", False)],
+)
+def test_the_chat_template_follows_the_data_the_run_s_objective_declares(
+    objective: str, chat: bool, tmp_path: Path
+) -> None:
+    """A run trained on conversations or preference pairs is prompted through the chat
+    template; one on text or on prompts (rendered as prepared, text or turns) is not
+    unless ``--chat`` says so, and an objective this process does not know neither."""
+    from baton.tools.generate import Model
+
+    model = Model(tmp_path, {"objective": objective})
+    assert (model.chat_reason is not None) is chat

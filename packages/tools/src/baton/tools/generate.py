@@ -44,9 +44,11 @@ from baton.core.checkpoints.files import (
     read_meta,
 )
 from baton.core.errors import UsageError
+from baton.core.objectives import OBJECTIVES, DataKind
 
-#: a run's objectives whose data are conversations: their prompts take the chat template
-CHAT_OBJECTIVES = frozenset({"sft", "dpo"})
+#: the kinds of data whose prompts are conversations: a run trained on them is prompted
+#: through the chat template
+CHAT_DATA = frozenset({DataKind.CONVERSATIONS, DataKind.PAIRS})
 #: files that make a directory a tokenizer ``transformers.AutoTokenizer`` loads
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 #: the vocabulary of baton's byte-level runs (no tokenizer)
@@ -65,7 +67,9 @@ class Model:
         """Why prompts take the chat template (the run was fine-tuned on conversations),
         or ``None``."""
         objective = self.settings.get("objective")
-        if objective in CHAT_OBJECTIVES:
+        if not isinstance(objective, str) or objective not in OBJECTIVES:
+            return None  # pretraining, or an objective this process does not know
+        if OBJECTIVES.get(objective).data in CHAT_DATA:
             return f"the run's objective {objective!r} (conversations)"
         return None
 

@@ -5,10 +5,10 @@ architecture, the directory the generator is built from, and where it runs.
   Hugging Face directory's, else the spec an ``--init-from`` checkpoint recorded
   (``recorded_policy_spec``, ``None`` when there is none); a run with none is refused.
 - ``policy_directory``: while the phase is built, the ``--init-from`` Hugging Face
-  directory when the run starts from one, else a temporary directory holding only the
-  architecture's ``config.json`` (written by the engine's ``write_config``, e.g.
-  ``spec_config(spec)``), removed on exit: the generator's weights come from the
-  backend's ``gather_weights``. A KL term's reference is the policy's directory unless
+  directory when the run starts from one, else a temporary directory holding the
+  architecture's ``config.json`` and no weights (written by the engine's
+  ``write_config``, e.g. ``spec_config(spec)``), removed on exit: the generator's weights
+  come from the backend's ``gather_weights``. A KL term's reference is the policy's directory unless
   ``--reference`` names one, so a run with ``--beta`` above 0 and no Hugging Face start
   must pass ``--reference``.
 - ``generator_device``: global rank 0's accelerator for a torch engine, else the CPU.

@@ -37,7 +37,8 @@ from baton.backends.maxtext import TINY_CPU, MaxTextBackend, MaxTextConfig, per_
 from baton.backends.maxtext.checkpoint import params_path
 from baton.backends.maxtext.objective import check_run_data, checked_reference
 from baton.backends.maxtext.qwen3 import check_expert_parallel
-from baton.backends.maxtext.rollout_phase import maxtext_rollout_phase, policy_spec
+from baton.backends.maxtext.rollout_phase import maxtext_rollout_phase
+from baton.backends.rollouts.policy import policy_spec
 from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning

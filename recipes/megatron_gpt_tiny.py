@@ -37,7 +37,8 @@ from baton.backends.megatron.config import tiny_transformer_config
 from baton.backends.megatron.evaluation import held_out_split
 from baton.backends.megatron.hf import transformer_fields, use_spec
 from baton.backends.megatron.moe import moe_layout
-from baton.backends.megatron.rollout_phase import megatron_rollout_phase, policy_spec
+from baton.backends.megatron.rollout_phase import megatron_rollout_phase
+from baton.backends.rollouts.policy import policy_spec
 from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning

@@ -42,7 +42,8 @@ experts over expert-parallel ranks (Megatron's MoE layers)::
 from __future__ import annotations
 
 from baton.backends.megatron import MegatronBackend, MegatronConfig
-from baton.backends.megatron.rollout_phase import megatron_rollout_phase, policy_spec
+from baton.backends.megatron.rollout_phase import megatron_rollout_phase
+from baton.backends.rollouts.policy import policy_spec
 from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning, require_data

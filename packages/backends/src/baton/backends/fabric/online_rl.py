@@ -14,8 +14,9 @@ current batch.
 - The generator (on global rank 0, on its accelerator where the run has one) is a
   ``transformers`` model of the policy's architecture: the ``--init-from`` Hugging Face
   directory, else a temporary directory holding the run's ``config.json``
-  (``--model-config`` with an ``--init-from`` checkpoint), its weights coming from
-  ``gather_weights`` before the first sampling.
+  (``--model-config`` with an ``--init-from`` checkpoint; the rollouts package's
+  ``policy.policy_directory``), its weights coming from ``gather_weights`` before the
+  first sampling.
 - Rows are the run's ``--seq-len`` long, which must hold the longest prompt and
   completion (the phase refuses a shorter one, naming the ``--seq-len`` to pass).
 
@@ -31,42 +32,17 @@ Example (what ``recipes/hf_finetune.py`` does with ``--objective grpo``)::
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from baton.backends.fabric.hf_posttrain import reference_device
 from baton.backends.fabric.rollout_rows import RolloutRows
-from baton.core.errors import UsageError
+from baton.backends.rollouts.policy import policy_directory
 from baton.core.launch import Launch
-from baton.core.model.spec import is_hf_dir
 from baton.core.objectives import ObjectiveRun
 
 if TYPE_CHECKING:
     from baton.backends.fabric.backend import FabricBackend
     from baton.backends.rollouts.phase import RolloutPhase
-
-
-@contextmanager
-def policy_directory(init_from: str | None, config: Any, run: ObjectiveRun) -> Iterator[Path]:
-    """The policy's Hugging Face directory while the phase is built: ``init_from`` when
-    it is one, else a temporary directory with ``config``'s ``config.json`` (the weights
-    come from the backend). A KL term's reference is the policy's directory unless
-    ``--reference`` names one: without a Hugging Face start there is none to read."""
-    if init_from is not None and is_hf_dir(init_from):
-        yield Path(init_from)
-        return
-    if run.values.get("beta") and not run.values.get("reference"):
-        raise UsageError(
-            f"--objective {run.name} with --beta above 0 scores the rollouts under a "
-            "reference model: pass --reference HF_DIR (e.g. the starting checkpoint's "
-            "`baton export --format hf`), or start from --init-from HF_DIR"
-        )
-    with tempfile.TemporaryDirectory(prefix="baton-policy-") as directory:
-        config.save_pretrained(directory)
-        yield Path(directory)
 
 
 def fabric_rollout_phase(
@@ -88,7 +64,7 @@ def fabric_rollout_phase(
     from baton.data import load_tokenizer
 
     launch = Launch.from_env()
-    with policy_directory(init_from, config, run) as policy:
+    with policy_directory(init_from, run, config.save_pretrained) as policy:
         phase = build_rollout_phase(
             run.values,
             prompts=data_path,

@@ -12,7 +12,8 @@ its rows: GRPO), built by the recipe before anything is written and handed to th
 - The generator (on process 0) is a ``transformers`` model of the policy's
   architecture: the ``--init-from`` Hugging Face directory, else a temporary directory
   holding the ``config.json`` of the run's spec (``--model-config``, or the spec a
-  checkpoint recorded: ``policy_spec``); its weights come from the backend's
+  checkpoint recorded: the rollouts package's ``policy.policy_spec`` and
+  ``policy.policy_directory``); its weights come from the backend's
   ``gather_weights`` before the first sampling. It runs on the CPU (JAX holds the
   accelerators' memory), seeded by the run's data seed, like the prompt order.
 - The rows are the run's ``--seq-len`` long (MaxText's ``max_target_length``), which must
@@ -29,59 +30,16 @@ Example (what ``recipes/maxtext_tiny.py`` does with ``--objective grpo``)::
 
 from __future__ import annotations
 
-import json
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from baton.backends.maxtext.config import MaxTextConfig
+from baton.backends.rollouts.policy import policy_directory, spec_config
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
-from baton.core.model.spec import ModelSpec, is_hf_dir, recorded_spec
-from baton.core.objectives import ObjectiveRun
 
 if TYPE_CHECKING:
     from baton.backends.maxtext.backend import MaxTextBackend
     from baton.backends.rollouts.phase import RolloutPhase
-
-
-def policy_spec(spec: ModelSpec | None, init_from: str | None, run: ObjectiveRun) -> ModelSpec:
-    """The architecture the rollouts' generator runs: ``spec`` (``--model-config`` or the
-    ``--init-from`` Hugging Face directory's), else the spec an ``--init-from`` checkpoint
-    recorded; ``UsageError`` when the run has none."""
-    if spec is not None:
-        return spec
-    recorded = recorded_spec(init_from) if init_from else None
-    if recorded is None:
-        raise UsageError(
-            f"--objective {run.name} samples completions with a transformers model of the "
-            "policy: start from --init-from HF_DIR, --model-config CONFIG, or a checkpoint "
-            "of a run built from one"
-        )
-    return ModelSpec.from_dict(recorded)
-
-
-@contextmanager
-def policy_directory(init_from: str | None, spec: ModelSpec, run: ObjectiveRun) -> Iterator[Path]:
-    """The policy's Hugging Face directory while the phase is built: ``init_from`` when
-    it is one, else a temporary directory with the ``config.json`` of ``spec`` (the
-    weights come from the backend). A KL term's reference is the policy's directory unless
-    ``--reference`` names one: without a Hugging Face start there is none to read."""
-    if init_from is not None and is_hf_dir(init_from):
-        yield Path(init_from)
-        return
-    if run.values.get("beta") and not run.values.get("reference"):
-        raise UsageError(
-            f"--objective {run.name} with --beta above 0 scores the rollouts under a "
-            "reference model: pass --reference HF_DIR (e.g. the starting checkpoint's "
-            "`baton export --format hf`), or start from --init-from HF_DIR"
-        )
-    with tempfile.TemporaryDirectory(prefix="baton-policy-") as directory:
-        config = Path(directory) / "config.json"
-        config.write_text(json.dumps(spec.to_hf_config()), encoding="utf-8")
-        yield Path(directory)
 
 
 def rollouts_per_step(config: MaxTextConfig, devices: int | None) -> int:
@@ -113,7 +71,7 @@ def maxtext_rollout_phase(
     run = config.objective
     if config.data_path is None or config.tokenizer is None or config.model_spec is None:
         raise ValueError("check the run's prompts and architecture before building the phase")
-    with policy_directory(init_from, config.model_spec, run) as policy:
+    with policy_directory(init_from, run, spec_config(config.model_spec)) as policy:
         phase = build_rollout_phase(
             run.values,
             prompts=config.data_path,

@@ -8,8 +8,9 @@
 - the policy's Hugging Face directory, whose config builds the generator's model (its
   weights come from the backend every time they change): ``--init-from`` when it is one;
   for a baton checkpoint or a ``--model-config`` start, a temporary directory holding the
-  ``config.json`` of the run's model spec, removed once the phase is built. TorchTitan's
-  own debug model has no Hugging Face form: such a run is refused;
+  ``config.json`` of the run's model spec, removed once the phase is built (the rollouts
+  package's ``policy.policy_directory``, filled by ``policy_config``). TorchTitan's own
+  debug model has no Hugging Face form: such a run is refused;
 - the rollouts a step trains on: TorchTitan's global batch (``--batch-size`` x
   data-parallel ranks x gradient accumulation, ``plan.rows_per_step``) on the launch's
   ranks, one rollout a row of ``training.seq_len`` tokens. ``--num-generations`` must
@@ -31,14 +32,18 @@ Example::
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from baton.backends.rollouts.policy import (
+    ConfigWriter,
+    generator_device,
+    policy_directory,
+    recorded_policy_spec,
+)
 from baton.core.errors import UsageError
 from baton.core.launch import Launch
-from baton.core.model.spec import ModelSpec, is_hf_dir, recorded_spec
+from baton.core.model.spec import ModelSpec
 from baton.core.objectives import ObjectiveRun, ReferenceUse
 
 if TYPE_CHECKING:
@@ -46,43 +51,35 @@ if TYPE_CHECKING:
     from baton.backends.torchtitan.backend import TorchTitanBackend
 
 
-def run_spec(init_from: str | None, spec: ModelSpec | None) -> ModelSpec | None:
-    """The model spec of the run: ``spec`` (``--model-config`` or an ``--init-from``
-    Hugging Face directory's), else the one a baton checkpoint ``init_from`` recorded."""
-    if spec is not None or init_from is None:
-        return spec
-    recorded = recorded_spec(init_from)
-    return None if recorded is None else ModelSpec.from_dict(recorded)
-
-
-@contextmanager
-def policy_directory(
+def policy_config(
     run: ObjectiveRun, *, init_from: str | None, spec: ModelSpec | None, tokenizer: str
-) -> Iterator[str]:
-    """The policy's Hugging Face directory for the generator (and the reference of a KL
-    term given no ``--reference``): ``init_from`` when it is one, else a temporary
-    directory with the ``config.json`` of the run's spec (removed on exit)."""
-    if init_from is not None and is_hf_dir(init_from):
-        yield init_from
-        return
-    spec = run_spec(init_from, spec)
-    if spec is None:
-        raise UsageError(
-            f"--objective {run.name} samples completions with a transformers model of the "
-            "policy, and TorchTitan's debug model has no Hugging Face form; start from "
-            "--init-from HF_DIR (or a checkpoint of such a run) or --model-config CONFIG"
-        )
-    if run.reference_use is ReferenceUse.PER_ROLLOUT and not run.values.get("reference"):
-        raise UsageError(
-            f"--objective {run.name} scores rollouts with a reference model, by default the "
-            "starting weights, which are only a Hugging Face directory's; pass --reference "
-            "HF_DIR (for example `baton export` of the starting checkpoint)"
-        )
+) -> ConfigWriter:
+    """What fills the policy's temporary directory when the run does not start from a
+    Hugging Face directory: the ``config.json`` of the run's spec (``spec``, else the one
+    a checkpoint ``init_from`` recorded) with the tokenizer's special ids, and the
+    ``generation_config.json`` of those ids. ``UsageError`` for TorchTitan's debug model
+    (no Hugging Face form) and for a KL term, whose default reference (the starting
+    weights) is only a Hugging Face directory's."""
     from baton.backends.hf_io import write_config
 
-    with tempfile.TemporaryDirectory(prefix="baton-policy-") as directory:
-        write_config(directory, spec.to_hf_config(), tokenizer=tokenizer)
-        yield directory
+    def write(directory: Path) -> None:
+        found = recorded_policy_spec(spec, init_from)
+        if found is None:
+            raise UsageError(
+                f"--objective {run.name} samples completions with a transformers model of "
+                "the policy, and TorchTitan's debug model has no Hugging Face form; start "
+                "from --init-from HF_DIR (or a checkpoint of such a run) or --model-config "
+                "CONFIG"
+            )
+        if run.reference_use is ReferenceUse.PER_ROLLOUT and not run.values.get("reference"):
+            raise UsageError(
+                f"--objective {run.name} scores rollouts with a reference model, by default "
+                "the starting weights, which are only a Hugging Face directory's; pass "
+                "--reference HF_DIR (for example `baton export` of the starting checkpoint)"
+            )
+        write_config(directory, found.to_hf_config(), tokenizer=tokenizer)
+
+    return write
 
 
 def titan_rollout_phase(
@@ -99,8 +96,6 @@ def titan_rollout_phase(
     then reads each step's rollouts from it. ``UsageError``/``DataError`` (one line) for
     what does not fit: no prompts or tokenizer, no Hugging Face form of the policy, rows
     too short, ``--num-generations`` not dividing the rollouts of a step."""
-    import torch
-
     from baton.backends.rollouts.phase import build_rollout_phase
     from baton.backends.torchtitan.plan import rows_per_step
     from baton.data import load_tokenizer
@@ -113,8 +108,8 @@ def titan_rollout_phase(
         )
     config = backend.config
     launch = Launch.from_env()
-    device = f"cuda:{launch.local_rank}" if torch.cuda.is_available() else "cpu"
-    with policy_directory(run, init_from=init_from, spec=spec, tokenizer=tokenizer) as policy:
+    write = policy_config(run, init_from=init_from, spec=spec, tokenizer=tokenizer)
+    with policy_directory(init_from, run, write) as policy:
         phase = build_rollout_phase(
             run.values,
             prompts=data_path,
@@ -126,7 +121,7 @@ def titan_rollout_phase(
             broadcast=backend.broadcast,
             is_first_rank=launch.rank == 0,
             seq_len=int(config.training.seq_len),
-            device=device,
+            device=generator_device(),
         )
     backend.read_rollouts(lambda: phase.current)
     return phase

@@ -87,6 +87,8 @@ def grpo_flags(files: dict[str, Any], settings: dict[str, Any]) -> list[str]:
         "--reward", f"{REWARD}:vowel_start",
         "--num-generations", str(settings["generations"]),
         "--max-completion-length", str(settings["completion"]),
+        # rows hold the longest prompt (28 tokens) and the longest completion
+        "--seq-len", str(32 + settings["completion"]),
         "--batch-size", str(settings["rows"]), "--lr", "1e-3",
     ]  # fmt: skip
 

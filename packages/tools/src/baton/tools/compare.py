@@ -95,7 +95,9 @@ relative on CPU); ``--num-iterations N`` trains those rollouts for ``N`` steps::
         --num-generations 4 --batch 16 --seq-len 40 --steps 2 --num-iterations 2
 
 A post-training comparison prints each backend's first-step loss and its relative
-difference from the first backend's, then each step's loss on every backend.
+difference from the first backend's; one that samples rollouts (GRPO), whose losses sit
+near zero where relative differences say little, then prints each step's loss on every
+backend.
 """
 
 from __future__ import annotations
@@ -434,7 +436,14 @@ def compare(
     wall, failed = _run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
     print(f"\nschedule on every backend: {schedule.summary()}")
-    _report(backends, root, wall, MOE_LOSSES if moe else None, first_step=posttrain)
+    _report(
+        backends,
+        root,
+        wall,
+        MOE_LOSSES if moe else None,
+        first_step=posttrain,
+        per_step=objective_named(objective).rollouts,
+    )
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
 
@@ -629,9 +638,11 @@ def _report(
     expect: dict[str, str] | None,
     *,
     first_step: bool = False,
+    per_step: bool = False,
 ) -> None:
     """The agreement table and the loss charts of the backends that finished (and, with
-    ``first_step``, their first-step losses to more digits)."""
+    ``first_step``, their first-step losses to more digits; with ``per_step``, each
+    step's loss on every backend)."""
     finished = [b for b in backends if (root / b / "logs" / FILE_NAME).is_file()]
     if finished:
         from baton.tools.plot import plot_runs
@@ -641,6 +652,7 @@ def _report(
         print("\n" + agreement_table(runs, wall, expect))
         if first_step:
             print("\n" + first_step_table(runs))
+        if per_step:
             print("\n" + per_step_table(runs))
         print("charts: " + ", ".join(str(path) for path in charts))
 

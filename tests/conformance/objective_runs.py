@@ -124,7 +124,10 @@ def posttrain_command(
             "reward": (f"{REWARDS}:recorded:path={rollouts}",),
         }
     else:
-        pytest.fail(f"objective {objective.name!r} reads {objective.data.described}: no fixture")
+        pytest.fail(
+            f"objective {objective.name!r} reads {objective.data.described}, which the suite "
+            "has no fixture for: add one to tests/conformance/objective_runs.py"
+        )
     command = backend_command(
         backend,
         run_dir,

@@ -311,6 +311,8 @@ def test_an_objective_registered_after_its_backend_is_declared_is_accepted(
 
     own = BackendDescriptor(name="own", engine="pkg.mod:Cls", objectives=(TEMPERED.name,))
     monkeypatch.setitem(descriptors._DECLARED, "own", own)
+    # not registered yet, whatever an earlier test of the session registered
+    monkeypatch.delitem(OBJECTIVES._items, TEMPERED.name, raising=False)  # pyright: ignore[reportPrivateUsage]
     with pytest.raises(UnknownObjectiveError, match=f"objective {TEMPERED.name!r}"):
         backend_descriptors()
     monkeypatch.setitem(OBJECTIVES._items, TEMPERED.name, TEMPERED)  # pyright: ignore[reportPrivateUsage]

@@ -8,7 +8,11 @@ read the declaration:
   in the conformance suite, and the writing-a-backend page's descriptor is such a plugin;
 - the six backends declare what the commands listed by hand before: the exporters, the
   launches, the compared recipes and their flags;
-- a malformed descriptor, or a second one under a declared name, is refused.
+- a malformed descriptor, or a second one under a declared name, is refused;
+- the objectives a descriptor names are registered objectives (``OBJECTIVES``), checked
+  when the descriptors are read: a name no package registers is refused naming the
+  backend, the name and the registered ones; one registered after the backend is
+  declared (a plugin's own) is accepted.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from baton.core.backend_descriptor import BackendDescriptor, CompareRun, backend_descriptors
+from baton.core import backend_descriptor as descriptors
+from baton.core.backend_descriptor import (
+    BackendDescriptor,
+    CompareRun,
+    UnknownObjectiveError,
+    backend_descriptors,
+)
+from baton.core.objectives import OBJECTIVES
 from conformance.factories import ROOT
 from support.docs_examples import docs_example
 
@@ -236,7 +247,7 @@ def test_the_shipped_backends_declare_what_the_commands_read() -> None:
         "megatron": "megatron_gpt_tiny.py",
         "maxtext": "maxtext_tiny.py",
     }
-    llm = ("pretrain", "sft", "dpo")
+    llm = ("pretrain", "sft", "dpo", "grpo")
     assert {name: d.objectives for name, d in declared.items()} == {
         "fabric": llm, "torchtitan": llm, "megatron": llm, "maxtext": llm,
         "lightning": ("pretrain",), "jax": ("pretrain",),
@@ -276,6 +287,36 @@ def test_a_malformed_descriptor_is_refused(fields: dict[str, object], problem: s
     with pytest.raises(ValueError, match="backend descriptor") as error:
         BackendDescriptor(**given)  # type: ignore[arg-type]
     assert problem in str(error.value)
+
+
+def test_an_objective_no_package_registers_is_refused_when_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    typo = BackendDescriptor(name="typo", engine="pkg.mod:Cls", objectives=("pretrain", "gpro"))
+    monkeypatch.setitem(descriptors._DECLARED, "typo", typo)
+    with pytest.raises(UnknownObjectiveError) as error:
+        backend_descriptors()
+    assert str(error.value) == (
+        "backend 'typo' declares objective 'gpro' (did you mean 'grpo'?), which no package "
+        "registers; name one of dpo, grpo, pretrain, sft in its objectives, or register the "
+        "objective (register_objective) where the backend is declared"
+    )
+    assert error.value.exit_status == 2  # a UsageError: one line, exit status 2
+
+
+def test_an_objective_registered_after_its_backend_is_declared_is_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from support.tempered_objective import TEMPERED
+
+    own = BackendDescriptor(name="own", engine="pkg.mod:Cls", objectives=(TEMPERED.name,))
+    monkeypatch.setitem(descriptors._DECLARED, "own", own)
+    # not registered yet, whatever an earlier test of the session registered
+    monkeypatch.delitem(OBJECTIVES._items, TEMPERED.name, raising=False)  # pyright: ignore[reportPrivateUsage]
+    with pytest.raises(UnknownObjectiveError, match=f"objective {TEMPERED.name!r}"):
+        backend_descriptors()
+    monkeypatch.setitem(OBJECTIVES._items, TEMPERED.name, TEMPERED)  # pyright: ignore[reportPrivateUsage]
+    assert own in backend_descriptors()
 
 
 @pytest.mark.parametrize(

@@ -286,3 +286,139 @@ def test_compare_sft_on_ten_rows_or_more_reads_every_row_on_all_four(tmp_path: P
         assert abs(value - first["fabric"]) / first["fabric"] < 1e-5, first
         assert lrs[backend] == pytest.approx([1e-3, 1e-3], rel=1e-6), (backend, lrs)
     assert abs(first["fabric"] - math.log(MODEL_VOCAB)) < 1.0
+
+
+#: GRPO's first-step loss on every engine equals TRL's within 1e-5 relative (each engine's
+#: own tests: tests/backends/*/test_*_grpo.py), so two engines' within 2e-5
+GRPO_AGREEMENT = 2e-5
+
+
+@pytest.mark.slow
+def test_compare_grpo_on_recorded_rollouts_agrees_in_the_first_step_on_all_four(
+    grpo_assets, tmp_path: Path
+) -> None:
+    """``--objective grpo`` from one Llama on the fixture's prompts (a ``.jsonl`` that
+    compare prepares), every engine replaying the same recorded rollouts (``--generator
+    recorded:``) scored by their recorded rewards, two iterations over them: each engine
+    trains on the same completions, logs both steps (the per-step table shows them), and
+    the first-step losses agree within ``GRPO_AGREEMENT`` and with TRL's GRPOTrainer's on
+    those rollouts within 1e-5."""
+    from support.grpo import GENERATIONS, MAX_COMPLETION, PROMPTS, TEMPERATURE, read_rollouts
+
+    files = grpo_assets["files"]
+    rollouts = files["rollouts"]
+    reward = f"{ROOT / 'tests' / 'support' / 'grpo_rewards.py'}:recorded:path={rollouts}"
+    run_dir = tmp_path / "compare"
+    paths = [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]  # the reward's imports
+    env = os.environ | {"OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline",
+                        "PYTHONPATH": os.pathsep.join(p for p in paths if p)}  # fmt: skip
+    command = [
+        sys.executable, "-m", "baton.core.cli.command", "compare", "--objective=grpo",
+        "--steps=2", "--seq-len=40", f"--batch={PROMPTS * GENERATIONS}",
+        f"--data-path={files['prompts']}", f"--tokenizer={files['tokenizer']}",
+        f"--init-from={files['policy']}", f"--run-dir={run_dir}", f"--recipes={ROOT / 'recipes'}",
+        f"--generator=recorded:{rollouts}", f"--reward={reward}",
+        f"--num-generations={GENERATIONS}", "--max-prompt-length=24",
+        f"--max-completion-length={MAX_COMPLETION}", f"--temperature={TEMPERATURE}",
+        "--top-k=0", "--num-iterations=2", "--backends", *BACKENDS,
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    tails = "\n".join(
+        f"--- {b}\n" + "\n".join((run_dir / f"{b}.log").read_text().splitlines()[-15:])
+        for b in BACKENDS
+        if (run_dir / f"{b}.log").is_file()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr + tails
+    print(result.stdout)
+    assert f"data: {run_dir / 'data' / 'prompts'} ({PROMPTS} prompts)" in result.stdout
+    recorded = sorted((r["prompt_ids"], r["completion_ids"]) for r in read_rollouts(rollouts))
+    first, per_step = {}, {}
+    for backend in BACKENDS:
+        command_line = (run_dir / f"{backend}.log").read_text().splitlines()[0]
+        assert "--objective=grpo" in command_line, backend
+        assert f"--generator=recorded:{rollouts}" in command_line, backend
+        trained = read_rollouts(run_dir / backend / "logs" / "rollouts.jsonl")
+        given = sorted((r["prompt_ids"], r["completion_ids"]) for r in trained)
+        assert given == recorded, backend  # each in the order its run drew the prompts
+        logged = [
+            r for r in read_jsonl(run_dir / backend / "logs" / "metrics.jsonl") if "loss" in r
+        ]
+        assert [r["step"] for r in logged] == [1, 2], backend
+        assert all(math.isfinite(r["loss"]) for r in logged), backend
+        first[backend], per_step[backend] = logged[0]["loss"], [r["loss"] for r in logged]
+    printed = result.stdout.split("first-step loss", 1)[1].splitlines()[1:5]
+    shown = {line.split()[0]: float(line.split()[1]) for line in printed}
+    table = result.stdout.rsplit("\nstep", 1)[1].splitlines()
+    assert table[0].split() == list(BACKENDS)
+    for step in (1, 2):
+        cells = table[step].split()
+        assert cells[0] == str(step)
+        for backend, cell in zip(BACKENDS, cells[1:], strict=True):
+            assert float(cell) == pytest.approx(per_step[backend][step - 1], abs=1e-8)
+    trl = grpo_assets["reference"](loss_type="dapo", beta=0.0)[0]["loss"]
+    print({"trl": trl, **first})
+    for backend, loss in first.items():
+        assert shown[backend] == pytest.approx(loss, abs=5e-9), backend  # 8 decimals
+        assert abs(loss - first["fabric"]) <= GRPO_AGREEMENT * abs(first["fabric"]), first
+        assert loss == pytest.approx(trl, rel=1e-5), (backend, loss, trl)
+
+
+def test_compare_offers_the_registered_objectives_its_backends_declare(monkeypatch) -> None:
+    """``--objective``'s choices are read from the objective registry and the
+    descriptors: an objective registered later and declared by a compared backend is one
+    of them."""
+    from dataclasses import replace
+
+    from baton.core import backend_descriptor as descriptors
+    from baton.core.objectives import OBJECTIVES
+    from baton.tools.compare import compared_objectives
+    from support.tempered_objective import TEMPERED
+
+    assert compared_objectives() == ("pretrain", "sft", "dpo", "grpo")
+    monkeypatch.setitem(OBJECTIVES._items, TEMPERED.name, TEMPERED)  # pyright: ignore[reportPrivateUsage]
+    assert compared_objectives() == ("pretrain", "sft", "dpo", "grpo")  # no backend runs it
+    fabric = descriptors.backend_descriptor("fabric")
+    own = replace(fabric, objectives=(*fabric.objectives, TEMPERED.name))
+    monkeypatch.setitem(descriptors._DECLARED, "fabric", own)
+    assert compared_objectives() == ("pretrain", "sft", "dpo", "grpo", TEMPERED.name)
+
+
+def test_compare_hands_every_backend_the_objectives_settings_it_was_given() -> None:
+    from baton.tools.compare import backend_command, setting_flags
+
+    flags = setting_flags(
+        "grpo",
+        {"num_generations": 4, "reward": ("a.py:f", "b.py:g"), "reward_weights": (1.0, 0.5),
+         "mask_truncated_completions": True, "generator": "recorded:r.jsonl"},
+    )  # fmt: skip
+    assert flags == [
+        "--num-generations=4", "--reward=a.py:f", "--reward=b.py:g", "--reward-weights",
+        "1.0", "0.5", "--mask-truncated-completions", "--generator=recorded:r.jsonl",
+    ]  # fmt: skip
+    shared = {"init_from": "m", "data_path": "d", "tokenizer": "t", "steps": 2,
+              "seq_len": 40, "batch": 16, "lr": 1e-3}  # fmt: skip
+    for backend in BACKENDS:
+        command = backend_command(
+            backend, Path("runs"), **shared, objective="grpo", objective_flags=flags
+        )
+        at = command.index("--objective=grpo")
+        assert command[at + 1 : at + 1 + len(flags)] == flags, backend
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--objective=sft", "--num-generations=4"],
+         "--num-generations is not a setting of --objective sft"),
+        (["--objective=grpo", "--num-generations=1"], "--num-generations must be >= 2, got 1"),
+        (["--objective=grpo"], "--objective grpo scores completions with reward functions"),
+        (["--objective=grpo", "--reward=r.py:f"], "--objective grpo needs --data-path (prompts"),
+    ],
+)  # fmt: skip
+def test_compare_refuses_bad_objective_settings_before_anything_is_written(
+    tmp_path, capsys, argv, problem
+):
+    code = main([*argv, f"--run-dir={tmp_path / 'run'}", f"--recipes={ROOT / 'recipes'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and problem in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()

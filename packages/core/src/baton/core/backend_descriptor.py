@@ -9,6 +9,13 @@ submit`` and the conformance suite read ``backend_descriptors()``, so a backend 
 declares itself appears in all of them. Installed packages announce their module
 through the ``baton.plugins`` entry points, imported on the first lookup.
 
+The objectives a descriptor names are objectives' registered names
+(``baton.core.objectives.OBJECTIVES``: the shipped ``pretrain``, ``sft``, ``dpo``,
+``grpo`` and any a package registers). They are checked when the descriptors are read,
+once every plugin has been imported (a plugin may register its objective after it
+declares the backend that runs it): a name no package registers is an
+``UnknownObjectiveError`` naming the backend, the name and the registered ones.
+
 Example::
 
     from baton.core.backend_descriptor import BackendDescriptor, declare_backend
@@ -33,6 +40,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
+from baton.core.errors import UsageError, did_you_mean
 from baton.core.registry import BACKENDS, UnknownNameError, load_plugins
 
 #: how a backend's processes are started: ``torchrun`` (they meet through
@@ -47,6 +55,10 @@ LAUNCHER_NAMES: dict[Launcher, str] = {
 }
 #: where a backend sits in the lists commands print, unless it says
 DEFAULT_ORDER = 100
+
+
+class UnknownObjectiveError(UsageError):
+    """A backend descriptor names an objective no package registers (exit status 2)."""
 
 
 class Exporter(Protocol):
@@ -89,8 +101,8 @@ class BackendDescriptor:
         engine: ``"package.module:Class"``, the backend class, imported on first use.
         summary: one line for ``baton backends``.
         launcher: how its processes are started (``Launcher``).
-        objectives: the training objectives it runs, by name (``"pretrain"``, ``"sft"``,
-            ``"dpo"``).
+        objectives: the training objectives it runs, by their registered names
+            (``"pretrain"``, ``"sft"``, ``"dpo"``, ``"grpo"``: ``OBJECTIVES``).
         exporter: ``"package.module:function"`` writing its checkpoints as a Hugging
             Face directory (``Exporter``); ``None`` where it has no mapping.
         compare: how ``baton compare`` runs it (``CompareRun``: its recipe and flags);
@@ -159,9 +171,30 @@ def declare_backend(descriptor: BackendDescriptor) -> BackendDescriptor:
 
 
 def backend_descriptors() -> tuple[BackendDescriptor, ...]:
-    """Every declared backend (installed plugins imported first), by ``order`` then name."""
+    """Every declared backend (installed plugins imported first), by ``order`` then name;
+    ``UnknownObjectiveError`` if one names an objective no package registers."""
     load_plugins()
-    return tuple(sorted(_DECLARED.values(), key=lambda d: (d.order, d.name)))
+    declared = tuple(sorted(_DECLARED.values(), key=lambda d: (d.order, d.name)))
+    for descriptor in declared:
+        check_objectives(descriptor)
+    return declared
+
+
+def check_objectives(descriptor: BackendDescriptor) -> None:
+    """``UnknownObjectiveError`` unless every objective ``descriptor`` names is registered
+    (``baton.core.objectives.OBJECTIVES``)."""
+    from baton.core.objectives import OBJECTIVES
+
+    known = OBJECTIVES.names()
+    for name in descriptor.objectives:
+        if name not in known:
+            close = did_you_mean(name, known)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise UnknownObjectiveError(
+                f"backend {descriptor.name!r} declares objective {name!r}{hint}, which no "
+                f"package registers; name one of {', '.join(known)} in its objectives, or "
+                "register the objective (register_objective) where the backend is declared"
+            )
 
 
 def backend_descriptor(name: str) -> BackendDescriptor:

@@ -71,6 +71,33 @@ row of the data every backend's first step reads the same rows, and the first-st
 losses agree within 1e-5 relative; otherwise each backend's own order picks the rows of
 a step. The data line says how many rows there are. Without ``--backends`` it runs the
 backends that declare the objective and whose recipe takes ``--objective``.
+
+``--objective`` takes any registered objective (``baton.core.objectives.OBJECTIVES``) that
+a compared backend declares (``BackendDescriptor.objectives``): ``pretrain``, ``sft``,
+``dpo``, ``grpo`` and a package's own. Every objective's settings are flags of ``baton
+compare`` too (``--num-generations``, ``--reward``, ``--dpo-beta``, ``--reference``, ...,
+read from the declarations); those given are checked once, before anything is prepared,
+and handed to every backend's recipe. A post-training objective's ``--data-path`` is a
+``.jsonl``/``.parquet`` prepared once by ``baton data prepare`` into
+``<run-dir>/data/<kind>`` (conversations and pairs packed into rows of ``--seq-len``,
+prompts one a record), or a prefix already prepared for it.
+
+GRPO (``--objective grpo``) trains each backend on completions sampled for the prepared
+prompts and scored by ``--reward``; ``--batch`` is the rollouts of a step (prompts x
+``--num-generations``) and ``--seq-len`` must hold the longest prompt and completion.
+With ``--generator recorded:FILE.jsonl`` (a run's ``logs/rollouts.jsonl``) every backend
+trains on the same completions with the same sampling log-probabilities, so from one
+starting model their first-step losses agree as closely as float32 allows (within 1e-5
+relative on CPU); ``--num-iterations N`` trains those rollouts for ``N`` steps::
+
+    uv run baton compare --objective grpo --data-path prompts.jsonl --tokenizer hf_model \
+        --init-from hf_model --generator recorded:rollouts.jsonl --reward my_rewards.py:fn \
+        --num-generations 4 --batch 16 --seq-len 40 --steps 2 --num-iterations 2
+
+A post-training comparison prints each backend's first-step loss and its relative
+difference from the first backend's; one that samples rollouts (GRPO), whose losses sit
+near zero where relative differences say little, then prints each step's loss on every
+backend.
 """
 
 from __future__ import annotations
@@ -81,16 +108,18 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
 from baton.core.backend_descriptor import CompareRun, backend_descriptors
+from baton.core.cli.objective_flags import declared_settings
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import SHAPES, LRSchedule
 from baton.core.model.spec import ModelSpec
-from baton.core.objectives import objective_named
+from baton.core.objectives import OBJECTIVES, DataKind, ObjectiveRun, Setting, objective_named
+from baton.core.objectives.registry import SHIPPED
 from baton.tools.compare_model import (
     MOE_LOSSES,
     check_model,
@@ -101,9 +130,7 @@ from baton.tools.compare_model import (
 
 #: where the backends' tiny recipes are found unless ``--recipes`` says otherwise
 RECIPES = Path("recipes")
-#: what ``--objective`` may ask of the backends (each runs those its descriptor names)
-OBJECTIVES = ("pretrain", "sft")
-#: input files that ``--objective sft`` prepares as conversations (anything else: a prefix)
+#: input files a post-training objective prepares (anything else: a prepared prefix)
 CHAT_SUFFIXES = (".jsonl", ".parquet")
 
 
@@ -111,6 +138,37 @@ def compared() -> dict[str, CompareRun]:
     """The backends ``baton compare`` runs, each with how (its descriptor's
     ``CompareRun``), in the order backends are listed: the first is the reference."""
     return {d.name: d.compare for d in backend_descriptors() if d.compare is not None}
+
+
+def compared_objectives() -> tuple[str, ...]:
+    """What ``--objective`` may ask for: each registered objective that a compared backend
+    declares, the shipped ones first (``pretrain``, ``sft``, ``dpo``, ``grpo``), then by
+    name."""
+    declared = {o for d in backend_descriptors() if d.compare is not None for o in d.objectives}
+    shipped = [o.name for o in SHIPPED]
+    ordered = [*shipped, *(n for n in OBJECTIVES.names() if n not in shipped)]
+    return tuple(name for name in ordered if name in declared)
+
+
+def setting_flags(objective: str, values: Mapping[str, Any]) -> list[str]:
+    """The recipe flags of the given settings of ``objective`` (``--num-generations=4``,
+    ``--reward=A --reward=B``, ``--reward-weights 1 0.5``, ``--no-FLAG``), after checking
+    them with the objective's own checks (``UsageError``: one not its own, a bad value,
+    or a combination it refuses)."""
+    ObjectiveRun.of(objective, **values)
+    declared = {s.name: s for s in objective_named(objective).settings}
+    flags: list[str] = []
+    for name, value in values.items():
+        setting = declared[name]
+        if setting.type is bool and not (setting.repeatable or setting.listed):
+            flags.append(setting.flag if value else "--no-" + setting.flag[2:])
+        elif setting.repeatable:
+            flags += [f"{setting.flag}={item}" for item in value]
+        elif setting.listed:
+            flags += [setting.flag, *(str(item) for item in value)]
+        else:
+            flags.append(f"{setting.flag}={value}")
+    return flags
 
 
 def takes_objective(recipe: Path) -> bool:
@@ -133,20 +191,31 @@ def objective_backends(objective: str, recipes: Path) -> tuple[str, ...]:
     return tuple(b for b, run in compared().items() if b in declared and recipe_runs_it(run))
 
 
-def prepare_chat(source: str, tokenizer: str, data_dir: Path, seq_len: int) -> str:
-    """The prefix of ``source`` (a chat ``.jsonl``/``.parquet``, or a prefix prepared with
-    ``baton data prepare --seq-len``): conversations packed once into ``data_dir/chat``
-    (``seq_len`` inputs a row), or ``source`` itself. ``ValueError`` for a prefix of
-    other data or of another row width."""
+def prepare_posttrain_data(
+    source: str, tokenizer: str, data_dir: Path, seq_len: int, objective: str = "sft"
+) -> str:
+    """The prefix of ``source`` for ``objective``: a ``.jsonl``/``.parquet`` prepared once
+    by ``baton data prepare`` (conversations into ``data_dir/chat``, pairs into
+    ``data_dir/preference``, packed into rows of ``seq_len`` inputs; prompts into
+    ``data_dir/prompts``), or ``source`` itself, a prefix prepared for it. ``ValueError``
+    (``DataError``) for data of another kind or rows of another width."""
     from baton.data.packed import PackedDataset, check_objective
 
+    kind = objective_named(objective).data
     if Path(source).suffix in CHAT_SUFFIXES:
-        from baton.tools.data.posttrain import prepare_posttrain
+        prefix = data_dir / ("chat" if kind == DataKind.CONVERSATIONS else kind.value)
+        if kind == DataKind.PROMPTS:
+            from baton.tools.data.prompts import prepare_prompts
 
-        prefix = data_dir / "chat"
-        prepare_posttrain([source], tokenizer, prefix, seq_len=seq_len, force=True)
+            prepare_prompts([source], tokenizer, prefix, force=True)
+        else:
+            from baton.tools.data.posttrain import prepare_posttrain
+
+            prepare_posttrain([source], tokenizer, prefix, seq_len=seq_len, force=True)
         return str(prefix)
-    check_objective(source, "sft")
+    check_objective(source, objective)
+    if kind == DataKind.PROMPTS:
+        return source
     width = PackedDataset(source).seq_len
     if width != seq_len:
         raise ValueError(
@@ -190,11 +259,13 @@ def backend_command(
     recipes: Path = RECIPES,
     objective: str = "pretrain",
     lr_schedule: str = "cosine",
+    objective_flags: Sequence[str] = (),
 ) -> list[str]:
     """``python -m baton.core.cli.command run <backend's recipe> --init-from ...`` with the shared
     settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
-    ``--objective sft``: on packed rows of ``seq_len`` inputs), then the recipe's own
-    flags (its descriptor's ``CompareRun``)."""
+    ``--objective sft``: on packed rows of ``seq_len`` inputs), the objective's settings
+    (``objective_flags``: ``setting_flags``), then the recipe's own flags (its
+    descriptor's ``CompareRun``)."""
     common = [
         f"--init-from={init_from}",
         f"--max-steps={steps}",
@@ -211,6 +282,7 @@ def backend_command(
     ]
     if objective != "pretrain":
         common.append(f"--objective={objective}")
+    common += objective_flags
     run = compared()[backend]
     own = run.command_flags(seq_len=seq_len, batch=batch, steps=steps)
     recipe = recipes / run.recipe
@@ -252,6 +324,15 @@ def agreement_table(
     return "\n".join(lines)
 
 
+def per_step_table(runs: dict[str, list[float]]) -> str:
+    """Each step's loss on every run, one row a step (blank where a run logged none)."""
+    lines = ["step" + "".join(f"{backend:>16}" for backend in runs)]
+    for step in range(max((len(values) for values in runs.values()), default=0)):
+        cells = [f"{v[step]:>16.8f}" if step < len(v) else " " * 16 for v in runs.values()]
+        lines.append(f"{step + 1:<4}" + "".join(cells))
+    return "\n".join(lines)
+
+
 def first_step_table(runs: dict[str, list[float]]) -> str:
     """Each run's first-step loss and its relative difference from the first run's."""
     reference_name, reference = next(iter(runs.items()))
@@ -283,6 +364,7 @@ def compare(
     run_dir: str = "runs/compare_backends",
     recipes: str | Path = RECIPES,
     objective: str = "pretrain",
+    objective_settings: Mapping[str, Any] | None = None,
 ) -> None:
     """Train the same weights on each backend on the same tokens; compare the losses.
 
@@ -313,27 +395,34 @@ def compare(
             recipe takes --objective).
         run_dir: where the data, the model, each backend's run and the chart go.
         recipes: the directory holding each backend's recipe.
-        objective: pretrain (next token over text) or sft (conversations: --data-path a
-            chat .jsonl/.parquet or a prefix prepared with --seq-len, and --tokenizer).
+        objective: a registered objective a compared backend declares
+            (``compared_objectives``): pretrain (next token over text), or a
+            post-training one (sft, dpo, grpo: --data-path a .jsonl/.parquet or a prefix
+            prepared for it, and --tokenizer).
+        objective_settings: values of the objective's settings (``num_generations``,
+            ``reward``, ...), checked here and given to every backend.
     """
     recipes = Path(recipes)
-    if objective not in OBJECTIVES:
-        raise ValueError(f"--objective {objective}: choose from {' '.join(OBJECTIVES)}")
+    choices = compared_objectives()
+    if objective not in choices:
+        raise ValueError(f"--objective {objective}: choose from {' '.join(choices)}")
+    objective_flags = setting_flags(objective, objective_settings or {})
     if backends is None:
         backends = objective_backends(objective, recipes)
     _check_arguments(backends, data_path, tokenizer, recipes)
     _check_objective(backends, objective, recipes)
-    if objective == "sft":
-        _check_sft(backends, data_path, tokenizer, recipes)
+    posttrain = objective != "pretrain"
+    if posttrain:
+        _check_posttrain(backends, objective, data_path, tokenizer, recipes)
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
     _check_model_choice(init_from, model_config, shape)  # before any data is prepared
     decay = objective_named(objective).lr_schedule if lr_schedule is None else lr_schedule
     schedule = shared_schedule(steps, lr, warmup_steps, min_lr, decay)
     root = Path(run_dir)
-    if objective == "sft":
-        assert data_path is not None and tokenizer is not None  # _check_sft
-        data_path = prepare_chat(data_path, tokenizer, root / "data", seq_len)
-        print(f"data: {data_path} ({packed_rows(data_path)}), tokenizer {tokenizer}", flush=True)
+    if posttrain:
+        assert data_path is not None and tokenizer is not None  # _check_posttrain
+        data_path = prepare_posttrain_data(data_path, tokenizer, root / "data", seq_len, objective)
+        print(f"data: {data_path} ({data_layout(data_path)}), tokenizer {tokenizer}", flush=True)
     elif data_path is None or tokenizer is None:
         data_path, tokenizer = prepare_reference(root / "data", vocab_size)
         print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
@@ -343,11 +432,18 @@ def compare(
                 "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr,
                 "warmup_steps": schedule.warmup_steps, "min_lr": schedule.floor,
                 "recipes": recipes, "objective": objective,
-                "lr_schedule": schedule.decay}  # fmt: skip
+                "lr_schedule": schedule.decay, "objective_flags": objective_flags}  # fmt: skip
     wall, failed = _run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
     print(f"\nschedule on every backend: {schedule.summary()}")
-    _report(backends, root, wall, MOE_LOSSES if moe else None, first_step=objective == "sft")
+    _report(
+        backends,
+        root,
+        wall,
+        MOE_LOSSES if moe else None,
+        first_step=posttrain,
+        per_step=objective_named(objective).rollouts,
+    )
     if failed:
         raise RuntimeError("backends failed: " + "; ".join(failed))
 
@@ -378,14 +474,27 @@ def shared_schedule(
     return LRSchedule(lr, lr / 10 if min_lr is None else min_lr, warmup, steps, lr_schedule)
 
 
-def packed_rows(prefix: str) -> str:
-    """How the packed conversations at ``prefix`` are laid out, and that every backend
-    trains on all of them (none held out)."""
+def data_layout(prefix: str) -> str:
+    """What the prepared post-training data at ``prefix`` holds: prompts, or packed rows
+    (``packed_rows``)."""
+    from baton.data.packed import data_objective
+
+    kind = data_objective(prefix)
+    if kind == DataKind.PROMPTS.value:
+        from baton.data.prompts import PreparedPrompts
+
+        return f"{len(PreparedPrompts(prefix))} prompts"
+    return packed_rows(prefix, "conversations" if kind == DataKind.CONVERSATIONS else "documents")
+
+
+def packed_rows(prefix: str, noun: str = "conversations") -> str:
+    """How the packed ``noun`` at ``prefix`` are laid out, and that every backend trains
+    on all of them (none held out)."""
     from baton.data.packed import PackedDataset
 
     data = PackedDataset(prefix)
     return (
-        f"{data.num_sequences} conversations packed in {data.num_rows} rows; every backend "
+        f"{data.num_sequences} {noun} packed in {data.num_rows} rows; every backend "
         f"trains on all {data.num_rows} rows, none held out"
     )
 
@@ -460,22 +569,29 @@ def _check_arguments(
         )
 
 
-def _check_sft(
-    backends: Sequence[str], data_path: str | None, tokenizer: str | None, recipes: Path
+def _check_posttrain(
+    backends: Sequence[str],
+    objective: str,
+    data_path: str | None,
+    tokenizer: str | None,
+    recipes: Path,
 ) -> None:
-    """``ValueError`` for an SFT comparison without conversations and their tokenizer, or
-    on a backend whose recipe has no ``--objective``."""
+    """``ValueError`` for a post-training comparison without its data and their tokenizer,
+    or on a backend whose recipe has no ``--objective``."""
     if data_path is None or tokenizer is None:
+        kind = objective_named(objective).data
+        made = "" if kind == DataKind.PROMPTS else " --seq-len"
         raise ValueError(
-            "--objective sft needs --data-path (a chat .jsonl/.parquet, or a prefix from "
-            "`baton data prepare --seq-len`) and --tokenizer (with its chat template)"
+            f"--objective {objective} needs --data-path ({kind.described}: a .jsonl/.parquet, "
+            f"or a prefix from `baton data prepare{made}`) and --tokenizer (with its chat "
+            "template)"
         )
     runs = compared()
     without = [b for b in backends if not takes_objective(recipes / runs[b].recipe)]
     if without:
         raise ValueError(
-            f"--objective sft: the recipe of {' '.join(without)} has no --objective; choose "
-            f"from {' '.join(objective_backends('sft', recipes)) or '(none)'}"
+            f"--objective {objective}: the recipe of {' '.join(without)} has no --objective; "
+            f"choose from {' '.join(objective_backends(objective, recipes)) or '(none)'}"
         )
 
 
@@ -522,9 +638,11 @@ def _report(
     expect: dict[str, str] | None,
     *,
     first_step: bool = False,
+    per_step: bool = False,
 ) -> None:
     """The agreement table and the loss charts of the backends that finished (and, with
-    ``first_step``, their first-step losses to more digits)."""
+    ``first_step``, their first-step losses to more digits; with ``per_step``, each
+    step's loss on every backend)."""
     finished = [b for b in backends if (root / b / "logs" / FILE_NAME).is_file()]
     if finished:
         from baton.tools.plot import plot_runs
@@ -534,6 +652,8 @@ def _report(
         print("\n" + agreement_table(runs, wall, expect))
         if first_step:
             print("\n" + first_step_table(runs))
+        if per_step:
+            print("\n" + per_step_table(runs))
         print("charts: " + ", ".join(str(path) for path in charts))
 
 
@@ -586,13 +706,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--objective",
-        choices=OBJECTIVES,
+        choices=compared_objectives(),
         default="pretrain",
-        help="pretrain (text) or sft (conversations: --data-path chat.jsonl or a prefix)",
+        help="pretrain (text), or a post-training objective on --data-path (conversations, "
+        "pairs or prompts: a .jsonl/.parquet or a prepared prefix)",
     )
+    settings = parser.add_argument_group("objective settings (given to every backend)")
+    for setting, owners in declared_settings().values():
+        _add_setting(settings, setting, owners)
     parser.add_argument("--run-dir", default="runs/compare_backends", help="where results go")
     parser.add_argument("--recipes", default=str(RECIPES), help="the backends' recipes")
     args = parser.parse_args(argv)
+    names = declared_settings()
+    given = {k: v for k, v in vars(args).items() if k in names}
     try:
         compare(
             steps=args.steps,
@@ -614,6 +740,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir=args.run_dir,
             recipes=args.recipes,
             objective=args.objective,
+            objective_settings={
+                k: tuple(v) if isinstance(v, list) else v for k, v in given.items()
+            },
         )
     except (ValueError, UsageError) as error:
         print(f"baton compare: {error}", file=sys.stderr)
@@ -622,3 +751,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"baton compare: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _add_setting(parser: Any, setting: Setting, owners: tuple[str, ...]) -> None:
+    """``setting`` as a flag of ``baton compare`` (absent unless given)."""
+    described = f"({', '.join(owners)}) {setting.help}"
+    options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": described}
+    if setting.repeatable:
+        options |= {"action": "append", "type": setting.type}
+    elif setting.listed:
+        options |= {"nargs": "+", "type": setting.type}
+    elif setting.type is bool:
+        options |= {"action": argparse.BooleanOptionalAction}
+    elif setting.optional:
+        options |= {"type": _optional(setting.type)}
+    else:
+        options |= {"type": setting.type}
+    parser.add_argument(setting.flag, dest=setting.name, **options)
+
+
+def _optional(kind: type) -> Any:
+    """A parser of ``kind`` that reads ``None`` as None."""
+
+    def parse(text: str) -> Any:
+        return None if text == "None" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse

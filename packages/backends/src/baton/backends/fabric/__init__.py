@@ -32,7 +32,7 @@ declare_backend(
         engine="baton.backends.fabric.backend:FabricBackend",
         summary="Your PyTorch model, optimizer and data through lightning.fabric.Fabric (DDP/FSDP, precision).",
         launcher="torchrun",
-        objectives=("pretrain", "sft", "dpo"),
+        objectives=("pretrain", "sft", "dpo", "grpo"),
         exporter="baton.backends.fabric.export:export_hf",
         compare=CompareRun(
             "hf_finetune.py",

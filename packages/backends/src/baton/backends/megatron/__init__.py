@@ -28,7 +28,7 @@ declare_backend(
         engine="baton.backends.megatron.backend:MegatronBackend",
         summary="Megatron-Core GPTModel, DDP, optimizer and schedules behind baton's loop.",
         launcher="torchrun",
-        objectives=("pretrain", "sft", "dpo"),
+        objectives=("pretrain", "sft", "dpo", "grpo"),
         exporter="baton.backends.megatron.export:export_hf",
         compare=CompareRun(
             "megatron_gpt_tiny.py",

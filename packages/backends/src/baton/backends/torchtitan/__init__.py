@@ -28,7 +28,7 @@ declare_backend(
         engine="baton.backends.torchtitan.backend:TorchTitanBackend",
         summary="TorchTitan's Trainer, one Trainer.train_step per baton step.",
         launcher="torchrun",
-        objectives=("pretrain", "sft", "dpo"),
+        objectives=("pretrain", "sft", "dpo", "grpo"),
         exporter="baton.backends.torchtitan.export:export_hf",
         compare=CompareRun(
             "torchtitan_llama3_debug.py",

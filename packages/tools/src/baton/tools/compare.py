@@ -2,11 +2,13 @@
 MaxText, on identical tokens, with how far their per-step losses agree and the four loss
 curves on one chart.
 
-uv run baton compare                                  # zero setup, ~5 min on CPU
-uv run baton compare --steps 100 --backends megatron maxtext
-uv run baton compare --data-path data/corpus --tokenizer runs/tok
-uv run baton compare --init-from hf_models/tiny-llama  # a save_pretrained model of yours
-uv run baton compare --model-config qwen3_moe.json      # its model, random weights
+Example::
+
+    uv run baton compare                                  # zero setup, ~5 min on CPU
+    uv run baton compare --steps 100 --backends megatron maxtext
+    uv run baton compare --data-path data/corpus --tokenizer runs/tok
+    uv run baton compare --init-from hf_models/tiny-llama  # a save_pretrained model of yours
+    uv run baton compare --model-config qwen3_moe.json      # its model, random weights
 
 Without ``--data-path``/``--tokenizer`` it trains a byte-level BPE (``--vocab-size``
 tokens) on the Python language reference and prepares that text once with it (``baton
@@ -98,250 +100,77 @@ A post-training comparison prints each backend's first-step loss and its relativ
 difference from the first backend's; one that samples rollouts (GRPO), whose losses sit
 near zero where relative differences say little, then prints each step's loss on every
 backend.
+
+The parts live beside this module: ``compare_backends`` (which backends run and the
+command each runs), ``compare_checks`` (the arguments checked before anything is
+prepared), ``compare_data`` (the data prepared), ``compare_model`` (the model every
+backend starts from) and ``compare_report`` (the tables and charts from the runs' logs).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from baton.callbacks.sinks.jsonl import FILE_NAME, read_jsonl
-from baton.core.backend_descriptor import CompareRun, backend_descriptors
 from baton.core.cli.objective_flags import declared_settings
 from baton.core.errors import UsageError
 from baton.core.lr_schedule import SHAPES, LRSchedule
 from baton.core.model.spec import ModelSpec
-from baton.core.objectives import OBJECTIVES, DataKind, ObjectiveRun, Setting, objective_named
-from baton.core.objectives.registry import SHIPPED
-from baton.tools.compare_model import (
-    MOE_LOSSES,
-    check_model,
-    check_model_config,
-    save_model,
-    tiny_llama_spec,
+from baton.core.objectives import Setting, objective_named
+from baton.tools.compare_backends import (
+    RECIPES,
+    backend_command,
+    compared,
+    compared_objectives,
+    objective_backends,
+    run_backends,
+    setting_flags,
+    takes_objective,
+)
+from baton.tools.compare_checks import check_arguments, check_objective, check_posttrain
+from baton.tools.compare_data import (
+    CHAT_SUFFIXES,
+    data_layout,
+    packed_rows,
+    prepare_comparison_data,
+    prepare_posttrain_data,
+    prepare_reference,
+)
+from baton.tools.compare_model import MOE_LOSSES, check_model_choice, starting_model
+from baton.tools.compare_report import (
+    agreement_table,
+    first_step_table,
+    losses,
+    max_relative_difference,
+    per_step_table,
+    report,
 )
 
-#: where the backends' tiny recipes are found unless ``--recipes`` says otherwise
-RECIPES = Path("recipes")
-#: input files a post-training objective prepares (anything else: a prepared prefix)
-CHAT_SUFFIXES = (".jsonl", ".parquet")
-
-
-def compared() -> dict[str, CompareRun]:
-    """The backends ``baton compare`` runs, each with how (its descriptor's
-    ``CompareRun``), in the order backends are listed: the first is the reference."""
-    return {d.name: d.compare for d in backend_descriptors() if d.compare is not None}
-
-
-def compared_objectives() -> tuple[str, ...]:
-    """What ``--objective`` may ask for: each registered objective that a compared backend
-    declares, the shipped ones first (``pretrain``, ``sft``, ``dpo``, ``grpo``), then by
-    name."""
-    declared = {o for d in backend_descriptors() if d.compare is not None for o in d.objectives}
-    shipped = [o.name for o in SHIPPED]
-    ordered = [*shipped, *(n for n in OBJECTIVES.names() if n not in shipped)]
-    return tuple(name for name in ordered if name in declared)
-
-
-def setting_flags(objective: str, values: Mapping[str, Any]) -> list[str]:
-    """The recipe flags of the given settings of ``objective`` (``--num-generations=4``,
-    ``--reward=A --reward=B``, ``--reward-weights 1 0.5``, ``--no-FLAG``), after checking
-    them with the objective's own checks (``UsageError``: one not its own, a bad value,
-    or a combination it refuses)."""
-    ObjectiveRun.of(objective, **values)
-    declared = {s.name: s for s in objective_named(objective).settings}
-    flags: list[str] = []
-    for name, value in values.items():
-        setting = declared[name]
-        if setting.type is bool and not (setting.repeatable or setting.listed):
-            flags.append(setting.flag if value else "--no-" + setting.flag[2:])
-        elif setting.repeatable:
-            flags += [f"{setting.flag}={item}" for item in value]
-        elif setting.listed:
-            flags += [setting.flag, *(str(item) for item in value)]
-        else:
-            flags.append(f"{setting.flag}={value}")
-    return flags
-
-
-def takes_objective(recipe: Path) -> bool:
-    """Whether the recipe at ``recipe`` has an ``objective`` flag (post-training)."""
-    from baton.core.cli.recipe_signature import read_signature
-
-    signature = read_signature(recipe)
-    return signature is not None and any(p.name == "objective" for p in signature.params)
-
-
-def objective_backends(objective: str, recipes: Path) -> tuple[str, ...]:
-    """The compared backends that declare ``objective`` and, past pretraining, whose recipe
-    in ``recipes`` takes ``--objective``, in order."""
-    declared = {d.name for d in backend_descriptors() if objective in d.objectives}
-
-    def recipe_runs_it(run: CompareRun) -> bool:
-        recipe = recipes / run.recipe
-        return objective == "pretrain" or (recipe.is_file() and takes_objective(recipe))
-
-    return tuple(b for b, run in compared().items() if b in declared and recipe_runs_it(run))
-
-
-def prepare_posttrain_data(
-    source: str, tokenizer: str, data_dir: Path, seq_len: int, objective: str = "sft"
-) -> str:
-    """The prefix of ``source`` for ``objective``: a ``.jsonl``/``.parquet`` prepared once
-    by ``baton data prepare`` (conversations into ``data_dir/chat``, pairs into
-    ``data_dir/preference``, packed into rows of ``seq_len`` inputs; prompts into
-    ``data_dir/prompts``), or ``source`` itself, a prefix prepared for it. ``ValueError``
-    (``DataError``) for data of another kind or rows of another width."""
-    from baton.data.packed import PackedDataset, check_objective
-
-    kind = objective_named(objective).data
-    if Path(source).suffix in CHAT_SUFFIXES:
-        prefix = data_dir / ("chat" if kind == DataKind.CONVERSATIONS else kind.value)
-        if kind == DataKind.PROMPTS:
-            from baton.tools.data.prompts import prepare_prompts
-
-            prepare_prompts([source], tokenizer, prefix, force=True)
-        else:
-            from baton.tools.data.posttrain import prepare_posttrain
-
-            prepare_posttrain([source], tokenizer, prefix, seq_len=seq_len, force=True)
-        return str(prefix)
-    check_objective(source, objective)
-    if kind == DataKind.PROMPTS:
-        return source
-    width = PackedDataset(source).seq_len
-    if width != seq_len:
-        raise ValueError(
-            f"--data-path {source} holds rows of {width} tokens, --seq-len is {seq_len}; "
-            f"pass --seq-len {width}"
-        )
-    return source
-
-
-def prepare_reference(data_dir: Path, vocab_size: int) -> tuple[str, str]:
-    """A tokenizer and a prepared dataset of the Python language reference, made once."""
-    from baton.data import train_tokenizer
-    from baton.data.corpus import reference_documents
-    from baton.tools.data.prepare import prepare
-
-    tokenizer, prefix = data_dir / "tokenizer", data_dir / "reference"
-    if not (tokenizer / "tokenizer.json").is_file():
-        train_tokenizer(tokenizer, vocab_size=vocab_size)
-    if not Path(f"{prefix}.idx").is_file():
-        source = data_dir / "reference.jsonl"
-        with source.open("w", encoding="utf-8") as out:
-            for document in reference_documents():
-                out.write(json.dumps({"text": document}) + "\n")
-        prepare([source], tokenizer, prefix, workers=1, force=True)
-    return str(prefix), str(tokenizer)
-
-
-def backend_command(
-    backend: str,
-    run_dir: Path,
-    *,
-    init_from: str,
-    data_path: str,
-    tokenizer: str,
-    steps: int,
-    seq_len: int,
-    batch: int,
-    lr: float,
-    warmup_steps: int = 0,
-    min_lr: float | None = None,
-    recipes: Path = RECIPES,
-    objective: str = "pretrain",
-    lr_schedule: str = "cosine",
-    objective_flags: Sequence[str] = (),
-) -> list[str]:
-    """``python -m baton.core.cli.command run <backend's recipe> --init-from ...`` with the shared
-    settings: the same schedule flags on every recipe (``min_lr`` None: ``lr / 10``;
-    ``--objective sft``: on packed rows of ``seq_len`` inputs), the objective's settings
-    (``objective_flags``: ``setting_flags``), then the recipe's own flags (its
-    descriptor's ``CompareRun``)."""
-    common = [
-        f"--init-from={init_from}",
-        f"--max-steps={steps}",
-        f"--lr={lr}",
-        f"--lr-schedule={lr_schedule}",
-        f"--warmup-steps={min(warmup_steps, steps)}",
-        f"--min-lr={lr / 10 if min_lr is None else min_lr}",
-        f"--data-path={data_path}",
-        f"--tokenizer={tokenizer}",
-        f"--run-dir={run_dir / backend}",
-        "--log-every=1",
-        "--save-every=0",
-        "--overwrite",
-    ]
-    if objective != "pretrain":
-        common.append(f"--objective={objective}")
-    common += objective_flags
-    run = compared()[backend]
-    own = run.command_flags(seq_len=seq_len, batch=batch, steps=steps)
-    recipe = recipes / run.recipe
-    return [sys.executable, "-m", "baton.core.cli.command", "run", str(recipe), *common, *own]
-
-
-def losses(run_dir: Path) -> list[float]:
-    """The training losses a run logged, in step order."""
-    return [r["loss"] for r in read_jsonl(run_dir / "logs" / FILE_NAME) if "loss" in r]
-
-
-def max_relative_difference(values: Sequence[float], reference: Sequence[float]) -> float:
-    """The largest ``|value - reference| / |reference|`` over the steps both logged."""
-    pairs = list(zip(values, reference, strict=False))
-    if not pairs:
-        return math.nan
-    return max(abs(v - r) / abs(r) for v, r in pairs)
-
-
-def agreement_table(
-    runs: dict[str, list[float]], wall: dict[str, float], expect: dict[str, str] | None = None
-) -> str:
-    """Each run's first and final loss and its largest per-step relative difference
-    from the first run's losses; then, from ``expect``, what each backend's loss holds
-    (a mixture-of-experts model: ``MOE_LOSSES``)."""
-    reference_name, reference = next(iter(runs.items()))
-    head = f"{'backend':<12}{'steps':>6}{'first loss':>12}{'final loss':>12}"
-    lines = [head + f"{'max rel diff vs ' + reference_name:>26}{'wall s':>8}"]
-    for backend, values in runs.items():
-        first, last = (values[0], values[-1]) if values else (math.nan, math.nan)
-        diff = max_relative_difference(values, reference)
-        lines.append(
-            f"{backend:<12}{len(values):>6}{first:>12.4f}{last:>12.4f}{diff:>26.2e}"
-            f"{wall.get(backend, math.nan):>8.0f}"
-        )
-    if expect:
-        lines.append("differences to expect (each backend's own loss):")
-        lines += [f"  {backend}: {expect[backend]}" for backend in runs if backend in expect]
-    return "\n".join(lines)
-
-
-def per_step_table(runs: dict[str, list[float]]) -> str:
-    """Each step's loss on every run, one row a step (blank where a run logged none)."""
-    lines = ["step" + "".join(f"{backend:>16}" for backend in runs)]
-    for step in range(max((len(values) for values in runs.values()), default=0)):
-        cells = [f"{v[step]:>16.8f}" if step < len(v) else " " * 16 for v in runs.values()]
-        lines.append(f"{step + 1:<4}" + "".join(cells))
-    return "\n".join(lines)
-
-
-def first_step_table(runs: dict[str, list[float]]) -> str:
-    """Each run's first-step loss and its relative difference from the first run's."""
-    reference_name, reference = next(iter(runs.items()))
-    base = reference[0] if reference else math.nan
-    lines = [f"{'backend':<12}{'first-step loss':>18}{'rel diff vs ' + reference_name:>24}"]
-    for backend, values in runs.items():
-        first = values[0] if values else math.nan
-        lines.append(f"{backend:<12}{first:>18.8f}{abs(first - base) / abs(base):>24.2e}")
-    return "\n".join(lines)
+__all__ = [
+    "CHAT_SUFFIXES",
+    "RECIPES",
+    "agreement_table",
+    "backend_command",
+    "compare",
+    "compared",
+    "compared_objectives",
+    "data_layout",
+    "first_step_table",
+    "losses",
+    "main",
+    "max_relative_difference",
+    "objective_backends",
+    "packed_rows",
+    "per_step_table",
+    "prepare_posttrain_data",
+    "prepare_reference",
+    "setting_flags",
+    "shared_schedule",
+    "takes_objective",
+]
 
 
 def compare(
@@ -409,34 +238,30 @@ def compare(
     objective_flags = setting_flags(objective, objective_settings or {})
     if backends is None:
         backends = objective_backends(objective, recipes)
-    _check_arguments(backends, data_path, tokenizer, recipes)
-    _check_objective(backends, objective, recipes)
+    check_arguments(backends, data_path, tokenizer, recipes)
+    check_objective(backends, objective, recipes)
     posttrain = objective != "pretrain"
     if posttrain:
-        _check_posttrain(backends, objective, data_path, tokenizer, recipes)
+        check_posttrain(backends, objective, data_path, tokenizer, recipes)
     shape = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len}
-    _check_model_choice(init_from, model_config, shape)  # before any data is prepared
+    check_model_choice(init_from, model_config, shape)  # before any data is prepared
     decay = objective_named(objective).lr_schedule if lr_schedule is None else lr_schedule
     schedule = shared_schedule(steps, lr, warmup_steps, min_lr, decay)
     root = Path(run_dir)
-    if posttrain:
-        assert data_path is not None and tokenizer is not None  # _check_posttrain
-        data_path = prepare_posttrain_data(data_path, tokenizer, root / "data", seq_len, objective)
-        print(f"data: {data_path} ({data_layout(data_path)}), tokenizer {tokenizer}", flush=True)
-    elif data_path is None or tokenizer is None:
-        data_path, tokenizer = prepare_reference(root / "data", vocab_size)
-        print(f"data: {data_path} (Python reference), tokenizer {tokenizer}", flush=True)
-    init_from = _starting_model(init_from, model_config, tokenizer, root / "model", shape)
+    data_path, tokenizer = prepare_comparison_data(
+        objective, data_path, tokenizer, root / "data", seq_len=seq_len, vocab_size=vocab_size
+    )
+    init_from = starting_model(init_from, model_config, tokenizer, root / "model", shape)
     print(f"schedule on every backend: {schedule.summary()}", flush=True)
     settings = {"init_from": init_from, "data_path": data_path, "tokenizer": tokenizer,
                 "steps": steps, "seq_len": seq_len, "batch": batch, "lr": lr,
                 "warmup_steps": schedule.warmup_steps, "min_lr": schedule.floor,
                 "recipes": recipes, "objective": objective,
                 "lr_schedule": schedule.decay, "objective_flags": objective_flags}  # fmt: skip
-    wall, failed = _run_backends(backends, root, settings)
+    wall, failed = run_backends(backends, root, settings)
     moe = ModelSpec.from_hf(init_from).moe is not None
     print(f"\nschedule on every backend: {schedule.summary()}")
-    _report(
+    report(
         backends,
         root,
         wall,
@@ -472,189 +297,6 @@ def shared_schedule(
             f"least 0 and --min-lr between 0 and --lr ({lr:g})"
         )
     return LRSchedule(lr, lr / 10 if min_lr is None else min_lr, warmup, steps, lr_schedule)
-
-
-def data_layout(prefix: str) -> str:
-    """What the prepared post-training data at ``prefix`` holds: prompts, or packed rows
-    (``packed_rows``)."""
-    from baton.data.packed import data_objective
-
-    kind = data_objective(prefix)
-    if kind == DataKind.PROMPTS.value:
-        from baton.data.prompts import PreparedPrompts
-
-        return f"{len(PreparedPrompts(prefix))} prompts"
-    return packed_rows(prefix, "conversations" if kind == DataKind.CONVERSATIONS else "documents")
-
-
-def packed_rows(prefix: str, noun: str = "conversations") -> str:
-    """How the packed ``noun`` at ``prefix`` are laid out, and that every backend trains
-    on all of them (none held out)."""
-    from baton.data.packed import PackedDataset
-
-    data = PackedDataset(prefix)
-    return (
-        f"{data.num_sequences} {noun} packed in {data.num_rows} rows; every backend "
-        f"trains on all {data.num_rows} rows, none held out"
-    )
-
-
-def _check_model_choice(
-    init_from: str | None, model_config: str | None, shape: dict[str, int]
-) -> None:
-    """``ValueError`` (or ``UsageError``) for a model ``compare`` could not start from:
-    both ``--init-from`` and ``--model-config``, or either one unreadable, or a bad shape."""
-    if init_from is not None and model_config is not None:
-        raise ValueError(
-            "pass --init-from (weights to start from) or --model-config (a config.json to "
-            "write random weights for), not both"
-        )
-    if init_from is not None:
-        check_model(init_from, 0)
-    elif model_config is not None:
-        check_model_config(model_config, 0)
-    else:
-        tiny_llama_spec(**shape, vocab_size=1)
-
-
-def _starting_model(
-    init_from: str | None,
-    model_config: str | None,
-    tokenizer: str,
-    directory: Path,
-    shape: dict[str, int],
-) -> str:
-    """``init_from``, or the model of ``model_config`` (else a tiny Llama of ``shape`` for
-    the tokenizer) saved in ``directory``, checked against the tokenizer's vocabulary."""
-    from baton.data import load_tokenizer
-
-    tokenizer_vocab = load_tokenizer(tokenizer).vocab_size
-    if init_from is None:
-        if model_config is not None:
-            spec = check_model_config(model_config, tokenizer_vocab)
-        else:
-            spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab)
-        init_from = str(save_model(spec, directory))
-    spec = check_model(init_from, tokenizer_vocab)
-    experts = "" if spec.moe is None else f", {spec.moe.num_experts} experts"
-    print(
-        f"model: {init_from} ({spec.family}, {spec.num_layers} layers, width "
-        f"{spec.hidden_size}, {spec.num_heads} heads{experts}, vocabulary "
-        f"{spec.vocab_size}); every backend starts there",
-        flush=True,
-    )
-    return init_from
-
-
-def _check_arguments(
-    backends: Sequence[str], data_path: str | None, tokenizer: str | None, recipes: Path
-) -> None:
-    """``ValueError`` for unknown backends, data without its tokenizer, missing recipes."""
-    runs = compared()
-    unknown = [b for b in backends if b not in runs]
-    if unknown or not backends:
-        raise ValueError(
-            f"--backends {' '.join(backends) or '(none)'}: choose from {' '.join(runs)}"
-        )
-    if (data_path is None) != (tokenizer is None):
-        raise ValueError(
-            "pass both --data-path (a `baton data prepare` prefix) and --tokenizer (the "
-            "directory it was prepared with), or neither to prepare the Python reference"
-        )
-    missing = [runs[b].recipe for b in backends if not (recipes / runs[b].recipe).is_file()]
-    if missing:
-        raise ValueError(
-            f"--recipes {recipes} lacks {', '.join(missing)}; run from the project's root "
-            "or pass --recipes PATH/TO/recipes"
-        )
-
-
-def _check_posttrain(
-    backends: Sequence[str],
-    objective: str,
-    data_path: str | None,
-    tokenizer: str | None,
-    recipes: Path,
-) -> None:
-    """``ValueError`` for a post-training comparison without its data and their tokenizer,
-    or on a backend whose recipe has no ``--objective``."""
-    if data_path is None or tokenizer is None:
-        kind = objective_named(objective).data
-        made = "" if kind == DataKind.PROMPTS else " --seq-len"
-        raise ValueError(
-            f"--objective {objective} needs --data-path ({kind.described}: a .jsonl/.parquet, "
-            f"or a prefix from `baton data prepare{made}`) and --tokenizer (with its chat "
-            "template)"
-        )
-    runs = compared()
-    without = [b for b in backends if not takes_objective(recipes / runs[b].recipe)]
-    if without:
-        raise ValueError(
-            f"--objective {objective}: the recipe of {' '.join(without)} has no --objective; "
-            f"choose from {' '.join(objective_backends(objective, recipes)) or '(none)'}"
-        )
-
-
-def _check_objective(backends: Sequence[str], objective: str, recipes: Path) -> None:
-    """``ValueError`` for a backend whose descriptor does not name ``objective``."""
-    declared = {d.name: d.objectives for d in backend_descriptors()}
-    others = [b for b in backends if objective not in declared[b]]
-    if others:
-        raise ValueError(
-            f"--objective {objective}: {' '.join(others)} does not train it (its backend "
-            f"declares {', '.join(declared[others[0]])}); choose from "
-            f"{' '.join(objective_backends(objective, recipes)) or '(none)'}"
-        )
-
-
-def _run_backends(
-    backends: Sequence[str], root: Path, settings: dict[str, Any]
-) -> tuple[dict[str, float], list[str]]:
-    """Each backend's recipe in its own process (output in ``root/<backend>.log``); the
-    wall time of each and the failures."""
-    wall: dict[str, float] = {}
-    failed: list[str] = []
-    for backend in backends:
-        command = backend_command(backend, root, **settings)
-        log = root / f"{backend}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"{backend}: running (output in {log})", flush=True)
-        start = time.perf_counter()
-        with log.open("w", encoding="utf-8") as out:
-            out.write(" ".join(command) + "\n")
-            out.flush()
-            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
-        wall[backend] = time.perf_counter() - start
-        if code != 0:
-            failed.append(f"{backend} (exit {code}, see {log})")
-        print(f"{backend}: exit {code} after {wall[backend]:.0f} s", flush=True)
-    return wall, failed
-
-
-def _report(
-    backends: Sequence[str],
-    root: Path,
-    wall: dict[str, float],
-    expect: dict[str, str] | None,
-    *,
-    first_step: bool = False,
-    per_step: bool = False,
-) -> None:
-    """The agreement table and the loss charts of the backends that finished (and, with
-    ``first_step``, their first-step losses to more digits; with ``per_step``, each
-    step's loss on every backend)."""
-    finished = [b for b in backends if (root / b / "logs" / FILE_NAME).is_file()]
-    if finished:
-        from baton.tools.plot import plot_runs
-
-        charts = plot_runs([root / b for b in finished], root / "comparison")
-        runs = {b: losses(root / b) for b in finished}
-        print("\n" + agreement_table(runs, wall, expect))
-        if first_step:
-            print("\n" + first_step_table(runs))
-        if per_step:
-            print("\n" + per_step_table(runs))
-        print("charts: " + ", ".join(str(path) for path in charts))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,10 +3,14 @@ a model written from a Hugging Face ``config.json`` (Llama, Qwen3 or Qwen3-MoE) 
 ``transformers``' own classes, or a ``save_pretrained`` directory, checked against the
 tokenizer.
 
+Example::
+
     spec = tiny_llama_spec(layers=2, hidden=64, heads=4, vocab_size=2048, seq_len=32)
     save_model(spec, Path("runs/compare_backends/model"))
     save_model(ModelSpec.from_hf("qwen3_moe.json"), Path("runs/compare_backends/model"))
     check_model("runs/compare_backends/model", tokenizer_vocab=2048)
+    starting_model(None, None, "runs/tok", Path("runs/compare_backends/model"),
+                   {"layers": 6, "hidden": 256, "heads": 16, "seq_len": 128})
 """
 
 from __future__ import annotations
@@ -100,3 +104,50 @@ def check_model_config(model_config: str, tokenizer_vocab: int) -> ModelSpec:
             f"{tokenizer_vocab} ids; raise vocab_size to at least {tokenizer_vocab}"
         )
     return spec
+
+
+def check_model_choice(
+    init_from: str | None, model_config: str | None, shape: dict[str, int]
+) -> None:
+    """``ValueError`` (or ``UsageError``) for a model ``compare`` could not start from:
+    both ``--init-from`` and ``--model-config``, or either one unreadable, or a bad shape."""
+    if init_from is not None and model_config is not None:
+        raise ValueError(
+            "pass --init-from (weights to start from) or --model-config (a config.json to "
+            "write random weights for), not both"
+        )
+    if init_from is not None:
+        check_model(init_from, 0)
+    elif model_config is not None:
+        check_model_config(model_config, 0)
+    else:
+        tiny_llama_spec(**shape, vocab_size=1)
+
+
+def starting_model(
+    init_from: str | None,
+    model_config: str | None,
+    tokenizer: str,
+    directory: Path,
+    shape: dict[str, int],
+) -> str:
+    """``init_from``, or the model of ``model_config`` (else a tiny Llama of ``shape`` for
+    the tokenizer) saved in ``directory``, checked against the tokenizer's vocabulary."""
+    from baton.data import load_tokenizer
+
+    tokenizer_vocab = load_tokenizer(tokenizer).vocab_size
+    if init_from is None:
+        if model_config is not None:
+            spec = check_model_config(model_config, tokenizer_vocab)
+        else:
+            spec = tiny_llama_spec(**shape, vocab_size=tokenizer_vocab)
+        init_from = str(save_model(spec, directory))
+    spec = check_model(init_from, tokenizer_vocab)
+    experts = "" if spec.moe is None else f", {spec.moe.num_experts} experts"
+    print(
+        f"model: {init_from} ({spec.family}, {spec.num_layers} layers, width "
+        f"{spec.hidden_size}, {spec.num_heads} heads{experts}, vocabulary "
+        f"{spec.vocab_size}); every backend starts there",
+        flush=True,
+    )
+    return init_from

@@ -6,7 +6,11 @@ every device by default, remat, cuDNN flash attention through Transformer Engine
 and Pallas flash attention on TPU. MaxText reads the data with its own pipeline: a
 prepared dataset or blend (``baton data prepare``; Grain's ``mmap`` source) or local
 JSON/Parquet files (its Hugging Face pipeline), tokenized by ``--tokenizer DIR``. Both
-are required: a real-size model is not trained on bytes.
+are required: a real-size model is not trained on bytes. The learning rate follows
+baton's one schedule (``baton.core.lr_schedule``, as MaxText's optax schedule) as on
+every LLM recipe, not MaxText's own: ``--lr-schedule`` (default: the objective's, cosine
+for pretraining, constant for ``sft``, ``dpo`` and ``grpo``), ``--warmup-steps``
+(default 0) and ``--min-lr`` (default ``--lr`` / 10), the decay ending at ``--max-steps``.
 
 On a GPU/TPU host:
     uv run baton run recipes/maxtext_llama2_7b.py --tokenizer tok/ --data-path data/corpus \
@@ -46,6 +50,7 @@ from baton.backends.maxtext.qwen3 import check_expert_parallel
 from baton.callbacks import standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning, require_data
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.objectives import DataKind, ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -69,6 +74,9 @@ def recipe(
     batch_size: int = 4,
     seq_len: int = 4096,
     lr: float = 3e-4,
+    lr_schedule: str | None = None,
+    min_lr: float | None = None,
+    warmup_steps: int = 0,
     dp_shard: int = -1,
     tp: int = 1,
     dp_replicate: int = 1,
@@ -95,7 +103,12 @@ def recipe(
         batch_size: sequences per step and data-parallel rank (MaxText's per-device
             batch is this over --tp).
         seq_len: tokens per sequence.
-        lr: peak learning rate.
+        lr: peak learning rate (after warmup).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         dp_shard: FSDP degree within a host (-1: the devices left).
         tp: tensor parallel degree within a host.
         dp_replicate: data parallel degree within a host.
@@ -118,6 +131,10 @@ def recipe(
     if hardware not in HARDWARE:
         raise ValueError(f"hardware={hardware!r}: use one of {sorted(HARDWARE)}")
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     require_data(
         "a prepared prefix or blend from `baton data prepare`, or JSON/Parquet files, and a "
         "Hugging Face tokenizer directory of at most --vocab-size tokens",
@@ -127,10 +144,11 @@ def recipe(
     overrides = {
         "model_name": "llama2-7b",
         "run_name": "llama2_7b",
-        "steps": max_steps,
+        "steps": max_steps,  # MaxText's learning-rate schedule length
         "per_device_batch_size": per_device_batch(batch_size, tp),
         "max_target_length": seq_len,
         "learning_rate": lr,
+        "learning_rate_final_fraction": schedule.floor / lr if lr else 0.0,
         "ici_fsdp_parallelism": dp_shard,
         "ici_tensor_parallelism": tp,
         "ici_data_parallelism": dp_replicate,
@@ -154,6 +172,8 @@ def recipe(
         tokenizer=tokenizer,
         objective=run,
         init_from=init_from,
+        warmup_steps=schedule.warmup_steps,
+        lr_schedule=schedule.decay,
     )
     recorded = run.settings()
     if not is_planning():  # data of the wrong kind: refused before anything is built
@@ -168,7 +188,7 @@ def recipe(
         max_steps=max_steps,
         log_every=log_every,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer}
+        settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay}
         | ({"model_spec": spec.to_dict()} if spec else {})
         | recorded,
         training_settings=run.objective.fixed_on_resume,

@@ -8,7 +8,13 @@
         --pp 4 --vpp 2      # interleaved 1F1B, validated
 
 bf16, the distributed optimizer, Transformer Engine layers when installed (local layers
-otherwise), RoPE, RMSNorm, SwiGLU, grouped-query attention. ``--dry-run`` builds and
+otherwise), RoPE, RMSNorm, SwiGLU, grouped-query attention. The learning rate follows
+baton's one schedule (``baton.core.lr_schedule``, Megatron-Core's
+``OptimizerParamScheduler`` built from it), as on every LLM recipe: ``--lr-schedule``
+(default: the objective's, cosine for pretraining, constant for ``sft``, ``dpo`` and
+``grpo``), ``--warmup-steps`` (default 0) and ``--min-lr`` (default ``--lr`` / 10), the
+decay ending at ``--max-steps``; a warmup is asked for by name, e.g. ``--warmup-steps
+2000``. ``--dry-run`` builds and
 validates the Megatron configuration objects and prints the parallel layout for
 ``--world-size`` ranks without initialising a process group or training (the backend's
 ``dry_run``).
@@ -47,6 +53,7 @@ from baton.backends.rollouts.policy import policy_spec
 from baton.callbacks import CONSOLE_KEYS, RolloutRecords, standard_callbacks
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning, require_data
+from baton.core.lr_schedule import LRSchedule, resolve_schedule
 from baton.core.model.spec import LlamaSpec, check_init_from, resolve_spec
 from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -59,11 +66,12 @@ def llama3_8b_config(
     seq_len: int,
     micro_batch_size: int,
     global_batch_size: int,
-    lr: float,
+    schedule: LRSchedule,
     spec: LlamaSpec | None = None,
     expert_parallel: int = 1,
 ) -> MegatronConfig:
-    """The 8B run's Megatron configuration; ``spec``: that architecture instead of 8B's."""
+    """The 8B run's Megatron configuration, its learning rate on ``schedule`` (a recipe's
+    ``resolve_schedule``); ``spec``: that architecture instead of 8B's."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -111,12 +119,13 @@ def llama3_8b_config(
         position_embedding_type="rope",
         share_embeddings_and_output_weights=False,
         rotary_base=500000.0,
-        warmup_steps=2000,
-        decay_steps=100_000,
+        warmup_steps=schedule.warmup_steps,
+        decay_steps=schedule.total_steps,
+        decay_style=schedule.decay,  # pyright: ignore[reportArgumentType]
     )
     if spec is not None:
         use_spec(config, spec)
-    config.optimizer.lr, config.optimizer.min_lr = lr, lr / 10
+    config.optimizer.lr, config.optimizer.min_lr = schedule.peak, schedule.floor
     config.optimizer.bf16 = True
     config.optimizer.params_dtype = torch.bfloat16
     config.ddp.use_distributed_optimizer = True
@@ -136,6 +145,9 @@ def recipe(
     batch_size: int = 1,
     global_batch_size: int = 128,
     lr: float = 3e-4,
+    lr_schedule: str | None = None,
+    min_lr: float | None = None,
+    warmup_steps: int = 0,
     data_path: str | None = None,
     tokenizer: str | None = None,
     save_every: int = 500,
@@ -147,7 +159,7 @@ def recipe(
     """Llama 3 8B pretraining on Megatron-Core (``--dry-run`` validates and prints the layout).
 
     Args:
-        max_steps: optimizer steps to train.
+        max_steps: optimizer steps to train (the schedule spans them).
         tp: tensor parallel degree (above 1: sequence parallel too).
         pp: pipeline parallel stages.
         vpp: model chunks per pipeline stage (above 1: interleaved 1F1B).
@@ -157,7 +169,12 @@ def recipe(
             rollouts for an objective that samples them).
         global_batch_size: sequences per optimizer step over all ranks (the rollouts
             sampled per step: --num-generations must divide it).
-        lr: peak learning rate (decays to a tenth).
+        lr: peak learning rate (after warmup).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         data_path: a prepared prefix or blend "0.7 A 0.3 B" (required to train; prepared
             prompts for an objective that samples completions).
         tokenizer: the Llama 3 tokenizer directory the data was prepared with.
@@ -172,6 +189,10 @@ def recipe(
     """
     run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     require_data(
         "a prepared prefix or blend '0.7 PREFIX_A 0.3 PREFIX_B' from `baton data prepare` "
         "and the Llama 3 tokenizer directory it was prepared with",
@@ -189,7 +210,7 @@ def recipe(
         seq_len,
         batch_size,
         global_batch_size,
-        lr,
+        schedule,
         spec,
         expert_parallel=ep,
     )
@@ -214,7 +235,7 @@ def recipe(
         max_steps=max_steps,
         log_every=10,
         run_dir=run_dir,
-        settings={"tokenizer": tokenizer, **run.settings()}
+        settings={"tokenizer": tokenizer, "lr_schedule": schedule.decay, **run.settings()}
         | ({"model_spec": spec.to_dict()} if spec else {}),
         training_settings=run.objective.fixed_on_resume,
     )

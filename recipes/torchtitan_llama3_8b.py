@@ -11,7 +11,11 @@ torchrun --nproc-per-node 8 -m baton.core.cli.command run recipes/torchtitan_lla
     --objective grpo --data-path data/prompts --tokenizer sft-export/ --init-from sft-export/ \\
     --reward accuracy --num-generations 8 --batch-size 2 --seq-len 1024   # online RL (GRPO)
 
-The config is TorchTitan's own ``llama3_8b()``; data comes from a local ``.jsonl`` /
+The config is TorchTitan's own ``llama3_8b()``, its learning rate on baton's one schedule
+(``baton.core.lr_schedule``, TorchTitan's ``LRSchedulersContainer`` built from it) as on
+every LLM recipe: ``--lr-schedule`` (default: the objective's, cosine for pretraining,
+constant for ``sft``, ``dpo`` and ``grpo``), ``--warmup-steps`` (default 0) and
+``--min-lr`` (default ``--lr`` / 10), the decay ending at ``--max-steps``. Data comes from a local ``.jsonl`` /
 ``.parquet`` file through TorchTitan's Hugging Face text loader and the tokenizer from a
 local Hugging Face directory (``tokenizer.json``; the Llama 3.1 one for real runs).
 ``--dry-run`` needs neither: it checks the layout (``--dp-shard`` x ``--tp`` x ``--pp``,
@@ -47,6 +51,7 @@ from baton.callbacks.standard import CONSOLE_KEYS
 from baton.core import Driver
 from baton.core.cli.dry_run import is_planning, require_data
 from baton.core.cli.recipe import RecipeError
+from baton.core.lr_schedule import resolve_schedule
 from baton.core.model.spec import check_init_from, is_hf_dir, resolve_spec
 from baton.core.objectives import ObjectiveRun
 from baton.data import resolve_tokenizer
@@ -65,6 +70,9 @@ def recipe(
     batch_size: int = 1,
     seq_len: int = 8192,
     lr: float = 3e-4,
+    lr_schedule: str | None = None,
+    min_lr: float | None = None,
+    warmup_steps: int = 0,
     compile: bool = False,
     async_save: bool = True,
     log_every: int = 10,
@@ -78,7 +86,7 @@ def recipe(
     Args:
         data_path: a local .jsonl or .parquet file with a "text" key (required to train).
         tokenizer: a Hugging Face tokenizer directory (required to train).
-        max_steps: optimizer steps to train.
+        max_steps: optimizer steps to train (the schedule spans them).
         dp_replicate: replicated data-parallel degree (HSDP).
         dp_shard: FSDP degree (-1: the ranks the other degrees leave).
         tp: tensor parallel degree.
@@ -87,7 +95,12 @@ def recipe(
         ep: expert parallel degree of a Qwen3-MoE (experts sharded over dp_shard x tp).
         batch_size: sequences per step and data-parallel rank.
         seq_len: tokens per sequence.
-        lr: peak learning rate.
+        lr: peak learning rate (after warmup).
+        lr_schedule: after the warmup: constant, linear or cosine decay to --min-lr at
+            --max-steps (default: the objective's, cosine for pretrain, constant for the
+            post-training objectives).
+        min_lr: the learning rate a decay ends at, at --max-steps (default: --lr / 10).
+        warmup_steps: steps of linear warmup (0: none; at most --max-steps).
         compile: compile the model with torch.compile.
         async_save: write checkpoints in the background (TorchTitan's async mode;
             --set checkpoint.async_mode=async_with_pinned_mem for pinned memory).
@@ -102,6 +115,7 @@ def recipe(
 
     from baton.backends.torchtitan.configs import dataloader_config, set_layout, tokenizer_config
     from baton.backends.torchtitan.hf import init_from_hf, use_spec
+    from baton.backends.torchtitan.lr_schedule import schedule_config
     from baton.backends.torchtitan.objective import (
         reads_text,
         reference_settings,
@@ -110,6 +124,10 @@ def recipe(
 
     run = ObjectiveRun.of(objective)
     tokenizer = resolve_tokenizer(data_path, tokenizer)  # prepared data names its own
+    schedule = resolve_schedule(
+        run.objective, lr=lr, max_steps=max_steps, lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps, min_lr=min_lr,
+    )  # fmt: skip
     require_data(
         "a local .jsonl or .parquet file with a 'text' key, and a Hugging Face tokenizer "
         "directory such as Llama 3.1's",
@@ -141,6 +159,7 @@ def recipe(
     )
     for group in config.optimizer.param_groups:
         group.optimizer_kwargs["lr"] = lr
+    config.lr_scheduler = schedule_config(schedule)
     config.compile.enable = compile
     config.checkpoint.async_mode = "async" if async_save else "disabled"
     config.metrics.log_freq = log_every
@@ -154,7 +173,8 @@ def recipe(
         use_objective(config, run, data_path)
     # a resume with other reference weights is refused (reference_fingerprint)
     reference = reference_settings(run, init_from=init_from, spec=spec, data_path=data_path)
-    settings: dict[str, Any] = {"tokenizer": tokenizer, **run.settings(), **reference}
+    settings: dict[str, Any] = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
+    settings |= run.settings() | reference
     if spec is not None:
         settings["model_spec"] = spec.to_dict()
     backend = TorchTitanBackend(config)

@@ -5,6 +5,7 @@ Example::
 
     chunks = build_model(config, vocab_size=50304, device=torch.device("cpu"))
     optimizer, scheduler = build_optimizer(config, chunks)
+    scheduler = param_scheduler(config, torch.optim.SGD(params, lr=0.0))  # the schedule alone
 """
 
 from __future__ import annotations
@@ -95,43 +96,42 @@ def build_model(config: MegatronConfig, *, vocab_size: int, device: Any) -> list
 
 def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any]:
     """``get_megatron_optimizer`` over ``chunks`` and its ``OptimizerParamScheduler``
-    (warmup, then the decay style over ``decay_steps``; constant without them; constant,
-    linear and cosine are baton's schedule, ``scheduler.schedule_arguments``), as
-    ``BatonParamScheduler`` (which keeps what a callback set through ``model_state``)."""
+    (``param_scheduler``), as ``BatonParamScheduler`` (which keeps what a callback set
+    through ``model_state``)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
+    cfg = config
+    opt = cfg.optimizer
+    peak_and_floor(cfg)  # checked before the optimizer is built
+    if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
+        opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer
+    optimizer = get_megatron_optimizer(opt, chunks)
+    return optimizer, param_scheduler(cfg, optimizer)
+
+
+def param_scheduler(config: MegatronConfig, optimizer: Any) -> Any:
+    """The ``BatonParamScheduler`` of ``optimizer`` for ``config``: warmup, then the
+    decay style over ``decay_steps`` (constant without them); constant, linear and
+    cosine are baton's schedule (``scheduler.schedule_arguments``), followed exactly."""
     from baton.backends.megatron.scheduler import BatonParamScheduler, schedule_arguments
     from baton.core.lr_schedule import SHAPES, LRSchedule
 
     cfg = config
     opt = cfg.optimizer
-    if opt.lr is None or opt.min_lr is None:
-        raise ValueError(
-            "config.optimizer needs lr and min_lr (the schedule's peak and floor), "
-            f"got lr={opt.lr}, min_lr={opt.min_lr}"
-        )
-    if not 0 <= opt.min_lr <= opt.lr:  # Megatron's scheduler asserts it
-        raise UsageError(
-            f"config.optimizer.min_lr ({opt.min_lr:g}) must be between 0 and "
-            f"config.optimizer.lr ({opt.lr:g}): the schedule decays from lr down to min_lr; "
-            "lower min_lr (recipes: --min-lr)"
-        )
-    if cfg.ddp.use_distributed_optimizer != opt.use_distributed_optimizer:
-        opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer
-    optimizer = get_megatron_optimizer(opt, chunks)
+    peak, floor = peak_and_floor(cfg)
     decay = cfg.decay_steps
     style = cfg.decay_style if decay is not None else "constant"
     schedule: dict[str, Any] = {
         "init_lr": 0.0,
-        "max_lr": opt.lr,
-        "min_lr": opt.min_lr,
+        "max_lr": peak,
+        "min_lr": floor,
         "lr_warmup_steps": cfg.warmup_steps,
         "lr_decay_steps": max(decay or 0, cfg.warmup_steps + 1),
         "lr_decay_style": style,
     }
     shape = None
     if style in SHAPES and decay is not None:  # baton's schedule, as on every backend
-        shape = LRSchedule(opt.lr, opt.min_lr, min(cfg.warmup_steps, decay), decay, style)
+        shape = LRSchedule(peak, floor, min(cfg.warmup_steps, decay), decay, style)
         schedule = schedule_arguments(shape)
     scheduler = BatonParamScheduler(
         optimizer,
@@ -143,4 +143,22 @@ def build_optimizer(config: MegatronConfig, chunks: list[Any]) -> tuple[Any, Any
     )
     if shape is not None:
         scheduler.follow(shape)
-    return optimizer, scheduler
+    return scheduler
+
+
+def peak_and_floor(config: MegatronConfig) -> tuple[float, float]:
+    """``config.optimizer``'s ``lr`` and ``min_lr`` (the schedule's peak and floor);
+    an error when one is missing or the floor is outside ``[0, lr]``."""
+    opt = config.optimizer
+    if opt.lr is None or opt.min_lr is None:
+        raise ValueError(
+            "config.optimizer needs lr and min_lr (the schedule's peak and floor), "
+            f"got lr={opt.lr}, min_lr={opt.min_lr}"
+        )
+    if not 0 <= opt.min_lr <= opt.lr:  # Megatron's scheduler asserts it
+        raise UsageError(
+            f"config.optimizer.min_lr ({opt.min_lr:g}) must be between 0 and "
+            f"config.optimizer.lr ({opt.lr:g}): the schedule decays from lr down to min_lr; "
+            "lower min_lr (recipes: --min-lr)"
+        )
+    return opt.lr, opt.min_lr

@@ -98,8 +98,9 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, layout):
         assert not torch.allclose(got, load_llama(hf_dir)(_tokens()).logits, atol=1e-3)
 
 
-def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
-    """The model's vocabulary follows the tokenizer of the prepared data."""
+def prepared_corpus(tmp_path: Path) -> tuple[Path, Path]:
+    """``(prefix, tokenizer directory)``: the reference documents prepared with a trained
+    4,096-id tokenizer."""
     import json
 
     from baton.data import train_tokenizer
@@ -110,10 +111,54 @@ def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in reference_documents()))
     prepare([corpus], tokenizer, tmp_path / "corpus", workers=1)
-    driver = build_driver(RECIPE, [
-        "--data-path", str(tmp_path / "corpus"), "--tokenizer", str(tokenizer.path),
-        "--max-steps", "2", "--eval-every", "2", "--save-every", "0", "--log-every", "1",
-        "--run-dir", str(tmp_path / "run"), "--no-progress",
-    ])  # fmt: skip
+    return tmp_path / "corpus", tokenizer.path
+
+
+def test_a_4096_id_tokenizer_trains_with_no_other_flag(tmp_path):
+    """The model's vocabulary follows the tokenizer of the prepared data."""
+    prefix, tokenizer = prepared_corpus(tmp_path)
+    driver = build_driver(
+        RECIPE,
+        [
+            "--data-path",
+            str(prefix),
+            "--tokenizer",
+            str(tokenizer),
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-split",
+            "0.05",
+            "--save-every",
+            "0",
+            "--log-every",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+    )  # fmt: skip  (prepared data holds documents out for evaluation only when asked)
     result = driver.fit()
     assert result.step == 2 and driver.backend.padded_vocab_size >= 4096
+
+
+def test_evaluating_prepared_text_that_holds_nothing_out_is_refused_before_training(
+    tmp_path, capsys
+):
+    """Prepared pretraining data holds no document out unless asked: --eval-every alone is
+    refused before training, naming the flags (the missing ability's short message), exit
+    status 2, and no run directory written."""
+    from baton.core.cli.command import main as baton
+
+    prefix, tokenizer = prepared_corpus(tmp_path)
+    code = baton([
+        "run", str(RECIPE), "--data-path", str(prefix), "--tokenizer", str(tokenizer),
+        "--max-steps", "2", "--eval-every", "2", "--run-dir", str(tmp_path / "run"),
+        "--no-progress",
+    ])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "holds no document out" in err and "--eval-split F" in err
+    assert "--eval-every 0" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

@@ -396,12 +396,12 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
 
     # -- abilities --------------------------------------------------------------------
     def abilities(self) -> Abilities:
-        """Everything but step replay; evaluation refused on rollouts (sampled each step)
-        and on packed rows that hold no row out (every row trains: no validation split),
-        weight checksums where no rank holds a data-parallel replica."""
-        no_replica = bool(self.chunks) and self.config.data_parallel_size(self.world_size) == 1
-        objective = self.config.objective.name
-        held_out = bool(self.config.data.eval_split or self.config.data.eval_data_path)
+        """Everything but step replay; evaluation refused where there are no rows to
+        evaluate on (rollouts, sampled each step; packed rows or prepared pretraining
+        data that hold none out), weight checksums where no rank holds a data-parallel
+        replica."""
+        cfg = self.config
+        no_replica = bool(self.chunks) and cfg.data_parallel_size(self.world_size) == 1
         return Abilities(
             evaluate=True,
             async_save=True,
@@ -410,16 +410,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
             model_state=True,
             dry_run=True,
         ).refusing(
-            evaluate=(
-                f"--objective {objective} trains on each step's rollouts: no validation "
-                "split; run with --eval-every 0"
-                if self.config.rollouts
-                else f"--objective {objective} holds no packed row out: no validation split; "
-                "hold some out with --eval-split F or give --eval-data-path PREFIX, or run "
-                "with --eval-every 0"
-                if self.config.packed_rows and not held_out
-                else None
-            ),
+            evaluate=evaluation_refusal(cfg),
             weight_checksums=(
                 "data-parallel size 1: every rank holds its own shard, no replica to "
                 "compare; launch more ranks than tensor x pipeline parallel"
@@ -458,3 +449,25 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         self.optimizer = self.scheduler = self.valid_dataset = None
         vars(self).pop("checkpoints", None)  # built by the next setup, on its own parts
         self.runtime.teardown_process_group()
+
+
+def evaluation_refusal(config: MegatronConfig) -> str | None:
+    """Why ``config``'s run cannot evaluate (it has no rows to evaluate on), or ``None``."""
+    objective = config.objective.name
+    if config.holds_rows_out:
+        return None
+    if config.rollouts:
+        return (
+            f"--objective {objective} trains on each step's rollouts: no validation split; "
+            "run with --eval-every 0"
+        )
+    if config.packed_rows:
+        return (
+            f"--objective {objective} holds no packed row out: no validation split; hold "
+            "some out with --eval-split F or give --eval-data-path PREFIX, or run with "
+            "--eval-every 0"
+        )
+    return (
+        "the prepared pretraining data holds no document out: no validation split; hold "
+        "some out with --eval-split F, or run with --eval-every 0"
+    )

@@ -160,6 +160,23 @@ class MegatronConfig:
         phase's rows, ``rollout_rows.py``) rather than on rows of prepared data."""
         return self.objective.objective.rollouts
 
+    @property
+    def holds_rows_out(self) -> bool:
+        """Whether the run has rows to evaluate on: packed rows held out (``eval_split``)
+        or other prepared data (``eval_data_path``), or a validation share of the
+        documents in Megatron's ``split`` of pretraining text (the byte corpus and the
+        mock data have one by default, prepared data none unless asked). Rollouts have
+        none: they are sampled each step."""
+        data = self.data
+        if self.rollouts:
+            return False
+        if self.packed_rows:
+            return bool(data.eval_split or data.eval_data_path)
+        if data.data_path is None:
+            return True
+        shares = (data.split or "98,2,0").split(",")
+        return len(shares) > 1 and float(shares[1]) > 0
+
     def parallel_sizes(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) sizes from the model config."""
         return (

@@ -24,7 +24,7 @@ VOCAB = 512
 TRAIN = {
     "torchtitan": ("torchtitan_llama3_debug.py", ["--seq-len", "64", "--batch-size", "2"]),
     "megatron": ("megatron_gpt_tiny.py", ["--no-async-save"]),
-    "fabric": ("hf_finetune.py", ["--eval-every", "50"]),
+    "fabric": ("hf_finetune.py", ["--eval-every", "0"]),  # nothing held out: no evaluation
     "maxtext": ("maxtext_tiny.py", [
         "--batch-size", "2", "--eval-every", "0", "--no-async-save",
         "--no-progress", "--overrides", "dtype=float32",

@@ -15,15 +15,6 @@ def grpo_assets(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The GRPO fixtures every engine's tests share (``support.grpo``), built once per
     session: ``files`` (tokenizer, policy, prompts, rollouts) and ``reference(**settings)``,
     TRL's ``GRPOTrainer`` steps on the fixed rollouts, each setting computed once."""
-    from support.grpo import grpo_files, grpo_reference
+    from support.grpo import grpo_assets as assets
 
-    files = grpo_files(tmp_path_factory.mktemp("grpo"))
-    computed: dict[tuple, list] = {}
-
-    def reference(**settings: object) -> list[dict[str, float]]:
-        key = tuple(sorted(settings.items()))
-        if key not in computed:
-            computed[key] = grpo_reference(files, **settings)  # type: ignore[arg-type]
-        return computed[key]
-
-    return {"files": files, "reference": reference}
+    return assets(tmp_path_factory.mktemp("grpo"))

@@ -306,6 +306,23 @@ def grpo_reference(
 LEARNING_STEPS, LEARNING_MARGIN = 30, 0.12
 
 
+def grpo_assets(directory: str | Path, *, family: str = "llama") -> dict[str, Any]:
+    """``{"files": grpo_files(directory, family=...), "reference": reference}``, where
+    ``reference(**settings)`` is ``grpo_reference(files, **settings)`` (TRL's
+    ``GRPOTrainer`` steps on the fixed rollouts), each setting computed once: what the
+    session fixtures hand every engine's tests."""
+    files = grpo_files(directory, family=family)
+    computed: dict[tuple, list] = {}
+
+    def reference(**settings: Any) -> list[dict[str, float]]:
+        key = tuple(sorted(settings.items()))
+        if key not in computed:
+            computed[key] = grpo_reference(files, **settings)
+        return computed[key]
+
+    return {"files": files, "reference": reference}
+
+
 def learning_flags(files: dict[str, Path], **settings: Any) -> list[str]:
     """A GRPO run that learns on a CPU (``grpo_rewards.vowel_start``): 2 prompts x 8
     completions of up to 8 tokens a step, sampled by the transformers generator from the

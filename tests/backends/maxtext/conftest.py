@@ -15,15 +15,6 @@ def qwen3_grpo_assets(tmp_path_factory: pytest.TempPathFactory) -> dict:
     into its query kernel (``maxtext/hf.py``), so its gradients are not Hugging Face's;
     a Qwen3's query kernel is Hugging Face's, so gradient norms and the steps after the
     first compare with TRL's."""
-    from support.grpo import grpo_files, grpo_reference
+    from support.grpo import grpo_assets
 
-    files = grpo_files(tmp_path_factory.mktemp("grpo-qwen3"), family="qwen3")
-    computed: dict[tuple, list] = {}
-
-    def reference(**settings: object) -> list[dict[str, float]]:
-        key = tuple(sorted(settings.items()))
-        if key not in computed:
-            computed[key] = grpo_reference(files, **settings)  # type: ignore[arg-type]
-        return computed[key]
-
-    return {"files": files, "reference": reference}
+    return grpo_assets(tmp_path_factory.mktemp("grpo-qwen3"), family="qwen3")

@@ -15,63 +15,21 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from baton.core.cli.command import main
+from support.grpo_refusals import CASES as SHARED_CASES
+from support.grpo_refusals import REWARD_CASES, base, grpo, refusal_assets
+from support.grpo_refusals import refused as refused_by
 
 RECIPE = Path(__file__).parents[3] / "recipes" / "torchtitan_llama3_debug.py"
-
-REWARDS = """
-def raises(prompts, completions, completion_ids, **columns):
-    raise ValueError("cannot score this")
-
-
-def too_few(prompts, completions, completion_ids, **columns):
-    return [1.0]
-
-
-def not_a_number(prompts, completions, completion_ids, **columns):
-    return [float("nan")] * len(completions)
-"""
 
 
 @pytest.fixture(scope="module")
 def assets(grpo_assets, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from baton.data import train_tokenizer
-    from support.posttrain import sft_prefix
-
-    files = grpo_assets["files"]
-    root = tmp_path_factory.mktemp("titan_grpo_refusals")
-    rewards = root / "rewards.py"
-    rewards.write_text(REWARDS)
-    other = train_tokenizer(root / "other", vocab_size=300, texts=["x = 1\n" * 50]).path
-    sft = sft_prefix(root / "sft", files["tokenizer"], seq_len=40)
-    return {**files, "rewards": rewards, "other": Path(other), "sft": sft}
+    return refusal_assets(grpo_assets["files"], tmp_path_factory.mktemp("titan_grpo_refusals"))
 
 
 def refused(capsys: pytest.CaptureFixture[str], run_dir: Path, args: list[str]) -> str:
-    """The one line ``baton run`` refuses ``args`` with (exit 2, no run directory)."""
-    capsys.readouterr()
-    status = main(["run", str(RECIPE), *args, "--run-dir", str(run_dir), "--no-progress"])
-    said = capsys.readouterr()
-    text = said.out + said.err
-    lines = [line for line in said.err.splitlines() if line.startswith("baton:")]
-    assert status == 2, text
-    assert len(lines) == 1 and "Traceback" not in text, text
-    assert not run_dir.exists()
-    return lines[0]
-
-
-def base(assets: dict[str, Path]) -> list[str]:
-    return ["--tokenizer", str(assets["tokenizer"]), "--init-from", str(assets["policy"]),
-            "--max-steps", "1", "--seq-len", "40"]  # fmt: skip
-
-
-def grpo(assets: dict[str, Path], *reward: str) -> list[str]:
-    return [
-        "--objective", "grpo", "--data-path", str(assets["prepared"]),
-        "--reward", *(reward or ("length:target=5",)), "--num-generations", "4",
-        "--max-prompt-length", "24", "--max-completion-length", "8", "--batch-size", "8",
-        *base(assets),
-    ]  # fmt: skip
+    """The one line this recipe refuses ``args`` with (exit 2, no run directory)."""
+    return refused_by(capsys, RECIPE, run_dir, args)
 
 
 @pytest.mark.parametrize("objective", ["sft", "dpo"])
@@ -89,21 +47,7 @@ def test_conversations_are_refused_by_grpo(assets, capsys, tmp_path):
     assert "holds sft data" in line and "--objective grpo reads prompt-only records" in line
 
 
-CASES = {
-    "one generation": (["--num-generations", "1"], "--num-generations must be >= 2, got 1"),
-    "a group that does not divide the step": (
-        ["--batch-size", "6"],
-        "--num-generations 4 does not divide the 6 rollouts of a step",
-    ),
-    "prompts longer than allowed": (
-        ["--max-prompt-length", "10"],
-        "are longer than --max-prompt-length 10 (the longest: 24 tokens",
-    ),
-    "rows too short": (
-        ["--seq-len", "30"],
-        "rows of 30 tokens cannot hold the longest prompt of",
-    ),
-}
+CASES = SHARED_CASES
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -123,13 +67,6 @@ def test_the_debug_model_without_a_hugging_face_form_is_refused(assets, capsys, 
     del args[at : at + 2]
     line = refused(capsys, tmp_path / "run", args)
     assert "start from --init-from HF_DIR" in line
-
-
-REWARD_CASES = {
-    "raises": "raises raised ValueError: cannot score this on prompt",
-    "too_few": "too_few returned 1 values for 8 completions",
-    "not_a_number": "not_a_number returned NaN",
-}
 
 
 @pytest.mark.parametrize("reward", sorted(REWARD_CASES))

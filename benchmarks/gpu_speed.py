@@ -656,9 +656,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         "--rows",
         action="append",
-        choices=list(BY_NAME),
         default=None,
-        help="a row to run (repeat for several; default all)",
+        help="rows to run, comma-separated or repeated (default all): " + ", ".join(BY_NAME),
     )
     parser.add_argument("--steps", type=int, default=None, help="steps a row trains (15)")
     parser.add_argument(
@@ -687,6 +686,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="where gpu_speed.json and gpu_speed.md go",
     )
     args = parser.parse_args(argv)
+    if args.only is not None:
+        args.only = [name for given in args.only for name in given.split(",") if name]
+        unknown = [name for name in args.only if name not in BY_NAME]
+        if unknown:
+            parser.error(f"no row {unknown[0]!r}; the rows: {', '.join(BY_NAME)}")
     for name in ("steps", "timed_from", "seq_len"):
         value = getattr(args, name)
         if value is not None and value < 1:

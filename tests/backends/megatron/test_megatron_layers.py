@@ -38,7 +38,9 @@ def test_the_line_says_attention_runs_unfused_and_what_to_install() -> None:
         ("transformer_engine", True, True),
     ],
 )
-def test_no_line_where_installing_changes_nothing(choice: str, te_installed: bool, gpu: bool) -> None:
+def test_no_line_where_installing_changes_nothing(
+    choice: str, te_installed: bool, gpu: bool
+) -> None:
     assert unfused_attention_line(choice, te_installed=te_installed, gpu=gpu) is None
 
 

@@ -237,7 +237,8 @@ class Bench:
         return Window(self.shape.timed_from, self.shape.steps)
 
     def run_dir(self, name: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch.mkdir(exist_ok=True)))
+        self.scratch.mkdir(exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch))
 
     def qwen3_flops(self) -> float:
         count = parameter_count(self.inputs.qwen3())

@@ -29,6 +29,12 @@ Rows (``--only NAME``, repeatable; default all, in this order):
   (``precompute_ref_log_probs=True``, ``gradient_checkpointing=False``);
 * ``fabric-dpo``: ``hf_finetune.py --objective dpo``, 8 pairs a step (two to a row), the
   reference's log-probabilities precomputed before the first step;
+* ``fabric-sft-parity`` / ``fabric-dpo-parity``: not a speed: the first step's loss and
+  gradient norm with the levers as ``auto`` picks them and with each lever off
+  (``PLAIN_PATH``: ``--attention sdpa --cross-entropy full --compile-layers off
+  --fused-optimizer off``, the ones the recipe has; skipped where it has none), 4 rows
+  in one micro-batch, the same rows, weights and seed; within ``PARITY_TOLERANCE``
+  (bf16) relative;
 * ``megatron-bare`` / ``megatron``: ``recipes/megatron_llama3_8b.py`` with a 0.55 B Llama
   ``--model-config`` (``--tp 1``, 1 x 4 micro-batches of ``--seq-len``): Megatron-Core's
   step in a bare loop (``native.py``'s) and driven by baton.
@@ -72,6 +78,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(HERE)]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_speed_inputs import REAL, TINY, Decoder, Inputs, Shape  # noqa: E402
+from benchmarks.harness import Skip  # noqa: E402
 
 FINETUNE = ROOT / "recipes" / "hf_finetune.py"
 MEGATRON = ROOT / "recipes" / "megatron_llama3_8b.py"
@@ -85,6 +92,15 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 #: the settings a run records for the paths it took (``fast_paths`` a dict of them)
 PATH_SETTINGS = ("attention", "cross_entropy", "compile_layers", "fused_optimizer")
+#: each lever's setting for the plain path (a parity row compares the levers with it)
+PLAIN_PATH = {
+    "attention": "sdpa",
+    "cross_entropy": "full",
+    "compile_layers": "off",
+    "fused_optimizer": "off",
+}
+#: relative differences in bf16 the parity rows accept, levers against the plain path
+PARITY_TOLERANCE = {"loss": 1e-2, "grad_norm": 5e-2}
 
 
 # -- timing ---------------------------------------------------------------------------------
@@ -154,11 +170,13 @@ def trl_timer(window: Window) -> Any:
 class Measured:
     """One row's figures (``tokens`` a step and ``flops_per_token`` for MFU, if known)."""
 
-    seconds_per_step: float
+    seconds_per_step: float | None
     tokens: int | None = None
     flops_per_token: float | None = None
     paths: str = "n/a"
     note: str = ""
+    #: a parity row's first-step figures: {"loss", "grad_norm"} -> (levers, plain path)
+    parity: dict[str, tuple[float, float]] | None = None
 
 
 @dataclass
@@ -172,6 +190,9 @@ class Result:
     ratios: dict[str, float] = field(default_factory=dict[str, float])
     note: str = ""
     error: str | None = None
+    skipped: str | None = None
+    #: a parity row's relative differences, levers against the plain path
+    parity: dict[str, float] | None = None
 
 
 def training_flops_per_token(model: Decoder, parameters: int, seq_len: int) -> float:
@@ -281,6 +302,65 @@ class Bench:
         measured = self.fabric("dpo", self.inputs.pairs()[0], self.shape.rows, 1)
         measured.note = f"{self.shape.pairs} pairs a step, reference precomputed"
         return measured
+
+    # -- the levers against the plain path, first step
+    def plain_path_flags(self) -> list[str]:
+        """``hf_finetune.py``'s flags that turn each of its levers off (those it has)."""
+        import importlib.util
+        import inspect
+
+        spec = importlib.util.spec_from_file_location("_gpu_speed_finetune", FINETUNE)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        params = inspect.signature(module.recipe).parameters
+        flags: list[str] = []
+        for name, plain in PLAIN_PATH.items():
+            if name in params:
+                flags += [f"--{name.replace('_', '-')}", plain]
+        return flags
+
+    def first_step(self, objective: str, data: Path, flags: list[str]) -> dict[str, float]:
+        from baton.core import Callback
+        from baton.core.cli.recipe import build_driver
+
+        logged: dict[int, dict[str, float]] = {}
+
+        class Logged(Callback):
+            def on_log(self, driver: Any, metrics: dict[str, float]) -> None:
+                logged[driver.step] = dict(metrics)
+
+        driver = build_driver(FINETUNE, [
+            "--objective", objective, "--init-from", str(self.inputs.qwen3()),
+            "--tokenizer", str(self.inputs.tokenizer), "--data-path", str(data),
+            "--accelerator", "cuda" if self.cuda else "cpu", "--precision", self.precision,
+            "--batch-size", str(self.shape.rows), "--lr", str(LR), "--max-steps", "1",
+            "--log-every", "1", "--eval-every", "0", "--save-every", "0", "--no-progress",
+            "--run-dir", str(self.run_dir(f"parity-{objective}")), *flags,
+        ])  # fmt: skip
+        assert driver is not None
+        driver.callbacks = [c for c in driver.callbacks if type(c).__name__ != "Checkpoint"]
+        driver.callbacks.append(Logged())
+        driver.fit()
+        return logged[1]
+
+    def parity(self, objective: str, data: Path) -> Measured:
+        """The first step's loss and gradient norm with the levers as a run picks them
+        (``auto``) and with every lever off: the same rows, weights and seed."""
+        plain_flags = self.plain_path_flags()
+        if not plain_flags:
+            names = ", ".join(f"--{n.replace('_', '-')}" for n in PLAIN_PATH)
+            raise Skip(f"hf_finetune.py has none of the lever settings ({names})")
+        fast = self.first_step(objective, data, [])
+        plain = self.first_step(objective, data, plain_flags)
+        figures = {k: (float(fast[k]), float(plain[k])) for k in ("loss", "grad_norm")}
+        return Measured(None, paths=" ".join(plain_flags), parity=figures)
+
+    def fabric_sft_parity(self) -> Measured:
+        return self.parity("sft", self.inputs.sft()[0])
+
+    def fabric_dpo_parity(self) -> Measured:
+        return self.parity("dpo", self.inputs.pairs()[0])
 
     # -- a hand-written loop
     def hand_loop(self) -> Measured:
@@ -478,6 +558,10 @@ ROWS: tuple[RowSpec, ...] = (
             "trl_dpo_matched"),
     RowSpec("fabric-dpo", "baton Fabric DPO, reference precomputed", "fabric_dpo",
             ("trl-dpo-matched", "trl-dpo-defaults")),
+    RowSpec("fabric-sft-parity", "baton Fabric SFT, first step: levers vs plain path",
+            "fabric_sft_parity"),
+    RowSpec("fabric-dpo-parity", "baton Fabric DPO, first step: levers vs plain path",
+            "fabric_dpo_parity"),
     RowSpec("megatron-bare", "Megatron-Core, a bare loop over the same step", "megatron_bare"),
     RowSpec("megatron", "baton Megatron-Core (megatron_llama3_8b.py)", "megatron",
             ("megatron-bare",)),
@@ -528,6 +612,18 @@ def _same_mfu(results: dict[str, Result]) -> tuple[str, bool] | None:
     return f"1x4 {one.mfu:.1%}, 4x1 {four.mfu:.1%}: {gap:.1%} apart", gap <= 0.05
 
 
+def _parity(results: dict[str, Result]) -> tuple[str, bool] | None:
+    known = {n: r.parity for n, r in results.items() if r.parity is not None}
+    if not known:
+        return None
+    text = "; ".join(
+        f"{n} " + ", ".join(f"{k} {v:.1e}" for k, v in parity.items())
+        for n, parity in known.items()
+    )
+    met = all(v <= PARITY_TOLERANCE[k] for p in known.values() for k, v in p.items())
+    return text, met
+
+
 SFT = ("fabric-sft-1x4", "fabric-sft-4x1")
 TARGETS: tuple[Target, ...] = (
     Target("Fabric SFT >= 35% MFU", _mfu_at_least(0.35)),
@@ -536,6 +632,8 @@ TARGETS: tuple[Target, ...] = (
     Target("Fabric DPO <= 0.5x TRL DPOTrainer defaults",
            _ratio_at_most(("fabric-dpo",), "trl-dpo-defaults", 0.5)),
     Target("SFT MFU within 5% between 1x4 and 4x1", _same_mfu),
+    Target("levers give the plain path's first loss (1e-2) and gradient norm (5e-2) in bf16",
+           _parity),
 )  # fmt: skip
 
 
@@ -550,21 +648,30 @@ def run_row(bench: Bench, spec: RowSpec, peak: float | None, done: dict[str, Res
         torch.cuda.reset_peak_memory_stats()
     try:
         measured: Measured = getattr(bench, spec.method)()
+    except Skip as reason:
+        result.skipped = str(reason)
     except Exception as error:  # one row failing leaves the others
         traceback.print_exc()
         first = (str(error).strip().splitlines() or [""])[0][:300]
         result.error = f"{type(error).__name__}: {first}"
     else:
-        result.seconds_per_step, result.paths, result.note = (
-            measured.seconds_per_step, measured.paths, measured.note,
-        )  # fmt: skip
-        if peak is not None and measured.tokens and measured.flops_per_token:
-            flops = measured.tokens * measured.flops_per_token / measured.seconds_per_step
-            result.mfu = flops / (peak * 1e12)
+        seconds = result.seconds_per_step = measured.seconds_per_step
+        result.paths, result.note = measured.paths, measured.note
+        if seconds and peak is not None and measured.tokens and measured.flops_per_token:
+            result.mfu = measured.tokens * measured.flops_per_token / seconds / (peak * 1e12)
         for other in spec.against:
             base = done.get(other)
-            if base is not None and base.seconds_per_step:
-                result.ratios[other] = measured.seconds_per_step / base.seconds_per_step
+            if seconds and base is not None and base.seconds_per_step:
+                result.ratios[other] = seconds / base.seconds_per_step
+        if measured.parity is not None:
+            result.note = ", ".join(
+                f"{k} {fast:.6g} vs plain {plain:.6g}"
+                for k, (fast, plain) in measured.parity.items()
+            )
+            result.parity = {
+                k: abs(fast - plain) / max(abs(plain), 1e-12)
+                for k, (fast, plain) in measured.parity.items()
+            }
     if bench.cuda:
         result.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
     gc.collect()
@@ -577,6 +684,11 @@ def line(result: Result) -> str:
     """The row's one printed line."""
     if result.error is not None:
         return f"{result.name:<17} error: {result.error}"
+    if result.skipped is not None:
+        return f"{result.name:<17} skipped: {result.skipped}"
+    if result.parity is not None:
+        differences = ", ".join(f"{k} rel {v:.2e}" for k, v in result.parity.items())
+        return f"{result.name:<17} {differences} ({result.note})  plain path: {result.paths}"
     parts = [f"{result.name:<17} {result.seconds_per_step:.4g} s/step"]
     parts += [f"{ratio:.3f}x {name}" for name, ratio in result.ratios.items()]
     parts.append("MFU n/a" if result.mfu is None else f"MFU {result.mfu:.1%}")
@@ -636,8 +748,12 @@ def markdown(results: list[Result], targets: list[tuple[str, str, bool | None]],
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        if r.error is not None:
-            lines.append(f"| {r.title} | error: {r.error} | | | | |")
+        if r.error is not None or r.skipped is not None:
+            why = f"error: {r.error}" if r.error is not None else f"skipped: {r.skipped}"
+            lines.append(f"| {r.title} | {why} | | | | |")
+            continue
+        if r.parity is not None:
+            lines.append(f"| {r.title} | {r.note} | | | | {r.paths} |")
             continue
         ratio = ", ".join(f"{v:.3f}x {k}" for k, v in r.ratios.items())
         mfu = "n/a" if r.mfu is None else f"{r.mfu:.1%}"

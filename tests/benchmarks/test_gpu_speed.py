@@ -1,6 +1,7 @@
 """``benchmarks/gpu_speed.py --tiny`` on CPU: the GPU script's rows run their real code
 paths at a tiny size (Fabric SFT, the hand loop, TRL matched, Fabric DPO, Megatron-Core
-and its bare loop), each prints its line, and the result files hold finite figures.
+and its bare loop, the levers against the plain path where the recipe has them), each
+prints its line, and the result files hold finite figures.
 No time is asserted; MFU is unknown on a CPU. The MFU formula, the device peaks and
 the targets are checked on their own."""
 
@@ -27,13 +28,15 @@ from benchmarks.gpu_speed_inputs import REAL
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = ["hand-loop", "trl-sft-matched", "fabric-sft-1x4", "fabric-dpo", "megatron-bare", "megatron"]
+#: levers against the plain path: skipped while the recipe has no lever settings
+PARITY = "fabric-sft-parity"
 
 
 @pytest.mark.slow
 def test_tiny_run_prints_a_line_per_row_and_writes_finite_results(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("megatron.core")
-    only = [flag for name in ROWS for flag in ("--only", name)]
+    only = [flag for name in [*ROWS, PARITY] for flag in ("--only", name)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_speed.py"), "--tiny", *only,
@@ -52,10 +55,18 @@ def test_tiny_run_prints_a_line_per_row_and_writes_finite_results(tmp_path: Path
     )
     assert "x megatron-bare" in lines["megatron"]
     assert "paths layers=local" in lines["megatron"]  # no GPU: Megatron's local layers
+    parity = lines[PARITY]
+    assert "skipped: hf_finetune.py has none of the lever settings" in parity or (
+        "loss rel" in parity and "grad_norm rel" in parity
+    ), parity
 
     results = json.loads((tmp_path / "gpu_speed.json").read_text())
     rows = {row["name"]: row for row in results["rows"]}
-    assert list(rows) == ROWS
+    assert list(rows) == [*ROWS[:4], PARITY, *ROWS[4:]]  # in the script's order
+    checked = rows.pop(PARITY)
+    assert checked["error"] is None
+    if checked["parity"] is not None:  # on a CPU every lever falls back to the plain path
+        assert checked["parity"]["loss"] <= 1e-2 and checked["parity"]["grad_norm"] <= 5e-2
     for row in rows.values():
         assert row["error"] is None and row["mfu"] is None
         assert math.isfinite(row["seconds_per_step"]) and row["seconds_per_step"] > 0
@@ -64,7 +75,7 @@ def test_tiny_run_prints_a_line_per_row_and_writes_finite_results(tmp_path: Path
     assert results["environment"]["shape"]["seq_len"] == 128
     assert len(results["targets"]) == len(TARGETS)
     table = (tmp_path / "gpu_speed.md").read_text()
-    assert table.count("\n| ") >= len(ROWS) + len(TARGETS)
+    assert table.count("\n| ") >= len(ROWS) + 1 + len(TARGETS)
 
 
 def test_mfu_counts_six_flops_a_parameter_and_causal_attention() -> None:
@@ -108,4 +119,11 @@ def test_targets_judge_the_measured_rows() -> None:
         "Fabric SFT <= 0.8x TRL SFTTrainer matched": True,
         "Fabric DPO <= 0.5x TRL DPOTrainer defaults": None,  # not run
         "SFT MFU within 5% between 1x4 and 4x1": True,  # 4.2% apart
+        "levers give the plain path's first loss (1e-2) and gradient norm (5e-2) in bf16": None,
     }
+    results["fabric-sft-parity"] = Result("p", "p", parity={"loss": 2e-3, "grad_norm": 0.08})
+    verdicts = {text: passed for text, _, passed in target_lines(results)}
+    assert (
+        verdicts["levers give the plain path's first loss (1e-2) and gradient norm (5e-2) in bf16"]
+        is False
+    )

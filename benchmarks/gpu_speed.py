@@ -4,7 +4,7 @@ Megatron-Core against its bare loop; seconds per step, MFU and peak memory, one 
 Run from the repository root on a CUDA machine (``benchmarks/README.md``, "GPU speed",
 says how on a machine's stock image with baton's packages as wheels)::
 
-    python benchmarks/gpu_speed.py --out $OUT               # every row (~3 min on an H200)
+    python benchmarks/gpu_speed.py --out $OUT               # every row (minutes on one GPU)
     python benchmarks/gpu_speed.py --only fabric-sft-1x4 --only trl-sft-matched
     python benchmarks/gpu_speed.py --tiny                   # tiny model, CPU, a minute or two
 

@@ -62,6 +62,11 @@ class Shape:
     def timed_steps(self) -> int:
         return self.steps - self.timed_from + 1
 
+    @property
+    def step_tokens(self) -> int:
+        """Tokens a step trains: ``rows`` of ``seq_len``."""
+        return self.rows * self.seq_len
+
 
 #: Qwen3-0.6B's shape (596 M parameters, tied embeddings); a 0.55 B Llama (untied, Llama
 #: 3's vocabulary); packed rows of 4,096 tokens, 4 a step, 8 DPO pairs a step

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_speed import (
-    TARGETS,
+from benchmarks.gpu_speed_inputs import REAL
+from benchmarks.gpu_speed_measure import (
     Result,
     peak_tflops,
     recorded_paths,
-    target_lines,
     training_flops_per_token,
 )
-from benchmarks.gpu_speed_inputs import REAL
+from benchmarks.gpu_speed_report import TARGETS, target_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = ["hand-loop", "trl-sft-matched", "fabric-sft-1x4", "fabric-dpo", "megatron-bare", "megatron"]

@@ -35,7 +35,13 @@ from typing import Any
 
 import torch
 
-from baton.backends.megatron.build import build_model, build_optimizer
+from baton.backends.megatron.build import (
+    build_model,
+    build_optimizer,
+    layer_choice,
+    transformer_engine_available,
+    unfused_attention_line,
+)
 from baton.backends.megatron.checkpoint import AsyncSaves, load_weights
 from baton.backends.megatron.checkpoint_io import MegatronCheckpointIO, TrainingParts
 from baton.backends.megatron.checksums import replica_checksums
@@ -196,6 +202,7 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         cfg = self.config
         cfg.check_layout()
         check_objective(cfg)
+        layers = layer_choice(cfg)  # refuses Transformer Engine's where it is missing
         self.check_data()
         self.runtime.init_process_group(cfg.dist_backend)
         tp, pp = cfg.parallel_sizes()
@@ -213,6 +220,11 @@ class MegatronBackend(UsesCheckpointIO[MegatronCheckpointIO], UsesTorchDistribut
         use_objective(cfg)
         self._loss_metrics = LossMetrics(cfg.objective.objective.metrics)
         self._forward_step = forward_step_of(cfg, self._loss_metrics)
+        line = unfused_attention_line(
+            layers, te_installed=transformer_engine_available(), gpu=torch.cuda.is_available()
+        )
+        if line is not None and self.rank == 0:
+            log.info(line)
         self.chunks = build_model(
             cfg, vocab_size=self.padded_vocab_size, device=self.runtime.device
         )

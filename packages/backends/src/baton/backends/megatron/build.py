@@ -3,6 +3,8 @@ DDP-wrapped ``GPTModel`` chunks of this rank, the optimizer and its LR scheduler
 
 Example::
 
+    layer_choice(config)                      # "transformer_engine" or "local"
+    unfused_attention_line("local", te_installed=False, gpu=True)  # the line to log, or None
     chunks = build_model(config, vocab_size=50304, device=torch.device("cpu"))
     optimizer, scheduler = build_optimizer(config, chunks)
     scheduler = param_scheduler(config, torch.optim.SGD(params, lr=0.0))  # the schedule alone
@@ -24,19 +26,50 @@ def transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(config: MegatronConfig, vp_stage: int | None = None) -> Any:
-    """The transformer layer spec ``config.layer_spec`` names (``auto``: Transformer
-    Engine's where it is installed and a GPU is present, else Megatron's local one; the
-    local one for packed rows, which need its attention mask). A
-    model with experts gets Megatron's decoder block spec: MoE layers where
-    ``moe_layer_freq`` says, dense ones elsewhere (this pipeline stage's layers)."""
-    from megatron.core.models.gpt import gpt_layer_specs as specs
+#: what to install for Transformer Engine's layers (fused attention, fused norms)
+TRANSFORMER_ENGINE_PACKAGE = "transformer-engine[pytorch]"
 
+
+def layer_choice(config: MegatronConfig) -> str:
+    """The layers ``config.layer_spec`` resolves to: ``"transformer_engine"`` or
+    ``"local"`` (``auto``: Transformer Engine's where it is installed and a GPU is
+    present, else Megatron's local ones; the local ones for packed rows, which need
+    their attention mask). ``UsageError`` for ``transformer_engine`` where it is not
+    installed."""
     choice = config.layer_spec
     if choice == "auto":  # post-training's packed rows need the local layers' mask
         te = transformer_engine_available() and torch.cuda.is_available()
         te = te and not config.packed_rows
-        choice = "transformer_engine" if te else "local"
+        return "transformer_engine" if te else "local"
+    if choice == "transformer_engine" and not transformer_engine_available():
+        raise UsageError(
+            "layer_spec transformer_engine: Transformer Engine is not installed; "
+            f"pip install {TRANSFORMER_ENGINE_PACKAGE}, or set layer_spec to auto or local"
+        )
+    return choice
+
+
+def unfused_attention_line(choice: str, *, te_installed: bool, gpu: bool) -> str | None:
+    """The one line a run on a GPU logs when it builds Megatron's local layers because
+    Transformer Engine is not installed (its attention then runs unfused); ``None``
+    elsewhere: on a CPU the local layers are the expected ones, and where Transformer
+    Engine is installed installing it changes nothing."""
+    if choice != "local" or te_installed or not gpu:
+        return None
+    return (
+        "Megatron-Core: attention runs unfused (Megatron's local layers): Transformer "
+        f"Engine is not installed; pip install {TRANSFORMER_ENGINE_PACKAGE} for its fused "
+        "attention and layers"
+    )
+
+
+def layer_spec(config: MegatronConfig, vp_stage: int | None = None) -> Any:
+    """The transformer layer spec of :func:`layer_choice`. A model with experts gets
+    Megatron's decoder block spec: MoE layers where ``moe_layer_freq`` says, dense ones
+    elsewhere (this pipeline stage's layers)."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    choice = layer_choice(config)
     model = config.model
     if model.num_moe_experts:
         return specs.get_gpt_decoder_block_spec(

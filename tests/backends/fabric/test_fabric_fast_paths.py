@@ -99,7 +99,7 @@ def test_the_one_line_says_which_paths_run():
 
 
 # -- attention -------------------------------------------------------------------------
-def packed_batch(vocab: int) -> dict[str, torch.Tensor]:
+def packed_batch(vocab: int) -> dict[str, Any]:
     """Two rows: three documents (10, 8, 6 tokens), and one of 20 with 4 of padding
     (positions 0, as ``PackedDataset`` pads)."""
     generator = torch.Generator().manual_seed(0)
@@ -236,6 +236,7 @@ def recipe_run(files: dict[str, Path], run_dir: Path, *args: str) -> tuple[Logge
             "--log-every", "1", "--eval-every", "0", "--save-every", "2", "--no-progress",
             "--run-dir", str(run_dir), *args]  # fmt: skip
     driver = build_driver(RECIPE, argv)
+    assert driver is not None
     record = LoggedMetrics()
     driver.callbacks.append(record)
     lines, logger = Lines(), logging.getLogger("baton")
@@ -300,3 +301,31 @@ def test_the_cli_refuses_a_bad_path_in_one_line_before_writing(files, tmp_path, 
     assert len(err) == 1, err
     assert "--compile-layers must be one of auto, on, off, got 'always'" in err[0]
     assert not (tmp_path / "run").exists() and not tiny.exists()
+
+
+@pytest.mark.slow
+def test_compiled_layers_under_two_ddp_ranks_equal_transformers(files, tmp_path):
+    """Under torchrun (2 ranks, gloo) the layers are compiled before Fabric wraps the
+    model in DDP (Lightning's FSDP runs on GPUs only): the first step equals
+    transformers on the step's rows."""
+    import json
+
+    from baton.backends.fabric.hf_posttrain import packed_loaders
+    from baton.data.packed import PackedDataset
+    from support.posttrain import sft_reference
+    from support.torchrun import torchrun
+
+    cli = ROOT / "packages" / "core" / "src" / "baton" / "core" / "cli" / "command.py"
+    torchrun(
+        cli, "run", str(RECIPE), "--objective", "sft", "--data-path", str(files["sft"]),
+        "--init-from", str(files["policy"]), "--tokenizer", str(files["tokenizer"]),
+        "--strategy", "ddp", "--compile-layers", "on", "--fused-optimizer", "on",
+        "--batch-size", "2", "--max-steps", "1", "--log-every", "1", "--eval-every", "0",
+        "--save-every", "1", "--no-progress", "--run-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    logged = [json.loads(line) for line in (tmp_path / "run" / "logs" / "metrics.jsonl").open()]
+    got = next(row for row in logged if row.get("step") == 1 and "loss" in row)
+    train, _ = packed_loaders(PackedDataset(files["sft"]), batch_size=2, seed=0, pad_id=0)
+    loss, grad_norm = sft_reference(files["policy"], files["sft"], train.order(0)[:4].tolist())
+    assert got["loss"] == pytest.approx(loss, rel=1e-5)
+    assert got["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)

@@ -66,6 +66,7 @@ def steps_metrics(recipe: str, argv: list[str]) -> dict[int, dict[str, Any]]:
     """Every step's logged metrics of a run (``--log-every 1``); the last ``--max-steps``
     given wins over ``common``'s."""
     driver = build_driver(ROOT / "recipes" / recipe, argv)
+    assert driver is not None
     record = FirstStep()
     driver.callbacks.append(record)
     driver.fit()

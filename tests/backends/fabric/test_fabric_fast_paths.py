@@ -155,6 +155,79 @@ def test_flex_attention_gives_sdpa_loss_on_packed_rows(tmp_path):
     assert (got.logits - want.logits).abs().max().item() < 1e-5
 
 
+def test_baton_builds_the_same_block_mask_without_asking_the_device(tmp_path):
+    """``document_mask.py``: the documents' BlockMask baton hands a flex model equals
+    transformers' element for element, gives the same loss, and the forward pass
+    brings nothing to the host (transformers' own detection asks ``bool(tensor)``)."""
+    from torch.nn.attention.flex_attention import BlockMask, create_mask
+    from torch.overrides import TorchFunctionMode
+    from transformers import AutoModelForCausalLM
+    from transformers.masking_utils import create_causal_mask
+
+    from baton.backends.fabric.document_mask import document_block_mask
+
+    class Materialised(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in ("item", "__bool__", "__float__", "cpu"):
+                self.seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    hf = save_tiny_llama(tmp_path / "hf")
+    plain = AutoModelForCausalLM.from_pretrained(hf, attn_implementation="sdpa")
+    flex = AutoModelForCausalLM.from_pretrained(hf, attn_implementation="flex_attention")
+    batch = packed_batch(plain.config.vocab_size)
+    ours = document_block_mask(batch["position_ids"])
+    embeds = torch.zeros(2, 24, plain.config.hidden_size)
+    theirs = create_causal_mask(
+        config=flex.config, inputs_embeds=embeds, attention_mask=None,
+        past_key_values=None, position_ids=batch["position_ids"],
+    )  # fmt: skip
+    assert isinstance(theirs, BlockMask)
+    dense = [create_mask(m.mask_mod, 2, None, 24, 24, device="cpu") for m in (ours, theirs)]
+    assert torch.equal(*dense)
+
+    FastPaths("flex").prepare(flex)  # installs the documents' mask
+    with torch.no_grad():
+        want = plain(**batch)
+        flex(**batch)  # compiled on the first call
+        plain_seen, flex_seen = Materialised(), Materialised()
+        with plain_seen:
+            plain(**batch)
+        with flex_seen:
+            got = flex(**batch)
+    assert abs(got.loss.item() - want.loss.item()) < 1e-6
+    assert plain_seen.seen == ["__bool__"] and flex_seen.seen == []
+
+
+def test_the_documents_mask_is_left_to_transformers_where_it_does_not_fit(tmp_path):
+    """Only calls transformers reads packed documents from, and only full attention."""
+    from transformers import AutoModelForCausalLM
+
+    from baton.backends.fabric.document_mask import DocumentBlockMask, use_document_block_mask
+
+    hook = DocumentBlockMask()
+    model = torch.nn.Linear(2, 2)
+    batch = packed_batch(16)
+    assert hook(model, (), {**batch, "use_cache": None}) is None  # a cache may be made
+    assert hook(model, (), {**batch, "attention_mask": torch.ones(2, 24)}) is None
+    assert hook(model, (), {"input_ids": batch["input_ids"], "use_cache": False}) is None
+    _, given = hook(model, (), batch) or ((), {})
+    assert type(given["attention_mask"]).__name__ == "BlockMask"
+    from support.tiny_qwen3 import save_tiny_qwen3
+
+    kinds = ["full_attention", "sliding_attention"]
+    sliding = save_tiny_qwen3(
+        tmp_path / "qwen3", use_sliding_window=True, sliding_window=8, layer_types=kinds
+    )
+    assert not use_document_block_mask(AutoModelForCausalLM.from_pretrained(sliding))
+    full = AutoModelForCausalLM.from_pretrained(save_tiny_qwen3(tmp_path / "full"))
+    assert use_document_block_mask(full)
+
+
 # -- compiled layers and the fused optimizer ------------------------------------------
 def train_steps(
     hf: Path, paths: FastPaths, steps: int = 2

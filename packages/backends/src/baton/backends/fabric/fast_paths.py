@@ -10,7 +10,9 @@ it starts (``FabricBackend(fast_paths=...)``) and ``settings`` what it records.
   (``masking_utils.find_packed_sequence_indices``) and builds their block-causal mask,
   which with ``flex_attention`` is a ``BlockMask`` (``masking_utils.flex_attention_mask``:
   ``create_block_mask``, compiled) whose masked-out blocks are skipped, and the kernel
-  is ``torch.compile(flex_attention)`` (``integrations.flex_attention``). With ``sdpa``
+  is ``torch.compile(flex_attention)`` (``integrations.flex_attention``); ``prepare``
+  hands the model that same mask built on the device (``document_mask.py``), so finding
+  the documents does not wait for the device in every forward pass. With ``sdpa``
   the same mask is a dense ``[seq, seq]`` tensor: every block is computed and no flash
   kernel can take it. ``auto`` is ``flex`` on CUDA for packed rows (post-training), else
   ``sdpa``: rows of one document (pretraining windows) take sdpa's causal flash path, and
@@ -45,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from baton.backends.fabric.document_mask import use_document_block_mask
 from baton.core.errors import UsageError
 
 #: the choices of ``--attention``
@@ -158,8 +161,11 @@ class FastPaths:
         return {"fast_paths": asdict(self)}
 
     def prepare(self, model: nn.Module) -> None:
-        """Apply the paths that act on the built model (before Fabric wraps it): compile
-        each decoder layer when ``compiled_layers``."""
+        """Apply the paths that act on the built model (before Fabric wraps it): with
+        ``flex``, the documents' block mask built by baton (``document_mask.py``: no host
+        sync), and each decoder layer compiled when ``compiled_layers``."""
+        if self.attention == "flex":
+            use_document_block_mask(model)
         if self.compiled_layers:
             compile_decoder_layers(model)
 

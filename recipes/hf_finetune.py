@@ -44,6 +44,13 @@ uv run baton run recipes/hf_finetune.py --objective sft --init-from hf_model \
 uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
     --data-path data/pairs --tokenizer sft_export --dpo-beta 0.1
 
+Speed on a GPU: ``--attention`` (``flex``: ``transformers``' ``flex_attention``, whose
+block mask of the packed documents skips masked blocks), ``--compile-layers`` (each
+decoder layer compiled) and ``--fused-optimizer`` (AdamW's fused kernel) default to
+``auto``: on a GPU, flex for post-training's packed rows (sdpa for pretraining
+windows), compiled layers and the fused AdamW; on a CPU, the plain paths. The run logs
+one line saying which paths run and records them in its settings (``fast_paths``).
+
 Online RL (``--objective grpo``: TRL's GRPO family) reads prompts prepared by ``baton data
 prepare PROMPTS.jsonl``: before each step the first rank samples ``--num-generations``
 completions of each prompt with a ``transformers`` model holding the policy's current

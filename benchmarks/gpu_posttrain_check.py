@@ -9,7 +9,10 @@ Megatron-Core (``recipes/megatron_gpt_tiny.py``, which takes the GPU when there 
 the same tiny Llama and packed conversations, and compares each first-step loss and
 gradient norm with ``transformers`` computing each conversation alone (``sft_reference``);
 then one step of DPO on Fabric with the policy as its own reference, whose loss must be
-ln 2. Prints one line per check.
+ln 2. Fabric runs its fast paths on the GPU (``--attention auto``: ``flex_attention``
+for the packed rows, compiled decoder layers, the fused AdamW); two SFT steps with the
+plain paths (``--attention sdpa --compile-layers off --fused-optimizer off``) are
+compared with them. Prints one line per check.
 """
 
 from __future__ import annotations
@@ -57,6 +60,17 @@ def first_step(recipe: str, argv: list[str]) -> dict[str, Any]:
     driver.fit()
     print(f"{recipe}: first step {record.metrics[1]} ({time.time() - started:.1f} s)")
     return record.metrics[1]
+
+
+def steps_metrics(recipe: str, argv: list[str]) -> dict[int, dict[str, Any]]:
+    """Every step's logged metrics of a run (``--log-every 1``); the last ``--max-steps``
+    given wins over ``common``'s."""
+    driver = build_driver(ROOT / "recipes" / recipe, argv)
+    assert driver is not None
+    record = FirstStep()
+    driver.callbacks.append(record)
+    driver.fit()
+    return record.metrics
 
 
 def relative(got: float, want: float) -> float:
@@ -107,6 +121,18 @@ def main() -> None:
             f"FABRIC SFT vs transformers: loss rel {relative(got['loss'], loss):.2e}, "
             f"grad_norm rel {relative(got['grad_norm'], grad_norm):.2e}"
         )
+        steps = [*flags, "--objective", "sft", "--data-path", str(sft), "--max-steps", "2"]
+        plain_paths = ["--attention", "sdpa", "--compile-layers", "off", "--fused-optimizer", "off"]
+        fast = steps_metrics("hf_finetune.py", [*common, *steps, "--run-dir", str(tmp / "fast")])
+        plain = steps_metrics(
+            "hf_finetune.py", [*common, *steps, *plain_paths, "--run-dir", str(tmp / "plain")]
+        )
+        for step in (1, 2):
+            print(
+                f"FABRIC SFT step {step}, fast paths vs plain: loss rel "
+                f"{relative(fast[step]['loss'], plain[step]['loss']):.2e}, grad_norm rel "
+                f"{relative(fast[step]['grad_norm'], plain[step]['grad_norm']):.2e}"
+            )
         hf = _load_hf_tokenizer(tokenizer)
         rows = []
         for pair in preference_pairs(12):

@@ -44,6 +44,13 @@ uv run baton run recipes/hf_finetune.py --objective sft --init-from hf_model \
 uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
     --data-path data/pairs --tokenizer sft_export --dpo-beta 0.1
 
+Speed on a GPU: ``--attention`` (``flex``: ``transformers``' ``flex_attention``, whose
+block mask of the packed documents skips masked blocks), ``--compile-layers`` (each
+decoder layer compiled) and ``--fused-optimizer`` (AdamW's fused kernel) default to
+``auto``: on a GPU, flex for post-training's packed rows (sdpa for pretraining
+windows), compiled layers and the fused AdamW; on a CPU, the plain paths. The run logs
+one line saying which paths run and records them in its settings (``fast_paths``).
+
 Online RL (``--objective grpo``: TRL's GRPO family) reads prompts prepared by ``baton data
 prepare PROMPTS.jsonl``: before each step the first rank samples ``--num-generations``
 completions of each prompt with a ``transformers`` model holding the policy's current
@@ -61,6 +68,8 @@ uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export 
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +77,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.fabric.fast_paths import FastPaths, run_device, supports_flex
 from baton.backends.fabric.hf_posttrain import post_training
 from baton.backends.fabric.lr_schedule import lambda_scheduler
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
@@ -186,6 +196,9 @@ def recipe(
     run_dir: str = "runs/hf_finetune",
     progress: bool = True,
     objective: ObjectiveRun | str = "pretrain",
+    attention: str = "auto",
+    compile_layers: str = "auto",
+    fused_optimizer: str = "auto",
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
     --model-config architecture from scratch).
@@ -229,6 +242,11 @@ def recipe(
         objective: what a step minimises: pretrain (next token over text), an objective
             over prepared conversations or pairs, or one over completions it samples from
             prepared prompts each step (grpo), with its settings' flags.
+        attention: the model's attention: sdpa, flex (transformers' flex_attention: the
+            packed documents' mask as a block mask that skips masked blocks; GPU only),
+            eager, or auto (flex on a GPU for post-training's packed rows, else sdpa).
+        compile_layers: torch.compile each decoder layer: on, off, or auto (on a GPU).
+        fused_optimizer: AdamW's fused kernel: on, off, or auto (on a GPU).
     """
     run = ObjectiveRun.of(objective)
     run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)
@@ -237,6 +255,12 @@ def recipe(
 
     if init_from is None and model_config is None:
         raise UsageError("pass --init-from HF_DIR (weights) or --model-config DIR_OR_FILE")
+    resolve_paths = functools.partial(
+        FastPaths.resolve, attention=attention, compile_layers=compile_layers,
+        fused_optimizer=fused_optimizer, device=run_device(accelerator),
+        packed=run.objective.data is not DataKind.TEXT,  # post-training packs documents
+    )  # fmt: skip
+    resolve_paths()  # bad values are refused before anything is written
     if make_tiny_model and init_from is not None and not Path(init_from).exists():
         save_tiny_llama(init_from, seed)
     source = str(model_config or init_from)
@@ -256,13 +280,14 @@ def recipe(
         warmup_steps=warmup_steps, min_lr=min_lr,
     )  # fmt: skip
     config = AutoConfig.from_pretrained(source)
+    paths = resolve_paths(flex_supported=supports_flex(config))
     spec = None  # a spec family is recorded as baton's model spec; other models are not
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
     settings = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
     settings |= {"model_spec": spec.to_dict()} if spec else {}
-    settings |= run.settings()
+    settings |= run.settings() | paths.settings()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if pretraining:
         train, val, loss_fn, more_keys = pretraining_data(
@@ -281,13 +306,20 @@ def recipe(
         mean_over = post.mean_over
         settings |= post.settings
     backend = FabricBackend(
-        model=lambda: AutoModelForCausalLM.from_config(config),  # weights: --init-from
-        optimizer=lambda model: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
+        model=lambda: AutoModelForCausalLM.from_config(  # weights: --init-from
+            # a copy: the reference model and the generator keep the config's attention
+            copy.deepcopy(config),
+            attn_implementation=paths.attn_implementation,
+        ),
+        optimizer=lambda model: torch.optim.AdamW(
+            model.parameters(), lr=lr, weight_decay=0.0, **paths.optimizer_options()
+        ),
         scheduler=lambda_scheduler(schedule),
         data=train,
         eval_data=val,
         loss_fn=loss_fn,
         mean_over=mean_over,
+        fast_paths=paths,
         describe={"model": config.model_type, "hidden_size": config.hidden_size},
         config=FabricConfig(
             accelerator=accelerator,

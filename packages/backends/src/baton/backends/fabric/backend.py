@@ -61,6 +61,7 @@ weights by Hugging Face name on rank 0: ``gathered_weights.py``) and ``broadcast
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -77,6 +78,7 @@ from baton.backends.fabric.changes import LR_SETTINGS, SCHEDULE_SETTINGS, AsBuil
 from baton.backends.fabric.checkpoint import FabricCheckpointIO
 from baton.backends.fabric.config import FabricConfig
 from baton.backends.fabric.evaluation import evaluate_batches
+from baton.backends.fabric.fast_paths import FastPaths
 from baton.backends.fabric.model_state import FabricModelState
 from baton.backends.fabric.replay import FabricCorruptionChecks
 from baton.backends.fabric.rollout_rows import RolloutRows, RolloutStream
@@ -105,6 +107,8 @@ from baton.core.cli.overrides import set_fields
 from baton.core.metrics import StepOutput
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+log = logging.getLogger("baton")
 
 #: why a backend without evaluation data cannot evaluate, and the fix
 NO_EVAL_DATA = (
@@ -138,6 +142,9 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         mean_over: ``mean_over(batch) -> int``, the items a step's loss is a mean over
             (see the module docs): the global batch's, handed to the loss under
             ``"num_items_in_batch"``.
+        fast_paths: the fast paths of a ``transformers`` model (``fast_paths.FastPaths``):
+            ``setup`` compiles its decoder layers when asked, before Fabric wraps it, and
+            logs the one line saying which paths run.
         config: a ``FabricConfig``; keyword ``overrides`` set its fields.
 
     Beside the step it owns its Fabric runtime (``runtime``, ``fabric/runtime.py``: the
@@ -166,6 +173,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         flops_per_token: float | None = None,
         describe: Mapping[str, Any] | None = None,
         mean_over: Callable[[Any], int] | None = None,
+        fast_paths: FastPaths | None = None,
         config: FabricConfig | None = None,
         **overrides: Any,
     ) -> None:
@@ -182,6 +190,7 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         self.training_step = training_step
         self.count_tokens = count_tokens
         self.mean_over = mean_over
+        self.fast_paths = fast_paths
         #: FLOPs per token and the facts checkpoints record (the parameters counted in setup)
         self.facts = ModelFacts(flops_per_token, dict(describe or {}))
         self._losses: BatchLoss | None = None
@@ -257,6 +266,9 @@ class FabricBackend(UsesCheckpointIO[FabricCheckpointIO], UsesFabricRuntime, Bac
         self.facts.parameters = sum(p.numel() for p in raw_model.parameters())
         if self.config.init_from:
             load_weights(raw_model, self.config.init_from)
+        if self.fast_paths is not None:  # compiled in place: the module keeps its names
+            self.fast_paths.prepare(raw_model)
+            log.info(self.fast_paths.describe())
         model, optimizer = setup_model_and_optimizer(
             fabric, raw_model, self.optimizer_source, sharded=sharded
         )

@@ -250,9 +250,12 @@ class GlobalItemMean:
     def counted(
         cls, batches: list[Any], mean_over: Callable[[Any], int], fabric: Any, device: Any
     ) -> GlobalItemMean:
-        """The items of ``batches`` (``mean_over`` each), summed over the ranks (one
-        all-reduce); a global batch without items contributes nothing."""
-        count = torch.tensor(float(sum(mean_over(b) for b in batches)), device=device)
+        """The items of ``batches`` (``mean_over`` each, on the host batches), summed
+        over the ranks (one all-reduce); a global batch without items contributes
+        nothing. The count goes to the device without waiting for it: a blocking copy
+        would wait for the device's queued work every step."""
+        items = torch.tensor(float(sum(mean_over(b) for b in batches)))
+        count = items.to(device, non_blocking=True)
         if fabric.world_size > 1:
             count = fabric.all_reduce(count, reduce_op="sum")
         return cls(count.clamp(min=1.0), fabric.world_size, device)
@@ -284,12 +287,17 @@ class GlobalItemMean:
 
 def _summable(value: Any, device: torch.device) -> torch.Tensor:
     """A micro-batch's metric as a detached float32 tensor to add over micro-batches and
-    ranks: a scalar, or ``[total, weight]`` for a ``WeightedMean``."""
+    ranks: a scalar, or ``[total, weight]`` for a ``WeightedMean``. A host number goes
+    to the device without waiting for the device's queued work."""
     if isinstance(value, WeightedMean):
-        return torch.stack(
-            [torch.as_tensor(part, device=device).detach().float() for part in value]
-        )
-    return torch.as_tensor(value, device=device).detach().float()
+        return torch.stack([_on_device(part, device) for part in value])
+    return _on_device(value, device)
+
+
+def _on_device(value: Any, device: torch.device) -> torch.Tensor:
+    """``value`` (a tensor or a number) as a detached float32 tensor on ``device``."""
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    return tensor.detach().to(device, non_blocking=True).float()
 
 
 def _reported(summed: torch.Tensor) -> torch.Tensor:

@@ -57,17 +57,33 @@ divide them); rows are ``--seq-len`` long, at least the longest prepared prompt 
 uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export \
     --data-path data/prompts --tokenizer sft_export --reward rewards.py:correct \
     --num-generations 8 --batch-size 16 --max-completion-length 256 --seq-len 768
+
+The cross entropy (``--cross-entropy``) reads a chunk of tokens' float32 logits at a time
+(``chunked``: in the forward and the backward, from the decoder's last hidden states),
+Liger's fused linear cross entropy for SFT and pretraining (``fused``: ``liger_kernel``
+on CUDA), or the model's whole float32 logits (``full``); ``auto`` (the default) is
+``fused`` where Liger runs, else ``chunked``, and ``full`` for a model other than Llama,
+Qwen3 or Qwen3-MoE. Every path gives the same loss; the run records the one it took
+(``cross_entropy_path`` in its settings).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
+from baton.backends.fabric.cross_entropy import (
+    FULL,
+    CrossEntropy,
+    resolve_cross_entropy,
+    supervised_loss,
+)
 from baton.backends.fabric.hf_posttrain import post_training
 from baton.backends.fabric.lr_schedule import lambda_scheduler
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
@@ -75,6 +91,7 @@ from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.online_rl import fabric_rollout_phase
 from baton.backends.fabric.rollout_rows import RolloutRows
 from baton.backends.fabric.text import text_loaders
+from baton.backends.torch_logps import IGNORE
 from baton.callbacks import (
     Checkpoint,
     CompositeLogger,
@@ -118,15 +135,34 @@ def as_lm_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tor
     return {"input_ids": ids, "labels": ids}
 
 
-def window_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The causal-LM loss of token windows ``(x, y)`` (the model shifts labels itself)."""
-    return window_output(model, batch).loss
-
-
-def window_output(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+def window_output(
+    model: Any, batch: tuple[torch.Tensor, torch.Tensor], cross_entropy: CrossEntropy = FULL
+) -> Any:
     """The model's output on token windows ``(x, y)`` (loss, and a MoE's router logits)."""
     ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
-    return model(input_ids=ids, labels=ids)
+    return causal_lm_output(model, ids, cross_entropy)
+
+
+def row_output(model: Any, batch: dict[str, torch.Tensor], cross_entropy: CrossEntropy) -> Any:
+    """The model's output on a causal-LM batch of rows (``as_lm_batch``)."""
+    return causal_lm_output(model, batch["input_ids"], cross_entropy)
+
+
+def causal_lm_output(model: Any, ids: torch.Tensor, cross_entropy: CrossEntropy = FULL) -> Any:
+    """The model's output on token rows ``ids`` with its causal-LM loss in ``loss`` (each
+    token predicts the next; a MoE adds its load-balancing term, as ``transformers``
+    does): the model's own loss, or on the ``chunked``/``fused`` paths the same mean
+    without the full float32 logits."""
+    if cross_entropy.path == "full":
+        return model(input_ids=ids, labels=ids)
+    targets = F.pad(ids[:, 1:], (0, 1), value=IGNORE)
+    output, loss = supervised_loss(
+        model, {"input_ids": ids}, targets, (targets != IGNORE).sum(), cross_entropy
+    )
+    if getattr(output, "aux_loss", None) is not None:  # a MoE with output_router_logits
+        loss = loss + model.router_aux_loss_coef * output.aux_loss
+    output.loss = loss
+    return output
 
 
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
@@ -186,6 +222,7 @@ def recipe(
     run_dir: str = "runs/hf_finetune",
     progress: bool = True,
     objective: ObjectiveRun | str = "pretrain",
+    cross_entropy: str = "auto",
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
     --model-config architecture from scratch).
@@ -229,6 +266,12 @@ def recipe(
         objective: what a step minimises: pretrain (next token over text), an objective
             over prepared conversations or pairs, or one over completions it samples from
             prepared prompts each step (grpo), with its settings' flags.
+        cross_entropy: how the loss reads the logits: chunked (a chunk of tokens'
+            float32 logits at a time, in the forward and the backward), fused (SFT and
+            pretraining by Liger's fused linear cross entropy: liger_kernel on CUDA;
+            other objectives chunked), full (the model's whole float32 logits) or auto
+            (fused where liger_kernel is installed on CUDA, else chunked; full for a
+            model other than Llama, Qwen3, Qwen3-MoE).
     """
     run = ObjectiveRun.of(objective)
     run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)
@@ -256,26 +299,27 @@ def recipe(
         warmup_steps=warmup_steps, min_lr=min_lr,
     )  # fmt: skip
     config = AutoConfig.from_pretrained(source)
+    path = resolve_cross_entropy(cross_entropy, config, accelerator=accelerator)
     spec = None  # a spec family is recorded as baton's model spec; other models are not
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
     settings = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
     settings |= {"model_spec": spec.to_dict()} if spec else {}
-    settings |= run.settings()
+    settings |= run.settings() | path.settings()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if pretraining:
         train, val, loss_fn, more_keys = pretraining_data(
             config, spec, data_path=data_path, tokenizer=tokenizer, seq_len=seq_len,
             batch_size=batch_size, seed=seed, text_key=text_key, eval_split=eval_split,
-            eval_data_path=eval_data_path,
+            eval_data_path=eval_data_path, cross_entropy=path,
         )  # fmt: skip
         mean_over = None
     else:
         post = post_training(
             run, config, spec, data_path=data_path, tokenizer=tokenizer, init_from=init_from,
             batch_size=batch_size, seed=seed, accelerator=accelerator,
-            eval_split=eval_split, eval_data_path=eval_data_path,
+            eval_split=eval_split, eval_data_path=eval_data_path, cross_entropy=path,
         )  # fmt: skip
         train, val, loss_fn, more_keys = post.train, post.val, post.loss_fn, post.console_keys
         mean_over = post.mean_over
@@ -336,11 +380,14 @@ def pretraining_data(
     text_key: str,
     eval_split: float,
     eval_data_path: str | None,
+    cross_entropy: CrossEntropy = FULL,
 ) -> tuple[Any, Any, Any, list[str]]:
     """``(train, validation, loss_fn, console keys)`` of a pretraining run: byte windows,
     or with a tokenizer a prepared dataset or text files (a MoE adds its load-balancing
-    loss and metrics)."""
-    loss_fn = None  # byte batches are dicts: the model's own output.loss
+    loss and metrics), the loss on the ``cross_entropy`` path."""
+    output_fn: Any = None  # byte batches are dicts: on the full path, the model's output
+    if cross_entropy.path != "full":
+        output_fn = partial(row_output, cross_entropy=cross_entropy)
     if tokenizer is None and (eval_split or eval_data_path is not None):
         raise UsageError(
             "--eval-split and --eval-data-path read tokenized data: pass --tokenizer DIR "
@@ -362,19 +409,25 @@ def pretraining_data(
             eval_split=eval_split,
             eval_data_path=eval_data_path,
         )
-        loss_fn = window_loss
+        output_fn = partial(window_output, cross_entropy=cross_entropy)
     if config.vocab_size < vocab:
         raise ValueError(
             f"the data's vocabulary has {vocab} tokens, the model's only {config.vocab_size}; "
             "use a model built for this tokenizer"
         )
     keys: list[str] = []
+    loss_fn = None if output_fn is None else partial(output_loss, output_fn)
     if spec is not None and spec.moe is not None:
         config.output_router_logits = True  # transformers adds the load-balancing loss
         loss_fn = with_moe_metrics(
-            None if loss_fn is None else window_output,
+            output_fn,
             aux_loss_coef=spec.moe.aux_loss_coef,
             experts_per_token=spec.moe.experts_per_token,
         )
         keys += ["moe/aux_loss", "moe/load_balance"]
     return train, val, loss_fn, keys
+
+
+def output_loss(output_fn: Any, model: Any, batch: Any) -> torch.Tensor:
+    """The ``loss`` of ``output_fn(model, batch)``."""
+    return output_fn(model, batch).loss

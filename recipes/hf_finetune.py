@@ -61,10 +61,10 @@ uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export 
 The cross entropy (``--cross-entropy``) reads a chunk of tokens' float32 logits at a time
 (``chunked``: in the forward and the backward, from the decoder's last hidden states),
 Liger's fused linear cross entropy for SFT and pretraining (``fused``: ``liger_kernel``
-on CUDA), or the model's whole float32 logits (``full``); ``auto`` (the default) is
-``fused`` where Liger runs, else ``chunked``, and ``full`` for a model other than Llama,
-Qwen3 or Qwen3-MoE. Every path gives the same loss; the run records the one it took
-(``cross_entropy_path`` in its settings).
+on CUDA), or the model's whole float32 logits (``full``); ``auto`` (the default) is, on
+CUDA, ``fused`` where Liger is installed, else ``chunked``, and ``full`` on a CPU or for a
+model other than Llama, Qwen3 or Qwen3-MoE. Every path gives the same loss (within 1e-6
+in float32); the run records the one it took (``cross_entropy_path`` in its settings).
 """
 
 from __future__ import annotations
@@ -270,8 +270,8 @@ def recipe(
             float32 logits at a time, in the forward and the backward), fused (SFT and
             pretraining by Liger's fused linear cross entropy: liger_kernel on CUDA;
             other objectives chunked), full (the model's whole float32 logits) or auto
-            (fused where liger_kernel is installed on CUDA, else chunked; full for a
-            model other than Llama, Qwen3, Qwen3-MoE).
+            (on CUDA fused where liger_kernel is installed, else chunked; full on a CPU
+            and for a model other than Llama, Qwen3, Qwen3-MoE).
     """
     run = ObjectiveRun.of(objective)
     run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)

@@ -17,9 +17,12 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins import Precision
 from lightning.fabric.wrappers import _FabricModule  # pyright: ignore[reportPrivateUsage]
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
@@ -29,6 +32,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from baton.backends.fabric.cross_entropy import FULL, CrossEntropy
 from baton.backends.fabric.posttrain import cross_entropy_loss
+
+#: what ``_FabricModule.forward`` reads of its strategy: fp32, no autocast
+FP32: Any = SimpleNamespace(precision=Precision())
 
 
 def batch(vocab: int) -> dict[str, torch.Tensor]:
@@ -63,13 +69,13 @@ def main(mode: str, model_dir: str, out: str) -> None:
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         root = fully_shard(model, mesh=mesh)
-        wrapped = _FabricModule(model, strategy=None)
+        wrapped = _FabricModule(model, strategy=FP32)
     else:
         policy = ModuleWrapPolicy({LlamaDecoderLayer})
         root = FullyShardedDataParallel(
             model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu")
         )
-        wrapped = _FabricModule(root, strategy=None, original_module=model)
+        wrapped = _FabricModule(root, strategy=FP32, original_module=model)
     rows = batch(model.config.vocab_size)
     results = {}
     for name, path in (("full", FULL), ("chunked", CrossEntropy("chunked", chunk_size=7))):

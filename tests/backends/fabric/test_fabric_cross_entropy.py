@@ -3,8 +3,9 @@ float32 logits on real ``transformers`` models: SFT's loss, DPO's and GRPO's dec
 losses and metrics, each step's gradient norm (within 1e-6, fp32, CPU), and the targets'
 log-probabilities and entropy, on packed rows with ignored targets, for chunk sizes that
 do and do not divide the rows' tokens, on an untied Llama, a tied-embedding Qwen3 and a
-Qwen3-MoE (with its load-balancing term); the recipe runs each path a CPU can run and
-refuses a bad ``--cross-entropy`` in one line."""
+Qwen3-MoE (with its load-balancing term), and inside sharded models; the recipe runs
+each path a CPU can run (``auto`` there is the full logits) and refuses a bad
+``--cross-entropy`` in one line."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from baton.backends.fabric.cross_entropy import (
     FULL,
     CrossEntropy,
+    liger_installed,
     resolve_cross_entropy,
     target_logps,
 )
@@ -183,19 +185,30 @@ def test_chunked_logps_and_entropy_equal_the_full_logits(family, chunk_size):
     assert model(**model_inputs(batch)).logits.shape == (*labels.shape, VOCAB)
 
 
-def test_auto_chunks_on_a_cpu_and_a_bad_choice_is_refused_in_one_line():
+def test_auto_chunks_on_cuda_keeps_the_full_logits_on_a_cpu_and_refuses_bad_choices():
+    """``auto`` resolves per device (resolving needs no GPU): chunked on CUDA without
+    Liger, the full logits on a CPU; a bad value, or a path that cannot run, is refused
+    in one line."""
     config = tiny("llama").config
-    auto = resolve_cross_entropy("auto", config, accelerator="cpu")
-    assert (auto.path, auto.settings()) == ("chunked", {"cross_entropy_path": "chunked"})
-    assert auto.line() == "cross entropy: chunked (auto: liger_kernel is not installed)"
-    assert resolve_cross_entropy("full", config, accelerator="cpu") == FULL
+    on_cpu = resolve_cross_entropy("auto", config, accelerator="cpu")
+    assert (on_cpu.path, on_cpu.settings()) == ("full", {"cross_entropy_path": "full"})
+    assert on_cpu.line() == "cross entropy: full (auto: not on cuda)"
+    on_cuda = resolve_cross_entropy("auto", config, accelerator="cuda")
+    expected = (
+        "fused (auto: liger_kernel on cuda)"
+        if liger_installed()
+        else "chunked (auto: liger_kernel is not installed)"
+    )
+    assert on_cuda.line() == f"cross entropy: {expected}"
+    assert resolve_cross_entropy("chunked", config, accelerator="cpu").path == "chunked"
+    assert resolve_cross_entropy("full", config, accelerator="cuda") == FULL
     with pytest.raises(UsageError, match="^--cross-entropy must be one of auto, chunked"):
         resolve_cross_entropy("fast", config, accelerator="cpu")
     with pytest.raises(UsageError, match="fused needs liger_kernel and a CUDA device"):
         resolve_cross_entropy("fused", config, accelerator="cpu")
     other = type(config)(**config.to_dict())
     other.model_type = "gpt2"
-    fallback = resolve_cross_entropy("auto", other, accelerator="cpu")
+    fallback = resolve_cross_entropy("auto", other, accelerator="cuda")
     assert fallback.line() == "cross entropy: full (auto: the head of gpt2 is not known)"
     with pytest.raises(UsageError, match="knows the heads of llama, qwen3, qwen3_moe, not gpt2"):
         resolve_cross_entropy("chunked", other, accelerator="cpu")
@@ -234,8 +247,8 @@ def test_the_recipe_runs_each_path_with_the_same_first_step(files, tmp_path, obj
     for path in ("chunked", "auto"):
         for name in ("loss", "grad_norm"):
             assert steps[path][name] == pytest.approx(steps["full"][name], rel=1e-6), name
-    assert recorded(tmp_path / "auto") == {"cross_entropy": "auto", "cross_entropy_path": "chunked"}
-    assert recorded(tmp_path / "full")["cross_entropy_path"] == "full"
+    assert recorded(tmp_path / "auto") == {"cross_entropy": "auto", "cross_entropy_path": "full"}
+    assert recorded(tmp_path / "chunked")["cross_entropy_path"] == "chunked"
 
 
 def test_the_recipe_refuses_a_bad_choice(files, tmp_path):

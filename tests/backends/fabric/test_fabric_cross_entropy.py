@@ -24,6 +24,7 @@ from baton.backends.fabric.cross_entropy import (
     resolve_cross_entropy,
     target_logps,
 )
+from baton.backends.fabric.hf_posttrain import packed_loaders
 from baton.backends.fabric.moe import RouterBalance
 from baton.backends.fabric.objective_loss import ObjectiveItems, ObjectiveLoss, model_inputs
 from baton.backends.fabric.posttrain import MoECrossEntropyLoss, cross_entropy_loss
@@ -32,7 +33,9 @@ from baton.backends.torch_logps import IGNORE, token_entropy, token_logps
 from baton.core.cli.recipe import build_driver
 from baton.core.errors import UsageError
 from baton.core.objectives import ObjectiveRun
-from support.posttrain import LoggedMetrics, posttrain_files
+from baton.data.packed import PackedDataset
+from support.grpo import grpo_flags
+from support.posttrain import LoggedMetrics, dpo_reference, posttrain_files, sft_reference
 from support.tiny_qwen3 import TINY_EXPERTS, TINY_QWEN3, save_tiny_qwen3
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -236,10 +239,21 @@ def recorded(run_dir: Path) -> dict[str, Any]:
     return {k: settings[k] for k in ("cross_entropy", "cross_entropy_path")}
 
 
+def first_rows(prefix: Path, batch_size: int) -> list[int]:
+    """The rows the recipe's first step reads: the head of its seeded global order."""
+    data = PackedDataset(prefix)
+    train, _ = packed_loaders(data, batch_size=batch_size, seed=0, pad_id=0)
+    return train.order(0)[:batch_size].tolist()
+
+
 @pytest.mark.parametrize("objective", ["sft", "dpo"])
 def test_the_recipe_runs_each_path_with_the_same_first_step(files, tmp_path, objective):
+    """Each path's first step equals the full logits' (1e-6) and the references outside
+    baton on the chunked path too: ``transformers`` on each conversation alone (SFT),
+    TRL's ``DPOTrainer`` (DPO)."""
     data = files["sft" if objective == "sft" else "pairs"]
-    common = ("--objective", objective, "--data-path", str(data))
+    common = ["--objective", objective, "--data-path", str(data)]
+    common += ["--reference", str(files["reference"])] if objective == "dpo" else []
     steps = {
         path: recipe_step(files, tmp_path / path, *common, "--cross-entropy", path)
         for path in ("full", "chunked", "auto")
@@ -249,6 +263,40 @@ def test_the_recipe_runs_each_path_with_the_same_first_step(files, tmp_path, obj
             assert steps[path][name] == pytest.approx(steps["full"][name], rel=1e-6), name
     assert recorded(tmp_path / "auto") == {"cross_entropy": "auto", "cross_entropy_path": "full"}
     assert recorded(tmp_path / "chunked")["cross_entropy_path"] == "chunked"
+    rows = first_rows(data, 4)
+    if objective == "sft":
+        loss, grad_norm = sft_reference(files["policy"], data, rows)
+        assert steps["chunked"]["loss"] == pytest.approx(loss, rel=1e-5)
+        assert steps["chunked"]["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
+    else:
+        trl = dpo_reference(files["policy"], files["reference"], data, rows)
+        assert steps["chunked"]["loss"] == pytest.approx(trl["loss"], rel=1e-5)
+        for name in ("logps/chosen", "logps/rejected"):
+            assert steps["chunked"][name] == pytest.approx(trl[name], rel=1e-5), name
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_chunked_grpo_steps_equal_trl(grpo_assets, tmp_path, beta):
+    """GRPO on the fixed rollouts with the chunked log-probabilities and entropy (at the
+    sampling temperature): the first step's loss, gradient norm and TRL's metrics equal
+    TRL's ``GRPOTrainer`` (1e-5, as the full path's test has them)."""
+    flags = [
+        *grpo_flags(grpo_assets["files"], max_prompt_length=24, beta=beta),
+        "--seq-len", "40", "--batch-size", "16", "--lr", "1e-3", "--grad-clip", "1.0",
+        "--max-steps", "1", "--log-every", "1", "--save-every", "0", "--no-progress",
+        "--run-dir", str(tmp_path / "run"), "--cross-entropy", "chunked",
+    ]  # fmt: skip
+    driver = build_driver(RECIPE, flags)
+    record = LoggedMetrics()
+    driver.callbacks.append(record)
+    driver.fit()
+    got = record.metrics[1]
+    trl = grpo_assets["reference"](beta=beta, steps=1)[0]
+    assert got["loss"] == pytest.approx(trl["loss"], rel=1e-5, abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(trl["grad_norm"], rel=1e-5)
+    names = ("entropy", "clip_ratio/region_mean", *(("kl",) if beta else ()))
+    for name in names:
+        assert got[name] == pytest.approx(trl[name], rel=1e-5, abs=1e-7), name
 
 
 def test_the_recipe_refuses_a_bad_choice(files, tmp_path):

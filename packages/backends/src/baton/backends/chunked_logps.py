@@ -13,7 +13,8 @@ the entropy (where asked) is ``-sum(p * log p)`` without gradient; a target ``IG
 A plain sum of the targets' cross entropy (SFT, pretraining: :func:`chunked_nll_sum`)
 goes through the same chunks, and since its gradient per logit does not depend on the
 other tokens, each chunk's gradient is computed in the forward while its logits exist:
-the backward only scales it (one pass over the logits instead of two).
+the backward only scales it (one pass over the logits instead of two). The price: the
+projection's float32 gradient (``[V, H]``) is held from the forward to the backward.
 
 Example::
 

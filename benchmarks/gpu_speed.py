@@ -32,8 +32,7 @@ Rows (``--only NAME``, repeatable; default all, in this order):
 * ``fabric-sft-parity`` / ``fabric-dpo-parity``: not a speed: the first step's loss and
   gradient norm with the levers as ``auto`` picks them and with each lever off
   (``PLAIN_PATH`` in ``gpu_speed_parity.py``: ``--attention sdpa --cross-entropy full
-  --compile-layers off --fused-optimizer off``, the ones the recipe has; skipped where it
-  has none), 4 rows in one micro-batch, the same rows, weights and seed; within
+  --compile-layers off --fused-optimizer off``), 4 rows in one micro-batch, the same rows, weights and seed; within
   ``PARITY_TOLERANCE`` (``gpu_speed_report.py``; bf16) relative;
 * ``megatron-bare`` / ``megatron``: ``recipes/megatron_llama3_8b.py`` with a 0.55 B Llama
   ``--model-config`` (``--tp 1``, 1 x 4 micro-batches of ``--seq-len``): Megatron-Core's

@@ -167,14 +167,14 @@ def peak_tflops(device_name: str, override: float | None) -> float | None:
 
 # -- the paths a row ran --------------------------------------------------------------------
 def recorded_paths(*settings: dict[str, Any]) -> str:
-    """The paths a baton run recorded (``fast_paths``, else each of ``PATH_SETTINGS``),
-    ``key=value`` joined; ``n/a`` where none is recorded."""
+    """The paths a baton run recorded (its settings' ``fast_paths``: the attention, the
+    compiled layers, the fused optimizer, the cross entropy each run took), ``key=value``
+    joined; ``n/a`` where none is recorded."""
     found: dict[str, Any] = {}
     for recorded in settings:
         nested = recorded.get("fast_paths")
         if isinstance(nested, dict):
             found.update(nested)
-        found.update({k: recorded[k] for k in PATH_SETTINGS if k in recorded})
     return " ".join(f"{k}={v}" for k, v in found.items()) or "n/a"
 
 

@@ -1,7 +1,6 @@
 """``gpu_speed.py``'s parity rows, not a speed: ``hf_finetune.py``'s first step, loss and
 gradient norm, with the levers as ``auto`` picks them and with each lever off
-(``PLAIN_PATH``, the settings the recipe has), 4 rows in one micro-batch, the same rows,
-weights and seed. A recipe with none of the lever settings is skipped.
+(``PLAIN_PATH``), 4 rows in one micro-batch, the same rows, weights and seed.
 
 Example::
 
@@ -16,10 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_speed_baton import FINETUNE, finetune_driver
+from benchmarks.gpu_speed_baton import finetune_driver
 from benchmarks.gpu_speed_measure import Measured
 from benchmarks.gpu_speed_setting import Setting
-from benchmarks.harness import Skip
 
 #: each lever's setting for the plain path (a parity row compares the levers with it)
 PLAIN_PATH = {
@@ -31,19 +29,10 @@ PLAIN_PATH = {
 
 
 def plain_path_flags() -> list[str]:
-    """``hf_finetune.py``'s flags that turn each of its levers off (those it has)."""
-    import importlib.util
-    import inspect
-
-    spec = importlib.util.spec_from_file_location("_gpu_speed_finetune", FINETUNE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    params = inspect.signature(module.recipe).parameters
+    """``hf_finetune.py``'s flags that turn each of its levers off."""
     flags: list[str] = []
     for name, plain in PLAIN_PATH.items():
-        if name in params:
-            flags += [f"--{name.replace('_', '-')}", plain]
+        flags += [f"--{name.replace('_', '-')}", plain]
     return flags
 
 
@@ -71,9 +60,6 @@ def parity(setting: Setting, objective: str, data: Path) -> Measured:
     """The first step's loss and gradient norm with the levers as a run picks them
     (``auto``) and with every lever off: the same rows, weights and seed."""
     plain_flags = plain_path_flags()
-    if not plain_flags:
-        names = ", ".join(f"--{n.replace('_', '-')}" for n in PLAIN_PATH)
-        raise Skip(f"hf_finetune.py has none of the lever settings ({names})")
     fast = first_step(setting, objective, data, [])
     plain = first_step(setting, objective, data, plain_flags)
     figures = {k: (float(fast[k]), float(plain[k])) for k in ("loss", "grad_norm")}

@@ -46,10 +46,17 @@ uv run baton run recipes/hf_finetune.py --objective dpo --init-from sft_export \
 
 Speed on a GPU: ``--attention`` (``flex``: ``transformers``' ``flex_attention``, whose
 block mask of the packed documents skips masked blocks), ``--compile-layers`` (each
-decoder layer compiled) and ``--fused-optimizer`` (AdamW's fused kernel) default to
-``auto``: on a GPU, flex for post-training's packed rows (sdpa for pretraining
-windows), compiled layers and the fused AdamW; on a CPU, the plain paths. The run logs
-one line saying which paths run and records them in its settings (``fast_paths``).
+decoder layer compiled), ``--fused-optimizer`` (AdamW's fused kernel) and
+``--cross-entropy`` (``chunked``: a chunk of tokens' float32 logits at a time, in the
+forward and the backward, from the decoder's last hidden states; ``fused``: Liger's fused
+linear cross entropy for SFT and pretraining, ``liger_kernel`` on CUDA; ``full``: the
+model's whole float32 logits) default to ``auto``: on a GPU, flex for post-training's
+packed rows (sdpa for pretraining windows), compiled layers, the fused AdamW and the
+chunked cross entropy (fused where Liger is installed); on a CPU, the plain paths (the
+full logits also for a model other than Llama, Qwen3 or Qwen3-MoE). Where a path runs on
+a CPU it gives the plain path's loss and gradient norm within 1e-6 in float32 (tested).
+The run logs one line saying which paths run and records them in its settings
+(``fast_paths``).
 
 Online RL (``--objective grpo``: TRL's GRPO family) reads prompts prepared by ``baton data
 prepare PROMPTS.jsonl``: before each step the first rank samples ``--num-generations``
@@ -69,15 +76,17 @@ uv run baton run recipes/hf_finetune.py --objective grpo --init-from sft_export 
 from __future__ import annotations
 
 import copy
-import functools
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.fast_paths import FastPaths, run_device, supports_flex
+from baton.backends.fabric.cross_entropy import FULL, CrossEntropy, supervised_loss
+from baton.backends.fabric.fast_paths import FastPaths, run_device
 from baton.backends.fabric.hf_posttrain import post_training
 from baton.backends.fabric.lr_schedule import lambda_scheduler
 from baton.backends.fabric.models.gpt import ByteWindows, byte_splits, eval_windows
@@ -85,6 +94,7 @@ from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.online_rl import fabric_rollout_phase
 from baton.backends.fabric.rollout_rows import RolloutRows
 from baton.backends.fabric.text import text_loaders
+from baton.backends.torch_logps import IGNORE
 from baton.callbacks import (
     Checkpoint,
     CompositeLogger,
@@ -128,15 +138,34 @@ def as_lm_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tor
     return {"input_ids": ids, "labels": ids}
 
 
-def window_loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The causal-LM loss of token windows ``(x, y)`` (the model shifts labels itself)."""
-    return window_output(model, batch).loss
-
-
-def window_output(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+def window_output(
+    model: Any, batch: tuple[torch.Tensor, torch.Tensor], cross_entropy: CrossEntropy = FULL
+) -> Any:
     """The model's output on token windows ``(x, y)`` (loss, and a MoE's router logits)."""
     ids = torch.cat([batch[0], batch[1][:, -1:]], dim=1)
-    return model(input_ids=ids, labels=ids)
+    return causal_lm_output(model, ids, cross_entropy)
+
+
+def row_output(model: Any, batch: dict[str, torch.Tensor], cross_entropy: CrossEntropy) -> Any:
+    """The model's output on a causal-LM batch of rows (``as_lm_batch``)."""
+    return causal_lm_output(model, batch["input_ids"], cross_entropy)
+
+
+def causal_lm_output(model: Any, ids: torch.Tensor, cross_entropy: CrossEntropy = FULL) -> Any:
+    """The model's output on token rows ``ids`` with its causal-LM loss in ``loss`` (each
+    token predicts the next; a MoE adds its load-balancing term, as ``transformers``
+    does): the model's own loss, or on the ``chunked``/``fused`` paths the same mean
+    without the full float32 logits."""
+    if cross_entropy.path == "full":
+        return model(input_ids=ids, labels=ids)
+    targets = F.pad(ids[:, 1:], (0, 1), value=IGNORE)
+    output, loss = supervised_loss(
+        model, {"input_ids": ids}, targets, (targets != IGNORE).sum(), cross_entropy
+    )
+    if getattr(output, "aux_loss", None) is not None:  # a MoE with output_router_logits
+        loss = loss + model.router_aux_loss_coef * output.aux_loss
+    output.loss = loss
+    return output
 
 
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:
@@ -199,6 +228,7 @@ def recipe(
     attention: str = "auto",
     compile_layers: str = "auto",
     fused_optimizer: str = "auto",
+    cross_entropy: str = "auto",
 ) -> Driver:
     """Fine-tune the Hugging Face causal LM in --init-from on local text (or train the
     --model-config architecture from scratch).
@@ -247,6 +277,12 @@ def recipe(
             eager, or auto (flex on a GPU for post-training's packed rows, else sdpa).
         compile_layers: torch.compile each decoder layer: on, off, or auto (on a GPU).
         fused_optimizer: AdamW's fused kernel: on, off, or auto (on a GPU).
+        cross_entropy: how the loss reads the logits: chunked (a chunk of tokens'
+            float32 logits at a time, in the forward and the backward), fused (SFT and
+            pretraining by Liger's fused linear cross entropy: liger_kernel on CUDA;
+            other objectives chunked), full (the model's whole float32 logits) or auto
+            (on CUDA fused where liger_kernel is installed, else chunked; full on a CPU
+            and for a model other than Llama, Qwen3, Qwen3-MoE).
     """
     run = ObjectiveRun.of(objective)
     run.check_held_out(eval_split=eval_split, eval_data_path=eval_data_path)
@@ -255,9 +291,10 @@ def recipe(
 
     if init_from is None and model_config is None:
         raise UsageError("pass --init-from HF_DIR (weights) or --model-config DIR_OR_FILE")
-    resolve_paths = functools.partial(
+    resolve_paths = partial(
         FastPaths.resolve, attention=attention, compile_layers=compile_layers,
-        fused_optimizer=fused_optimizer, device=run_device(accelerator),
+        fused_optimizer=fused_optimizer, cross_entropy=cross_entropy,
+        device=run_device(accelerator),
         packed=run.objective.data is not DataKind.TEXT,  # post-training packs documents
     )  # fmt: skip
     resolve_paths()  # bad values are refused before anything is written
@@ -280,27 +317,28 @@ def recipe(
         warmup_steps=warmup_steps, min_lr=min_lr,
     )  # fmt: skip
     config = AutoConfig.from_pretrained(source)
-    paths = resolve_paths(flex_supported=supports_flex(config))
+    paths = resolve_paths(model_config=config)
+    loss_path = paths.cross_entropy  # how the loss reads the logits
     spec = None  # a spec family is recorded as baton's model spec; other models are not
     if config.model_type in FAMILIES:  # (HF weights of another shape: WeightsError on load)
         spec = ModelSpec.from_hf(source)
         check_init_from(init_from, spec)
     settings = {"tokenizer": tokenizer, "lr_schedule": schedule.decay}
     settings |= {"model_spec": spec.to_dict()} if spec else {}
-    settings |= run.settings() | paths.settings()
+    settings |= run.settings() | paths.settings() | loss_path.settings()
     keys = ["loss", "eval/loss", "lr", "throughput/tokens_per_s"]
     if pretraining:
         train, val, loss_fn, more_keys = pretraining_data(
             config, spec, data_path=data_path, tokenizer=tokenizer, seq_len=seq_len,
             batch_size=batch_size, seed=seed, text_key=text_key, eval_split=eval_split,
-            eval_data_path=eval_data_path,
+            eval_data_path=eval_data_path, cross_entropy=loss_path,
         )  # fmt: skip
         mean_over = None
     else:
         post = post_training(
             run, config, spec, data_path=data_path, tokenizer=tokenizer, init_from=init_from,
             batch_size=batch_size, seed=seed, accelerator=accelerator,
-            eval_split=eval_split, eval_data_path=eval_data_path,
+            eval_split=eval_split, eval_data_path=eval_data_path, cross_entropy=loss_path,
         )  # fmt: skip
         train, val, loss_fn, more_keys = post.train, post.val, post.loss_fn, post.console_keys
         mean_over = post.mean_over
@@ -368,11 +406,14 @@ def pretraining_data(
     text_key: str,
     eval_split: float,
     eval_data_path: str | None,
+    cross_entropy: CrossEntropy = FULL,
 ) -> tuple[Any, Any, Any, list[str]]:
     """``(train, validation, loss_fn, console keys)`` of a pretraining run: byte windows,
     or with a tokenizer a prepared dataset or text files (a MoE adds its load-balancing
-    loss and metrics)."""
-    loss_fn = None  # byte batches are dicts: the model's own output.loss
+    loss and metrics), the loss on the ``cross_entropy`` path."""
+    output_fn: Any = None  # byte batches are dicts: on the full path, the model's output
+    if cross_entropy.path != "full":
+        output_fn = partial(row_output, cross_entropy=cross_entropy)
     if tokenizer is None and (eval_split or eval_data_path is not None):
         raise UsageError(
             "--eval-split and --eval-data-path read tokenized data: pass --tokenizer DIR "
@@ -394,19 +435,25 @@ def pretraining_data(
             eval_split=eval_split,
             eval_data_path=eval_data_path,
         )
-        loss_fn = window_loss
+        output_fn = partial(window_output, cross_entropy=cross_entropy)
     if config.vocab_size < vocab:
         raise ValueError(
             f"the data's vocabulary has {vocab} tokens, the model's only {config.vocab_size}; "
             "use a model built for this tokenizer"
         )
     keys: list[str] = []
+    loss_fn = None if output_fn is None else partial(output_loss, output_fn)
     if spec is not None and spec.moe is not None:
         config.output_router_logits = True  # transformers adds the load-balancing loss
         loss_fn = with_moe_metrics(
-            None if loss_fn is None else window_output,
+            output_fn,
             aux_loss_coef=spec.moe.aux_loss_coef,
             experts_per_token=spec.moe.experts_per_token,
         )
         keys += ["moe/aux_loss", "moe/load_balance"]
     return train, val, loss_fn, keys
+
+
+def output_loss(output_fn: Any, model: Any, batch: Any) -> torch.Tensor:
+    """The ``loss`` of ``output_fn(model, batch)``."""
+    return output_fn(model, batch).loss

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from baton.backends.fabric.cross_entropy import CrossEntropy
 from baton.backends.fabric.fast_paths import (
     FastPaths,
     compile_decoder_layers,
@@ -88,14 +89,23 @@ def test_the_one_line_says_which_paths_run():
     line = FastPaths("flex", compiled_layers=True, fused_optimizer=True).describe()
     assert line == (
         "fast paths: attention flex (flex_attention, block mask of the rows' documents), "
-        "decoder layers compiled, fused AdamW"
+        "decoder layers compiled, fused AdamW, cross entropy full"
     )
     assert FastPaths().describe() == (
-        "fast paths: attention sdpa, decoder layers eager, AdamW unfused"
+        "fast paths: attention sdpa, decoder layers eager, AdamW unfused, cross entropy full"
+    )
+    chunked = FastPaths(
+        cross_entropy=CrossEntropy("chunked", "auto: liger_kernel is not installed")
+    )
+    assert chunked.describe().endswith(
+        ", cross entropy chunked (auto: liger_kernel is not installed)"
     )
     assert FastPaths().settings() == {
-        "fast_paths": {"attention": "sdpa", "compiled_layers": False, "fused_optimizer": False}
-    }
+        "fast_paths": {
+            "attention": "sdpa", "compiled_layers": False, "fused_optimizer": False,
+            "cross_entropy": "full",
+        }
+    }  # fmt: skip
 
 
 # -- attention -------------------------------------------------------------------------
@@ -346,10 +356,12 @@ def test_a_run_with_the_paths_forced_on_cpu_equals_the_plain_run_and_resumes(fil
             assert abs(got[step][name] - plain.metrics[step][name]) < 1e-6, (step, name)
 
     assert [line for line in plain_lines if line.startswith("fast paths:")] == [
-        "fast paths: attention sdpa, decoder layers eager, AdamW unfused"
+        "fast paths: attention sdpa, decoder layers eager, AdamW unfused, "
+        "cross entropy full (auto: not on cuda)"
     ]
     assert [line for line in fast_lines if line.startswith("fast paths:")] == [
-        "fast paths: attention eager, decoder layers compiled, fused AdamW"
+        "fast paths: attention eager, decoder layers compiled, fused AdamW, "
+        "cross entropy full (auto: not on cuda)"
     ]
     checkpoint = tmp_path / "fast" / "checkpoints" / "step_000002"
     state = load_state(checkpoint)
@@ -360,6 +372,7 @@ def test_a_run_with_the_paths_forced_on_cpu_equals_the_plain_run_and_resumes(fil
     meta = json.loads((checkpoint / "baton.json").read_text())
     assert meta["settings"]["fast_paths"] == {
         "attention": "eager", "compiled_layers": True, "fused_optimizer": True,
+        "cross_entropy": "full",
     }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """The fast paths a Fabric run of a ``transformers`` model takes: the attention its model
-runs, whether its decoder layers are compiled, whether its optimizer is fused. Each is a
+runs, whether its decoder layers are compiled, whether its optimizer is fused, how its
+loss reads the logits (``cross_entropy.py``). Each is a
 recipe setting whose ``auto`` is the fastest path on a GPU and the plain path on a CPU;
 ``FastPaths.resolve`` decides them once, ``describe`` is the one line the run logs when
 it starts (``FabricBackend(fast_paths=...)``) and ``settings`` what it records.
@@ -26,14 +27,21 @@ it starts (``FabricBackend(fast_paths=...)``) and ``settings`` what it records.
 - **fused optimizer** (``--fused-optimizer auto|on|off``, ``auto``: on CUDA): AdamW's
   ``fused=True`` kernel. On a CPU torch's fused AdamW matches its ``foreach`` one to
   about 1e-7 (fp32), and the CPU default stays the plain path.
+- **cross entropy** (``--cross-entropy auto|chunked|fused|full``): the loss and the
+  targets' log-probabilities a chunk of tokens at a time, without the full float32
+  logits (``cross_entropy.resolve_cross_entropy`` decides it from the model's config;
+  ``auto``: chunked, or Liger's fused kernel where installed, on CUDA; the full logits on
+  a CPU).
 
 Example::
 
     paths = FastPaths.resolve(attention="auto", compile_layers="auto",
-                              fused_optimizer="auto", device="cuda", packed=True)
+                              fused_optimizer="auto", cross_entropy="auto", device="cuda",
+                              packed=True, model_config=config)
     paths.describe()
     # 'fast paths: attention flex (flex_attention, block mask of the rows' documents),
-    #  decoder layers compiled, fused AdamW'
+    #  decoder layers compiled, fused AdamW,
+    #  cross entropy chunked (auto: liger_kernel is not installed)'
     model = AutoModelForCausalLM.from_config(config, attn_implementation=paths.attn_implementation)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **paths.optimizer_options())
     FabricBackend(lambda: model, ..., fast_paths=paths)  # compiles the layers, logs the line
@@ -47,6 +55,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from baton.backends.fabric.cross_entropy import (
+    CROSS_ENTROPY_CHOICES,
+    FULL,
+    CrossEntropy,
+    resolve_cross_entropy,
+)
 from baton.backends.fabric.document_mask import use_document_block_mask
 from baton.core.errors import UsageError
 
@@ -97,6 +111,8 @@ class FastPaths:
     compiled_layers: bool = False
     #: AdamW's fused kernel
     fused_optimizer: bool = False
+    #: how the loss reads the logits (chunked, fused or full) and why
+    cross_entropy: CrossEntropy = FULL
 
     @classmethod
     def resolve(
@@ -105,15 +121,26 @@ class FastPaths:
         attention: str = "auto",
         compile_layers: str = "auto",
         fused_optimizer: str = "auto",
+        cross_entropy: str = "full",
         device: str,
         packed: bool,
+        model_config: Any = None,
         flex_supported: bool = True,
     ) -> FastPaths:
         """The paths of a run on ``device`` (``cuda`` or ``cpu``; ``run_device``) from the
         recipe's settings; ``packed``: rows pack several documents (post-training);
-        ``flex_supported``: the model offers ``flex_attention`` (``supports_flex``). A
-        bad value or a path that cannot train here is a ``UsageError`` naming the flag."""
+        ``model_config``: the ``transformers`` config, which decides whether the model
+        offers ``flex_attention`` (``supports_flex``; else ``flex_supported``) and the
+        cross entropy's path (without it the ``--cross-entropy`` value is only checked:
+        the call that refuses bad values before anything is written). A bad value or a
+        path that cannot train here is a ``UsageError`` naming the flag."""
         cuda = device == "cuda"
+        if model_config is not None:
+            flex_supported = supports_flex(model_config)
+            loss_path = resolve_cross_entropy(cross_entropy, model_config, accelerator=device)
+        else:
+            _choice("cross-entropy", cross_entropy, CROSS_ENTROPY_CHOICES)
+            loss_path = FULL
         chosen = _choice("attention", attention, ATTENTION_CHOICES)
         if chosen == "auto":
             chosen = "flex" if cuda and packed and flex_supported else "sdpa"
@@ -131,6 +158,7 @@ class FastPaths:
             attention=chosen,
             compiled_layers=_switch("compile-layers", compile_layers, cuda=cuda),
             fused_optimizer=_switch("fused-optimizer", fused_optimizer, cuda=cuda),
+            cross_entropy=loss_path,
         )
 
     @property
@@ -153,12 +181,20 @@ class FastPaths:
             attention,
             "decoder layers compiled" if self.compiled_layers else "decoder layers eager",
             "fused AdamW" if self.fused_optimizer else "AdamW unfused",
+            self._cross_entropy_part(),
         ]
         return "fast paths: " + ", ".join(parts)
 
+    def _cross_entropy_part(self) -> str:
+        reason = self.cross_entropy.reason
+        why = "" if reason == "asked" else f" ({reason})"
+        return f"cross entropy {self.cross_entropy.path}{why}"
+
     def settings(self) -> dict[str, Any]:
         """What the run records of its paths (its settings' ``fast_paths``)."""
-        return {"fast_paths": asdict(self)}
+        recorded = asdict(self)
+        recorded["cross_entropy"] = self.cross_entropy.path
+        return {"fast_paths": recorded}
 
     def prepare(self, model: nn.Module) -> None:
         """Apply the paths that act on the built model (before Fabric wraps it): with

@@ -12,7 +12,8 @@ builds once the backend exists), with nothing held out for evaluation.
 What the objective declares decides everything: the data it reads, whether it compares
 with a reference (``ReferenceUse.STORED``), and its loss: the model's own cross entropy
 where it declares ``native_cross_entropy`` (``posttrain.cross_entropy_loss``), else its
-declared loss through ``objective_loss.ObjectiveLoss``. The rows and losses themselves
+declared loss through ``objective_loss.ObjectiveLoss``, each on the run's cross-entropy
+path (``cross_entropy.py``: chunked, fused or the full logits). The rows and losses themselves
 are ``posttrain.py``'s and ``objective_loss.py``'s; this module puts them together for a
 recipe (``recipes/hf_finetune.py --objective NAME``).
 
@@ -35,11 +36,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from baton.backends.fabric.cross_entropy import FULL, CrossEntropy
 from baton.backends.fabric.moe import RouterBalance
 from baton.backends.fabric.objective_loss import ObjectiveItems, ObjectiveLoss
 from baton.backends.fabric.posttrain import (
@@ -99,6 +102,7 @@ def stored_reference(
     pad_id: int,
     batch_rows: int,
     accelerator: str,
+    cross_entropy: CrossEntropy = FULL,
 ) -> tuple[np.ndarray, str]:
     """``(log-probability of every document under the reference, its fingerprint)``: the
     reference is ``--reference``, else the starting weights; read from beside the data
@@ -123,8 +127,9 @@ def stored_reference(
         model = AutoModelForCausalLM.from_config(config)
         load_weights(model, source)
         return reference_logps(
-            model.to(device), data, pad_id=pad_id, batch_rows=batch_rows, device=device
-        )
+            model.to(device), data, pad_id=pad_id, batch_rows=batch_rows, device=device,
+            cross_entropy=cross_entropy,
+        )  # fmt: skip
 
     logps = stored_or_computed(
         data.prefix,
@@ -184,6 +189,7 @@ def post_training(
     accelerator: str,
     eval_split: float = 0.0,
     eval_data_path: str | None = None,
+    cross_entropy: CrossEntropy = FULL,
 ) -> PostTraining:
     """``run``'s training of the model of ``config`` (a ``transformers`` config; ``spec``
     its model spec, if any) on the packed data (or, for an objective on rollouts, the
@@ -191,7 +197,8 @@ def post_training(
     ``--reference`` or else ``init_from``. Rows are held out for evaluation only when
     asked: the last ``eval_split`` of them, or the prepared data at ``eval_data_path``
     (``held_out_rows``), evaluated by the same loss. Bad input is a ``UsageError`` or
-    ``DataError`` naming the fix."""
+    ``DataError`` naming the fix. ``cross_entropy``: how the loss and the stored
+    reference's log-probabilities are computed (``cross_entropy.resolve_cross_entropy``)."""
     if data_path is None or tokenizer is None:
         raise UsageError(
             f"--objective {run.name} needs --data-path PREFIX (made by `baton data prepare "
@@ -219,7 +226,8 @@ def post_training(
         keys += ["moe/aux_loss", "moe/load_balance"]
     if data is None:  # each step's rows: the rollout phase's batch (nothing held out)
         rows = RolloutRows(batch_size)
-        return PostTraining(rows, None, ObjectiveLoss(run, balance), ObjectiveItems(run), {}, keys)
+        loss = ObjectiveLoss(run, balance, cross_entropy)
+        return PostTraining(rows, None, loss, ObjectiveItems(run), {}, keys)
     trained, held = held_out_rows(
         data, run.name, eval_split=eval_split, eval_data_path=eval_data_path
     )
@@ -228,23 +236,23 @@ def post_training(
     if run.reference_use is ReferenceUse.STORED:
         reference, fingerprint = stored_reference(
             run, data, config, spec, init_from=init_from, pad_id=info.eod_id,
-            batch_rows=batch_size, accelerator=accelerator,
+            batch_rows=batch_size, accelerator=accelerator, cross_entropy=cross_entropy,
         )  # fmt: skip
         settings["reference_fingerprint"] = fingerprint
         held_reference = reference  # held-out rows of the same data share its reference
         if held is not None and held.whole is not data:  # other data: its own, beside it
             held_reference, _ = stored_reference(
                 run, held, config, spec, init_from=init_from, pad_id=info.eod_id,
-                batch_rows=batch_size, accelerator=accelerator,
+                batch_rows=batch_size, accelerator=accelerator, cross_entropy=cross_entropy,
             )  # fmt: skip
     train, val = packed_loaders(
         trained, batch_size=batch_size, seed=seed, pad_id=info.eod_id, reference=reference,
         held=held, held_reference=held_reference,
     )  # fmt: skip
     if not run.objective.native_cross_entropy:
-        loss_fn: Callable[..., Any] = ObjectiveLoss(run, balance)
+        loss_fn: Callable[..., Any] = ObjectiveLoss(run, balance, cross_entropy)
     elif balance is not None:
-        loss_fn = MoECrossEntropyLoss(balance)
+        loss_fn = MoECrossEntropyLoss(balance, cross_entropy)
     else:
-        loss_fn = cross_entropy_loss
+        loss_fn = partial(cross_entropy_loss, cross_entropy=cross_entropy)
     return PostTraining(train, val, loss_fn, ObjectiveItems(run), settings, keys)

@@ -13,10 +13,12 @@ declares under their own names: its ``document_values`` (``[B, D]``, e.g. DPO's 
 ``ObjectiveLoss`` calls the model natively (no attention mask, ``use_cache=False``:
 ``transformers`` keeps attention inside each document), takes the targets'
 log-probabilities at the objective's temperature and, where the objective reads it, the
-entropy (``baton.backends.torch_logps``), and returns ``run.loss``'s total divided by
-``num_items_in_batch``: with ``FabricBackend(mean_over=ObjectiveItems(run))`` that is
-the global batch's ``run.items`` (every micro-batch and rank), so the step's loss is one
-mean over the global batch. Each metric is a ``WeightedMean(sum, weight)`` the backend
+entropy (``baton.backends.torch_logps`` over the full logits, or on the ``chunked`` and
+``fused`` paths ``cross_entropy.target_logps`` a chunk of tokens at a time), and
+returns ``run.loss``'s total divided by ``num_items_in_batch``: with
+``FabricBackend(mean_over=ObjectiveItems(run))`` that is the global batch's
+``run.items`` (every micro-batch and rank), so the step's loss is one mean over the
+global batch. Each metric is a ``WeightedMean(sum, weight)`` the backend
 adds over micro-batches and ranks (with the loss, one all-reduce) and logs as
 ``sum / weight``. A mixture-of-experts model adds its load-balancing term over the rows'
 tokens (``moe.RouterBalance``) as a share of the global batch.
@@ -40,10 +42,11 @@ from typing import Any
 import torch
 from array_api_compat import array_namespace
 
+from baton.backends.fabric.cross_entropy import FULL, CrossEntropy, target_logps
 from baton.backends.fabric.moe import RouterBalance
 from baton.backends.fabric.step import WeightedMean
 from baton.backends.torch_logps import IGNORE, loss_inputs
-from baton.core.objectives import ObjectiveRun, Rows
+from baton.core.objectives import LossInputs, ObjectiveRun, Rows
 
 
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,17 +91,29 @@ class ObjectiveLoss:
     over the batch's own items and each metric the batch's own mean.
     """
 
-    def __init__(self, run: ObjectiveRun, balance: RouterBalance | None = None) -> None:
-        self.run, self.balance = run, balance
+    def __init__(
+        self,
+        run: ObjectiveRun,
+        balance: RouterBalance | None = None,
+        cross_entropy: CrossEntropy = FULL,
+    ) -> None:
+        self.run, self.balance, self.cross_entropy = run, balance, cross_entropy
         declared = run.objective.metrics
         #: the metrics' report order: the declared ones first
         self._order = {name: i for i, name in enumerate(declared)}
 
     def __call__(self, model: Any, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         routed = {"output_router_logits": True} if self.balance is not None else {}
-        output = model(**model_inputs(batch), **routed)
         rows = packed_rows(self.run, batch)
-        inputs = loss_inputs(self.run, rows, output.logits, batch["labels"])
+        if self.cross_entropy.path == "full":
+            output = model(**model_inputs(batch), **routed)
+            inputs = loss_inputs(self.run, rows, output.logits, batch["labels"])
+        else:  # chunked (``fused`` serves SFT only: the log-probabilities are chunked)
+            output, logps, entropy = target_logps(
+                model, model_inputs(batch) | routed, batch["labels"], self.cross_entropy,
+                temperature=self.run.temperature, entropy=self.run.objective.entropy,
+            )  # fmt: skip
+            inputs = LossInputs(rows, logps, entropy)
         xp = array_namespace(inputs.logps)
         terms = self.run.loss(xp, inputs)
         items = self.run.items(xp, rows)

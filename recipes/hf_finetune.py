@@ -81,11 +81,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.backends.fabric import FabricBackend, FabricConfig
-from baton.backends.fabric.cross_entropy import FULL, CrossEntropy, supervised_loss
+from baton.backends.fabric.cross_entropy import FULL, CrossEntropy, causal_lm_output
 from baton.backends.fabric.fast_paths import FastPaths, run_device
 from baton.backends.fabric.hf_posttrain import post_training
 from baton.backends.fabric.lr_schedule import lambda_scheduler
@@ -94,7 +93,6 @@ from baton.backends.fabric.moe import with_moe_metrics
 from baton.backends.fabric.online_rl import fabric_rollout_phase
 from baton.backends.fabric.rollout_rows import RolloutRows
 from baton.backends.fabric.text import text_loaders
-from baton.backends.torch_logps import IGNORE
 from baton.callbacks import (
     Checkpoint,
     CompositeLogger,
@@ -149,23 +147,6 @@ def window_output(
 def row_output(model: Any, batch: dict[str, torch.Tensor], cross_entropy: CrossEntropy) -> Any:
     """The model's output on a causal-LM batch of rows (``as_lm_batch``)."""
     return causal_lm_output(model, batch["input_ids"], cross_entropy)
-
-
-def causal_lm_output(model: Any, ids: torch.Tensor, cross_entropy: CrossEntropy = FULL) -> Any:
-    """The model's output on token rows ``ids`` with its causal-LM loss in ``loss`` (each
-    token predicts the next; a MoE adds its load-balancing term, as ``transformers``
-    does): the model's own loss, or on the ``chunked``/``fused`` paths the same mean
-    without the full float32 logits."""
-    if cross_entropy.path == "full":
-        return model(input_ids=ids, labels=ids)
-    targets = F.pad(ids[:, 1:], (0, 1), value=IGNORE)
-    output, loss = supervised_loss(
-        model, {"input_ids": ids}, targets, (targets != IGNORE).sum(), cross_entropy
-    )
-    if getattr(output, "aux_loss", None) is not None:  # a MoE with output_router_logits
-        loss = loss + model.router_aux_loss_coef * output.aux_loss
-    output.loss = loss
-    return output
 
 
 def byte_lm_data(seq_len: int, batch_size: int, seed: int, path: str | None) -> tuple[Any, Any]:

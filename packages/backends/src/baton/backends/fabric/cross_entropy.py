@@ -29,6 +29,7 @@ Example::
     output, logps, entropy = target_logps(model, inputs, targets, choice, temperature=0.7,
                                           entropy=True)
     loss = supervised_loss(model, inputs, labels, num_items, choice)[1]
+    output = causal_lm_output(model, ids, choice)   # output.loss: next-token mean over ids
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from baton.backends.chunked_logps import IGNORE, chunked_logps, chunked_nll_sum
 from baton.core.errors import UsageError
@@ -186,6 +188,23 @@ def supervised_loss(
     with head_replaced(model, summed):
         output = model(**inputs)
     return output, output.logits / num_items
+
+
+def causal_lm_output(model: Any, ids: torch.Tensor, cross_entropy: CrossEntropy = FULL) -> Any:
+    """The model's output on token rows ``ids`` with its causal-LM loss in ``loss`` (each
+    token predicts the next; a MoE adds its load-balancing term, as ``transformers``
+    does): the model's own loss, or on the ``chunked``/``fused`` paths the same mean
+    without the full float32 logits."""
+    if cross_entropy.path == "full":
+        return model(input_ids=ids, labels=ids)
+    targets = F.pad(ids[:, 1:], (0, 1), value=IGNORE)
+    output, loss = supervised_loss(
+        model, {"input_ids": ids}, targets, (targets != IGNORE).sum(), cross_entropy
+    )
+    if getattr(output, "aux_loss", None) is not None:  # a MoE with output_router_logits
+        loss = loss + model.router_aux_loss_coef * output.aux_loss
+    output.loss = loss
+    return output
 
 
 def liger_summed_cross_entropy(

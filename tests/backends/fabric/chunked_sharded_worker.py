@@ -17,24 +17,18 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins import Precision
-from lightning.fabric.wrappers import _FabricModule  # pyright: ignore[reportPrivateUsage]
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import AutoModelForCausalLM
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from baton.backends.fabric.cross_entropy import FULL, CrossEntropy
 from baton.backends.fabric.posttrain import cross_entropy_loss
 
-#: what ``_FabricModule.forward`` reads of its strategy: fp32, no autocast
-FP32: Any = SimpleNamespace(precision=Precision())
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from support.sharded_llama import FP32, shard_like_fabric
 
 
 def batch(vocab: int) -> dict[str, torch.Tensor]:
@@ -64,18 +58,7 @@ def main(mode: str, model_dir: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if mode == "fsdp2":
-        mesh = init_device_mesh("cpu", (2,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        root = fully_shard(model, mesh=mesh)
-        wrapped = _FabricModule(model, strategy=FP32)
-    else:
-        policy = ModuleWrapPolicy({LlamaDecoderLayer})
-        root = FullyShardedDataParallel(
-            model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu")
-        )
-        wrapped = _FabricModule(root, strategy=FP32, original_module=model)
+    root, wrapped = shard_like_fabric(model, mode, strategy=FP32)
     rows = batch(model.config.vocab_size)
     results = {}
     for name, path in (("full", FULL), ("chunked", CrossEntropy("chunked", chunk_size=7))):

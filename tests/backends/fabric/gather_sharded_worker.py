@@ -18,33 +18,21 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.wrappers import _FabricModule  # pyright: ignore[reportPrivateUsage]
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from transformers import AutoModelForCausalLM
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from baton.backends.fabric.gathered_weights import gather_hf_weights
 from baton.backends.fabric.runtime import TrainingParts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from support.sharded_llama import shard_like_fabric
 
 
 def main(mode: str, model_dir: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if mode == "fsdp2":
-        mesh = init_device_mesh("cpu", (2,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        wrapped = _FabricModule(model, strategy=None)
-    else:
-        policy = ModuleWrapPolicy({LlamaDecoderLayer})
-        root = FullyShardedDataParallel(
-            model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu")
-        )
-        wrapped = _FabricModule(root, strategy=None, original_module=model)
+    _, wrapped = shard_like_fabric(model, mode)
     parts = TrainingParts(raw_model=model, model=wrapped, optimizers=())
     weights = gather_hf_weights(parts, sharded=True, rank=rank)
     if weights is not None:

@@ -214,28 +214,28 @@ def test_auto_chunks_on_cuda_keeps_the_full_logits_on_a_cpu_and_refuses_bad_choi
     Liger, the full logits on a CPU; a bad value, or a path that cannot run, is refused
     in one line."""
     config = tiny("llama").config
-    on_cpu = resolve_cross_entropy("auto", config, accelerator="cpu")
+    on_cpu = resolve_cross_entropy("auto", config, device="cpu")
     assert (on_cpu.path, on_cpu.settings()) == ("full", {"cross_entropy_path": "full"})
     assert on_cpu.line() == "cross entropy: full (auto: not on cuda)"
-    on_cuda = resolve_cross_entropy("auto", config, accelerator="cuda")
+    on_cuda = resolve_cross_entropy("auto", config, device="cuda")
     expected = (
         "fused (auto: liger_kernel on cuda)"
         if liger_installed()
         else "chunked (auto: liger_kernel is not installed)"
     )
     assert on_cuda.line() == f"cross entropy: {expected}"
-    assert resolve_cross_entropy("chunked", config, accelerator="cpu").path == "chunked"
-    assert resolve_cross_entropy("full", config, accelerator="cuda") == FULL
+    assert resolve_cross_entropy("chunked", config, device="cpu").path == "chunked"
+    assert resolve_cross_entropy("full", config, device="cuda") == FULL
     with pytest.raises(UsageError, match="^--cross-entropy must be one of auto, chunked"):
-        resolve_cross_entropy("fast", config, accelerator="cpu")
+        resolve_cross_entropy("fast", config, device="cpu")
     with pytest.raises(UsageError, match="fused needs liger_kernel and a CUDA device"):
-        resolve_cross_entropy("fused", config, accelerator="cpu")
+        resolve_cross_entropy("fused", config, device="cpu")
     other = type(config)(**config.to_dict())
     other.model_type = "gpt2"
-    fallback = resolve_cross_entropy("auto", other, accelerator="cuda")
+    fallback = resolve_cross_entropy("auto", other, device="cuda")
     assert fallback.line() == "cross entropy: full (auto: the head of gpt2 is not known)"
     with pytest.raises(UsageError, match="knows the heads of llama, qwen3, qwen3_moe, not gpt2"):
-        resolve_cross_entropy("chunked", other, accelerator="cpu")
+        resolve_cross_entropy("chunked", other, device="cpu")
 
 
 @pytest.fixture(scope="module")

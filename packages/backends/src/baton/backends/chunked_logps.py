@@ -106,6 +106,13 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return tensor.dtype
 
 
+def _in_dtype(
+    dtype: torch.dtype, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The projection's operands in the compute dtype (``bias`` may be None)."""
+    return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
 def _chunk_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
 ) -> torch.Tensor:
@@ -183,8 +190,7 @@ class _HeadLogps(torch.autograd.Function):
         valid = targets != IGNORE
         safe = targets.clamp(min=0)
         with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(dtype), weight.to(dtype)
-            b = None if bias is None else bias.to(dtype)
+            h, w, b = _in_dtype(dtype, hidden, weight, bias)
             for start in range(0, count, chunk_size):
                 part = slice(start, start + chunk_size)
                 logits = _chunk_logits(h[part], w, b, temperature)
@@ -209,8 +215,7 @@ class _HeadLogps(torch.autograd.Function):
         safe = targets.clamp(min=0)
         grads = _Grads(hidden, weight, bias, ctx.needs_input_grad)
         with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(dtype), weight.to(dtype)
-            b = None if bias is None else bias.to(dtype)
+            h, w, b = _in_dtype(dtype, hidden, weight, bias)
             for start in range(0, hidden.shape[0], size):
                 part = slice(start, start + size)
                 logits = _chunk_logits(h[part], w, b, temperature)
@@ -242,8 +247,7 @@ class _HeadNllSum(torch.autograd.Function):
         needs = ctx.needs_input_grad[:3] if with_grad else (False, False, False)
         grads = _Grads(hidden, weight, bias, needs)
         with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(dtype), weight.to(dtype)
-            b = None if bias is None else bias.to(dtype)
+            h, w, b = _in_dtype(dtype, hidden, weight, bias)
             for start in range(0, hidden.shape[0], chunk_size):
                 part = slice(start, start + chunk_size)
                 logits = _chunk_logits(h[part], w, b, 1.0)

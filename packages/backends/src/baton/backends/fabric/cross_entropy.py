@@ -24,7 +24,7 @@ can be:
 
 Example::
 
-    choice = resolve_cross_entropy("auto", config, accelerator="cuda")
+    choice = resolve_cross_entropy("auto", config, device="cuda")
     choice.line()          # 'cross entropy: chunked (auto: liger_kernel is not installed)'
     output, logps, entropy = target_logps(model, inputs, targets, choice, temperature=0.7,
                                           entropy=True)
@@ -83,26 +83,20 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def on_cuda(accelerator: str) -> bool:
-    """Whether a run with Lightning's ``accelerator`` trains on a CUDA device."""
-    if accelerator in ("cuda", "gpu"):
-        return True
-    return accelerator == "auto" and torch.cuda.is_available()
-
-
 def resolve_cross_entropy(
-    choice: str, config: Any, *, accelerator: str, chunk_size: int | None = None
+    choice: str, config: Any, *, device: str, chunk_size: int | None = None
 ) -> CrossEntropy:
     """The path ``--cross-entropy choice`` takes for the model of ``config`` (a
-    ``transformers`` config) on ``accelerator``; a bad value, or a path that cannot run
-    here, is a one-line ``UsageError``."""
+    ``transformers`` config) on ``device`` (``cuda`` or ``cpu``: the device the run
+    trains on, ``fast_paths.run_device``); a bad value, or a path that cannot run here,
+    is a one-line ``UsageError``."""
     if choice not in CROSS_ENTROPY_CHOICES:
         raise UsageError(
             f"--cross-entropy must be one of {', '.join(CROSS_ENTROPY_CHOICES)}, got {choice!r}"
         )
     if choice == "full":
         return FULL
-    if choice == "auto" and not on_cuda(accelerator):
+    if choice == "auto" and device != "cuda":
         return CrossEntropy("full", "auto: not on cuda")
     model_type = getattr(config, "model_type", None)
     if model_type not in KNOWN_HEADS:
@@ -112,7 +106,7 @@ def resolve_cross_entropy(
             f"--cross-entropy {choice} knows the heads of {', '.join(KNOWN_HEADS)}, not "
             f"{model_type}; use --cross-entropy full (or auto)"
         )
-    fused = liger_installed() and on_cuda(accelerator)
+    fused = liger_installed() and device == "cuda"
     if choice == "fused" and not fused:
         raise UsageError(
             "--cross-entropy fused needs liger_kernel and a CUDA device; use "

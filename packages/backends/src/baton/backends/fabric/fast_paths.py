@@ -137,7 +137,7 @@ class FastPaths:
         cuda = device == "cuda"
         if model_config is not None:
             flex_supported = supports_flex(model_config)
-            loss_path = resolve_cross_entropy(cross_entropy, model_config, accelerator=device)
+            loss_path = resolve_cross_entropy(cross_entropy, model_config, device=device)
         else:
             _choice("cross-entropy", cross_entropy, CROSS_ENTROPY_CHOICES)
             loss_path = FULL

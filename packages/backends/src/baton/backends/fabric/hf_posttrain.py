@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from baton.backends.fabric.cross_entropy import FULL, CrossEntropy
+from baton.backends.fabric.fast_paths import run_device
 from baton.backends.fabric.moe import RouterBalance
 from baton.backends.fabric.objective_loss import ObjectiveItems, ObjectiveLoss
 from baton.backends.fabric.posttrain import (
@@ -87,7 +88,7 @@ class PostTraining:
 def reference_device(accelerator: str) -> torch.device:
     """Where the reference log-probabilities are computed: this rank's GPU when the run
     trains on one, else the CPU."""
-    if accelerator != "cpu" and torch.cuda.is_available():
+    if run_device(accelerator) == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
